@@ -1,0 +1,38 @@
+"""Mask helpers: a mask marks policy actions; everything else is inert.
+
+Values at masked positions must never influence a result or a gradient, even
+when they are NaN or Inf. `jnp.where` *before* any arithmetic is the only safe
+sanitiser: `x * mask` gives NaN for NaN * 0, and a `where` after an `exp`
+still sends NaN into the backward pass.
+"""
+
+import jax.numpy as jnp
+from jax import Array
+
+
+def as_bool(mask: Array) -> Array:
+  """A bool or 0/1 float mask as bool."""
+  return mask if mask.dtype == jnp.bool_ else mask != 0
+
+
+def sanitise(x: Array, valid: Array, fill: float = 0.0) -> Array:
+  """`x` as float32 with `fill` at invalid positions (safe for NaN/Inf there)."""
+  return jnp.where(valid, x.astype(jnp.float32), fill)
+
+
+def masked_sum(x: Array, valid: Array, axis=None) -> Array:
+  """Sum of `x` over valid positions; `x` must already be sanitised or finite."""
+  return jnp.sum(jnp.where(valid, x, 0.0), axis=axis)
+
+
+def safe_divide(num: Array, den: Array) -> Array:
+  """num / den, and 0 where den == 0 (both branches NaN-free for grads)."""
+  nonzero = den != 0
+  return jnp.where(nonzero, num / jnp.where(nonzero, den, 1.0), 0.0)
+
+
+def masked_mean(x: Array, valid: Array, axis=None) -> Array:
+  """Mean of `x` over valid positions; 0 where none are valid."""
+  return safe_divide(
+      masked_sum(x, valid, axis), jnp.sum(valid, axis=axis, dtype=jnp.float32)
+  )

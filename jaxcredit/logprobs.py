@@ -1,0 +1,152 @@
+"""Per-token log-probabilities and entropies of a policy's logits.
+
+Shapes: logits `[..., V]` with tokens `[...]` (typically `[B, T, V]` and
+`[B, T]`); hidden states `[B, T, D]` with an unembedding `[D, V]`. All
+reductions run in float32 whatever the input dtype.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from jaxcredit import _checks
+
+
+def _check_logits_tokens(logits: Array, tokens: Array) -> None:
+  if jnp.shape(logits)[:-1] != jnp.shape(tokens):
+    raise ValueError(
+        f"logits{list(jnp.shape(logits))} must be tokens{list(jnp.shape(tokens))}"
+        " plus a trailing vocabulary axis."
+    )
+
+
+def _picked_logit(logits: Array, tokens: Array) -> Array:
+  return jnp.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0]
+
+
+def token_logprobs(logits: Array, tokens: Array, *, temperature: float = 1.0) -> Array:
+  """log pi(token) = log_softmax(logits / temperature)[token].
+
+  logits: [..., V] (any float dtype; upcast to float32). tokens: [...] ints.
+  Returns float32 [...]. Use the sampling temperature so that ratios against
+  the sampler's behaviour log-probs are consistent.
+  """
+  _check_logits_tokens(logits, tokens)
+  logits = logits.astype(jnp.float32) / temperature
+  return _picked_logit(logits, tokens) - jax.nn.logsumexp(logits, axis=-1)
+
+
+def token_entropy(logits: Array) -> Array:
+  """Entropy of softmax(logits): H = logsumexp(z) - sum_v p_v z_v.
+
+  logits: [..., V]; -inf logits (banned tokens) are allowed and contribute 0.
+  Returns float32 [...].
+  """
+  logits = logits.astype(jnp.float32)
+  probs = jax.nn.softmax(logits, axis=-1)
+  finite_logits = jnp.where(jnp.isfinite(logits), logits, 0.0)
+  return jax.nn.logsumexp(logits, axis=-1) - jnp.sum(probs * finite_logits, axis=-1)
+
+
+def _to_chunks(x: Array, chunk_size: int) -> Array:
+  """[B, T, ...] -> [n_chunks, B, chunk_size, ...], zero-padding T."""
+  b, t = x.shape[:2]
+  n = -(-t // chunk_size)
+  x = jnp.pad(x, [(0, 0), (0, n * chunk_size - t)] + [(0, 0)] * (x.ndim - 2))
+  return jnp.swapaxes(x.reshape(b, n, chunk_size, *x.shape[2:]), 0, 1)
+
+
+def _from_chunks(x: Array, t: int) -> Array:
+  """[n_chunks, B, chunk_size] -> [B, T]."""
+  n, b, c = x.shape
+  return jnp.swapaxes(x, 0, 1).reshape(b, n * c)[:, :t]
+
+
+def _chunk_logits(hidden_chunk, unembed, temperature):
+  logits = jnp.einsum(
+      "bcd,dv->bcv", hidden_chunk, unembed, preferred_element_type=jnp.float32
+  )
+  return logits / temperature
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _chunked_logprobs(hidden, unembed, tokens, chunk_size, temperature):
+  logp, _ = _chunked_logprobs_fwd(hidden, unembed, tokens, chunk_size, temperature)
+  return logp
+
+
+def _chunked_logprobs_fwd(hidden, unembed, tokens, chunk_size, temperature):
+  def step(_, chunk):
+    hidden_chunk, token_chunk = chunk
+    logits = _chunk_logits(hidden_chunk, unembed, temperature)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    return None, (_picked_logit(logits, token_chunk) - lse, lse)
+
+  chunks = (_to_chunks(hidden, chunk_size), _to_chunks(tokens, chunk_size))
+  _, (logp, lse) = jax.lax.scan(step, None, chunks)
+  t = tokens.shape[1]
+  return _from_chunks(logp, t), (hidden, unembed, tokens, _from_chunks(lse, t))
+
+
+def _chunked_logprobs_bwd(chunk_size, temperature, residuals, g):
+  """Recomputes each chunk's logits; d logp/d logits = onehot(token) - softmax."""
+  hidden, unembed, tokens, lse = residuals
+
+  def step(d_unembed, chunk):
+    hidden_chunk, token_chunk, lse_chunk, g_chunk = chunk
+    logits = _chunk_logits(hidden_chunk, unembed, temperature)
+    probs = jnp.exp(logits - lse_chunk[..., None])
+    onehot = jax.nn.one_hot(token_chunk, logits.shape[-1], dtype=jnp.float32)
+    d_logits = g_chunk[..., None] * (onehot - probs) / temperature
+    d_hidden = jnp.einsum(
+        "bcv,dv->bcd", d_logits, unembed, preferred_element_type=jnp.float32
+    )
+    d_unembed += jnp.einsum(
+        "bcd,bcv->dv", hidden_chunk, d_logits, preferred_element_type=jnp.float32
+    )
+    return d_unembed, d_hidden.astype(hidden.dtype)
+
+  chunks = tuple(
+      _to_chunks(x, chunk_size) for x in (hidden, tokens, lse, g.astype(jnp.float32))
+  )
+  d_unembed0 = jnp.zeros(unembed.shape, jnp.float32)
+  d_unembed, d_hidden = jax.lax.scan(step, d_unembed0, chunks)
+  d_hidden = jnp.swapaxes(d_hidden, 0, 1).reshape(
+      hidden.shape[0], -1, hidden.shape[2]
+  )[:, : hidden.shape[1]]
+  return d_hidden, d_unembed.astype(unembed.dtype), None
+
+
+_chunked_logprobs.defvjp(_chunked_logprobs_fwd, _chunked_logprobs_bwd)
+
+
+def chunked_token_logprobs(
+    hidden: Array,
+    unembed: Array,
+    tokens: Array,
+    *,
+    chunk_size: int,
+    temperature: float = 1.0,
+) -> Array:
+  """token_logprobs(hidden @ unembed, tokens) without materialising [B, T, V].
+
+  hidden: [B, T, D]; unembed: [D, V]; tokens: [B, T]. The time axis is cut
+  into chunks of `chunk_size`; forward and backward each hold one chunk's
+  logits [B, chunk_size, V] at a time (the backward recomputes them and
+  accumulates d unembed chunk by chunk), so peak memory is O(B * chunk * V).
+  Matmuls accumulate in float32 (bf16 inputs are fine). Returns float32 [B, T].
+  """
+  _checks.check_rank(hidden, 3, "hidden")
+  _checks.check_rank(unembed, 2, "unembed")
+  _checks.check_rank(tokens, 2, "tokens")
+  if hidden.shape[:2] != tokens.shape or hidden.shape[2] != unembed.shape[0]:
+    raise ValueError(
+        f"Expected hidden[B,T,D], unembed[D,V], tokens[B,T]; got "
+        f"hidden{list(hidden.shape)}, unembed{list(unembed.shape)}, "
+        f"tokens{list(tokens.shape)}."
+    )
+  if not isinstance(chunk_size, int) or chunk_size < 1:
+    raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
+  return _chunked_logprobs(hidden, unembed, tokens, chunk_size, float(temperature))

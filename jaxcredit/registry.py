@@ -1,0 +1,51 @@
+"""Name -> function registries, so configs select estimators and losses by string."""
+
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+F = TypeVar("F", bound=Callable)
+
+
+class Registry(Generic[F]):
+  """A mapping from names to functions of one kind, filled with a decorator.
+
+  >>> advantages = Registry("estimator")
+  >>> @advantages.register("zero")
+  ... def zero(rollout): ...
+  """
+
+  def __init__(self, kind: str, wrap: Callable[[str, F], F] = lambda name, fn: fn):
+    self.kind = kind
+    self._wrap = wrap
+    self._items: dict[str, F] = {}
+
+  def register(self, name: str, *, overwrite: bool = False) -> Callable[[F], F]:
+    """Decorator that registers `fn` under `name`; returns `fn` unchanged."""
+    if not isinstance(name, str) or not name:
+      raise ValueError(f"A {self.kind} name must be a non-empty string, got {name!r}.")
+
+    def decorator(fn: F) -> F:
+      if name in self._items and not overwrite:
+        raise ValueError(
+            f"{self.kind} {name!r} is already registered; pass overwrite=True "
+            "to replace it."
+        )
+      self._items[name] = self._wrap(name, fn)
+      return fn
+
+    return decorator
+
+  def get(self, name: str) -> F:
+    """The registered function called `name`; ValueError listing known names."""
+    try:
+      return self._items[name]
+    except (KeyError, TypeError):
+      raise ValueError(
+          f"Unknown {self.kind} {name!r}; known: {', '.join(self.names())}."
+      ) from None
+
+  def names(self) -> list[str]:
+    return sorted(self._items)
+
+  def __contains__(self, name: str) -> bool:
+    return name in self._items

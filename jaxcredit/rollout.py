@@ -1,0 +1,87 @@
+"""The batch that estimators and losses read: what was sampled and scored.
+
+Layout (DESIGN.md): `[B, T]` token arrays, `[B]` sequence arrays; rows
+`g*G ... g*G+G-1` answer the same prompt when `group_size=G`.
+"""
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+from jax import Array
+
+from jaxcredit import _checks
+
+_TOKEN_FIELDS = ("tokens", "mask", "logprobs", "ref_logprobs", "values", "token_rewards")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+  """Sampled responses with their rewards (a pytree; `group_size` is static).
+
+  tokens:        [B, T] int   prompt + response token ids.
+  mask:          [B, T]       True (or 1.0) where the token is a policy action.
+  rewards:       [B]          outcome reward of each response (verifier score).
+  logprobs:      [B, T]|None  behaviour log-probs of the sampled tokens.
+  ref_logprobs:  [B, T]|None  log-probs under the frozen reference policy.
+  values:        [B, T]|None  critic values V(s_t) at each action.
+  token_rewards: [B, T]|None  dense rewards (process rewards, shaping) added to
+                              the outcome reward placed on the last action.
+  group_size:    static int   responses per prompt, contiguous rows.
+  """
+
+  tokens: Array
+  mask: Array
+  rewards: Array
+  logprobs: Array | None = None
+  ref_logprobs: Array | None = None
+  values: Array | None = None
+  token_rewards: Array | None = None
+  group_size: int = dataclasses.field(default=1, metadata=dict(static=True))
+
+  def replace(self, **changes) -> "Rollout":
+    return dataclasses.replace(self, **changes)
+
+  @property
+  def shape(self) -> tuple[int, int]:
+    """(B, T)."""
+    return tuple(self.tokens.shape)
+
+  def check(self) -> "Rollout":
+    """Raises ValueError on inconsistent shapes or group size; returns self."""
+    _checks.check_token_and_seq(
+        {f: getattr(self, f) for f in _TOKEN_FIELDS}, {"rewards": self.rewards}
+    )
+    _checks.check_group_size(self.tokens.shape[0], self.group_size)
+    return self
+
+  def require(self, *fields: str, by: str) -> None:
+    """Raises ValueError naming `by` if any of `fields` is None."""
+    missing = [f for f in fields if getattr(self, f) is None]
+    if missing:
+      raise ValueError(f"{by} needs rollout.{', rollout.'.join(missing)}, which is None.")
+
+
+class Estimate(NamedTuple):
+  """What an estimator returns: token advantages and, where it has them, returns.
+
+  advantages: [B, T] float32, 0 at masked positions.
+  returns:    [B, T] float32 value targets, or None.
+  """
+
+  advantages: Array
+  returns: Array | None = None
+
+
+class PolicyOutputs(NamedTuple):
+  """What the policy being trained computes on a rollout's tokens.
+
+  logprobs: [B, T] log-probs of the rollout's tokens under the current policy.
+  entropy:  [B, T] per-token entropy, or None.
+  values:   [B, T] current critic values, or None.
+  """
+
+  logprobs: Array
+  entropy: Array | None = None
+  values: Array | None = None
