@@ -44,6 +44,11 @@ class Registry(Generic[F]):
           f"Unknown {self.kind} {name!r}; known: {', '.join(self.names())}."
       ) from None
 
+  def unregister(self, name: str) -> None:
+    """Removes `name` (e.g. a test's temporary registration)."""
+    self.get(name)
+    del self._items[name]
+
   def names(self) -> list[str]:
     return sorted(self._items)
 

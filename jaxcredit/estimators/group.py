@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from jaxcredit import _checks
-from jaxcredit._masking import as_bool
+from jaxcredit._masking import as_bool, safe_divide
 
 
 def _grouped(rewards: Array, group_size: int) -> Array:
@@ -34,7 +34,8 @@ def grpo_advantages(
 
   A_i = (r_i - mean_g) / (std_g + eps), std with ddof=1 over the G rewards of
   the group. scale_by_std=False gives Dr. GRPO (Liu et al., 2025): r_i - mean_g.
-  rewards: [B]. Returns float32 [B]; 0 for a zero-variance group and when G == 1.
+  rewards: [B]. Returns float32 [B]; 0 for a zero-variance group (even with
+  eps=0) and when G == 1.
   """
   grouped = _grouped(rewards, group_size)
   if group_size == 1:
@@ -42,7 +43,7 @@ def grpo_advantages(
   centred = grouped - jnp.mean(grouped, axis=1, keepdims=True)
   if scale_by_std:
     variance = jnp.sum(centred**2, axis=1, keepdims=True) / (group_size - 1)
-    centred = centred / (_safe_sqrt(variance) + eps)
+    centred = safe_divide(centred, _safe_sqrt(variance) + eps)  # eps=0 allowed
   return centred.reshape(-1)
 
 

@@ -24,13 +24,17 @@ def _check_clip(clip_low: float, clip_high: float) -> None:
 
 
 def _ratio_metrics(log_ratio: Array, valid: Array) -> Metrics:
-  """approx_kl = mean of k3(old || new) = (r - 1) - log r; ratio statistics."""
+  """approx_kl = mean of k3(old || new) = (r - 1) - log r; ratio statistics.
+
+  All are 0 when no token is valid.
+  """
   ratio = jnp.exp(log_ratio)
+  any_valid = jnp.any(valid)
   return {
       "approx_kl": masked_mean(ratio - 1.0 - log_ratio, valid),
       "ratio_mean": masked_mean(ratio, valid),
-      "ratio_max": jnp.max(jnp.where(valid, ratio, -jnp.inf), initial=0.0),
-      "ratio_min": jnp.min(jnp.where(valid, ratio, jnp.inf), initial=jnp.inf),
+      "ratio_max": jnp.where(any_valid, jnp.max(jnp.where(valid, ratio, 0.0)), 0.0),
+      "ratio_min": jnp.where(any_valid, jnp.min(jnp.where(valid, ratio, jnp.inf)), 0.0),
   }
 
 

@@ -1,0 +1,111 @@
+"""Group baselines against float64 references, plus hypothesis properties."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import parameterized
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from jaxcredit import estimators
+from tests import reference
+from tests.conftest import poison, random_mask
+
+GROUPINGS = [(1, 1), (4, 1), (4, 2), (12, 4), (16, 8)]  # (B, G)
+
+
+def _rewards(batch, seed=0, binary=False):
+  rng = np.random.default_rng(seed)
+  if binary:
+    return rng.integers(0, 2, batch).astype(np.float32)
+  return rng.normal(size=batch).astype(np.float32)
+
+
+class GroupBaselinesTest(parameterized.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.product(grouping=GROUPINGS, scale_by_std=[True, False], binary=[True, False])
+  def test_grpo_matches_reference(self, grouping, scale_by_std, binary):
+    batch, group_size = grouping
+    rewards = _rewards(batch, binary=binary)
+    fn = self.variant(lambda r: estimators.grpo_advantages(
+        r, group_size=group_size, scale_by_std=scale_by_std))
+    np.testing.assert_allclose(
+        fn(rewards), reference.grpo(rewards, group_size, scale_by_std=scale_by_std), atol=1e-5
+    )
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(*GROUPINGS)
+  def test_rloo_matches_reference(self, batch, group_size):
+    rewards = _rewards(batch, seed=1)
+    got = self.variant(lambda r: estimators.rloo_advantages(r, group_size=group_size))(rewards)
+    np.testing.assert_allclose(got, reference.rloo(rewards, group_size), atol=1e-5)
+
+  def test_zero_variance_group_gives_zero_and_finite_grad(self):
+    rewards = jnp.array([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0])
+    adv = estimators.grpo_advantages(rewards, group_size=4)
+    np.testing.assert_array_equal(adv[:4], 0.0)
+    grad = jax.grad(lambda r: jnp.sum(estimators.grpo_advantages(r, group_size=4) ** 2))(rewards)
+    self.assertTrue(np.all(np.isfinite(grad)))
+
+  def test_vmap_over_batches(self):
+    rewards = _rewards(24, seed=2).reshape(3, 8)
+    got = jax.vmap(lambda r: estimators.grpo_advantages(r, group_size=4))(rewards)
+    want = np.stack([reference.grpo(r, 4) for r in rewards])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+  @parameterized.parameters(estimators.grpo_advantages, estimators.rloo_advantages)
+  def test_indivisible_batch_raises(self, fn):
+    with pytest.raises(ValueError, match="Batch size 6 is not divisible by group_size 4"):
+      fn(jnp.zeros(6), group_size=4)
+    with pytest.raises(ValueError, match="rank 1"):
+      fn(jnp.zeros((2, 4)), group_size=2)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_broadcast_and_outcome_to_tokens(self):
+    rng = np.random.default_rng(3)
+    mask = random_mask(rng, (5, 9))
+    values = rng.normal(size=5).astype(np.float32)
+    got = self.variant(estimators.broadcast_to_tokens)(values, mask)
+    np.testing.assert_array_equal(got, np.where(mask, values[:, None], 0.0))
+    placed = np.asarray(self.variant(estimators.outcome_to_tokens)(values, mask))
+    for b in range(5):
+      want = np.zeros(9, np.float32)
+      if mask[b].any():
+        want[np.flatnonzero(mask[b])[-1]] = values[b]
+      np.testing.assert_array_equal(placed[b], want)
+
+  def test_seq_shape_mismatch_raises(self):
+    with pytest.raises(ValueError, match=r"seq_values must have shape \[B\]=\[3\]"):
+      estimators.broadcast_to_tokens(jnp.zeros(4), jnp.ones((3, 5)))
+
+
+_group_sizes = st.sampled_from([2, 3, 4, 8])
+
+
+@given(
+    group_size=_group_sizes,
+    n_groups=st.integers(1, 4),
+    data=st.data(),
+)
+def test_grpo_and_rloo_invariant_to_constant_per_group(group_size, n_groups, data):
+  batch = group_size * n_groups
+  rewards = data.draw(hnp.arrays(np.float32, batch, elements=st.floats(-5, 5, width=32)))
+  shift = data.draw(hnp.arrays(np.float32, n_groups, elements=st.floats(-10, 10, width=32)))
+  shifted = rewards + np.repeat(shift, group_size)
+  for fn in (estimators.grpo_advantages, estimators.rloo_advantages):
+    a, b = fn(rewards, group_size=group_size), fn(shifted, group_size=group_size)
+    np.testing.assert_allclose(a, b, atol=2e-3)
+
+
+@given(group_size=_group_sizes, scale=st.floats(0.1, 10.0), data=st.data())
+def test_grpo_scale_invariant_and_zero_mean(group_size, scale, data):
+  rewards = data.draw(hnp.arrays(np.float32, group_size * 2, elements=st.floats(-5, 5, width=32)))
+  adv = np.asarray(estimators.grpo_advantages(rewards, group_size=group_size, eps=0.0))
+  scaled = np.asarray(estimators.grpo_advantages(rewards * scale, group_size=group_size, eps=0.0))
+  assert np.all(np.isfinite(adv))
+  np.testing.assert_allclose(adv, scaled, atol=1e-3)
+  np.testing.assert_allclose(adv.reshape(-1, group_size).sum(1), 0.0, atol=1e-3)

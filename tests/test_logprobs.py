@@ -1,0 +1,136 @@
+"""token_logprobs, token_entropy and chunked_token_logprobs against float64 references."""
+
+import chex
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import parameterized
+
+from jaxcredit import logprobs
+from tests import reference
+
+
+def _logits(shape, seed=0, scale=3.0):
+  return (scale * np.random.default_rng(seed).normal(size=shape)).astype(np.float32)
+
+
+class TokenLogprobsTest(parameterized.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.product(shape=[(1, 1, 2), (3, 5, 7), (2, 9, 50)], temperature=[1.0, 0.7])
+  def test_matches_reference(self, shape, temperature):
+    logits = _logits(shape)
+    tokens = np.random.default_rng(1).integers(0, shape[-1], shape[:-1])
+    got = self.variant(lambda l, t: logprobs.token_logprobs(l, t, temperature=temperature))(
+        logits, tokens
+    )
+    np.testing.assert_allclose(got, reference.token_logprobs(logits, tokens, temperature), atol=1e-5)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_bf16_logits_accumulate_in_float32(self):
+    logits = _logits((2, 4, 300))
+    tokens = np.random.default_rng(1).integers(0, 300, (2, 4))
+    got = self.variant(logprobs.token_logprobs)(jnp.asarray(logits, jnp.bfloat16), tokens)
+    self.assertEqual(got.dtype, jnp.float32)
+    want = reference.token_logprobs(np.asarray(jnp.asarray(logits, jnp.bfloat16), np.float64), tokens)
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+  def test_shape_mismatch_raises(self):
+    with pytest.raises(ValueError, match=r"logits\[2, 3, 5\].*tokens\[2, 4\]"):
+      logprobs.token_logprobs(jnp.zeros((2, 3, 5)), jnp.zeros((2, 4), int))
+
+
+class TokenEntropyTest(parameterized.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters((1, 1, 2), (3, 5, 7), (2, 9, 50))
+  def test_matches_reference(self, *shape):
+    logits = _logits(shape)
+    got = self.variant(logprobs.token_entropy)(logits)
+    np.testing.assert_allclose(got, reference.token_entropy(logits), atol=1e-5)
+
+  def test_banned_tokens_and_gradient_are_finite(self):
+    logits = _logits((2, 3, 6))
+    logits[..., :2] = -np.inf
+    got = logprobs.token_entropy(logits)
+    np.testing.assert_allclose(got, reference.token_entropy(logits[..., 2:]), atol=1e-5)
+    grad = jax.grad(lambda l: jnp.sum(logprobs.token_entropy(l)))(jnp.asarray(logits))
+    self.assertTrue(np.all(np.isfinite(grad)))
+
+  def test_uniform_is_log_vocab(self):
+    np.testing.assert_allclose(logprobs.token_entropy(jnp.zeros((2, 16))), np.log(16), rtol=1e-6)
+
+
+def _dense_logp(hidden, unembed, tokens):
+  return logprobs.token_logprobs(jnp.einsum("btd,dv->btv", hidden, unembed), tokens)
+
+
+def _intermediate_sizes(jaxpr):
+  """Element counts of every intermediate in a closed jaxpr, sub-jaxprs included."""
+  for eqn in jaxpr.eqns:
+    for var in eqn.outvars:
+      yield int(np.prod(var.aval.shape)) if hasattr(var.aval, "shape") else 0
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      yield from _intermediate_sizes(sub)
+
+
+class ChunkedLogprobsTest(parameterized.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.product(bt=[(1, 1), (2, 7), (3, 16)], chunk_size=[1, 3, 8, 32])
+  def test_value_and_grads_match_dense(self, bt, chunk_size):
+    rng = np.random.default_rng(0)
+    hidden = rng.normal(size=(*bt, 8)).astype(np.float32)
+    unembed = rng.normal(size=(8, 40)).astype(np.float32)
+    tokens = rng.integers(0, 40, bt)
+    weights = rng.normal(size=bt).astype(np.float32)
+
+    def objective(fn):
+      return lambda h, w: jnp.sum(weights * fn(h, w))
+
+    chunked = lambda h, w: logprobs.chunked_token_logprobs(h, w, tokens, chunk_size=chunk_size)
+    got = self.variant(jax.value_and_grad(objective(chunked), argnums=(0, 1)))(hidden, unembed)
+    dense = lambda h, w: _dense_logp(h, w, tokens)
+    want = jax.value_and_grad(objective(dense), argnums=(0, 1))(hidden, unembed)
+    chex.assert_trees_all_close(got, want, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(
+        chunked(hidden, unembed),
+        reference.token_logprobs(np.einsum("btd,dv->btv", hidden, unembed), tokens),
+        atol=1e-4,
+    )
+
+  def test_temperature_and_bf16(self):
+    rng = np.random.default_rng(1)
+    hidden = jnp.asarray(rng.normal(size=(2, 5, 8)), jnp.bfloat16)
+    unembed = jnp.asarray(rng.normal(size=(8, 30)), jnp.bfloat16)
+    tokens = rng.integers(0, 30, (2, 5))
+    got = logprobs.chunked_token_logprobs(hidden, unembed, tokens, chunk_size=2, temperature=0.5)
+    self.assertEqual(got.dtype, jnp.float32)
+    logits = np.einsum("btd,dv->btv", np.asarray(hidden, np.float64), np.asarray(unembed, np.float64))
+    np.testing.assert_allclose(got, reference.token_logprobs(logits, tokens, 0.5), atol=1e-3)
+    grads = jax.grad(
+        lambda h, w: jnp.sum(logprobs.chunked_token_logprobs(h, w, tokens, chunk_size=2)),
+        argnums=(0, 1),
+    )(hidden, unembed)
+    self.assertEqual([g.dtype for g in grads], [jnp.bfloat16, jnp.bfloat16])
+
+  def test_never_materialises_full_logits(self):
+    b, t, d, v, chunk = 2, 64, 8, 512, 4
+    hidden, unembed = jnp.zeros((b, t, d)), jnp.zeros((d, v))
+    tokens = jnp.zeros((b, t), int)
+    fn = jax.value_and_grad(
+        lambda h, w: jnp.sum(logprobs.chunked_token_logprobs(h, w, tokens, chunk_size=chunk)),
+        argnums=(0, 1),
+    )
+    largest = max(_intermediate_sizes(jax.make_jaxpr(fn)(hidden, unembed).jaxpr))
+    self.assertLessEqual(largest, b * chunk * v)
+    dense = jax.value_and_grad(lambda h, w: jnp.sum(_dense_logp(h, w, tokens)), argnums=(0, 1))
+    self.assertGreaterEqual(max(_intermediate_sizes(jax.make_jaxpr(dense)(hidden, unembed).jaxpr)), b * t * v)
+
+  def test_bad_input_raises(self):
+    with pytest.raises(ValueError, match=r"unembed\[9, 5\]"):
+      logprobs.chunked_token_logprobs(jnp.zeros((1, 2, 8)), jnp.zeros((9, 5)), jnp.zeros((1, 2), int), chunk_size=1)
+    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+      logprobs.chunked_token_logprobs(jnp.zeros((1, 2, 8)), jnp.zeros((8, 5)), jnp.zeros((1, 2), int), chunk_size=0)
