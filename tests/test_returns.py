@@ -5,6 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from absl.testing import parameterized
 
 from jaxcredit import estimators
@@ -82,3 +84,26 @@ class GaeTest(parameterized.TestCase):
     with pytest.raises(ValueError, match="Unknown GAE method 'fast'"):
       estimators.gae(jnp.zeros((2, 4)), jnp.zeros((2, 4)), jnp.ones((2, 4)),
                      gamma=1.0, lam=1.0, method="fast")
+
+
+@given(
+    batch=st.integers(1, 4),
+    length=st.integers(1, 12),
+    seed=st.integers(0, 2**16),
+    value=st.sampled_from([np.nan, np.inf, -np.inf]),
+)
+def test_masked_values_change_nothing(batch, length, seed, value):
+  """Poisoning masked rewards/values changes neither outputs nor gradients; outputs there are 0."""
+  rng = np.random.default_rng(seed)
+  mask = random_mask(rng, (batch, length))
+  rewards, values = rng.normal(size=(2, batch, length)).astype(np.float32)
+
+  def total(r, v):
+    adv, ret = estimators.gae(r, v, mask, gamma=0.9, lam=0.7)
+    return jnp.sum(adv**2 + ret + estimators.discounted_returns(r, mask, gamma=0.8)), (adv, ret)
+
+  grad_fn = jax.grad(total, argnums=(0, 1), has_aux=True)
+  clean = grad_fn(rewards, values)
+  dirty = grad_fn(poison(rewards, mask, value), poison(values, mask, value))
+  chex.assert_trees_all_close(clean, dirty)
+  assert all(np.all(np.asarray(x)[~mask] == 0.0) for x in jax.tree.leaves(dirty))
