@@ -120,3 +120,44 @@ def kl(logp, ref_logp, kind):
 def dpo(pc, pr, rc, rr, beta):
   logits = beta * ((np.asarray(pc, np.float64) - rc) - (np.asarray(pr, np.float64) - rr))
   return np.mean(np.log1p(np.exp(-logits)))
+
+
+def _valid_rows(mask):
+  return [np.flatnonzero(row) for row in np.asarray(mask, bool)]
+
+
+def lambda_returns(rewards, values, mask, gamma, lam):
+  out = np.zeros(np.shape(rewards))
+  for b, valid in enumerate(_valid_rows(mask)):
+    next_value, next_return = 0.0, 0.0
+    for t in valid[::-1]:
+      out[b, t] = rewards[b, t] + gamma * ((1 - lam) * next_value + lam * next_return)
+      next_value, next_return = float(values[b, t]), out[b, t]
+  return out
+
+
+def n_step_returns(rewards, values, mask, n, gamma):
+  out = np.zeros(np.shape(rewards))
+  for b, valid in enumerate(_valid_rows(mask)):
+    for i, t in enumerate(valid):
+      steps = valid[i : i + n]
+      total = sum(gamma**k * float(rewards[b, s]) for k, s in enumerate(steps))
+      if i + n < len(valid):
+        total += gamma**n * float(values[b, valid[i + n]])
+      out[b, t] = total
+  return out
+
+
+def vtrace(rewards, values, mask, log_rhos, gamma, lam, clip_rho, clip_c):
+  vs = np.zeros(np.shape(rewards))
+  pg = np.zeros(np.shape(rewards))
+  for b, valid in enumerate(_valid_rows(mask)):
+    next_vs, next_value = 0.0, 0.0
+    for t in valid[::-1]:
+      ratio = np.exp(float(log_rhos[b, t]))
+      rho, c = min(clip_rho, ratio), lam * min(clip_c, ratio)
+      value, reward = float(values[b, t]), float(rewards[b, t])
+      vs[b, t] = value + rho * (reward + gamma * next_value - value) + gamma * c * (next_vs - next_value)
+      pg[b, t] = rho * (reward + gamma * (lam * next_vs + (1 - lam) * next_value) - value)
+      next_vs, next_value = vs[b, t], value
+  return vs, pg

@@ -16,7 +16,14 @@ from jaxcredit.estimators.registered import (
     register,
     token_level_rewards,
 )
-from jaxcredit.estimators.returns import GAE_METHODS, discounted_returns, gae
+from jaxcredit.estimators.returns import (
+    GAE_METHODS,
+    discounted_returns,
+    gae,
+    lambda_returns,
+    n_step_returns,
+    vtrace,
+)
 from jaxcredit.rollout import Estimate, Rollout
 
 __all__ = [
@@ -29,9 +36,12 @@ __all__ = [
     "gae",
     "get",
     "grpo_advantages",
+    "lambda_returns",
+    "n_step_returns",
     "names",
     "outcome_to_tokens",
     "register",
     "rloo_advantages",
     "token_level_rewards",
+    "vtrace",
 ]

@@ -1,9 +1,11 @@
-"""Returns and GAE over LLM token masks.
+"""Returns, GAE, TD(lambda), n-step and V-trace over LLM token masks.
 
 All recursions run backwards over *valid* positions only: a masked position
 (prompt, padding, tool output) is skipped, so "next" means the next valid
 position, and after the last valid token the episode is terminal (V = 0,
-A = 0). Outputs are 0 at masked positions.
+A = 0). Inputs at masked positions are ignored (even NaN/Inf) and outputs
+there are 0. Shapes: [B, T]. `method` picks the recurrence implementation
+(see `recurrence.METHODS`); None picks the fastest for the backend.
 """
 
 import jax
@@ -12,67 +14,33 @@ from jax import Array
 
 from jaxcredit import _checks
 from jaxcredit._masking import as_bool, sanitise
+from jaxcredit.estimators import recurrence
+from jaxcredit.estimators.recurrence import masked_recurrence, next_valid
 
-GAE_METHODS = ("scan",)
-
-
-def _check_token_arrays(**arrays: Array) -> None:
-  _checks.check_token_and_seq(arrays, {})
+GAE_METHODS = recurrence.METHODS
 
 
-def _reverse_time_scan(step, init, *token_arrays: Array) -> Array:
-  """Runs `step` from t = T-1 down to 0 over time-major views of [B, T] arrays.
-
-  step(carry, xs_t) -> (carry, out_t), where xs_t holds the [B] slices at t.
-  Returns the stacked outputs as [B, T].
-  """
-  xs = tuple(jnp.swapaxes(x, 0, 1) for x in token_arrays)
-  _, out = jax.lax.scan(step, init, xs, reverse=True)
-  return jnp.swapaxes(out, 0, 1)
+def _prepare(mask: Array, **arrays: Array) -> tuple[Array, ...]:
+  """Validates [B, T] shapes; returns (valid, *sanitised float32 arrays)."""
+  _checks.check_token_and_seq({**arrays, "mask": mask}, {})
+  valid = as_bool(mask)
+  return (valid, *(sanitise(x, valid) for x in arrays.values()))
 
 
-def discounted_returns(rewards: Array, mask: Array, *, gamma: float) -> Array:
+def discounted_returns(
+    rewards: Array, mask: Array, *, gamma: float, method: str | None = None
+) -> Array:
   """Discounted reward-to-go over valid positions: G_t = r_t + gamma * G_next.
 
   rewards, mask: [B, T]. G_next is the return at the next valid position (0
   after the last one). Returns float32 [B, T], 0 at masked positions.
   """
-  _check_token_arrays(rewards=rewards, mask=mask)
-  valid = as_bool(mask)
-  rewards = sanitise(rewards, valid)
-
-  def step(next_return, xs):
-    reward, is_valid = xs
-    ret = jnp.where(is_valid, reward + gamma * next_return, next_return)
-    return ret, jnp.where(is_valid, ret, 0.0)
-
-  init = jnp.zeros(rewards.shape[:1], jnp.float32)
-  return _reverse_time_scan(step, init, rewards, valid)
+  valid, rewards = _prepare(mask, rewards=rewards)
+  return masked_recurrence(rewards, gamma, valid, method=method)
 
 
-def gae(
-    rewards: Array,
-    values: Array,
-    mask: Array,
-    *,
-    gamma: float,
-    lam: float,
-    method: str = "scan",
-) -> tuple[Array, Array]:
-  """Generalised advantage estimation (Schulman et al., 2016).
-
-  delta_t = r_t + gamma * V_next - V_t
-  A_t     = delta_t + gamma * lam * A_next
-  where "next" is the next valid position and V_next = A_next = 0 after the
-  last valid token. rewards, values, mask: [B, T].
-  Returns (advantages, returns) float32 [B, T], with returns = (A + V) * mask.
-  method: "scan" (sequential scan over time).
-  """
-  _check_token_arrays(rewards=rewards, values=values, mask=mask)
-  _checks.check_choice(method, GAE_METHODS, "GAE method")
-  valid = as_bool(mask)
-  rewards = sanitise(rewards, valid)
-  values = sanitise(values, valid)
+def _gae_scan(rewards, values, valid, gamma, lam):
+  """GAE in one time-major scan carrying (V_next, A_next) across masked steps."""
 
   def step(carry, xs):
     next_value, next_advantage = carry
@@ -85,5 +53,125 @@ def gae(
     return carry, jnp.where(is_valid, advantage, 0.0)
 
   zeros = jnp.zeros(rewards.shape[:1], jnp.float32)
-  advantages = _reverse_time_scan(step, (zeros, zeros), rewards, values, valid)
+  _, advantages = jax.lax.scan(
+      step, (zeros, zeros), (rewards.T, values.T, valid.T), reverse=True
+  )
+  return advantages.T
+
+
+def _td_errors(rewards, values, valid, gamma, method):
+  """delta_t = r_t + gamma * V_next - V_t at valid t, 0 elsewhere."""
+  value_next = next_valid(values, valid, method=method)
+  return jnp.where(valid, rewards + gamma * value_next - values, 0.0), value_next
+
+
+def gae(
+    rewards: Array,
+    values: Array,
+    mask: Array,
+    *,
+    gamma: float,
+    lam: float,
+    method: str | None = None,
+) -> tuple[Array, Array]:
+  """Generalised advantage estimation (Schulman et al., 2016).
+
+  delta_t = r_t + gamma * V_next - V_t
+  A_t     = delta_t + gamma * lam * A_next
+  where "next" is the next valid position and V_next = A_next = 0 after the
+  last valid token. rewards, values, mask: [B, T].
+  Returns (advantages, returns) float32 [B, T], with returns = (A + V) * mask.
+  method: "scan" (one fused time-major scan) or "associative"
+  (lax.associative_scan; O(log T) depth for accelerators); None = fastest for
+  the backend. All give the same result.
+  """
+  valid, rewards, values = _prepare(mask, rewards=rewards, values=values)
+  method = method or recurrence.default_method()
+  _checks.check_choice(method, GAE_METHODS, "GAE method")
+  if method == "scan":
+    advantages = _gae_scan(rewards, values, valid, gamma, lam)
+  else:
+    deltas, _ = _td_errors(rewards, values, valid, gamma, method)
+    advantages = masked_recurrence(deltas, gamma * lam, valid, method=method)
   return advantages, jnp.where(valid, advantages + values, 0.0)
+
+
+def lambda_returns(
+    rewards: Array,
+    values: Array,
+    mask: Array,
+    *,
+    gamma: float,
+    lam: float,
+    method: str | None = None,
+) -> Array:
+  """TD(lambda) returns (Sutton & Barto, 2018, ch. 12).
+
+  G_t = r_t + gamma * ((1 - lam) * V_next + lam * G_next), next/terminal as in
+  `gae`. Identical to A_gae + V, which is how it is computed.
+  rewards, values, mask: [B, T]. Returns float32 [B, T], 0 at masked positions.
+  """
+  return gae(rewards, values, mask, gamma=gamma, lam=lam, method=method)[1]
+
+
+def n_step_returns(
+    rewards: Array,
+    values: Array,
+    mask: Array,
+    *,
+    n: int,
+    gamma: float,
+    method: str | None = None,
+) -> Array:
+  """n-step bootstrapped returns over valid positions.
+
+  G_t = sum_{k<n} gamma^k r_{t_k} + gamma^n V_{t_n}, where t_0 = t and t_k is
+  the k-th valid position after t; terms past the last valid token are 0
+  (terminal). n = 1 is the TD(0) target; n >= T is the Monte-Carlo return.
+  rewards, values, mask: [B, T]. Returns float32 [B, T], 0 at masked positions.
+  """
+  if not isinstance(n, int) or n < 1:
+    raise ValueError(f"n must be a positive int, got {n!r}.")
+  valid, rewards, values = _prepare(mask, rewards=rewards, values=values)
+  # G^(k)_t = r_t + gamma * G^(k-1)_next, G^(0) = V.
+  returns = values
+  for _ in range(n):
+    returns = jnp.where(valid, rewards + gamma * next_valid(returns, valid, method=method), 0.0)
+  return returns
+
+
+def vtrace(
+    rewards: Array,
+    values: Array,
+    mask: Array,
+    log_rhos: Array,
+    *,
+    gamma: float,
+    lam: float = 1.0,
+    clip_rho: float = 1.0,
+    clip_c: float = 1.0,
+    method: str | None = None,
+) -> tuple[Array, Array]:
+  """V-trace off-policy targets (Espeholt et al., 2018, IMPALA), as rlax.
+
+  log_rhos = log pi(a_t) - log mu(a_t) (target minus behaviour policy).
+  rho_t = min(clip_rho, exp(log_rho_t)),  c_t = lam * min(clip_c, exp(log_rho_t))
+  vs_t  = V_t + rho_t (r_t + gamma V_next - V_t) + gamma c_t (vs_next - V_next)
+  pg_advantages_t = rho_t (r_t + gamma (lam vs_next + (1 - lam) V_next) - V_t)
+  with next/terminal as in `gae` (V_next = vs_next = 0 after the last valid
+  token). All inputs [B, T]. Returns (vs, pg_advantages) float32 [B, T], 0 at
+  masked positions.
+  """
+  valid, rewards, values, log_rhos = _prepare(
+      mask, rewards=rewards, values=values, log_rhos=log_rhos
+  )
+  rhos = jnp.exp(log_rhos)
+  clipped_rhos = jnp.minimum(clip_rho, rhos)
+  cs = lam * jnp.minimum(clip_c, rhos)
+  deltas, value_next = _td_errors(rewards, values, valid, gamma, method)
+  # vs_t - V_t = rho_t delta_t + gamma c_t (vs_next - V_next).
+  corrections = masked_recurrence(clipped_rhos * deltas, gamma * cs, valid, method=method)
+  vs = jnp.where(valid, values + corrections, 0.0)
+  vs_next = next_valid(vs, valid, method=method)
+  q_estimate = rewards + gamma * (lam * vs_next + (1.0 - lam) * value_next)
+  return vs, jnp.where(valid, clipped_rhos * (q_estimate - values), 0.0)
