@@ -31,6 +31,12 @@ def safe_divide(num: Array, den: Array) -> Array:
   return jnp.where(nonzero, num / jnp.where(nonzero, den, 1.0), 0.0)
 
 
+def safe_sqrt(x: Array) -> Array:
+  """sqrt with a finite gradient at 0 (the gradient there is taken as 0)."""
+  positive = x > 0
+  return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
+
+
 def masked_mean(x: Array, valid: Array, axis=None) -> Array:
   """Mean of `x` over valid positions; 0 where none are valid."""
   return safe_divide(

@@ -150,3 +150,15 @@ def chunked_token_logprobs(
   if not isinstance(chunk_size, int) or chunk_size < 1:
     raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
   return _chunked_logprobs(hidden, unembed, tokens, chunk_size, float(temperature))
+
+
+def token_sum_probs_squared(logits: Array) -> Array:
+  """sum_v softmax(logits)_v^2 = exp(logsumexp(2 z) - 2 logsumexp(z)).
+
+  The collision probability of the policy at each position; with the sampled
+  token's probability p it gives ||e_a - pi||^2 = 1 - 2 p + sum pi^2, the
+  logit-gradient proxy of the optimal token baseline. logits: [..., V].
+  Returns float32 [...].
+  """
+  logits = logits.astype(jnp.float32)
+  return jnp.exp(jax.nn.logsumexp(2.0 * logits, axis=-1) - 2.0 * jax.nn.logsumexp(logits, axis=-1))

@@ -5,6 +5,7 @@ Layout (DESIGN.md): `[B, T]` token arrays, `[B]` sequence arrays; rows
 """
 
 import dataclasses
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import jax
@@ -12,7 +13,9 @@ from jax import Array
 
 from jaxcredit import _checks
 
-_TOKEN_FIELDS = ("tokens", "mask", "logprobs", "ref_logprobs", "values", "token_rewards")
+_TOKEN_FIELDS = (
+    "tokens", "mask", "logprobs", "ref_logprobs", "values", "token_rewards", "entropy"
+)
 
 
 @jax.tree_util.register_dataclass
@@ -28,6 +31,10 @@ class Rollout:
   values:        [B, T]|None  critic values V(s_t) at each action.
   token_rewards: [B, T]|None  dense rewards (process rewards, shaping) added to
                               the outcome reward placed on the last action.
+  entropy:       [B, T]|None  behaviour-policy entropy at each position.
+  extras:        dict         further arrays an estimator needs, by name (e.g.
+                              "baseline_rewards" [B] for ReMax,
+                              "sum_pi_squared" [B, T] for OTB).
   group_size:    static int   responses per prompt, contiguous rows.
   """
 
@@ -38,6 +45,8 @@ class Rollout:
   ref_logprobs: Array | None = None
   values: Array | None = None
   token_rewards: Array | None = None
+  entropy: Array | None = None
+  extras: Mapping[str, Array] = dataclasses.field(default_factory=dict)
   group_size: int = dataclasses.field(default=1, metadata=dict(static=True))
 
   def replace(self, **changes) -> "Rollout":
@@ -61,6 +70,14 @@ class Rollout:
     missing = [f for f in fields if getattr(self, f) is None]
     if missing:
       raise ValueError(f"{by} needs rollout.{', rollout.'.join(missing)}, which is None.")
+
+  def extra(self, name: str, *, by: str) -> Array:
+    """rollout.extras[name]; ValueError naming `by` if it is absent."""
+    if name not in self.extras:
+      raise ValueError(
+          f"{by} needs rollout.extras[{name!r}]; extras has {sorted(self.extras)}."
+      )
+    return self.extras[name]
 
 
 class Estimate(NamedTuple):

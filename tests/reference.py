@@ -161,3 +161,102 @@ def vtrace(rewards, values, mask, log_rhos, gamma, lam, clip_rho, clip_c):
       pg[b, t] = rho * (reward + gamma * (lam * next_vs + (1 - lam) * next_value) - value)
       next_vs, next_value = vs[b, t], value
   return vs, pg
+
+
+def grpo_batch_std(rewards, group_size, eps=1e-6):
+  rewards = np.asarray(rewards, np.float64)
+  if len(rewards) == 1:
+    return np.zeros(1)
+  means = np.repeat(rewards.reshape(-1, group_size).mean(1), group_size)
+  return (rewards - means) / (rewards.std(ddof=1) + eps)
+
+
+def opo(rewards, lengths, group_size):
+  out = np.zeros(len(rewards))
+  if group_size == 1:
+    return out
+  for start in range(0, len(rewards), group_size):
+    r = np.asarray(rewards[start : start + group_size], np.float64)
+    l = np.asarray(lengths[start : start + group_size], np.float64)
+    baseline = (l * r).sum() / l.sum() if l.sum() else 0.0
+    out[start : start + group_size] = r - baseline
+  return out
+
+
+def pass_at_k(rewards, group_size, k):
+  from math import comb
+
+  out = np.zeros(len(rewards))
+  for start in range(0, len(rewards), group_size):
+    correct = np.asarray(rewards[start : start + group_size]) > 0
+    n, n_wrong = group_size, int((~correct).sum())
+    pass_k = 1 - comb(n_wrong, k) / comb(n, k)
+    std = np.sqrt(pass_k * (1 - pass_k))
+    if std == 0:
+      continue
+    miss = comb(n_wrong - 1, k - 1) / comb(n - 1, k - 1) if n_wrong >= 1 else 0.0
+    for i, ok in enumerate(correct):
+      out[start + i] = (1 - pass_k) / std if ok else (1 - pass_k - miss) / std
+  return out
+
+
+def gpg(rewards, group_size, scale_by_std, eps=1e-6):
+  rewards = np.asarray(rewards, np.float64)
+  groups = rewards.reshape(-1, group_size)
+  degenerate_rows = sum(group_size for g in groups if np.all(g == g[0]))
+  alpha = len(rewards) / max(len(rewards) - degenerate_rows, 1)
+  out = []
+  for g in groups:
+    centred = g - g.mean()
+    if scale_by_std and group_size > 1:
+      centred = centred / (g.std(ddof=1) + eps)
+    out.extend(alpha * centred)
+  return np.array(out)
+
+
+def whiten(x, mask, shift_mean=True, eps=1e-8):
+  x, mask = np.asarray(x, np.float64), np.asarray(mask, bool)
+  values = x[mask]
+  mean = values.mean() if values.size else 0.0
+  var = values.var(ddof=1) if values.size > 1 else 0.0
+  out = (x - mean) / np.sqrt(var + eps) + (0.0 if shift_mean else mean)
+  return np.where(mask, out, 0.0)
+
+
+def prm_token_rewards(scores, ends, step_mask, mask, form, temperature):
+  out = np.zeros(np.shape(mask))
+  for b in range(len(scores)):
+    valid = np.asarray(step_mask[b], bool)
+    s = np.asarray(scores[b], np.float64)
+    if form == "min" and valid.any():
+      logits = -s[valid] / temperature
+      w = np.exp(logits - logits.max())
+      s = s.copy()
+      s[valid] = s[valid] * w / w.sum()
+    for j in np.flatnonzero(valid):
+      end = int(ends[b, j])
+      if 0 <= end < out.shape[1] and mask[b, end]:
+        out[b, end] += s[j]
+  return out
+
+
+def optimal_token_baseline(returns, logprobs, sum_pi_sq, mask, group_size, eps=1e-8):
+  mask = np.asarray(mask, bool)
+  batch, length = mask.shape
+  weights = np.zeros((batch, length))
+  for b in range(batch):
+    running = 0.0
+    for t in range(length):
+      if mask[b, t]:
+        running += 1 - 2 * np.exp(float(logprobs[b, t])) + float(sum_pi_sq[b, t])
+        weights[b, t] = running
+  out = np.zeros((batch, length))
+  for start in range(0, batch, group_size):
+    rows = range(start, start + group_size)
+    for t in range(length):
+      num = sum(float(returns[i, t]) * weights[i, t] for i in rows if mask[i, t])
+      den = sum(weights[i, t] for i in rows if mask[i, t]) + eps
+      for i in rows:
+        if mask[i, t]:
+          out[i, t] = float(returns[i, t]) - num / den
+  return out

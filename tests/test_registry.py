@@ -24,6 +24,7 @@ def make_rollout(batch=8, length=10, group_size=4, seed=0, poisoned=True) -> jc.
   fill = (lambda x: poison(x, mask)) if poisoned else (lambda x: x)
   token = lambda: fill(rng.normal(size=(batch, length)).astype(np.float32))
   logprobs = fill(-rng.exponential(1.0, size=(batch, length)).astype(np.float32))
+  sum_pi_squared = fill(np.exp(logprobs) ** 2 + 0.1 * rng.random((batch, length)).astype(np.float32))
   return jc.Rollout(
       tokens=jnp.asarray(rng.integers(0, 32, (batch, length))),
       mask=jnp.asarray(mask),
@@ -32,6 +33,12 @@ def make_rollout(batch=8, length=10, group_size=4, seed=0, poisoned=True) -> jc.
       ref_logprobs=jnp.asarray(logprobs + fill(0.1 * rng.normal(size=(batch, length)).astype(np.float32))),
       values=jnp.asarray(token()),
       token_rewards=jnp.asarray(0.1 * token()),
+      entropy=jnp.asarray(fill(rng.exponential(1.0, size=(batch, length)).astype(np.float32))),
+      extras={
+          "baseline_rewards": jnp.asarray(rng.integers(0, 2, batch).astype(np.float32)),
+          "sum_pi_squared": jnp.asarray(sum_pi_squared),
+          "target_logprobs": jnp.asarray(logprobs + fill(0.2 * token())),
+      },
       group_size=group_size,
   )
 
@@ -80,7 +87,7 @@ def test_every_loss_is_finite_with_finite_gradient(name):
 
   (value, metrics), grad = jax.value_and_grad(loss, has_aux=True)(new_logp)
   jitted_value, _ = jax.jit(loss)(new_logp)
-  np.testing.assert_allclose(value, jitted_value, rtol=1e-6)
+  np.testing.assert_allclose(value, jitted_value, rtol=1e-6, atol=1e-6)
   assert value.shape == () and np.isfinite(value)
   assert metrics and all(np.isfinite(v) and np.shape(v) == () for v in metrics.values())
   assert np.all(np.isfinite(grad))
@@ -107,7 +114,7 @@ def test_loss_adapters_match_their_functions():
 
 
 def test_unknown_names_list_known_ones():
-  with pytest.raises(ValueError, match="Unknown estimator 'gpro'; known: dr_grpo, gae, grpo"):
+  with pytest.raises(ValueError, match="Unknown estimator 'gpro'; known: dr_grpo, gae, gpg, grpo, "):
     estimators.get("gpro")
   with pytest.raises(ValueError, match="Unknown loss 'ppo'; known: dpo, gspo, kl, ppo_clip"):
     losses.get("ppo")
@@ -148,7 +155,7 @@ def test_rollout_validation_names_the_problem():
 def test_rollout_is_a_pytree_with_static_group_size():
   rollout = make_rollout()
   leaves, treedef = jax.tree.flatten(rollout)
-  assert len(leaves) == 7
+  assert len(leaves) == 11
   assert jax.tree.unflatten(treedef, leaves).group_size == 4
   doubled = jax.tree.map(lambda x: x * 2, rollout.replace(token_rewards=None))
   assert doubled.token_rewards is None and doubled.group_size == 4

@@ -5,8 +5,13 @@
 
 from jaxcredit.estimators.group import (
     broadcast_to_tokens,
+    gpg_advantages,
     grpo_advantages,
+    grpo_batch_std_advantages,
+    opo_advantages,
     outcome_to_tokens,
+    pass_at_k_advantages,
+    remax_advantages,
     rloo_advantages,
 )
 from jaxcredit.estimators.registered import (
@@ -24,6 +29,14 @@ from jaxcredit.estimators.returns import (
     n_step_returns,
     vtrace,
 )
+from jaxcredit.estimators.token_credit import (
+    high_entropy_mask,
+    implicit_process_rewards,
+    optimal_token_baseline_advantages,
+    prm_token_rewards,
+    surprisal_weights,
+    whiten,
+)
 from jaxcredit.rollout import Estimate, Rollout
 
 __all__ = [
@@ -35,13 +48,24 @@ __all__ = [
     "discounted_returns",
     "gae",
     "get",
+    "gpg_advantages",
     "grpo_advantages",
+    "grpo_batch_std_advantages",
+    "high_entropy_mask",
+    "implicit_process_rewards",
     "lambda_returns",
     "n_step_returns",
     "names",
+    "opo_advantages",
+    "optimal_token_baseline_advantages",
     "outcome_to_tokens",
+    "pass_at_k_advantages",
+    "prm_token_rewards",
     "register",
+    "remax_advantages",
     "rloo_advantages",
+    "surprisal_weights",
     "token_level_rewards",
     "vtrace",
+    "whiten",
 ]

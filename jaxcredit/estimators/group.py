@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from jaxcredit import _checks
-from jaxcredit._masking import as_bool, safe_divide
+from jaxcredit._masking import as_bool, safe_divide, safe_sqrt
 
 
 def _grouped(rewards: Array, group_size: int) -> Array:
@@ -17,10 +17,12 @@ def _grouped(rewards: Array, group_size: int) -> Array:
   return rewards.astype(jnp.float32).reshape(-1, group_size)
 
 
-def _safe_sqrt(x: Array) -> Array:
-  """sqrt with a finite gradient at 0 (the gradient there is taken as 0)."""
-  positive = x > 0
-  return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
+def _centred(grouped: Array) -> Array:
+  """grouped - group mean, shifted by each group's first value first, so that a
+  group of equal rewards centres to exactly 0 (no rounding residue that the
+  std normalisation would blow up)."""
+  shifted = grouped - grouped[:, :1]
+  return shifted - jnp.mean(shifted, axis=1, keepdims=True)
 
 
 def grpo_advantages(
@@ -40,10 +42,10 @@ def grpo_advantages(
   grouped = _grouped(rewards, group_size)
   if group_size == 1:
     return jnp.zeros(rewards.shape, jnp.float32)
-  centred = grouped - jnp.mean(grouped, axis=1, keepdims=True)
+  centred = _centred(grouped)
   if scale_by_std:
     variance = jnp.sum(centred**2, axis=1, keepdims=True) / (group_size - 1)
-    centred = safe_divide(centred, _safe_sqrt(variance) + eps)  # eps=0 allowed
+    centred = safe_divide(centred, safe_sqrt(variance) + eps)  # eps=0 allowed
   return centred.reshape(-1)
 
 
@@ -56,7 +58,7 @@ def rloo_advantages(rewards: Array, *, group_size: int) -> Array:
   grouped = _grouped(rewards, group_size)
   if group_size == 1:
     return jnp.zeros(rewards.shape, jnp.float32)
-  centred = grouped - jnp.mean(grouped, axis=1, keepdims=True)
+  centred = _centred(grouped)
   return (centred * (group_size / (group_size - 1))).reshape(-1)
 
 
@@ -81,3 +83,98 @@ def outcome_to_tokens(rewards: Array, mask: Array) -> Array:
   last = t - 1 - jnp.argmax(valid[:, ::-1], axis=1)
   is_last = (jnp.arange(t)[None, :] == last[:, None]) & valid
   return jnp.where(is_last, rewards.astype(jnp.float32)[:, None], 0.0)
+
+
+def grpo_batch_std_advantages(rewards: Array, *, group_size: int, eps: float = 1e-6) -> Array:
+  """Group mean, batch std (Liu et al., 2025, "Tricks or Traps"; Lite PPO).
+
+  A_i = (r_i - mean_g) / (std_batch + eps), std with ddof=1 over all B rewards.
+  Steadier than the group std when many groups are nearly uniform.
+  rewards: [B]. Returns float32 [B]; 0 when B == 1 or all rewards are equal.
+  """
+  grouped = _grouped(rewards, group_size)
+  centred = _centred(grouped).reshape(-1)
+  batch = rewards.shape[0]
+  if batch == 1:
+    return jnp.zeros_like(centred)
+  flat = grouped.reshape(-1)
+  variance = jnp.sum((flat - jnp.mean(flat)) ** 2) / (batch - 1)
+  return safe_divide(centred, safe_sqrt(variance) + eps)
+
+
+def remax_advantages(rewards: Array, baseline_rewards: Array) -> Array:
+  """ReMax (Li et al., 2024): A_i = r_i - b_i, b_i the reward of the greedy
+  response to the same prompt. rewards, baseline_rewards: [B]. Returns float32 [B].
+  """
+  _checks.check_rank(rewards, 1, "rewards")
+  _checks.check_same_shape(rewards=rewards, baseline_rewards=baseline_rewards)
+  return rewards.astype(jnp.float32) - baseline_rewards.astype(jnp.float32)
+
+
+def opo_advantages(rewards: Array, lengths: Array, *, group_size: int) -> Array:
+  """Length-weighted baseline (OPO; Hao et al., 2025, On-Policy RL with Optimal Baseline).
+
+  b_g = sum_j l_j r_j / sum_j l_j over the group; A_i = r_i - b_g, with l_j
+  the number of response tokens. rewards, lengths: [B]. Returns float32 [B];
+  a group whose lengths sum to 0 gets b_g = 0; 0 when group_size == 1.
+  """
+  grouped = _grouped(rewards, group_size)
+  _checks.check_same_shape(rewards=rewards, lengths=lengths)
+  if group_size == 1:
+    return jnp.zeros(rewards.shape, jnp.float32)
+  weights = lengths.astype(jnp.float32).reshape(grouped.shape)
+  baseline = safe_divide(jnp.sum(weights * grouped, 1, keepdims=True), jnp.sum(weights, 1, keepdims=True))
+  return (grouped - baseline).reshape(-1)
+
+
+def _binomial_ratio(n_top: Array, n_bottom: int, k: int) -> Array:
+  """C(n_top, k) / C(n_bottom, k) = prod_{i<k} (n_top - i) / (n_bottom - i), 0 if n_top < k."""
+  ratio = jnp.ones_like(n_top)
+  for i in range(k):
+    ratio = ratio * jnp.maximum(n_top - i, 0.0) / (n_bottom - i)
+  return ratio
+
+
+def pass_at_k_advantages(rewards: Array, *, group_size: int, k: int) -> Array:
+  """Analytic pass@k advantages (Chen et al., 2025, "Pass@k Training").
+
+  With N = group_size responses of which N_neg are wrong (reward <= 0):
+    R = 1 - C(N_neg, k) / C(N, k)                (unbiased pass@k of the group)
+    s = sqrt(R (1 - R))
+    A_correct = (1 - R) / s
+    A_wrong   = (1 - R - C(N_neg - 1, k - 1) / C(N - 1, k - 1)) / s
+  k = 1 recovers GRPO with the population std. rewards: [B], binary (correct
+  iff > 0). Returns float32 [B]; 0 for all-correct or all-wrong groups.
+  """
+  grouped = _grouped(rewards, group_size)
+  if not isinstance(k, int) or not 1 <= k <= group_size:
+    raise ValueError(f"k must be an int in [1, group_size={group_size}], got {k!r}.")
+  correct = grouped > 0
+  n_wrong = jnp.sum(~correct, axis=1, keepdims=True).astype(jnp.float32)
+  pass_k = 1.0 - _binomial_ratio(n_wrong, group_size, k)
+  std = safe_sqrt(pass_k * (1.0 - pass_k))
+  miss_given_wrong = _binomial_ratio(n_wrong - 1.0, group_size - 1, k - 1)
+  numerator = jnp.where(correct, 1.0 - pass_k, 1.0 - pass_k - miss_given_wrong)
+  return safe_divide(numerator, jnp.broadcast_to(std, numerator.shape)).reshape(-1)
+
+
+def gpg_advantages(
+    rewards: Array, *, group_size: int, scale_by_std: bool = False, eps: float = 1e-6
+) -> Array:
+  """Group Policy Gradient (Chu et al., 2025): A_i = alpha (r_i - mean_g) / F.
+
+  alpha = B / (B - M) rescales for the M rows in zero-variance groups, which
+  carry no signal (alpha = B when every group is degenerate, and the
+  advantages are 0 anyway); F = std_g + eps if scale_by_std else 1. Note:
+  verl computes alpha from the count of non-zero rewards instead; this
+  follows the paper. rewards: [B]. Returns float32 [B].
+  """
+  grouped = _grouped(rewards, group_size)
+  centred = _centred(grouped)
+  degenerate = jnp.all(centred == 0, axis=1, keepdims=True)
+  n_degenerate = jnp.sum(degenerate) * group_size
+  alpha = rewards.shape[0] / jnp.maximum(rewards.shape[0] - n_degenerate, 1)
+  if scale_by_std and group_size > 1:
+    variance = jnp.sum(centred**2, axis=1, keepdims=True) / (group_size - 1)
+    centred = safe_divide(centred, safe_sqrt(variance) + eps)
+  return (alpha * centred).reshape(-1)

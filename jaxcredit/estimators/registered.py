@@ -6,7 +6,7 @@ from collections.abc import Callable
 import jax.numpy as jnp
 
 from jaxcredit._masking import as_bool
-from jaxcredit.estimators import group, returns
+from jaxcredit.estimators import group, returns, token_credit
 from jaxcredit.registry import Registry
 from jaxcredit.rollout import Estimate, Rollout
 
@@ -51,6 +51,40 @@ def _dr_grpo(rollout: Rollout):
   return _grpo(rollout, scale_by_std=False)
 
 
+@register("grpo_batch_std")
+def _grpo_batch_std(rollout: Rollout, *, eps: float = 1e-6):
+  seq = group.grpo_batch_std_advantages(rollout.rewards, group_size=rollout.group_size, eps=eps)
+  return group.broadcast_to_tokens(seq, rollout.mask)
+
+
+@register("remax")
+def _remax(rollout: Rollout):
+  """Needs rollout.extras["baseline_rewards"] [B]: rewards of greedy responses."""
+  baseline = rollout.extra("baseline_rewards", by="remax")
+  return group.broadcast_to_tokens(group.remax_advantages(rollout.rewards, baseline), rollout.mask)
+
+
+@register("opo")
+def _opo(rollout: Rollout):
+  lengths = jnp.sum(as_bool(rollout.mask), axis=1)
+  seq = group.opo_advantages(rollout.rewards, lengths, group_size=rollout.group_size)
+  return group.broadcast_to_tokens(seq, rollout.mask)
+
+
+@register("pass_at_k")
+def _pass_at_k(rollout: Rollout, *, k: int = 4):
+  seq = group.pass_at_k_advantages(rollout.rewards, group_size=rollout.group_size, k=k)
+  return group.broadcast_to_tokens(seq, rollout.mask)
+
+
+@register("gpg")
+def _gpg(rollout: Rollout, *, scale_by_std: bool = False):
+  seq = group.gpg_advantages(
+      rollout.rewards, group_size=rollout.group_size, scale_by_std=scale_by_std
+  )
+  return group.broadcast_to_tokens(seq, rollout.mask)
+
+
 @register("rloo")
 def _rloo(rollout: Rollout):
   seq = group.rloo_advantages(rollout.rewards, group_size=rollout.group_size)
@@ -63,8 +97,101 @@ def _reinforce(rollout: Rollout, *, gamma: float = 1.0):
   return Estimate(advantages=ret, returns=ret)
 
 
+@register("reinforce_pp")
+def _reinforce_pp(rollout: Rollout, *, gamma: float = 1.0):
+  """REINFORCE++ (Hu, 2025): batch-whitened discounted returns of the token
+  rewards (outcome + any dense rewards such as a KL penalty)."""
+  ret = returns.discounted_returns(token_level_rewards(rollout), rollout.mask, gamma=gamma)
+  return Estimate(advantages=token_credit.whiten(ret, rollout.mask), returns=ret)
+
+
+@register("reinforce_pp_baseline")
+def _reinforce_pp_baseline(rollout: Rollout):
+  """REINFORCE++-baseline (Hu, 2025): group-mean-centred outcome rewards,
+  broadcast to tokens, then whitened over the batch."""
+  centred = group.grpo_advantages(
+      rollout.rewards, group_size=rollout.group_size, scale_by_std=False
+  )
+  return token_credit.whiten(group.broadcast_to_tokens(centred, rollout.mask), rollout.mask)
+
+
+@register("otb")
+def _otb(rollout: Rollout, *, gamma: float = 1.0, eps: float = 1e-8):
+  """Optimal token baseline; needs rollout.logprobs and
+  rollout.extras["sum_pi_squared"] [B, T] (`logprobs.token_sum_probs_squared`)."""
+  rollout.require("logprobs", by="otb")
+  ret = returns.discounted_returns(token_level_rewards(rollout), rollout.mask, gamma=gamma)
+  advantages = token_credit.optimal_token_baseline_advantages(
+      ret, rollout.logprobs, rollout.extra("sum_pi_squared", by="otb"), rollout.mask,
+      group_size=rollout.group_size, eps=eps,
+  )
+  return Estimate(advantages=advantages, returns=ret)
+
+
+@register("prime")
+def _prime(rollout: Rollout, *, beta: float = 0.05, gamma: float = 1.0):
+  """PRIME (Cui et al., 2025): RLOO on outcome rewards plus discounted returns
+  of implicit process rewards beta (log pi_prm - log pi_ref), each centred by
+  the leave-one-out mean of the other responses' per-token implicit reward.
+  pi_prm is rollout.extras["prm_logprobs"] when present, else rollout.logprobs."""
+  rollout.require("ref_logprobs", by="prime")
+  prm_logp = rollout.extras.get("prm_logprobs", rollout.logprobs)
+  if prm_logp is None:
+    raise ValueError("prime needs rollout.extras['prm_logprobs'] or rollout.logprobs.")
+  valid = as_bool(rollout.mask)
+  implicit = token_credit.implicit_process_rewards(prm_logp, rollout.ref_logprobs, valid, beta=beta)
+  per_token = jnp.sum(implicit, 1) / jnp.maximum(jnp.sum(valid, 1), 1)
+  others_mean = per_token - group.rloo_advantages(per_token, group_size=rollout.group_size)
+  process = jnp.where(valid, implicit - others_mean[:, None], 0.0)
+  outcome = group.broadcast_to_tokens(
+      group.rloo_advantages(rollout.rewards, group_size=rollout.group_size), valid
+  )
+  return outcome + returns.discounted_returns(process, valid, gamma=gamma)
+
+
+@register("grpo_high_entropy")
+def _grpo_high_entropy(rollout: Rollout, *, rho: float = 0.2, eps: float = 1e-6):
+  """GRPO advantages on the top-rho entropy tokens only (Wang et al., 2025);
+  needs rollout.entropy."""
+  rollout.require("entropy", by="grpo_high_entropy")
+  keep = token_credit.high_entropy_mask(rollout.entropy, rollout.mask, rho=rho)
+  return jnp.where(keep, _grpo(rollout, eps=eps), 0.0)
+
+
+@register("grpo_surprisal")
+def _grpo_surprisal(rollout: Rollout, *, eps: float = 1e-6):
+  """GRPO advantages times surprisal weights (mean 1); needs rollout.logprobs."""
+  rollout.require("logprobs", by="grpo_surprisal")
+  return _grpo(rollout, eps=eps) * token_credit.surprisal_weights(rollout.logprobs, rollout.mask)
+
+
+@register("n_step")
+def _n_step(rollout: Rollout, *, n: int = 8, gamma: float = 1.0, method: str | None = None):
+  """A_t = G^(n)_t - V_t with n-step bootstrapped returns; needs rollout.values."""
+  rollout.require("values", by="n_step")
+  ret = returns.n_step_returns(
+      token_level_rewards(rollout), rollout.values, rollout.mask, n=n, gamma=gamma, method=method
+  )
+  valid = as_bool(rollout.mask)
+  return Estimate(advantages=jnp.where(valid, ret - rollout.values, 0.0), returns=ret)
+
+
+@register("vtrace")
+def _vtrace(rollout: Rollout, *, gamma: float = 1.0, lam: float = 1.0, clip_rho: float = 1.0,
+            clip_c: float = 1.0, method: str | None = None):
+  """V-trace for off-policy (asynchronous) batches: rollout.logprobs is the
+  behaviour policy, rollout.extras["target_logprobs"] the learner policy."""
+  rollout.require("logprobs", "values", by="vtrace")
+  log_rhos = rollout.extra("target_logprobs", by="vtrace") - rollout.logprobs
+  vs, pg_advantages = returns.vtrace(
+      token_level_rewards(rollout), rollout.values, rollout.mask, log_rhos,
+      gamma=gamma, lam=lam, clip_rho=clip_rho, clip_c=clip_c, method=method,
+  )
+  return Estimate(advantages=pg_advantages, returns=vs)
+
+
 @register("gae")
-def _gae(rollout: Rollout, *, gamma: float = 1.0, lam: float = 0.95, method: str = "scan"):
+def _gae(rollout: Rollout, *, gamma: float = 1.0, lam: float = 0.95, method: str | None = None):
   rollout.require("values", by="gae")
   advantages, rets = returns.gae(
       token_level_rewards(rollout), rollout.values, rollout.mask,

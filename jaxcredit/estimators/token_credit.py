@@ -1,0 +1,155 @@
+"""Token-level credit that needs no extra model calls: normalisation, implicit
+and process rewards, the optimal token baseline, entropy and surprisal weights.
+
+Shapes: [B, T] token arrays with `mask`; values at masked positions are
+ignored (even NaN) and outputs there are 0.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from jaxcredit import _checks
+from jaxcredit._masking import as_bool, masked_mean, safe_divide, safe_sqrt, sanitise
+
+
+def whiten(x: Array, mask: Array, *, shift_mean: bool = True, eps: float = 1e-8) -> Array:
+  """(x - mean) / sqrt(var + eps) over valid positions (any shape).
+
+  mean and unbiased (ddof=1) variance over the valid entries; the variance is
+  0 when fewer than 2 are valid (then the output is 0 if eps == 0).
+  shift_mean=False adds the mean back (only the scale changes). Returns
+  float32, 0 at masked positions.
+  """
+  _checks.check_same_shape(x=x, mask=mask)
+  valid = as_bool(mask)
+  x = sanitise(x, valid)
+  count = jnp.sum(valid, dtype=jnp.float32)
+  mean = masked_mean(x, valid)
+  centred = jnp.where(valid, x - mean, 0.0)
+  variance = safe_divide(jnp.sum(centred**2), count - 1.0) * (count > 1)
+  out = safe_divide(centred, safe_sqrt(variance + eps))  # 0 when var + eps == 0
+  if not shift_mean:
+    out = out + mean
+  return jnp.where(valid, out, 0.0)
+
+
+def implicit_process_rewards(prm_logp: Array, ref_logp: Array, mask: Array, *, beta: float) -> Array:
+  """Implicit PRM token rewards (PRIME; Cui et al., 2025): r_t = beta (log pi_prm - log pi_ref).
+
+  prm_logp: log-probs of the sampled tokens under an outcome-reward-trained
+  LM; ref_logp: under its reference. [B, T]. Returns float32 [B, T].
+  """
+  _checks.check_token_and_seq({"prm_logp": prm_logp, "ref_logp": ref_logp, "mask": mask}, {})
+  valid = as_bool(mask)
+  return jnp.where(valid, beta * (sanitise(prm_logp, valid) - sanitise(ref_logp, valid)), 0.0)
+
+
+def prm_token_rewards(
+    step_scores: Array,
+    step_ends: Array,
+    mask: Array,
+    *,
+    step_mask: Array | None = None,
+    form: str = "sum",
+    temperature: float = 0.1,
+) -> Array:
+  """Places process-reward-model step scores on the tokens that end each step.
+
+  step_scores, step_ends (token index of each step's last token), step_mask:
+  [B, S]; mask: [B, T].
+    form="sum": token reward at step end = the step's score, so the return is
+                the sum of the future step scores.
+    form="min": PURE min-form credit (Cheng et al., 2025): scores are first
+                reweighted by softmax_s(-score / temperature) over each row's
+                valid steps, so the return from the first step approximates
+                the *minimum* step score as temperature -> 0 (no reward hacking
+                by padding many good steps).
+  A step ending at a masked token or outside [0, T) is dropped.
+  Returns float32 [B, T].
+  """
+  _checks.check_rank(step_scores, 2, "step_scores")
+  _checks.check_rank(mask, 2, "mask")
+  _checks.check_same_shape(step_scores=step_scores, step_ends=step_ends, step_mask=step_mask)
+  _checks.check_choice(form, ("sum", "min"), "PRM credit form")
+  if step_scores.shape[0] != mask.shape[0]:
+    raise ValueError(f"step_scores{list(step_scores.shape)} and mask{list(mask.shape)} differ in B.")
+  steps_valid = jnp.ones(step_scores.shape, bool) if step_mask is None else as_bool(step_mask)
+  scores = sanitise(step_scores, steps_valid)
+  if form == "min":
+    logits = jnp.where(steps_valid, -scores / temperature, -jnp.inf)
+    weights = jnp.where(steps_valid, jax.nn.softmax(logits, axis=1), 0.0)
+    weights = jnp.where(jnp.any(steps_valid, axis=1, keepdims=True), weights, 0.0)
+    scores = weights * scores
+  length = mask.shape[1]
+  ends = jnp.where(steps_valid, step_ends, length)  # out of range -> dropped
+  rows = jnp.broadcast_to(jnp.arange(mask.shape[0])[:, None], ends.shape)
+  placed = jnp.zeros(mask.shape, jnp.float32).at[rows, ends].add(scores, mode="drop")
+  return jnp.where(as_bool(mask), placed, 0.0)
+
+
+def optimal_token_baseline_advantages(
+    returns: Array,
+    logprobs: Array,
+    sum_pi_squared: Array,
+    mask: Array,
+    *,
+    group_size: int,
+    eps: float = 1e-8,
+) -> Array:
+  """Optimal Token Baseline (OTB; Li et al., 2026, arXiv 2602.07078).
+
+  Per-token baseline weighted by the realised gradient energy of the prefix,
+  estimated with the logit-gradient proxy ||e_a - pi||^2 = 1 - 2 pi_a + sum pi^2:
+    W_t = sum_{j <= t, valid} (1 - 2 p_j + sum_pi_squared_j)
+    b_t = sum_{i in g, valid at t} G_t^i W_t^i / (sum_{i in g, valid at t} W_t^i + eps)
+    A_t = G_t - b_t
+  G: returns-to-go [B, T]; logprobs: log pi of the sampled tokens; sum_pi_squared:
+  sum over the vocabulary of pi^2 (`logprobs.token_sum_probs_squared`). Rows of
+  a group are aligned by column. Returns float32 [B, T].
+  """
+  arrays = {"returns": returns, "logprobs": logprobs, "sum_pi_squared": sum_pi_squared, "mask": mask}
+  _checks.check_token_and_seq(arrays, {})
+  _checks.check_group_size(mask.shape[0], group_size)
+  valid = as_bool(mask)
+  returns = sanitise(returns, valid)
+  energy = 1.0 - 2.0 * jnp.exp(sanitise(logprobs, valid)) + sanitise(sum_pi_squared, valid)
+  weights = jnp.where(valid, jnp.cumsum(jnp.where(valid, energy, 0.0), axis=1), 0.0)
+  group_shape = (mask.shape[0] // group_size, group_size, mask.shape[1])
+  numerator = jnp.sum((returns * weights).reshape(group_shape), axis=1, keepdims=True)
+  denominator = jnp.sum(weights.reshape(group_shape), axis=1, keepdims=True) + eps
+  baseline = jnp.broadcast_to(numerator / denominator, group_shape).reshape(mask.shape)
+  return jnp.where(valid, returns - baseline, 0.0)
+
+
+def high_entropy_mask(entropy: Array, mask: Array, *, rho: float = 0.2) -> Array:
+  """The top-rho fraction of valid tokens by entropy, batch-wide (Wang et al.,
+  2025, "Beyond the 80/20 Rule": updating only forking tokens).
+
+  Selects ceil(rho * n_valid) tokens, ties broken by position. entropy, mask:
+  [B, T]. Returns a bool [B, T] mask (a subset of `mask`).
+  """
+  _checks.check_token_and_seq({"entropy": entropy, "mask": mask}, {})
+  if not 0.0 < rho <= 1.0:
+    raise ValueError(f"rho must be in (0, 1], got {rho}.")
+  valid = as_bool(mask)
+  scores = jnp.where(valid, entropy.astype(jnp.float32), -jnp.inf).reshape(-1)
+  order = jnp.argsort(-scores, stable=True)
+  ranks = jnp.zeros_like(order).at[order].set(jnp.arange(order.size))
+  n_keep = jnp.ceil(rho * jnp.sum(valid)).astype(ranks.dtype)
+  return (ranks.reshape(mask.shape) < n_keep) & valid
+
+
+def surprisal_weights(logprobs: Array, mask: Array) -> Array:
+  """Per-token weights proportional to surprisal -log pi(a_t), mean 1 over valid tokens.
+
+  Upweights tokens the policy found unlikely, where credit is most informative.
+  logprobs, mask: [B, T]. Returns float32 [B, T]; all ones on valid tokens
+  when every surprisal is 0.
+  """
+  _checks.check_token_and_seq({"logprobs": logprobs, "mask": mask}, {})
+  valid = as_bool(mask)
+  surprisal = -sanitise(logprobs, valid)
+  mean = masked_mean(surprisal, valid)
+  weights = jnp.where(mean > 0, safe_divide(surprisal, mean), 1.0)
+  return jnp.where(valid, weights, 0.0)
