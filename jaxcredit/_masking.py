@@ -42,3 +42,14 @@ def masked_mean(x: Array, valid: Array, axis=None) -> Array:
   return safe_divide(
       masked_sum(x, valid, axis), jnp.sum(valid, axis=axis, dtype=jnp.float32)
   )
+
+
+def top_n_mask(scores: Array, eligible: Array, n: Array | int) -> Array:
+  """The `n` eligible entries with the highest scores (ties: first position wins).
+
+  scores, eligible: same shape; n may be traced. Returns a bool mask of that shape.
+  """
+  flat = jnp.where(eligible, scores.astype(jnp.float32), -jnp.inf).reshape(-1)
+  order = jnp.argsort(-flat, stable=True)
+  ranks = jnp.zeros_like(order).at[order].set(jnp.arange(order.size, dtype=order.dtype))
+  return (ranks.reshape(scores.shape) < n) & eligible

@@ -260,3 +260,79 @@ def optimal_token_baseline(returns, logprobs, sum_pi_sq, mask, group_size, eps=1
         if mask[i, t]:
           out[i, t] = float(returns[i, t]) - num / den
   return out
+
+
+def _log_ratio(logp, old_logp):
+  return np.asarray(logp, np.float64) - np.asarray(old_logp, np.float64)
+
+
+def cispo_tokens(logp, old_logp, adv, clip_low, clip_high):
+  weight = np.clip(np.exp(_log_ratio(logp, old_logp)), 1 - clip_low, 1 + clip_high)
+  return -weight * np.asarray(adv, np.float64) * np.asarray(logp, np.float64)
+
+
+def sapo_tokens(logp, old_logp, adv, tau_pos, tau_neg):
+  ratio = np.exp(_log_ratio(logp, old_logp))
+  adv = np.asarray(adv, np.float64)
+  tau = np.where(adv > 0, tau_pos, tau_neg)
+  return -(4 / tau) / (1 + np.exp(-tau * (ratio - 1))) * adv
+
+
+def gmpo(logp, old_logp, adv, mask, clip_low, clip_high):
+  total = 0.0
+  for b in range(len(logp)):
+    valid = np.asarray(mask[b], bool)
+    if not valid.any():
+      continue
+    a = np.asarray(adv[b], np.float64)[valid].mean()
+    lr = _log_ratio(logp[b], old_logp[b])[valid]
+    if a > 0:
+      lr = np.minimum(lr, clip_high)
+    elif a < 0:
+      lr = np.maximum(lr, -clip_low)
+    total += -a * np.exp(lr.mean())
+  return total / len(logp)
+
+
+def gspo_token_tokens(logp, old_logp, adv, mask, clip_low, clip_high):
+  out = np.zeros(np.shape(logp))
+  for b in range(len(logp)):
+    valid = np.asarray(mask[b], bool)
+    if not valid.any():
+      continue
+    s = np.exp(_log_ratio(logp[b], old_logp[b])[valid].mean())
+    a = np.asarray(adv[b], np.float64)
+    out[b] = np.maximum(-a * s, -a * np.clip(s, 1 - clip_low, 1 + clip_high))
+  return out
+
+
+def covariance(logp, adv, mask):
+  mask = np.asarray(mask, bool)
+  logp, adv = np.asarray(logp, np.float64), np.asarray(adv, np.float64)
+  return np.where(mask, (adv - adv[mask].mean()) * (logp - logp[mask].mean()), 0.0)
+
+
+def top_n(scores, eligible, n):
+  flat = np.where(eligible, scores, -np.inf).reshape(-1)
+  chosen = np.zeros(flat.size, bool)
+  chosen[np.argsort(-flat, kind="stable")[:n]] = True
+  return chosen.reshape(np.shape(scores)) & eligible
+
+
+def value_tokens(values, old_values, returns, clip):
+  values, old_values, returns = (np.asarray(x, np.float64) for x in (values, old_values, returns))
+  error = (values - returns) ** 2
+  if clip is None:
+    return 0.5 * error
+  clipped = old_values + np.clip(values - old_values, -clip, clip)
+  return 0.5 * np.maximum(error, (clipped - returns) ** 2)
+
+
+def ipo(pc, pr, rc, rr, beta):
+  h = (np.asarray(pc, np.float64) - rc) - (np.asarray(pr, np.float64) - rr)
+  return np.mean((h - 1 / (2 * beta)) ** 2)
+
+
+def simpo(pc, pr, lc, lr, beta, gamma):
+  logits = beta * np.asarray(pc, np.float64) / lc - beta * np.asarray(pr, np.float64) / lr - gamma
+  return np.mean(np.log1p(np.exp(-logits)))

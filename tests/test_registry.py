@@ -79,19 +79,25 @@ def test_adapters_match_their_functions():
 @pytest.mark.parametrize("name", losses.names())
 def test_every_loss_is_finite_with_finite_gradient(name):
   rollout = make_rollout(group_size=2)
-  estimate = estimators.get("grpo")(rollout)
-  new_logp = jnp.where(rollout.mask, rollout.logprobs + 0.1, jnp.nan)
+  estimate = estimators.get("gae")(rollout)
+  nan_outside = lambda x: jnp.where(rollout.mask, x, jnp.nan)
+  outputs = jc.PolicyOutputs(
+      logprobs=nan_outside(rollout.logprobs + 0.1),
+      entropy=nan_outside(rollout.entropy * 0.9),
+      values=nan_outside(rollout.values + 0.1),
+  )
 
-  def loss(logp):
-    return losses.get(name)(jc.PolicyOutputs(logprobs=logp), rollout, estimate)
+  def loss(outputs):
+    return losses.get(name)(outputs, rollout, estimate)
 
-  (value, metrics), grad = jax.value_and_grad(loss, has_aux=True)(new_logp)
-  jitted_value, _ = jax.jit(loss)(new_logp)
+  (value, metrics), grads = jax.value_and_grad(loss, has_aux=True)(outputs)
+  jitted_value, _ = jax.jit(loss)(outputs)
   np.testing.assert_allclose(value, jitted_value, rtol=1e-6, atol=1e-6)
   assert value.shape == () and np.isfinite(value)
   assert metrics and all(np.isfinite(v) and np.shape(v) == () for v in metrics.values())
-  assert np.all(np.isfinite(grad))
-  np.testing.assert_array_equal(np.asarray(grad)[~np.asarray(rollout.mask)], 0.0)
+  for grad in grads:
+    assert np.all(np.isfinite(grad))
+    np.testing.assert_array_equal(np.asarray(grad)[~np.asarray(rollout.mask)], 0.0)
 
 
 def test_loss_adapters_match_their_functions():
@@ -116,7 +122,7 @@ def test_loss_adapters_match_their_functions():
 def test_unknown_names_list_known_ones():
   with pytest.raises(ValueError, match="Unknown estimator 'gpro'; known: dr_grpo, gae, gpg, grpo, "):
     estimators.get("gpro")
-  with pytest.raises(ValueError, match="Unknown loss 'ppo'; known: dpo, gspo, kl, ppo_clip"):
+  with pytest.raises(ValueError, match="Unknown loss 'ppo'; known: cispo, clip_cov, dpo, entropy, "):
     losses.get("ppo")
 
 

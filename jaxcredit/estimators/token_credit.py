@@ -10,7 +10,14 @@ import jax.numpy as jnp
 from jax import Array
 
 from jaxcredit import _checks
-from jaxcredit._masking import as_bool, masked_mean, safe_divide, safe_sqrt, sanitise
+from jaxcredit._masking import (
+    as_bool,
+    masked_mean,
+    safe_divide,
+    safe_sqrt,
+    sanitise,
+    top_n_mask,
+)
 
 
 def whiten(x: Array, mask: Array, *, shift_mean: bool = True, eps: float = 1e-8) -> Array:
@@ -133,11 +140,7 @@ def high_entropy_mask(entropy: Array, mask: Array, *, rho: float = 0.2) -> Array
   if not 0.0 < rho <= 1.0:
     raise ValueError(f"rho must be in (0, 1], got {rho}.")
   valid = as_bool(mask)
-  scores = jnp.where(valid, entropy.astype(jnp.float32), -jnp.inf).reshape(-1)
-  order = jnp.argsort(-scores, stable=True)
-  ranks = jnp.zeros_like(order).at[order].set(jnp.arange(order.size))
-  n_keep = jnp.ceil(rho * jnp.sum(valid)).astype(ranks.dtype)
-  return (ranks.reshape(mask.shape) < n_keep) & valid
+  return top_n_mask(entropy, valid, jnp.ceil(rho * jnp.sum(valid)))
 
 
 def surprisal_weights(logprobs: Array, mask: Array) -> Array:

@@ -1,12 +1,21 @@
-"""Policy, KL and preference losses; each returns (scalar loss, metrics).
+"""Policy, value, KL and preference losses; each returns (scalar loss, metrics).
 
 `get(name)(outputs, rollout, estimate, **hparams) -> (loss, metrics)`.
 """
 
 from jaxcredit.losses.aggregation import AGGREGATIONS, aggregate
-from jaxcredit.losses.kl import KL_KINDS, kl_penalty
-from jaxcredit.losses.policy import gspo_loss, ppo_clip_loss
-from jaxcredit.losses.preference import dpo_loss
+from jaxcredit.losses.covariance import clip_cov_loss, kl_cov_loss, token_covariance
+from jaxcredit.losses.kl import KL_KINDS, kl_penalty, kl_reward_shaping
+from jaxcredit.losses.policy import (
+    cispo_loss,
+    gmpo_loss,
+    gspo_loss,
+    gspo_token_loss,
+    pg_loss,
+    ppo_clip_loss,
+    sapo_loss,
+)
+from jaxcredit.losses.preference import dpo_loss, ipo_loss, simpo_loss
 from jaxcredit.losses.registered import (
     REGISTRY,
     get,
@@ -14,6 +23,7 @@ from jaxcredit.losses.registered import (
     register,
     sequence_advantages,
 )
+from jaxcredit.losses.value import entropy_bonus, value_loss
 from jaxcredit.rollout import Estimate, PolicyOutputs, Rollout
 
 __all__ = [
@@ -24,12 +34,25 @@ __all__ = [
     "REGISTRY",
     "Rollout",
     "aggregate",
+    "cispo_loss",
+    "clip_cov_loss",
     "dpo_loss",
+    "entropy_bonus",
     "get",
+    "gmpo_loss",
     "gspo_loss",
+    "gspo_token_loss",
+    "ipo_loss",
+    "kl_cov_loss",
     "kl_penalty",
+    "kl_reward_shaping",
     "names",
+    "pg_loss",
     "ppo_clip_loss",
     "register",
+    "sapo_loss",
     "sequence_advantages",
+    "simpo_loss",
+    "token_covariance",
+    "value_loss",
 ]

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from jaxcredit import _checks
+from jaxcredit._masking import as_bool, sanitise
 
 KL_KINDS = ("k1", "k2", "k3")
 
@@ -23,3 +24,20 @@ def kl_penalty(logp: Array, ref_logp: Array, *, kind: str) -> Array:
   if kind == "k2":
     return 0.5 * d**2
   return jnp.exp(-d) + d - 1.0
+
+
+def kl_reward_shaping(
+    token_rewards: Array, logp: Array, ref_logp: Array, mask: Array, *, coef: float, kind: str = "k1"
+) -> Array:
+  """KL as a reward penalty (Ziegler et al., 2019; InstructGPT; REINFORCE++):
+  r'_t = r_t - coef * kl_kind(logp_t, ref_logp_t) on valid tokens.
+
+  All [B, T]. Returns float32 [B, T], 0 at masked positions. Feed the result
+  to a return-based estimator as `Rollout.token_rewards`.
+  """
+  _checks.check_token_and_seq(
+      {"token_rewards": token_rewards, "logp": logp, "ref_logp": ref_logp, "mask": mask}, {}
+  )
+  valid = as_bool(mask)
+  kl = kl_penalty(sanitise(logp, valid), sanitise(ref_logp, valid), kind=kind)
+  return jnp.where(valid, sanitise(token_rewards, valid) - coef * kl, 0.0)

@@ -5,6 +5,7 @@ positions are sanitised before any arithmetic, so NaN/-inf there reach
 neither the loss nor its gradient.
 """
 
+import jax
 import jax.numpy as jnp
 from jax import Array
 
@@ -16,9 +17,9 @@ Metrics = dict[str, Array]
 
 
 def _check_clip(clip_low: float, clip_high: float) -> None:
-  if not 0 <= clip_low < 1 or clip_high < 0:
+  if not 0 <= clip_low <= 1 or clip_high < 0:
     raise ValueError(
-        f"Need 0 <= clip_low < 1 and clip_high >= 0, got clip_low={clip_low}, "
+        f"Need 0 <= clip_low <= 1 and clip_high >= 0, got clip_low={clip_low}, "
         f"clip_high={clip_high}."
     )
 
@@ -36,6 +37,27 @@ def _ratio_metrics(log_ratio: Array, valid: Array) -> Metrics:
       "ratio_max": jnp.where(any_valid, jnp.max(jnp.where(valid, ratio, 0.0)), 0.0),
       "ratio_min": jnp.where(any_valid, jnp.min(jnp.where(valid, ratio, jnp.inf)), 0.0),
   }
+
+
+def _token_inputs(logp, old_logp, advantages, mask):
+  """Validates [B, T] inputs; returns (valid, sanitised log-ratio, advantages)."""
+  _checks.check_token_and_seq(
+      {"logp": logp, "old_logp": old_logp, "advantages": advantages, "mask": mask}, {}
+  )
+  valid = as_bool(mask)
+  log_ratio = sanitise(logp, valid) - sanitise(old_logp, valid)
+  return valid, log_ratio, sanitise(advantages, valid)
+
+
+def clipped_surrogate(ratio: Array, advantages: Array, clip_low: float, clip_high: float):
+  """Per-token max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)) and where the clip is active."""
+  unclipped = -advantages * ratio
+  clipped = -advantages * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+  return jnp.maximum(unclipped, clipped), clipped > unclipped
+
+
+def _fraction(condition: Array, valid: Array) -> Array:
+  return masked_mean(condition.astype(jnp.float32), valid)
 
 
 def ppo_clip_loss(
@@ -59,33 +81,22 @@ def ppo_clip_loss(
   Metrics: clipfrac, clipfrac_low, clipfrac_high, dual_clipfrac, approx_kl,
   ratio_mean/max/min (token means over valid tokens).
   """
-  _checks.check_token_and_seq(
-      {"logp": logp, "old_logp": old_logp, "advantages": advantages, "mask": mask}, {}
-  )
+  valid, log_ratio, advantages = _token_inputs(logp, old_logp, advantages, mask)
   _check_clip(clip_low, clip_high)
   if dual_clip is not None and dual_clip <= 1.0:
     raise ValueError(f"dual_clip must be > 1, got {dual_clip}.")
-  valid = as_bool(mask)
-  log_ratio = sanitise(logp, valid) - sanitise(old_logp, valid)
-  advantages = sanitise(advantages, valid)
   ratio = jnp.exp(log_ratio)
-  unclipped = -advantages * ratio
-  clipped = -advantages * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
-  loss_tok = jnp.maximum(unclipped, clipped)
+  loss_tok, is_clipped = clipped_surrogate(ratio, advantages, clip_low, clip_high)
   metrics = {
-      "clipfrac": masked_mean((clipped > unclipped).astype(jnp.float32), valid),
-      "clipfrac_low": masked_mean(
-          ((ratio < 1.0 - clip_low) & (advantages < 0)).astype(jnp.float32), valid
-      ),
-      "clipfrac_high": masked_mean(
-          ((ratio > 1.0 + clip_high) & (advantages > 0)).astype(jnp.float32), valid
-      ),
+      "clipfrac": _fraction(is_clipped, valid),
+      "clipfrac_low": _fraction((ratio < 1.0 - clip_low) & (advantages < 0), valid),
+      "clipfrac_high": _fraction((ratio > 1.0 + clip_high) & (advantages > 0), valid),
   }
   if dual_clip is not None:
     lower_bound = -advantages * dual_clip
     dual_active = (advantages < 0) & (loss_tok > lower_bound)
     loss_tok = jnp.where(advantages < 0, jnp.minimum(loss_tok, lower_bound), loss_tok)
-    metrics["dual_clipfrac"] = masked_mean(dual_active.astype(jnp.float32), valid)
+    metrics["dual_clipfrac"] = _fraction(dual_active, valid)
   metrics.update(_ratio_metrics(log_ratio, valid))
   return aggregate(loss_tok, valid, aggregation), metrics
 
@@ -116,14 +127,150 @@ def gspo_loss(
   log_ratio = sanitise(logp, valid) - sanitise(old_logp, valid)
   nonempty = jnp.any(valid, axis=1)
   seq_ratio = jnp.exp(masked_mean(log_ratio, valid, axis=1))
-  advantages = seq_advantages.astype(jnp.float32)
-  unclipped = -advantages * seq_ratio
-  clipped = -advantages * jnp.clip(seq_ratio, 1.0 - clip_low, 1.0 + clip_high)
-  loss_seq = jnp.where(nonempty, jnp.maximum(unclipped, clipped), 0.0)
+  loss_seq, is_clipped = clipped_surrogate(
+      seq_ratio, seq_advantages.astype(jnp.float32), clip_low, clip_high
+  )
+  loss_seq = jnp.where(nonempty, loss_seq, 0.0)
   n_rows = jnp.sum(nonempty, dtype=jnp.float32)
   metrics = {
-      "clipfrac": safe_divide(jnp.sum((clipped > unclipped) & nonempty), n_rows),
+      "clipfrac": safe_divide(jnp.sum(is_clipped & nonempty), n_rows),
       "seq_ratio_mean": safe_divide(jnp.sum(jnp.where(nonempty, seq_ratio, 0.0)), n_rows),
       **_ratio_metrics(log_ratio, valid),
   }
   return jnp.mean(loss_seq), metrics
+
+
+def gspo_token_loss(
+    logp: Array,
+    old_logp: Array,
+    advantages: Array,
+    mask: Array,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    aggregation: str = "seq-mean-token-mean",
+) -> tuple[Array, Metrics]:
+  """GSPO-token (Zheng et al., 2025): the sequence ratio with per-token advantages.
+
+  s_{i,t} = sg[s_i] * pi(y_t) / sg[pi(y_t)], s_i = exp(mean_valid(logp - old_logp)):
+  numerically s_i at every token, with the gradient of log pi(y_t). Per token
+  l_t = max(-A_t s_{i,t}, -A_t clip(s_{i,t}, 1 - clip_low, 1 + clip_high)),
+  aggregated. With A_t = A_i it has GSPO's gradient.
+  """
+  valid, log_ratio, advantages = _token_inputs(logp, old_logp, advantages, mask)
+  _check_clip(clip_low, clip_high)
+  new_logp = sanitise(logp, valid)
+  seq_log_ratio = masked_mean(log_ratio, valid, axis=1)
+  log_token_ratio = jax.lax.stop_gradient(seq_log_ratio)[:, None] + new_logp - jax.lax.stop_gradient(new_logp)
+  loss_tok, is_clipped = clipped_surrogate(jnp.exp(log_token_ratio), advantages, clip_low, clip_high)
+  metrics = {"clipfrac": _fraction(is_clipped, valid), **_ratio_metrics(log_ratio, valid)}
+  return aggregate(loss_tok, valid, aggregation), metrics
+
+
+def pg_loss(
+    logp: Array, advantages: Array, mask: Array, *, aggregation: str = "token-mean"
+) -> tuple[Array, Metrics]:
+  """REINFORCE (Williams, 1992): l_t = -A_t log pi(a_t), aggregated.
+
+  The on-policy gradient with no ratio or clipping (also GPG's loss).
+  Metrics: advantage_mean, logp_mean over valid tokens.
+  """
+  _checks.check_token_and_seq({"logp": logp, "advantages": advantages, "mask": mask}, {})
+  valid = as_bool(mask)
+  logp, advantages = sanitise(logp, valid), sanitise(advantages, valid)
+  metrics = {"advantage_mean": masked_mean(advantages, valid), "logp_mean": masked_mean(logp, valid)}
+  return aggregate(-advantages * logp, valid, aggregation), metrics
+
+
+def cispo_loss(
+    logp: Array,
+    old_logp: Array,
+    advantages: Array,
+    mask: Array,
+    *,
+    clip_low: float = 1.0,
+    clip_high: float = 0.28,
+    aggregation: str = "token-mean",
+) -> tuple[Array, Metrics]:
+  """CISPO (MiniMax, 2025): clip the importance weight, not the update.
+
+  l_t = -sg[clip(r_t, 1 - clip_low, 1 + clip_high)] * A_t * log pi(a_t), so
+  every token keeps a gradient (rare "fork" tokens are not clipped away).
+  clip_low=1.0 means no lower bound, as in the paper.
+  Metrics: clipfrac (weights that were clipped), approx_kl, ratio statistics.
+  """
+  valid, log_ratio, advantages = _token_inputs(logp, old_logp, advantages, mask)
+  _check_clip(clip_low, clip_high)
+  ratio = jnp.exp(log_ratio)
+  weight = jax.lax.stop_gradient(jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high))
+  loss_tok = -weight * advantages * sanitise(logp, valid)
+  metrics = {
+      "clipfrac": _fraction((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high), valid),
+      **_ratio_metrics(log_ratio, valid),
+  }
+  return aggregate(loss_tok, valid, aggregation), metrics
+
+
+def gmpo_loss(
+    logp: Array,
+    old_logp: Array,
+    advantages: Array,
+    mask: Array,
+    *,
+    clip_low: float = 0.4,
+    clip_high: float = 0.4,
+) -> tuple[Array, Metrics]:
+  """Geometric-Mean Policy Optimisation (Zhao et al., 2025), sequence-level.
+
+  Token log-ratios are clipped in log space on the side that matters for the
+  sign of A_i = mean_valid(A_t): lr_t = min(lr_t, clip_high) if A_i > 0,
+  max(lr_t, -clip_low) if A_i < 0. Then
+  L = mean_i -A_i * exp(mean_valid(lr_t)) over all B rows (a row with no valid
+  token contributes 0). Metrics: clipfrac, approx_kl, ratio statistics.
+  """
+  valid, log_ratio, advantages = _token_inputs(logp, old_logp, advantages, mask)
+  seq_advantages = masked_mean(advantages, valid, axis=1)
+  sign = jnp.sign(seq_advantages)[:, None]
+  bounded = jnp.clip(log_ratio, -clip_low, clip_high)
+  clipped_log_ratio = sign * jnp.minimum(sign * log_ratio, sign * bounded)
+  seq_ratio = jnp.exp(masked_mean(clipped_log_ratio, valid, axis=1))
+  nonempty = jnp.any(valid, axis=1)
+  loss = jnp.mean(jnp.where(nonempty, -seq_advantages * seq_ratio, 0.0))
+  is_clipped = ((sign > 0) & (log_ratio > clip_high)) | ((sign < 0) & (log_ratio < -clip_low))
+  metrics = {
+      "clipfrac": _fraction(is_clipped, valid),
+      **_ratio_metrics(log_ratio, valid),
+  }
+  return loss, metrics
+
+
+def sapo_loss(
+    logp: Array,
+    old_logp: Array,
+    advantages: Array,
+    mask: Array,
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    aggregation: str = "token-mean",
+) -> tuple[Array, Metrics]:
+  """Soft Adaptive Policy Optimisation (Gao et al., 2025): a soft trust region.
+
+  f(r) = (4 / tau) * sigmoid(tau * (r - 1)), tau = tau_pos if A_t > 0 else tau_neg;
+  l_t = -f(r_t) * A_t. The gate's slope is 1 at r = 1 (the on-policy gradient)
+  and decays smoothly off-policy instead of a hard clip.
+  Metrics: gate_mean (f'(r) = 4 sigmoid (1 - sigmoid), the gradient scale),
+  approx_kl, ratio statistics.
+  """
+  valid, log_ratio, advantages = _token_inputs(logp, old_logp, advantages, mask)
+  if tau_pos <= 0 or tau_neg <= 0:
+    raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos}, {tau_neg}.")
+  ratio = jnp.exp(log_ratio)
+  tau = jnp.where(advantages > 0, tau_pos, tau_neg)
+  gate = jax.nn.sigmoid(tau * (ratio - 1.0))
+  loss_tok = -(4.0 / tau) * gate * advantages
+  metrics = {
+      "gate_mean": masked_mean(4.0 * gate * (1.0 - gate), valid),
+      **_ratio_metrics(log_ratio, valid),
+  }
+  return aggregate(loss_tok, valid, aggregation), metrics

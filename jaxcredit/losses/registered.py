@@ -14,10 +14,9 @@ from jax import Array
 
 from jaxcredit import _checks
 from jaxcredit._masking import as_bool, masked_mean, masked_sum, sanitise
+from jaxcredit.losses import covariance, policy, preference, value
 from jaxcredit.losses.aggregation import aggregate
 from jaxcredit.losses.kl import kl_penalty
-from jaxcredit.losses.policy import gspo_loss, ppo_clip_loss
-from jaxcredit.losses.preference import dpo_loss
 from jaxcredit.registry import Registry
 from jaxcredit.rollout import Estimate, PolicyOutputs, Rollout
 
@@ -53,19 +52,61 @@ def sequence_advantages(advantages: Array, mask: Array) -> Array:
   return masked_mean(sanitise(advantages, as_bool(mask)), as_bool(mask), axis=1)
 
 
-@register("ppo_clip")
-def _ppo_clip(outputs, rollout, estimate, **hparams):
-  rollout.require("logprobs", by="ppo_clip")
-  return ppo_clip_loss(
-      outputs.logprobs, rollout.logprobs, estimate.advantages, rollout.mask, **hparams
-  )
+def _register_ratio_loss(name: str, fn: Callable) -> None:
+  """Registers fn(logp, old_logp, advantages, mask, **hparams) under `name`."""
+
+  def adapter(outputs, rollout, estimate, **hparams):
+    rollout.require("logprobs", by=name)
+    return fn(outputs.logprobs, rollout.logprobs, estimate.advantages, rollout.mask, **hparams)
+
+  adapter.__doc__ = fn.__doc__
+  register(name)(adapter)
+
+
+for _name, _fn in {
+    "ppo_clip": policy.ppo_clip_loss,
+    "gspo_token": policy.gspo_token_loss,
+    "cispo": policy.cispo_loss,
+    "gmpo": policy.gmpo_loss,
+    "sapo": policy.sapo_loss,
+    "clip_cov": covariance.clip_cov_loss,
+    "kl_cov": covariance.kl_cov_loss,
+}.items():
+  _register_ratio_loss(_name, _fn)
+
+
+@register("pg")
+def _pg(outputs, rollout, estimate, **hparams):
+  """REINFORCE on the current log-probs (no ratio): -A_t log pi(a_t)."""
+  return policy.pg_loss(outputs.logprobs, estimate.advantages, rollout.mask, **hparams)
 
 
 @register("gspo")
 def _gspo(outputs, rollout, estimate, **hparams):
   rollout.require("logprobs", by="gspo")
   seq_advantages = sequence_advantages(estimate.advantages, rollout.mask)
-  return gspo_loss(outputs.logprobs, rollout.logprobs, seq_advantages, rollout.mask, **hparams)
+  return policy.gspo_loss(
+      outputs.logprobs, rollout.logprobs, seq_advantages, rollout.mask, **hparams
+  )
+
+
+@register("value")
+def _value(outputs, rollout, estimate, **hparams):
+  """Clipped value loss of outputs.values against estimate.returns, clipped
+  around the rollout's values."""
+  rollout.require("values", by="value")
+  if outputs.values is None or estimate.returns is None:
+    raise ValueError("value needs outputs.values and estimate.returns (e.g. from gae).")
+  return value.value_loss(outputs.values, rollout.values, estimate.returns, rollout.mask, **hparams)
+
+
+@register("entropy")
+def _entropy(outputs, rollout, estimate, **hparams):
+  """-aggregate(outputs.entropy): a bonus when added with a positive coefficient."""
+  del estimate
+  if outputs.entropy is None:
+    raise ValueError("entropy needs outputs.entropy.")
+  return value.entropy_bonus(outputs.entropy, rollout.mask, **hparams)
 
 
 @register("kl")
@@ -81,16 +122,42 @@ def _kl(outputs, rollout, estimate, *, kind: str = "k3", aggregation: str = "tok
   return value, {"kl": value}
 
 
-@register("dpo")
-def _dpo(outputs, rollout, estimate, *, beta: float = 0.1):
-  """Rows come in pairs (group_size == 2): row 2k is chosen, row 2k + 1 rejected."""
-  del estimate
-  rollout.require("ref_logprobs", by="dpo")
+def _pair_sums(name: str, rollout: Rollout, logprobs: Array) -> tuple[Array, Array]:
+  """Summed log-probs of (chosen, rejected): rows 2k and 2k + 1 (group_size == 2)."""
   if rollout.group_size != 2:
     raise ValueError(
-        f"dpo needs pairs: group_size must be 2 (chosen, rejected), got {rollout.group_size}."
+        f"{name} needs pairs: group_size must be 2 (chosen, rejected), got {rollout.group_size}."
     )
   valid = as_bool(rollout.mask)
-  policy = masked_sum(sanitise(outputs.logprobs, valid), valid, axis=1)
-  ref = masked_sum(sanitise(rollout.ref_logprobs, valid), valid, axis=1)
-  return dpo_loss(policy[0::2], policy[1::2], ref[0::2], ref[1::2], beta=beta)
+  sums = masked_sum(sanitise(logprobs, valid), valid, axis=1)
+  return sums[0::2], sums[1::2]
+
+
+def _register_reference_pair_loss(name: str, fn: Callable) -> None:
+  """Registers fn(policy_chosen, policy_rejected, ref_chosen, ref_rejected, *, beta)
+  over paired rows (see `_pair_sums`); needs rollout.ref_logprobs."""
+
+  def adapter(outputs, rollout, estimate, *, beta: float = 0.1):
+    del estimate
+    rollout.require("ref_logprobs", by=name)
+    policy_pair = _pair_sums(name, rollout, outputs.logprobs)
+    ref_pair = _pair_sums(name, rollout, rollout.ref_logprobs)
+    return fn(*policy_pair, *ref_pair, beta=beta)
+
+  adapter.__doc__ = fn.__doc__
+  register(name)(adapter)
+
+
+_register_reference_pair_loss("dpo", preference.dpo_loss)
+_register_reference_pair_loss("ipo", preference.ipo_loss)
+
+
+@register("simpo")
+def _simpo(outputs, rollout, estimate, *, beta: float = 2.0, gamma: float = 1.0):
+  """Pairs as in dpo; lengths are the rows' valid-token counts; no reference."""
+  del estimate
+  lengths = jnp.sum(as_bool(rollout.mask), axis=1)
+  return preference.simpo_loss(
+      *_pair_sums("simpo", rollout, outputs.logprobs), lengths[0::2], lengths[1::2],
+      beta=beta, gamma=gamma,
+  )

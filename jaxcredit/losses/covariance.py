@@ -1,0 +1,104 @@
+"""Covariance-targeted policy losses against entropy collapse (Cui et al., 2025,
+"The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models").
+
+Entropy falls fastest through tokens whose log-prob and advantage covary
+strongly: cov_t = (A_t - mean A) (log pi_t - mean log pi), means over valid
+tokens of the batch (no gradient). Clip-Cov stops the gradient of a few such
+tokens; KL-Cov adds a KL penalty on them.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from jaxcredit._masking import masked_mean, sanitise, top_n_mask
+from jaxcredit.losses.aggregation import aggregate
+from jaxcredit.losses.policy import (
+    Metrics,
+    _check_clip,
+    _fraction,
+    _ratio_metrics,
+    _token_inputs,
+    clipped_surrogate,
+)
+
+
+def token_covariance(logp: Array, advantages: Array, valid: Array) -> Array:
+  """cov_t = (A_t - mean A)(log pi_t - mean log pi) over valid tokens; 0 elsewhere.
+
+  logp and advantages must be sanitised. No gradient flows through it.
+  """
+  logp, advantages = jax.lax.stop_gradient((logp, advantages))
+  centred_adv = advantages - masked_mean(advantages, valid)
+  centred_logp = logp - masked_mean(logp, valid)
+  return jnp.where(valid, centred_adv * centred_logp, 0.0)
+
+
+def _n_selected(valid: Array, fraction: float) -> Array:
+  """max(1, floor(fraction * n_valid)) tokens."""
+  return jnp.maximum(jnp.floor(fraction * jnp.sum(valid)), 1.0)
+
+
+def clip_cov_loss(
+    logp: Array,
+    old_logp: Array,
+    advantages: Array,
+    mask: Array,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    cov_fraction: float = 2e-4,
+    cov_low: float = 1.0,
+    cov_high: float = 5.0,
+    key: Array | None = None,
+    aggregation: str = "token-mean",
+) -> tuple[Array, Metrics]:
+  """Clip-Cov: PPO-clip, with the gradient of a few high-covariance tokens cut.
+
+  Among valid tokens not already clipped by PPO with cov_low < cov_t < cov_high,
+  max(1, floor(cov_fraction * n_valid)) are chosen - uniformly at random under
+  `key` (as the paper), or the highest-covariance ones when key is None
+  (deterministic) - and their token loss is set to 0. Metrics: cov_clipfrac,
+  clipfrac, approx_kl, ratio statistics.
+  """
+  valid, log_ratio, advantages = _token_inputs(logp, old_logp, advantages, mask)
+  _check_clip(clip_low, clip_high)
+  loss_tok, is_clipped = clipped_surrogate(jnp.exp(log_ratio), advantages, clip_low, clip_high)
+  cov = token_covariance(sanitise(logp, valid), advantages, valid)
+  eligible = valid & ~is_clipped & (cov > cov_low) & (cov < cov_high)
+  scores = cov if key is None else jax.random.uniform(key, cov.shape)
+  selected = top_n_mask(scores, eligible, _n_selected(valid, cov_fraction))
+  metrics = {
+      "cov_clipfrac": _fraction(selected, valid),
+      "clipfrac": _fraction(is_clipped, valid),
+      **_ratio_metrics(log_ratio, valid),
+  }
+  return aggregate(jnp.where(selected, 0.0, loss_tok), valid, aggregation), metrics
+
+
+def kl_cov_loss(
+    logp: Array,
+    old_logp: Array,
+    advantages: Array,
+    mask: Array,
+    *,
+    kl_fraction: float = 2e-4,
+    kl_coef: float = 1.0,
+    aggregation: str = "token-mean",
+) -> tuple[Array, Metrics]:
+  """KL-Cov: -A_t r_t, plus kl_coef |log pi_t - log pi_old,t| on the
+  max(1, floor(kl_fraction * n_valid)) valid tokens of highest covariance.
+
+  Metrics: kl_cov_fraction, abs_kl (mean |log-ratio|), approx_kl, ratio statistics.
+  """
+  valid, log_ratio, advantages = _token_inputs(logp, old_logp, advantages, mask)
+  cov = token_covariance(sanitise(logp, valid), advantages, valid)
+  selected = top_n_mask(cov, valid, _n_selected(valid, kl_fraction))
+  abs_log_ratio = jnp.abs(log_ratio)
+  loss_tok = -advantages * jnp.exp(log_ratio) + jnp.where(selected, kl_coef * abs_log_ratio, 0.0)
+  metrics = {
+      "kl_cov_fraction": _fraction(selected, valid),
+      "abs_kl": masked_mean(abs_log_ratio, valid),
+      **_ratio_metrics(log_ratio, valid),
+  }
+  return aggregate(loss_tok, valid, aggregation), metrics

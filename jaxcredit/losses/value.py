@@ -1,0 +1,58 @@
+"""Critic and entropy terms."""
+
+import jax.numpy as jnp
+from jax import Array
+
+from jaxcredit import _checks
+from jaxcredit._masking import as_bool, masked_mean, sanitise
+from jaxcredit.losses.aggregation import aggregate
+
+
+def value_loss(
+    values: Array,
+    old_values: Array,
+    returns: Array,
+    mask: Array,
+    *,
+    clip: float | None = 0.2,
+    aggregation: str = "token-mean",
+) -> tuple[Array, dict[str, Array]]:
+  """Clipped value loss (PPO2, as in OpenAI baselines / TRL / verl).
+
+  v_clip = old_values + clip(values - old_values, -clip, clip)
+  l_t    = 0.5 * max((values - R)^2, (v_clip - R)^2);  clip=None: 0.5 (values - R)^2.
+  All [B, T]. Metrics: clipfrac (the clipped branch is larger), value_mean,
+  mse (unclipped squared error).
+  """
+  _checks.check_token_and_seq(
+      {"values": values, "old_values": old_values, "returns": returns, "mask": mask}, {}
+  )
+  valid = as_bool(mask)
+  values, old_values, returns = (sanitise(x, valid) for x in (values, old_values, returns))
+  error = (values - returns) ** 2
+  if clip is None:
+    loss_tok, clipped_larger = error, jnp.zeros_like(valid)
+  else:
+    clipped_values = old_values + jnp.clip(values - old_values, -clip, clip)
+    clipped_error = (clipped_values - returns) ** 2
+    loss_tok, clipped_larger = jnp.maximum(error, clipped_error), clipped_error > error
+  metrics = {
+      "clipfrac": masked_mean(clipped_larger.astype(jnp.float32), valid),
+      "value_mean": masked_mean(values, valid),
+      "mse": masked_mean(error, valid),
+  }
+  return aggregate(0.5 * loss_tok, valid, aggregation), metrics
+
+
+def entropy_bonus(
+    entropy: Array, mask: Array, *, aggregation: str = "token-mean"
+) -> tuple[Array, dict[str, Array]]:
+  """loss = -aggregate(entropy): minimising it raises the policy's entropy.
+
+  entropy, mask: [B, T]. Scale with a coefficient when combining. Metrics:
+  entropy (token mean over valid tokens).
+  """
+  _checks.check_token_and_seq({"entropy": entropy, "mask": mask}, {})
+  valid = as_bool(mask)
+  entropy = sanitise(entropy, valid)
+  return -aggregate(entropy, valid, aggregation), {"entropy": masked_mean(entropy, valid)}
