@@ -1,0 +1,42 @@
+"""Shared benchmark helpers: timing, machine description, markdown tables."""
+
+import os
+import platform
+import time
+
+import jax
+import numpy as np
+
+
+def machine() -> str:
+  """One line naming the host and the JAX backend."""
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+  except (OSError, StopIteration):
+    pass
+  devices = ", ".join(sorted({d.device_kind for d in jax.devices()}))
+  return (
+      f"{cpu}; {os.cpu_count()} cores; jax {jax.__version__} on "
+      f"{jax.default_backend()} ({devices})"
+  )
+
+
+def time_call(fn, *args, repeats: int = 10, warmup: int = 1) -> float:
+  """Median wall time of fn(*args) in seconds, after `warmup` calls (compilation)."""
+  for _ in range(warmup):
+    jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return float(np.median(times))
+
+
+def table(header: list[str], rows: list[list]) -> str:
+  """A markdown table."""
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+  return "\n".join(lines)
