@@ -3,6 +3,16 @@
 `get(name)(rollout, **hparams) -> Estimate(advantages [B, T], returns | None)`.
 """
 
+from jaxcredit.estimators.compose import (
+    component,
+    from_config,
+    high_entropy_tokens,
+    masked,
+    reweighted,
+    surprisal,
+    weighted_sum,
+)
+from jaxcredit.estimators.diagnostics import signal_diagnostics
 from jaxcredit.estimators.group import (
     broadcast_to_tokens,
     gpg_advantages,
@@ -45,15 +55,19 @@ __all__ = [
     "REGISTRY",
     "Rollout",
     "broadcast_to_tokens",
+    "component",
     "discounted_returns",
+    "from_config",
     "gae",
     "get",
     "gpg_advantages",
     "grpo_advantages",
     "grpo_batch_std_advantages",
     "high_entropy_mask",
+    "high_entropy_tokens",
     "implicit_process_rewards",
     "lambda_returns",
+    "masked",
     "n_step_returns",
     "names",
     "opo_advantages",
@@ -63,9 +77,13 @@ __all__ = [
     "prm_token_rewards",
     "register",
     "remax_advantages",
+    "reweighted",
     "rloo_advantages",
+    "signal_diagnostics",
+    "surprisal",
     "surprisal_weights",
     "token_level_rewards",
     "vtrace",
+    "weighted_sum",
     "whiten",
 ]

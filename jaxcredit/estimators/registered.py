@@ -72,7 +72,9 @@ def _opo(rollout: Rollout):
 
 
 @register("pass_at_k")
-def _pass_at_k(rollout: Rollout, *, k: int = 4):
+def _pass_at_k(rollout: Rollout, *, k: int | None = None):
+  """k defaults to max(1, group_size // 2); an explicit k > group_size raises."""
+  k = max(1, rollout.group_size // 2) if k is None else k
   seq = group.pass_at_k_advantages(rollout.rewards, group_size=rollout.group_size, k=k)
   return group.broadcast_to_tokens(seq, rollout.mask)
 

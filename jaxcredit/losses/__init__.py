@@ -4,6 +4,14 @@
 """
 
 from jaxcredit.losses.aggregation import AGGREGATIONS, aggregate
+from jaxcredit.losses.compose import (
+    combine,
+    entropy_term,
+    from_config,
+    kl_term,
+    ppo_clip,
+    term,
+)
 from jaxcredit.losses.covariance import clip_cov_loss, kl_cov_loss, token_covariance
 from jaxcredit.losses.kl import KL_KINDS, kl_penalty, kl_reward_shaping
 from jaxcredit.losses.policy import (
@@ -36,8 +44,11 @@ __all__ = [
     "aggregate",
     "cispo_loss",
     "clip_cov_loss",
+    "combine",
     "dpo_loss",
     "entropy_bonus",
+    "entropy_term",
+    "from_config",
     "get",
     "gmpo_loss",
     "gspo_loss",
@@ -46,13 +57,16 @@ __all__ = [
     "kl_cov_loss",
     "kl_penalty",
     "kl_reward_shaping",
+    "kl_term",
     "names",
     "pg_loss",
+    "ppo_clip",
     "ppo_clip_loss",
     "register",
     "sapo_loss",
     "sequence_advantages",
     "simpo_loss",
+    "term",
     "token_covariance",
     "value_loss",
 ]

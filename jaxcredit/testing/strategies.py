@@ -1,0 +1,79 @@
+"""Hypothesis strategies for valid `Rollout`s, reusable in users' own tests.
+
+Shapes come from small sets so that jit caches are reused across examples;
+the values come from a drawn seed, so hypothesis shrinks towards small
+shapes and simple seeds.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import strategies as st
+
+from jaxcredit.rollout import Rollout
+
+
+def make_mask(rng: np.random.Generator, batch: int, length: int, *, holes: bool = True) -> np.ndarray:
+  """Prompt prefix, ragged response end, interior holes; possibly empty rows."""
+  starts = rng.integers(0, max(length // 3, 0) + 1, batch)
+  ends = rng.integers(starts, length + 1)
+  positions = np.arange(length)[None]
+  mask = (positions >= starts[:, None]) & (positions < ends[:, None])
+  if holes:
+    mask &= rng.random((batch, length)) > 0.15
+  return mask
+
+
+def make_rollout(
+    rng: np.random.Generator,
+    *,
+    batch: int,
+    length: int,
+    group_size: int,
+    binary_rewards: bool = True,
+    holes: bool = True,
+) -> Rollout:
+  """A Rollout with every optional field and the extras built-in estimators read."""
+  mask = make_mask(rng, batch, length, holes=holes)
+  token = lambda scale=1.0: jnp.asarray(scale * rng.normal(size=(batch, length)), jnp.float32)
+  logprobs = jnp.asarray(-rng.exponential(1.0, (batch, length)), jnp.float32)
+  rewards = rng.integers(0, 2, batch) if binary_rewards else rng.normal(size=batch)
+  probs = np.exp(np.asarray(logprobs))
+  return Rollout(
+      tokens=jnp.asarray(rng.integers(0, 32, (batch, length)), jnp.int32),
+      mask=jnp.asarray(mask),
+      rewards=jnp.asarray(rewards, jnp.float32),
+      logprobs=logprobs,
+      ref_logprobs=logprobs + token(0.1),
+      values=token(),
+      token_rewards=token(0.1),
+      entropy=jnp.asarray(rng.exponential(1.0, (batch, length)), jnp.float32),
+      extras={
+          "baseline_rewards": jnp.asarray(rng.integers(0, 2, batch), jnp.float32),
+          "sum_pi_squared": jnp.asarray(probs**2 + (1 - probs) ** 2 * rng.random((batch, length)), jnp.float32),
+          "target_logprobs": logprobs + token(0.2),
+          "prm_logprobs": logprobs + token(0.2),
+      },
+      group_size=group_size,
+  )
+
+
+@st.composite
+def rollouts(
+    draw,
+    group_sizes=(1, 2, 4),
+    batch_sizes=(4, 8),
+    lengths=(1, 6, 9),
+    binary_rewards: bool | None = None,
+) -> Rollout:
+  """Valid rollouts: contiguous groups, ragged masks with interior holes,
+  empty rows, binary or continuous rewards (drawn unless fixed). Batch sizes
+  are multiples of the drawn group size."""
+  group_size = draw(st.sampled_from(group_sizes))
+  batch = draw(st.sampled_from([b for b in batch_sizes if b % group_size == 0] or [group_size]))
+  length = draw(st.sampled_from(lengths))
+  binary = draw(st.booleans()) if binary_rewards is None else binary_rewards
+  seed = draw(st.integers(0, 2**16))
+  return make_rollout(
+      np.random.default_rng(seed), batch=batch, length=length, group_size=group_size,
+      binary_rewards=binary,
+  )

@@ -1,0 +1,117 @@
+"""The conformance kit on every built-in, and on deliberately broken examples."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+
+import jaxcredit as jc
+from jaxcredit import estimators, losses, testing
+from jaxcredit._masking import as_bool
+
+SHIFT_INVARIANT = {
+    "grpo", "dr_grpo", "rloo", "gpg", "opo", "reinforce_pp_baseline", "grpo_high_entropy",
+    "grpo_surprisal", "prime",
+}
+PAIR_LOSSES = {"dpo", "ipo", "simpo"}
+
+
+@pytest.mark.parametrize("name", estimators.names())
+def test_every_estimator_passes_the_kit(name):
+  invariances = [testing.group_reward_shift()] if name in SHIFT_INVARIANT else []
+  testing.check_estimator(estimators.get(name), name=name, invariances=invariances, max_examples=3)
+
+
+@pytest.mark.parametrize("name", losses.names())
+def test_every_loss_passes_the_kit(name):
+  group_sizes = (2,) if name in PAIR_LOSSES else (1, 2, 4)
+  testing.check_loss(losses.get(name), name=name, group_sizes=group_sizes, max_examples=3)
+
+
+def test_kit_catches_an_estimator_leaking_into_masked_positions():
+  def leaky(rollout):
+    return jnp.broadcast_to(rollout.rewards[:, None], rollout.shape).astype(jnp.float32)
+
+  with pytest.raises(testing.ConformanceError, match=r"\[masked_zero\] leaky: advantages non-zero at masked"):
+    testing.check_estimator(leaky, max_examples=2)
+
+
+def test_kit_catches_division_by_a_zero_group_std():
+  def unsafe_grpo(rollout):
+    grouped = rollout.rewards.reshape(-1, rollout.group_size)
+    seq = (grouped - grouped.mean(1, keepdims=True)) / grouped.std(1, keepdims=True)
+    return estimators.broadcast_to_tokens(seq.reshape(-1), rollout.mask)
+
+  with pytest.raises(testing.ConformanceError, match=r"\[finite(_gradients)?\] unsafe_grpo: (advantages|gradient) not finite") as error:
+    testing.check_estimator(unsafe_grpo, max_examples=2)
+  assert "nan" in str(error.value) and "input: Rollout(B=8" in str(error.value)
+
+
+def test_kit_catches_a_loss_with_nan_gradient_at_a_degenerate_input():
+  def root_kl(outputs, rollout, estimate):
+    """sqrt of the summed squared log-ratio: its gradient is NaN on-policy."""
+    valid = as_bool(rollout.mask)
+    d = jnp.where(valid, outputs.logprobs - rollout.logprobs, 0.0)
+    return jnp.sqrt(jnp.sum(d**2)), {}
+
+  with pytest.raises(testing.ConformanceError, match=r"\[finite_gradients\] root_kl") as error:
+    testing.check_loss(root_kl, max_examples=2)
+  assert "on_policy=True" in str(error.value)
+
+
+def test_kit_catches_a_broken_invariance():
+  with pytest.raises(testing.ConformanceError, match=r"\[invariance:group_reward_shift\] reinforce"):
+    testing.check_estimator(estimators.get("reinforce"), name="reinforce",
+                            invariances=[testing.group_reward_shift()], max_examples=2)
+
+
+@given(testing.strategies.rollouts())
+def test_strategy_draws_valid_rollouts(rollout):
+  rollout.check()
+  assert rollout.shape[0] % rollout.group_size == 0
+  assert rollout.mask.dtype == jnp.bool_
+
+
+def test_signal_diagnostics_match_numpy():
+  rng = np.random.default_rng(0)
+  rollout = testing.strategies.make_rollout(rng, batch=8, length=7, group_size=4)
+  rollout = rollout.replace(rewards=jnp.array([1.0, 1, 1, 1, 0, 1, 0, 1]))
+  advantages = estimators.get("grpo")(rollout).advantages
+  got = estimators.signal_diagnostics(rollout.rewards, advantages, rollout.mask, group_size=4)
+  mask, adv = np.asarray(rollout.mask), np.asarray(advantages)
+  np.testing.assert_allclose(got["zero_variance_groups"], 0.5)
+  np.testing.assert_allclose(got["zero_advantage_tokens"], (adv[mask] == 0).mean(), atol=1e-6)
+  np.testing.assert_allclose(got["advantage_mass"], np.where(mask, np.abs(adv), 0).sum(1), rtol=1e-6)
+  np.testing.assert_allclose(got["advantage_mass_mean"], np.where(mask, np.abs(adv), 0).sum(1).mean(), rtol=1e-6)
+
+
+def _readme_block(marker):
+  import pathlib
+  import re
+
+  text = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+  return next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if marker in b)
+
+
+def test_readme_extension_example_runs_and_is_short():
+  block = _readme_block('register("best_of_group")')
+  assert len(block.strip().splitlines()) < 30
+  try:
+    exec(block, {})
+    rollout = testing.strategies.make_rollout(np.random.default_rng(0), batch=4, length=5, group_size=2)
+    advantages = estimators.get("best_of_group")(rollout).advantages
+    grouped = np.asarray(rollout.rewards).reshape(-1, 2)
+    want = (grouped - grouped.max(1, keepdims=True)).reshape(-1)
+    np.testing.assert_allclose(advantages, np.where(rollout.mask, want[:, None], 0.0))
+  finally:
+    estimators.REGISTRY.unregister("best_of_group")
+    losses.REGISTRY.unregister("reinforce_with_kl")
+
+
+def test_readme_composition_example_runs():
+  rollout = testing.strategies.make_rollout(np.random.default_rng(1), batch=8, length=6, group_size=4)
+  outputs = jc.PolicyOutputs(logprobs=rollout.logprobs, entropy=rollout.entropy)
+  namespace = {"rollout": rollout, "outputs": outputs, "step": 3}
+  exec(_readme_block("jc.losses.combine("), namespace)
+  assert np.isfinite(namespace["loss"]) and "kl/value" in namespace["metrics"]
