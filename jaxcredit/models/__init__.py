@@ -1,0 +1,15 @@
+"""Policy and critic models: a Flax NNX Llama/Qwen2-style transformer."""
+
+from jaxcredit.models.config import PRESETS, TransformerConfig, preset
+from jaxcredit.models.transformer import KVCache, ModelOutput, RMSNorm, Transformer, rope
+
+__all__ = [
+    "KVCache",
+    "ModelOutput",
+    "PRESETS",
+    "RMSNorm",
+    "Transformer",
+    "TransformerConfig",
+    "preset",
+    "rope",
+]

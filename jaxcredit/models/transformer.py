@@ -1,0 +1,237 @@
+"""A decoder-only transformer policy in Flax NNX (Llama / Qwen2 architecture).
+
+Module and parameter names follow the Hugging Face Llama/Qwen2 layout
+(`embed_tokens`, `layers[i].self_attn.q_proj`, `mlp.gate_proj`, `norm`,
+`lm_head`), so real checkpoints map one to one.
+
+Shapes: tokens [B, T]; positions [B, T] (RoPE positions; left-padded prompts
+start at 0 after their padding); token_valid [B, T] (False for padding).
+Attention is causal over *slots* (array positions): the query in slot s sees
+keys in slots <= s that are valid.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import Array
+
+from jaxcredit.models.config import TransformerConfig
+
+
+class KVCache(NamedTuple):
+  """Keys and values of every layer for S slots, and which slots hold tokens.
+
+  keys, values: [L, B, S, n_kv_heads, head_dim]; key_valid: [B, S] bool.
+  """
+
+  keys: Array
+  values: Array
+  key_valid: Array
+
+  @classmethod
+  def zeros(cls, config: TransformerConfig, batch: int, slots: int) -> "KVCache":
+    shape = (config.n_layers, batch, slots, config.n_kv_heads, config.resolved_head_dim)
+    return cls(
+        keys=jnp.zeros(shape, config.dtype),
+        values=jnp.zeros(shape, config.dtype),
+        key_valid=jnp.zeros((batch, slots), bool),
+    )
+
+
+class ModelOutput(NamedTuple):
+  """logits [B, T, V] float32 (None when not requested); hidden [B, T, D]
+  (after the final norm); values [B, T] float32 (None without a value head)."""
+
+  logits: Array | None
+  hidden: Array
+  values: Array | None
+
+
+class RMSNorm(nnx.Module):
+  """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32."""
+
+  def __init__(self, dim: int, *, eps: float, param_dtype=jnp.float32):
+    self.eps = eps
+    self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+
+  def __call__(self, x: Array) -> Array:
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32**2, axis=-1, keepdims=True) + self.eps)
+    return (normed * self.weight[...].astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(x: Array, positions: Array, theta: float) -> Array:
+  """Rotary embedding (Su et al., 2021), half-split layout as in Llama/Qwen2.
+
+  x: [B, T, H, D]; positions: [B, T]. Rotates pairs (x_i, x_{i + D/2}) by
+  angle position * theta^(-2i/D).
+  """
+  half = x.shape[-1] // 2
+  inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+  cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def _linear(config: TransformerConfig, d_in: int, d_out: int, *, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+  return nnx.Linear(
+      d_in, d_out, use_bias=bias, dtype=config.dtype, param_dtype=config.param_dtype,
+      kernel_init=nnx.initializers.normal(0.02), rngs=rngs,
+  )
+
+
+class Attention(nnx.Module):
+  """Grouped-query self-attention with RoPE and an optional KV cache."""
+
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    d, hd = config.d_model, config.resolved_head_dim
+    self.q_proj = _linear(config, d, config.n_heads * hd, bias=config.qkv_bias, rngs=rngs)
+    self.k_proj = _linear(config, d, config.n_kv_heads * hd, bias=config.qkv_bias, rngs=rngs)
+    self.v_proj = _linear(config, d, config.n_kv_heads * hd, bias=config.qkv_bias, rngs=rngs)
+    self.o_proj = _linear(config, config.n_heads * hd, d, bias=False, rngs=rngs)
+
+  def __call__(self, x, positions, mask, keys, values, slot):
+    """x [B, T, D]; mask [B, T, S]; keys/values [B, S, KV, hd] (cache or None).
+
+    Returns (output [B, T, D], keys, values) with this step's keys/values
+    written at slots [slot, slot + T).
+    """
+    cfg = self.config
+    b, t, _ = x.shape
+    hd, n_kv = cfg.resolved_head_dim, cfg.n_kv_heads
+    group = cfg.n_heads // n_kv
+    q = rope(self.q_proj(x).reshape(b, t, cfg.n_heads, hd), positions, cfg.rope_theta)
+    k = rope(self.k_proj(x).reshape(b, t, n_kv, hd), positions, cfg.rope_theta)
+    v = self.v_proj(x).reshape(b, t, n_kv, hd)
+    if keys is None:
+      keys, values = k, v
+    else:
+      keys = jax.lax.dynamic_update_slice(keys, k.astype(keys.dtype), (0, slot, 0, 0))
+      values = jax.lax.dynamic_update_slice(values, v.astype(values.dtype), (0, slot, 0, 0))
+    q = q.reshape(b, t, n_kv, group, hd)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, keys, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None, None], scores / jnp.sqrt(hd), jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(b, t, cfg.n_heads * hd)
+    return self.o_proj(out.astype(x.dtype)), keys, values
+
+
+class MLP(nnx.Module):
+  """SwiGLU (Shazeer, 2020): down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    self.gate_proj = _linear(config, config.d_model, config.d_ff, bias=False, rngs=rngs)
+    self.up_proj = _linear(config, config.d_model, config.d_ff, bias=False, rngs=rngs)
+    self.down_proj = _linear(config, config.d_ff, config.d_model, bias=False, rngs=rngs)
+
+  def __call__(self, x: Array) -> Array:
+    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+  """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    self.input_layernorm = RMSNorm(config.d_model, eps=config.norm_eps, param_dtype=config.param_dtype)
+    self.self_attn = Attention(config, rngs=rngs)
+    self.post_attention_layernorm = RMSNorm(config.d_model, eps=config.norm_eps, param_dtype=config.param_dtype)
+    self.mlp = MLP(config, rngs=rngs)
+
+  def __call__(self, x, positions, mask, keys, values, slot):
+    attended, keys, values = self.self_attn(self.input_layernorm(x), positions, mask, keys, values, slot)
+    x = x + attended
+    return x + self.mlp(self.post_attention_layernorm(x)), keys, values
+
+
+class Transformer(nnx.Module):
+  """The policy: token ids -> logits (and hidden states, and values with a value head)."""
+
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    self.embed_tokens = nnx.Embed(
+        config.vocab_size, config.d_model, dtype=config.dtype, param_dtype=config.param_dtype,
+        embedding_init=nnx.initializers.normal(0.02), rngs=rngs,
+    )
+    self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.n_layers)])
+    self.norm = RMSNorm(config.d_model, eps=config.norm_eps, param_dtype=config.param_dtype)
+    self.lm_head = (
+        None if config.tie_embeddings
+        else _linear(config, config.d_model, config.vocab_size, bias=False, rngs=rngs)
+    )
+    self.value_head = (
+        nnx.Linear(config.d_model, 1, param_dtype=config.param_dtype,
+                   kernel_init=nnx.initializers.zeros_init(), rngs=rngs)
+        if config.value_head else None
+    )
+
+  @property
+  def unembed(self) -> Array:
+    """The unembedding matrix [D, V] (for `chunked_token_logprobs`)."""
+    if self.lm_head is None:
+      return self.embed_tokens.embedding[...].T
+    return self.lm_head.kernel[...]
+
+  def __call__(
+      self,
+      tokens: Array,
+      *,
+      positions: Array | None = None,
+      token_valid: Array | None = None,
+      logits: bool = True,
+  ) -> ModelOutput:
+    """Teacher-forced forward over [B, T] tokens (no cache).
+
+    positions default to 0..T-1; token_valid (default all True) hides padding
+    from attention. logits=False skips the [B, T, V] projection.
+    """
+    b, t = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(t), (b, t)) if positions is None else positions
+    token_valid = jnp.ones((b, t), bool) if token_valid is None else token_valid
+    mask = jnp.tril(jnp.ones((t, t), bool))[None] & token_valid[:, None, :]
+    hidden = self.embed_tokens(tokens)
+    for layer in self.layers:
+      hidden, _, _ = layer(hidden, positions, mask, None, None, 0)
+    return self._outputs(self.norm(hidden), logits)
+
+  def decode(
+      self,
+      tokens: Array,
+      positions: Array,
+      token_valid: Array,
+      cache: KVCache,
+      slot: Array | int,
+      *,
+      logits: bool = True,
+  ) -> tuple[ModelOutput, KVCache]:
+    """Forward T new tokens written at cache slots [slot, slot + T).
+
+    Each attends to the cache's valid slots up to its own. Returns the
+    outputs for these tokens and the updated cache.
+    """
+    b, t = tokens.shape
+    key_valid = jax.lax.dynamic_update_slice(cache.key_valid, token_valid, (0, slot))
+    query_slots = slot + jnp.arange(t)
+    key_slots = jnp.arange(key_valid.shape[1])
+    mask = (key_slots[None, None, :] <= query_slots[None, :, None]) & key_valid[:, None, :]
+    hidden = self.embed_tokens(tokens)
+    new_keys, new_values = [], []
+    for i, layer in enumerate(self.layers):
+      hidden, keys, values = layer(hidden, positions, mask, cache.keys[i], cache.values[i], slot)
+      new_keys.append(keys)
+      new_values.append(values)
+    cache = KVCache(jnp.stack(new_keys), jnp.stack(new_values), key_valid)
+    return self._outputs(self.norm(hidden), logits), cache
+
+  def _outputs(self, hidden: Array, logits: bool) -> ModelOutput:
+    values = None
+    if self.value_head is not None:
+      values = self.value_head(hidden.astype(jnp.float32))[..., 0]
+    out_logits = None
+    if logits:
+      out_logits = jnp.einsum("btd,dv->btv", hidden, self.unembed.astype(hidden.dtype),
+                              preferred_element_type=jnp.float32)
+    return ModelOutput(logits=out_logits, hidden=hidden, values=values)
