@@ -1,0 +1,201 @@
+"""Jitted generation with a KV cache: prefill the prompt, then decode token by token.
+
+Prompts are [B, P] token ids with a validity mask (left- or right-padded).
+The output lays prompt and response side by side in [B, P + N] slots, the
+prompt left-padded, so rows of a batch stay aligned:
+
+  tokens     [B, P + N] int   prompt (left-padded) then the sampled response
+  mask       [B, P + N] bool  response tokens that are policy actions: every
+                              sampled token up to and including a stop token
+  logprobs   [B, P + N]       behaviour log-probs log_softmax(logits / T)[token]
+                              at response positions (0 elsewhere)
+  entropy    [B, P + N]       entropy of softmax(logits / T) there
+  token_valid[B, P + N] bool  prompt tokens and response tokens (for teacher forcing)
+  positions  [B, P + N] int   RoPE positions (0 at each row's first prompt token)
+
+The behaviour log-probs are those of the temperature-scaled distribution
+before top-k / top-p truncation - what a teacher-forced forward pass at the
+same temperature computes, so PPO ratios start at exactly 1.
+"""
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import Array
+
+from jaxcredit import _checks
+from jaxcredit.logprobs import token_entropy, token_logprobs
+from jaxcredit.models.transformer import KVCache, Transformer
+
+
+class SampleOutput(NamedTuple):
+  tokens: Array
+  mask: Array
+  logprobs: Array
+  entropy: Array
+  token_valid: Array
+  positions: Array
+
+
+def left_align(prompts: Array, prompt_valid: Array) -> tuple[Array, Array]:
+  """Right-padded [B, P] prompts -> left-padded (valid tokens moved to the end)."""
+  length = prompts.shape[1]
+  shift = length - jnp.sum(prompt_valid, axis=1, keepdims=True)
+  source = (jnp.arange(length)[None] - shift) % length
+  return jnp.take_along_axis(prompts, source, 1), jnp.take_along_axis(prompt_valid, source, 1)
+
+
+def prompt_positions(token_valid: Array) -> Array:
+  """RoPE positions: 0 at each row's first valid token, counting valid tokens."""
+  return jnp.maximum(jnp.cumsum(token_valid, axis=1) - 1, 0)
+
+
+def sample_token(logits: Array, key: Array, *, temperature: float, top_k: int | None,
+                 top_p: float | None) -> Array:
+  """Samples [B] tokens from [B, V] logits; temperature 0 is greedy."""
+  if temperature == 0.0:
+    return jnp.argmax(logits, axis=-1)
+  logits = logits.astype(jnp.float32) / temperature
+  if top_k is not None:
+    kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+    logits = jnp.where(logits < kth, -jnp.inf, logits)
+  if top_p is not None:
+    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+    cumulative = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+    # Keep the smallest prefix whose mass reaches top_p (always the top token).
+    cutoff_index = jnp.sum(cumulative < top_p, axis=-1, keepdims=True)
+    cutoff = jnp.take_along_axis(sorted_logits, cutoff_index, axis=-1)
+    logits = jnp.where(logits < cutoff, -jnp.inf, logits)
+  return jax.random.categorical(key, logits, axis=-1)
+
+
+def _check_generate_args(prompts, prompt_valid, max_new_tokens, temperature, top_k, top_p, padding):
+  _checks.check_rank(prompts, 2, "prompts")
+  _checks.check_same_shape(prompts=prompts, prompt_valid=prompt_valid)
+  _checks.check_choice(padding, ("left", "right"), "padding")
+  if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}.")
+  if temperature < 0:
+    raise ValueError(f"temperature must be >= 0, got {temperature}.")
+  if top_k is not None and top_k < 1:
+    raise ValueError(f"top_k must be >= 1, got {top_k}.")
+  if top_p is not None and not 0 < top_p <= 1:
+    raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
+
+
+class _Sampling(NamedTuple):
+  """Static sampling settings (hashable, for jit)."""
+
+  max_new_tokens: int
+  temperature: float
+  top_k: int | None
+  top_p: float | None
+  stop_tokens: tuple[int, ...]
+  pad_id: int
+
+
+def _response_step(logits, key, done, settings: _Sampling):
+  """Samples one token per row; returns (token, logp, entropy, active, done_after)."""
+  token = sample_token(logits, key, temperature=settings.temperature, top_k=settings.top_k,
+                       top_p=settings.top_p)
+  scale = settings.temperature or 1.0
+  logp = token_logprobs(logits, token, temperature=scale)
+  entropy = token_entropy(logits.astype(jnp.float32) / scale)
+  active = ~done
+  token = jnp.where(active, token, settings.pad_id)
+  done = done | (active & jnp.isin(token, jnp.asarray(settings.stop_tokens or (-1,))))
+  return token, jnp.where(active, logp, 0.0), jnp.where(active, entropy, 0.0), active, done
+
+
+def _assemble(prompts, prompt_valid, steps) -> SampleOutput:
+  tokens, logps, entropies, actives = (jnp.swapaxes(x, 0, 1) for x in steps)
+  no_prompt = jnp.zeros(prompts.shape, bool)
+  token_valid = jnp.concatenate([prompt_valid, actives], axis=1)
+  return SampleOutput(
+      tokens=jnp.concatenate([prompts, tokens], axis=1),
+      mask=jnp.concatenate([no_prompt, actives], axis=1),
+      logprobs=jnp.concatenate([jnp.zeros(prompts.shape), logps], axis=1),
+      entropy=jnp.concatenate([jnp.zeros(prompts.shape), entropies], axis=1),
+      token_valid=token_valid,
+      positions=prompt_positions(token_valid),
+  )
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5))
+def _generate_cached(graphdef, state, prompts, prompt_valid, key, settings: _Sampling):
+  model = nnx.merge(graphdef, state)
+  batch, prompt_len = prompts.shape
+  cache = KVCache.zeros(model.config, batch, prompt_len + settings.max_new_tokens)
+  prefill, cache = model.decode(prompts, prompt_positions(prompt_valid), prompt_valid, cache, 0)
+  first_position = jnp.sum(prompt_valid, axis=1)
+
+  def step(carry, i):
+    cache, logits, done, position = carry
+    token, logp, entropy, active, done = _response_step(logits, jax.random.fold_in(key, i), done, settings)
+    out, cache = model.decode(token[:, None], position[:, None], active[:, None], cache, prompt_len + i)
+    return (cache, out.logits[:, 0], done, position + 1), (token, logp, entropy, active)
+
+  init = (cache, prefill.logits[:, -1], jnp.zeros((batch,), bool), first_position)
+  _, steps = jax.lax.scan(step, init, jnp.arange(settings.max_new_tokens))
+  return _assemble(prompts, prompt_valid, steps)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5))
+def _generate_recompute(graphdef, state, prompts, prompt_valid, key, settings: _Sampling):
+  """The no-cache baseline: re-runs the whole [B, P + N] buffer every step."""
+  model = nnx.merge(graphdef, state)
+  batch, prompt_len = prompts.shape
+  pad = jnp.zeros((batch, settings.max_new_tokens), prompts.dtype)
+  tokens = jnp.concatenate([prompts, pad], axis=1)
+  token_valid = jnp.concatenate([prompt_valid, pad.astype(bool)], axis=1)
+
+  def step(carry, i):
+    tokens, token_valid, done = carry
+    out = model(tokens, positions=prompt_positions(token_valid), token_valid=token_valid)
+    logits = jax.lax.dynamic_index_in_dim(out.logits, prompt_len + i - 1, axis=1, keepdims=False)
+    token, logp, entropy, active, done = _response_step(logits, jax.random.fold_in(key, i), done, settings)
+    tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, prompt_len + i))
+    token_valid = jax.lax.dynamic_update_slice(token_valid, active[:, None], (0, prompt_len + i))
+    return (tokens, token_valid, done), (token, logp, entropy, active)
+
+  init = (tokens, token_valid, jnp.zeros((batch,), bool))
+  _, steps = jax.lax.scan(step, init, jnp.arange(settings.max_new_tokens))
+  return _assemble(prompts, prompt_valid, steps)
+
+
+def generate(
+    model: Transformer,
+    prompts: Array,
+    prompt_valid: Array,
+    key: Array,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_tokens: tuple[int, ...] = (),
+    pad_id: int = 0,
+    padding: str = "left",
+    use_cache: bool = True,
+) -> SampleOutput:
+  """Samples up to `max_new_tokens` per prompt; deterministic given `key`.
+
+  prompts, prompt_valid: [B, P] (`padding` says which side holds the pads).
+  temperature 0 is greedy; top_k / top_p truncate the sampling distribution.
+  A row stops after emitting one of `stop_tokens` (that token is part of the
+  response); later slots hold `pad_id` with mask False. use_cache=False
+  re-runs the full prefix at every step (the slow reference). See the module
+  docstring for the output layout.
+  """
+  _check_generate_args(prompts, prompt_valid, max_new_tokens, temperature, top_k, top_p, padding)
+  prompts, prompt_valid = jnp.asarray(prompts), jnp.asarray(prompt_valid).astype(bool)
+  if padding == "right":
+    prompts, prompt_valid = left_align(prompts, prompt_valid)
+  settings = _Sampling(max_new_tokens, float(temperature), top_k, top_p,
+                       tuple(int(t) for t in stop_tokens), int(pad_id))
+  graphdef, state = nnx.split(model)
+  run = _generate_cached if use_cache else _generate_recompute
+  return run(graphdef, state, prompts, prompt_valid, key, settings)

@@ -1,0 +1,109 @@
+"""The KV-cache sampler: behaviour log-probs equal teacher forcing; cache == no cache."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxcredit.logprobs import token_entropy, token_logprobs
+from jaxcredit.models import Transformer, preset
+from jaxcredit.sampling import generate, left_align
+
+CONFIG = preset("tiny", vocab_size=32)
+
+
+@pytest.fixture(scope="module")
+def model():
+  model = Transformer(CONFIG, rngs=nnx.Rngs(0))
+  state = nnx.state(model, nnx.Param)
+  rng = np.random.default_rng(0)
+  # Larger weights than the init so that distributions are peaked and stop tokens occur.
+  nnx.update(model, jax.tree.map(lambda x: x * 8 + 0.02 * rng.normal(size=x.shape).astype(x.dtype), state))
+  return model
+
+
+def _prompts(seed=0, batch=4, length=7):
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(1, CONFIG.vocab_size, (batch, length))
+  lengths = rng.integers(2, length + 1, batch)
+  valid = np.arange(length)[None] >= (length - lengths)[:, None]  # left-padded
+  return jnp.asarray(np.where(valid, tokens, 0)), jnp.asarray(valid)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, None, None), (0.7, 8, None), (1.3, None, 0.9)])
+def test_behaviour_logprobs_equal_teacher_forcing(model, temperature, top_k, top_p):
+  prompts, valid = _prompts()
+  out = generate(model, prompts, valid, jax.random.key(1), max_new_tokens=9, temperature=temperature,
+                 top_k=top_k, top_p=top_p, stop_tokens=(5, 7))
+  forced = model(out.tokens, positions=out.positions, token_valid=out.token_valid)
+  logits = forced.logits[:, :-1]
+  want_logp = token_logprobs(logits, out.tokens[:, 1:], temperature=temperature)
+  want_entropy = token_entropy(logits / temperature)
+  mask = np.asarray(out.mask[:, 1:])
+  assert mask.any()
+  # Tolerance: float32, cached vs full attention summation order.
+  np.testing.assert_allclose(np.asarray(out.logprobs[:, 1:])[mask], np.asarray(want_logp)[mask], atol=1e-4)
+  np.testing.assert_allclose(np.asarray(out.entropy[:, 1:])[mask], np.asarray(want_entropy)[mask], atol=1e-4)
+  np.testing.assert_array_equal(np.asarray(out.logprobs)[~np.asarray(out.mask)], 0.0)
+
+
+def test_cache_and_recompute_agree_under_greedy(model):
+  prompts, valid = _prompts(2)
+  kwargs = dict(max_new_tokens=12, temperature=0.0, stop_tokens=(5,))
+  cached = generate(model, prompts, valid, jax.random.key(0), **kwargs)
+  recomputed = generate(model, prompts, valid, jax.random.key(0), use_cache=False, **kwargs)
+  np.testing.assert_array_equal(cached.tokens, recomputed.tokens)
+  np.testing.assert_array_equal(cached.mask, recomputed.mask)
+  np.testing.assert_allclose(cached.logprobs, recomputed.logprobs, atol=1e-4)
+
+
+def test_stop_tokens_end_the_response(model):
+  prompts, valid = _prompts(3, batch=8)
+  out = generate(model, prompts, valid, jax.random.key(3), max_new_tokens=16, stop_tokens=(5, 7), pad_id=0)
+  tokens, mask = np.asarray(out.tokens[:, 7:]), np.asarray(out.mask[:, 7:])
+  stopped = 0
+  for row_tokens, row_mask in zip(tokens, mask):
+    hits = np.flatnonzero(np.isin(row_tokens, (5, 7)) & row_mask)
+    if hits.size:
+      stopped += 1
+      end = hits[0]
+      assert row_mask[: end + 1].all() and not row_mask[end + 1:].any()
+      assert (row_tokens[end + 1:] == 0).all()
+    else:
+      assert row_mask.all()
+  assert stopped > 0
+
+
+def test_right_padding_matches_left_padding(model):
+  prompts, valid = _prompts(4)
+  length = prompts.shape[1]
+  n_valid = valid.sum(1, keepdims=True)
+  source = (jnp.arange(length)[None] + (length - n_valid)) % length
+  right, right_valid = jnp.take_along_axis(prompts, source, 1), jnp.take_along_axis(valid, source, 1)
+  np.testing.assert_array_equal(left_align(right, right_valid)[0], prompts)
+  a = generate(model, prompts, valid, jax.random.key(5), max_new_tokens=6)
+  b = generate(model, right, right_valid, jax.random.key(5), max_new_tokens=6, padding="right")
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+
+
+def test_deterministic_under_key_and_greedy_limits(model):
+  prompts, valid = _prompts(5)
+  sample = lambda seed, **kw: generate(model, prompts, valid, jax.random.key(seed), max_new_tokens=8, **kw).tokens
+  np.testing.assert_array_equal(sample(0), sample(0))
+  assert not np.array_equal(sample(0), sample(1))
+  greedy = sample(0, temperature=0.0)
+  np.testing.assert_array_equal(sample(1, top_k=1), greedy)
+  np.testing.assert_array_equal(sample(2, top_p=1e-6), greedy)
+
+
+def test_bad_arguments_raise(model):
+  prompts, valid = _prompts()
+  with pytest.raises(ValueError, match="max_new_tokens must be a positive int"):
+    generate(model, prompts, valid, jax.random.key(0), max_new_tokens=0)
+  with pytest.raises(ValueError, match="top_p must be in"):
+    generate(model, prompts, valid, jax.random.key(0), max_new_tokens=2, top_p=1.5)
+  with pytest.raises(ValueError, match="Unknown padding 'middle'"):
+    generate(model, prompts, valid, jax.random.key(0), max_new_tokens=2, padding="middle")
+  with pytest.raises(ValueError, match=r"prompt_valid\[4, 6\]"):
+    generate(model, prompts, valid[:, :6], jax.random.key(0), max_new_tokens=2)
