@@ -1,5 +1,6 @@
 """Policy and critic models: a Flax NNX Llama/Qwen2-style transformer."""
 
+from jaxcredit.models.checkpoint import config_from_hf, load_hf_checkpoint
 from jaxcredit.models.config import PRESETS, TransformerConfig, preset
 from jaxcredit.models.transformer import KVCache, ModelOutput, RMSNorm, Transformer, rope
 
@@ -10,6 +11,8 @@ __all__ = [
     "RMSNorm",
     "Transformer",
     "TransformerConfig",
+    "config_from_hf",
+    "load_hf_checkpoint",
     "preset",
     "rope",
 ]
