@@ -107,3 +107,17 @@ def test_bad_arguments_raise(model):
     generate(model, prompts, valid, jax.random.key(0), max_new_tokens=2, padding="middle")
   with pytest.raises(ValueError, match=r"prompt_valid\[4, 6\]"):
     generate(model, prompts, valid[:, :6], jax.random.key(0), max_new_tokens=2)
+
+
+def test_readme_models_example_runs(model):
+  import pathlib
+  import re
+
+  text = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+  block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "generate(model" in b)
+  prompts, valid = _prompts(6, batch=8)
+  namespace = {"prompts": prompts, "prompt_valid": valid, "eos_id": 5}
+  exec(block.replace('preset("tiny")', 'preset("tiny", vocab_size=32)'), namespace)
+  out, logp = namespace["out"], namespace["logp"]
+  mask = np.asarray(out.mask[:, 1:])
+  np.testing.assert_allclose(np.asarray(logp)[mask], np.asarray(out.logprobs[:, 1:])[mask], atol=1e-4)

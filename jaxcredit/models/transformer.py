@@ -23,21 +23,19 @@ from jaxcredit.models.config import TransformerConfig
 class KVCache(NamedTuple):
   """Keys and values of every layer for S slots, and which slots hold tokens.
 
-  keys, values: [L, B, S, n_kv_heads, head_dim]; key_valid: [B, S] bool.
+  keys, values: one [B, S, n_kv_heads, head_dim] array per layer (a tuple, so
+  a decode step updates each in place); key_valid: [B, S] bool.
   """
 
-  keys: Array
-  values: Array
+  keys: tuple[Array, ...]
+  values: tuple[Array, ...]
   key_valid: Array
 
   @classmethod
   def zeros(cls, config: TransformerConfig, batch: int, slots: int) -> "KVCache":
-    shape = (config.n_layers, batch, slots, config.n_kv_heads, config.resolved_head_dim)
-    return cls(
-        keys=jnp.zeros(shape, config.dtype),
-        values=jnp.zeros(shape, config.dtype),
-        key_valid=jnp.zeros((batch, slots), bool),
-    )
+    shape = (batch, slots, config.n_kv_heads, config.resolved_head_dim)
+    layers = lambda: tuple(jnp.zeros(shape, config.dtype) for _ in range(config.n_layers))
+    return cls(keys=layers(), values=layers(), key_valid=jnp.zeros((batch, slots), bool))
 
 
 class ModelOutput(NamedTuple):
@@ -223,7 +221,7 @@ class Transformer(nnx.Module):
       hidden, keys, values = layer(hidden, positions, mask, cache.keys[i], cache.values[i], slot)
       new_keys.append(keys)
       new_values.append(values)
-    cache = KVCache(jnp.stack(new_keys), jnp.stack(new_values), key_valid)
+    cache = KVCache(tuple(new_keys), tuple(new_values), key_valid)
     return self._outputs(self.norm(hidden), logits), cache
 
   def _outputs(self, hidden: Array, logits: bool) -> ModelOutput:
