@@ -1,0 +1,5 @@
+"""Tasks with verifiable rewards, their tokenizers and data."""
+
+from jaxcredit.tasks.tokenizers import CharTokenizer, HFTokenizer, Tokenizer
+
+__all__ = ["CharTokenizer", "HFTokenizer", "Tokenizer"]
