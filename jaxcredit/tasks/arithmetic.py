@@ -1,0 +1,87 @@
+"""Multi-digit arithmetic with a verifiable answer (the quickstart task).
+
+Prompt `a+b=` or `a*b=`; the response is the result, by default with its
+digits reversed (least significant first: what a small model learns from
+outcome reward alone), optionally preceded by a step-by-step scratchpad:
+  add: `C:<carry into each column, least significant first>;<answer>`
+  mul: `P:<partial products a*b_j, reversed, comma-separated>;<answer>`
+The final answer follows the last `;` (or is the whole response without a
+scratchpad). Rewards are exact match on the extracted answer.
+"""
+
+import dataclasses
+
+import numpy as np
+
+ALPHABET = "0123456789+*=;:,CP"
+OPERATIONS = {"add": "+", "mul": "*"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ArithmeticConfig:
+  """min_digits/max_digits: operand length range (the difficulty knob);
+  operation: "add" or "mul"; scratchpad: show carries / partial products;
+  reverse_answer: write the answer least-significant digit first."""
+
+  min_digits: int = 2
+  max_digits: int = 3
+  operation: str = "add"
+  scratchpad: bool = False
+  reverse_answer: bool = True
+
+  def __post_init__(self):
+    if self.operation not in OPERATIONS:
+      raise ValueError(f"Unknown operation {self.operation!r}; known: {', '.join(OPERATIONS)}.")
+    if not 1 <= self.min_digits <= self.max_digits:
+      raise ValueError(f"Need 1 <= min_digits <= max_digits, got {self.min_digits}, {self.max_digits}.")
+
+
+def _operand(rng: np.random.Generator, config: ArithmeticConfig) -> int:
+  digits = int(rng.integers(config.min_digits, config.max_digits + 1))
+  return int(rng.integers(10 ** (digits - 1) if digits > 1 else 0, 10**digits))
+
+
+def _digits(n: int, reverse: bool) -> str:
+  return str(n)[::-1] if reverse else str(n)
+
+
+def _scratchpad(a: int, b: int, config: ArithmeticConfig) -> str:
+  if config.operation == "add":
+    carries, carry = [], 0
+    for i in range(max(len(str(a)), len(str(b)))):
+      carries.append(str(carry))
+      carry = (a // 10**i % 10 + b // 10**i % 10 + carry) // 10
+    return "C:" + "".join(carries) + ";"
+  partials = [_digits(a * int(d) * 10**i, True) for i, d in enumerate(reversed(str(b)))]
+  return "P:" + ",".join(partials) + ";"
+
+
+def make_example(rng: np.random.Generator, config: ArithmeticConfig) -> dict:
+  """One problem: {"prompt", "completion" (demonstration), "answer", "a", "b"}."""
+  a, b = _operand(rng, config), _operand(rng, config)
+  result = a + b if config.operation == "add" else a * b
+  answer = _digits(result, config.reverse_answer)
+  prefix = _scratchpad(a, b, config) if config.scratchpad else ""
+  return {
+      "prompt": f"{a}{OPERATIONS[config.operation]}{b}=",
+      "completion": prefix + answer,
+      "answer": answer,
+      "a": a,
+      "b": b,
+  }
+
+
+def extract_answer(response: str) -> str | None:
+  """The final answer: the text after the last `;` (or all of it); None if empty."""
+  answer = response.rsplit(";", 1)[-1].strip()
+  return answer or None
+
+
+def reward(response: str, answer: str) -> tuple[float, str]:
+  """1.0 when the extracted answer equals `answer` exactly, else 0.0; with a reason."""
+  got = extract_answer(response)
+  if got is None:
+    return 0.0, "no answer"
+  if got == answer:
+    return 1.0, "correct"
+  return 0.0, f"wrong answer {got!r} (want {answer!r})"

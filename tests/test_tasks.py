@@ -1,0 +1,79 @@
+"""Procedural tasks: TFDS builders without TensorFlow, verifiable rewards."""
+
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jaxcredit.tasks import CharTokenizer, arithmetic, builders, prepare
+
+CONFIGS = [
+    arithmetic.ArithmeticConfig(),
+    arithmetic.ArithmeticConfig(min_digits=1, max_digits=5, scratchpad=True),
+    arithmetic.ArithmeticConfig(operation="mul", scratchpad=True, reverse_answer=False),
+    arithmetic.ArithmeticConfig(operation="mul", min_digits=3, max_digits=4),
+]
+
+
+@given(seed=st.integers(0, 2**32 - 1), config=st.sampled_from(CONFIGS))
+def test_reference_answer_scores_one_and_corruptions_zero(seed, config):
+  example = arithmetic.make_example(np.random.default_rng(seed), config)
+  a, b = example["a"], example["b"]
+  result = a + b if config.operation == "add" else a * b
+  digits = str(result)[::-1] if config.reverse_answer else str(result)
+  assert example["answer"] == digits
+  assert example["prompt"] == f"{a}{'+' if config.operation == 'add' else '*'}{b}="
+  assert arithmetic.reward(example["completion"], example["answer"]) == (1.0, "correct")
+  wrong = str((int(digits) + 1) % 10 ** len(digits)).zfill(len(digits))
+  score, reason = arithmetic.reward(example["completion"].rsplit(";", 1)[0] + ";" + wrong
+                                    if config.scratchpad else wrong, example["answer"])
+  assert score == 0.0 and reason.startswith("wrong answer")
+  assert arithmetic.reward("", example["answer"]) == (0.0, "no answer")
+  CharTokenizer(arithmetic.ALPHABET).encode(example["prompt"] + example["completion"])
+
+
+def test_scratchpad_formats():
+  config = arithmetic.ArithmeticConfig(min_digits=2, max_digits=2, scratchpad=True)
+  rng = np.random.default_rng(0)
+  example = arithmetic.make_example(rng, config)
+  a, b = example["a"], example["b"]
+  carries, carry = "", 0
+  for i in range(2):
+    carries += str(carry)
+    carry = (a // 10**i % 10 + b // 10**i % 10 + carry) // 10
+  assert example["completion"] == f"C:{carries};{str(a + b)[::-1]}"
+  mul = arithmetic.make_example(rng, arithmetic.ArithmeticConfig(operation="mul", scratchpad=True))
+  partials = mul["completion"][2:].split(";")[0].split(",")
+  assert sum(int(p[::-1]) for p in partials) == mul["a"] * mul["b"]
+
+
+def test_builder_builds_without_tensorflow(tmp_path):
+  builder = builders.get("arithmetic", data_dir=str(tmp_path), train_size=40, test_size=8, seed=3)
+  builder.download_and_prepare()
+  sources = builder.as_data_source()
+  assert {split: len(source) for split, source in sources.items()} == {"train": 40, "test": 8}
+  example = sources["train"][5]
+  assert arithmetic.reward(example["completion"].decode(), example["answer"].decode())[0] == 1.0
+  assert "tensorflow" not in sys.modules
+  again = builders.get("arithmetic", data_dir=str(tmp_path / "again"), train_size=40, test_size=8, seed=3)
+  again.download_and_prepare()
+  np.testing.assert_equal(again.as_data_source()["train"][5], example)
+
+
+def test_unknown_task_and_config_list_known_ones(tmp_path):
+  with pytest.raises(ValueError, match="Unknown task 'algebra'; known: arithmetic"):
+    builders.get("algebra", data_dir=str(tmp_path))
+  with pytest.raises(ValueError, match="Unknown arithmetic config 'big'; known: add_2to3_reversed"):
+    builders.get("arithmetic", data_dir=str(tmp_path), config="big")
+  with pytest.raises(ValueError, match="Unknown operation 'div'"):
+    arithmetic.ArithmeticConfig(operation="div")
+
+
+def test_prepare_cli_prints_sizes_and_examples(tmp_path, capsys):
+  prepare.main(["--task", "arithmetic", "--data_dir", str(tmp_path), "--config", "mul_2to3_scratchpad",
+                "--train_size", "12", "--test_size", "4", "--show", "2"])
+  out = capsys.readouterr().out
+  assert "train: 12 examples" in out and "test: 4 examples" in out
+  assert out.count("prompt=") == 4 and "completion=P:" in out
