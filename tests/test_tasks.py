@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jaxcredit.tasks import CharTokenizer, arithmetic, builders, prepare
+from jaxcredit.tasks import CharTokenizer, arithmetic, builders, countdown, prepare
 
 CONFIGS = [
     arithmetic.ArithmeticConfig(),
@@ -77,3 +77,48 @@ def test_prepare_cli_prints_sizes_and_examples(tmp_path, capsys):
   out = capsys.readouterr().out
   assert "train: 12 examples" in out and "test: 4 examples" in out
   assert out.count("prompt=") == 4 and "completion=P:" in out
+
+
+COUNTDOWN_CONFIGS = [countdown.CountdownConfig(), countdown.CountdownConfig(n_numbers=3, max_number=20)]
+
+
+@given(seed=st.integers(0, 2**32 - 1), config=st.sampled_from(COUNTDOWN_CONFIGS))
+def test_countdown_reference_scores_one_and_corruptions_do_not(seed, config):
+  example = countdown.make_example(np.random.default_rng(seed), config)
+  numbers, target = example["numbers"], example["target"]
+  assert example["prompt"] == ",".join(map(str, numbers)) + f">{target}:"
+  assert countdown.reward(example["completion"], numbers, target) == (1.0, "correct")
+  assert countdown.reward(f"<answer>{example['completion']}</answer>", numbers, target)[0] == 1.0
+  score, reason = countdown.reward(example["completion"], numbers, target + 1)
+  assert score == config.format_score and "not" in reason
+  dropped = "+".join(map(str, numbers[1:]))
+  assert countdown.reward(dropped, numbers, target)[0] == 0.0
+  CharTokenizer(countdown.ALPHABET).encode(example["prompt"] + example["completion"])
+
+
+@pytest.mark.parametrize("attack", [
+    "__import__('os').system('rm -rf /')",
+    "1+2; import os",
+    "2**100",
+    "1e9",
+    "(1+2",
+    "1+2)",
+    "1//2",
+    "１+2",
+    "1+" * 150 + "1",
+    "(1)/(2-2)",
+    "",
+    "lambda: 0",
+])
+def test_countdown_verifier_rejects_malformed_and_injection(attack):
+  score, reason = countdown.reward(attack, [1, 2], 3)
+  assert score == 0.0 and (reason.startswith("malformed") or reason.startswith("uses")), reason
+
+
+def test_countdown_builder(tmp_path):
+  builder = builders.get("countdown", data_dir=str(tmp_path), config="n3", train_size=16, test_size=4)
+  builder.download_and_prepare()
+  source = builder.as_data_source()["train"]
+  assert len(source) == 16
+  example = source[3]
+  assert countdown.reward(example["completion"].decode(), example["numbers"], int(example["target"]))[0] == 1.0

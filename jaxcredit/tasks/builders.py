@@ -1,7 +1,7 @@
 """Procedural tasks as TFDS datasets: built to array_record, read with
 `as_data_source` (random access, no TensorFlow).
 
-  builder = builders.get("arithmetic", data_dir=d, config=...)
+  builder = builders.get("arithmetic", data_dir=d, train_size=1000)
   builder.download_and_prepare()
   ds = builder.as_data_source()["train"]; ds[0] -> {"prompt": b"12+34=", ...}
 
@@ -10,56 +10,37 @@ is reproducible from its config alone.
 """
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds
 
-from jaxcredit.tasks import arithmetic
+from jaxcredit.tasks import arithmetic, countdown
 
 _SPLIT_IDS = {"train": 0, "test": 1}
 
 
 @dataclasses.dataclass
-class ArithmeticBuilderConfig(tfds.core.BuilderConfig):
-  """task: the problem distribution; train_size/test_size: examples per split;
-  seed: base seed of the generator."""
+class ProceduralConfig(tfds.core.BuilderConfig):
+  """task: the task's own config (the problem distribution); train_size /
+  test_size: examples per split; seed: base seed of the generator."""
 
-  task: arithmetic.ArithmeticConfig = dataclasses.field(default_factory=arithmetic.ArithmeticConfig)
+  task: Any = None
   train_size: int = 20000
   test_size: int = 500
   seed: int = 0
 
 
-class Arithmetic(tfds.core.GeneratorBasedBuilder):
-  """Multi-digit addition / multiplication (see `jaxcredit.tasks.arithmetic`)."""
+class _ProceduralBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """Generates split examples with `make_example(rng, config.task)`."""
 
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "First release."}
-  BUILDER_CONFIGS = [
-      ArithmeticBuilderConfig(name="add_2to3_reversed", description="a+b, 2-3 digits, reversed answer"),
-      ArithmeticBuilderConfig(
-          name="add_3to5_scratchpad",
-          task=arithmetic.ArithmeticConfig(min_digits=3, max_digits=5, scratchpad=True),
-          description="a+b, 3-5 digits, carries then reversed answer",
-      ),
-      ArithmeticBuilderConfig(
-          name="mul_2to3_scratchpad",
-          task=arithmetic.ArithmeticConfig(operation="mul", scratchpad=True),
-          description="a*b, 2-3 digits, partial products then reversed answer",
-      ),
-  ]
+  FEATURES: dict
+  make_example: Any
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        features=tfds.features.FeaturesDict({
-            "prompt": tfds.features.Text(),
-            "completion": tfds.features.Text(),
-            "answer": tfds.features.Text(),
-            "a": np.int64,
-            "b": np.int64,
-        }),
-    )
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(self.FEATURES))
 
   def _split_generators(self, dl_manager):
     del dl_manager
@@ -70,10 +51,53 @@ class Arithmetic(tfds.core.GeneratorBasedBuilder):
     size = config.train_size if split == "train" else config.test_size
     for index in range(size):
       rng = np.random.default_rng([config.seed, _SPLIT_IDS[split], index])
-      yield index, arithmetic.make_example(rng, config.task)
+      yield index, type(self).make_example(rng, config.task)
 
 
-BUILDERS = {"arithmetic": Arithmetic}
+class Arithmetic(_ProceduralBuilder):
+  """Multi-digit addition / multiplication (see `jaxcredit.tasks.arithmetic`)."""
+
+  make_example = staticmethod(arithmetic.make_example)
+  FEATURES = {
+      "prompt": tfds.features.Text(),
+      "completion": tfds.features.Text(),
+      "answer": tfds.features.Text(),
+      "a": np.int64,
+      "b": np.int64,
+  }
+  BUILDER_CONFIGS = [
+      ProceduralConfig(name="add_2to3_reversed", task=arithmetic.ArithmeticConfig(),
+                       description="a+b, 2-3 digits, reversed answer"),
+      ProceduralConfig(
+          name="add_3to5_scratchpad",
+          task=arithmetic.ArithmeticConfig(min_digits=3, max_digits=5, scratchpad=True),
+          description="a+b, 3-5 digits, carries then reversed answer",
+      ),
+      ProceduralConfig(
+          name="mul_2to3_scratchpad",
+          task=arithmetic.ArithmeticConfig(operation="mul", scratchpad=True),
+          description="a*b, 2-3 digits, partial products then reversed answer",
+      ),
+  ]
+
+
+class Countdown(_ProceduralBuilder):
+  """Reach a target from numbers with + - * / (see `jaxcredit.tasks.countdown`)."""
+
+  make_example = staticmethod(countdown.make_example)
+  FEATURES = {
+      "prompt": tfds.features.Text(),
+      "completion": tfds.features.Text(),
+      "numbers": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+      "target": np.int64,
+  }
+  BUILDER_CONFIGS = [
+      ProceduralConfig(name="n4", task=countdown.CountdownConfig(), description="4 numbers in [1, 99]"),
+      ProceduralConfig(name="n3", task=countdown.CountdownConfig(n_numbers=3), description="3 numbers"),
+  ]
+
+
+BUILDERS = {"arithmetic": Arithmetic, "countdown": Countdown}
 
 
 def get(

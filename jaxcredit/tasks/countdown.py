@@ -1,0 +1,148 @@
+"""Countdown (the TinyZero task): reach a target from given numbers with + - * /.
+
+Prompt `n1,n2,n3,n4>target:`; the response is an arithmetic expression that
+uses each given number exactly once, optionally wrapped in
+`<answer>...</answer>` (the last such span counts). The verifier parses the
+expression with a small recursive-descent parser over digits, `+ - * /` and
+parentheses - never `eval` - and evaluates it with exact fractions.
+"""
+
+import dataclasses
+import re
+from fractions import Fraction
+
+import numpy as np
+
+ALPHABET = "".join(dict.fromkeys("0123456789+-*/(),>: <answer></answer>"))  # unique characters
+_TOKEN = re.compile(r"[0-9]+|[-+*/()]")  # ASCII digits only
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+MAX_EXPRESSION_CHARS = 200
+
+
+@dataclasses.dataclass(frozen=True)
+class CountdownConfig:
+  """n_numbers: how many numbers (the difficulty knob); max_number: numbers are
+  drawn from [1, max_number]; format_score: reward of a well-formed expression
+  that uses the numbers correctly but misses the target (TinyZero: 0.1)."""
+
+  n_numbers: int = 4
+  max_number: int = 99
+  format_score: float = 0.1
+
+  def __post_init__(self):
+    if not 2 <= self.n_numbers <= 8:
+      raise ValueError(f"n_numbers must be in [2, 8], got {self.n_numbers}.")
+
+
+class ExpressionError(ValueError):
+  """The response is not a well-formed expression over the allowed tokens."""
+
+
+def _tokenize(text: str) -> list[str]:
+  compact = re.sub(r"\s+", "", text)
+  if not compact:
+    raise ExpressionError("empty expression")
+  if len(compact) > MAX_EXPRESSION_CHARS:
+    raise ExpressionError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
+  tokens = _TOKEN.findall(compact)
+  if "".join(tokens) != compact:
+    bad = sorted(set(re.sub(r"[0-9+\-*/()]", "", compact)))
+    raise ExpressionError(f"characters {bad} are not allowed")
+  return tokens
+
+
+def parse(text: str) -> tuple[Fraction, list[int]]:
+  """(value, numbers used) of an expression; ExpressionError if malformed or
+  dividing by zero."""
+  tokens, pos = _tokenize(text), 0
+  numbers: list[int] = []
+
+  def peek():
+    return tokens[pos] if pos < len(tokens) else None
+
+  def take():
+    nonlocal pos
+    pos += 1
+    return tokens[pos - 1]
+
+  def expression():
+    value = term()
+    while peek() in ("+", "-"):
+      value = value + term() if take() == "+" else value - term()
+    return value
+
+  def term():
+    value = factor()
+    while peek() in ("*", "/"):
+      op, right = take(), factor()
+      if op == "/" and right == 0:
+        raise ExpressionError("division by zero")
+      value = value * right if op == "*" else value / right
+    return value
+
+  def factor():
+    token = peek()
+    if token is None:
+      raise ExpressionError("unexpected end of expression")
+    take()
+    if token == "(":
+      value = expression()
+      if peek() != ")":
+        raise ExpressionError("unbalanced parentheses")
+      take()
+      return value
+    if token[0] in "0123456789":
+      numbers.append(int(token))
+      return Fraction(int(token))
+    raise ExpressionError(f"unexpected {token!r}")
+
+  value = expression()
+  if pos != len(tokens):
+    raise ExpressionError(f"unexpected {tokens[pos]!r} after the expression")
+  return value, numbers
+
+
+def make_example(rng: np.random.Generator, config: CountdownConfig) -> dict:
+  """Numbers, a target reachable by a random expression over them, and that expression."""
+  while True:
+    numbers = [int(n) for n in rng.integers(1, config.max_number + 1, config.n_numbers)]
+    order = rng.permutation(config.n_numbers)
+    expression = str(numbers[order[0]])
+    for i in order[1:]:
+      op = "+-*/"[int(rng.integers(4))]
+      left = f"({expression})" if not expression.isdigit() else expression
+      candidate = f"{left}{op}{numbers[i]}"
+      value, _ = parse(candidate)
+      if value.denominator == 1 and value > 0:
+        expression = candidate
+      else:
+        expression = f"{left}+{numbers[i]}"
+    target, _ = parse(expression)
+    if target.denominator == 1 and 0 < target <= 10 * config.max_number**2:
+      break
+  return {
+      "prompt": ",".join(map(str, numbers)) + f">{int(target)}:",
+      "completion": expression,
+      "numbers": np.asarray(numbers, np.int32),
+      "target": int(target),
+  }
+
+
+def extract_expression(response: str) -> str:
+  """The last <answer>...</answer> span, or the whole response."""
+  spans = _ANSWER.findall(response)
+  return spans[-1] if spans else response
+
+
+def reward(response: str, numbers, target: int, *, format_score: float = 0.1) -> tuple[float, str]:
+  """1.0 if the expression uses each number exactly once and equals the target;
+  format_score if well-formed with the right numbers but another value; else 0."""
+  try:
+    value, used = parse(extract_expression(response))
+  except ExpressionError as error:
+    return 0.0, f"malformed: {error}"
+  if sorted(used) != sorted(int(n) for n in numbers):
+    return 0.0, f"uses {sorted(used)}, not each of {sorted(int(n) for n in numbers)} once"
+  if value != target:
+    return format_score, f"evaluates to {value}, not {target}"
+  return 1.0, "correct"
