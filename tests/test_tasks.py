@@ -1,13 +1,16 @@
 """Procedural tasks: TFDS builders without TensorFlow, verifiable rewards."""
 
+import json
+import re
 import sys
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+import tensorflow_datasets as tfds
 
-from jaxcredit.tasks import CharTokenizer, arithmetic, builders, countdown, prepare
+from jaxcredit.tasks import CharTokenizer, arithmetic, builders, countdown, gsm8k, prepare
 
 CONFIGS = [
     arithmetic.ArithmeticConfig(),
@@ -122,3 +125,55 @@ def test_countdown_builder(tmp_path):
   assert len(source) == 16
   example = source[3]
   assert countdown.reward(example["completion"].decode(), example["numbers"], int(example["target"]))[0] == 1.0
+
+
+GSM8K_LINES = [
+    {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
+    {"question": "A shirt costs $1,250 and is discounted by $250.50. Price?",
+     "answer": "1250 - 250.5 = 999.5\n#### 999.50"},
+]
+
+
+def _write_gsm8k(directory, train_lines, test_lines):
+  for name, lines in (("train.jsonl", train_lines), ("test.jsonl", test_lines)):
+    (directory / name).write_text("".join(line if isinstance(line, str) else json.dumps(line) + "\n"
+                                          for line in lines))
+
+
+def test_gsm8k_builder_from_manual_dir(tmp_path):
+  manual = tmp_path / "manual"
+  manual.mkdir()
+  _write_gsm8k(manual, GSM8K_LINES, GSM8K_LINES[:1])
+  builder = builders.get("gsm8k", data_dir=str(tmp_path / "data"))
+  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(manual)))
+  sources = builder.as_data_source()
+  assert len(sources["train"]) == 2 and len(sources["test"]) == 1
+  answers = sorted(sources["train"][i]["answer"].decode() for i in range(2))
+  assert answers == ["7", "999.5"]
+  assert "tensorflow" not in sys.modules
+
+
+@pytest.mark.parametrize("response,want", [
+    ("so the answer is #### 7", 1.0), ("He has 7 apples.", 1.0), ("7.0", 1.0), ("#### 8", 0.0),
+    ("I think 7, no wait, 9", 0.0), ("no idea", 0.0),
+])
+def test_gsm8k_reward(response, want):
+  assert gsm8k.reward(response, "7")[0] == want
+  assert gsm8k.reward("total $1,234.", "1234")[0] == 1.0
+
+
+@pytest.mark.parametrize("bad_line,message", [
+    ("{not json\n", "malformed GSM8K line"),
+    (json.dumps({"question": "q"}) + "\n", "missing field 'answer'"),
+    (json.dumps({"question": "q", "answer": "no final"}) + "\n", "no '#### <final answer>' line"),
+    (json.dumps({"question": "q", "answer": "#### seven"}) + "\n", "'seven' is not a number"),
+])
+def test_gsm8k_malformed_line_names_file_and_line(tmp_path, bad_line, message):
+  _write_gsm8k(tmp_path, [GSM8K_LINES[0], bad_line], [])
+  with pytest.raises(ValueError, match=rf"train.jsonl:2: .*{re.escape(message)}"):
+    list(gsm8k.read_jsonl(tmp_path / "train.jsonl"))
+
+
+def test_gsm8k_missing_files(tmp_path):
+  with pytest.raises(ValueError, match="GSM8K needs train.jsonl, test.jsonl"):
+    gsm8k.manual_files(tmp_path)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
-from jaxcredit.tasks import arithmetic, countdown
+from jaxcredit.tasks import arithmetic, countdown, gsm8k
 
 _SPLIT_IDS = {"train": 0, "test": 1}
 
@@ -97,7 +97,33 @@ class Countdown(_ProceduralBuilder):
   ]
 
 
-BUILDERS = {"arithmetic": Arithmetic, "countdown": Countdown}
+class Gsm8k(tfds.core.GeneratorBasedBuilder):
+  """GSM8K-format JSONL (`train.jsonl`, `test.jsonl`) from a manual directory.
+
+  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=DIR))
+  """
+
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "First release."}
+  MANUAL_DOWNLOAD_INSTRUCTIONS = "Place GSM8K's train.jsonl and test.jsonl in the manual directory."
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+        "prompt": tfds.features.Text(),
+        "completion": tfds.features.Text(),
+        "answer": tfds.features.Text(),
+    }))
+
+  def _split_generators(self, dl_manager):
+    files = gsm8k.manual_files(dl_manager.manual_dir)
+    return {split: self._generate_examples(path) for split, path in files.items()}
+
+  def _generate_examples(self, path):
+    for index, example in enumerate(gsm8k.read_jsonl(path)):
+      yield index, example
+
+
+BUILDERS = {"arithmetic": Arithmetic, "countdown": Countdown, "gsm8k": Gsm8k}
 
 
 def get(
@@ -116,6 +142,10 @@ def get(
   if name not in BUILDERS:
     raise ValueError(f"Unknown task {name!r}; known: {', '.join(sorted(BUILDERS))}.")
   builder_cls = BUILDERS[name]
+  if not builder_cls.BUILDER_CONFIGS:
+    if config is not None or overrides:
+      raise ValueError(f"Task {name!r} has no configs; got config={config!r}, overrides={overrides}.")
+    return builder_cls(data_dir=data_dir, file_format="array_record")
   if isinstance(config, str) or config is None:
     configs = {c.name: c for c in builder_cls.BUILDER_CONFIGS}
     if config is not None and config not in configs:
