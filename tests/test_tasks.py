@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 import tensorflow_datasets as tfds
 
-from jaxcredit.tasks import CharTokenizer, arithmetic, builders, countdown, gsm8k, prepare
+from jaxcredit.tasks import CharTokenizer, arithmetic, builders, countdown, gsm8k, prepare, rewards
 
 CONFIGS = [
     arithmetic.ArithmeticConfig(),
@@ -177,3 +177,13 @@ def test_gsm8k_malformed_line_names_file_and_line(tmp_path, bad_line, message):
 def test_gsm8k_missing_files(tmp_path):
   with pytest.raises(ValueError, match="GSM8K needs train.jsonl, test.jsonl"):
     gsm8k.manual_files(tmp_path)
+
+
+def test_batched_rewards_with_reasons():
+  scores, reasons = rewards.batched(arithmetic.reward, ["12", "13", ""], ["12", "12", "12"])
+  np.testing.assert_array_equal(scores, [1.0, 0.0, 0.0])
+  assert reasons == ["correct", "wrong answer '13' (want '12')", "no answer"]
+  scores, reasons = rewards.batched(countdown.reward, ["1+2", "1*2"], [[1, 2], [1, 2]], [3, 3])
+  np.testing.assert_allclose(scores, [1.0, 0.1])
+  with pytest.raises(ValueError, match=r"Got 2 responses but per-example fields of lengths \[1\]"):
+    rewards.batched(arithmetic.reward, ["1", "2"], ["1"])

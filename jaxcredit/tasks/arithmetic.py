@@ -13,6 +13,8 @@ import dataclasses
 
 import numpy as np
 
+from jaxcredit.tasks import rewards
+
 ALPHABET = "0123456789+*=;:,CP"
 OPERATIONS = {"add": "+", "mul": "*"}
 
@@ -79,9 +81,4 @@ def extract_answer(response: str) -> str | None:
 
 def reward(response: str, answer: str) -> tuple[float, str]:
   """1.0 when the extracted answer equals `answer` exactly, else 0.0; with a reason."""
-  got = extract_answer(response)
-  if got is None:
-    return 0.0, "no answer"
-  if got == answer:
-    return 1.0, "correct"
-  return 0.0, f"wrong answer {got!r} (want {answer!r})"
+  return rewards.exact_match(extract_answer(response), answer)

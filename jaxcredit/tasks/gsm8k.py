@@ -12,6 +12,8 @@ import re
 from collections.abc import Iterator
 from fractions import Fraction
 
+from jaxcredit.tasks import rewards
+
 SPLIT_FILES = {"train": "train.jsonl", "test": "test.jsonl"}
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
@@ -64,12 +66,7 @@ def extract_answer(response: str) -> str | None:
 
 def reward(response: str, answer: str) -> tuple[float, str]:
   """1.0 if the extracted final number equals `answer`, else 0.0; with a reason."""
-  got = extract_answer(response)
-  if got is None:
-    return 0.0, "no number in the response"
-  if got == answer:
-    return 1.0, "correct"
-  return 0.0, f"wrong answer {got} (want {answer})"
+  return rewards.exact_match(extract_answer(response), answer)
 
 
 def manual_files(directory: str | pathlib.Path) -> dict[str, pathlib.Path]:
