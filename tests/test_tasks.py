@@ -10,7 +10,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 import tensorflow_datasets as tfds
 
-from jaxcredit.tasks import CharTokenizer, arithmetic, builders, countdown, gsm8k, prepare, rewards
+from jaxcredit.tasks import (
+    CharTokenizer,
+    arithmetic,
+    builders,
+    countdown,
+    gsm8k,
+    key_token,
+    prepare,
+    rewards,
+)
 
 CONFIGS = [
     arithmetic.ArithmeticConfig(),
@@ -187,3 +196,74 @@ def test_batched_rewards_with_reasons():
   np.testing.assert_allclose(scores, [1.0, 0.1])
   with pytest.raises(ValueError, match=r"Got 2 responses but per-example fields of lengths \[1\]"):
     rewards.batched(arithmetic.reward, ["1", "2"], ["1"])
+
+
+KEY_CONFIGS = [
+    key_token.KeyTokenConfig(),
+    key_token.KeyTokenConfig(length=12, n_decisive=3, n_keys=4, placement="late", rule="count"),
+    key_token.KeyTokenConfig(length=10, n_decisive=4, n_keys=2, placement="early", rule="modsum", key_fn="shift"),
+    key_token.KeyTokenConfig(length=6, n_decisive=1, shared_alphabet=True, filler_blind=True),
+]
+
+
+def _rule_reference(response, targets, config):
+  picked = [int(response[p]) for p in config.decisive_positions]
+  hits = [p == int(t) for p, t in zip(picked, targets)]
+  if config.rule == "all":
+    return float(all(hits))
+  if config.rule == "count":
+    return sum(hits) / len(hits)
+  in_alphabet = all(p in config.keys for p in picked)
+  return float(in_alphabet and sum(p - int(t) for p, t in zip(picked, targets)) % config.n_keys == 0)
+
+
+@given(seed=st.integers(0, 2**32 - 1), config=st.sampled_from(KEY_CONFIGS))
+def test_key_token_rewards(seed, config):
+  rng = np.random.default_rng(seed)
+  example = key_token.make_example(rng, config)
+  prompt, targets = example["prompt"], example["targets"]
+  assert prompt[0] == key_token.BOS and prompt[-1] == key_token.SEP and len(prompt) == config.prompt_length
+  symbols = prompt[1:-1] - key_token.KEY0
+  shift = np.arange(1, config.n_decisive + 1) if config.key_fn == "shift" else 0
+  np.testing.assert_array_equal(targets - key_token.KEY0, (symbols + shift) % config.n_keys)
+  demo = example["completion"]
+  assert key_token.allowed(config)[np.arange(config.length), demo].all()
+  assert key_token.reward(demo, targets, config)[0] == 1.0
+  responses = rng.choice(np.union1d(config.keys, config.fillers), (16, config.length))
+  got = key_token.reward(responses, np.broadcast_to(targets, (16, config.n_decisive)), config)
+  np.testing.assert_allclose(got, [_rule_reference(r, targets, config) for r in responses])
+  filler_changed = demo.copy()
+  off_p = np.setdiff1d(np.arange(config.length), config.decisive_positions)
+  filler_changed[off_p] = rng.choice(config.fillers, off_p.size)
+  assert key_token.reward(filler_changed, targets, config)[0] == 1.0
+  corrupted = demo.copy()
+  p = config.decisive_positions[0]
+  corrupted[p] = config.keys[(np.flatnonzero(config.keys == demo[p])[0] + 1) % config.n_keys]
+  want = {"all": 0.0, "modsum": 0.0, "count": 1 - 1 / config.n_decisive}[config.rule]
+  assert key_token.reward(corrupted, targets, config)[0] == pytest.approx(want)
+
+
+def test_key_token_observation_noise_and_errors():
+  config = key_token.KeyTokenConfig(length=6, n_decisive=2, filler_blind=True)
+  responses = np.arange(13, 19)[None]
+  seen = key_token.observe(responses, config)
+  assert (seen[0, config.decisive_positions] == responses[0, config.decisive_positions]).all()
+  assert (np.delete(seen[0], config.decisive_positions) == key_token.FILL).all()
+  unconstrained = key_token.allowed(key_token.KeyTokenConfig(constrained=False))
+  assert unconstrained[:, 5:8].all() and unconstrained[:, 13:15].all() and not unconstrained[:, :5].any()
+  noisy_config = key_token.KeyTokenConfig(noise=0.2)
+  flipped = key_token.noisy(np.ones(20000, np.float32), np.random.default_rng(0), noisy_config)
+  assert abs(1 - flipped.mean() - 0.2) < 0.02
+  with pytest.raises(ValueError, match="Unknown rule 'xor'"):
+    key_token.KeyTokenConfig(rule="xor")
+  with pytest.raises(ValueError, match=r"Expected responses \[B, 8\]"):
+    key_token.reward(np.zeros((2, 7), int), np.zeros((2, 2), int), key_token.KeyTokenConfig())
+
+
+def test_key_token_builder(tmp_path):
+  builder = builders.get("key_token", data_dir=str(tmp_path), config="t24_k2_blind", train_size=10, test_size=2)
+  builder.download_and_prepare()
+  example = builder.as_data_source()["train"][4]
+  config = builder.builder_config.task
+  np.testing.assert_array_equal(example["decisive"], config.decisive_positions)
+  assert key_token.reward(example["completion"], example["targets"], config)[0] == 1.0

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
-from jaxcredit.tasks import arithmetic, countdown, gsm8k
+from jaxcredit.tasks import arithmetic, countdown, gsm8k, key_token
 
 _SPLIT_IDS = {"train": 0, "test": 1}
 
@@ -97,6 +97,27 @@ class Countdown(_ProceduralBuilder):
   ]
 
 
+class KeyToken(_ProceduralBuilder):
+  """Token-level credit probe (see `jaxcredit.tasks.key_token`); ids, not text."""
+
+  make_example = staticmethod(key_token.make_example)
+  FEATURES = {
+      "prompt": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+      "targets": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+      "decisive": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+      "completion": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+  }
+  BUILDER_CONFIGS = [
+      ProceduralConfig(name="t8_k2_all", task=key_token.KeyTokenConfig(),
+                       description="T=8, K=2, |C|=3, |F|=2, spread, rule all"),
+      ProceduralConfig(
+          name="t24_k2_blind",
+          task=key_token.KeyTokenConfig(length=24, n_keys=4, n_fillers=4, filler_blind=True),
+          description="T=24, K=2, |C|=4, |F|=4, filler-blind",
+      ),
+  ]
+
+
 class Gsm8k(tfds.core.GeneratorBasedBuilder):
   """GSM8K-format JSONL (`train.jsonl`, `test.jsonl`) from a manual directory.
 
@@ -123,7 +144,7 @@ class Gsm8k(tfds.core.GeneratorBasedBuilder):
       yield index, example
 
 
-BUILDERS = {"arithmetic": Arithmetic, "countdown": Countdown, "gsm8k": Gsm8k}
+BUILDERS = {"arithmetic": Arithmetic, "countdown": Countdown, "gsm8k": Gsm8k, "key_token": KeyToken}
 
 
 def get(

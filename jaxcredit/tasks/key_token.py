@@ -1,0 +1,150 @@
+"""`key_token`: a credit-assignment probe where a few known positions decide the
+reward and the rest is filler (the lab's Task 1; see LAB.md §1.1).
+
+Token ids (V = 32): 0 PAD, 1 BOS, 2 SEP, 3 EOS, 4 FILL (input placeholder,
+never an action), 5-12 key symbols K0..K7 (the alphabet C is the first
+n_keys), 13-28 filler symbols F0..F15 (F is the first n_fillers; with
+shared_alphabet F := C), 29-31 reserved.
+
+Prompt `[BOS, c_1..c_K, SEP]` (key_fn="copy") or `[BOS, u_1..u_K, SEP]` with
+c_k = (u_k + k) mod |C| (key_fn="shift"). The response has exactly T tokens;
+the decisive positions P = {p_1 < ... < p_K} are placed "spread"
+(p_k = floor(k T / (K + 1))), "early" (p_k = k - 1) or "late"
+(p_k = T - K + k - 1). Reward rules on y_P:
+  all     R = prod_k 1[y_{p_k} = c_k]
+  count   R = mean_k 1[y_{p_k} = c_k]
+  modsum  R = 1[sum_k (y_{p_k} - c_k) = 0 mod |C|]
+`noise` flips a binary reward with probability eps (`noisy`).
+"""
+
+import dataclasses
+
+import numpy as np
+
+PAD, BOS, SEP, EOS, FILL = 0, 1, 2, 3, 4
+KEY0, FILLER0 = 5, 13
+VOCAB_SIZE = 32
+PLACEMENTS = ("spread", "early", "late")
+RULES = ("all", "count", "modsum")
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyTokenConfig:
+  """length: response length T; n_decisive: K; n_keys: |C| <= 8; n_fillers:
+  |F| <= 16; placement, rule, key_fn ("copy" | "shift"); noise: reward flip
+  probability; constrained: restrict actions to C at P and F elsewhere;
+  filler_blind: hide filler from later inputs; shared_alphabet: F := C."""
+
+  length: int = 8
+  n_decisive: int = 2
+  n_keys: int = 3
+  n_fillers: int = 2
+  placement: str = "spread"
+  rule: str = "all"
+  key_fn: str = "copy"
+  noise: float = 0.0
+  constrained: bool = True
+  filler_blind: bool = False
+  shared_alphabet: bool = False
+
+  def __post_init__(self):
+    checks = [
+        (1 <= self.n_decisive <= min(4, self.length), f"n_decisive must be in [1, min(4, length)], got {self.n_decisive}"),
+        (2 <= self.n_keys <= 8, f"n_keys must be in [2, 8], got {self.n_keys}"),
+        (1 <= self.n_fillers <= 16, f"n_fillers must be in [1, 16], got {self.n_fillers}"),
+        (self.placement in PLACEMENTS, f"Unknown placement {self.placement!r}; known: {', '.join(PLACEMENTS)}"),
+        (self.rule in RULES, f"Unknown rule {self.rule!r}; known: {', '.join(RULES)}"),
+        (self.key_fn in ("copy", "shift"), f"Unknown key_fn {self.key_fn!r}; known: copy, shift"),
+        (0.0 <= self.noise < 0.5, f"noise must be in [0, 0.5), got {self.noise}"),
+    ]
+    for ok, message in checks:
+      if not ok:
+        raise ValueError(message + ".")
+
+  @property
+  def keys(self) -> np.ndarray:
+    """Token ids of the key alphabet C."""
+    return np.arange(KEY0, KEY0 + self.n_keys)
+
+  @property
+  def fillers(self) -> np.ndarray:
+    """Token ids of the filler alphabet F."""
+    return self.keys if self.shared_alphabet else np.arange(FILLER0, FILLER0 + self.n_fillers)
+
+  @property
+  def decisive_positions(self) -> np.ndarray:
+    """P, as response positions in [0, T)."""
+    k = np.arange(1, self.n_decisive + 1)
+    if self.placement == "spread":
+      return (k * self.length) // (self.n_decisive + 1)
+    if self.placement == "early":
+      return k - 1
+    return self.length - self.n_decisive + k - 1
+
+  @property
+  def prompt_length(self) -> int:
+    return self.n_decisive + 2
+
+
+def allowed(config: KeyTokenConfig) -> np.ndarray:
+  """[T, V] bool: the actions allowed at each response position."""
+  table = np.zeros((config.length, VOCAB_SIZE), bool)
+  if config.constrained:
+    table[:, config.fillers] = True
+    table[config.decisive_positions] = False
+    table[np.ix_(config.decisive_positions, config.keys)] = True
+  else:
+    table[:, np.union1d(config.keys, config.fillers)] = True
+  return table
+
+
+def observe(responses: np.ndarray, config: KeyTokenConfig) -> np.ndarray:
+  """The model's view of [..., T] responses: FILL off P when filler_blind."""
+  if not config.filler_blind:
+    return responses
+  hidden = np.ones(config.length, bool)
+  hidden[config.decisive_positions] = False
+  return np.where(hidden, FILL, responses)
+
+
+def make_example(rng: np.random.Generator, config: KeyTokenConfig) -> dict:
+  """{"prompt" [K + 2] ids, "targets" [K] key ids c_k, "decisive" [K] positions,
+  "completion" [T] a demonstration with reward 1}."""
+  symbols = rng.integers(0, config.n_keys, config.n_decisive)
+  if config.key_fn == "copy":
+    targets = symbols
+  else:
+    targets = (symbols + np.arange(1, config.n_decisive + 1)) % config.n_keys
+  completion = rng.choice(config.fillers, config.length)
+  completion[config.decisive_positions] = KEY0 + targets
+  return {
+      "prompt": np.concatenate([[BOS], KEY0 + symbols, [SEP]]).astype(np.int32),
+      "targets": (KEY0 + targets).astype(np.int32),
+      "decisive": config.decisive_positions.astype(np.int32),
+      "completion": completion.astype(np.int32),
+  }
+
+
+def reward(responses: np.ndarray, targets: np.ndarray, config: KeyTokenConfig) -> np.ndarray:
+  """Rule reward of [B, T] responses against [B, K] target key ids; [B] float32."""
+  responses, targets = np.atleast_2d(responses), np.atleast_2d(targets)
+  if responses.shape[1] != config.length or targets.shape[1] != config.n_decisive:
+    raise ValueError(
+        f"Expected responses [B, {config.length}] and targets [B, {config.n_decisive}], got "
+        f"{responses.shape} and {targets.shape}."
+    )
+  picked = responses[:, config.decisive_positions]
+  hits = picked == targets
+  if config.rule == "all":
+    return hits.all(axis=1).astype(np.float32)
+  if config.rule == "count":
+    return hits.mean(axis=1).astype(np.float32)
+  offsets = (picked - targets).sum(axis=1) % config.n_keys
+  valid_keys = np.isin(picked, config.keys).all(axis=1)
+  return ((offsets == 0) & valid_keys).astype(np.float32)
+
+
+def noisy(rewards: np.ndarray, rng: np.random.Generator, config: KeyTokenConfig) -> np.ndarray:
+  """Flips binary rewards with probability config.noise (exact value eps + (1 - 2 eps) R)."""
+  flips = rng.random(rewards.shape) < config.noise
+  return np.where(flips, 1.0 - rewards, rewards).astype(np.float32)
