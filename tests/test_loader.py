@@ -93,3 +93,17 @@ def test_ids_encoder_for_key_token():
   chosen = [source[int(i)] for i in ids_loader.example_indices(0)]
   np.testing.assert_array_equal(batch["tokens"][:, :4], np.stack([e["prompt"] for e in chosen]))
   np.testing.assert_array_equal(batch["tokens"][:, 4:], np.stack([e["completion"] for e in chosen]))
+
+
+def test_readme_tasks_example_runs(tmp_path):
+  import pathlib
+  import re
+
+  text = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+  block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "loader.Loader(" in b)
+  block = block.replace("/tmp/jaxcredit_data", str(tmp_path)).replace("train_size=2000", "train_size=64, test_size=8")
+  namespace = {"step": 3}
+  exec(block.replace("scores, reasons", "responses = [e['answer'].decode() for e in batch['examples']]\nscores, reasons"),
+       namespace)
+  assert namespace["batch"]["prompts"].shape == (256, 10)
+  assert namespace["scores"].mean() == 1.0

@@ -267,3 +267,12 @@ def test_key_token_builder(tmp_path):
   config = builder.builder_config.task
   np.testing.assert_array_equal(example["decisive"], config.decisive_positions)
   assert key_token.reward(example["completion"], example["targets"], config)[0] == 1.0
+
+
+def test_format_reward_and_key_token_reasons():
+  assert rewards.format_reward("think... <answer>1+2</answer>")[0] == 1.0
+  assert rewards.format_reward("<answer>1+2</answer> and more")[0] == 0.0
+  assert rewards.format_reward("12", r"[0-9]+")[0] == 1.0
+  config = key_token.KeyTokenConfig()
+  reasons = key_token.explain(np.array([[13, 13, 7, 13, 13, 5, 13, 13]]), np.array([[7, 6]]), config)
+  assert reasons == ["hits p=2:ok, p=5:5!=6"]

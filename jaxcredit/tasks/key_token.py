@@ -144,6 +144,17 @@ def reward(responses: np.ndarray, targets: np.ndarray, config: KeyTokenConfig) -
   return ((offsets == 0) & valid_keys).astype(np.float32)
 
 
+def explain(responses: np.ndarray, targets: np.ndarray, config: KeyTokenConfig) -> list[str]:
+  """Per-response reasons: which decisive positions hold the right key."""
+  responses, targets = np.atleast_2d(responses), np.atleast_2d(targets)
+  picked = responses[:, config.decisive_positions]
+  return [
+      "hits " + ", ".join(f"p={p}:{'ok' if got == want else f'{got}!={want}'}"
+                          for p, got, want in zip(config.decisive_positions, row, target))
+      for row, target in zip(picked, targets)
+  ]
+
+
 def noisy(rewards: np.ndarray, rng: np.random.Generator, config: KeyTokenConfig) -> np.ndarray:
   """Flips binary rewards with probability config.noise (exact value eps + (1 - 2 eps) R)."""
   flips = rng.random(rewards.shape) < config.noise

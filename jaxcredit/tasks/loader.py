@@ -12,6 +12,7 @@ contiguous slice of every global batch.
 import dataclasses
 from collections.abc import Callable, Sequence
 
+import jax
 import numpy as np
 
 from jaxcredit.tasks.tokenizers import Tokenizer
@@ -51,12 +52,16 @@ class Loader:
   batch_size: int
   max_prompt_length: int
   seed: int = 0
-  process_index: int = 0
-  process_count: int = 1
+  process_index: int | None = None  # default: jax.process_index()
+  process_count: int | None = None  # default: jax.process_count()
   overlong: str = "drop"
   pad_id: int = 0
 
   def __post_init__(self):
+    if self.process_index is None:
+      self.process_index = jax.process_index()
+    if self.process_count is None:
+      self.process_count = jax.process_count()
     if self.overlong not in ("drop", "truncate"):
       raise ValueError(f"Unknown overlong policy {self.overlong!r}; known: drop, truncate.")
     if self.batch_size % self.process_count:

@@ -1,6 +1,7 @@
 """Verifiable rewards: each returns (reward, reason) per response; `batched`
 maps one over a batch for the training loop."""
 
+import re
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -15,6 +16,14 @@ def exact_match(got: str | None, want: str) -> tuple[float, str]:
   if got == want:
     return 1.0, "correct"
   return 0.0, f"wrong answer {got!r} (want {want!r})"
+
+
+def format_reward(response: str, pattern: str = r"(?s).*<answer>.+</answer>\s*") -> tuple[float, str]:
+  """1.0 when the whole response matches `pattern` (default: ends with an
+  `<answer>...</answer>` span, the R1 / TinyZero format), else 0.0."""
+  if re.fullmatch(pattern, response):
+    return 1.0, "well-formatted"
+  return 0.0, f"does not match {pattern!r}"
 
 
 def batched(reward_fn: RewardFn, responses: Sequence[str], *per_example: Sequence, **kwargs
