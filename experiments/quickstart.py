@@ -1,0 +1,39 @@
+"""Quickstart: SFT warm start then GRPO on reversed-answer addition, tiny model, CPU."""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.seed = 0  # model init, data order and sampling
+
+  config.task = ml_collections.ConfigDict()
+  config.task.arithmetic = {"min_digits": 2, "max_digits": 3, "reverse_answer": True}  # a+b=, answer reversed
+  config.task.train_size = 20000  # training problems
+  config.task.test_size = 500  # held-out problems for greedy eval
+  config.task.max_prompt_length = 10  # BOS + "999+999=" fits
+  config.task.max_response_length = 6  # 4 answer digits + EOS, plus slack
+
+  config.model = ml_collections.ConfigDict()
+  config.model.preset = "tiny"  # 2 layers, d=128 (vocab set by the tokenizer)
+
+  config.sft = ml_collections.ConfigDict()
+  config.sft.max_steps = 400  # upper bound; stops earlier at target_accuracy
+  config.sft.batch_size = 256  # sequences per step
+  config.sft.learning_rate = 1e-3  # Adam
+  config.sft.eval_every = 10  # steps between greedy evals
+  config.sft.target_accuracy = 0.2  # stop SFT once greedy accuracy reaches this
+
+  config.rl = ml_collections.ConfigDict()
+  config.rl.steps = 300  # RL steps
+  config.rl.prompts_per_step = 32  # prompts per step
+  config.rl.group_size = 8  # responses per prompt
+  config.rl.temperature = 1.0  # sampling temperature
+  config.rl.learning_rate = 1e-4  # Adam; >= 1e-3 collapses here
+  config.rl.max_grad_norm = 1.0  # global-norm clipping
+  config.rl.epochs = 1  # updates per batch
+  config.rl.eval_every = 20  # steps between greedy evals
+
+  config.advantage = {"name": "grpo"}  # estimators.from_config
+  config.objective = {"policy": {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2}}  # losses.from_config
+  return config

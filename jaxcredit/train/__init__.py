@@ -1,0 +1,1 @@
+"""Training: SFT warm start and RL from outcome reward (`python -m jaxcredit.train`)."""

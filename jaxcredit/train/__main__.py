@@ -1,0 +1,20 @@
+"""python -m jaxcredit.train --config experiments/quickstart.py [--config.key=value ...] --workdir DIR"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from jaxcredit.train import loop
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/*.py).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics.jsonl, config.json and data.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  del argv
+  final = loop.run(_CONFIG.value, _WORKDIR.value)
+  print(f"final: {final}")
+
+
+if __name__ == "__main__":
+  app.run(main)

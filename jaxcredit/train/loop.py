@@ -1,0 +1,144 @@
+"""SFT warm start, then RL from outcome reward: readable top to bottom.
+
+  run(config, workdir) -> final metrics
+
+Stage 1 (optional) fits task demonstrations by cross-entropy until greedy
+eval accuracy reaches `sft.target_accuracy` (stopping by accuracy, not step
+count). Stage 2 samples `group_size` responses per prompt, scores them,
+computes advantages with `config.advantage` and updates `config.objective`
+(both built by their `from_config`). Metrics go to `workdir/metrics.jsonl`.
+"""
+
+import json
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxcredit import estimators, losses
+from jaxcredit.models import Transformer, preset
+from jaxcredit.rollout import Rollout
+from jaxcredit.sampling import generate
+from jaxcredit.tasks import CharTokenizer, arithmetic, builders, loader, rewards
+from jaxcredit.train import steps
+
+
+class MetricsWriter:
+  """Appends one JSON object per line to workdir/metrics.jsonl (always with `step`)."""
+
+  def __init__(self, workdir: pathlib.Path):
+    self.path = workdir / "metrics.jsonl"
+
+  def write(self, step: int, metrics: dict) -> None:
+    record = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
+    with open(self.path, "a") as f:
+      f.write(json.dumps(record) + "\n")
+
+
+def _responses(sample, tokenizer) -> list[str]:
+  tokens, mask = np.asarray(sample.tokens), np.asarray(sample.mask)
+  return [tokenizer.decode(row[m]) for row, m in zip(tokens, mask)]
+
+
+def _answers(examples) -> list[str]:
+  return [e["answer"].decode() if isinstance(e["answer"], bytes) else e["answer"] for e in examples]
+
+
+def evaluate(model, prompts, prompt_valid, answers, tokenizer, max_new_tokens) -> float:
+  """Greedy accuracy on held-out prompts."""
+  sample = generate(model, prompts, prompt_valid, jax.random.key(0), max_new_tokens=max_new_tokens,
+                    temperature=0.0, stop_tokens=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
+  scores, _ = rewards.batched(arithmetic.reward, _responses(sample, tokenizer), answers)
+  return float(scores.mean())
+
+
+def run(config, workdir: str) -> dict:
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+  writer = MetricsWriter(workdir)
+  tokenizer = CharTokenizer(arithmetic.ALPHABET)
+
+  # Data: a procedural TFDS dataset, read by step so that batches are reproducible.
+  task = arithmetic.ArithmeticConfig(**config.task.arithmetic.to_dict())
+  builder = builders.get("arithmetic", data_dir=str(workdir / "data"),
+                         config=builders.ProceduralConfig(name="run", task=task),
+                         train_size=config.task.train_size, test_size=config.task.test_size,
+                         seed=config.seed)
+  builder.download_and_prepare()
+  sources = builder.as_data_source()
+  encode = loader.text_encoder(tokenizer)
+  max_prompt = config.task.max_prompt_length
+  train = lambda batch_size: loader.Loader(sources["train"], encode=encode, batch_size=batch_size,
+                                            max_prompt_length=max_prompt, seed=config.seed)
+  test_examples = [sources["test"][i] for i in range(len(sources["test"]))]
+  eval_prompts, eval_valid = tokenizer.encode_batch(
+      [e["prompt"].decode() for e in test_examples], length=max_prompt, add_bos=True)
+  eval_answers = _answers(test_examples)
+  max_new = config.task.max_response_length
+  run_eval = lambda: evaluate(model, eval_prompts, eval_valid, eval_answers, tokenizer, max_new)
+
+  model = Transformer(preset(config.model.preset, vocab_size=tokenizer.vocab_size),
+                      rngs=nnx.Rngs(config.seed))
+
+  # Stage 1: supervised warm start, stopped by accuracy.
+  step = 0
+  accuracy = run_eval()
+  writer.write(step, {"eval/accuracy": accuracy})
+  if config.sft.max_steps:
+    sft_data = train(config.sft.batch_size)
+    optimizer = nnx.Optimizer(model, optax.adam(config.sft.learning_rate), wrt=nnx.Param)
+    for sft_step in range(config.sft.max_steps):
+      batch = sft_data.sft_batch(sft_step, length=max_prompt + max_new)
+      loss = steps.sft_step(model, optimizer, batch["tokens"], batch["loss_mask"], batch["token_valid"])
+      step += 1
+      if step % config.sft.eval_every == 0:
+        accuracy = run_eval()
+        writer.write(step, {"sft/loss": loss, "eval/accuracy": accuracy})
+        if accuracy >= config.sft.target_accuracy:
+          break
+
+  # Stage 2: RL from outcome reward.
+  rl = config.rl
+  optimizer = nnx.Optimizer(
+      model, optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.learning_rate)),
+      wrt=nnx.Param)
+  advantage_fn = jax.jit(estimators.from_config(config.advantage.to_dict()))
+  update = steps.rl_step(losses.from_config(config.objective.to_dict()), rl.temperature)
+  rl_data = train(rl.prompts_per_step)
+  key = jax.random.key(config.seed)
+  for rl_step in range(rl.steps):
+    started = time.perf_counter()
+    batch = rl_data.rl_batch(rl_step, group_size=rl.group_size)
+    sample = generate(model, batch["prompts"], batch["prompt_valid"], jax.random.fold_in(key, rl_step),
+                      max_new_tokens=max_new, temperature=rl.temperature,
+                      stop_tokens=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
+    scores, _ = rewards.batched(arithmetic.reward, _responses(sample, tokenizer), _answers(batch["examples"]))
+    rollout = Rollout(
+        tokens=sample.tokens, mask=sample.mask, rewards=jnp.asarray(scores), logprobs=sample.logprobs,
+        entropy=sample.entropy, group_size=rl.group_size,
+        extras={"positions": sample.positions, "token_valid": sample.token_valid},
+    )
+    estimate = advantage_fn(rollout)
+    for _ in range(rl.epochs):
+      metrics = update(model, optimizer, rollout, estimate, rl_step)
+    step += 1
+    generated = int(np.asarray(sample.mask).sum())
+    record = {f"train/{k}": v for k, v in metrics.items()}
+    record.update({
+        "train/reward_mean": scores.mean(),
+        "train/entropy": float(np.asarray(sample.entropy)[np.asarray(sample.mask)].mean()),
+        "train/tokens_per_sec": generated / (time.perf_counter() - started),
+    })
+    record.update({f"train/{k}": v for k, v in estimators.signal_diagnostics(
+        rollout.rewards, estimate.advantages, rollout.mask, group_size=rl.group_size).items()
+        if jnp.ndim(v) == 0})
+    if (rl_step + 1) % rl.eval_every == 0 or rl_step + 1 == rl.steps:
+      accuracy = run_eval()
+      record["eval/accuracy"] = accuracy
+    writer.write(step, record)
+  return {"eval/accuracy": accuracy, "step": step}
