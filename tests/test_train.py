@@ -30,3 +30,13 @@ def test_cli_runs_sft_and_rl_and_writes_metrics(tmp_path):
     assert key in train[-1], key
   assert abs(train[0]["train/policy/ratio_mean"] - 1.0) < 1e-4  # sampler and learner agree
   assert json.loads((tmp_path / "config.json").read_text())["rl"]["group_size"] == 4
+
+
+def test_metrics_writer_keeps_an_earlier_run(tmp_path):
+  from jaxcredit.train.loop import MetricsWriter
+
+  MetricsWriter(tmp_path).write(0, {"eval/accuracy": 0.5})
+  MetricsWriter(tmp_path).write(0, {"eval/accuracy": 0.25})
+  files = sorted(p.name for p in tmp_path.glob("metrics*.jsonl"))
+  assert len(files) == 2 and "metrics.jsonl" in files
+  assert json.loads((tmp_path / "metrics.jsonl").read_text())["eval/accuracy"] == 0.25

@@ -32,6 +32,10 @@ class MetricsWriter:
 
   def __init__(self, workdir: pathlib.Path):
     self.path = workdir / "metrics.jsonl"
+    if self.path.exists():  # a fresh run keeps the earlier run's metrics beside it
+      kept = self.path.with_name(f"metrics.{int(self.path.stat().st_mtime)}.jsonl")
+      self.path.rename(kept)
+      print(f"Kept the previous metrics as {kept}.")
 
   def write(self, step: int, metrics: dict) -> None:
     record = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
