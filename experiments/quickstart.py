@@ -34,6 +34,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.rl.epochs = 1  # updates per batch
   config.rl.eval_every = 20  # steps between greedy evals
 
+  config.checkpoint = ml_collections.ConfigDict()
+  config.checkpoint.every = 50  # RL steps between (async, atomic) checkpoints
+  config.checkpoint.keep = 2  # checkpoints kept
+
   config.advantage = {"name": "grpo"}  # estimators.from_config
   config.objective = {"policy": {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2}}  # losses.from_config
   return config

@@ -40,3 +40,69 @@ def test_metrics_writer_keeps_an_earlier_run(tmp_path):
   files = sorted(p.name for p in tmp_path.glob("metrics*.jsonl"))
   assert len(files) == 2 and "metrics.jsonl" in files
   assert json.loads((tmp_path / "metrics.jsonl").read_text())["eval/accuracy"] == 0.25
+
+
+SMOKE = [
+    "--config.task.train_size=200", "--config.task.test_size=16",
+    "--config.sft.max_steps=10", "--config.sft.batch_size=16", "--config.sft.eval_every=5",
+    "--config.rl.steps=8", "--config.rl.prompts_per_step=4", "--config.rl.group_size=4",
+    "--config.rl.eval_every=4", "--config.checkpoint.every=1",
+]
+
+
+def _command(workdir):
+  return [sys.executable, "-m", "jaxcredit.train", "--config", str(ROOT / "experiments/quickstart.py"),
+          "--workdir", str(workdir), *SMOKE]
+
+
+def _wait_for_checkpoint(workdir, step, process, timeout=300):
+  import time
+
+  deadline = time.time() + timeout
+  while not (workdir / "checkpoints" / str(step)).exists():
+    assert process.poll() is None, process.stderr.read()[-3000:]
+    assert time.time() < deadline, "no checkpoint appeared"
+    time.sleep(0.05)
+
+
+def _train_lines(workdir):
+  lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return [line for line in lines if "train/reward_mean" in line]
+
+
+def test_killed_run_resumes_to_the_same_result(tmp_path):
+  import signal
+
+  reference = subprocess.run(_command(tmp_path / "ref"), capture_output=True, text=True, cwd=ROOT,
+                             timeout=600, check=False)
+  assert reference.returncode == 0, reference.stderr[-3000:]
+  killed = subprocess.Popen(_command(tmp_path / "run"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT)
+  _wait_for_checkpoint(tmp_path / "run", 3, killed)
+  killed.send_signal(signal.SIGKILL)
+  killed.wait()
+  resumed = subprocess.run(_command(tmp_path / "run"), capture_output=True, text=True, cwd=ROOT,
+                           timeout=600, check=False)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "Resuming RL at step" in resumed.stdout
+  want, got = _train_lines(tmp_path / "ref"), _train_lines(tmp_path / "run")
+  assert [line["step"] for line in got] == [line["step"] for line in want]
+  for a, b in zip(want, got):
+    for key in ("train/reward_mean", "train/loss", "train/grad_norm"):
+      assert abs(a[key] - b[key]) < 1e-5, (key, a["step"], a[key], b[key])
+  assert abs(want[-1]["eval/accuracy"] - got[-1]["eval/accuracy"]) < 1e-6
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+  import signal
+
+  process = subprocess.Popen(_command(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=ROOT)
+  _wait_for_checkpoint(tmp_path, 1, process)
+  process.send_signal(signal.SIGTERM)
+  stdout, stderr = process.communicate(timeout=300)
+  assert process.returncode == 0, stderr[-3000:]
+  if "SIGTERM: saved a checkpoint" not in stdout:  # the run may have finished first
+    assert len(_train_lines(tmp_path)) == 8
+  steps = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
+  assert steps and max(steps) >= 1

@@ -11,6 +11,7 @@ computes advantages with `config.advantage` and updates `config.objective`
 
 import json
 import pathlib
+import signal
 import time
 
 import jax
@@ -24,18 +25,30 @@ from jaxcredit.models import Transformer, preset
 from jaxcredit.rollout import Rollout
 from jaxcredit.sampling import generate
 from jaxcredit.tasks import CharTokenizer, arithmetic, builders, loader, rewards
-from jaxcredit.train import steps
+from jaxcredit.train import checkpoints, steps
 
 
 class MetricsWriter:
-  """Appends one JSON object per line to workdir/metrics.jsonl (always with `step`)."""
+  """Appends one JSON object per line to workdir/metrics.jsonl (always with `step`).
 
-  def __init__(self, workdir: pathlib.Path):
+  A fresh run moves an earlier run's file aside (metrics.<mtime>.jsonl); a
+  resumed run keeps the lines up to the resumed step and appends after them.
+  """
+
+  def __init__(self, workdir: pathlib.Path, *, resume_step: int | None = None):
     self.path = workdir / "metrics.jsonl"
-    if self.path.exists():  # a fresh run keeps the earlier run's metrics beside it
+    if not self.path.exists():
+      return
+    if resume_step is None:
       kept = self.path.with_name(f"metrics.{int(self.path.stat().st_mtime)}.jsonl")
       self.path.rename(kept)
       print(f"Kept the previous metrics as {kept}.")
+      return
+    lines = self.path.read_text().splitlines(keepends=True)
+    kept_lines = [line for line in lines if json.loads(line)["step"] <= resume_step]
+    partial = self.path.with_suffix(".tmp")
+    partial.write_text("".join(kept_lines))
+    partial.replace(self.path)
 
   def write(self, step: int, metrics: dict) -> None:
     record = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
@@ -64,7 +77,6 @@ def run(config, workdir: str) -> dict:
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
-  writer = MetricsWriter(workdir)
   tokenizer = CharTokenizer(arithmetic.ALPHABET)
 
   # Data: a procedural TFDS dataset, read by step so that batches are reproducible.
@@ -88,17 +100,29 @@ def run(config, workdir: str) -> dict:
 
   model = Transformer(preset(config.model.preset, vocab_size=tokenizer.vocab_size),
                       rngs=nnx.Rngs(config.seed))
+  rl = config.rl
+  optimizer = nnx.Optimizer(
+      model, optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.learning_rate)),
+      wrt=nnx.Param)
+  checkpointer = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.checkpoint.keep)
+  resuming = checkpointer.latest_step() is not None
 
-  # Stage 1: supervised warm start, stopped by accuracy.
-  step = 0
-  accuracy = run_eval()
-  writer.write(step, {"eval/accuracy": accuracy})
-  if config.sft.max_steps:
+  # Stage 1: supervised warm start, stopped by accuracy (skipped when resuming RL).
+  step, first_rl_step = 0, 0
+  if resuming:
+    counters = checkpointer.restore(model, optimizer)
+    step, first_rl_step = counters["step"], counters["rl_step"]
+    print(f"Resuming RL at step {first_rl_step} from {workdir / 'checkpoints'}.")
+  writer = MetricsWriter(workdir, resume_step=step if resuming else None)
+  if not resuming:
+    writer.write(step, {"eval/accuracy": run_eval()})
+  accuracy = None
+  if config.sft.max_steps and not resuming:
     sft_data = train(config.sft.batch_size)
-    optimizer = nnx.Optimizer(model, optax.adam(config.sft.learning_rate), wrt=nnx.Param)
+    sft_optimizer = nnx.Optimizer(model, optax.adam(config.sft.learning_rate), wrt=nnx.Param)
     for sft_step in range(config.sft.max_steps):
       batch = sft_data.sft_batch(sft_step, length=max_prompt + max_new)
-      loss = steps.sft_step(model, optimizer, batch["tokens"], batch["loss_mask"], batch["token_valid"])
+      loss = steps.sft_step(model, sft_optimizer, batch["tokens"], batch["loss_mask"], batch["token_valid"])
       step += 1
       if step % config.sft.eval_every == 0:
         accuracy = run_eval()
@@ -106,16 +130,14 @@ def run(config, workdir: str) -> dict:
         if accuracy >= config.sft.target_accuracy:
           break
 
-  # Stage 2: RL from outcome reward.
-  rl = config.rl
-  optimizer = nnx.Optimizer(
-      model, optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.learning_rate)),
-      wrt=nnx.Param)
+  # Stage 2: RL from outcome reward. SIGTERM (preemption) saves a checkpoint and returns.
+  preempted = []
+  previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
   advantage_fn = jax.jit(estimators.from_config(config.advantage.to_dict()))
   update = steps.rl_step(losses.from_config(config.objective.to_dict()), rl.temperature)
   rl_data = train(rl.prompts_per_step)
   key = jax.random.key(config.seed)
-  for rl_step in range(rl.steps):
+  for rl_step in range(first_rl_step, rl.steps):
     started = time.perf_counter()
     batch = rl_data.rl_batch(rl_step, group_size=rl.group_size)
     sample = generate(model, batch["prompts"], batch["prompt_valid"], jax.random.fold_in(key, rl_step),
@@ -145,4 +167,13 @@ def run(config, workdir: str) -> dict:
       accuracy = run_eval()
       record["eval/accuracy"] = accuracy
     writer.write(step, record)
+    if preempted or (rl_step + 1) % config.checkpoint.every == 0 or rl_step + 1 == rl.steps:
+      checkpointer.save(rl_step + 1, model, optimizer, {"rl_step": rl_step + 1, "step": step})
+    if preempted:
+      print(f"SIGTERM: saved a checkpoint at RL step {rl_step + 1}; rerun to resume.")
+      break
+  checkpointer.wait()
+  signal.signal(signal.SIGTERM, previous_handler)
+  if accuracy is None:
+    accuracy = run_eval()
   return {"eval/accuracy": accuracy, "step": step}
