@@ -25,10 +25,11 @@ def test_cli_runs_sft_and_rl_and_writes_metrics(tmp_path):
   assert all("step" in line for line in lines)
   train = [line for line in lines if "train/reward_mean" in line]
   assert len(train) == 2
-  for key in ("train/loss", "train/entropy", "train/tokens_per_sec", "train/policy/approx_kl",
+  for key in ("train/loss", "train/entropy", "train/kl", "train/tokens_per_sec", "train/policy/approx_kl",
               "train/zero_variance_groups", "eval/accuracy"):
     assert key in train[-1], key
   assert abs(train[0]["train/policy/ratio_mean"] - 1.0) < 1e-4  # sampler and learner agree
+  assert abs(train[0]["train/kl"]) < 1e-5  # the reference is the policy at the start of RL
   assert json.loads((tmp_path / "config.json").read_text())["rl"]["group_size"] == 4
 
 

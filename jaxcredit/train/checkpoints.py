@@ -1,7 +1,7 @@
 """Atomic, resumable checkpoints of the RL stage with orbax.
 
-A checkpoint holds the model parameters, the optimizer state and the counters
-(RL step, global step). The data position and the sampling keys are pure
+A checkpoint holds the policy, the frozen reference policy, the optimizer
+state and the counters (RL step, global step). The data position and the sampling keys are pure
 functions of the step, so restoring these resumes the run exactly.
 """
 
@@ -24,20 +24,20 @@ class Checkpointer:
     return self.manager.latest_step()
 
   @staticmethod
-  def _tree(model, optimizer, counters: dict) -> dict:
-    return {"model": nnx.state(model), "optimizer": nnx.state(optimizer), "counters": counters}
+  def _tree(modules: dict, counters: dict) -> dict:
+    return {**{name: nnx.state(module) for name, module in modules.items()}, "counters": counters}
 
-  def save(self, rl_step: int, model, optimizer, counters: dict) -> None:
-    """Saves asynchronously; orbax writes to a temporary directory and renames it."""
-    self.manager.save(rl_step, args=ocp.args.StandardSave(self._tree(model, optimizer, counters)))
+  def save(self, rl_step: int, modules: dict, counters: dict) -> None:
+    """Saves {name: nnx module or optimizer} and counters asynchronously; orbax
+    writes to a temporary directory and renames it when complete."""
+    self.manager.save(rl_step, args=ocp.args.StandardSave(self._tree(modules, counters)))
 
-  def restore(self, model, optimizer) -> dict:
-    """Restores the latest checkpoint into model and optimizer in place; returns its counters."""
-    step = self.manager.latest_step()
-    target = self._tree(model, optimizer, {"rl_step": 0, "step": 0})
-    restored = self.manager.restore(step, args=ocp.args.StandardRestore(target))
-    nnx.update(model, restored["model"])
-    nnx.update(optimizer, restored["optimizer"])
+  def restore(self, modules: dict) -> dict:
+    """Restores the latest checkpoint into `modules` in place; returns its counters."""
+    target = self._tree(modules, {"rl_step": 0, "step": 0})
+    restored = self.manager.restore(self.manager.latest_step(), args=ocp.args.StandardRestore(target))
+    for name, module in modules.items():
+      nnx.update(module, restored[name])
     return {k: int(v) for k, v in restored["counters"].items()}
 
   def wait(self) -> None:

@@ -104,13 +104,15 @@ def run(config, workdir: str) -> dict:
   optimizer = nnx.Optimizer(
       model, optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.learning_rate)),
       wrt=nnx.Param)
+  reference = nnx.clone(model)  # frozen copy of the policy at the start of RL (for KL)
   checkpointer = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.checkpoint.keep)
+  saved = {"model": model, "reference": reference, "optimizer": optimizer}
   resuming = checkpointer.latest_step() is not None
 
   # Stage 1: supervised warm start, stopped by accuracy (skipped when resuming RL).
   step, first_rl_step = 0, 0
   if resuming:
-    counters = checkpointer.restore(model, optimizer)
+    counters = checkpointer.restore(saved)
     step, first_rl_step = counters["step"], counters["rl_step"]
     print(f"Resuming RL at step {first_rl_step} from {workdir / 'checkpoints'}.")
   writer = MetricsWriter(workdir, resume_step=step if resuming else None)
@@ -130,11 +132,15 @@ def run(config, workdir: str) -> dict:
         if accuracy >= config.sft.target_accuracy:
           break
 
+  if not resuming:
+    nnx.update(reference, nnx.state(model))  # the reference is the post-SFT policy
+
   # Stage 2: RL from outcome reward. SIGTERM (preemption) saves a checkpoint and returns.
   preempted = []
   previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
   advantage_fn = jax.jit(estimators.from_config(config.advantage.to_dict()))
   update = steps.rl_step(losses.from_config(config.objective.to_dict()), rl.temperature)
+  reference_logprobs = nnx.jit(lambda ref, rollout: steps.policy_outputs(ref, rollout, rl.temperature).logprobs)
   rl_data = train(rl.prompts_per_step)
   key = jax.random.key(config.seed)
   for rl_step in range(first_rl_step, rl.steps):
@@ -149,6 +155,7 @@ def run(config, workdir: str) -> dict:
         entropy=sample.entropy, group_size=rl.group_size,
         extras={"positions": sample.positions, "token_valid": sample.token_valid},
     )
+    rollout = rollout.replace(ref_logprobs=reference_logprobs(reference, rollout))
     estimate = advantage_fn(rollout)
     for _ in range(rl.epochs):
       metrics = update(model, optimizer, rollout, estimate, rl_step)
@@ -158,6 +165,8 @@ def run(config, workdir: str) -> dict:
     record.update({
         "train/reward_mean": scores.mean(),
         "train/entropy": float(np.asarray(sample.entropy)[np.asarray(sample.mask)].mean()),
+        "train/kl": losses.aggregate(losses.kl_penalty(
+            rollout.logprobs, rollout.ref_logprobs, kind="k3"), rollout.mask, "token-mean"),
         "train/tokens_per_sec": generated / (time.perf_counter() - started),
     })
     record.update({f"train/{k}": v for k, v in estimators.signal_diagnostics(
@@ -168,7 +177,7 @@ def run(config, workdir: str) -> dict:
       record["eval/accuracy"] = accuracy
     writer.write(step, record)
     if preempted or (rl_step + 1) % config.checkpoint.every == 0 or rl_step + 1 == rl.steps:
-      checkpointer.save(rl_step + 1, model, optimizer, {"rl_step": rl_step + 1, "step": step})
+      checkpointer.save(rl_step + 1, saved, {"rl_step": rl_step + 1, "step": step})
     if preempted:
       print(f"SIGTERM: saved a checkpoint at RL step {rl_step + 1}; rerun to resume.")
       break
