@@ -1,6 +1,6 @@
 """python -m jaxcredit.train --config experiments/quickstart.py [--config.key=value ...] --workdir DIR"""
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from jaxcredit.train import loop
@@ -12,6 +12,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # keep orbax's per-save INFO lines out of the console
   final = loop.run(_CONFIG.value, _WORKDIR.value)
   print(f"final: {final}")
 
