@@ -107,3 +107,23 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     assert len(_train_lines(tmp_path)) == 8
   steps = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
   assert steps and max(steps) >= 1
+
+
+def test_plot_cli(tmp_path):
+  from jaxcredit import plot
+
+  for name, scale in (("grpo", 1.0), ("rloo", 0.5)):
+    run = tmp_path / name
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "eval/accuracy": scale * s / 10}) + "\n" for s in range(0, 50, 10)))
+  out = tmp_path / "curves.png"
+  plot.main([str(tmp_path / "grpo"), str(tmp_path / "rloo"), "--metric", "eval/accuracy", "--out", str(out)])
+  assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert plot.read_metric(tmp_path / "rloo", "eval/accuracy") == ([0, 10, 20, 30, 40], [0.0, 0.5, 1.0, 1.5, 2.0])
+  import pytest
+
+  with pytest.raises(ValueError, match="has no 'train/loss' entries"):
+    plot.read_metric(tmp_path / "grpo", "train/loss")
+  with pytest.raises(ValueError, match="No metrics.jsonl"):
+    plot.read_metric(tmp_path, "eval/accuracy")

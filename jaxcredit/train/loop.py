@@ -129,6 +129,7 @@ def run(config, workdir: str) -> dict:
       if step % config.sft.eval_every == 0:
         accuracy = run_eval()
         writer.write(step, {"sft/loss": loss, "eval/accuracy": accuracy})
+        print(f"sft step {step:5d} | loss {float(loss):.3f} | eval accuracy {accuracy:.3f}", flush=True)
         if accuracy >= config.sft.target_accuracy:
           break
 
@@ -175,6 +176,9 @@ def run(config, workdir: str) -> dict:
     if (rl_step + 1) % rl.eval_every == 0 or rl_step + 1 == rl.steps:
       accuracy = run_eval()
       record["eval/accuracy"] = accuracy
+      print(f"rl step {rl_step + 1:5d} | reward {record['train/reward_mean']:.3f} | "
+            f"kl {float(record['train/kl']):.4f} | entropy {record['train/entropy']:.3f} | "
+            f"eval accuracy {accuracy:.3f} | {record['train/tokens_per_sec']:,.0f} tok/s", flush=True)
     writer.write(step, record)
     if preempted or (rl_step + 1) % config.checkpoint.every == 0 or rl_step + 1 == rl.steps:
       checkpointer.save(rl_step + 1, saved, {"rl_step": rl_step + 1, "step": step})
