@@ -14,6 +14,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.task.max_prompt_length = 10  # BOS + "999+999=" fits
   config.task.max_response_length = 6  # 4 answer digits + EOS, plus slack
 
+  config.mesh = ml_collections.ConfigDict()
+  # (data, fsdp, model) device counts; None puts every device on `data`.
+  config.mesh.shape = ml_collections.config_dict.placeholder(tuple)
+  config.mesh.distributed = False  # call jax.distributed.initialize() (multi-host TPU/GPU)
+
   config.model = ml_collections.ConfigDict()
   config.model.preset = "tiny"  # 2 layers, d=128 (vocab set by the tokenizer)
 

@@ -165,3 +165,23 @@ def test_reinforce_pp_experiment_trains_with_a_kl_term(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   train = _train_lines(tmp_path)
   assert len(train) == 2 and "train/kl/value" in train[-1]
+
+
+def test_eight_devices_match_one_device(tmp_path):
+  """A few SFT + RL steps on a (2, 2, 2) mesh of forced CPU devices give the same
+  metrics as one device (tolerance 1e-4: sharded reductions change summation order)."""
+  import os
+
+  base = [*SMOKE[:-2], "--config.rl.steps=3", "--config.rl.eval_every=3"]
+  single = subprocess.run([*_command(tmp_path / "one")[:7], *base], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600, check=False)
+  assert single.returncode == 0, single.stderr[-3000:]
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  multi = subprocess.run([*_command(tmp_path / "eight")[:7], *base, "--config.mesh.shape=(2,2,2)"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=900, check=False, env=env)
+  assert multi.returncode == 0, multi.stderr[-3000:]
+  want, got = _train_lines(tmp_path / "one"), _train_lines(tmp_path / "eight")
+  assert len(want) == len(got) == 3
+  for a, b in zip(want, got):
+    for key in ("train/reward_mean", "train/loss", "train/kl", "train/entropy"):
+      assert abs(a[key] - b[key]) < 1e-4, (key, a[key], b[key])

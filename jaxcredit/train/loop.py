@@ -21,7 +21,7 @@ import optax
 from flax import nnx
 
 from jaxcredit import estimators, losses
-from jaxcredit.models import Transformer, preset
+from jaxcredit.models import Transformer, preset, sharding
 from jaxcredit.rollout import Rollout
 from jaxcredit.sampling import generate
 from jaxcredit.tasks import CharTokenizer, arithmetic, builders, loader, rewards
@@ -74,6 +74,8 @@ def evaluate(model, prompts, prompt_valid, answers, tokenizer, max_new_tokens) -
 
 
 def run(config, workdir: str) -> dict:
+  if config.mesh.distributed:
+    jax.distributed.initialize()  # one process per host; every host runs this same program
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
@@ -100,6 +102,9 @@ def run(config, workdir: str) -> dict:
 
   model = Transformer(preset(config.model.preset, vocab_size=tokenizer.vocab_size),
                       rngs=nnx.Rngs(config.seed))
+  mesh = sharding.make_mesh(config.mesh.shape)
+  sharding.shard_model(model, mesh)  # parameters placed by their logical axes
+  place = lambda x: jax.device_put(x, sharding.batch_sharding(mesh))  # batch axis over data x fsdp
   rl = config.rl
   optimizer = nnx.Optimizer(
       model, optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.learning_rate)),
@@ -124,7 +129,8 @@ def run(config, workdir: str) -> dict:
     sft_optimizer = nnx.Optimizer(model, optax.adam(config.sft.learning_rate), wrt=nnx.Param)
     for sft_step in range(config.sft.max_steps):
       batch = sft_data.sft_batch(sft_step, length=max_prompt + max_new)
-      loss = steps.sft_step(model, sft_optimizer, batch["tokens"], batch["loss_mask"], batch["token_valid"])
+      loss = steps.sft_step(model, sft_optimizer, *map(place, (batch["tokens"], batch["loss_mask"],
+                                                                 batch["token_valid"])))
       step += 1
       if step % config.sft.eval_every == 0:
         accuracy = run_eval()
@@ -147,7 +153,8 @@ def run(config, workdir: str) -> dict:
   for rl_step in range(first_rl_step, rl.steps):
     started = time.perf_counter()
     batch = rl_data.rl_batch(rl_step, group_size=rl.group_size)
-    sample = generate(model, batch["prompts"], batch["prompt_valid"], jax.random.fold_in(key, rl_step),
+    sample = generate(model, place(batch["prompts"]), place(batch["prompt_valid"]),
+                      jax.random.fold_in(key, rl_step),
                       max_new_tokens=max_new, temperature=rl.temperature,
                       stop_tokens=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
     scores, _ = rewards.batched(arithmetic.reward, _responses(sample, tokenizer), _answers(batch["examples"]))
