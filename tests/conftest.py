@@ -1,7 +1,13 @@
 """Shared random inputs: ragged masks with interior holes and all-masked rows."""
 
+import importlib.util
+import pathlib
+import re
+
 import hypothesis
 import numpy as np
+
+ROOT = pathlib.Path(__file__).parent.parent
 
 hypothesis.settings.register_profile(
     "jaxcredit", max_examples=25, deadline=None, derandomize=True,
@@ -25,6 +31,20 @@ def random_mask(rng: np.random.Generator, shape, *, holes: bool = True) -> np.nd
   if batch > 2:
     mask[rng.integers(batch)] = False
   return mask
+
+
+def readme_block(marker: str) -> str:
+  """The README's ```python block containing `marker` (examples are executed by tests)."""
+  blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+  return next(b for b in blocks if marker in b)
+
+
+def load_experiment(name: str):
+  """get_config() of experiments/<name>.py."""
+  spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
 
 
 def poison(x: np.ndarray, mask: np.ndarray, value=np.nan) -> np.ndarray:

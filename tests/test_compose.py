@@ -1,8 +1,5 @@
 """Composable advantages and objectives: config-built == hand-written NumPy sums."""
 
-import importlib.util
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,20 +9,12 @@ import pytest
 import jaxcredit as jc
 from jaxcredit import estimators, losses, testing
 from tests import reference
-
-ROOT = pathlib.Path(__file__).parent.parent
+from tests.conftest import load_experiment
 
 
 def _rollout(seed=0, group_size=4):
   return testing.strategies.make_rollout(
       np.random.default_rng(seed), batch=8, length=9, group_size=group_size)
-
-
-def _experiment(name):
-  spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def test_weighted_sum_masked_and_reweighted_match_numpy():
@@ -55,7 +44,7 @@ def test_weighted_sum_of_returns():
 
 
 def test_shipped_experiment_advantage_matches_hand_written():
-  config = _experiment("credit_mix")
+  config = load_experiment("credit_mix")
   rollout = _rollout(2)
   got = jax.jit(estimators.from_config(config.advantage))(rollout).advantages
   mask = np.asarray(rollout.mask)
@@ -67,7 +56,7 @@ def test_shipped_experiment_advantage_matches_hand_written():
 
 @pytest.mark.parametrize("step", [0, 500, 2000])
 def test_shipped_experiment_objective_matches_numpy(step):
-  config = _experiment("credit_mix")
+  config = load_experiment("credit_mix")
   rollout = _rollout(3)
   estimate = estimators.get("grpo")(rollout)
   logp = rollout.logprobs + 0.1 * jnp.sin(jnp.arange(9.0))
@@ -97,7 +86,7 @@ def test_factories_match_config():
       kl=losses.kl_term(coef=0.01, kind="k3"),
       entropy=losses.entropy_term(coef=optax.linear_schedule(1e-3, 0.0, 1000)),
   )
-  by_config = losses.from_config(_experiment("credit_mix").objective)
+  by_config = losses.from_config(load_experiment("credit_mix").objective)
   np.testing.assert_allclose(by_hand(outputs, rollout, estimate, 10)[0],
                              by_config(outputs, rollout, estimate, 10)[0], rtol=1e-6)
 

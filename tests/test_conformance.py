@@ -9,6 +9,7 @@ from hypothesis import given
 import jaxcredit as jc
 from jaxcredit import estimators, losses, testing
 from jaxcredit._masking import as_bool
+from tests.conftest import readme_block
 
 SHIFT_INVARIANT = {
     "grpo", "dr_grpo", "rloo", "gpg", "opo", "reinforce_pp_baseline", "grpo_high_entropy",
@@ -86,16 +87,8 @@ def test_signal_diagnostics_match_numpy():
   np.testing.assert_allclose(got["advantage_mass_mean"], np.where(mask, np.abs(adv), 0).sum(1).mean(), rtol=1e-6)
 
 
-def _readme_block(marker):
-  import pathlib
-  import re
-
-  text = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
-  return next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if marker in b)
-
-
 def test_readme_extension_example_runs_and_is_short():
-  block = _readme_block('register("best_of_group")')
+  block = readme_block('register("best_of_group")')
   assert len(block.strip().splitlines()) < 30
   try:
     exec(block, {})
@@ -113,5 +106,5 @@ def test_readme_composition_example_runs():
   rollout = testing.strategies.make_rollout(np.random.default_rng(1), batch=8, length=6, group_size=4)
   outputs = jc.PolicyOutputs(logprobs=rollout.logprobs, entropy=rollout.entropy)
   namespace = {"rollout": rollout, "outputs": outputs, "step": 3}
-  exec(_readme_block("jc.losses.combine("), namespace)
+  exec(readme_block("jc.losses.combine("), namespace)
   assert np.isfinite(namespace["loss"]) and "kl/value" in namespace["metrics"]

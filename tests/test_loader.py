@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jaxcredit.tasks import CharTokenizer, arithmetic, key_token, loader
+from tests.conftest import readme_block
 
 TOKENIZER = CharTokenizer(arithmetic.ALPHABET)
 
@@ -96,11 +97,7 @@ def test_ids_encoder_for_key_token():
 
 
 def test_readme_tasks_example_runs(tmp_path):
-  import pathlib
-  import re
-
-  text = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
-  block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "loader.Loader(" in b)
+  block = readme_block("loader.Loader(")
   block = block.replace("/tmp/jaxcredit_data", str(tmp_path)).replace("train_size=2000", "train_size=64, test_size=8")
   namespace = {"step": 3}
   exec(block.replace("scores, reasons", "responses = [e['answer'].decode() for e in batch['examples']]\nscores, reasons"),

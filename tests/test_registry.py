@@ -1,8 +1,5 @@
 """Rollout, the registries and their adapters; the README's registration example."""
 
-import pathlib
-import re
-
 import chex
 import jax
 import jax.numpy as jnp
@@ -12,9 +9,7 @@ import pytest
 import jaxcredit as jc
 from jaxcredit import estimators, losses
 from tests import reference
-from tests.conftest import poison, random_mask
-
-README = pathlib.Path(__file__).parent.parent / "README.md"
+from tests.conftest import poison, random_mask, readme_block
 
 
 def make_rollout(batch=8, length=10, group_size=4, seed=0, poisoned=True) -> jc.Rollout:
@@ -167,18 +162,13 @@ def test_rollout_is_a_pytree_with_static_group_size():
   assert doubled.token_rewards is None and doubled.group_size == 4
 
 
-def _readme_block(marker: str) -> str:
-  blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-  return next(b for b in blocks if marker in b)
-
-
 def test_readme_examples_run():
   rollout = make_rollout()
   namespace = {"rollout": rollout, "new_logp": rollout.logprobs}
-  exec(_readme_block("jc.losses.get(\"ppo_clip\")"), namespace)
+  exec(readme_block("jc.losses.get(\"ppo_clip\")"), namespace)
   assert np.isfinite(namespace["loss"])
   try:
-    exec(_readme_block("@jc.estimators.register"), namespace)
+    exec(readme_block("@jc.estimators.register"), namespace)
     grouped = np.asarray(rollout.rewards).reshape(-1, 4)
     want = (grouped - grouped.max(1, keepdims=True)).reshape(-1)
     np.testing.assert_allclose(

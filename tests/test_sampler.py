@@ -9,6 +9,7 @@ from flax import nnx
 from jaxcredit.logprobs import token_entropy, token_logprobs
 from jaxcredit.models import Transformer, preset
 from jaxcredit.sampling import generate, left_align
+from tests.conftest import readme_block
 
 CONFIG = preset("tiny", vocab_size=32)
 
@@ -110,11 +111,7 @@ def test_bad_arguments_raise(model):
 
 
 def test_readme_models_example_runs(model):
-  import pathlib
-  import re
-
-  text = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
-  block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "generate(model" in b)
+  block = readme_block("generate(model")
   prompts, valid = _prompts(6, batch=8)
   namespace = {"prompts": prompts, "prompt_valid": valid, "eos_id": 5}
   exec(block.replace('preset("tiny")', 'preset("tiny", vocab_size=32)'), namespace)

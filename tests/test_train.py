@@ -5,6 +5,8 @@ import pathlib
 import subprocess
 import sys
 
+from tests.conftest import load_experiment
+
 ROOT = pathlib.Path(__file__).parent.parent
 
 
@@ -132,15 +134,6 @@ def test_plot_cli(tmp_path):
 EXPERIMENTS = ["quickstart", "dr_grpo", "rloo", "reinforce_pp", "gspo", "dapo", "credit_mix"]
 
 
-def _load_experiment(name):
-  import importlib.util
-
-  spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
-
-
 def test_every_experiment_builds_its_advantage_and_objective():
   import jax
   import numpy as np
@@ -151,7 +144,7 @@ def test_every_experiment_builds_its_advantage_and_objective():
   rollout = testing.strategies.make_rollout(np.random.default_rng(0), batch=8, length=6, group_size=4)
   outputs = jc.PolicyOutputs(logprobs=rollout.logprobs - 0.01, entropy=rollout.entropy, values=rollout.values)
   for name in EXPERIMENTS:
-    config = _load_experiment(name)
+    config = load_experiment(name)
     advantage = config.advantage if isinstance(config.advantage, str) else config.advantage.to_dict()
     estimate = jax.jit(estimators.from_config(advantage))(rollout)
     loss, metrics = jax.jit(losses.from_config(config.objective.to_dict()))(outputs, rollout, estimate, 0)
