@@ -1,15 +1,14 @@
 """DAPO-style (Yu et al., 2025) clip-higher with token-mean aggregation on the quickstart task."""
 
-import importlib.util
 import pathlib
+import runpy
 
-_spec = importlib.util.spec_from_file_location("_base", pathlib.Path(__file__).with_name("_base.py"))
-_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_base)
+# The quickstart config, to be overridden below.
+quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))["get_config"]
 
 
 def get_config():
-  config = _base.quickstart_config()
+  config = quickstart_config()
   config.advantage = {"name": "grpo"}
   config.objective = {"policy": {
       "name": "ppo_clip",

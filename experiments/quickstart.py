@@ -8,11 +8,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.seed = 0  # model init, data order and sampling
 
   config.task = ml_collections.ConfigDict()
-  config.task.arithmetic = {"min_digits": 2, "max_digits": 3, "reverse_answer": True}  # a+b=, answer reversed
+  config.task.name = "arithmetic"  # arithmetic | countdown | key_token
+  config.task.options = {"min_digits": 2, "max_digits": 3, "reverse_answer": True}  # a+b=, answer reversed
   config.task.train_size = 20000  # training problems
   config.task.test_size = 500  # held-out problems for greedy eval
-  config.task.max_prompt_length = 10  # BOS + "999+999=" fits
-  config.task.max_response_length = 6  # 4 answer digits + EOS, plus slack
+  config.task.max_prompt_length = 10  # BOS + "999+999=" fits (key_token: fixed by its options)
+  config.task.max_response_length = 6  # 4 answer digits + EOS, plus slack (key_token: fixed)
 
   config.mesh = ml_collections.ConfigDict()
   # (data, fsdp, model) device counts; None puts every device on `data`.
@@ -28,6 +29,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.sft.learning_rate = 1e-3  # Adam
   config.sft.eval_every = 10  # steps between greedy evals
   config.sft.target_accuracy = 0.2  # stop SFT once greedy accuracy reaches this
+  config.sft.noise = 0.0  # fraction of demonstrations with one token replaced by another action
 
   config.rl = ml_collections.ConfigDict()
   config.rl.steps = 300  # RL steps
@@ -36,8 +38,17 @@ def get_config() -> ml_collections.ConfigDict:
   config.rl.temperature = 1.0  # sampling temperature
   config.rl.learning_rate = 1e-4  # Adam; >= 1e-3 collapses here
   config.rl.max_grad_norm = 1.0  # global-norm clipping
-  config.rl.epochs = 1  # updates per batch
+  config.rl.epochs = 1  # passes over each batch
+  config.rl.minibatches = 1  # updates per pass, each on whole groups (shuffled when > 1)
   config.rl.eval_every = 20  # steps between greedy evals
+
+  config.critic = ml_collections.ConfigDict()
+  # A separate value model (for gae / n_step / vtrace); None trains no critic.
+  config.critic.preset = ml_collections.config_dict.placeholder(str)
+  config.critic.learning_rate = 1e-4  # Adam, one step per policy update
+  config.critic.value_clip = 0.2  # PPO value clipping around the sampling-time values
+  config.critic.gamma = 1.0  # discount of the critic's targets
+  config.critic.lam = 1.0  # lambda of the critic's targets (1: Monte-Carlo returns; decoupled from the advantage's)
 
   config.checkpoint = ml_collections.ConfigDict()
   config.checkpoint.every = 50  # RL steps between (async, atomic) checkpoints

@@ -1,16 +1,15 @@
 """REINFORCE++-baseline (Hu, 2025) on the quickstart task: group-centred rewards
 whitened over the batch, with a k3 KL-to-reference loss term."""
 
-import importlib.util
 import pathlib
+import runpy
 
-_spec = importlib.util.spec_from_file_location("_base", pathlib.Path(__file__).with_name("_base.py"))
-_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_base)
+# The quickstart config, to be overridden below.
+quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))["get_config"]
 
 
 def get_config():
-  config = _base.quickstart_config()
+  config = quickstart_config()
   config.advantage = {"name": "reinforce_pp_baseline"}  # whiten(r - mean_g) over valid tokens
   config.objective = {
       "policy": {"name": "ppo_clip"},  # clip 0.2 both sides

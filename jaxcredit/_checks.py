@@ -20,6 +20,12 @@ def check_rank(x: Array, rank: int | Iterable[int], name: str) -> None:
     )
 
 
+def check_shape(x: Array, shape: tuple[int, ...], name: str) -> None:
+  """Raises unless `x` has exactly `shape`."""
+  if tuple(jnp.shape(x)) != tuple(shape):
+    raise ValueError(f"{name} must have shape {list(shape)}, got {list(jnp.shape(x))}.")
+
+
 def check_same_shape(**arrays: Array | None) -> None:
   """Raises unless all non-None arrays share one shape."""
   shapes = {k: jnp.shape(v) for k, v in arrays.items() if v is not None}

@@ -118,3 +118,43 @@ def test_readme_models_example_runs(model):
   out, logp = namespace["out"], namespace["logp"]
   mask = np.asarray(out.mask[:, 1:])
   np.testing.assert_allclose(np.asarray(logp)[mask], np.asarray(out.logprobs[:, 1:])[mask], atol=1e-4)
+
+
+def test_action_mask_and_hidden_steps_match_the_learner(model):
+  """Sampled actions stay in the allowed sets, and teacher forcing with the same
+  transforms (steps.policy_outputs with Actions) reproduces the behaviour log-probs."""
+  from jaxcredit.rollout import Rollout
+  from jaxcredit.train.steps import Actions, policy_outputs
+
+  prompts, valid = _prompts(3, batch=6)
+  steps_, vocab = 8, CONFIG.vocab_size
+  rng = np.random.default_rng(4)
+  allowed = rng.random((steps_, vocab)) < 0.3
+  allowed[:, 9] = True  # at least one action per step
+  hidden = np.arange(steps_) % 3 != 1
+  out = generate(model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, action_mask=allowed,
+                 hidden=hidden, hidden_token=4)
+  response = np.asarray(out.tokens)[:, prompts.shape[1]:]
+  assert allowed[np.arange(steps_)[None], response].all()
+  rows = Actions(np.concatenate([np.ones((prompts.shape[1], vocab), bool), allowed]),
+                 np.concatenate([np.zeros(prompts.shape[1], bool), hidden]), 4)
+  rollout = Rollout(tokens=out.tokens, mask=out.mask, rewards=jnp.zeros(6), group_size=1,
+                    extras={"positions": out.positions, "token_valid": out.token_valid})
+  forced = policy_outputs(model, rollout, 1.0, rows)
+  mask = np.asarray(out.mask)
+  np.testing.assert_allclose(np.asarray(forced.logprobs)[mask], np.asarray(out.logprobs)[mask], atol=1e-4)
+  np.testing.assert_allclose(np.asarray(forced.entropy)[mask], np.asarray(out.entropy)[mask], atol=1e-4)
+  # A hidden token never reaches a later input: changing it leaves every later log-prob unchanged.
+  changed = np.asarray(out.tokens).copy()
+  column = prompts.shape[1] + 2  # response step 2 is hidden
+  changed[:, column] = np.where(changed[:, column] == 9, 10, 9)
+  again = policy_outputs(model, rollout.replace(tokens=jnp.asarray(changed)), 1.0, rows)
+  np.testing.assert_allclose(np.asarray(again.logprobs)[:, column + 1:], np.asarray(forced.logprobs)[:, column + 1:],
+                             atol=1e-6)
+  recomputed = generate(model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, action_mask=allowed,
+                        hidden=hidden, hidden_token=4, temperature=0.0, use_cache=False)
+  cached = generate(model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, action_mask=allowed,
+                    hidden=hidden, hidden_token=4, temperature=0.0)
+  np.testing.assert_array_equal(cached.tokens, recomputed.tokens)
+  with pytest.raises(ValueError, match="action_mask must have shape"):
+    generate(model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, action_mask=allowed[:3])

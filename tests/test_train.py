@@ -33,6 +33,7 @@ def test_cli_runs_sft_and_rl_and_writes_metrics(tmp_path):
   assert abs(train[0]["train/policy/ratio_mean"] - 1.0) < 1e-4  # sampler and learner agree
   assert abs(train[0]["train/kl"]) < 1e-5  # the reference is the policy at the start of RL
   assert json.loads((tmp_path / "config.json").read_text())["rl"]["group_size"] == 4
+  assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def test_metrics_writer_keeps_an_earlier_run(tmp_path):
@@ -131,7 +132,8 @@ def test_plot_cli(tmp_path):
     plot.read_metric(tmp_path, "eval/accuracy")
 
 
-EXPERIMENTS = ["quickstart", "dr_grpo", "rloo", "reinforce_pp", "gspo", "dapo", "credit_mix"]
+EXPERIMENTS = ["quickstart", "dr_grpo", "rloo", "reinforce_pp", "gspo", "dapo", "credit_mix", "ppo_gae",
+               "countdown_grpo", "key_token_grpo"]
 
 
 def test_every_experiment_builds_its_advantage_and_objective():
@@ -178,3 +180,37 @@ def test_eight_devices_match_one_device(tmp_path):
   for a, b in zip(want, got):
     for key in ("train/reward_mean", "train/loss", "train/kl", "train/entropy"):
       assert abs(a[key] - b[key]) < 1e-4, (key, a[key], b[key])
+
+
+KEY_TOKEN = [
+    "--config.task.name=key_token", "--config.task.options={'length': 10, 'n_keys': 4, 'filler_blind': True}",
+    "--config.task.train_size=64", "--config.task.test_size=16", "--config.sft.max_steps=0",
+    "--config.rl.prompts_per_step=4", "--config.rl.group_size=4",
+]
+
+
+def _run(workdir, *overrides, config="quickstart"):
+  command = [sys.executable, "-m", "jaxcredit.train", "--config", str(ROOT / f"experiments/{config}.py"),
+             "--workdir", str(workdir), *overrides]
+  return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
+
+
+def test_ppo_gae_trains_a_critic_on_key_token_with_minibatches(tmp_path):
+  result = _run(tmp_path, *KEY_TOKEN, "--config.rl.steps=2", "--config.rl.eval_every=2",
+                "--config.rl.minibatches=2", config="ppo_gae")
+  assert result.returncode == 0, result.stderr[-3000:]
+  train = _train_lines(tmp_path)
+  assert len(train) == 2
+  # Metrics are the last of four updates: the policy has moved, but not far.
+  assert 0 < abs(train[0]["train/policy/ratio_mean"] - 1.0) < 0.2
+  assert train[0]["train/critic/mse"] > 0 and train[0]["train/critic/grad_norm"] > 0
+  assert "train/critic/value_mean" in train[1]
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+  # Adam at lr 1e38 overflows the parameters after one update; the next loss is not finite.
+  result = _run(tmp_path, *KEY_TOKEN, "--config.rl.steps=4", "--config.rl.eval_every=4",
+                "--config.checkpoint.every=1", "--config.rl.learning_rate=1e38")
+  assert result.returncode != 0
+  assert "Non-finite loss" in result.stderr and "last good checkpoint is step 1" in result.stderr
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1"]

@@ -16,6 +16,13 @@ prompt left-padded, so rows of a batch stay aligned:
 The behaviour log-probs are those of the temperature-scaled distribution
 before top-k / top-p truncation - what a teacher-forced forward pass at the
 same temperature computes, so PPO ratios start at exactly 1.
+
+Tasks with typed action sets pass `action_mask` [N, V] (the actions allowed
+at each response step; the others get logit -inf, so pi is the renormalised
+constrained softmax) and `hidden` [N] (response steps the model never sees:
+their sampled token is recorded as the action but fed back as `hidden_token`).
+The learner must apply the same two transforms (`observed_inputs`,
+`mask_logits`) for its log-probs to match.
 """
 
 import functools
@@ -72,6 +79,16 @@ def sample_token(logits: Array, key: Array, *, temperature: float, top_k: int | 
   return jax.random.categorical(key, logits, axis=-1)
 
 
+def mask_logits(logits: Array, allowed: Array | None) -> Array:
+  """logits where `allowed` (broadcast over the leading axes), -inf elsewhere."""
+  return logits if allowed is None else jnp.where(allowed, logits, -jnp.inf)
+
+
+def observed_inputs(tokens: Array, hidden: Array | None, hidden_token: int) -> Array:
+  """The model's input view of [B, L] tokens: `hidden_token` where hidden [L] is set."""
+  return tokens if hidden is None else jnp.where(hidden, hidden_token, tokens)
+
+
 def _check_generate_args(prompts, prompt_valid, max_new_tokens, temperature, top_k, top_p, padding):
   _checks.check_rank(prompts, 2, "prompts")
   _checks.check_same_shape(prompts=prompts, prompt_valid=prompt_valid)
@@ -95,10 +112,12 @@ class _Sampling(NamedTuple):
   top_p: float | None
   stop_tokens: tuple[int, ...]
   pad_id: int
+  hidden_token: int
 
 
-def _response_step(logits, key, done, settings: _Sampling):
+def _response_step(logits, key, done, allowed, settings: _Sampling):
   """Samples one token per row; returns (token, logp, entropy, active, done_after)."""
+  logits = mask_logits(logits, allowed)
   token = sample_token(logits, key, temperature=settings.temperature, top_k=settings.top_k,
                        top_p=settings.top_p)
   scale = settings.temperature or 1.0
@@ -124,8 +143,8 @@ def _assemble(prompts, prompt_valid, steps) -> SampleOutput:
   )
 
 
-@functools.partial(jax.jit, static_argnums=(0, 5))
-def _generate_cached(graphdef, state, prompts, prompt_valid, key, settings: _Sampling):
+@functools.partial(jax.jit, static_argnums=(0, 7))
+def _generate_cached(graphdef, state, prompts, prompt_valid, key, action_mask, hidden, settings: _Sampling):
   model = nnx.merge(graphdef, state)
   batch, prompt_len = prompts.shape
   cache = KVCache.zeros(model.config, batch, prompt_len + settings.max_new_tokens)
@@ -134,8 +153,10 @@ def _generate_cached(graphdef, state, prompts, prompt_valid, key, settings: _Sam
 
   def step(carry, i):
     cache, logits, done, position = carry
-    token, logp, entropy, active, done = _response_step(logits, jax.random.fold_in(key, i), done, settings)
-    out, cache = model.decode(token[:, None], position[:, None], active[:, None], cache, prompt_len + i)
+    token, logp, entropy, active, done = _response_step(logits, jax.random.fold_in(key, i), done,
+                                                         action_mask[i], settings)
+    fed = jnp.where(hidden[i], settings.hidden_token, token)
+    out, cache = model.decode(fed[:, None], position[:, None], active[:, None], cache, prompt_len + i)
     return (cache, out.logits[:, 0], done, position + 1), (token, logp, entropy, active)
 
   init = (cache, prefill.logits[:, -1], jnp.zeros((batch,), bool), first_position)
@@ -143,8 +164,9 @@ def _generate_cached(graphdef, state, prompts, prompt_valid, key, settings: _Sam
   return _assemble(prompts, prompt_valid, steps)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 5))
-def _generate_recompute(graphdef, state, prompts, prompt_valid, key, settings: _Sampling):
+@functools.partial(jax.jit, static_argnums=(0, 7))
+def _generate_recompute(graphdef, state, prompts, prompt_valid, key, action_mask, hidden,
+                        settings: _Sampling):
   """The no-cache baseline: re-runs the whole [B, P + N] buffer every step."""
   model = nnx.merge(graphdef, state)
   batch, prompt_len = prompts.shape
@@ -154,9 +176,12 @@ def _generate_recompute(graphdef, state, prompts, prompt_valid, key, settings: _
 
   def step(carry, i):
     tokens, token_valid, done = carry
-    out = model(tokens, positions=prompt_positions(token_valid), token_valid=token_valid)
+    inputs = observed_inputs(tokens, jnp.concatenate([jnp.zeros(prompt_len, bool), hidden]),
+                             settings.hidden_token)
+    out = model(inputs, positions=prompt_positions(token_valid), token_valid=token_valid)
     logits = jax.lax.dynamic_index_in_dim(out.logits, prompt_len + i - 1, axis=1, keepdims=False)
-    token, logp, entropy, active, done = _response_step(logits, jax.random.fold_in(key, i), done, settings)
+    token, logp, entropy, active, done = _response_step(logits, jax.random.fold_in(key, i), done,
+                                                         action_mask[i], settings)
     tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, prompt_len + i))
     token_valid = jax.lax.dynamic_update_slice(token_valid, active[:, None], (0, prompt_len + i))
     return (tokens, token_valid, done), (token, logp, entropy, active)
@@ -180,6 +205,9 @@ def generate(
     pad_id: int = 0,
     padding: str = "left",
     use_cache: bool = True,
+    action_mask: Array | None = None,
+    hidden: Array | None = None,
+    hidden_token: int = 0,
 ) -> SampleOutput:
   """Samples up to `max_new_tokens` per prompt; deterministic given `key`.
 
@@ -187,15 +215,21 @@ def generate(
   temperature 0 is greedy; top_k / top_p truncate the sampling distribution.
   A row stops after emitting one of `stop_tokens` (that token is part of the
   response); later slots hold `pad_id` with mask False. use_cache=False
-  re-runs the full prefix at every step (the slow reference). See the module
-  docstring for the output layout.
+  re-runs the full prefix at every step (the slow reference). action_mask
+  [max_new_tokens, V] bool and hidden [max_new_tokens] bool: see the module
+  docstring, which also gives the output layout.
   """
   _check_generate_args(prompts, prompt_valid, max_new_tokens, temperature, top_k, top_p, padding)
   prompts, prompt_valid = jnp.asarray(prompts), jnp.asarray(prompt_valid).astype(bool)
   if padding == "right":
     prompts, prompt_valid = left_align(prompts, prompt_valid)
+  vocab = model.config.vocab_size
+  action_mask = jnp.ones((max_new_tokens, vocab), bool) if action_mask is None else jnp.asarray(action_mask, bool)
+  hidden = jnp.zeros(max_new_tokens, bool) if hidden is None else jnp.asarray(hidden, bool)
+  _checks.check_shape(action_mask, (max_new_tokens, vocab), "action_mask")
+  _checks.check_shape(hidden, (max_new_tokens,), "hidden")
   settings = _Sampling(max_new_tokens, float(temperature), top_k, top_p,
-                       tuple(int(t) for t in stop_tokens), int(pad_id))
+                       tuple(int(t) for t in stop_tokens), int(pad_id), int(hidden_token))
   graphdef, state = nnx.split(model)
   run = _generate_cached if use_cache else _generate_recompute
-  return run(graphdef, state, prompts, prompt_valid, key, settings)
+  return run(graphdef, state, prompts, prompt_valid, key, action_mask, hidden, settings)

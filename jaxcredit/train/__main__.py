@@ -13,7 +13,10 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # keep orbax's per-save INFO lines out of the console
-  final = loop.run(_CONFIG.value, _WORKDIR.value)
+  try:
+    final = loop.run(_CONFIG.value, _WORKDIR.value)
+  except FloatingPointError as error:
+    raise SystemExit(f"Stopped: {error}") from error
   print(f"final: {final}")
 
 

@@ -2,11 +2,16 @@
 
   run(config, workdir) -> final metrics
 
-Stage 1 (optional) fits task demonstrations by cross-entropy until greedy
-eval accuracy reaches `sft.target_accuracy` (stopping by accuracy, not step
-count). Stage 2 samples `group_size` responses per prompt, scores them,
-computes advantages with `config.advantage` and updates `config.objective`
-(both built by their `from_config`). Metrics go to `workdir/metrics.jsonl`.
+Stage 1 (optional) fits task demonstrations (optionally corrupted, so the
+starting policy is imperfect) by cross-entropy until greedy eval accuracy
+reaches `sft.target_accuracy` (stopping by accuracy, not step count).
+Stage 2 samples `group_size` responses per prompt, scores them, computes
+advantages with `config.advantage` and updates `config.objective` (both built
+by their `from_config`) for `rl.epochs` passes over `rl.minibatches`
+minibatches. When `critic.preset` is set, a separate Transformer with a value
+head supplies V(s_t) (for GAE and other value-based estimators) and is
+regressed towards lambda-returns with its own optimizer. Metrics go to
+`workdir/metrics.jsonl` and TensorBoard event files in `workdir/tensorboard`.
 """
 
 import json
@@ -18,18 +23,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import tqdm
 from flax import nnx
+from jax.experimental import multihost_utils
+from tensorboardX import SummaryWriter
 
 from jaxcredit import estimators, losses
 from jaxcredit.models import Transformer, preset, sharding
-from jaxcredit.rollout import Rollout
+from jaxcredit.rollout import Estimate, Rollout
 from jaxcredit.sampling import generate
-from jaxcredit.tasks import CharTokenizer, arithmetic, builders, loader, rewards
-from jaxcredit.train import checkpoints, steps
+from jaxcredit.tasks import loader
+from jaxcredit.train import checkpoints, steps, tasks
 
 
 class MetricsWriter:
-  """Appends one JSON object per line to workdir/metrics.jsonl (always with `step`).
+  """Appends one JSON object per line to workdir/metrics.jsonl (always with
+  `step`) and mirrors the scalars to TensorBoard (workdir/tensorboard).
 
   A fresh run moves an earlier run's file aside (metrics.<mtime>.jsonl); a
   resumed run keeps the lines up to the resumed step and appends after them.
@@ -37,6 +46,7 @@ class MetricsWriter:
 
   def __init__(self, workdir: pathlib.Path, *, resume_step: int | None = None):
     self.path = workdir / "metrics.jsonl"
+    self.tensorboard = SummaryWriter(str(workdir / "tensorboard"))
     if not self.path.exists():
       return
     if resume_step is None:
@@ -54,23 +64,47 @@ class MetricsWriter:
     record = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
     with open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
+    for name, value in record.items():
+      if name != "step":
+        self.tensorboard.add_scalar(name, value, step)
+
+  def close(self) -> None:
+    self.tensorboard.close()
 
 
-def _responses(sample, tokenizer) -> list[str]:
-  tokens, mask = np.asarray(sample.tokens), np.asarray(sample.mask)
-  return [tokenizer.decode(row[m]) for row, m in zip(tokens, mask)]
+def check_batch_sizes(config, devices: int) -> None:
+  """Raises ValueError naming the numbers when a batch cannot be split evenly."""
+  rl = config.rl
+  rows = rl.prompts_per_step * rl.group_size
+  minibatch = rows // max(rl.minibatches, 1)
+  problems = [
+      (rl.minibatches >= 1 and rows % rl.minibatches == 0,
+       f"rl.prompts_per_step * rl.group_size = {rows} is not divisible by rl.minibatches = {rl.minibatches}"),
+      (minibatch % rl.group_size == 0,
+       f"a minibatch of {minibatch} rows does not hold whole groups of rl.group_size = {rl.group_size}"),
+      (minibatch % devices == 0,
+       f"a minibatch of {minibatch} rows is not divisible by the {devices} batch-sharded devices"),
+      (config.sft.batch_size % devices == 0,
+       f"sft.batch_size = {config.sft.batch_size} is not divisible by the {devices} batch-sharded devices"),
+  ]
+  for ok, message in problems:
+    if not ok:
+      raise ValueError(message + ".")
 
 
-def _answers(examples) -> list[str]:
-  return [e["answer"].decode() if isinstance(e["answer"], bytes) else e["answer"] for e in examples]
+def minibatches(rollout: Rollout, estimate: Estimate, count: int, rng: np.random.Generator):
+  """`count` minibatches of whole groups (in a random group order when count > 1)."""
+  if count == 1:
+    yield rollout, estimate
+    return
+  groups = rollout.tokens.shape[0] // rollout.group_size
+  order = rng.permutation(groups)[:, None] * rollout.group_size + np.arange(rollout.group_size)
+  for rows in order.reshape(count, -1):
+    yield jax.tree.map(lambda x: x[rows], (rollout, estimate))
 
 
-def evaluate(model, prompts, prompt_valid, answers, tokenizer, max_new_tokens) -> float:
-  """Greedy accuracy on held-out prompts."""
-  sample = generate(model, prompts, prompt_valid, jax.random.key(0), max_new_tokens=max_new_tokens,
-                    temperature=0.0, stop_tokens=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
-  scores, _ = rewards.batched(arithmetic.reward, _responses(sample, tokenizer), answers)
-  return float(scores.mean())
+def _finite(metrics: dict) -> bool:
+  return all(np.isfinite(float(metrics[k])) for k in ("loss", "grad_norm"))
 
 
 def run(config, workdir: str) -> dict:
@@ -79,39 +113,51 @@ def run(config, workdir: str) -> dict:
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
-  tokenizer = CharTokenizer(arithmetic.ALPHABET)
+  mesh = sharding.make_mesh(config.mesh.shape)
+  batch_spec = sharding.batch_sharding(mesh).spec
+  check_batch_sizes(config, int(np.prod([mesh.shape[a] for a in batch_spec[0] or ()])))
+  # Every process holds its own rows of a global batch (the loader's slice): these
+  # assemble them into one global array and take a process's rows back for scoring.
+  place = lambda x: multihost_utils.host_local_array_to_global_array(x, mesh, batch_spec)
+  local = lambda x: np.asarray(multihost_utils.global_array_to_host_local_array(x, mesh, batch_spec))
 
   # Data: a procedural TFDS dataset, read by step so that batches are reproducible.
-  task = arithmetic.ArithmeticConfig(**config.task.arithmetic.to_dict())
-  builder = builders.get("arithmetic", data_dir=str(workdir / "data"),
-                         config=builders.ProceduralConfig(name="run", task=task),
-                         train_size=config.task.train_size, test_size=config.task.test_size,
-                         seed=config.seed)
-  builder.download_and_prepare()
-  sources = builder.as_data_source()
-  encode = loader.text_encoder(tokenizer)
-  max_prompt = config.task.max_prompt_length
-  train = lambda batch_size: loader.Loader(sources["train"], encode=encode, batch_size=batch_size,
-                                            max_prompt_length=max_prompt, seed=config.seed)
-  test_examples = [sources["test"][i] for i in range(len(sources["test"]))]
-  eval_prompts, eval_valid = tokenizer.encode_batch(
-      [e["prompt"].decode() for e in test_examples], length=max_prompt, add_bos=True)
-  eval_answers = _answers(test_examples)
-  max_new = config.task.max_response_length
-  run_eval = lambda: evaluate(model, eval_prompts, eval_valid, eval_answers, tokenizer, max_new)
+  task = tasks.make(config.task, data_dir=str(workdir / "data"), seed=config.seed)
+  actions = steps.Actions(*(None if t is None else jnp.asarray(t) for t in tasks.row_tables(task)),
+                          task.hidden_token)
+  train = lambda batch_size: loader.Loader(task.sources["train"], encode=task.encode, batch_size=batch_size,
+                                            max_prompt_length=task.max_prompt_length, seed=config.seed,
+                                            pad_id=task.pad_id)
+  sampling = dict(max_new_tokens=task.max_response_length, stop_tokens=task.stop_tokens, pad_id=task.pad_id,
+                  action_mask=task.action_mask, hidden=task.hidden, hidden_token=task.hidden_token)
+  eval_batch = tasks.evaluation_batch(task)
 
-  model = Transformer(preset(config.model.preset, vocab_size=tokenizer.vocab_size),
-                      rngs=nnx.Rngs(config.seed))
-  mesh = sharding.make_mesh(config.mesh.shape)
+  def score(sample, examples) -> np.ndarray:
+    response = slice(task.max_prompt_length, None)
+    return task.score(np.asarray(sample.tokens)[:, response], np.asarray(sample.mask)[:, response], examples)
+
+  def run_eval() -> float:
+    """Greedy accuracy (fraction of held-out prompts with reward 1)."""
+    sample = generate(model, eval_batch["prompts"], eval_batch["prompt_valid"], jax.random.key(0),
+                      temperature=0.0, **sampling)
+    return float(np.mean(score(sample, eval_batch["examples"]) >= 1.0))
+
+  model_config = preset(config.model.preset, vocab_size=task.vocab_size)
+  model = Transformer(model_config, rngs=nnx.Rngs(config.seed))
   sharding.shard_model(model, mesh)  # parameters placed by their logical axes
-  place = lambda x: jax.device_put(x, sharding.batch_sharding(mesh))  # batch axis over data x fsdp
   rl = config.rl
-  optimizer = nnx.Optimizer(
-      model, optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.learning_rate)),
-      wrt=nnx.Param)
+  adam = lambda lr: optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(lr))
+  optimizer = nnx.Optimizer(model, adam(rl.learning_rate), wrt=nnx.Param)
   reference = nnx.clone(model)  # frozen copy of the policy at the start of RL (for KL)
-  checkpointer = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.checkpoint.keep)
   saved = {"model": model, "reference": reference, "optimizer": optimizer}
+  critic = None
+  if config.critic.preset:
+    critic = Transformer(preset(config.critic.preset, vocab_size=task.vocab_size, value_head=True),
+                         rngs=nnx.Rngs(config.seed + 1))
+    sharding.shard_model(critic, mesh)
+    critic_optimizer = nnx.Optimizer(critic, adam(config.critic.learning_rate), wrt=nnx.Param)
+    saved.update(critic=critic, critic_optimizer=critic_optimizer)
+  checkpointer = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.checkpoint.keep)
   resuming = checkpointer.latest_step() is not None
 
   # Stage 1: supervised warm start, stopped by accuracy (skipped when resuming RL).
@@ -121,21 +167,25 @@ def run(config, workdir: str) -> dict:
     step, first_rl_step = counters["step"], counters["rl_step"]
     print(f"Resuming RL at step {first_rl_step} from {workdir / 'checkpoints'}.")
   writer = MetricsWriter(workdir, resume_step=step if resuming else None)
-  if not resuming:
-    writer.write(step, {"eval/accuracy": run_eval()})
   accuracy = None
+  if not resuming:
+    accuracy = run_eval()
+    writer.write(step, {"eval/accuracy": accuracy})
   if config.sft.max_steps and not resuming:
     sft_data = train(config.sft.batch_size)
+    sft_update = steps.sft_step(actions)
     sft_optimizer = nnx.Optimizer(model, optax.adam(config.sft.learning_rate), wrt=nnx.Param)
-    for sft_step in range(config.sft.max_steps):
-      batch = sft_data.sft_batch(sft_step, length=max_prompt + max_new)
-      loss = steps.sft_step(model, sft_optimizer, *map(place, (batch["tokens"], batch["loss_mask"],
-                                                                 batch["token_valid"])))
+    for sft_step in tqdm.trange(config.sft.max_steps, desc="sft", mininterval=2.0):
+      batch = sft_data.sft_batch(sft_step, length=task.max_prompt_length + task.max_response_length)
+      tokens = tasks.noisy_demonstrations(batch["tokens"], batch["loss_mask"],
+                                          np.random.default_rng([config.seed, sft_step]),
+                                          rate=config.sft.noise, task=task)
+      loss = sft_update(model, sft_optimizer, *map(place, (tokens, batch["loss_mask"], batch["token_valid"])))
       step += 1
       if step % config.sft.eval_every == 0:
         accuracy = run_eval()
         writer.write(step, {"sft/loss": loss, "eval/accuracy": accuracy})
-        print(f"sft step {step:5d} | loss {float(loss):.3f} | eval accuracy {accuracy:.3f}", flush=True)
+        tqdm.tqdm.write(f"sft step {step:5d} | loss {float(loss):.3f} | eval accuracy {accuracy:.3f}")
         if accuracy >= config.sft.target_accuracy:
           break
 
@@ -146,33 +196,53 @@ def run(config, workdir: str) -> dict:
   preempted = []
   previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
   advantage_fn = jax.jit(estimators.from_config(config.advantage.to_dict()))
-  update = steps.rl_step(losses.from_config(config.objective.to_dict()), rl.temperature)
-  reference_logprobs = nnx.jit(lambda ref, rollout: steps.policy_outputs(ref, rollout, rl.temperature).logprobs)
+  update = steps.rl_step(losses.from_config(config.objective.to_dict()), rl.temperature, actions)
+  reference_logprobs = nnx.jit(lambda ref, rollout: steps.policy_outputs(ref, rollout, rl.temperature,
+                                                                           actions).logprobs)
+  if critic is not None:
+    values_fn = nnx.jit(lambda critic, rollout: steps.critic_values(critic, rollout, actions))
+    critic_update = steps.critic_step(clip=config.critic.value_clip, actions=actions)
   rl_data = train(rl.prompts_per_step)
   key = jax.random.key(config.seed)
-  for rl_step in range(first_rl_step, rl.steps):
+  progress = tqdm.tqdm(range(first_rl_step, rl.steps), desc="rl", initial=first_rl_step, total=rl.steps,
+                       mininterval=2.0)
+  for rl_step in progress:
     started = time.perf_counter()
     batch = rl_data.rl_batch(rl_step, group_size=rl.group_size)
     sample = generate(model, place(batch["prompts"]), place(batch["prompt_valid"]),
-                      jax.random.fold_in(key, rl_step),
-                      max_new_tokens=max_new, temperature=rl.temperature,
-                      stop_tokens=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
-    scores, _ = rewards.batched(arithmetic.reward, _responses(sample, tokenizer), _answers(batch["examples"]))
+                      jax.random.fold_in(key, rl_step), temperature=rl.temperature, **sampling)
+    scores = score(sample._replace(tokens=local(sample.tokens), mask=local(sample.mask)), batch["examples"])
     rollout = Rollout(
-        tokens=sample.tokens, mask=sample.mask, rewards=jnp.asarray(scores), logprobs=sample.logprobs,
+        tokens=sample.tokens, mask=sample.mask, rewards=place(scores), logprobs=sample.logprobs,
         entropy=sample.entropy, group_size=rl.group_size,
         extras={"positions": sample.positions, "token_valid": sample.token_valid},
     )
     rollout = rollout.replace(ref_logprobs=reference_logprobs(reference, rollout))
+    if critic is not None:
+      rollout = rollout.replace(values=values_fn(critic, rollout))
     estimate = advantage_fn(rollout)
-    for _ in range(rl.epochs):
-      metrics = update(model, optimizer, rollout, estimate, rl_step)
+    record = {}
+    for epoch in range(rl.epochs):
+      rng = np.random.default_rng([config.seed, rl_step, epoch])
+      for mini_rollout, mini_estimate in minibatches(rollout, estimate, rl.minibatches, rng):
+        metrics = update(model, optimizer, mini_rollout, mini_estimate, rl_step)
+        if critic is not None:
+          _, targets = estimators.gae(estimators.token_level_rewards(mini_rollout), mini_rollout.values,
+                                      mini_rollout.mask, gamma=config.critic.gamma, lam=config.critic.lam)
+          record.update({f"train/critic/{k}": v for k, v in
+                         critic_update(critic, critic_optimizer, mini_rollout, targets).items()})
+    if not _finite(metrics):
+      checkpointer.wait()
+      raise FloatingPointError(
+          f"Non-finite loss ({float(metrics['loss'])}) or gradient norm ({float(metrics['grad_norm'])}) at RL "
+          f"step {rl_step + 1}; stopped without saving. The last good checkpoint is step "
+          f"{checkpointer.latest_step()} in {workdir / 'checkpoints'}.")
     step += 1
-    generated = int(np.asarray(sample.mask).sum())
-    record = {f"train/{k}": v for k, v in metrics.items()}
+    generated = int(jnp.sum(sample.mask))
+    record.update({f"train/{k}": v for k, v in metrics.items()})
     record.update({
-        "train/reward_mean": scores.mean(),
-        "train/entropy": float(np.asarray(sample.entropy)[np.asarray(sample.mask)].mean()),
+        "train/reward_mean": jnp.mean(rollout.rewards),
+        "train/entropy": losses.aggregate(sample.entropy, sample.mask, "token-mean"),
         "train/kl": losses.aggregate(losses.kl_penalty(
             rollout.logprobs, rollout.ref_logprobs, kind="k3"), rollout.mask, "token-mean"),
         "train/tokens_per_sec": generated / (time.perf_counter() - started),
@@ -183,16 +253,20 @@ def run(config, workdir: str) -> dict:
     if (rl_step + 1) % rl.eval_every == 0 or rl_step + 1 == rl.steps:
       accuracy = run_eval()
       record["eval/accuracy"] = accuracy
-      print(f"rl step {rl_step + 1:5d} | reward {record['train/reward_mean']:.3f} | "
-            f"kl {float(record['train/kl']):.4f} | entropy {record['train/entropy']:.3f} | "
-            f"eval accuracy {accuracy:.3f} | {record['train/tokens_per_sec']:,.0f} tok/s", flush=True)
+      tqdm.tqdm.write(f"rl step {rl_step + 1:5d} | reward {record['train/reward_mean']:.3f} | "
+                      f"kl {float(record['train/kl']):.4f} | entropy {record['train/entropy']:.3f} | "
+                      f"eval accuracy {accuracy:.3f} | {record['train/tokens_per_sec']:,.0f} tok/s")
+    progress.set_postfix(reward=f"{record['train/reward_mean']:.3f}", kl=f"{float(record['train/kl']):.4f}",
+                         accuracy=accuracy, refresh=False)
     writer.write(step, record)
     if preempted or (rl_step + 1) % config.checkpoint.every == 0 or rl_step + 1 == rl.steps:
       checkpointer.save(rl_step + 1, saved, {"rl_step": rl_step + 1, "step": step})
     if preempted:
-      print(f"SIGTERM: saved a checkpoint at RL step {rl_step + 1}; rerun to resume.")
+      tqdm.tqdm.write(f"SIGTERM: saved a checkpoint at RL step {rl_step + 1}; rerun to resume.")
       break
+  progress.close()
   checkpointer.wait()
+  writer.close()
   signal.signal(signal.SIGTERM, previous_handler)
   if accuracy is None:
     accuracy = run_eval()

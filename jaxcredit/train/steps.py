@@ -4,59 +4,112 @@ The steps are pure functions of (model, optimizer state, batch); data loading,
 sampling, rewards, logging and checkpoints stay outside them.
 """
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax import Array
 
+from jaxcredit import losses
 from jaxcredit.logprobs import token_entropy, token_logprobs
-from jaxcredit.losses import aggregate
 from jaxcredit.rollout import Estimate, PolicyOutputs, Rollout
+from jaxcredit.sampling.sampler import mask_logits, observed_inputs
 
 
-def shifted_logprobs(logits, tokens, temperature: float = 1.0):
-  """[B, T] log-probs (and entropies) of tokens[:, t] under logits[:, t - 1]; 0 at t = 0."""
-  logp = token_logprobs(logits[:, :-1], tokens[:, 1:], temperature=temperature)
-  entropy = token_entropy(logits[:, :-1].astype(jnp.float32) / temperature)
+class Actions(NamedTuple):
+  """A task's action constraints over whole [L] rows (prompt then response):
+  allowed [L, V] bool (None: every action), hidden [L] bool (None: the model
+  sees every token; else hidden tokens are fed as `hidden_token`)."""
+
+  allowed: Array | None = None
+  hidden: Array | None = None
+  hidden_token: int = 0
+
+
+def shifted_logprobs(logits, tokens, temperature: float = 1.0, allowed: Array | None = None):
+  """[B, L] log-probs (and entropies) of tokens[:, t] under logits[:, t - 1]
+  (restricted to allowed[t]); 0 at t = 0."""
+  logits = mask_logits(logits[:, :-1].astype(jnp.float32), None if allowed is None else allowed[1:])
+  logp = token_logprobs(logits, tokens[:, 1:], temperature=temperature)
+  entropy = token_entropy(logits / temperature)
   pad = lambda x: jnp.pad(x, [(0, 0), (1, 0)])
   return pad(logp), pad(entropy)
 
 
-def policy_outputs(model, rollout: Rollout, temperature: float) -> PolicyOutputs:
-  """The current policy's log-probs, entropies (and values) on a rollout's tokens."""
-  out = model(rollout.tokens, positions=rollout.extras["positions"],
-              token_valid=rollout.extras["token_valid"])
-  logp, entropy = shifted_logprobs(out.logits, rollout.tokens, temperature)
+def _forward(model, tokens, positions, token_valid, actions: Actions):
+  inputs = observed_inputs(tokens, actions.hidden, actions.hidden_token)
+  return model(inputs, positions=positions, token_valid=token_valid)
+
+
+def policy_outputs(model, rollout: Rollout, temperature: float, actions: Actions = Actions()) -> PolicyOutputs:
+  """The current policy's log-probs, entropies (and values V(s_t), the value
+  head's output at the state before action t) on a rollout's tokens."""
+  out = _forward(model, rollout.tokens, rollout.extras["positions"], rollout.extras["token_valid"], actions)
+  logp, entropy = shifted_logprobs(out.logits, rollout.tokens, temperature, actions.allowed)
   values = None if out.values is None else jnp.pad(out.values[:, :-1], [(0, 0), (1, 0)])
   return PolicyOutputs(logprobs=logp, entropy=entropy, values=values)
 
 
-@nnx.jit
-def sft_step(model, optimizer, tokens, loss_mask, token_valid):
-  """One cross-entropy step on the completion tokens (loss_mask) of [B, T] sequences."""
-  positions = jnp.maximum(jnp.cumsum(token_valid, axis=1) - 1, 0)
+def sft_step(actions: Actions = Actions()):
+  """A jitted cross-entropy step on the completion tokens (loss_mask) of [B, L] rows."""
 
-  def loss_fn(model):
-    out = model(tokens, positions=positions, token_valid=token_valid)
-    logp, _ = shifted_logprobs(out.logits, tokens)
-    return aggregate(-logp, loss_mask, "token-mean")
+  @nnx.jit
+  def step(model, optimizer, tokens, loss_mask, token_valid):
+    positions = jnp.maximum(jnp.cumsum(token_valid, axis=1) - 1, 0)
 
-  loss, grads = nnx.value_and_grad(loss_fn)(model)
-  optimizer.update(model, grads)
-  return loss
+    def loss_fn(model):
+      out = _forward(model, tokens, positions, token_valid, actions)
+      logp, _ = shifted_logprobs(out.logits, tokens, allowed=actions.allowed)
+      return losses.aggregate(-logp, loss_mask, "token-mean")
+
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    optimizer.update(model, grads)
+    return loss
+
+  return step
 
 
-def rl_step(objective, temperature: float):
+def _global_norm(tree) -> Array:
+  return jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(tree)))
+
+
+def rl_step(objective, temperature: float, actions: Actions = Actions()):
   """A jitted update of `objective` (see losses.combine) on one (mini)batch."""
 
   @nnx.jit
   def step(model, optimizer, rollout: Rollout, estimate: Estimate, step_index):
     def loss_fn(model):
-      outputs = policy_outputs(model, rollout, temperature)
+      outputs = policy_outputs(model, rollout, temperature, actions)
       return objective(outputs, rollout, estimate, step_index)
 
     (loss, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
     optimizer.update(model, grads)
-    metrics["grad_norm"] = jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(grads)))
+    metrics["grad_norm"] = _global_norm(grads)
     return metrics
+
+  return step
+
+
+def critic_values(critic, rollout: Rollout, actions: Actions = Actions()) -> Array:
+  """[B, L] critic values V(s_t) at action positions (0 elsewhere)."""
+  out = _forward(critic, rollout.tokens, rollout.extras["positions"], rollout.extras["token_valid"], actions)
+  values = jnp.pad(out.values[:, :-1], [(0, 0), (1, 0)])
+  return jnp.where(rollout.mask, values, 0.0)
+
+
+def critic_step(*, clip: float | None, actions: Actions = Actions()):
+  """A jitted clipped value-regression step (losses.value_loss) of a critic
+  (a Transformer with a value head) towards `targets` [B, L]."""
+
+  @nnx.jit
+  def step(critic, optimizer, rollout: Rollout, targets):
+    def loss_fn(critic):
+      values = critic_values(critic, rollout, actions)
+      return losses.value_loss(values, rollout.values, targets, rollout.mask, clip=clip)
+
+    (loss, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(critic)
+    optimizer.update(critic, grads)
+    return {"loss": loss, **metrics, "grad_norm": _global_norm(grads)}
 
   return step

@@ -1,0 +1,146 @@
+"""What the training loop needs from a task: data, token ids, rewards, action sets.
+
+  task = tasks.make(config.task, data_dir=..., seed=0)
+  task.sources["train"], task.encode            # for tasks.loader.Loader
+  task.score(tokens [B, N], mask [B, N], examples) -> [B] float rewards
+  task.action_mask [N, V] | None, task.hidden [N] | None  # typed actions, filler-blind
+
+Rows are laid out as the sampler lays them out: a prompt left-padded to
+`max_prompt_length`, then `max_response_length` response slots. Text tasks
+(arithmetic, countdown) decode responses with a character tokenizer; key_token
+works on ids, constrains actions per position and can hide filler.
+"""
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxcredit.tasks import CharTokenizer, arithmetic, builders, countdown, key_token, loader
+
+Scorer = Callable[[np.ndarray, np.ndarray, Sequence[dict]], np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainTask:
+  """A task bound to its data. `score` maps [B, N] response ids and their
+  action mask to [B] rewards in [0, 1]; `action_mask` [N, V] lists the actions
+  allowed at each response step (None: all); `hidden` [N] marks response steps
+  fed back to the model as `hidden_token`."""
+
+  name: str
+  vocab_size: int
+  pad_id: int
+  stop_tokens: tuple[int, ...]
+  max_prompt_length: int
+  max_response_length: int
+  sources: dict
+  encode: loader.Encoder
+  score: Scorer
+  action_mask: np.ndarray | None = None
+  hidden: np.ndarray | None = None
+  hidden_token: int = 0
+
+
+def _text(value) -> str:
+  return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _text_scorer(tokenizer: CharTokenizer, reward_fn: Callable[[str, dict], tuple[float, str]]) -> Scorer:
+  def score(tokens, mask, examples):
+    responses = [tokenizer.decode(row[m]) for row, m in zip(tokens, mask)]
+    return np.asarray([reward_fn(r, e)[0] for r, e in zip(responses, examples)], np.float32)
+
+  return score
+
+
+def _arithmetic(options: dict) -> tuple[Any, CharTokenizer, Scorer]:
+  tokenizer = CharTokenizer(arithmetic.ALPHABET)
+  reward = lambda response, example: arithmetic.reward(response, _text(example["answer"]))
+  return arithmetic.ArithmeticConfig(**options), tokenizer, _text_scorer(tokenizer, reward)
+
+
+def _countdown(options: dict) -> tuple[Any, CharTokenizer, Scorer]:
+  task_config = countdown.CountdownConfig(**options)
+  tokenizer = CharTokenizer(countdown.ALPHABET)
+  reward = lambda response, example: countdown.reward(
+      response, example["numbers"], int(example["target"]), format_score=task_config.format_score)
+  return task_config, tokenizer, _text_scorer(tokenizer, reward)
+
+
+TEXT_TASKS = {"arithmetic": _arithmetic, "countdown": _countdown}
+TASKS = (*TEXT_TASKS, "key_token")
+
+
+def make(config, *, data_dir: str, seed: int) -> TrainTask:
+  """Builds (or reuses) the task's TFDS data under `data_dir` and its hooks.
+
+  config: name, options (the task's own config fields), train_size, test_size,
+  max_prompt_length, max_response_length (text tasks; key_token's are fixed
+  by its config: K + 2 and T).
+  """
+  name, options = config.name, dict(config.get("options") or {})
+  if name not in TASKS:
+    raise ValueError(f"Unknown task {name!r}; known: {', '.join(TASKS)}.")
+  if name == "key_token":
+    task_config = key_token.KeyTokenConfig(**options)
+    prompt_length, response_length = task_config.prompt_length, task_config.length
+  else:
+    task_config, tokenizer, score = TEXT_TASKS[name](options)
+    prompt_length, response_length = config.max_prompt_length, config.max_response_length
+  builder = builders.get(name, data_dir=data_dir, config=builders.ProceduralConfig(name="run", task=task_config),
+                         train_size=config.train_size, test_size=config.test_size, seed=seed)
+  builder.download_and_prepare()
+  sources = builder.as_data_source()
+  common = dict(name=name, max_prompt_length=prompt_length, max_response_length=response_length, sources=sources)
+  if name != "key_token":
+    return TrainTask(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, stop_tokens=(tokenizer.eos_id,),
+                     encode=loader.text_encoder(tokenizer), score=score, **common)
+
+  def score_keys(tokens, mask, examples):
+    del mask  # every response has exactly T actions
+    targets = np.stack([np.asarray(e["targets"]) for e in examples])
+    return key_token.reward(tokens, targets, task_config)
+
+  hidden = np.asarray(key_token.observe(np.zeros(response_length, np.int32), task_config) == key_token.FILL)
+  return TrainTask(vocab_size=key_token.VOCAB_SIZE, pad_id=key_token.PAD, stop_tokens=(),
+                   encode=loader.ids_encoder, score=score_keys, action_mask=key_token.allowed(task_config),
+                   hidden=hidden if hidden.any() else None, hidden_token=key_token.FILL, **common)
+
+
+def row_tables(task: TrainTask) -> tuple[np.ndarray | None, np.ndarray | None]:
+  """action_mask and hidden over whole [P + N] rows (prompt columns: allowed, visible)."""
+  p = task.max_prompt_length
+  allowed = None if task.action_mask is None else np.concatenate(
+      [np.ones((p, task.vocab_size), bool), task.action_mask])
+  hidden = None if task.hidden is None else np.concatenate([np.zeros(p, bool), task.hidden])
+  return allowed, hidden
+
+
+def noisy_demonstrations(tokens: np.ndarray, loss_mask: np.ndarray, rng: np.random.Generator, *,
+                         rate: float, task: TrainTask) -> np.ndarray:
+  """Replaces one completion token of a `rate` fraction of demonstrations by
+  another allowed action (stop tokens kept), so SFT leaves an imperfect policy."""
+  tokens = tokens.copy()
+  allowed, _ = row_tables(task)
+  for row in np.flatnonzero(rng.random(len(tokens)) < rate):
+    columns = [c for c in np.flatnonzero(loss_mask[row]) if tokens[row, c] not in task.stop_tokens]
+    if not columns:
+      continue
+    column = rng.choice(columns)
+    choices = np.flatnonzero(allowed[column]) if allowed is not None else np.arange(task.vocab_size)
+    choices = [c for c in choices if c != tokens[row, column] and c not in task.stop_tokens and c != task.pad_id]
+    if choices:
+      tokens[row, column] = rng.choice(choices)
+  return tokens
+
+
+def evaluation_batch(task: TrainTask) -> dict:
+  """All test prompts, left-padded, with their examples (for greedy eval)."""
+  test = task.sources["test"]
+  examples = [test[i] for i in range(len(test))]
+  source = loader.Loader(examples, encode=task.encode, batch_size=len(examples),
+                         max_prompt_length=task.max_prompt_length, pad_id=task.pad_id,
+                         process_index=0, process_count=1)
+  return source.rl_batch(0, group_size=1)
