@@ -336,3 +336,20 @@ def ipo(pc, pr, rc, rr, beta):
 def simpo(pc, pr, lc, lr, beta, gamma):
   logits = beta * np.asarray(pc, np.float64) / lc - beta * np.asarray(pr, np.float64) / lr - gamma
   return np.mean(np.log1p(np.exp(-logits)))
+
+
+def segment_advantages(values, evaluated, rewards, mask):
+  """VinePPO segment credit, one row and one token at a time (float64)."""
+  values, rewards = np.asarray(values, np.float64), np.asarray(rewards, np.float64)
+  out = np.zeros(values.shape)
+  for b in range(values.shape[0]):
+    points = [t for t in range(values.shape[1]) if mask[b, t] and evaluated[b, t]]
+    for t in range(values.shape[1]):
+      if not mask[b, t]:
+        continue
+      before = [p for p in points if p <= t]
+      after = [p for p in points if p > t]
+      start = values[b, before[-1]] if before else 0.0
+      end = values[b, after[0]] if after else rewards[b]
+      out[b, t] = end - start
+  return out

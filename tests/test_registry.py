@@ -33,6 +33,10 @@ def make_rollout(batch=8, length=10, group_size=4, seed=0, poisoned=True) -> jc.
           "baseline_rewards": jnp.asarray(rng.integers(0, 2, batch).astype(np.float32)),
           "sum_pi_squared": jnp.asarray(sum_pi_squared),
           "target_logprobs": jnp.asarray(logprobs + fill(0.2 * token())),
+          "mc_values": jnp.asarray(token()),
+          "mc_evaluated": jnp.asarray(rng.random((batch, length)) < 0.5),
+          "oracle_advantages": jnp.asarray(token()),
+          "oracle_values": jnp.asarray(token()),
       },
       group_size=group_size,
   )

@@ -158,3 +158,20 @@ def test_action_mask_and_hidden_steps_match_the_learner(model):
   np.testing.assert_array_equal(cached.tokens, recomputed.tokens)
   with pytest.raises(ValueError, match="action_mask must have shape"):
     generate(model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, action_mask=allowed[:3])
+
+
+def test_per_row_action_masks_and_hidden_steps_equal_row_by_row_sampling(model):
+  prompts, valid = _prompts(6, batch=3)
+  rng = np.random.default_rng(7)
+  allowed = rng.random((3, 5, CONFIG.vocab_size)) < 0.4
+  allowed[..., 11] = True
+  hidden = rng.random((3, 5)) < 0.5
+  for use_cache in (True, False):
+    together = generate(model, prompts, valid, jax.random.key(0), max_new_tokens=5, temperature=0.0,
+                        action_mask=allowed, hidden=hidden, hidden_token=4, use_cache=use_cache)
+    for row in range(3):
+      alone = generate(model, prompts[row:row + 1], valid[row:row + 1], jax.random.key(0), max_new_tokens=5,
+                       temperature=0.0, action_mask=allowed[row], hidden=hidden[row], hidden_token=4,
+                       use_cache=use_cache)
+      np.testing.assert_array_equal(together.tokens[row], alone.tokens[0])
+      np.testing.assert_allclose(together.logprobs[row], alone.logprobs[0], atol=1e-5)

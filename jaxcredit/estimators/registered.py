@@ -6,7 +6,7 @@ from collections.abc import Callable
 import jax.numpy as jnp
 
 from jaxcredit._masking import as_bool
-from jaxcredit.estimators import group, returns, token_credit
+from jaxcredit.estimators import group, returns, token_credit, value_credit
 from jaxcredit.registry import Registry
 from jaxcredit.rollout import Estimate, Rollout
 
@@ -200,3 +200,29 @@ def _gae(rollout: Rollout, *, gamma: float = 1.0, lam: float = 0.95, method: str
       gamma=gamma, lam=lam, method=method,
   )
   return Estimate(advantages=advantages, returns=rets)
+
+
+@register("vineppo")
+def _vineppo(rollout: Rollout):
+  """VinePPO (Kazemnejad et al., 2024, arXiv 2410.01679): Monte-Carlo values
+  V(s_t) at the positions in extras["mc_evaluated"] (extras["mc_values"], from
+  K rollouts per position: `jaxcredit.lab.oracle.mc_credit`); each segment's
+  V(next point) - V(point) is copied to its tokens."""
+  return value_credit.segment_advantages(
+      rollout.extra("mc_values", by="vineppo"), rollout.extra("mc_evaluated", by="vineppo"),
+      rollout.rewards, rollout.mask)
+
+
+@register("oracle")
+def _oracle(rollout: Rollout):
+  """Exact token credit A(s_t, y_t) from extras["oracle_advantages"] (the lab's
+  exact oracles, e.g. `jaxcredit.lab.oracle.decisive_credit` on key_token)."""
+  return jnp.where(as_bool(rollout.mask), rollout.extra("oracle_advantages", by="oracle"), 0.0)
+
+
+@register("oracle_seq")
+def _oracle_seq(rollout: Rollout):
+  """R - V(x) on every token, V from extras["oracle_values"]: the exact
+  sequence-level baseline with no localisation (the lab's control)."""
+  return value_credit.sequence_advantages(rollout.extra("oracle_values", by="oracle_seq"), rollout.rewards,
+                                          rollout.mask)

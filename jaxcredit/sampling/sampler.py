@@ -176,8 +176,8 @@ def _generate_recompute(graphdef, state, prompts, prompt_valid, key, action_mask
 
   def step(carry, i):
     tokens, token_valid, done = carry
-    inputs = observed_inputs(tokens, jnp.concatenate([jnp.zeros(prompt_len, bool), hidden]),
-                             settings.hidden_token)
+    hidden_rows = jnp.concatenate([jnp.zeros((prompt_len, *hidden.shape[1:]), bool), hidden]).T
+    inputs = observed_inputs(tokens, hidden_rows, settings.hidden_token)
     out = model(inputs, positions=prompt_positions(token_valid), token_valid=token_valid)
     logits = jax.lax.dynamic_index_in_dim(out.logits, prompt_len + i - 1, axis=1, keepdims=False)
     token, logp, entropy, active, done = _response_step(logits, jax.random.fold_in(key, i), done,
@@ -216,18 +216,26 @@ def generate(
   A row stops after emitting one of `stop_tokens` (that token is part of the
   response); later slots hold `pad_id` with mask False. use_cache=False
   re-runs the full prefix at every step (the slow reference). action_mask
-  [max_new_tokens, V] bool and hidden [max_new_tokens] bool: see the module
-  docstring, which also gives the output layout.
+  [N, V] or per row [B, N, V] bool and hidden [N] or [B, N] bool (N =
+  max_new_tokens): see the module docstring, which also gives the output layout.
   """
   _check_generate_args(prompts, prompt_valid, max_new_tokens, temperature, top_k, top_p, padding)
   prompts, prompt_valid = jnp.asarray(prompts), jnp.asarray(prompt_valid).astype(bool)
   if padding == "right":
     prompts, prompt_valid = left_align(prompts, prompt_valid)
-  vocab = model.config.vocab_size
+  vocab, batch = model.config.vocab_size, prompts.shape[0]
   action_mask = jnp.ones((max_new_tokens, vocab), bool) if action_mask is None else jnp.asarray(action_mask, bool)
   hidden = jnp.zeros(max_new_tokens, bool) if hidden is None else jnp.asarray(hidden, bool)
-  _checks.check_shape(action_mask, (max_new_tokens, vocab), "action_mask")
-  _checks.check_shape(hidden, (max_new_tokens,), "hidden")
+  if action_mask.ndim == 3:  # per row: [B, N, V] -> step-major [N, B, V]
+    _checks.check_shape(action_mask, (batch, max_new_tokens, vocab), "action_mask")
+    action_mask = jnp.swapaxes(action_mask, 0, 1)
+  else:
+    _checks.check_shape(action_mask, (max_new_tokens, vocab), "action_mask")
+  if hidden.ndim == 2:  # per row: [B, N] -> [N, B]
+    _checks.check_shape(hidden, (batch, max_new_tokens), "hidden")
+    hidden = hidden.T
+  else:
+    _checks.check_shape(hidden, (max_new_tokens,), "hidden")
   settings = _Sampling(max_new_tokens, float(temperature), top_k, top_p,
                        tuple(int(t) for t in stop_tokens), int(pad_id), int(hidden_token))
   graphdef, state = nnx.split(model)

@@ -52,6 +52,10 @@ def make_rollout(
           "sum_pi_squared": jnp.asarray(probs**2 + (1 - probs) ** 2 * rng.random((batch, length)), jnp.float32),
           "target_logprobs": logprobs + token(0.2),
           "prm_logprobs": logprobs + token(0.2),
+          "mc_values": jnp.asarray(rng.random((batch, length)), jnp.float32),
+          "mc_evaluated": jnp.asarray(rng.random((batch, length)) < 0.5),
+          "oracle_advantages": token(0.3),
+          "oracle_values": jnp.asarray(rng.random((batch, length)), jnp.float32),
       },
       group_size=group_size,
   )
