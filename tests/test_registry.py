@@ -160,7 +160,7 @@ def test_rollout_validation_names_the_problem():
 def test_rollout_is_a_pytree_with_static_group_size():
   rollout = make_rollout()
   leaves, treedef = jax.tree.flatten(rollout)
-  assert len(leaves) == 11
+  assert len(leaves) == 8 + len(rollout.extras)  # 8 array fields + the extras
   assert jax.tree.unflatten(treedef, leaves).group_size == 4
   doubled = jax.tree.map(lambda x: x * 2, rollout.replace(token_rewards=None))
   assert doubled.token_rewards is None and doubled.group_size == 4
