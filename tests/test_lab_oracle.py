@@ -1,0 +1,144 @@
+"""Oracle credit: exact E-DEC vs brute-force enumeration, Monte Carlo vs exact
+within its standard error, and the pure helpers vs NumPy references."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxcredit.lab import oracle
+from jaxcredit.models import Transformer, preset
+from jaxcredit.sampling import generate
+from jaxcredit.tasks import key_token
+from jaxcredit.train import tasks
+from tests.conftest import random_mask
+
+OPTIONS = {"length": 6, "n_decisive": 2, "n_keys": 3, "n_fillers": 2, "filler_blind": True}
+
+
+@pytest.fixture(scope="module")
+def setting(tmp_path_factory):
+  config = ml_collections.ConfigDict({"name": "key_token", "options": OPTIONS, "train_size": 8, "test_size": 4})
+  task = tasks.make(config, data_dir=str(tmp_path_factory.mktemp("data")), seed=0)
+  model = Transformer(preset("tiny", vocab_size=key_token.VOCAB_SIZE), rngs=nnx.Rngs(0))
+  rng = np.random.default_rng(0)
+  state = nnx.state(model, nnx.Param)  # peaked, prompt-dependent conditionals instead of near-uniform ones
+  nnx.update(model, jax.tree.map(lambda x: x * 4 + 0.05 * rng.normal(size=x.shape).astype(x.dtype), state))
+  examples = [task.sources["train"][i] for i in range(4) for _ in range(4)]
+  prompts = np.stack([e["prompt"] for e in examples])
+  sample = generate(model, prompts, np.ones(prompts.shape, bool), jax.random.key(1), max_new_tokens=6,
+                    action_mask=task.action_mask, hidden=task.hidden, hidden_token=task.hidden_token)
+  return task, model, examples, sample
+
+
+def _brute_force_values(model, task, examples, sample):
+  """V(s_t) by enumerating every allowed response (teacher-forced probabilities, float64)."""
+  config = key_token.KeyTokenConfig(**OPTIONS)
+  allowed = key_token.allowed(config)
+  responses = np.asarray(list(itertools.product(*[np.flatnonzero(a) for a in allowed])))
+  tokens, p = np.asarray(sample.tokens), config.prompt_length
+  values = np.zeros(tokens.shape)
+  for row, example in enumerate(examples):
+    rows = np.concatenate([np.tile(example["prompt"], (len(responses), 1)), responses], 1)
+    logp = oracle._teacher_forced_logprobs(
+        model, np.concatenate([rows[:, :p], key_token.observe(responses, config)], 1),
+        np.concatenate([np.ones((p, key_token.VOCAB_SIZE), bool), allowed]))
+    step_logp = np.take_along_axis(logp[:, p - 1:-1], responses[..., None], 2)[..., 0]  # [S, T]
+    rewards = key_token.reward(responses, np.tile(example["targets"], (len(responses), 1)), config)
+    for t in range(config.length):
+      consistent = (responses[:, :t] == tokens[row, p:p + t]).all(axis=1)
+      log_weights = step_logp[consistent, t:].sum(axis=1)
+      weights = np.exp(log_weights - log_weights.max())
+      values[row, p + t] = np.sum(weights * rewards[consistent]) / np.sum(weights)
+  return values
+
+
+def test_decisive_oracle_equals_brute_force_enumeration(setting):
+  task, model, examples, sample = setting
+  targets = np.stack([e["targets"] for e in examples])
+  exact = oracle.decisive_credit(model, key_token.KeyTokenConfig(**OPTIONS), sample.tokens, sample.mask, targets)
+  mask = np.asarray(sample.mask)
+  want = _brute_force_values(model, task, examples, sample)
+  np.testing.assert_allclose(np.asarray(exact.values)[mask], want[mask], atol=1e-5)
+  # F1: credit telescopes to R - V(x); filler carries none (filler-blind, Proposition 1 (iii)).
+  rewards = task.score(np.asarray(sample.tokens)[:, 4:], mask[:, 4:], examples)
+  np.testing.assert_allclose(np.asarray(exact.advantages).sum(1), rewards - want[:, 4], atol=1e-5)
+  decisive = np.zeros(mask.shape, bool)
+  decisive[:, 4 + key_token.KeyTokenConfig(**OPTIONS).decisive_positions] = True
+  assert np.all(np.asarray(exact.advantages)[~decisive] == 0)
+  assert np.abs(np.asarray(exact.advantages)[decisive]).max() > 0.01
+  with pytest.raises(ValueError, match="filler_blind"):
+    oracle.decisive_credit(model, key_token.KeyTokenConfig(), sample.tokens, sample.mask, targets)
+
+
+def test_monte_carlo_values_agree_with_the_exact_oracle_within_their_standard_error(setting):
+  task, model, examples, sample = setting
+  targets = np.stack([e["targets"] for e in examples])
+  exact = oracle.decisive_credit(model, key_token.KeyTokenConfig(**OPTIONS), sample.tokens, sample.mask, targets)
+  mc = oracle.mc_credit(model, task, sample.tokens, sample.mask, sample.token_valid, examples,
+                        jax.random.key(2), k=128, positions="all")
+  mask = np.asarray(sample.mask)
+  np.testing.assert_array_equal(np.asarray(mc.evaluated), mask)
+  se = np.asarray(oracle.mc_value_stats(jnp.zeros((1, 128)), jnp.ones((1, 128), bool))[2])  # AC floor
+  value_se = np.maximum(np.sqrt(np.clip(np.asarray(exact.values) * (1 - np.asarray(exact.values)), 0, None) / 128),
+                        se[0] / 4)
+  z = (np.asarray(mc.values) - np.asarray(exact.values))[mask] / value_se[mask]
+  assert np.abs(z).max() < 4.5, np.abs(z).max()
+  assert 0.3 < np.mean(z**2) < 2.0, np.mean(z**2)
+  # Plain MC credit telescopes exactly to R - V_hat(x) (LAB.md 2.4, T1).
+  rewards = task.score(np.asarray(sample.tokens)[:, 4:], mask[:, 4:], examples)
+  np.testing.assert_allclose(np.asarray(mc.advantages).sum(1), rewards - np.asarray(mc.values)[:, 4], atol=1e-5)
+  assert mc.cost["rollouts"] == mask.sum() * 128 and mc.cost["gen_tokens"] > 0
+  assert np.all(np.asarray(mc.adv_stderr)[mask] > 0)
+
+
+def test_budgeted_monte_carlo_evaluates_fewer_positions(setting):
+  task, model, examples, sample = setting
+  mc = oracle.mc_credit(model, task, sample.tokens, sample.mask, sample.token_valid, examples,
+                        jax.random.key(3), k=4, positions="stride:3")
+  evaluated = np.asarray(mc.evaluated)
+  np.testing.assert_array_equal(evaluated.sum(1), 2)  # response steps 0 and 3 of 6
+  assert mc.cost["rollouts"] == evaluated.sum() * 4
+
+
+def test_mc_value_stats_against_numpy():
+  rng = np.random.default_rng(0)
+  returns = rng.integers(0, 2, (6, 10)).astype(np.float32)
+  returns[0] = 1.0
+  valid = rng.random((6, 10)) < 0.8
+  valid[1] = False
+  mean, var, se = (np.asarray(x) for x in oracle.mc_value_stats(jnp.asarray(returns), jnp.asarray(valid)))
+  for m in range(6):
+    r = returns[m][valid[m]]
+    if len(r) == 0:
+      assert mean[m] == 0 and se[m] == 0.5
+      continue
+    assert np.isclose(mean[m], r.mean())
+    if len(r) > 1:
+      assert np.isclose(var[m], r.var(ddof=1), atol=1e-6)
+    p = (r.sum() + 2) / (len(r) + 4)
+    assert np.isclose(se[m], np.sqrt(p * (1 - p) / len(r)), atol=1e-6)
+  assert se[0] > 0  # all successes still report uncertainty (Agresti-Coull)
+  real = rng.normal(size=(3, 5)).astype(np.float32)
+  _, _, se_real = oracle.mc_value_stats(jnp.asarray(real), jnp.ones((3, 5), bool), binary=False)
+  np.testing.assert_allclose(se_real, real.std(axis=1, ddof=1) / np.sqrt(5), rtol=1e-5)
+
+
+def test_select_positions():
+  rng = np.random.default_rng(1)
+  mask = random_mask(rng, (6, 12))
+  logprobs = np.log(rng.random((6, 12)))
+  np.testing.assert_array_equal(oracle.select_positions(mask, None, "all"), mask)
+  stride = np.asarray(oracle.select_positions(mask, None, "stride:3"))
+  cut = np.asarray(oracle.select_positions(mask, logprobs, "cutpoints:0.5"))
+  for b in range(6):
+    actions = np.flatnonzero(mask[b])
+    np.testing.assert_array_equal(np.flatnonzero(stride[b]), actions[::3])
+    want = [t for i, t in enumerate(actions) if i == 0 or np.exp(logprobs[b, t]) < 0.5]
+    np.testing.assert_array_equal(np.flatnonzero(cut[b]), want)
+  with pytest.raises(ValueError, match="Unknown positions 'every'"):
+    oracle.select_positions(mask, None, "every")
