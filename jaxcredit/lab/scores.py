@@ -1,0 +1,173 @@
+"""How well an estimator's [B, T] credit matches oracle credit (LAB.md section 3).
+
+All statistics are computed on the host in float64 over the scored tokens
+W = mask & evaluated. Rows with no scored token are dropped. Each returns a
+`Stat(value, defined, n)`: a statistic without enough data (zero variance,
+fewer than 3 points) is reported as undefined with value 0.0, never NaN.
+
+  correlations(est, oracle, w)   pooled Pearson r_pool = (C_b + C_w) / sqrt((S_b + S_w)(S^_b + S^_w)),
+                                 its between-row / within-row parts, eta^2 = S_b / (S_b + S_w)
+                                 (sqrt(eta^2) bounds r_pool of any sequence-level estimator),
+                                 R^2_w = C_w^2 / (S_w S^_w) (0 for constant rows), per-row r (Fisher-z mean)
+  spearman(est, oracle, w)       pooled, on average ranks
+  sign_agreement(...)            SA and mass-weighted SA_w on |A| > max(0.01, 2 SE)
+  decisive_mass(x, w, decisive)  mean over rows of sum_{t in D} |x| / sum_t |x|
+  top_k_overlap(est, oracle, w, k)  expected overlap of the top-k |credit| sets (ties shared)
+  scale_nmse(est, oracle, w)     1 - max(0, cos)^2: error left after the best non-negative rescaling
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+
+class Stat(NamedTuple):
+  value: float
+  defined: bool
+  n: int
+
+
+def _undefined(n: int) -> Stat:
+  return Stat(0.0, False, int(n))
+
+
+def _ratio(numerator: float, denominator: float, n: int) -> Stat:
+  if n < 3 or denominator <= 1e-24:
+    return _undefined(n)
+  return Stat(float(numerator / denominator), True, int(n))
+
+
+def _rows(est, oracle, weights):
+  est, oracle = np.asarray(est, np.float64), np.asarray(oracle, np.float64)
+  weights = np.asarray(weights, bool)
+  keep = weights.any(axis=1)
+  return est[keep], oracle[keep], weights[keep]
+
+
+def correlations(est, oracle, weights) -> dict[str, Stat]:
+  """r_pool, r_between, r_within, eta2, ceiling (sqrt eta2), r2_within, r_row; see the module docstring."""
+  est, oracle, w = _rows(est, oracle, weights)
+  n = int(w.sum())
+  if n == 0:
+    return {k: _undefined(0) for k in ("r_pool", "r_between", "r_within", "eta2", "ceiling", "r2_within", "r_row")}
+  lengths = w.sum(axis=1)
+  row_mean = lambda x: (x * w).sum(axis=1) / lengths
+  m, m_hat = row_mean(oracle), row_mean(est)
+  mu, mu_hat = (lengths * m).sum() / n, (lengths * m_hat).sum() / n
+  c_b = (lengths * (m - mu) * (m_hat - mu_hat)).sum()
+  s_b, s_b_hat = (lengths * (m - mu) ** 2).sum(), (lengths * (m_hat - mu_hat) ** 2).sum()
+  within, within_hat = (oracle - m[:, None]) * w, (est - m_hat[:, None]) * w
+  c_w, s_w, s_w_hat = (within * within_hat).sum(), (within**2).sum(), (within_hat**2).sum()
+  total = s_b + s_w
+  eta2 = _ratio(s_b, total, n)
+  r2_within = Stat(0.0, True, n) if s_w_hat <= 1e-24 and s_w > 1e-24 else _ratio(c_w**2, s_w * s_w_hat, n)
+  return {
+      "r_pool": _ratio(c_b + c_w, np.sqrt(total * (s_b_hat + s_w_hat)), n),
+      "r_between": _ratio(c_b, np.sqrt(s_b * s_b_hat), len(lengths)),
+      "r_within": _ratio(c_w, np.sqrt(s_w * s_w_hat), n),
+      "eta2": eta2,
+      "ceiling": Stat(float(np.sqrt(eta2.value)), eta2.defined, n),
+      "r2_within": r2_within,
+      "r_row": _row_correlation(est, oracle, w),
+  }
+
+
+def _row_correlation(est, oracle, w) -> Stat:
+  """Per-response Pearson r averaged via Fisher z (weights L_i - 3); n = rows where defined."""
+  zs, weights = [], []
+  for e, o, valid in zip(est, oracle, w):
+    e, o = e[valid], o[valid]
+    if len(e) < 4 or e.std() < 1e-12 or o.std() < 1e-12:
+      continue
+    r = np.clip(np.corrcoef(e, o)[0, 1], -0.999999, 0.999999)
+    zs.append(np.arctanh(r))
+    weights.append(len(e) - 3)
+  if not zs:
+    return _undefined(0)
+  return Stat(float(np.tanh(np.average(zs, weights=weights))), True, len(zs))
+
+
+def spearman(est, oracle, weights) -> Stat:
+  """Pooled Spearman correlation: Pearson on average ranks (ties share their mean rank)."""
+  est, oracle, w = _rows(est, oracle, weights)
+  e, o = est[w], oracle[w]
+  if len(e) < 3:
+    return _undefined(len(e))
+  re, ro = scipy_stats.rankdata(e), scipy_stats.rankdata(o)
+  re, ro = re - re.mean(), ro - ro.mean()
+  return _ratio((re * ro).sum(), np.sqrt((re**2).sum() * (ro**2).sum()), len(e))
+
+
+def sign_agreement(est, oracle, weights, stderr=None, *, floor: float = 0.01) -> dict[str, Stat]:
+  """SA = |{sign est = sign A != 0}| / |S| and SA_w (weighted by |A|) over
+  S = {scored, |A| > max(floor, 2 SE)}; chance 0.5."""
+  est, oracle, w = (np.asarray(x) for x in (est, oracle, weights))
+  se = np.zeros(oracle.shape) if stderr is None else np.asarray(stderr, np.float64)
+  scope = w.astype(bool) & (np.abs(oracle) > np.maximum(floor, 2 * se))
+  n = int(scope.sum())
+  if n == 0:
+    return {"sa": _undefined(0), "sa_weighted": _undefined(0)}
+  agree = (np.sign(est) == np.sign(oracle))[scope]
+  mass = np.abs(oracle[scope]).astype(np.float64)
+  return {"sa": Stat(float(agree.mean()), True, n),
+          "sa_weighted": Stat(float((mass * agree).sum() / mass.sum()), True, n)}
+
+
+def decisive_mass(x, weights, decisive) -> Stat:
+  """Mean over rows of sum_{t in D} w|x_t| / sum_t w|x_t| (rows with no credit skipped)."""
+  x, w, decisive = np.abs(np.asarray(x, np.float64)), np.asarray(weights, bool), np.asarray(decisive, bool)
+  totals = (x * w).sum(axis=1)
+  keep = totals > 1e-12
+  if not keep.any():
+    return _undefined(0)
+  shares = (x * w * decisive).sum(axis=1)[keep] / totals[keep]
+  return Stat(float(shares.mean()), True, int(keep.sum()))
+
+
+def _top_k_membership(x: np.ndarray, k: int) -> np.ndarray:
+  """1 for the k largest; the e entries tied at the threshold share the k - g remaining places."""
+  if k >= len(x):
+    return np.ones(len(x))
+  threshold = np.sort(x)[::-1][k - 1]
+  above = x > threshold
+  tied = x == threshold
+  return np.where(above, 1.0, np.where(tied, (k - above.sum()) / tied.sum(), 0.0))
+
+
+def top_k_overlap(est, oracle, weights, k: int | None = None) -> Stat:
+  """Mean over rows of (1/k) sum_t m_t m*_t for the top-k |credit| sets (k default:
+  ceil(0.2 L_i)); chance k / L, and a constant-credit row scores exactly that."""
+  est, oracle, w = _rows(est, oracle, weights)
+  overlaps = []
+  for e, o, valid in zip(est, oracle, w):
+    e, o = np.abs(e[valid]), np.abs(o[valid])
+    size = k or int(np.ceil(0.2 * len(e)))
+    size = min(size, len(e))
+    overlaps.append((_top_k_membership(e, size) * _top_k_membership(o, size)).sum() / size)
+  if not overlaps:
+    return _undefined(0)
+  return Stat(float(np.mean(overlaps)), True, len(overlaps))
+
+
+def scale_nmse(est, oracle, weights) -> Stat:
+  """min_{a >= 0} sum w (A - a est)^2 / sum w A^2 = 1 - max(0, cos)^2."""
+  est, oracle, w = _rows(est, oracle, weights)
+  e, o = est[w], oracle[w]
+  norm = np.sqrt((e**2).sum() * (o**2).sum())
+  if len(e) == 0 or (o**2).sum() <= 1e-24:
+    return _undefined(len(e))
+  cosine = (e * o).sum() / norm if norm > 0 else 0.0
+  return Stat(float(1 - max(0.0, cosine) ** 2), True, len(e))
+
+
+def score(est, oracle, weights, *, stderr=None, decisive=None) -> dict[str, Stat]:
+  """Every statistic above for one estimator; `decisive` [B, T] adds decisive
+  mass of the estimator (dm) and of the oracle (dm_oracle)."""
+  out = {**correlations(est, oracle, weights), "spearman": spearman(est, oracle, weights),
+         **sign_agreement(est, oracle, weights, stderr), "top_k": top_k_overlap(est, oracle, weights),
+         "nmse_scale": scale_nmse(est, oracle, weights)}
+  if decisive is not None:
+    out["dm"] = decisive_mass(est, weights, decisive)
+    out["dm_oracle"] = decisive_mass(oracle, weights, decisive)
+  return out
