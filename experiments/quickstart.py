@@ -14,6 +14,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.task.test_size = 500  # held-out problems for greedy eval
   config.task.max_prompt_length = 10  # BOS + "999+999=" fits (key_token: fixed by its options)
   config.task.max_response_length = 6  # 4 answer digits + EOS, plus slack (key_token: fixed)
+  config.task.data_dir = ml_collections.config_dict.placeholder(str)  # default: WORKDIR/data
 
   config.mesh = ml_collections.ConfigDict()
   # (data, fsdp, model) device counts; None puts every device on `data`.
@@ -22,6 +23,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.model = ml_collections.ConfigDict()
   config.model.preset = "tiny"  # 2 layers, d=128 (vocab set by the tokenizer)
+  config.model.overrides = {}  # TransformerConfig fields replacing the preset's (e.g. {"n_layers": 1})
 
   config.sft = ml_collections.ConfigDict()
   config.sft.max_steps = 400  # upper bound; stops earlier at target_accuracy

@@ -102,3 +102,15 @@ def test_bad_configs_raise():
     losses.from_config({"policy": {"coef": 1.0}})
   with pytest.raises(ValueError, match="optax \\*_schedule"):
     losses.from_config({"policy": {"name": "pg", "coef": {"schedule": "adam"}}})
+
+
+def test_rms_scaled_credit_has_unit_rms_and_keeps_zero_credit():
+  rollout = _rollout(3)
+  mask = np.asarray(rollout.mask)
+  grpo = np.where(mask, reference.grpo(rollout.rewards, 4)[:, None], 0.0)
+  scaled = jax.jit(estimators.from_config({"scale": "rms", "of": "grpo"}))(rollout).advantages
+  np.testing.assert_allclose(scaled, grpo / np.sqrt(np.mean(grpo[mask] ** 2)), atol=1e-5)
+  flat = rollout.replace(rewards=jnp.zeros_like(rollout.rewards))
+  np.testing.assert_array_equal(estimators.rms_scaled("grpo")(flat).advantages, 0.0)
+  with pytest.raises(ValueError, match="scale takes 'rms'"):
+    estimators.from_config({"scale": "max", "of": "grpo"})

@@ -75,12 +75,18 @@ def test_decisive_oracle_equals_brute_force_enumeration(setting):
     oracle.decisive_credit(model, key_token.KeyTokenConfig(), sample.tokens, sample.mask, targets)
 
 
-def test_monte_carlo_values_agree_with_the_exact_oracle_within_their_standard_error(setting):
+def _exact_and_mc(setting, *, k, seed):
   task, model, examples, sample = setting
   targets = np.stack([e["targets"] for e in examples])
   exact = oracle.decisive_credit(model, key_token.KeyTokenConfig(**OPTIONS), sample.tokens, sample.mask, targets)
   mc = oracle.mc_credit(model, task, sample.tokens, sample.mask, sample.token_valid, examples,
-                        jax.random.key(2), k=128, positions="all")
+                        jax.random.key(seed), k=k, positions="all")
+  return exact, mc
+
+
+def test_monte_carlo_values_agree_with_the_exact_oracle_within_their_standard_error(setting):
+  task, _, examples, sample = setting
+  exact, mc = _exact_and_mc(setting, k=128, seed=2)
   mask = np.asarray(sample.mask)
   np.testing.assert_array_equal(np.asarray(mc.evaluated), mask)
   se = np.asarray(oracle.mc_value_stats(jnp.zeros((1, 128)), jnp.ones((1, 128), bool))[2])  # AC floor
@@ -142,3 +148,15 @@ def test_select_positions():
     np.testing.assert_array_equal(np.flatnonzero(cut[b]), want)
   with pytest.raises(ValueError, match="Unknown positions 'every'"):
     oracle.select_positions(mask, None, "every")
+
+
+def test_calibration_check_accepts_mc_values_and_rejects_an_off_by_one_bug(setting):
+  """LAB.md 2.4 T2 and T4: correct MC values pass the X^2 test; V_hat(s_{t+1}) stored at t fails."""
+  from jaxcredit.lab import study
+
+  exact, mc = _exact_and_mc(setting, k=64, seed=4)
+  good = study.monte_carlo_check(exact, mc, 64, np.random.default_rng(0))
+  assert good["states"] > 10 and good["passes_t2"], good
+  shifted = np.concatenate([np.asarray(mc.values)[:, 1:], np.asarray(mc.values)[:, -1:]], axis=1)
+  bad = study.monte_carlo_check(exact, mc.replace(values=jnp.asarray(shifted)), 64, np.random.default_rng(0))
+  assert not bad["passes_t2"] and bad["x2"] > bad["x2_null_q999"], bad

@@ -8,6 +8,7 @@ from jaxcredit.estimators.compose import (
     from_config,
     high_entropy_tokens,
     masked,
+    rms_scaled,
     reweighted,
     surprisal,
     weighted_sum,
@@ -50,6 +51,7 @@ from jaxcredit.estimators.token_credit import (
 from jaxcredit.estimators.value_credit import (
     first_value,
     segment_advantages,
+    segment_endpoints,
     sequence_advantages,
     values_to_advantages,
 )
@@ -84,9 +86,11 @@ __all__ = [
     "REGISTRY",
     "remax_advantages",
     "reweighted",
+    "rms_scaled",
     "rloo_advantages",
     "Rollout",
     "segment_advantages",
+    "segment_endpoints",
     "sequence_advantages",
     "signal_diagnostics",
     "surprisal",

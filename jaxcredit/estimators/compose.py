@@ -15,10 +15,11 @@ hold). Every result is 0 at masked positions and jit-safe.
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import Array
 
-from jaxcredit._masking import as_bool
+from jaxcredit._masking import as_bool, masked_mean
 from jaxcredit.estimators import registered, token_credit
 from jaxcredit.rollout import Estimate, Rollout
 
@@ -85,6 +86,22 @@ def reweighted(base: str | AdvantageFn, weights: TokenFn) -> AdvantageFn:
   return advantage
 
 
+def rms_scaled(base: str | AdvantageFn) -> AdvantageFn:
+  """base's advantages divided by their batch RMS over valid tokens,
+  A / sqrt(mean_valid A^2) (all-zero credit stays 0): every estimator then
+  takes steps of one size, so comparisons at one learning rate are fair."""
+  base = _as_fn(base)
+
+  def advantage(rollout: Rollout) -> Estimate:
+    estimate = base(rollout)
+    valid = as_bool(rollout.mask)
+    power = masked_mean(jnp.where(valid, estimate.advantages, 0.0) ** 2, valid)
+    scale = jnp.where(power > 0, jax.lax.rsqrt(jnp.where(power > 0, power, 1.0)), 0.0)
+    return estimate._replace(advantages=jnp.where(valid, estimate.advantages * scale, 0.0))
+
+  return advantage
+
+
 def high_entropy_tokens(*, rho: float = 0.2) -> TokenFn:
   """Token selector: the top-rho valid tokens by rollout.entropy."""
 
@@ -113,6 +130,7 @@ def from_config(config: str | Mapping[str, Any]) -> AdvantageFn:
     {"sum": [{"weight": 0.7, "name": "grpo"}, {"weight": 0.3, "name": "prime"}]}
     {"mask": "high_entropy", "rho": 0.2, "of": <config>}
     {"reweight": "surprisal", "of": <config>}
+    {"scale": "rms", "of": <config>}          divided by the batch RMS over valid tokens
   Works with dicts and ml_collections.ConfigDict. Unknown keys raise ValueError.
   """
   if isinstance(config, str):
@@ -137,9 +155,13 @@ def from_config(config: str | Mapping[str, Any]) -> AdvantageFn:
           f"reweight takes one of {', '.join(WEIGHTS)} and an 'of' entry; got {kind!r}, {sorted(config)}."
       )
     return reweighted(from_config(config["of"]), WEIGHTS[kind])
+  if "scale" in config:
+    if config.get("scale") != "rms" or set(config) != {"scale", "of"}:
+      raise ValueError(f"scale takes 'rms' and an 'of' entry; got {config}.")
+    return rms_scaled(from_config(config["of"]))
   if "name" in config:
     name = config.pop("name")
     return component(name, **config)
   raise ValueError(
-      f"An advantage config needs one of 'name', 'sum', 'mask', 'reweight'; got keys {sorted(config)}."
+      f"An advantage config needs one of 'name', 'sum', 'mask', 'reweight', 'scale'; got keys {sorted(config)}."
   )

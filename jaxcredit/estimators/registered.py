@@ -203,11 +203,14 @@ def _gae(rollout: Rollout, *, gamma: float = 1.0, lam: float = 0.95, method: str
 
 
 @register("vineppo")
-def _vineppo(rollout: Rollout):
+def _vineppo(rollout: Rollout, *, k: int = 4, positions: str = "all"):
   """VinePPO (Kazemnejad et al., 2024, arXiv 2410.01679): Monte-Carlo values
   V(s_t) at the positions in extras["mc_evaluated"] (extras["mc_values"], from
   K rollouts per position: `jaxcredit.lab.oracle.mc_credit`); each segment's
-  V(next point) - V(point) is copied to its tokens."""
+  V(next point) - V(point) is copied to its tokens. `k` and `positions`
+  (see `jaxcredit.lab.oracle.select_positions`) configure the rollouts that
+  `jaxcredit.lab.hooks.credit_hook` runs; this function only reads extras."""
+  del k, positions
   return value_credit.segment_advantages(
       rollout.extra("mc_values", by="vineppo"), rollout.extra("mc_evaluated", by="vineppo"),
       rollout.rewards, rollout.mask)

@@ -33,6 +33,21 @@ def _at_or_before(x: Array, valid: Array) -> Array:
   return jnp.where(fv, fx, next_valid(fx, fv))[:, ::-1]
 
 
+def segment_endpoints(values: Array, evaluated: Array, rewards: Array, mask: Array) -> tuple[Array, Array]:
+  """(V at the segment's start, V at the next segment's start or R) for every
+  action; segments start at the `evaluated` actions. All [B, T] (rewards [B]);
+  0 where mask is False."""
+  _checks.check_same_shape(values=values, evaluated=evaluated, mask=mask)
+  _checks.check_token_and_seq({"mask": mask}, {"rewards": rewards})
+  valid = as_bool(mask)
+  points = as_bool(evaluated) & valid
+  values = sanitise(values.astype(jnp.float32), points)
+  start = _at_or_before(values, points)
+  has_next = next_valid(jnp.ones_like(values), points) > 0
+  end = jnp.where(has_next, next_valid(values, points), rewards.astype(jnp.float32)[:, None])
+  return jnp.where(valid, start, 0.0), jnp.where(valid, end, 0.0)
+
+
 def segment_advantages(values: Array, evaluated: Array, rewards: Array, mask: Array) -> Array:
   """Segment credit copied to every token of the segment (VinePPO).
 
@@ -43,15 +58,8 @@ def segment_advantages(values: Array, evaluated: Array, rewards: Array, mask: Ar
   should be evaluated; tokens before a row's first evaluated position get
   V(e_1) - 0.
   """
-  _checks.check_same_shape(values=values, evaluated=evaluated, mask=mask)
-  _checks.check_token_and_seq({"mask": mask}, {"rewards": rewards})
-  valid = as_bool(mask)
-  points = as_bool(evaluated) & valid
-  values = sanitise(values.astype(jnp.float32), points)
-  start = _at_or_before(values, points)
-  has_next = next_valid(jnp.ones_like(values), points) > 0
-  end = jnp.where(has_next, next_valid(values, points), rewards.astype(jnp.float32)[:, None])
-  return jnp.where(valid, end - start, 0.0)
+  start, end = segment_endpoints(values, evaluated, rewards, mask)
+  return end - start
 
 
 def first_value(values: Array, mask: Array) -> Array:

@@ -23,12 +23,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from jaxcredit.estimators import segment_advantages
+from jaxcredit.estimators import segment_advantages, segment_endpoints
 from jaxcredit.sampling import generate
 from jaxcredit.sampling.sampler import mask_logits
 from jaxcredit.tasks import key_token
 from jaxcredit.train import tasks
 
+_segment_advantages, _segment_endpoints = jax.jit(segment_advantages), jax.jit(segment_endpoints)
 ORACLE_STREAM = 0x0AC1E  # oracle keys are fold_in(key, ORACLE_STREAM): never shared with an estimator's
 
 
@@ -203,34 +204,41 @@ def mc_credit(model, task: tasks.TrainTask, tokens: np.ndarray, mask: np.ndarray
   _, hidden_rows = tasks.row_tables(task)
   observed = tokens if hidden_rows is None else np.where(hidden_rows, task.hidden_token, tokens)
   key = jax.random.fold_in(key, ORACLE_STREAM)
-  per_chunk = max(1, max_rows // k)
+  # Prefixes per sampler call: a power of two (few compiled shapes), at most max_rows // k.
+  per_chunk = int(min(max(1, max_rows // k), 2 ** math.ceil(math.log2(max(len(pairs), 1)))))
   returns = np.zeros((len(pairs), k))
   gen_tokens = prefill_tokens = 0
+  columns_all = np.arange(width)
   for start in range(0, len(pairs), per_chunk):
     chunk = pairs[start:start + per_chunk]
     padded = np.concatenate([chunk, np.repeat(chunk[-1:], per_chunk - len(chunk), 0)])  # one compiled shape
     rows, columns = padded[:, 0], padded[:, 1]
     steps_done = columns - prompt_len  # response steps before s_t
-    prompts = np.full((len(padded), width), task.pad_id, np.int32)
-    valid = np.zeros((len(padded), width), bool)
-    for i, (row, column) in enumerate(zip(rows, columns)):
-      prompts[i, width - column:] = observed[row, :column]
-      valid[i, width - column:] = token_valid[row, :column]
+    # Prefix s_t = row[:column], left-padded to `width`.
+    source = columns_all[None] - (width - columns)[:, None]
+    inside = source >= 0
+    source = np.clip(source, 0, width - 1)
+    prompts = np.where(inside, observed[rows[:, None], source], task.pad_id).astype(np.int32)
+    valid = inside & token_valid[rows[:, None], source]
     index = steps_done[:, None] + np.arange(n)[None]
     out = generate(model, np.repeat(prompts, k, 0), np.repeat(valid, k, 0), jax.random.fold_in(key, start),
                    max_new_tokens=n, temperature=temperature, stop_tokens=task.stop_tokens, pad_id=task.pad_id,
                    action_mask=np.repeat(step_allowed[index], k, 0), hidden=np.repeat(step_hidden[index], k, 0),
                    hidden_token=task.hidden_token)
     continuation, continued = np.asarray(out.tokens)[:, width:], np.asarray(out.mask)[:, width:]
-    response = np.zeros((len(padded) * k, n), np.int32)
-    response_mask = np.zeros((len(padded) * k, n), bool)
-    for i, (row, done) in enumerate(zip(np.repeat(rows, k), np.repeat(steps_done, k))):
-      response[i] = np.concatenate([tokens[row, prompt_len:prompt_len + done], continuation[i, :n - done]])
-      response_mask[i] = np.concatenate([mask[row, prompt_len:prompt_len + done], continued[i, :n - done]])
-    scores = task.score(response, response_mask, [examples[r] for r in np.repeat(rows, k)])
+    # The response: the row's own first `done` steps, then the continuation.
+    done, row_of = np.repeat(steps_done, k)[:, None], np.repeat(rows, k)
+    step = np.arange(n)[None]
+    own = step < done
+    from_continuation = np.clip(step - done, 0, n - 1)
+    response = np.where(own, tokens[row_of[:, None], prompt_len + step],
+                        np.take_along_axis(continuation, from_continuation, 1))
+    response_mask = np.where(own, mask[row_of[:, None], prompt_len + step],
+                             np.take_along_axis(continued, from_continuation, 1))
+    scores = task.score(response, response_mask, [examples[r] for r in row_of])
     used = len(chunk)
     returns[start:start + used] = scores.reshape(-1, k)[:used]
-    gen_tokens += int(sum(continued[i * k:(i + 1) * k, :n - d].sum() for i, d in enumerate(steps_done[:used])))
+    gen_tokens += int((continued & (step < n - done))[:used * k].sum())
     prefill_tokens += int(k * valid[:used].sum())
   binary = bool(np.isin(returns, (0.0, 1.0)).all())
   mean, _, stderr = mc_value_stats(jnp.asarray(returns), jnp.ones(returns.shape, bool), binary=binary)
@@ -239,26 +247,16 @@ def mc_credit(model, task: tasks.TrainTask, tokens: np.ndarray, mask: np.ndarray
   values[pairs[:, 0], pairs[:, 1]] = np.asarray(mean)
   value_se[pairs[:, 0], pairs[:, 1]] = np.asarray(stderr)
   rewards = task.score(tokens[:, prompt_len:], mask[:, prompt_len:], examples)
-  advantages = segment_advantages(jnp.asarray(values, jnp.float32), jnp.asarray(evaluated), jnp.asarray(rewards),
-                                  jnp.asarray(mask))
+  advantages = _segment_advantages(jnp.asarray(values, jnp.float32), jnp.asarray(evaluated),
+                                   jnp.asarray(rewards), jnp.asarray(mask))
+  # The two endpoints of a segment use independent rollouts (the terminal reward has SE 0).
+  se_start, se_end = _segment_endpoints(jnp.asarray(value_se, jnp.float32), jnp.asarray(evaluated),
+                                        jnp.zeros(len(tokens)), jnp.asarray(mask))
   return OracleCredit(
       advantages=advantages, values=jnp.asarray(values, jnp.float32),
-      adv_stderr=jnp.asarray(_segment_stderr(value_se, evaluated, mask), jnp.float32),
+      adv_stderr=jnp.hypot(se_start, se_end),
       evaluated=jnp.asarray(evaluated),
       cost={"rollouts": len(pairs) * k, "gen_tokens": gen_tokens, "prefill_tokens": prefill_tokens,
             "tf_tokens": 0, "passes": 0},
   )
 
-
-def _segment_stderr(value_se: np.ndarray, evaluated: np.ndarray, mask: np.ndarray) -> np.ndarray:
-  """SE of V(next point) - V(segment start) at each action; the terminal reward has SE 0
-  and the two endpoints use independent rollouts."""
-  out = np.zeros(value_se.shape)
-  for b in range(len(value_se)):
-    points = np.flatnonzero(evaluated[b] & mask[b])
-    for t in np.flatnonzero(mask[b]):
-      before, after = points[points <= t], points[points > t]
-      start = value_se[b, before[-1]] if len(before) else 0.0
-      end = value_se[b, after[0]] if len(after) else 0.0
-      out[b, t] = math.hypot(start, end)
-  return out

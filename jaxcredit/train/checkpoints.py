@@ -1,7 +1,7 @@
 """Atomic, resumable checkpoints of the RL stage with orbax.
 
 A checkpoint holds the policy, the frozen reference policy, the optimizer
-state and the counters (RL step, global step). The data position and the sampling keys are pure
+state and the counters (RL step, global step, generated tokens). The data position and the sampling keys are pure
 functions of the step, so restoring these resumes the run exactly.
 """
 
@@ -34,7 +34,7 @@ class Checkpointer:
 
   def restore(self, modules: dict) -> dict:
     """Restores the latest checkpoint into `modules` in place; returns its counters."""
-    target = self._tree(modules, {"rl_step": 0, "step": 0})
+    target = self._tree(modules, {"rl_step": 0, "step": 0, "gen_tokens": 0})
     restored = self.manager.restore(self.manager.latest_step(), args=ocp.args.StandardRestore(target))
     for name, module in modules.items():
       nnx.update(module, restored[name])

@@ -18,6 +18,7 @@ import json
 import pathlib
 import signal
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -103,11 +104,19 @@ def minibatches(rollout: Rollout, estimate: Estimate, count: int, rng: np.random
     yield jax.tree.map(lambda x: x[rows], (rollout, estimate))
 
 
+RolloutHook = Callable[..., tuple[dict, dict]]
+"""hook(task, model, rollout, examples, key, rl_step) -> (extras, metrics): runs after
+scoring, before the advantages; `extras` are added to rollout.extras (e.g.
+Monte-Carlo values for `vineppo`), `metrics` are logged under train/ (a
+"gen_tokens" entry is charged to the run's generated-token count). It sees
+whole batches, so hooks are single-process."""
+
+
 def _finite(metrics: dict) -> bool:
   return all(np.isfinite(float(metrics[k])) for k in ("loss", "grad_norm"))
 
 
-def run(config, workdir: str) -> dict:
+def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dict:
   if config.mesh.distributed:
     jax.distributed.initialize()  # one process per host; every host runs this same program
   workdir = pathlib.Path(workdir)
@@ -122,7 +131,7 @@ def run(config, workdir: str) -> dict:
   local = lambda x: np.asarray(multihost_utils.global_array_to_host_local_array(x, mesh, batch_spec))
 
   # Data: a procedural TFDS dataset, read by step so that batches are reproducible.
-  task = tasks.make(config.task, data_dir=str(workdir / "data"), seed=config.seed)
+  task = tasks.make(config.task, data_dir=config.task.get("data_dir") or str(workdir / "data"), seed=config.seed)
   actions = steps.Actions(*(None if t is None else jnp.asarray(t) for t in tasks.row_tables(task)),
                           task.hidden_token)
   train = lambda batch_size: loader.Loader(task.sources["train"], encode=task.encode, batch_size=batch_size,
@@ -142,7 +151,7 @@ def run(config, workdir: str) -> dict:
                       temperature=0.0, **sampling)
     return float(np.mean(score(sample, eval_batch["examples"]) >= 1.0))
 
-  model_config = preset(config.model.preset, vocab_size=task.vocab_size)
+  model_config = preset(config.model.preset, vocab_size=task.vocab_size, **config.model.get("overrides", {}))
   model = Transformer(model_config, rngs=nnx.Rngs(config.seed))
   sharding.shard_model(model, mesh)  # parameters placed by their logical axes
   rl = config.rl
@@ -152,8 +161,8 @@ def run(config, workdir: str) -> dict:
   saved = {"model": model, "reference": reference, "optimizer": optimizer}
   critic = None
   if config.critic.preset:
-    critic = Transformer(preset(config.critic.preset, vocab_size=task.vocab_size, value_head=True),
-                         rngs=nnx.Rngs(config.seed + 1))
+    critic = Transformer(preset(config.critic.preset, vocab_size=task.vocab_size, value_head=True,
+                                **config.model.get("overrides", {})), rngs=nnx.Rngs(config.seed + 1))
     sharding.shard_model(critic, mesh)
     critic_optimizer = nnx.Optimizer(critic, adam(config.critic.learning_rate), wrt=nnx.Param)
     saved.update(critic=critic, critic_optimizer=critic_optimizer)
@@ -161,10 +170,10 @@ def run(config, workdir: str) -> dict:
   resuming = checkpointer.latest_step() is not None
 
   # Stage 1: supervised warm start, stopped by accuracy (skipped when resuming RL).
-  step, first_rl_step = 0, 0
+  step, first_rl_step, gen_tokens = 0, 0, 0
   if resuming:
     counters = checkpointer.restore(saved)
-    step, first_rl_step = counters["step"], counters["rl_step"]
+    step, first_rl_step, gen_tokens = counters["step"], counters["rl_step"], counters["gen_tokens"]
     print(f"Resuming RL at step {first_rl_step} from {workdir / 'checkpoints'}.")
   writer = MetricsWriter(workdir, resume_step=step if resuming else None)
   accuracy = None
@@ -220,8 +229,14 @@ def run(config, workdir: str) -> dict:
     rollout = rollout.replace(ref_logprobs=reference_logprobs(reference, rollout))
     if critic is not None:
       rollout = rollout.replace(values=values_fn(critic, rollout))
-    estimate = advantage_fn(rollout)
     record = {}
+    if rollout_hook is not None:
+      extras, hook_metrics = rollout_hook(task, model, rollout, batch["examples"],
+                                          jax.random.fold_in(jax.random.key(config.seed + 1), rl_step), rl_step)
+      rollout = rollout.replace(extras={**rollout.extras, **extras})
+      gen_tokens += int(hook_metrics.get("gen_tokens", 0))
+      record.update({f"train/hook/{k}": v for k, v in hook_metrics.items()})
+    estimate = advantage_fn(rollout)
     for epoch in range(rl.epochs):
       rng = np.random.default_rng([config.seed, rl_step, epoch])
       for mini_rollout, mini_estimate in minibatches(rollout, estimate, rl.minibatches, rng):
@@ -239,6 +254,7 @@ def run(config, workdir: str) -> dict:
           f"{checkpointer.latest_step()} in {workdir / 'checkpoints'}.")
     step += 1
     generated = int(jnp.sum(sample.mask))
+    gen_tokens += generated
     record.update({f"train/{k}": v for k, v in metrics.items()})
     record.update({
         "train/reward_mean": jnp.mean(rollout.rewards),
@@ -246,6 +262,7 @@ def run(config, workdir: str) -> dict:
         "train/kl": losses.aggregate(losses.kl_penalty(
             rollout.logprobs, rollout.ref_logprobs, kind="k3"), rollout.mask, "token-mean"),
         "train/tokens_per_sec": generated / (time.perf_counter() - started),
+        "train/gen_tokens": gen_tokens,  # cumulative: policy samples and any hook's rollouts
     })
     record.update({f"train/{k}": v for k, v in estimators.signal_diagnostics(
         rollout.rewards, estimate.advantages, rollout.mask, group_size=rl.group_size).items()
@@ -260,7 +277,7 @@ def run(config, workdir: str) -> dict:
                          accuracy=accuracy, refresh=False)
     writer.write(step, record)
     if preempted or (rl_step + 1) % config.checkpoint.every == 0 or rl_step + 1 == rl.steps:
-      checkpointer.save(rl_step + 1, saved, {"rl_step": rl_step + 1, "step": step})
+      checkpointer.save(rl_step + 1, saved, {"rl_step": rl_step + 1, "step": step, "gen_tokens": gen_tokens})
     if preempted:
       tqdm.tqdm.write(f"SIGTERM: saved a checkpoint at RL step {rl_step + 1}; rerun to resume.")
       break

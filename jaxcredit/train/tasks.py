@@ -41,6 +41,7 @@ class TrainTask:
   action_mask: np.ndarray | None = None
   hidden: np.ndarray | None = None
   hidden_token: int = 0
+  config: Any = None  # the task's own config (e.g. key_token.KeyTokenConfig)
 
 
 def _text(value) -> str:
@@ -93,7 +94,8 @@ def make(config, *, data_dir: str, seed: int) -> TrainTask:
                          train_size=config.train_size, test_size=config.test_size, seed=seed)
   builder.download_and_prepare()
   sources = builder.as_data_source()
-  common = dict(name=name, max_prompt_length=prompt_length, max_response_length=response_length, sources=sources)
+  common = dict(name=name, max_prompt_length=prompt_length, max_response_length=response_length, sources=sources,
+                config=task_config)
   if name != "key_token":
     return TrainTask(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, stop_tokens=(tokenizer.eos_id,),
                      encode=loader.text_encoder(tokenizer), score=score, **common)

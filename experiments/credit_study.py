@@ -1,0 +1,100 @@
+"""Does token-level credit matter? The credit study on key_token (LAB.md section 4).
+
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:smoke --workdir DIR   # seconds (CI)
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:small --workdir DIR   # ~30 min, 2 CPU cores
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:full --workdir DIR    # one accelerator
+
+Every estimator trains the same policy (same initialisation, prompts and
+evaluation per seed) with the same loss: PPO-clip with one gradient step per
+batch (ratio 1: a plain policy gradient with the estimator's credit), no KL,
+no entropy bonus, temperature 1, advantages divided by their batch RMS so one
+learning rate serves all ("scale-matched"). During the first seed's GRPO run
+the study scores every estimator's credit on the same batches against the
+exact oracle.
+"""
+
+import pathlib
+import runpy
+
+import ml_collections
+
+# The quickstart training config, to be overridden below.
+quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))["get_config"]
+
+PRESETS = ("smoke", "small", "full")
+
+
+def _estimators(vine_k: int) -> dict:
+  """name -> advantage config (see estimators.from_config); `critic: True` trains a value model."""
+  return {
+      "grpo": {"advantage": {"name": "grpo"}},  # (R - mean_g) / std_g on every token
+      "dr_grpo": {"advantage": {"name": "dr_grpo"}},  # R - mean_g
+      "rloo": {"advantage": {"name": "rloo"}},  # R - mean of the other G - 1
+      "ppo_gae": {"advantage": {"name": "gae", "lam": 0.95}, "critic": True},  # learned critic
+      "vineppo": {"advantage": {"name": "vineppo", "k": vine_k, "positions": "stride:4"}},  # MC values
+      "entropy80": {"advantage": {"mask": "high_entropy", "rho": 0.2, "of": "grpo"}},  # top-20% entropy tokens
+      "oracle": {"advantage": {"name": "oracle"}},  # exact A(s_t, y_t) (uncharged upper bound)
+      "oracle_seq": {"advantage": {"name": "oracle_seq"}},  # R - V(x): exact baseline, no localisation
+  }
+
+
+def get_config(preset: str = "small") -> ml_collections.ConfigDict:
+  if preset not in PRESETS:
+    raise ValueError(f"Unknown preset {preset!r}; known: {', '.join(PRESETS)}.")
+  config = ml_collections.ConfigDict()
+  config.preset = preset
+
+  train = quickstart_config()
+  train.task.name = "key_token"
+  train.task.options = {
+      "length": 24,  # T response tokens
+      "n_decisive": 2,  # K decisive positions (spread: 8 and 16)
+      "n_keys": 4,  # |C|: chance success 1/16
+      "n_fillers": 4,  # |F| filler symbols
+      "rule": "all",  # R = 1 iff both decisive tokens copy their keys
+      "filler_blind": True,  # filler never enters a later input: the exact oracle E-DEC applies
+  }
+  train.task.train_size = 4096
+  train.task.test_size = 64  # greedy evaluation prompts
+  train.model.overrides = {"n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 4, "d_ff": 256}  # ~0.1M
+  train.sft.max_steps = 0  # start from the random (near-uniform) policy
+  train.rl.steps = 150
+  train.rl.prompts_per_step = 8
+  train.rl.group_size = 8  # 64 responses per step
+  train.rl.learning_rate = 3e-4  # one rate for all (advantages are RMS-scaled)
+  train.rl.max_grad_norm = 1.0
+  train.rl.epochs = 1  # one gradient step per batch: ratio 1, clipping inactive
+  train.rl.minibatches = 1
+  train.rl.eval_every = 10
+  train.critic.learning_rate = 1e-3  # ppo_gae's critic (same architecture, scalar head)
+  train.checkpoint.every = 50
+  train.objective = {"policy": {"name": "ppo_clip", "aggregation": "seq-mean-token-sum-norm"}}
+  config.train = train
+
+  config.estimators = _estimators(vine_k=4)
+  config.seeds = [0, 1, 2]  # the unit of replication (init, prompts, sampling)
+  config.scale = "rms"  # "rms": scale-matched credit; "native": as the estimator gives it
+  config.threshold = 0.9  # eval accuracy for steps-to-threshold
+  config.score_at = [0.0, 0.5, 1.0]  # fractions of training at which the first GRPO run is scored
+  config.mc_check_k = 64  # continuations per state for the Monte-Carlo vs exact check
+  config.mc_check_rows = 32  # responses in that check
+  config.bootstrap = 10000  # resamples for confidence intervals over seeds
+
+  if preset == "smoke":
+    train.task.options = {"length": 8, "n_decisive": 2, "n_keys": 3, "n_fillers": 2, "filler_blind": True}
+    train.task.train_size, train.task.test_size = 64, 9
+    train.model.overrides = {"n_layers": 1, "d_model": 32, "n_heads": 2, "n_kv_heads": 2, "d_ff": 64}
+    train.rl.steps, train.rl.prompts_per_step, train.rl.group_size, train.rl.eval_every = 6, 4, 4, 3
+    train.rl.learning_rate = 3e-3
+    config.estimators = {k: v for k, v in _estimators(vine_k=2).items() if k in ("grpo", "vineppo", "oracle")}
+    config.seeds = [0]
+    config.score_at = [0.0, 1.0]
+    config.mc_check_k, config.mc_check_rows, config.bootstrap = 64, 16, 1000
+  elif preset == "full":
+    train.model.overrides = {"n_layers": 4, "d_model": 256, "n_heads": 8, "n_kv_heads": 8, "d_ff": 1024}
+    train.task.options = {**train.task.options, "length": 64, "n_decisive": 4}
+    train.rl.steps, train.rl.prompts_per_step, train.rl.group_size = 2000, 32, 16
+    config.estimators = _estimators(vine_k=9)
+    config.seeds = list(range(10))
+    config.score_at = [0.0, 0.25, 0.5, 1.0]
+  return config

@@ -1,0 +1,192 @@
+"""The credit study: estimators x seeds trained on one task, credit scored against the oracle.
+
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:small --workdir DIR
+
+For every estimator and seed the study trains a policy with
+`jaxcredit.train.loop.run` (same initialisation, prompts and evaluation per
+seed; rollouts or oracles the estimator needs come from `lab.hooks`). During
+the first seed's GRPO run it scores every estimator's credit on the same
+batches against the exact oracle (`lab.scores`) and checks Monte-Carlo values
+against exact ones. Outputs in DIR: runs/<estimator>/seed<k>/ (each a
+training workdir, resumable), scores.jsonl, mc_check.jsonl,
+credit_dump_step<N>.npz, curves.json, report.md and PNG figures. Rerunning
+with the same DIR resumes unfinished runs and rewrites the report.
+"""
+
+import json
+import pathlib
+import time
+
+import jax
+import ml_collections
+import numpy as np
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from jaxcredit import estimators
+from jaxcredit.lab import hooks, oracle, report, scores
+from jaxcredit.train import loop, tasks
+
+
+def _advantage(spec) -> dict | str:
+  advantage = spec["advantage"]
+  return advantage.to_dict() if hasattr(advantage, "to_dict") else advantage
+
+
+def train_config(study, name: str, seed: int, data_dir: str) -> ml_collections.ConfigDict:
+  """The training config of one (estimator, seed) run."""
+  spec = study.estimators[name]
+  config = ml_collections.ConfigDict(study.train.to_dict())
+  config.seed = seed
+  config.task.data_dir = data_dir  # one dataset shared by every run
+  advantage = _advantage(spec)
+  config.advantage = {"scale": "rms", "of": advantage} if study.scale == "rms" else advantage
+  if spec.get("critic", False):
+    config.critic.preset = config.model.preset
+  return config
+
+
+def decisive_mask(task: tasks.TrainTask, shape) -> np.ndarray:
+  """[B, L] bool: the task's decisive positions (key_token), else all False."""
+  out = np.zeros(shape, bool)
+  if task.name == "key_token":
+    out[:, task.max_prompt_length + task.config.decisive_positions] = True
+  return out
+
+
+def monte_carlo_check(exact: oracle.OracleCredit, mc: oracle.OracleCredit, k: int, rng: np.random.Generator,
+                      *, draws: int = 2000) -> dict:
+  """LAB.md 2.4 T1/T2: telescoping of MC credit, and calibration of V_hat
+  against the exact V on states with V in [0.05, 0.95]: X^2 = sum (k_s - K V)^2 /
+  (K V (1 - V)) against its exact parametric-bootstrap null (Binomial(K, V))."""
+  evaluated = np.asarray(mc.evaluated)
+  v, v_hat = np.asarray(exact.values, np.float64)[evaluated], np.asarray(mc.values, np.float64)[evaluated]
+  informative = (v >= 0.05) & (v <= 0.95)
+  v, successes = v[informative], np.round(v_hat[informative] * k)
+  statistic = lambda s: float(np.sum((s - k * v) ** 2 / (k * v * (1 - v))))
+  observed = statistic(successes) if len(v) else 0.0
+  null = np.array([statistic(rng.binomial(k, v)) for _ in range(draws)]) if len(v) else np.zeros(1)
+  se = np.sqrt(v * (1 - v) / k)
+  z = (successes / k - v) / se if len(v) else np.zeros(0)
+  return {"states": int(len(v)), "k": k, "x2": observed, "x2_null_q999": float(np.quantile(null, 0.999)),
+          "p_value": float(np.mean(null >= observed)), "mean_z": float(z.mean()) if len(z) else 0.0,
+          "mean_z2": float((z**2).mean()) if len(z) else 0.0,
+          "passes_t2": bool(observed <= np.quantile(null, 0.999))}
+
+
+class ScoringHook:
+  """Scores every study estimator's credit on the run's batches at `steps`
+  (the policy that sampled them, before its update) and writes the results."""
+
+  def __init__(self, study, workdir: pathlib.Path, steps: set[int]):
+    self.study, self.workdir, self.steps = study, workdir, steps
+
+  def __call__(self, task, model, rollout, examples, key, rl_step):
+    if rl_step not in self.steps:
+      return {}, {}
+    tokens, mask = np.asarray(rollout.tokens), np.asarray(rollout.mask)
+    exact = hooks.exact_credit(model, task, tokens, mask, examples)
+    extras = {"oracle_advantages": exact.advantages, "oracle_values": exact.values}
+    vine = hooks.estimator_settings({"sum": [_advantage(s) for s in self.study.estimators.values()]}).get(
+        "vineppo", {"k": 4, "positions": "stride:4"})
+    mc = oracle.mc_credit(model, task, tokens, mask, np.asarray(rollout.extras["token_valid"]), examples,
+                          jax.random.fold_in(key, 1), k=int(vine["k"]), positions=str(vine["positions"]),
+                          logprobs=np.asarray(rollout.logprobs))
+    extras.update(mc_values=mc.values, mc_evaluated=mc.evaluated)
+    scored = rollout.replace(extras={**rollout.extras, **extras})
+    decisive = decisive_mask(task, tokens.shape)
+    credit = {"oracle": np.asarray(exact.advantages)}
+    costs = {"vineppo": mc.cost["gen_tokens"]}
+    for name, spec in self.study.estimators.items():
+      if name == "oracle" or spec.get("critic", False):
+        continue  # the critic of ppo_gae exists only in its own run
+      credit[name] = np.asarray(estimators.from_config(_advantage(spec))(scored).advantages)
+    with open(self.workdir / "scores.jsonl", "a") as f:
+      for name, values in credit.items():
+        row = scores.score(values, credit["oracle"], mask, decisive=decisive)
+        f.write(json.dumps({"step": rl_step, "estimator": name, "gen_tokens": costs.get(name, 0),
+                            **{k: {"value": s.value, "defined": s.defined, "n": s.n} for k, s in row.items()}})
+                + "\n")
+    rows = slice(0, self.study.mc_check_rows)
+    check = oracle.mc_credit(model, task, tokens[rows], mask[rows], np.asarray(rollout.extras["token_valid"])[rows],
+                             examples[rows], jax.random.fold_in(key, 2), k=self.study.mc_check_k, positions="all")
+    exact_rows = oracle.OracleCredit(**{k: (v[rows] if k != "cost" else v) for k, v in exact.items()})
+    result = monte_carlo_check(exact_rows, check, self.study.mc_check_k, np.random.default_rng(rl_step))
+    rewards = np.asarray(rollout.rewards)[rows]
+    telescoping = np.abs(np.asarray(check.advantages).sum(1) - (rewards - np.asarray(
+        estimators.first_value(check.values, mask[rows])))).max()
+    with open(self.workdir / "mc_check.jsonl", "a") as f:
+      f.write(json.dumps({"step": rl_step, "telescoping_error": float(telescoping), **result}) + "\n")
+    np.savez_compressed(self.workdir / f"credit_dump_step{rl_step}.npz", tokens=tokens, mask=mask,
+                        rewards=np.asarray(rollout.rewards), decisive=decisive,
+                        oracle_stderr=np.asarray(exact.adv_stderr), **credit)
+    return {}, {}
+
+
+def _chain(first, second):
+  """Runs two rollout hooks and merges their extras and metrics."""
+  if first is None or second is None:
+    return first or second
+
+  def hook(*args):
+    (e1, m1), (e2, m2) = first(*args), second(*args)
+    return {**e1, **e2}, {**m1, **m2}
+
+  return hook
+
+
+def read_curve(run_dir: pathlib.Path) -> dict:
+  """{"step": [...], "accuracy": [...], "gen_tokens": [...]} from a run's metrics.jsonl."""
+  steps, accuracy, gen_tokens, spent = [], [], [], 0
+  for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+    record = json.loads(line)
+    spent = record.get("train/gen_tokens", spent)
+    if "eval/accuracy" in record:
+      steps.append(record["step"])
+      accuracy.append(record["eval/accuracy"])
+      gen_tokens.append(spent)
+  return {"step": steps, "accuracy": accuracy, "gen_tokens": gen_tokens}
+
+
+def run(study, workdir: str) -> dict:
+  """Trains every (estimator, seed), scores credit, writes the report; returns the curves."""
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "study_config.json").write_text(study.to_json_best_effort(indent=2))
+  steps = study.train.rl.steps
+  score_steps = {min(int(round(f * steps)), steps - 1) for f in study.score_at}
+  already_scored = (workdir / "scores.jsonl").exists()
+  curves, wall = {}, {}
+  started = time.perf_counter()
+  for name in study.estimators:
+    for seed in study.seeds:
+      run_dir = workdir / "runs" / name / f"seed{seed}"
+      config = train_config(study, name, seed, str(workdir / "data"))
+      hook = hooks.credit_hook(config.advantage.to_dict(), temperature=config.rl.temperature)
+      if name == "grpo" and seed == study.seeds[0] and not already_scored:
+        hook = _chain(hook, ScoringHook(study, workdir, score_steps))
+      run_started = time.perf_counter()
+      print(f"[study] {name} seed {seed} -> {run_dir}", flush=True)
+      loop.run(config, str(run_dir), rollout_hook=hook)
+      wall[f"{name}/seed{seed}"] = time.perf_counter() - run_started
+      curves.setdefault(name, {})[seed] = read_curve(run_dir)
+  wall["total"] = time.perf_counter() - started
+  (workdir / "curves.json").write_text(json.dumps({"curves": curves, "wall_seconds": wall}, indent=1))
+  report.write(study, workdir, curves, wall)
+  print(f"[study] wrote {workdir / 'report.md'} ({wall['total']:.0f} s)", flush=True)
+  return curves
+
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Study config (experiments/credit_study.py:<preset>).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (resumable).")
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  run(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config", "workdir"])
+  app.run(main)
