@@ -25,14 +25,18 @@ PRESETS = ("smoke", "small", "full")
 
 
 def _estimators(vine_k: int) -> dict:
-  """name -> advantage config (see estimators.from_config); `critic: True` trains a value model."""
+  """name -> advantage config (see estimators.from_config); `critic: True` trains a
+  value model; `learned: True` marks credit from a model trained along the run
+  (scored only there, not on the shared batches)."""
   return {
       "grpo": {"advantage": {"name": "grpo"}},  # (R - mean_g) / std_g on every token
       "dr_grpo": {"advantage": {"name": "dr_grpo"}},  # R - mean_g
       "rloo": {"advantage": {"name": "rloo"}},  # R - mean of the other G - 1
-      "ppo_gae": {"advantage": {"name": "gae", "lam": 0.95}, "critic": True},  # learned critic
+      "ppo_gae": {"advantage": {"name": "gae", "lam": 0.95}, "critic": True, "learned": True},  # learned critic
       "vineppo": {"advantage": {"name": "vineppo", "k": vine_k, "positions": "stride:4"}},  # MC values
+      "prime": {"advantage": {"name": "prime", "beta": 0.05}, "learned": True},  # implicit PRM
       "entropy80": {"advantage": {"mask": "high_entropy", "rho": 0.2, "of": "grpo"}},  # top-20% entropy tokens
+      "ktae": {"advantage": {"name": "ktae"}},  # GRPO + per-group key-token scores
       "oracle": {"advantage": {"name": "oracle"}},  # exact A(s_t, y_t) (uncharged upper bound)
       "oracle_seq": {"advantage": {"name": "oracle_seq"}},  # R - V(x): exact baseline, no localisation
   }
@@ -94,7 +98,8 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     train.model.overrides = {"n_layers": 4, "d_model": 256, "n_heads": 8, "n_kv_heads": 8, "d_ff": 1024}
     train.task.options = {**train.task.options, "length": 64, "n_decisive": 4}
     train.rl.steps, train.rl.prompts_per_step, train.rl.group_size = 2000, 32, 16
-    config.estimators = _estimators(vine_k=9)
+    config.estimators = {**_estimators(vine_k=9),
+                         "spo_chain": {"advantage": {"name": "spo", "k": 9, "positions": "cutpoints:0.9"}}}
     config.seeds = list(range(10))
     config.score_at = [0.0, 0.25, 0.5, 1.0]
   return config

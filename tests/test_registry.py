@@ -37,6 +37,7 @@ def make_rollout(batch=8, length=10, group_size=4, seed=0, poisoned=True) -> jc.
           "mc_evaluated": jnp.asarray(rng.random((batch, length)) < 0.5),
           "oracle_advantages": jnp.asarray(token()),
           "oracle_values": jnp.asarray(token()),
+          "ktae_scores": jnp.asarray(token()),
       },
       group_size=group_size,
   )

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import jax.numpy as jnp
 
-from jaxcredit._masking import as_bool
+from jaxcredit._masking import as_bool, sanitise
 from jaxcredit.estimators import group, returns, token_credit, value_credit
 from jaxcredit.registry import Registry
 from jaxcredit.rollout import Estimate, Rollout
@@ -229,3 +229,30 @@ def _oracle_seq(rollout: Rollout):
   sequence-level baseline with no localisation (the lab's control)."""
   return value_credit.sequence_advantages(rollout.extra("oracle_values", by="oracle_seq"), rollout.rewards,
                                           rollout.mask)
+
+
+@register("spo")
+def _spo(rollout: Rollout, *, k: int = 4, positions: str = "cutpoints:0.9", prob_threshold: float = 0.9):
+  """SPO-chain (Guo et al., 2025, arXiv 2505.23564): segments start at cutpoints
+  (tokens with pi(y_t) < 0.9), each segment's Monte-Carlo V(next cutpoint) -
+  V(cutpoint) is carried back over its tokens (extras["mc_values"] /
+  ["mc_evaluated"], as for vineppo), and the probability mask zeroes the
+  credit of confident tokens (pi(y_t) > prob_threshold). `k` and `positions`
+  configure the rollouts (`jaxcredit.lab.hooks.credit_hook`)."""
+  del k, positions
+  rollout.require("logprobs", by="spo")
+  credit = _vineppo(rollout)
+  confident = jnp.exp(sanitise(rollout.logprobs, as_bool(rollout.mask))) > prob_threshold
+  return jnp.where(confident, 0.0, credit)
+
+
+@register("ktae")
+def _ktae(rollout: Rollout, *, eps: float = 1e-6):
+  """KTAE (arXiv 2505.16826): the GRPO advantage plus a per-group key-token score
+  kappa of each token's type, extras["ktae_scores"] [B, T]
+  (`jaxcredit.lab.token_statistics.ktae_scores`: Fisher's exact test and
+  information gain of the token's presence against correctness, signed by
+  Cohen's h)."""
+  scores = rollout.extra("ktae_scores", by="ktae")
+  valid = as_bool(rollout.mask)
+  return _grpo(rollout, eps=eps) + jnp.where(valid, sanitise(scores, valid), 0.0)

@@ -5,8 +5,11 @@ without it the report says so and keeps every table.
 """
 
 import json
+import os
 import pathlib
+import platform
 
+import jax
 import numpy as np
 
 METRICS = [("r_pool", "r_pool"), ("ceiling", "√η²"), ("r2_within", "R²_w"), ("spearman", "Spearman"),
@@ -172,6 +175,10 @@ def figures(study, workdir: pathlib.Path, curves: dict) -> list[str]:
   return out
 
 
+def _machine() -> str:
+  return f"{platform.machine()} ({os.cpu_count()} cores, jax {jax.__version__} on {jax.default_backend()})"
+
+
 def write(study, workdir: pathlib.Path, curves: dict, wall: dict) -> None:
   """Writes workdir/report.md (and its figures)."""
   rng = np.random.default_rng(0)
@@ -185,7 +192,7 @@ def write(study, workdir: pathlib.Path, curves: dict, wall: dict) -> None:
       f"{dict(train.model.overrides)}; {train.rl.steps} RL steps of {train.rl.prompts_per_step} prompts × "
       f"{train.rl.group_size} samples; Adam {train.rl.learning_rate}; PPO-clip, one gradient step per batch; "
       f"advantages {'RMS-scaled' if study.scale == 'rms' else 'native'}; seeds {seeds}. "
-      f"Wall time {wall.get('total', 0):.0f} s.",
+      f"Wall time of all runs {wall.get('total (all runs)', 0):.0f} s on {_machine()}.",
       "",
       "## Sample efficiency",
       "",
@@ -201,7 +208,8 @@ def write(study, workdir: pathlib.Path, curves: dict, wall: dict) -> None:
       "√η²: the best r_pool any sequence-level (constant per response) credit can reach; R²_w: within-response "
       "credit explained; SA/SA_w: sign agreement (|A| above noise); DM: share of |credit| on decisive positions "
       "(oracle's beside it); top-k: overlap of the top-20% tokens by |credit|; NMSE_scale: error after the best "
-      "non-negative rescaling. ppo_gae's critic is not scored here (it lives in its own run).",
+      "non-negative rescaling. ppo_gae's critic and PRIME's PRM are not scored here (they live in their own "
+      "runs).",
       *agreement_tables(workdir),
       "",
       "## Monte-Carlo values vs exact values",

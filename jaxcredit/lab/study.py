@@ -8,7 +8,7 @@ seed; rollouts or oracles the estimator needs come from `lab.hooks`). During
 the first seed's GRPO run it scores every estimator's credit on the same
 batches against the exact oracle (`lab.scores`) and checks Monte-Carlo values
 against exact ones. Outputs in DIR: runs/<estimator>/seed<k>/ (each a
-training workdir, resumable), scores.jsonl, mc_check.jsonl,
+training workdir, resumable; wall_seconds.json marks it complete), scores.jsonl, mc_check.jsonl,
 credit_dump_step<N>.npz, curves.json, report.md and PNG figures. Rerunning
 with the same DIR resumes unfinished runs and rewrites the report.
 """
@@ -18,13 +18,14 @@ import pathlib
 import time
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from jaxcredit import estimators
-from jaxcredit.lab import hooks, oracle, report, scores
+from jaxcredit.lab import hooks, oracle, report, scores, token_statistics
 from jaxcredit.train import loop, tasks
 
 
@@ -93,13 +94,15 @@ class ScoringHook:
                           jax.random.fold_in(key, 1), k=int(vine["k"]), positions=str(vine["positions"]),
                           logprobs=np.asarray(rollout.logprobs))
     extras.update(mc_values=mc.values, mc_evaluated=mc.evaluated)
-    scored = rollout.replace(extras={**rollout.extras, **extras})
     decisive = decisive_mask(task, tokens.shape)
     credit = {"oracle": np.asarray(exact.advantages)}
     costs = {"vineppo": mc.cost["gen_tokens"]}
+    extras["ktae_scores"] = jnp.asarray(token_statistics.ktae_scores(
+        tokens, mask, np.asarray(rollout.rewards), rollout.group_size), jnp.float32)
+    scored = rollout.replace(extras={**rollout.extras, **extras})
     for name, spec in self.study.estimators.items():
-      if name == "oracle" or spec.get("critic", False):
-        continue  # the critic of ppo_gae exists only in its own run
+      if name == "oracle" or spec.get("learned", False):
+        continue  # a critic or PRM exists only in its own run
       credit[name] = np.asarray(estimators.from_config(_advantage(spec))(scored).advantages)
     with open(self.workdir / "scores.jsonl", "a") as f:
       for name, values in credit.items():
@@ -165,15 +168,19 @@ def run(study, workdir: str) -> dict:
       hook = hooks.credit_hook(config.advantage.to_dict(), temperature=config.rl.temperature)
       if name == "grpo" and seed == study.seeds[0] and not already_scored:
         hook = _chain(hook, ScoringHook(study, workdir, score_steps))
-      run_started = time.perf_counter()
-      print(f"[study] {name} seed {seed} -> {run_dir}", flush=True)
-      loop.run(config, str(run_dir), rollout_hook=hook)
-      wall[f"{name}/seed{seed}"] = time.perf_counter() - run_started
+      finished = run_dir / "wall_seconds.json"  # written when a run completes; rerunning skips it
+      if not finished.exists():
+        run_started = time.perf_counter()
+        print(f"[study] {name} seed {seed} -> {run_dir}", flush=True)
+        loop.run(config, str(run_dir), rollout_hook=hook)
+        finished.write_text(json.dumps(time.perf_counter() - run_started))
+      wall[f"{name}/seed{seed}"] = json.loads(finished.read_text())
       curves.setdefault(name, {})[seed] = read_curve(run_dir)
-  wall["total"] = time.perf_counter() - started
+  wall["this invocation"] = time.perf_counter() - started
+  wall["total (all runs)"] = sum(v for k, v in wall.items() if "/" in k)
   (workdir / "curves.json").write_text(json.dumps({"curves": curves, "wall_seconds": wall}, indent=1))
   report.write(study, workdir, curves, wall)
-  print(f"[study] wrote {workdir / 'report.md'} ({wall['total']:.0f} s)", flush=True)
+  print(f"[study] wrote {workdir / 'report.md'} ({wall['this invocation']:.0f} s)", flush=True)
   return curves
 
 

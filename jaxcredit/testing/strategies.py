@@ -56,6 +56,7 @@ def make_rollout(
           "mc_evaluated": jnp.asarray(rng.random((batch, length)) < 0.5),
           "oracle_advantages": token(0.3),
           "oracle_values": jnp.asarray(rng.random((batch, length)), jnp.float32),
+          "ktae_scores": token(0.5),
       },
       group_size=group_size,
   )
