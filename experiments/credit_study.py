@@ -4,13 +4,15 @@
   python -m jaxcredit.lab.study --config experiments/credit_study.py:small --workdir DIR   # ~30 min, 2 CPU cores
   python -m jaxcredit.lab.study --config experiments/credit_study.py:full --workdir DIR    # one accelerator
 
-Every estimator trains the same policy (same initialisation, prompts and
-evaluation per seed) with the same loss: PPO-clip with one gradient step per
-batch (ratio 1: a plain policy gradient with the estimator's credit), no KL,
-no entropy bonus, temperature 1, advantages divided by their batch RMS so one
-learning rate serves all ("scale-matched"). During the first seed's GRPO run
-the study scores every estimator's credit on the same batches against the
-exact oracle.
+Two tasks: key_token (exact credit known: a filler-blind policy, two decisive
+positions in 24 tokens, trained from the random policy) and arithmetic
+(after a short SFT warm start; no exact oracle). Every estimator trains the
+same policy (same initialisation, prompts and evaluation per seed) with the
+same loss: PPO-clip with one gradient step per batch (ratio 1: a plain policy
+gradient with the estimator's credit), no KL, no entropy bonus, temperature 1,
+advantages divided by their batch RMS so one learning rate serves all
+("scale-matched"). During the first seed's GRPO run on key_token the study
+scores every estimator's credit on the same batches against the exact oracle.
 """
 
 import pathlib
@@ -42,12 +44,20 @@ def _estimators(vine_k: int) -> dict:
   }
 
 
-def get_config(preset: str = "small") -> ml_collections.ConfigDict:
-  if preset not in PRESETS:
-    raise ValueError(f"Unknown preset {preset!r}; known: {', '.join(PRESETS)}.")
-  config = ml_collections.ConfigDict()
-  config.preset = preset
+def _shared_rl(train: ml_collections.ConfigDict) -> None:
+  """What every estimator shares: the loss, the optimizer and the sampling."""
+  train.rl.group_size = 8  # 8 samples per prompt
+  train.rl.learning_rate = 1e-3  # one rate for all (advantages are RMS-scaled)
+  train.rl.max_grad_norm = 1.0
+  train.rl.epochs = 1  # one gradient step per batch: ratio 1, clipping inactive
+  train.rl.minibatches = 1
+  train.rl.temperature = 1.0
+  train.critic.learning_rate = 1e-3  # ppo_gae's critic (same architecture, scalar head)
+  train.checkpoint.every = 50
+  train.objective = {"policy": {"name": "ppo_clip", "aggregation": "seq-mean-token-sum-norm"}}
 
+
+def _key_token() -> ml_collections.ConfigDict:
   train = quickstart_config()
   train.task.name = "key_token"
   train.task.options = {
@@ -62,44 +72,78 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   train.task.test_size = 64  # greedy evaluation prompts
   train.model.overrides = {"n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 4, "d_ff": 256}  # ~0.1M
   train.sft.max_steps = 0  # start from the random (near-uniform) policy
-  train.rl.steps = 150
-  train.rl.prompts_per_step = 8
-  train.rl.group_size = 8  # 64 responses per step
-  train.rl.learning_rate = 3e-4  # one rate for all (advantages are RMS-scaled)
-  train.rl.max_grad_norm = 1.0
-  train.rl.epochs = 1  # one gradient step per batch: ratio 1, clipping inactive
-  train.rl.minibatches = 1
+  _shared_rl(train)
+  train.rl.steps = 120
+  train.rl.prompts_per_step = 8  # 64 responses per step
   train.rl.eval_every = 10
-  train.critic.learning_rate = 1e-3  # ppo_gae's critic (same architecture, scalar head)
-  train.checkpoint.every = 50
-  train.objective = {"policy": {"name": "ppo_clip", "aggregation": "seq-mean-token-sum-norm"}}
-  config.train = train
+  return train
 
+
+def _arithmetic() -> ml_collections.ConfigDict:
+  train = quickstart_config()
+  train.task.options = {"min_digits": 1, "max_digits": 2, "reverse_answer": True}  # "a+b=", answer reversed
+  train.task.max_prompt_length, train.task.max_response_length = 7, 5
+  train.task.train_size, train.task.test_size = 4096, 128
+  train.model.overrides = {"n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 4, "d_ff": 256}
+  train.sft.max_steps, train.sft.batch_size, train.sft.eval_every = 300, 64, 20
+  train.sft.target_accuracy = 0.3  # RL starts from a weak solver
+  _shared_rl(train)
+  train.rl.steps = 60
+  train.rl.prompts_per_step = 8
+  train.rl.eval_every = 10
+  return train
+
+
+def get_config(preset: str = "small") -> ml_collections.ConfigDict:
+  if preset not in PRESETS:
+    raise ValueError(f"Unknown preset {preset!r}; known: {', '.join(PRESETS)}.")
+  config = ml_collections.ConfigDict()
+  config.preset = preset
   config.estimators = _estimators(vine_k=4)
+  # Per task: its training config, the estimators run on it, the accuracy threshold
+  # for steps-to-threshold, and whether credit is scored against the exact oracle.
+  config.tasks = {
+      "key_token": {"train": _key_token(), "threshold": 0.9, "scored": True,
+                    "estimators": ["grpo", "dr_grpo", "rloo", "ppo_gae", "vineppo", "prime", "entropy80", "ktae",
+                                   "oracle", "oracle_seq"]},
+      "arithmetic": {"train": _arithmetic(), "threshold": 0.6, "scored": False,
+                     "estimators": ["grpo", "rloo", "vineppo", "entropy80"]},
+  }
   config.seeds = [0, 1, 2]  # the unit of replication (init, prompts, sampling)
   config.scale = "rms"  # "rms": scale-matched credit; "native": as the estimator gives it
-  config.threshold = 0.9  # eval accuracy for steps-to-threshold
   config.score_at = [0.0, 0.5, 1.0]  # fractions of training at which the first GRPO run is scored
   config.mc_check_k = 64  # continuations per state for the Monte-Carlo vs exact check
-  config.mc_check_rows = 32  # responses in that check
+  config.mc_check_rows = 16  # responses in that check
   config.bootstrap = 10000  # resamples for confidence intervals over seeds
 
+  key_token, arithmetic = config.tasks.key_token.train, config.tasks.arithmetic.train
   if preset == "smoke":
-    train.task.options = {"length": 8, "n_decisive": 2, "n_keys": 3, "n_fillers": 2, "filler_blind": True}
-    train.task.train_size, train.task.test_size = 64, 9
-    train.model.overrides = {"n_layers": 1, "d_model": 32, "n_heads": 2, "n_kv_heads": 2, "d_ff": 64}
-    train.rl.steps, train.rl.prompts_per_step, train.rl.group_size, train.rl.eval_every = 6, 4, 4, 3
-    train.rl.learning_rate = 3e-3
-    config.estimators = {k: v for k, v in _estimators(vine_k=2).items() if k in ("grpo", "vineppo", "oracle")}
+    key_token.task.options = {"length": 8, "n_decisive": 2, "n_keys": 3, "n_fillers": 2, "filler_blind": True}
+    key_token.task.train_size, key_token.task.test_size = 64, 9
+    for train in (key_token, arithmetic):
+      train.model.overrides = {"n_layers": 1, "d_model": 32, "n_heads": 2, "n_kv_heads": 2, "d_ff": 64}
+      train.rl.steps, train.rl.prompts_per_step, train.rl.group_size, train.rl.eval_every = 6, 4, 4, 3
+      train.rl.learning_rate = 3e-3
+    arithmetic.task.train_size, arithmetic.task.test_size = 64, 16
+    arithmetic.sft.max_steps, arithmetic.sft.batch_size, arithmetic.sft.eval_every = 4, 16, 2
+    config.estimators = _estimators(vine_k=2)
+    config.tasks.key_token.estimators = ["grpo", "vineppo", "oracle"]
+    config.tasks.arithmetic.estimators = ["grpo"]
     config.seeds = [0]
     config.score_at = [0.0, 1.0]
     config.mc_check_k, config.mc_check_rows, config.bootstrap = 64, 16, 1000
   elif preset == "full":
-    train.model.overrides = {"n_layers": 4, "d_model": 256, "n_heads": 8, "n_kv_heads": 8, "d_ff": 1024}
-    train.task.options = {**train.task.options, "length": 64, "n_decisive": 4}
-    train.rl.steps, train.rl.prompts_per_step, train.rl.group_size = 2000, 32, 16
+    key_token.model.overrides = {"n_layers": 4, "d_model": 256, "n_heads": 8, "n_kv_heads": 8, "d_ff": 1024}
+    key_token.task.options = {**key_token.task.options, "length": 64, "n_decisive": 4}
+    key_token.rl.steps, key_token.rl.prompts_per_step, key_token.rl.group_size = 2000, 32, 16
+    arithmetic.task.options = {"min_digits": 3, "max_digits": 4, "reverse_answer": True}
+    arithmetic.task.max_prompt_length, arithmetic.task.max_response_length = 11, 7
+    arithmetic.rl.steps = 1000
     config.estimators = {**_estimators(vine_k=9),
                          "spo_chain": {"advantage": {"name": "spo", "k": 9, "positions": "cutpoints:0.9"}}}
+    config.tasks.key_token.estimators = [*config.tasks.key_token.estimators, "spo_chain"]
+    config.tasks.arithmetic.estimators = [*config.tasks.arithmetic.estimators, "dr_grpo", "ppo_gae", "prime",
+                                          "ktae", "spo_chain"]
     config.seeds = list(range(10))
     config.score_at = [0.0, 0.25, 0.5, 1.0]
   return config

@@ -38,11 +38,11 @@ def test_estimator_settings_walk_nested_advantage_configs():
 
 def test_study_run_configs_are_scale_matched_and_seeded():
   config = load_experiment_with_preset("small")
-  run = study.train_config(config, "ppo_gae", 2, "/tmp/data")
+  run = study.train_config(config, "key_token", "ppo_gae", 2, "/tmp/data")
   assert run.seed == 2 and run.task.data_dir == "/tmp/data"
   assert run.advantage.to_dict() == {"scale": "rms", "of": {"name": "gae", "lam": 0.95}}
   assert run.critic.preset == run.model.preset
-  assert study.train_config(config, "grpo", 0, "/tmp/data").critic.preset is None
+  assert study.train_config(config, "arithmetic", "grpo", 0, "/tmp/data").critic.preset is None
   with pytest.raises(ValueError, match="Unknown preset 'huge'"):
     load_experiment_with_preset("huge")
 
@@ -53,7 +53,8 @@ def test_smoke_study_writes_the_report(tmp_path):
        "--workdir", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   text = (tmp_path / "report.md").read_text()
-  for heading in ("## Sample efficiency", "## Oracle agreement", "## Monte-Carlo values vs exact values"):
+  for heading in ("## Sample efficiency: key_token", "## Sample efficiency: arithmetic", "## Oracle agreement",
+                  "## Monte-Carlo values vs exact values"):
     assert heading in text
   scores = [json.loads(line) for line in (tmp_path / "scores.jsonl").read_text().splitlines()]
   assert {s["estimator"] for s in scores} == {"oracle", "grpo", "vineppo"}
@@ -64,6 +65,7 @@ def test_smoke_study_writes_the_report(tmp_path):
   assert all(s["r2_within"]["value"] == 0.0 and s["r_pool"]["value"] <= s["ceiling"]["value"] + 1e-9 for s in grpo)
   checks = [json.loads(line) for line in (tmp_path / "mc_check.jsonl").read_text().splitlines()]
   assert checks and all(c["telescoping_error"] < 1e-5 for c in checks)
-  assert (tmp_path / "learning_curves.png").exists() and (tmp_path / "credit_heatmap.png").exists()
+  for figure in ("learning_curves_key_token.png", "learning_curves_arithmetic.png", "credit_heatmap.png"):
+    assert (tmp_path / figure).exists(), figure
   curves = json.loads((tmp_path / "curves.json").read_text())["curves"]
-  assert set(curves) == {"grpo", "vineppo", "oracle"}
+  assert set(curves["key_token"]) == {"grpo", "vineppo", "oracle"} and set(curves["arithmetic"]) == {"grpo"}

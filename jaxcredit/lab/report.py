@@ -45,10 +45,10 @@ def bootstrap_ci(values, rng: np.random.Generator, draws: int) -> tuple[float, f
   return float(values.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
-def summarise(study, curves: dict) -> dict:
-  """Per estimator: final accuracy (mean of the last 3 evals), AUC, steps to
-  threshold, per seed; and paired AUC differences against grpo."""
-  total = study.train.rl.steps
+def summarise(curves: dict, *, steps: int, threshold: float) -> dict:
+  """{estimator: {seed: final accuracy (mean of the last 3 evals), AUC, steps to
+  threshold, generated tokens}} for one task's {estimator: {seed: curve}}."""
+  total = steps
   summary = {}
   for name, runs in curves.items():
     per_seed = {}
@@ -56,7 +56,7 @@ def summarise(study, curves: dict) -> dict:
       per_seed[seed] = {
           "final": float(np.mean(curve["accuracy"][-3:])),
           "auc": auc(curve["step"], curve["accuracy"], total),
-          "tau": steps_to_threshold(curve["step"], curve["accuracy"], study.threshold),
+          "tau": steps_to_threshold(curve["step"], curve["accuracy"], threshold),
           "gen_tokens": curve["gen_tokens"][-1] if curve["gen_tokens"] else 0,
       }
     summary[name] = per_seed
@@ -67,7 +67,7 @@ def _fmt(mean, low, high) -> str:
   return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
 
 
-def efficiency_table(study, summary: dict, rng) -> list[str]:
+def efficiency_table(summary: dict, rng, draws: int) -> list[str]:
   lines = ["| estimator | final accuracy [95% CI] | AUC [95% CI] | steps to θ (reached) | ΔAUC vs grpo [95% CI] | "
            "generated tokens / run | final per seed |", "|---|---|---|---|---|---|---|"]
   base = summary.get("grpo")
@@ -80,10 +80,10 @@ def efficiency_table(study, summary: dict, rng) -> list[str]:
     tau = f"{np.median(reached):.0f} ({len(reached)}/{len(taus)})" if reached else f"— (0/{len(taus)})"
     delta = "—"
     if base is not None and name != "grpo" and set(base) == set(per_seed):
-      delta = _fmt(*bootstrap_ci([per_seed[s]["auc"] - base[s]["auc"] for s in seeds], rng, study.bootstrap))
+      delta = _fmt(*bootstrap_ci([per_seed[s]["auc"] - base[s]["auc"] for s in seeds], rng, draws))
     tokens = np.mean([per_seed[s]["gen_tokens"] for s in seeds])
-    lines.append(f"| {name} | {_fmt(*bootstrap_ci(finals, rng, study.bootstrap))} | "
-                 f"{_fmt(*bootstrap_ci(aucs, rng, study.bootstrap))} | {tau} | {delta} | {tokens:,.0f} | "
+    lines.append(f"| {name} | {_fmt(*bootstrap_ci(finals, rng, draws))} | "
+                 f"{_fmt(*bootstrap_ci(aucs, rng, draws))} | {tau} | {delta} | {tokens:,.0f} | "
                  f"{', '.join(f'{f:.2f}' for f in finals)} |")
   return lines
 
@@ -119,13 +119,22 @@ def mc_table(workdir: pathlib.Path) -> list[str]:
   return lines
 
 
-def figures(study, workdir: pathlib.Path, curves: dict) -> list[str]:
+def _pyplot():
   try:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
   except ImportError:
+    return None
+  return plt
+
+
+def learning_curves(workdir: pathlib.Path, task: str, curves: dict) -> list[str]:
+  """learning_curves_<task>.png: mean eval accuracy and a 95% bootstrap band over
+  seeds, against RL steps and against generated tokens."""
+  plt = _pyplot()
+  if plt is None:
     return ["(figures skipped: matplotlib is not installed; `pip install jaxcredit[plot]`)"]
   rng = np.random.default_rng(0)
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -137,72 +146,96 @@ def figures(study, workdir: pathlib.Path, curves: dict) -> list[str]:
     for ax, x in zip(axes, (steps, tokens)):
       ax.plot(x, bands[:, 0], label=name)
       ax.fill_between(x, bands[:, 1], bands[:, 2], alpha=0.2)
-  axes[0].set_xlabel("RL step (policy samples)")
+  axes[0].set_xlabel("step (policy samples)")
   axes[1].set_xlabel("generated tokens (policy samples + estimator rollouts)")
   for ax in axes:
     ax.set_ylabel("greedy eval accuracy")
     ax.grid(alpha=0.3)
   axes[0].legend(fontsize=8)
+  axes[0].set_title(task)
   fig.tight_layout()
-  fig.savefig(workdir / "learning_curves.png", dpi=120)
+  fig.savefig(workdir / f"learning_curves_{task}.png", dpi=120)
   plt.close(fig)
-  out = ["![learning curves](learning_curves.png)"]
+  return [f"![learning curves on {task}](learning_curves_{task}.png)"]
+
+
+def credit_heatmap(workdir: pathlib.Path) -> list[str]:
+  """credit_heatmap.png: oracle vs estimator credit on 2 successes and 2 failures
+  of the middle scored batch (each row scaled by its max |credit|)."""
+  plt = _pyplot()
   dumps = sorted(workdir.glob("credit_dump_step*.npz"), key=lambda p: int(p.stem.split("step")[1]))
-  if dumps:
-    dump = np.load(dumps[len(dumps) // 2])
-    names = [n for n in ("oracle", "grpo", "vineppo", "oracle_seq", "entropy80", "rloo") if n in dump]
-    rewards = dump["rewards"]
-    picks = list(np.flatnonzero(rewards > 0.5)[:2]) + list(np.flatnonzero(rewards <= 0.5)[:2])
-    mask, decisive = dump["mask"], dump["decisive"]
-    fig, axes = plt.subplots(len(picks), 1, figsize=(10, 1.0 + 0.45 * len(names) * len(picks)), squeeze=False)
-    for ax, row in zip(axes[:, 0], picks):
-      columns = np.flatnonzero(mask[row])
-      grid = np.stack([dump[n][row, columns] for n in names])
-      grid = grid / np.maximum(np.abs(grid).max(axis=1, keepdims=True), 1e-12)
-      ax.imshow(grid, cmap="RdBu", vmin=-1, vmax=1, aspect="auto")
-      ax.set_yticks(range(len(names)), names, fontsize=7)
-      ax.set_xticks(range(len(columns)), [str(i) for i in range(len(columns))], fontsize=6)
-      for i, column in enumerate(columns):
-        if decisive[row, column]:
-          ax.add_patch(plt.Rectangle((i - 0.5, -0.5), 1, len(names), fill=False, lw=1.2, ec="k"))
-      ax.set_title(f"response {row}, R = {rewards[row]:.0f} (decisive positions outlined; each row / its max |·|)",
-                   fontsize=8)
-    fig.tight_layout()
-    fig.savefig(workdir / "credit_heatmap.png", dpi=120)
-    plt.close(fig)
-    out.append(f"\nCredit of 4 responses from RL step {dumps[len(dumps) // 2].stem.split('step')[1]}:\n\n"
-               "![credit heatmaps](credit_heatmap.png)")
-  return out
+  if plt is None or not dumps:
+    return []
+  dump = np.load(dumps[len(dumps) // 2])
+  names = [n for n in ("oracle", "grpo", "vineppo", "oracle_seq", "ktae", "entropy80") if n in dump]
+  rewards, mask, decisive = dump["rewards"], dump["mask"], dump["decisive"]
+  picks = list(np.flatnonzero(rewards > 0.5)[:2]) + list(np.flatnonzero(rewards <= 0.5)[:2])
+  fig, axes = plt.subplots(len(picks), 1, figsize=(10, 1.0 + 0.45 * len(names) * len(picks)), squeeze=False)
+  for ax, row in zip(axes[:, 0], picks):
+    columns = np.flatnonzero(mask[row])
+    grid = np.stack([dump[n][row, columns] for n in names])
+    grid = grid / np.maximum(np.abs(grid).max(axis=1, keepdims=True), 1e-12)
+    ax.imshow(grid, cmap="RdBu", vmin=-1, vmax=1, aspect="auto")
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    ax.set_xticks(range(len(columns)), [str(i) for i in range(len(columns))], fontsize=6)
+    for i, column in enumerate(columns):
+      if decisive[row, column]:
+        ax.add_patch(plt.Rectangle((i - 0.5, -0.5), 1, len(names), fill=False, lw=1.2, ec="k"))
+    ax.set_title(f"response {row}, R = {rewards[row]:.0f} (decisive positions outlined; each row / its max |·|)",
+                 fontsize=8)
+  fig.tight_layout()
+  fig.savefig(workdir / "credit_heatmap.png", dpi=120)
+  plt.close(fig)
+  return [f"Credit of 4 responses from RL step {dumps[len(dumps) // 2].stem.split('step')[1]} (blue +, red −):",
+          "", "![credit heatmaps](credit_heatmap.png)"]
 
 
 def _machine() -> str:
   return f"{platform.machine()} ({os.cpu_count()} cores, jax {jax.__version__} on {jax.default_backend()})"
 
 
+def _task_section(study, workdir: pathlib.Path, task: str, curves: dict, rng) -> list[str]:
+  spec = study.tasks[task]
+  train = spec.train
+  summary = summarise(curves, steps=train.rl.steps, threshold=spec.threshold)
+  sft = (f"SFT warm start (up to {train.sft.max_steps} steps, stopped at greedy accuracy "
+         f"{train.sft.target_accuracy}), then " if train.sft.max_steps else "")
+  return [
+      f"## Sample efficiency: {task}",
+      "",
+      f"`{train.task.name}` {dict(train.task.options)}; model `{train.model.preset}` with "
+      f"{dict(train.model.overrides)}; {sft}{train.rl.steps} RL steps of {train.rl.prompts_per_step} prompts × "
+      f"{train.rl.group_size} samples; Adam {train.rl.learning_rate}. Greedy accuracy on {train.task.test_size} "
+      f"held-out prompts; final = mean of the last 3 evaluations; AUC = mean accuracy over training; "
+      f"θ = {spec.threshold}.",
+      "",
+      *efficiency_table(summary, rng, study.bootstrap),
+      "",
+      *learning_curves(workdir, task, curves),
+      "",
+  ]
+
+
 def write(study, workdir: pathlib.Path, curves: dict, wall: dict) -> None:
-  """Writes workdir/report.md (and its figures)."""
+  """Writes workdir/report.md (and its figures) from {task: {estimator: {seed: curve}}}."""
   rng = np.random.default_rng(0)
-  summary = summarise(study, curves)
-  train = study.train
   seeds = list(study.seeds)
   lines = [
       f"# Credit study: {study.preset} preset",
       "",
-      f"Task: `{train.task.name}` {dict(train.task.options)}; model: `{train.model.preset}` with "
-      f"{dict(train.model.overrides)}; {train.rl.steps} RL steps of {train.rl.prompts_per_step} prompts × "
-      f"{train.rl.group_size} samples; Adam {train.rl.learning_rate}; PPO-clip, one gradient step per batch; "
-      f"advantages {'RMS-scaled' if study.scale == 'rms' else 'native'}; seeds {seeds}. "
+      "Every estimator trains the same policy per seed (initialisation, prompts, evaluation) with PPO-clip and one "
+      f"gradient step per batch (a plain policy gradient), advantages "
+      f"{'divided by their batch RMS (scale-matched)' if study.scale == 'rms' else 'at their native scale'}, "
+      f"no KL or entropy terms. Seeds {seeds}; intervals are 95% percentile bootstraps over seeds (paired by seed "
+      "for ΔAUC)" + (", optimistic with fewer than 5 seeds" if len(seeds) < 5 else "") + ". Generated tokens "
+      "count policy samples plus estimator rollouts (VinePPO); the oracle's enumeration is not charged. "
       f"Wall time of all runs {wall.get('total (all runs)', 0):.0f} s on {_machine()}.",
       "",
-      "## Sample efficiency",
-      "",
-      f"Greedy accuracy on {train.task.test_size} held-out prompts. Final = mean of the last 3 evaluations; "
-      f"AUC = mean accuracy over training; θ = {study.threshold}. Intervals: 95% percentile bootstrap over seeds "
-      "(paired by seed for ΔAUC)" + (" — with fewer than 5 seeds they are optimistic." if len(seeds) < 5 else "."),
-      "",
-      *efficiency_table(study, summary, rng),
-      "",
-      "## Oracle agreement",
+  ]
+  for task in curves:
+    lines += _task_section(study, workdir, task, curves[task], rng)
+  lines += [
+      "## Oracle agreement (key_token)",
       "",
       "Each estimator's credit on the same batch, against the exact oracle A(s_t, y_t). r_pool: pooled Pearson; "
       "√η²: the best r_pool any sequence-level (constant per response) credit can reach; R²_w: within-response "
@@ -212,16 +245,14 @@ def write(study, workdir: pathlib.Path, curves: dict, wall: dict) -> None:
       "runs).",
       *agreement_tables(workdir),
       "",
+      *credit_heatmap(workdir),
+      "",
       "## Monte-Carlo values vs exact values",
       "",
       "Plain MC values (K continuations per state) against the exact values on the same responses (LAB.md 2.4): "
       "X² against its exact parametric-bootstrap null; T1 checks that MC credit telescopes to R − V̂(x).",
       "",
       *mc_table(workdir),
-      "",
-      "## Figures",
-      "",
-      *figures(study, workdir, curves),
       "",
       "## Wall time",
       "",

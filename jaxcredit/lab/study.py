@@ -2,12 +2,12 @@
 
   python -m jaxcredit.lab.study --config experiments/credit_study.py:small --workdir DIR
 
-For every estimator and seed the study trains a policy with
+For every task, estimator and seed the study trains a policy with
 `jaxcredit.train.loop.run` (same initialisation, prompts and evaluation per
 seed; rollouts or oracles the estimator needs come from `lab.hooks`). During
 the first seed's GRPO run it scores every estimator's credit on the same
 batches against the exact oracle (`lab.scores`) and checks Monte-Carlo values
-against exact ones. Outputs in DIR: runs/<estimator>/seed<k>/ (each a
+against exact ones. Outputs in DIR: runs/<task>/<estimator>/seed<k>/ (each a
 training workdir, resumable; wall_seconds.json marks it complete), scores.jsonl, mc_check.jsonl,
 credit_dump_step<N>.npz, curves.json, report.md and PNG figures. Rerunning
 with the same DIR resumes unfinished runs and rewrites the report.
@@ -34,10 +34,10 @@ def _advantage(spec) -> dict | str:
   return advantage.to_dict() if hasattr(advantage, "to_dict") else advantage
 
 
-def train_config(study, name: str, seed: int, data_dir: str) -> ml_collections.ConfigDict:
-  """The training config of one (estimator, seed) run."""
+def train_config(study, task: str, name: str, seed: int, data_dir: str) -> ml_collections.ConfigDict:
+  """The training config of one (task, estimator, seed) run."""
   spec = study.estimators[name]
-  config = ml_collections.ConfigDict(study.train.to_dict())
+  config = ml_collections.ConfigDict(study.tasks[task].train.to_dict())
   config.seed = seed
   config.task.data_dir = data_dir  # one dataset shared by every run
   advantage = _advantage(spec)
@@ -76,11 +76,11 @@ def monte_carlo_check(exact: oracle.OracleCredit, mc: oracle.OracleCredit, k: in
 
 
 class ScoringHook:
-  """Scores every study estimator's credit on the run's batches at `steps`
+  """Scores the credit of the estimators `names` on the run's batches at `steps`
   (the policy that sampled them, before its update) and writes the results."""
 
-  def __init__(self, study, workdir: pathlib.Path, steps: set[int]):
-    self.study, self.workdir, self.steps = study, workdir, steps
+  def __init__(self, study, workdir: pathlib.Path, names: list[str], steps: set[int]):
+    self.study, self.workdir, self.names, self.steps = study, workdir, names, steps
 
   def __call__(self, task, model, rollout, examples, key, rl_step):
     if rl_step not in self.steps:
@@ -88,7 +88,7 @@ class ScoringHook:
     tokens, mask = np.asarray(rollout.tokens), np.asarray(rollout.mask)
     exact = hooks.exact_credit(model, task, tokens, mask, examples)
     extras = {"oracle_advantages": exact.advantages, "oracle_values": exact.values}
-    vine = hooks.estimator_settings({"sum": [_advantage(s) for s in self.study.estimators.values()]}).get(
+    vine = hooks.estimator_settings({"sum": [_advantage(self.study.estimators[n]) for n in self.names]}).get(
         "vineppo", {"k": 4, "positions": "stride:4"})
     mc = oracle.mc_credit(model, task, tokens, mask, np.asarray(rollout.extras["token_valid"]), examples,
                           jax.random.fold_in(key, 1), k=int(vine["k"]), positions=str(vine["positions"]),
@@ -100,14 +100,15 @@ class ScoringHook:
     extras["ktae_scores"] = jnp.asarray(token_statistics.ktae_scores(
         tokens, mask, np.asarray(rollout.rewards), rollout.group_size), jnp.float32)
     scored = rollout.replace(extras={**rollout.extras, **extras})
-    for name, spec in self.study.estimators.items():
+    for name in self.names:
+      spec = self.study.estimators[name]
       if name == "oracle" or spec.get("learned", False):
         continue  # a critic or PRM exists only in its own run
       credit[name] = np.asarray(estimators.from_config(_advantage(spec))(scored).advantages)
     with open(self.workdir / "scores.jsonl", "a") as f:
       for name, values in credit.items():
         row = scores.score(values, credit["oracle"], mask, decisive=decisive)
-        f.write(json.dumps({"step": rl_step, "estimator": name, "gen_tokens": costs.get(name, 0),
+        f.write(json.dumps({"task": task.name, "step": rl_step, "estimator": name, "gen_tokens": costs.get(name, 0),
                             **{k: {"value": s.value, "defined": s.defined, "n": s.n} for k, s in row.items()}})
                 + "\n")
     rows = slice(0, self.study.mc_check_rows)
@@ -119,7 +120,7 @@ class ScoringHook:
     telescoping = np.abs(np.asarray(check.advantages).sum(1) - (rewards - np.asarray(
         estimators.first_value(check.values, mask[rows])))).max()
     with open(self.workdir / "mc_check.jsonl", "a") as f:
-      f.write(json.dumps({"step": rl_step, "telescoping_error": float(telescoping), **result}) + "\n")
+      f.write(json.dumps({"task": task.name, "step": rl_step, "telescoping_error": float(telescoping), **result}) + "\n")
     np.savez_compressed(self.workdir / f"credit_dump_step{rl_step}.npz", tokens=tokens, mask=mask,
                         rewards=np.asarray(rollout.rewards), decisive=decisive,
                         oracle_stderr=np.asarray(exact.adv_stderr), **credit)
@@ -152,30 +153,31 @@ def read_curve(run_dir: pathlib.Path) -> dict:
 
 
 def run(study, workdir: str) -> dict:
-  """Trains every (estimator, seed), scores credit, writes the report; returns the curves."""
+  """Trains every (task, estimator, seed), scores credit, writes the report; returns the curves."""
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "study_config.json").write_text(study.to_json_best_effort(indent=2))
-  steps = study.train.rl.steps
-  score_steps = {min(int(round(f * steps)), steps - 1) for f in study.score_at}
   already_scored = (workdir / "scores.jsonl").exists()
   curves, wall = {}, {}
   started = time.perf_counter()
-  for name in study.estimators:
-    for seed in study.seeds:
-      run_dir = workdir / "runs" / name / f"seed{seed}"
-      config = train_config(study, name, seed, str(workdir / "data"))
-      hook = hooks.credit_hook(config.advantage.to_dict(), temperature=config.rl.temperature)
-      if name == "grpo" and seed == study.seeds[0] and not already_scored:
-        hook = _chain(hook, ScoringHook(study, workdir, score_steps))
-      finished = run_dir / "wall_seconds.json"  # written when a run completes; rerunning skips it
-      if not finished.exists():
-        run_started = time.perf_counter()
-        print(f"[study] {name} seed {seed} -> {run_dir}", flush=True)
-        loop.run(config, str(run_dir), rollout_hook=hook)
-        finished.write_text(json.dumps(time.perf_counter() - run_started))
-      wall[f"{name}/seed{seed}"] = json.loads(finished.read_text())
-      curves.setdefault(name, {})[seed] = read_curve(run_dir)
+  for task, spec in study.tasks.items():
+    steps = spec.train.rl.steps
+    score_steps = {min(int(round(f * steps)), steps - 1) for f in study.score_at}
+    for name in spec.estimators:
+      for seed in study.seeds:
+        run_dir = workdir / "runs" / task / name / f"seed{seed}"
+        config = train_config(study, task, name, seed, str(workdir / "data"))
+        hook = hooks.credit_hook(config.advantage.to_dict(), temperature=config.rl.temperature)
+        if spec.scored and name == "grpo" and seed == study.seeds[0] and not already_scored:
+          hook = _chain(hook, ScoringHook(study, workdir, list(spec.estimators), score_steps))
+        finished = run_dir / "wall_seconds.json"  # written when a run completes; rerunning skips it
+        if not finished.exists():
+          run_started = time.perf_counter()
+          print(f"[study] {task}: {name} seed {seed} -> {run_dir}", flush=True)
+          loop.run(config, str(run_dir), rollout_hook=hook)
+          finished.write_text(json.dumps(time.perf_counter() - run_started))
+        wall[f"{task}/{name}/seed{seed}"] = json.loads(finished.read_text())
+        curves.setdefault(task, {}).setdefault(name, {})[seed] = read_curve(run_dir)
   wall["this invocation"] = time.perf_counter() - started
   wall["total (all runs)"] = sum(v for k, v in wall.items() if "/" in k)
   (workdir / "curves.json").write_text(json.dumps({"curves": curves, "wall_seconds": wall}, indent=1))
