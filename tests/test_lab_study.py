@@ -69,3 +69,11 @@ def test_smoke_study_writes_the_report(tmp_path):
     assert (tmp_path / figure).exists(), figure
   curves = json.loads((tmp_path / "curves.json").read_text())["curves"]
   assert set(curves["key_token"]) == {"grpo", "vineppo", "oracle"} and set(curves["arithmetic"]) == {"grpo"}
+
+
+def test_read_curve_starts_at_the_policy_rl_starts_from(tmp_path):
+  lines = [{"step": 0, "eval/accuracy": 0.0}, {"step": 20, "sft/loss": 1.0, "eval/accuracy": 0.3},
+           {"step": 21, "train/reward_mean": 0.2, "train/gen_tokens": 50},
+           {"step": 22, "train/reward_mean": 0.4, "train/gen_tokens": 100, "eval/accuracy": 0.5}]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+  assert study.read_curve(tmp_path) == {"step": [0, 2], "accuracy": [0.3, 0.5], "gen_tokens": [0, 100]}

@@ -140,15 +140,19 @@ def _chain(first, second):
 
 
 def read_curve(run_dir: pathlib.Path) -> dict:
-  """{"step": [...], "accuracy": [...], "gen_tokens": [...]} from a run's metrics.jsonl."""
-  steps, accuracy, gen_tokens, spent = [], [], [], 0
-  for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-    record = json.loads(line)
-    spent = record.get("train/gen_tokens", spent)
+  """The RL learning curve of a run's metrics.jsonl: {"step": RL steps (0 = the
+  policy RL starts from, after any SFT), "accuracy": eval accuracy,
+  "gen_tokens": generated tokens so far}."""
+  records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  rl = [r for r in records if "train/reward_mean" in r]
+  start = [r for r in records if "eval/accuracy" in r and "train/reward_mean" not in r][-1]  # before RL
+  offset = start["step"]
+  steps, accuracy, gen_tokens = [0], [start["eval/accuracy"]], [0]
+  for record in rl:
     if "eval/accuracy" in record:
-      steps.append(record["step"])
+      steps.append(record["step"] - offset)
       accuracy.append(record["eval/accuracy"])
-      gen_tokens.append(spent)
+      gen_tokens.append(record["train/gen_tokens"])
   return {"step": steps, "accuracy": accuracy, "gen_tokens": gen_tokens}
 
 
