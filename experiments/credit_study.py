@@ -115,6 +115,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   config.score_at = [0.0, 0.5, 1.0]  # fractions of training at which the first GRPO run is scored
   config.mc_check_k = 64  # continuations per state for the Monte-Carlo vs exact check
   config.mc_check_rows = 16  # responses in that check
+  config.resamples = 8  # fresh groups around fixed probe responses, for credit stability (RCN)
   config.bootstrap = 10000  # resamples for confidence intervals over seeds
 
   key_token, arithmetic = config.tasks.key_token.train, config.tasks.arithmetic.train
@@ -132,7 +133,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.tasks.arithmetic.estimators = ["grpo"]
     config.seeds = [0]
     config.score_at = [0.0, 1.0]
-    config.mc_check_k, config.mc_check_rows, config.bootstrap = 64, 16, 1000
+    config.mc_check_k, config.mc_check_rows, config.bootstrap, config.resamples = 64, 16, 1000, 2
   elif preset == "full":
     key_token.model.overrides = {"n_layers": 4, "d_model": 256, "n_heads": 8, "n_kv_heads": 8, "d_ff": 1024}
     key_token.task.options = {**key_token.task.options, "length": 64, "n_decisive": 4}

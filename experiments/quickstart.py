@@ -42,6 +42,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.rl.max_grad_norm = 1.0  # global-norm clipping
   config.rl.epochs = 1  # passes over each batch
   config.rl.minibatches = 1  # updates per pass, each on whole groups (shuffled when > 1)
+  config.rl.kl_reward_coef = 0.0  # > 0: r_t -= coef * KL_t (for return-based estimators: gae, reinforce, reinforce_pp)
+  config.rl.kl_reward_kind = "k1"  # KL estimator of that penalty: k1 | k2 | k3
   config.rl.eval_every = 20  # steps between greedy evals
 
   config.critic = ml_collections.ConfigDict()

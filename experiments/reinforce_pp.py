@@ -1,5 +1,5 @@
-"""REINFORCE++-baseline (Hu, 2025) on the quickstart task: group-centred rewards
-whitened over the batch, with a k3 KL-to-reference loss term."""
+"""REINFORCE++ (Hu, 2025) on the quickstart task: batch-whitened returns of the
+outcome reward plus a per-token KL-to-reference reward penalty."""
 
 import pathlib
 import runpy
@@ -10,9 +10,11 @@ quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickst
 
 def get_config():
   config = quickstart_config()
-  config.advantage = {"name": "reinforce_pp_baseline"}  # whiten(r - mean_g) over valid tokens
+  config.advantage = {"name": "reinforce_pp"}  # whitened returns of outcome + KL-penalty token rewards
+  config.rl.kl_reward_coef = 0.01  # KL to the post-SFT reference as a per-token reward penalty ...
+  config.rl.kl_reward_kind = "k1"  # ... with the k1 estimator log pi - log pi_ref
   config.objective = {
       "policy": {"name": "ppo_clip"},  # clip 0.2 both sides
-      "kl": {"name": "kl", "coef": 0.01, "kind": "k3"},  # KL to the post-SFT reference
+      "kl": {"name": "kl", "coef": 0.01, "kind": "k3"},  # and as a k3 loss term (GRPO-style); either can be 0
   }
   return config

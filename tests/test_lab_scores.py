@@ -96,3 +96,19 @@ def test_degenerate_inputs_are_undefined_never_nan():
   out = scores.score(zeros, zeros, np.ones(shape, bool), decisive=nothing)
   assert all(np.isfinite(s.value) for s in out.values())
   assert not out["r_pool"].defined
+
+
+def test_resampling_noise_against_direct_formulas():
+  rng = np.random.default_rng(6)
+  oracle = rng.normal(size=(5, 7))
+  w = rng.random((5, 7)) < 0.8
+  samples = 2.0 * oracle[None] + 0.5 * rng.normal(size=(6, 5, 7))
+  got = scores.resampling_noise(samples, oracle, w)
+  mean = samples.mean(0)
+  scale = (oracle * mean)[w].sum() / (mean**2)[w].sum()
+  spread = ((oracle[w] - oracle[w].mean()) ** 2).sum()
+  np.testing.assert_allclose(got["rcn"].value, (scale * samples).var(0)[w].sum() / spread)
+  np.testing.assert_allclose(got["bias_ratio"].value, ((scale * mean - oracle)[w] ** 2).sum() / spread)
+  steady = scores.resampling_noise(np.repeat(oracle[None], 4, 0), oracle, w)
+  assert steady["rcn"].value == 0.0 and steady["bias_ratio"].value == pytest.approx(0.0, abs=1e-12)
+  assert not scores.resampling_noise(samples, np.zeros((5, 7)), w)["rcn"].defined

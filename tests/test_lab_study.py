@@ -60,6 +60,7 @@ def test_smoke_study_writes_the_report(tmp_path):
   assert {s["estimator"] for s in scores} == {"oracle", "grpo", "vineppo"}
   oracle_rows = [s for s in scores if s["estimator"] == "oracle"]
   assert all(s["r_pool"]["value"] == pytest.approx(1.0) for s in oracle_rows)
+  assert all(s["rcn"]["defined"] and s["rcn"]["value"] == 0.0 for s in oracle_rows)  # exact: no resampling noise
   grpo = [s for s in scores if s["estimator"] == "grpo"]
   # A constant-per-response credit explains no within-response credit and cannot beat the ceiling.
   assert all(s["r2_within"]["value"] == 0.0 and s["r_pool"]["value"] <= s["ceiling"]["value"] + 1e-9 for s in grpo)

@@ -14,7 +14,7 @@ import numpy as np
 
 METRICS = [("r_pool", "r_pool"), ("ceiling", "√η²"), ("r2_within", "R²_w"), ("spearman", "Spearman"),
            ("sa", "SA"), ("sa_weighted", "SA_w"), ("dm", "DM"), ("dm_oracle", "DM oracle"),
-           ("top_k", "top-k"), ("nmse_scale", "NMSE_scale")]
+           ("top_k", "top-k"), ("nmse_scale", "NMSE_scale"), ("rcn", "RCN"), ("bias_ratio", "bias ratio")]
 
 
 def auc(steps, accuracy, total: int) -> float:
@@ -100,7 +100,7 @@ def agreement_tables(workdir: pathlib.Path) -> list[str]:
               "| estimator | " + " | ".join(label for _, label in METRICS) + " | extra gen tokens |",
               "|---|" + "---|" * (len(METRICS) + 1)]
     for r in (r for r in rows if r["step"] == step):
-      cells = [f"{r[k]['value']:.3f}" if r[k]["defined"] else "—" for k, _ in METRICS]
+      cells = [f"{r[k]['value']:.3f}" if k in r and r[k]["defined"] else "—" for k, _ in METRICS]
       lines.append(f"| {r['estimator']} | " + " | ".join(cells) + f" | {r['gen_tokens']:,} |")
   return lines
 
@@ -241,8 +241,9 @@ def write(study, workdir: pathlib.Path, curves: dict, wall: dict) -> None:
       "√η²: the best r_pool any sequence-level (constant per response) credit can reach; R²_w: within-response "
       "credit explained; SA/SA_w: sign agreement (|A| above noise); DM: share of |credit| on decisive positions "
       "(oracle's beside it); top-k: overlap of the top-20% tokens by |credit|; NMSE_scale: error after the best "
-      "non-negative rescaling. ppo_gae's critic and PRIME's PRM are not scored here (they live in their own "
-      "runs).",
+      "non-negative rescaling; RCN / bias ratio: credit noise and bias on one probe response per group across "
+      f"{study.resamples} resampled groups (and fresh Monte-Carlo keys), relative to the oracle's spread. "
+      "ppo_gae's critic and PRIME's PRM are not scored here (they live in their own runs).",
       *agreement_tables(workdir),
       "",
       *credit_heatmap(workdir),

@@ -171,3 +171,27 @@ def score(est, oracle, weights, *, stderr=None, decisive=None) -> dict[str, Stat
     out["dm"] = decisive_mass(est, weights, decisive)
     out["dm_oracle"] = decisive_mass(oracle, weights, decisive)
   return out
+
+
+def resampling_noise(samples, oracle, weights) -> dict[str, Stat]:
+  """Stability of credit across resampled batches (LAB.md 3.6).
+
+  samples: [R, J, T] an estimator's credit on J fixed probe responses, each
+  time with a fresh group around it (and fresh Monte-Carlo keys); oracle,
+  weights: [J, T]. With X the mean over resamples and a* = argmin
+  sum w (A - a X)^2:
+    rcn        = sum w Var_r(a* X^(r)) / sum w (A - mean A)^2   (relative credit noise)
+    bias_ratio = sum w (a* X - A)^2 / sum w (A - mean A)^2
+  """
+  samples, oracle = np.asarray(samples, np.float64), np.asarray(oracle, np.float64)
+  w = np.asarray(weights, bool)
+  n = int(w.sum())
+  spread = ((oracle - oracle[w].mean()) ** 2 * w).sum() if n else 0.0
+  mean = samples.mean(axis=0)
+  power = (mean**2 * w).sum()
+  if n < 3 or spread <= 1e-24:
+    return {"rcn": _undefined(n), "bias_ratio": _undefined(n)}
+  scale = (oracle * mean * w).sum() / power if power > 1e-24 else 0.0
+  noise = ((scale * samples).var(axis=0) * w).sum()
+  return {"rcn": Stat(float(noise / spread), True, n),
+          "bias_ratio": Stat(float(((scale * mean - oracle) ** 2 * w).sum() / spread), True, n)}

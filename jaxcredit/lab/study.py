@@ -26,6 +26,7 @@ from ml_collections import config_flags
 
 from jaxcredit import estimators
 from jaxcredit.lab import hooks, oracle, report, scores, token_statistics
+from jaxcredit.sampling import generate
 from jaxcredit.train import loop, tasks
 
 
@@ -77,38 +78,70 @@ def monte_carlo_check(exact: oracle.OracleCredit, mc: oracle.OracleCredit, k: in
 
 class ScoringHook:
   """Scores the credit of the estimators `names` on the run's batches at `steps`
-  (the policy that sampled them, before its update) and writes the results."""
+  (the policy that sampled them, before its update) and writes the results:
+  agreement with the exact oracle, stability across `study.resamples`
+  resampled groups around fixed probe responses, and the Monte-Carlo check."""
 
   def __init__(self, study, workdir: pathlib.Path, names: list[str], steps: set[int]):
     self.study, self.workdir, self.names, self.steps = study, workdir, names, steps
+    self.vine = hooks.estimator_settings({"sum": [_advantage(study.estimators[n]) for n in names]}).get(
+        "vineppo", {"k": 4, "positions": "stride:4"})
 
-  def __call__(self, task, model, rollout, examples, key, rl_step):
-    if rl_step not in self.steps:
-      return {}, {}
+  def credit(self, task, model, rollout, examples, key) -> tuple[dict, oracle.OracleCredit, int]:
+    """({name: [B, T] credit} incl. the exact "oracle", the oracle, VinePPO's rollout tokens)."""
     tokens, mask = np.asarray(rollout.tokens), np.asarray(rollout.mask)
     exact = hooks.exact_credit(model, task, tokens, mask, examples)
-    extras = {"oracle_advantages": exact.advantages, "oracle_values": exact.values}
-    vine = hooks.estimator_settings({"sum": [_advantage(self.study.estimators[n]) for n in self.names]}).get(
-        "vineppo", {"k": 4, "positions": "stride:4"})
-    mc = oracle.mc_credit(model, task, tokens, mask, np.asarray(rollout.extras["token_valid"]), examples,
-                          jax.random.fold_in(key, 1), k=int(vine["k"]), positions=str(vine["positions"]),
+    mc = oracle.mc_credit(model, task, tokens, mask, np.asarray(rollout.extras["token_valid"]), examples, key,
+                          k=int(self.vine["k"]), positions=str(self.vine["positions"]),
                           logprobs=np.asarray(rollout.logprobs))
-    extras.update(mc_values=mc.values, mc_evaluated=mc.evaluated)
-    decisive = decisive_mask(task, tokens.shape)
+    ktae = token_statistics.ktae_scores(tokens, mask, np.asarray(rollout.rewards), rollout.group_size)
+    scored = rollout.replace(extras={**rollout.extras, "oracle_advantages": exact.advantages,
+                                     "oracle_values": exact.values, "mc_values": mc.values,
+                                     "mc_evaluated": mc.evaluated, "ktae_scores": jnp.asarray(ktae, jnp.float32)})
     credit = {"oracle": np.asarray(exact.advantages)}
-    costs = {"vineppo": mc.cost["gen_tokens"]}
-    extras["ktae_scores"] = jnp.asarray(token_statistics.ktae_scores(
-        tokens, mask, np.asarray(rollout.rewards), rollout.group_size), jnp.float32)
-    scored = rollout.replace(extras={**rollout.extras, **extras})
     for name in self.names:
       spec = self.study.estimators[name]
       if name == "oracle" or spec.get("learned", False):
         continue  # a critic or PRM exists only in its own run
       credit[name] = np.asarray(estimators.from_config(_advantage(spec))(scored).advantages)
+    return credit, exact, mc.cost["gen_tokens"]
+
+  def resample(self, task, model, rollout, examples, key):
+    """The batch with the first response of each group kept (the probe) and the
+    other G - 1 replaced by fresh samples from the same policy."""
+    prompt = task.max_prompt_length
+    fresh = generate(model, rollout.tokens[:, :prompt], rollout.extras["token_valid"][:, :prompt], key,
+                     max_new_tokens=task.max_response_length, stop_tokens=task.stop_tokens, pad_id=task.pad_id,
+                     action_mask=task.action_mask, hidden=task.hidden, hidden_token=task.hidden_token)
+    rewards = task.score(np.asarray(fresh.tokens)[:, prompt:], np.asarray(fresh.mask)[:, prompt:], examples)
+    probe = jnp.asarray(np.arange(len(rewards)) % rollout.group_size == 0)
+    keep = lambda old, new: jnp.where(probe.reshape((-1,) + (1,) * (jnp.ndim(new) - 1)), old, new)
+    return rollout.replace(
+        tokens=keep(rollout.tokens, fresh.tokens), mask=keep(rollout.mask, fresh.mask),
+        logprobs=keep(rollout.logprobs, fresh.logprobs), entropy=keep(rollout.entropy, fresh.entropy),
+        rewards=keep(rollout.rewards, jnp.asarray(rewards)),
+        extras={**rollout.extras, "positions": keep(rollout.extras["positions"], fresh.positions),
+                "token_valid": keep(rollout.extras["token_valid"], fresh.token_valid)})
+
+  def __call__(self, task, model, rollout, examples, key, rl_step):
+    if rl_step not in self.steps:
+      return {}, {}
+    tokens, mask = np.asarray(rollout.tokens), np.asarray(rollout.mask)
+    decisive = decisive_mask(task, tokens.shape)
+    credit, exact, vine_tokens = self.credit(task, model, rollout, examples, jax.random.fold_in(key, 1))
+    probes = np.arange(0, len(tokens), rollout.group_size)
+    resampled = {name: [] for name in credit}
+    for r in range(self.study.resamples):
+      fresh = self.resample(task, model, rollout, examples, jax.random.fold_in(key, 100 + r))
+      for name, values in self.credit(task, model, fresh, examples, jax.random.fold_in(key, 200 + r))[0].items():
+        resampled[name].append(values[probes])
     with open(self.workdir / "scores.jsonl", "a") as f:
       for name, values in credit.items():
         row = scores.score(values, credit["oracle"], mask, decisive=decisive)
-        f.write(json.dumps({"task": task.name, "step": rl_step, "estimator": name, "gen_tokens": costs.get(name, 0),
+        if self.study.resamples:
+          row.update(scores.resampling_noise(np.stack(resampled[name]), credit["oracle"][probes], mask[probes]))
+        f.write(json.dumps({"task": task.name, "step": rl_step, "estimator": name,
+                            "gen_tokens": vine_tokens if name == "vineppo" else 0,
                             **{k: {"value": s.value, "defined": s.defined, "n": s.n} for k, s in row.items()}})
                 + "\n")
     rows = slice(0, self.study.mc_check_rows)

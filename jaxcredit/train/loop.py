@@ -8,7 +8,8 @@ reaches `sft.target_accuracy` (stopping by accuracy, not step count).
 Stage 2 samples `group_size` responses per prompt, scores them, computes
 advantages with `config.advantage` and updates `config.objective` (both built
 by their `from_config`) for `rl.epochs` passes over `rl.minibatches`
-minibatches. When `critic.preset` is set, a separate Transformer with a value
+minibatches. KL to the frozen reference enters as an objective term or, with
+`rl.kl_reward_coef`, as a per-token reward penalty (rollout.token_rewards). When `critic.preset` is set, a separate Transformer with a value
 head supplies V(s_t) (for GAE and other value-based estimators) and is
 regressed towards lambda-returns with its own optimizer. Metrics go to
 `workdir/metrics.jsonl` and TensorBoard event files in `workdir/tensorboard`.
@@ -227,6 +228,10 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
         extras={"positions": sample.positions, "token_valid": sample.token_valid},
     )
     rollout = rollout.replace(ref_logprobs=reference_logprobs(reference, rollout))
+    if rl.kl_reward_coef:  # KL as a reward penalty, read by return-based estimators
+      rollout = rollout.replace(token_rewards=losses.kl_reward_shaping(
+          jnp.zeros(rollout.mask.shape), rollout.logprobs, rollout.ref_logprobs, rollout.mask,
+          coef=rl.kl_reward_coef, kind=rl.kl_reward_kind))
     if critic is not None:
       rollout = rollout.replace(values=values_fn(critic, rollout))
     record = {}
@@ -263,6 +268,8 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
             rollout.logprobs, rollout.ref_logprobs, kind="k3"), rollout.mask, "token-mean"),
         "train/tokens_per_sec": generated / (time.perf_counter() - started),
         "train/gen_tokens": gen_tokens,  # cumulative: policy samples and any hook's rollouts
+        "train/kl_reward_penalty": 0.0 if rollout.token_rewards is None else -losses.aggregate(
+            rollout.token_rewards, rollout.mask, "token-mean"),
     })
     record.update({f"train/{k}": v for k, v in estimators.signal_diagnostics(
         rollout.rewards, estimate.advantages, rollout.mask, group_size=rl.group_size).items()
