@@ -160,3 +160,32 @@ def test_calibration_check_accepts_mc_values_and_rejects_an_off_by_one_bug(setti
   shifted = np.concatenate([np.asarray(mc.values)[:, 1:], np.asarray(mc.values)[:, -1:]], axis=1)
   bad = study.monte_carlo_check(exact, mc.replace(values=jnp.asarray(shifted)), 64, np.random.default_rng(0))
   assert not bad["passes_t2"] and bad["x2"] > bad["x2_null_q999"], bad
+
+
+def test_rao_blackwellised_credit_agrees_with_the_exact_oracle(setting):
+  """LAB.md 2.4 T3: rb credit (1 - pi)(Q_y - Q_-) is unbiased, and exactly 0 where pi(y) = 1."""
+  task, model, examples, sample = setting
+  exact, _ = _exact_and_mc(setting, k=1, seed=0)
+  rb = oracle.mc_credit(model, task, sample.tokens, sample.mask, sample.token_valid, examples, jax.random.key(5),
+                        k=64, positions="all", estimator="rb", logprobs=np.asarray(sample.logprobs))
+  mask = np.asarray(sample.mask)
+  error = (np.asarray(rb.advantages) - np.asarray(exact.advantages))[mask]
+  se = np.asarray(rb.adv_stderr)[mask]
+  assert np.all(np.abs(error) <= 4.5 * se + 1e-6), np.max(np.abs(error) / np.maximum(se, 1e-9))
+  informative = se > 1e-3
+  # Agresti-Coull SEs are conservative near V = 0 or 1, so z^2 is bounded above, not pinned at 1;
+  # the mean error is unbiased within its standard error.
+  assert informative.sum() > 10 and np.mean((error[informative] / se[informative]) ** 2) < 2.0
+  assert abs(error.mean()) <= 4 * np.sqrt(np.sum(se**2)) / len(se)
+  assert np.abs(np.asarray(rb.advantages)[mask]).max() > 0.01  # not trivially zero
+  assert rb.cost["rollouts"] == 2 * 64 * mask.sum()
+  with pytest.raises(ValueError, match="needs the behaviour logprobs"):
+    oracle.mc_credit(model, task, sample.tokens, sample.mask, sample.token_valid, examples, jax.random.key(5), k=2,
+                     estimator="rb")
+
+
+def test_rb_advantages_formula():
+  adv, se = oracle.rb_advantages(jnp.array([0.9, 0.2]), jnp.array([0.4, 0.2]), jnp.array([0.75, 1.0]),
+                                 jnp.array([0.3, 0.1]), jnp.array([0.4, 0.1]))
+  np.testing.assert_allclose(adv, [0.25 * 0.5, 0.0], atol=1e-7)
+  np.testing.assert_allclose(se, [0.25 * 0.5, 0.0], atol=1e-7)

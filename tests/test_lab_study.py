@@ -64,6 +64,8 @@ def test_smoke_study_writes_the_report(tmp_path):
   grpo = [s for s in scores if s["estimator"] == "grpo"]
   # A constant-per-response credit explains no within-response credit and cannot beat the ceiling.
   assert all(s["r2_within"]["value"] == 0.0 and s["r_pool"]["value"] <= s["ceiling"]["value"] + 1e-9 for s in grpo)
+  table = (tmp_path / "scores.csv").read_text().splitlines()
+  assert table[0].startswith("task,step,estimator,gen_tokens,r_pool") and len(table) == len(scores) + 1
   checks = [json.loads(line) for line in (tmp_path / "mc_check.jsonl").read_text().splitlines()]
   assert checks and all(c["telescoping_error"] < 1e-5 for c in checks)
   for figure in ("learning_curves_key_token.png", "learning_curves_arithmetic.png", "credit_heatmap.png"):

@@ -174,79 +174,142 @@ def _placed(decisive: Sequence[int], positions: np.ndarray, length: int) -> np.n
   return response
 
 
+def rb_advantages(q_taken: Array, q_others: Array, p_taken: Array, se_taken: Array,
+                  se_others: Array) -> tuple[Array, Array]:
+  """Rao-Blackwellised credit (LAB.md 1.3, fact F2): A = (1 - pi)(Q_y - Q_-),
+  SE = (1 - pi) sqrt(SE_y^2 + SE_-^2). q_taken: Q(s_t, y_t); q_others: the
+  mean Q of the other actions under pi (rollouts whose first token is drawn
+  with y_t banned); p_taken: pi(y_t | s_t). All [M]."""
+  weight = 1.0 - p_taken
+  return weight * (q_taken - q_others), weight * jnp.sqrt(se_taken**2 + se_others**2)
+
+
+class _Continuations:
+  """K sampled continuations from prefixes row[:column] of a batch, scored by the task."""
+
+  def __init__(self, model, task, tokens, mask, token_valid, examples, key, *, k, temperature, max_rows):
+    self.model, self.task, self.examples, self.k, self.temperature = model, task, examples, k, temperature
+    self.tokens, self.mask, self.token_valid = tokens, mask, token_valid
+    self.key, self.max_rows = key, max_rows
+    n = task.max_response_length
+    self.step_allowed = np.ones((2 * n, task.vocab_size), bool)  # response step -> allowed actions
+    if task.action_mask is not None:
+      self.step_allowed[:n] = task.action_mask
+    self.step_hidden = np.zeros(2 * n, bool)
+    if task.hidden is not None:
+      self.step_hidden[:n] = task.hidden
+    _, hidden_rows = tasks.row_tables(task)
+    self.observed = tokens if hidden_rows is None else np.where(hidden_rows, task.hidden_token, tokens)
+    self.gen_tokens = self.prefill_tokens = self.rollouts = 0
+
+  def returns(self, pairs: np.ndarray, *, ban: np.ndarray | None = None, stream: int = 0) -> np.ndarray:
+    """[M, K] rewards of K continuations of prefix tokens[row, :column] per (row, column)
+    pair; ban [M] (or None): a token id excluded at the first sampled step."""
+    task, k = self.task, self.k
+    prompt_len, n = task.max_prompt_length, task.max_response_length
+    width = prompt_len + n
+    # Prefixes per sampler call: a power of two (few compiled shapes), at most max_rows // k.
+    per_chunk = int(min(max(1, self.max_rows // k), 2 ** math.ceil(math.log2(max(len(pairs), 1)))))
+    out_returns = np.zeros((len(pairs), k))
+    ban = np.full(len(pairs), -1) if ban is None else np.asarray(ban)
+    for start in range(0, len(pairs), per_chunk):
+      chunk = np.concatenate([pairs[start:start + per_chunk], ban[start:start + per_chunk, None]], 1)
+      padded = np.concatenate([chunk, np.repeat(chunk[-1:], per_chunk - len(chunk), 0)])  # one compiled shape
+      rows, columns, banned = padded[:, 0], padded[:, 1], padded[:, 2]
+      steps_done = columns - prompt_len  # response steps before the state
+      source = np.arange(width)[None] - (width - columns)[:, None]  # prefix, left-padded to `width`
+      inside = source >= 0
+      source = np.clip(source, 0, width - 1)
+      prompts = np.where(inside, self.observed[rows[:, None], source], task.pad_id).astype(np.int32)
+      valid = inside & self.token_valid[rows[:, None], source]
+      index = steps_done[:, None] + np.arange(n)[None]
+      allowed = self.step_allowed[index]
+      first = allowed[:, 0]
+      drop = (banned >= 0) & (first.sum(1) > 1)  # never ban a state's only action
+      first[drop, banned[drop]] = False
+      out = generate(self.model, np.repeat(prompts, k, 0), np.repeat(valid, k, 0),
+                     jax.random.fold_in(jax.random.fold_in(self.key, stream), start), max_new_tokens=n,
+                     temperature=self.temperature, stop_tokens=task.stop_tokens, pad_id=task.pad_id,
+                     action_mask=np.repeat(allowed, k, 0), hidden=np.repeat(self.step_hidden[index], k, 0),
+                     hidden_token=task.hidden_token)
+      continuation, continued = np.asarray(out.tokens)[:, width:], np.asarray(out.mask)[:, width:]
+      # The response: the row's own first `done` steps, then the continuation.
+      done, row_of = np.repeat(steps_done, k)[:, None], np.repeat(rows, k)
+      step = np.arange(n)[None]
+      own = step < done
+      from_continuation = np.clip(step - done, 0, n - 1)
+      response = np.where(own, self.tokens[row_of[:, None], prompt_len + step],
+                          np.take_along_axis(continuation, from_continuation, 1))
+      response_mask = np.where(own, self.mask[row_of[:, None], prompt_len + step],
+                               np.take_along_axis(continued, from_continuation, 1))
+      scores = task.score(response, response_mask, [self.examples[r] for r in row_of])
+      used = len(pairs[start:start + per_chunk])
+      out_returns[start:start + used] = scores.reshape(-1, k)[:used]
+      self.gen_tokens += int((continued & (step < n - done))[:used * k].sum())
+      self.prefill_tokens += int(k * valid[:used].sum())
+      self.rollouts += used * k
+    return out_returns
+
+  def cost(self) -> dict:
+    return {"rollouts": self.rollouts, "gen_tokens": self.gen_tokens, "prefill_tokens": self.prefill_tokens,
+            "tf_tokens": 0, "passes": 0}
+
+
+def _stats(returns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  binary = bool(np.isin(returns, (0.0, 1.0)).all())
+  mean, _, stderr = mc_value_stats(jnp.asarray(returns), jnp.ones(returns.shape, bool), binary=binary)
+  return np.asarray(mean, np.float64), np.asarray(stderr, np.float64)
+
+
 def mc_credit(model, task: tasks.TrainTask, tokens: np.ndarray, mask: np.ndarray, token_valid: np.ndarray,
-              examples: Sequence[dict], key: Array, *, k: int, positions: str = "all",
+              examples: Sequence[dict], key: Array, *, k: int, positions: str = "all", estimator: str = "plain",
               logprobs: np.ndarray | None = None, temperature: float = 1.0,
               max_rows: int = 4096) -> OracleCredit:
-  """Plain Monte-Carlo credit: V(s_t) is the mean reward of `k` continuations
-  sampled from s_t (VinePPO), at the positions `select_positions` picks;
-  segment credit V(next point) - V(point) is copied to each segment's tokens.
+  """Monte-Carlo credit at the positions `select_positions` picks.
+
+  estimator="plain" (VinePPO): V(s_t) is the mean reward of `k` continuations
+  from s_t; segment credit V(next point) - V(point) is copied to each
+  segment's tokens, adv_stderr = sqrt(SE_start^2 + SE_end^2) (independent
+  rollout sets). estimator="rb": A_t = (1 - pi_t)(Q_y - Q_-) from k
+  continuations of s_t + y_t and k of s_t with y_t banned at the first step
+  (`rb_advantages`; 2k rollouts per position, needs `logprobs`); unevaluated
+  actions get 0 with adv_stderr 0.
 
   tokens, mask, token_valid: [B, L] rows as the trainer lays them out;
   examples: the B task examples (for the reward). Continuations use the
   task's action sets and hidden steps, so they follow the sampling policy.
-  adv_stderr = sqrt(SE_start^2 + SE_end^2) (independent rollout sets).
   """
   tokens, mask, token_valid = (np.asarray(x) for x in (tokens, mask, token_valid))
   prompt_len, n = task.max_prompt_length, task.max_response_length
-  width = prompt_len + n
-  if tokens.shape[1] != width:
+  if tokens.shape[1] != prompt_len + n:
     raise ValueError(f"Expected rows of {prompt_len} + {n} tokens, got {tokens.shape}.")
+  if estimator not in ("plain", "rb"):
+    raise ValueError(f"Unknown Monte-Carlo estimator {estimator!r}; known: plain, rb.")
+  if estimator == "rb" and logprobs is None:
+    raise ValueError("estimator='rb' needs the behaviour logprobs (pi(y_t | s_t)).")
   evaluated = np.asarray(select_positions(mask, logprobs, positions))
-  pairs = np.argwhere(evaluated)  # (row, column): V(s_t) before the action at column
-  vocab = task.vocab_size
-  step_allowed = np.ones((2 * n, vocab), bool)
-  if task.action_mask is not None:
-    step_allowed[:n] = task.action_mask
-  step_hidden = np.zeros(2 * n, bool)
-  if task.hidden is not None:
-    step_hidden[:n] = task.hidden
-  _, hidden_rows = tasks.row_tables(task)
-  observed = tokens if hidden_rows is None else np.where(hidden_rows, task.hidden_token, tokens)
-  key = jax.random.fold_in(key, ORACLE_STREAM)
-  # Prefixes per sampler call: a power of two (few compiled shapes), at most max_rows // k.
-  per_chunk = int(min(max(1, max_rows // k), 2 ** math.ceil(math.log2(max(len(pairs), 1)))))
-  returns = np.zeros((len(pairs), k))
-  gen_tokens = prefill_tokens = 0
-  columns_all = np.arange(width)
-  for start in range(0, len(pairs), per_chunk):
-    chunk = pairs[start:start + per_chunk]
-    padded = np.concatenate([chunk, np.repeat(chunk[-1:], per_chunk - len(chunk), 0)])  # one compiled shape
-    rows, columns = padded[:, 0], padded[:, 1]
-    steps_done = columns - prompt_len  # response steps before s_t
-    # Prefix s_t = row[:column], left-padded to `width`.
-    source = columns_all[None] - (width - columns)[:, None]
-    inside = source >= 0
-    source = np.clip(source, 0, width - 1)
-    prompts = np.where(inside, observed[rows[:, None], source], task.pad_id).astype(np.int32)
-    valid = inside & token_valid[rows[:, None], source]
-    index = steps_done[:, None] + np.arange(n)[None]
-    out = generate(model, np.repeat(prompts, k, 0), np.repeat(valid, k, 0), jax.random.fold_in(key, start),
-                   max_new_tokens=n, temperature=temperature, stop_tokens=task.stop_tokens, pad_id=task.pad_id,
-                   action_mask=np.repeat(step_allowed[index], k, 0), hidden=np.repeat(step_hidden[index], k, 0),
-                   hidden_token=task.hidden_token)
-    continuation, continued = np.asarray(out.tokens)[:, width:], np.asarray(out.mask)[:, width:]
-    # The response: the row's own first `done` steps, then the continuation.
-    done, row_of = np.repeat(steps_done, k)[:, None], np.repeat(rows, k)
-    step = np.arange(n)[None]
-    own = step < done
-    from_continuation = np.clip(step - done, 0, n - 1)
-    response = np.where(own, tokens[row_of[:, None], prompt_len + step],
-                        np.take_along_axis(continuation, from_continuation, 1))
-    response_mask = np.where(own, mask[row_of[:, None], prompt_len + step],
-                             np.take_along_axis(continued, from_continuation, 1))
-    scores = task.score(response, response_mask, [examples[r] for r in row_of])
-    used = len(chunk)
-    returns[start:start + used] = scores.reshape(-1, k)[:used]
-    gen_tokens += int((continued & (step < n - done))[:used * k].sum())
-    prefill_tokens += int(k * valid[:used].sum())
-  binary = bool(np.isin(returns, (0.0, 1.0)).all())
-  mean, _, stderr = mc_value_stats(jnp.asarray(returns), jnp.ones(returns.shape, bool), binary=binary)
-  values = np.zeros(tokens.shape)
-  value_se = np.zeros(tokens.shape)
-  values[pairs[:, 0], pairs[:, 1]] = np.asarray(mean)
-  value_se[pairs[:, 0], pairs[:, 1]] = np.asarray(stderr)
+  pairs = np.argwhere(evaluated)  # (row, column): the state before the action at column
+  sampler = _Continuations(model, task, tokens, mask, token_valid, examples, jax.random.fold_in(key, ORACLE_STREAM),
+                           k=k, temperature=temperature, max_rows=max_rows)
   rewards = task.score(tokens[:, prompt_len:], mask[:, prompt_len:], examples)
+  values, value_se = np.zeros(tokens.shape), np.zeros(tokens.shape)
+  if estimator == "rb":
+    rows, columns = pairs[:, 0], pairs[:, 1]
+    last = columns == (mask.shape[1] - 1 - np.argmax(mask[:, ::-1], axis=1))[rows]  # the row's last action
+    q_y, se_y = _stats(sampler.returns(np.stack([rows, columns + 1], 1), stream=1))
+    q_y, se_y = np.where(last, rewards[rows], q_y), np.where(last, 0.0, se_y)  # Q(s_T-1, y) = R
+    q_minus, se_minus = _stats(sampler.returns(pairs, ban=tokens[rows, columns], stream=2))
+    p_taken = np.exp(np.asarray(logprobs, np.float64)[rows, columns])
+    adv, se = (np.asarray(x) for x in rb_advantages(q_y, q_minus, p_taken, se_y, se_minus))
+    advantages, adv_stderr = np.zeros(tokens.shape), np.zeros(tokens.shape)
+    advantages[rows, columns], adv_stderr[rows, columns] = adv, se
+    values[rows, columns] = p_taken * q_y + (1 - p_taken) * q_minus  # an unbiased V(s_t)
+    return OracleCredit(advantages=jnp.asarray(advantages, jnp.float32), values=jnp.asarray(values, jnp.float32),
+                        adv_stderr=jnp.asarray(adv_stderr, jnp.float32), evaluated=jnp.asarray(evaluated),
+                        cost=sampler.cost())
+  mean, stderr = _stats(sampler.returns(pairs))
+  values[pairs[:, 0], pairs[:, 1]] = mean
+  value_se[pairs[:, 0], pairs[:, 1]] = stderr
   advantages = _segment_advantages(jnp.asarray(values, jnp.float32), jnp.asarray(evaluated),
                                    jnp.asarray(rewards), jnp.asarray(mask))
   # The two endpoints of a segment use independent rollouts (the terminal reward has SE 0).
@@ -254,9 +317,5 @@ def mc_credit(model, task: tasks.TrainTask, tokens: np.ndarray, mask: np.ndarray
                                         jnp.zeros(len(tokens)), jnp.asarray(mask))
   return OracleCredit(
       advantages=advantages, values=jnp.asarray(values, jnp.float32),
-      adv_stderr=jnp.hypot(se_start, se_end),
-      evaluated=jnp.asarray(evaluated),
-      cost={"rollouts": len(pairs) * k, "gen_tokens": gen_tokens, "prefill_tokens": prefill_tokens,
-            "tf_tokens": 0, "passes": 0},
+      adv_stderr=jnp.hypot(se_start, se_end), evaluated=jnp.asarray(evaluated), cost=sampler.cost(),
   )
-

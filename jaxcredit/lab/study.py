@@ -8,7 +8,7 @@ seed; rollouts or oracles the estimator needs come from `lab.hooks`). During
 the first seed's GRPO run it scores every estimator's credit on the same
 batches against the exact oracle (`lab.scores`) and checks Monte-Carlo values
 against exact ones. Outputs in DIR: runs/<task>/<estimator>/seed<k>/ (each a
-training workdir, resumable; wall_seconds.json marks it complete), scores.jsonl, mc_check.jsonl,
+training workdir, resumable; wall_seconds.json marks it complete), scores.jsonl and scores.csv, mc_check.jsonl,
 credit_dump_step<N>.npz, curves.json, report.md and PNG figures. Rerunning
 with the same DIR resumes unfinished runs and rewrites the report.
 """
@@ -74,6 +74,19 @@ def monte_carlo_check(exact: oracle.OracleCredit, mc: oracle.OracleCredit, k: in
           "p_value": float(np.mean(null >= observed)), "mean_z": float(z.mean()) if len(z) else 0.0,
           "mean_z2": float((z**2).mean()) if len(z) else 0.0,
           "passes_t2": bool(observed <= np.quantile(null, 0.999))}
+
+
+def rb_check(exact: oracle.OracleCredit, rb: oracle.OracleCredit, mask: np.ndarray) -> dict:
+  """LAB.md 2.4 T3 for Rao-Blackwellised credit: coverage of the 95% interval
+  A_hat +- 1.96 SE, mean z^2 and mean error, over actions with SE > 1e-3."""
+  error = (np.asarray(rb.advantages, np.float64) - np.asarray(exact.advantages, np.float64))[mask]
+  se = np.asarray(rb.adv_stderr, np.float64)[mask]
+  informative = se > 1e-3
+  z = error[informative] / se[informative]
+  return {"rb_actions": int(informative.sum()),
+          "rb_coverage": float(np.mean(np.abs(error) <= 1.96 * se + 1e-9)),
+          "rb_mean_z2": float(np.mean(z**2)) if len(z) else 0.0,
+          "rb_mean_error": float(error.mean()), "rb_error_se": float(np.sqrt(np.sum(se**2)) / max(len(se), 1))}
 
 
 class ScoringHook:
@@ -152,6 +165,10 @@ class ScoringHook:
     rewards = np.asarray(rollout.rewards)[rows]
     telescoping = np.abs(np.asarray(check.advantages).sum(1) - (rewards - np.asarray(
         estimators.first_value(check.values, mask[rows])))).max()
+    rb = oracle.mc_credit(model, task, tokens[rows], mask[rows], np.asarray(rollout.extras["token_valid"])[rows],
+                          examples[rows], jax.random.fold_in(key, 3), k=self.study.mc_check_k, positions="all",
+                          estimator="rb", logprobs=np.asarray(rollout.logprobs)[rows])
+    result.update(rb_check(exact_rows, rb, mask[rows]))
     with open(self.workdir / "mc_check.jsonl", "a") as f:
       f.write(json.dumps({"task": task.name, "step": rl_step, "telescoping_error": float(telescoping), **result}) + "\n")
     np.savez_compressed(self.workdir / f"credit_dump_step{rl_step}.npz", tokens=tokens, mask=mask,
