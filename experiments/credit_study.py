@@ -28,13 +28,13 @@ PRESETS = ("smoke", "small", "full")
 
 def _estimators(vine_k: int) -> dict:
   """name -> advantage config (see estimators.from_config); `critic: True` trains a
-  value model; `learned: True` marks credit from a model trained along the run
-  (scored only there, not on the shared batches)."""
+  value model (scored on the shared batches with a shadow critic); `learned:
+  True` marks credit from another model trained along the run (not scored)."""
   return {
       "grpo": {"advantage": {"name": "grpo"}},  # (R - mean_g) / std_g on every token
       "dr_grpo": {"advantage": {"name": "dr_grpo"}},  # R - mean_g
       "rloo": {"advantage": {"name": "rloo"}},  # R - mean of the other G - 1
-      "ppo_gae": {"advantage": {"name": "gae", "lam": 0.95}, "critic": True, "learned": True},  # learned critic
+      "ppo_gae": {"advantage": {"name": "gae", "lam": 0.95}, "critic": True},  # learned critic
       "vineppo": {"advantage": {"name": "vineppo", "k": vine_k, "positions": "stride:4"}},  # MC values
       "prime": {"advantage": {"name": "prime", "beta": 0.05}, "learned": True},  # implicit PRM
       "entropy80": {"advantage": {"mask": "high_entropy", "rho": 0.2, "of": "grpo"}},  # top-20% entropy tokens

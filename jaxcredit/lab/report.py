@@ -186,7 +186,7 @@ def credit_heatmap(workdir: pathlib.Path) -> list[str]:
   if plt is None or not dumps:
     return []
   dump = np.load(dumps[len(dumps) // 2])
-  names = [n for n in ("oracle", "grpo", "vineppo", "oracle_seq", "ktae", "entropy80") if n in dump]
+  names = [n for n in ("oracle", "grpo", "ppo_gae", "vineppo", "oracle_seq", "ktae", "entropy80") if n in dump]
   rewards, mask, decisive = dump["rewards"], dump["mask"], dump["decisive"]
   picks = list(np.flatnonzero(rewards > 0.5)[:2]) + list(np.flatnonzero(rewards <= 0.5)[:2])
   fig, axes = plt.subplots(len(picks), 1, figsize=(10, 1.0 + 0.45 * len(names) * len(picks)), squeeze=False)
@@ -262,7 +262,8 @@ def write(study, workdir: pathlib.Path, curves: dict, wall: dict) -> None:
       "(oracle's beside it); top-k: overlap of the top-20% tokens by |credit|; NMSE_scale: error after the best "
       "non-negative rescaling; RCN / bias ratio: credit noise and bias on one probe response per group across "
       f"{study.resamples} resampled groups (and fresh Monte-Carlo keys), relative to the oracle's spread. "
-      "ppo_gae's critic and PRIME's PRM are not scored here (they live in their own runs).",
+      "ppo_gae is scored with a shadow critic trained on every batch of this GRPO run (read before its update on "
+      "the scored batch); PRIME's PRM is not scored here (it lives in its own run).",
       *agreement_tables(workdir),
       "",
       *credit_heatmap(workdir),

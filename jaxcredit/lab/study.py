@@ -21,13 +21,17 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 from absl import app, flags, logging
+from flax import nnx
 from ml_collections import config_flags
 
 from jaxcredit import estimators
 from jaxcredit.lab import hooks, oracle, report, scores, token_statistics
+from jaxcredit.models import Transformer
 from jaxcredit.sampling import generate
 from jaxcredit.train import loop, tasks
+from jaxcredit.train import steps as train_steps
 
 
 def _advantage(spec) -> dict | str:
@@ -89,16 +93,46 @@ def rb_check(exact: oracle.OracleCredit, rb: oracle.OracleCredit, mask: np.ndarr
           "rb_mean_error": float(error.mean()), "rb_error_se": float(np.sqrt(np.sum(se**2)) / max(len(se), 1))}
 
 
+class ShadowCritic:
+  """A value model trained on another run's batches without affecting it (LAB.md
+  4.4): same architecture as the policy with a value head, one Adam step per
+  batch towards Monte-Carlo returns. `values` must be read before `update`
+  on the same batch, so scored credit never sees its own labels."""
+
+  def __init__(self, learning_rate: float):
+    self.learning_rate, self.critic = learning_rate, None
+
+  def values(self, task, model, rollout):
+    if self.critic is None:
+      actions = train_steps.Actions(*(None if t is None else jnp.asarray(t) for t in tasks.row_tables(task)),
+                                    task.hidden_token)
+      self.critic = Transformer(model.config.replace(value_head=True), rngs=nnx.Rngs(1))
+      self.optimizer = nnx.Optimizer(self.critic, optax.adam(self.learning_rate), wrt=nnx.Param)
+      self._values = nnx.jit(lambda critic, rollout: train_steps.critic_values(critic, rollout, actions))
+      self._update = train_steps.critic_step(clip=None, actions=actions)
+    return self._values(self.critic, rollout)
+
+  def update(self, task, model, rollout) -> None:
+    rollout = rollout.replace(values=self.values(task, model, rollout))
+    _, targets = estimators.gae(estimators.token_level_rewards(rollout), rollout.values, rollout.mask,
+                                gamma=1.0, lam=1.0)
+    self._update(self.critic, self.optimizer, rollout, targets)
+
+
 class ScoringHook:
   """Scores the credit of the estimators `names` on the run's batches at `steps`
   (the policy that sampled them, before its update) and writes the results:
   agreement with the exact oracle, stability across `study.resamples`
-  resampled groups around fixed probe responses, and the Monte-Carlo check."""
+  resampled groups around fixed probe responses, and the Monte-Carlo check.
+  Critic-based credit (ppo_gae) comes from a shadow critic trained on every
+  batch of this run."""
 
-  def __init__(self, study, workdir: pathlib.Path, names: list[str], steps: set[int]):
+  def __init__(self, study, workdir: pathlib.Path, names: list[str], steps: set[int], *,
+               critic_learning_rate: float):
     self.study, self.workdir, self.names, self.steps = study, workdir, names, steps
     self.vine = hooks.estimator_settings({"sum": [_advantage(study.estimators[n]) for n in names]}).get(
         "vineppo", {"k": 4, "positions": "stride:4"})
+    self.critic = ShadowCritic(critic_learning_rate)
 
   def credit(self, task, model, rollout, examples, key) -> tuple[dict, oracle.OracleCredit, int]:
     """({name: [B, T] credit} incl. the exact "oracle", the oracle, VinePPO's rollout tokens)."""
@@ -108,14 +142,15 @@ class ScoringHook:
                           k=int(self.vine["k"]), positions=str(self.vine["positions"]),
                           logprobs=np.asarray(rollout.logprobs))
     ktae = token_statistics.ktae_scores(tokens, mask, np.asarray(rollout.rewards), rollout.group_size)
-    scored = rollout.replace(extras={**rollout.extras, "oracle_advantages": exact.advantages,
+    scored = rollout.replace(values=self.critic.values(task, model, rollout),
+                             extras={**rollout.extras, "oracle_advantages": exact.advantages,
                                      "oracle_values": exact.values, "mc_values": mc.values,
                                      "mc_evaluated": mc.evaluated, "ktae_scores": jnp.asarray(ktae, jnp.float32)})
     credit = {"oracle": np.asarray(exact.advantages)}
     for name in self.names:
       spec = self.study.estimators[name]
       if name == "oracle" or spec.get("learned", False):
-        continue  # a critic or PRM exists only in its own run
+        continue  # e.g. PRIME's PRM exists only in its own run
       credit[name] = np.asarray(estimators.from_config(_advantage(spec))(scored).advantages)
     return credit, exact, mc.cost["gen_tokens"]
 
@@ -137,8 +172,12 @@ class ScoringHook:
                 "token_valid": keep(rollout.extras["token_valid"], fresh.token_valid)})
 
   def __call__(self, task, model, rollout, examples, key, rl_step):
-    if rl_step not in self.steps:
-      return {}, {}
+    if rl_step in self.steps:
+      self.score(task, model, rollout, examples, key, rl_step)
+    self.critic.update(task, model, rollout)
+    return {}, {}
+
+  def score(self, task, model, rollout, examples, key, rl_step) -> None:
     tokens, mask = np.asarray(rollout.tokens), np.asarray(rollout.mask)
     decisive = decisive_mask(task, tokens.shape)
     credit, exact, vine_tokens = self.credit(task, model, rollout, examples, jax.random.fold_in(key, 1))
@@ -174,7 +213,6 @@ class ScoringHook:
     np.savez_compressed(self.workdir / f"credit_dump_step{rl_step}.npz", tokens=tokens, mask=mask,
                         rewards=np.asarray(rollout.rewards), decisive=decisive,
                         oracle_stderr=np.asarray(exact.adv_stderr), **credit)
-    return {}, {}
 
 
 def _chain(first, second):
@@ -223,7 +261,8 @@ def run(study, workdir: str) -> dict:
         config = train_config(study, task, name, seed, str(workdir / "data"))
         hook = hooks.credit_hook(config.advantage.to_dict(), temperature=config.rl.temperature)
         if spec.scored and name == "grpo" and seed == study.seeds[0] and not already_scored:
-          hook = _chain(hook, ScoringHook(study, workdir, list(spec.estimators), score_steps))
+          hook = _chain(hook, ScoringHook(study, workdir, list(spec.estimators), score_steps,
+                                          critic_learning_rate=spec.train.critic.learning_rate))
         finished = run_dir / "wall_seconds.json"  # written when a run completes; rerunning skips it
         if not finished.exists():
           run_started = time.perf_counter()
