@@ -58,9 +58,7 @@ def measure(task, preset_name: str, *, prompts: int, group: int, repeats: int, u
     sample, t_sample = _timed(lambda: generate(
         model, batch["prompts"], batch["prompt_valid"], jax.random.key(step), max_new_tokens=task.max_response_length,
         stop_tokens=task.stop_tokens, pad_id=task.pad_id, use_cache=use_cache))
-    response = slice(task.max_prompt_length, None)
-    scores, t_score = _timed(lambda: task.score(np.asarray(sample.tokens)[:, response],
-                                                np.asarray(sample.mask)[:, response], batch["examples"]))
+    scores, t_score = _timed(lambda: task.score_rows(sample.tokens, sample.mask, batch["examples"]))
     rollout = Rollout(tokens=sample.tokens, mask=sample.mask, rewards=scores, logprobs=sample.logprobs,
                       group_size=group, extras={"positions": sample.positions, "token_valid": sample.token_valid})
 

@@ -155,10 +155,10 @@ def test_calibration_check_accepts_mc_values_and_rejects_an_off_by_one_bug(setti
   from jaxcredit.lab import study
 
   exact, mc = _exact_and_mc(setting, k=64, seed=4)
-  good = study.monte_carlo_check(exact, mc, 64, np.random.default_rng(0))
+  good = study.monte_carlo_check(exact.values, mc, 64, np.random.default_rng(0))
   assert good["states"] > 10 and good["passes_t2"], good
   shifted = np.concatenate([np.asarray(mc.values)[:, 1:], np.asarray(mc.values)[:, -1:]], axis=1)
-  bad = study.monte_carlo_check(exact, mc.replace(values=jnp.asarray(shifted)), 64, np.random.default_rng(0))
+  bad = study.monte_carlo_check(exact.values, mc.replace(values=jnp.asarray(shifted)), 64, np.random.default_rng(0))
   assert not bad["passes_t2"] and bad["x2"] > bad["x2_null_q999"], bad
 
 

@@ -40,8 +40,7 @@ class ImplicitPRM:
     self.prm = self.optimizer = None
 
   def __call__(self, task, model, rollout) -> tuple[dict, dict]:
-    actions = steps.Actions(*(None if t is None else jnp.asarray(t) for t in tasks.row_tables(task)),
-                            task.hidden_token)
+    actions = tasks.actions(task)
     if self.prm is None:
       self.prm = nnx.clone(model)
       self.optimizer = nnx.Optimizer(self.prm, optax.adam(self.learning_rate), wrt=nnx.Param)

@@ -25,7 +25,7 @@ from jax import Array
 
 from jaxcredit.estimators import segment_advantages, segment_endpoints
 from jaxcredit.sampling import generate
-from jaxcredit.sampling.sampler import mask_logits
+from jaxcredit.sampling.sampler import mask_logits, observed_inputs
 from jaxcredit.tasks import key_token
 from jaxcredit.train import tasks
 
@@ -199,7 +199,7 @@ class _Continuations:
     if task.hidden is not None:
       self.step_hidden[:n] = task.hidden
     _, hidden_rows = tasks.row_tables(task)
-    self.observed = tokens if hidden_rows is None else np.where(hidden_rows, task.hidden_token, tokens)
+    self.observed = np.asarray(observed_inputs(tokens, hidden_rows, task.hidden_token))
     self.gen_tokens = self.prefill_tokens = self.rollouts = 0
 
   def returns(self, pairs: np.ndarray, *, ban: np.ndarray | None = None, stream: int = 0) -> np.ndarray:
@@ -291,7 +291,7 @@ def mc_credit(model, task: tasks.TrainTask, tokens: np.ndarray, mask: np.ndarray
   pairs = np.argwhere(evaluated)  # (row, column): the state before the action at column
   sampler = _Continuations(model, task, tokens, mask, token_valid, examples, jax.random.fold_in(key, ORACLE_STREAM),
                            k=k, temperature=temperature, max_rows=max_rows)
-  rewards = task.score(tokens[:, prompt_len:], mask[:, prompt_len:], examples)
+  rewards = task.score_rows(tokens, mask, examples)
   values, value_se = np.zeros(tokens.shape), np.zeros(tokens.shape)
   if estimator == "rb":
     rows, columns = pairs[:, 0], pairs[:, 1]

@@ -27,7 +27,7 @@ from flax import nnx
 from ml_collections import config_flags
 
 from jaxcredit import estimators
-from jaxcredit.lab import hooks, oracle, report, scores, token_statistics
+from jaxcredit.lab import hooks, oracle, report, scores
 from jaxcredit.models import Transformer
 from jaxcredit.sampling import generate
 from jaxcredit.train import loop, tasks
@@ -60,13 +60,13 @@ def decisive_mask(task: tasks.TrainTask, shape) -> np.ndarray:
   return out
 
 
-def monte_carlo_check(exact: oracle.OracleCredit, mc: oracle.OracleCredit, k: int, rng: np.random.Generator,
+def monte_carlo_check(exact_values, mc: oracle.OracleCredit, k: int, rng: np.random.Generator,
                       *, draws: int = 2000) -> dict:
-  """LAB.md 2.4 T1/T2: telescoping of MC credit, and calibration of V_hat
-  against the exact V on states with V in [0.05, 0.95]: X^2 = sum (k_s - K V)^2 /
-  (K V (1 - V)) against its exact parametric-bootstrap null (Binomial(K, V))."""
+  """LAB.md 2.4 T2: calibration of V_hat against the exact V [B, T] on states
+  with V in [0.05, 0.95]: X^2 = sum (k_s - K V)^2 / (K V (1 - V)) against its
+  exact parametric-bootstrap null (Binomial(K, V))."""
   evaluated = np.asarray(mc.evaluated)
-  v, v_hat = np.asarray(exact.values, np.float64)[evaluated], np.asarray(mc.values, np.float64)[evaluated]
+  v, v_hat = np.asarray(exact_values, np.float64)[evaluated], np.asarray(mc.values, np.float64)[evaluated]
   informative = (v >= 0.05) & (v <= 0.95)
   v, successes = v[informative], np.round(v_hat[informative] * k)
   statistic = lambda s: float(np.sum((s - k * v) ** 2 / (k * v * (1 - v))))
@@ -80,10 +80,11 @@ def monte_carlo_check(exact: oracle.OracleCredit, mc: oracle.OracleCredit, k: in
           "passes_t2": bool(observed <= np.quantile(null, 0.999))}
 
 
-def rb_check(exact: oracle.OracleCredit, rb: oracle.OracleCredit, mask: np.ndarray) -> dict:
-  """LAB.md 2.4 T3 for Rao-Blackwellised credit: coverage of the 95% interval
-  A_hat +- 1.96 SE, mean z^2 and mean error, over actions with SE > 1e-3."""
-  error = (np.asarray(rb.advantages, np.float64) - np.asarray(exact.advantages, np.float64))[mask]
+def rb_check(exact_advantages, rb: oracle.OracleCredit, mask: np.ndarray) -> dict:
+  """LAB.md 2.4 T3 for Rao-Blackwellised credit against the exact credit [B, T]:
+  coverage of the 95% interval A_hat +- 1.96 SE, mean z^2 and mean error, over
+  actions with SE > 1e-3."""
+  error = (np.asarray(rb.advantages, np.float64) - np.asarray(exact_advantages, np.float64))[mask]
   se = np.asarray(rb.adv_stderr, np.float64)[mask]
   informative = se > 1e-3
   z = error[informative] / se[informative]
@@ -104,19 +105,15 @@ class ShadowCritic:
 
   def values(self, task, model, rollout):
     if self.critic is None:
-      actions = train_steps.Actions(*(None if t is None else jnp.asarray(t) for t in tasks.row_tables(task)),
-                                    task.hidden_token)
+      actions = tasks.actions(task)
       self.critic = Transformer(model.config.replace(value_head=True), rngs=nnx.Rngs(1))
       self.optimizer = nnx.Optimizer(self.critic, optax.adam(self.learning_rate), wrt=nnx.Param)
       self._values = nnx.jit(lambda critic, rollout: train_steps.critic_values(critic, rollout, actions))
-      self._update = train_steps.critic_step(clip=None, actions=actions)
+      self._update = train_steps.critic_step(clip=None, gamma=1.0, lam=1.0, actions=actions)
     return self._values(self.critic, rollout)
 
   def update(self, task, model, rollout) -> None:
-    rollout = rollout.replace(values=self.values(task, model, rollout))
-    _, targets = estimators.gae(estimators.token_level_rewards(rollout), rollout.values, rollout.mask,
-                                gamma=1.0, lam=1.0)
-    self._update(self.critic, self.optimizer, rollout, targets)
+    self._update(self.critic, self.optimizer, rollout.replace(values=self.values(task, model, rollout)))
 
 
 class ScoringHook:
@@ -129,30 +126,22 @@ class ScoringHook:
 
   def __init__(self, study, workdir: pathlib.Path, names: list[str], steps: set[int], *,
                critic_learning_rate: float):
-    self.study, self.workdir, self.names, self.steps = study, workdir, names, steps
-    self.vine = hooks.estimator_settings({"sum": [_advantage(study.estimators[n]) for n in names]}).get(
-        "vineppo", {"k": 4, "positions": "stride:4"})
+    self.study, self.workdir, self.steps = study, workdir, steps
+    # PRIME's PRM exists only in its own run; the exact oracle is always computed.
+    self.names = [n for n in names if n != "oracle" and not study.estimators[n].get("learned", False)]
+    self.extras = hooks.credit_hook({"sum": ["oracle", *(_advantage(study.estimators[n]) for n in self.names)]})
     self.critic = ShadowCritic(critic_learning_rate)
 
-  def credit(self, task, model, rollout, examples, key) -> tuple[dict, oracle.OracleCredit, int]:
-    """({name: [B, T] credit} incl. the exact "oracle", the oracle, VinePPO's rollout tokens)."""
-    tokens, mask = np.asarray(rollout.tokens), np.asarray(rollout.mask)
-    exact = hooks.exact_credit(model, task, tokens, mask, examples)
-    mc = oracle.mc_credit(model, task, tokens, mask, np.asarray(rollout.extras["token_valid"]), examples, key,
-                          k=int(self.vine["k"]), positions=str(self.vine["positions"]),
-                          logprobs=np.asarray(rollout.logprobs))
-    ktae = token_statistics.ktae_scores(tokens, mask, np.asarray(rollout.rewards), rollout.group_size)
+  def credit(self, task, model, rollout, examples, key) -> tuple[dict, dict, int]:
+    """({name: [B, T] credit} incl. the exact "oracle", the estimators' extras,
+    the tokens generated by Monte-Carlo estimators)."""
+    extras, metrics = self.extras(task, model, rollout, examples, key, None)
     scored = rollout.replace(values=self.critic.values(task, model, rollout),
-                             extras={**rollout.extras, "oracle_advantages": exact.advantages,
-                                     "oracle_values": exact.values, "mc_values": mc.values,
-                                     "mc_evaluated": mc.evaluated, "ktae_scores": jnp.asarray(ktae, jnp.float32)})
-    credit = {"oracle": np.asarray(exact.advantages)}
+                             extras={**rollout.extras, **extras})
+    credit = {"oracle": np.asarray(extras["oracle_advantages"])}
     for name in self.names:
-      spec = self.study.estimators[name]
-      if name == "oracle" or spec.get("learned", False):
-        continue  # e.g. PRIME's PRM exists only in its own run
-      credit[name] = np.asarray(estimators.from_config(_advantage(spec))(scored).advantages)
-    return credit, exact, mc.cost["gen_tokens"]
+      credit[name] = np.asarray(estimators.from_config(_advantage(self.study.estimators[name]))(scored).advantages)
+    return credit, extras, int(metrics.get("gen_tokens", 0))
 
   def resample(self, task, model, rollout, examples, key):
     """The batch with the first response of each group kept (the probe) and the
@@ -161,7 +150,7 @@ class ScoringHook:
     fresh = generate(model, rollout.tokens[:, :prompt], rollout.extras["token_valid"][:, :prompt], key,
                      max_new_tokens=task.max_response_length, stop_tokens=task.stop_tokens, pad_id=task.pad_id,
                      action_mask=task.action_mask, hidden=task.hidden, hidden_token=task.hidden_token)
-    rewards = task.score(np.asarray(fresh.tokens)[:, prompt:], np.asarray(fresh.mask)[:, prompt:], examples)
+    rewards = task.score_rows(fresh.tokens, fresh.mask, examples)
     probe = jnp.asarray(np.arange(len(rewards)) % rollout.group_size == 0)
     keep = lambda old, new: jnp.where(probe.reshape((-1,) + (1,) * (jnp.ndim(new) - 1)), old, new)
     return rollout.replace(
@@ -180,7 +169,7 @@ class ScoringHook:
   def score(self, task, model, rollout, examples, key, rl_step) -> None:
     tokens, mask = np.asarray(rollout.tokens), np.asarray(rollout.mask)
     decisive = decisive_mask(task, tokens.shape)
-    credit, exact, vine_tokens = self.credit(task, model, rollout, examples, jax.random.fold_in(key, 1))
+    credit, extras, vine_tokens = self.credit(task, model, rollout, examples, jax.random.fold_in(key, 1))
     probes = np.arange(0, len(tokens), rollout.group_size)
     resampled = {name: [] for name in credit}
     for r in range(self.study.resamples):
@@ -199,20 +188,20 @@ class ScoringHook:
     rows = slice(0, self.study.mc_check_rows)
     check = oracle.mc_credit(model, task, tokens[rows], mask[rows], np.asarray(rollout.extras["token_valid"])[rows],
                              examples[rows], jax.random.fold_in(key, 2), k=self.study.mc_check_k, positions="all")
-    exact_rows = oracle.OracleCredit(**{k: (v[rows] if k != "cost" else v) for k, v in exact.items()})
-    result = monte_carlo_check(exact_rows, check, self.study.mc_check_k, np.random.default_rng(rl_step))
+    result = monte_carlo_check(np.asarray(extras["oracle_values"])[rows], check, self.study.mc_check_k,
+                               np.random.default_rng(rl_step))
     rewards = np.asarray(rollout.rewards)[rows]
     telescoping = np.abs(np.asarray(check.advantages).sum(1) - (rewards - np.asarray(
         estimators.first_value(check.values, mask[rows])))).max()
     rb = oracle.mc_credit(model, task, tokens[rows], mask[rows], np.asarray(rollout.extras["token_valid"])[rows],
                           examples[rows], jax.random.fold_in(key, 3), k=self.study.mc_check_k, positions="all",
                           estimator="rb", logprobs=np.asarray(rollout.logprobs)[rows])
-    result.update(rb_check(exact_rows, rb, mask[rows]))
+    result.update(rb_check(credit["oracle"][rows], rb, mask[rows]))
     with open(self.workdir / "mc_check.jsonl", "a") as f:
       f.write(json.dumps({"task": task.name, "step": rl_step, "telescoping_error": float(telescoping), **result}) + "\n")
     np.savez_compressed(self.workdir / f"credit_dump_step{rl_step}.npz", tokens=tokens, mask=mask,
                         rewards=np.asarray(rollout.rewards), decisive=decisive,
-                        oracle_stderr=np.asarray(exact.adv_stderr), **credit)
+                        oracle_stderr=np.zeros(mask.shape, np.float32), **credit)  # the oracle is exact
 
 
 def _chain(first, second):

@@ -9,9 +9,10 @@ Stage 2 samples `group_size` responses per prompt, scores them, computes
 advantages with `config.advantage` and updates `config.objective` (both built
 by their `from_config`) for `rl.epochs` passes over `rl.minibatches`
 minibatches. KL to the frozen reference enters as an objective term or, with
-`rl.kl_reward_coef`, as a per-token reward penalty (rollout.token_rewards). When `critic.preset` is set, a separate Transformer with a value
-head supplies V(s_t) (for GAE and other value-based estimators) and is
-regressed towards lambda-returns with its own optimizer. Metrics go to
+`rl.kl_reward_coef`, as a per-token reward penalty (rollout.token_rewards).
+When `critic.preset` is set, a separate Transformer with a value head
+supplies V(s_t) (for GAE and other value-based estimators) and is regressed
+towards lambda-returns with its own optimizer. Metrics go to
 `workdir/metrics.jsonl` and TensorBoard event files in `workdir/tensorboard`.
 """
 
@@ -133,8 +134,7 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
 
   # Data: a procedural TFDS dataset, read by step so that batches are reproducible.
   task = tasks.make(config.task, data_dir=config.task.get("data_dir") or str(workdir / "data"), seed=config.seed)
-  actions = steps.Actions(*(None if t is None else jnp.asarray(t) for t in tasks.row_tables(task)),
-                          task.hidden_token)
+  actions = tasks.actions(task)
   train = lambda batch_size: loader.Loader(task.sources["train"], encode=task.encode, batch_size=batch_size,
                                             max_prompt_length=task.max_prompt_length, seed=config.seed,
                                             pad_id=task.pad_id)
@@ -142,15 +142,11 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
                   action_mask=task.action_mask, hidden=task.hidden, hidden_token=task.hidden_token)
   eval_batch = tasks.evaluation_batch(task)
 
-  def score(sample, examples) -> np.ndarray:
-    response = slice(task.max_prompt_length, None)
-    return task.score(np.asarray(sample.tokens)[:, response], np.asarray(sample.mask)[:, response], examples)
-
   def run_eval() -> float:
     """Greedy accuracy (fraction of held-out prompts with reward 1)."""
     sample = generate(model, eval_batch["prompts"], eval_batch["prompt_valid"], jax.random.key(0),
                       temperature=0.0, **sampling)
-    return float(np.mean(score(sample, eval_batch["examples"]) >= 1.0))
+    return float(np.mean(task.score_rows(sample.tokens, sample.mask, eval_batch["examples"]) >= 1.0))
 
   model_config = preset(config.model.preset, vocab_size=task.vocab_size, **config.model.get("overrides", {}))
   model = Transformer(model_config, rngs=nnx.Rngs(config.seed))
@@ -211,7 +207,8 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
                                                                            actions).logprobs)
   if critic is not None:
     values_fn = nnx.jit(lambda critic, rollout: steps.critic_values(critic, rollout, actions))
-    critic_update = steps.critic_step(clip=config.critic.value_clip, actions=actions)
+    critic_update = steps.critic_step(clip=config.critic.value_clip, gamma=config.critic.gamma,
+                                      lam=config.critic.lam, actions=actions)
   rl_data = train(rl.prompts_per_step)
   key = jax.random.key(config.seed)
   progress = tqdm.tqdm(range(first_rl_step, rl.steps), desc="rl", initial=first_rl_step, total=rl.steps,
@@ -221,7 +218,7 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
     batch = rl_data.rl_batch(rl_step, group_size=rl.group_size)
     sample = generate(model, place(batch["prompts"]), place(batch["prompt_valid"]),
                       jax.random.fold_in(key, rl_step), temperature=rl.temperature, **sampling)
-    scores = score(sample._replace(tokens=local(sample.tokens), mask=local(sample.mask)), batch["examples"])
+    scores = task.score_rows(local(sample.tokens), local(sample.mask), batch["examples"])
     rollout = Rollout(
         tokens=sample.tokens, mask=sample.mask, rewards=place(scores), logprobs=sample.logprobs,
         entropy=sample.entropy, group_size=rl.group_size,
@@ -247,10 +244,8 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
       for mini_rollout, mini_estimate in minibatches(rollout, estimate, rl.minibatches, rng):
         metrics = update(model, optimizer, mini_rollout, mini_estimate, rl_step)
         if critic is not None:
-          _, targets = estimators.gae(estimators.token_level_rewards(mini_rollout), mini_rollout.values,
-                                      mini_rollout.mask, gamma=config.critic.gamma, lam=config.critic.lam)
           record.update({f"train/critic/{k}": v for k, v in
-                         critic_update(critic, critic_optimizer, mini_rollout, targets).items()})
+                         critic_update(critic, critic_optimizer, mini_rollout).items()})
     if not _finite(metrics):
       checkpointer.wait()
       raise FloatingPointError(

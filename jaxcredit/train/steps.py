@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import Array
 
-from jaxcredit import losses
+from jaxcredit import estimators, losses
 from jaxcredit.logprobs import token_entropy, token_logprobs
 from jaxcredit.rollout import Estimate, PolicyOutputs, Rollout
 from jaxcredit.sampling.sampler import mask_logits, observed_inputs
@@ -98,12 +98,16 @@ def critic_values(critic, rollout: Rollout, actions: Actions = Actions()) -> Arr
   return jnp.where(rollout.mask, values, 0.0)
 
 
-def critic_step(*, clip: float | None, actions: Actions = Actions()):
+def critic_step(*, clip: float | None, gamma: float, lam: float, actions: Actions = Actions()):
   """A jitted clipped value-regression step (losses.value_loss) of a critic
-  (a Transformer with a value head) towards `targets` [B, L]."""
+  (a Transformer with a value head) towards the lambda-returns of the rollout's
+  token rewards, bootstrapped from rollout.values (the sampling-time values)."""
 
   @nnx.jit
-  def step(critic, optimizer, rollout: Rollout, targets):
+  def step(critic, optimizer, rollout: Rollout):
+    _, targets = estimators.gae(estimators.token_level_rewards(rollout), rollout.values, rollout.mask,
+                                gamma=gamma, lam=lam)
+
     def loss_fn(critic):
       values = critic_values(critic, rollout, actions)
       return losses.value_loss(values, rollout.values, targets, rollout.mask, clip=clip)

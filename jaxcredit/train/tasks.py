@@ -15,9 +15,11 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from jaxcredit.tasks import CharTokenizer, arithmetic, builders, countdown, key_token, loader
+from jaxcredit.train import steps
 
 Scorer = Callable[[np.ndarray, np.ndarray, Sequence[dict]], np.ndarray]
 
@@ -42,6 +44,11 @@ class TrainTask:
   hidden: np.ndarray | None = None
   hidden_token: int = 0
   config: Any = None  # the task's own config (e.g. key_token.KeyTokenConfig)
+
+  def score_rows(self, tokens, mask, examples: Sequence[dict]) -> np.ndarray:
+    """`score` of whole [B, P + N] rows (the response is after the prompt columns)."""
+    response = slice(self.max_prompt_length, None)
+    return self.score(np.asarray(tokens)[:, response], np.asarray(mask)[:, response], examples)
 
 
 def _text(value) -> str:
@@ -118,6 +125,11 @@ def row_tables(task: TrainTask) -> tuple[np.ndarray | None, np.ndarray | None]:
       [np.ones((p, task.vocab_size), bool), task.action_mask])
   hidden = None if task.hidden is None else np.concatenate([np.zeros(p, bool), task.hidden])
   return allowed, hidden
+
+
+def actions(task: TrainTask) -> steps.Actions:
+  """The task's action sets and hidden steps as the learner applies them (`steps.Actions`)."""
+  return steps.Actions(*(None if t is None else jnp.asarray(t) for t in row_tables(task)), task.hidden_token)
 
 
 def noisy_demonstrations(tokens: np.ndarray, loss_mask: np.ndarray, rng: np.random.Generator, *,
