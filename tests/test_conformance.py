@@ -1,6 +1,5 @@
 """The conformance kit on every built-in, and on deliberately broken examples."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -12,7 +12,7 @@ from hypothesis.extra import numpy as hnp
 
 from jaxcredit import estimators
 from tests import reference
-from tests.conftest import poison, random_mask
+from tests.conftest import random_mask
 
 GROUPINGS = [(1, 1), (4, 1), (4, 2), (12, 4), (16, 8)]  # (B, G)
 

@@ -1,7 +1,6 @@
 """Group/sequence baselines of Core II and the token-credit helpers vs references."""
 
 import chex
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
