@@ -4,8 +4,10 @@ Every check raises `ValueError` naming the argument and the offending shape or
 value, so a bad call fails at trace time with a message the user can act on.
 """
 
+import math
 from collections.abc import Iterable
 
+import jax
 import jax.numpy as jnp
 from jax import Array
 
@@ -70,3 +72,24 @@ def check_choice(value: str, choices: Iterable[str], name: str) -> None:
   choices = tuple(choices)
   if value not in choices:
     raise ValueError(f"Unknown {name} {value!r}; known: {', '.join(choices)}.")
+
+
+def check_in_range(
+    value, name: str, *, low: float | None = None, high: float | None = None, low_open: bool = False
+) -> None:
+  """Raises unless the hyperparameter `value` is a number in [low, high]
+  (low excluded with `low_open`); NaN is always rejected. Traced values are
+  not checked (they are unknown at trace time)."""
+  if isinstance(value, jax.core.Tracer):
+    return
+  if isinstance(value, (str, bytes)) or jnp.ndim(value) != 0:
+    raise ValueError(f"{name} must be a number, got {value!r}.")
+  number = float(value)
+  below = low is not None and (number <= low if low_open else number < low)
+  above = high is not None and number > high
+  if math.isnan(number) or below or above:
+    if high is None:
+      bounds = f"{'>' if low_open else '>='} {low:g}"
+    else:
+      bounds = f"in {'(' if low_open else '['}{'-inf' if low is None else format(low, 'g')}, {high:g}]"
+    raise ValueError(f"{name} must be {bounds}, got {value!r}.")

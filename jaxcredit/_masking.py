@@ -6,13 +6,17 @@ sanitiser: `x * mask` gives NaN for NaN * 0, and a `where` after an `exp`
 still sends NaN into the backward pass.
 """
 
+import jax
 import jax.numpy as jnp
 from jax import Array
 
 
 def as_bool(mask: Array) -> Array:
-  """A bool or 0/1 float mask as bool."""
-  return mask if mask.dtype == jnp.bool_ else mask != 0
+  """A bool or 0/1 numeric mask as bool; ValueError for any other dtype."""
+  dtype = getattr(mask, "dtype", None)
+  if dtype is None or not (dtype == jnp.bool_ or jnp.issubdtype(dtype, jnp.number)):
+    raise ValueError(f"mask must be a bool or 0/1 numeric array, got {type(mask).__name__} of dtype {dtype}.")
+  return mask if dtype == jnp.bool_ else mask != 0
 
 
 def sanitise(x: Array, valid: Array, fill: float = 0.0) -> Array:
@@ -35,6 +39,22 @@ def safe_sqrt(x: Array) -> Array:
   """sqrt with a finite gradient at 0 (the gradient there is taken as 0)."""
   positive = x > 0
   return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
+
+
+def scale_down(x: Array, axis=None) -> tuple[Array, Array]:
+  """(x / scale, scale) with scale = max(1, max |x|) over `axis` (keepdims).
+
+  Working on x / scale keeps huge finite values (|x| ~ 1e19 squares past
+  float32's max) from overflowing in centring and squares; for |x| <= 1 it is
+  a no-op (bitwise). Values beyond 2^62 are first multiplied by 2^-64 (exact),
+  because XLA divides by multiplying with the reciprocal, and 1 / 1e38 is a
+  subnormal that the CPU flushes to 0. The scale is a constant for autodiff:
+  callers' results do not depend on it, and its own gradient could overflow.
+  """
+  magnitude = jax.lax.stop_gradient(jnp.max(jnp.abs(x), axis=axis, keepdims=True))
+  coarse = jnp.where(magnitude > 2.0**62, 2.0**-64, 1.0)
+  fine = jnp.maximum(magnitude * coarse, 1.0)
+  return (x * coarse) / fine, fine / coarse
 
 
 def masked_mean(x: Array, valid: Array, axis=None) -> Array:

@@ -9,6 +9,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
 from jaxcredit import _checks
@@ -22,8 +23,33 @@ def _check_logits_tokens(logits: Array, tokens: Array) -> None:
     )
 
 
-def _picked_logit(logits: Array, tokens: Array) -> Array:
-  return jnp.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0]
+def _check_token_ids(tokens: Array, vocab_size: int) -> None:
+  """Raises ValueError when concrete `tokens` hold ids outside [0, vocab_size).
+
+  Traced tokens cannot be checked here; `_picked_logprob` makes their result NaN.
+  """
+  if isinstance(tokens, jax.core.Tracer):
+    return
+  tokens = np.asarray(tokens)
+  bad = (tokens < 0) | (tokens >= vocab_size)
+  if bad.any():
+    where = tuple(int(i[0]) for i in np.nonzero(bad))
+    raise ValueError(
+        f"tokens hold {int(bad.sum())} id(s) outside [0, {vocab_size}) (first: {int(tokens[where])} at "
+        f"index {list(where)}); replace ignore labels such as -100 with a valid id and mask those positions."
+    )
+
+
+def _in_vocab(tokens: Array, vocab_size: int) -> Array:
+  return (tokens >= 0) & (tokens < vocab_size)
+
+
+def _picked_logprob(logits: Array, tokens: Array, lse: Array) -> Array:
+  """logits[..., token] - lse; NaN (with no gradient) where the token id is
+  outside [0, V), never the log-prob of a wrapped or clamped id."""
+  in_vocab = _in_vocab(tokens, logits.shape[-1])
+  picked = jnp.take_along_axis(logits, jnp.where(in_vocab, tokens, 0)[..., None], axis=-1)[..., 0]
+  return jnp.where(in_vocab, picked - lse, jnp.nan)
 
 
 def token_logprobs(logits: Array, tokens: Array, *, temperature: float = 1.0) -> Array:
@@ -31,11 +57,14 @@ def token_logprobs(logits: Array, tokens: Array, *, temperature: float = 1.0) ->
 
   logits: [..., V] (any float dtype; upcast to float32). tokens: [...] ints.
   Returns float32 [...]. Use the sampling temperature so that ratios against
-  the sampler's behaviour log-probs are consistent.
+  the sampler's behaviour log-probs are consistent. Ids outside [0, V) raise
+  ValueError when `tokens` is concrete; under jit they give NaN (and no
+  gradient), never the log-prob of another token.
   """
   _check_logits_tokens(logits, tokens)
+  _check_token_ids(tokens, logits.shape[-1])
   logits = logits.astype(jnp.float32) / temperature
-  return _picked_logit(logits, tokens) - jax.nn.logsumexp(logits, axis=-1)
+  return _picked_logprob(logits, tokens, jax.nn.logsumexp(logits, axis=-1))
 
 
 def token_entropy(logits: Array) -> Array:
@@ -82,7 +111,7 @@ def _chunked_logprobs_fwd(hidden, unembed, tokens, chunk_size, temperature):
     hidden_chunk, token_chunk = chunk
     logits = _chunk_logits(hidden_chunk, unembed, temperature)
     lse = jax.nn.logsumexp(logits, axis=-1)
-    return None, (_picked_logit(logits, token_chunk) - lse, lse)
+    return None, (_picked_logprob(logits, token_chunk, lse), lse)
 
   chunks = (_to_chunks(hidden, chunk_size), _to_chunks(tokens, chunk_size))
   _, (logp, lse) = jax.lax.scan(step, None, chunks)
@@ -99,6 +128,8 @@ def _chunked_logprobs_bwd(chunk_size, temperature, residuals, g):
     logits = _chunk_logits(hidden_chunk, unembed, temperature)
     probs = jnp.exp(logits - lse_chunk[..., None])
     onehot = jax.nn.one_hot(token_chunk, logits.shape[-1], dtype=jnp.float32)
+    # An out-of-vocabulary id's log-prob is NaN and carries no gradient (as autodiff of token_logprobs).
+    g_chunk = jnp.where(_in_vocab(token_chunk, logits.shape[-1]), g_chunk, 0.0)
     d_logits = g_chunk[..., None] * (onehot - probs) / temperature
     d_hidden = jnp.einsum(
         "bcv,dv->bcd", d_logits, unembed, preferred_element_type=jnp.float32
@@ -137,6 +168,7 @@ def chunked_token_logprobs(
   logits [B, chunk_size, V] at a time (the backward recomputes them and
   accumulates d unembed chunk by chunk), so peak memory is O(B * chunk * V).
   Matmuls accumulate in float32 (bf16 inputs are fine). Returns float32 [B, T].
+  Out-of-range ids are handled as in `token_logprobs` (error or NaN).
   """
   _checks.check_rank(hidden, 3, "hidden")
   _checks.check_rank(unembed, 2, "unembed")
@@ -149,7 +181,24 @@ def chunked_token_logprobs(
     )
   if not isinstance(chunk_size, int) or chunk_size < 1:
     raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
+  _check_token_ids(tokens, unembed.shape[1])
   return _chunked_logprobs(hidden, unembed, tokens, chunk_size, float(temperature))
+
+
+LOG_RATIO_BOUND = 20.0
+"""|log-ratio| above which `importance_ratio` saturates (as verl's policy losses)."""
+
+
+def importance_ratio(log_ratio: Array, *, bound: float = LOG_RATIO_BOUND) -> Array:
+  """exp(clip(log_ratio, -bound, bound)): a ratio that cannot overflow.
+
+  exp overflows float32 at log-ratio ~88.7 (a stale behaviour policy in
+  off-policy or asynchronous training reaches that), and an inf ratio gives a
+  NaN gradient even where a clip or `where` discards it. Beyond +-bound the
+  ratio is constant (gradient 0): e^20 ~ 4.9e8 is far outside any trust
+  region. Returns float32 of log_ratio's shape.
+  """
+  return jnp.exp(jnp.clip(log_ratio.astype(jnp.float32), -bound, bound))
 
 
 def token_sum_probs_squared(logits: Array) -> Array:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 from jax import Array
 
 from jaxcredit import _checks
@@ -71,13 +72,23 @@ class Rollout:
     if missing:
       raise ValueError(f"{by} needs rollout.{', rollout.'.join(missing)}, which is None.")
 
-  def extra(self, name: str, *, by: str) -> Array:
-    """rollout.extras[name]; ValueError naming `by` if it is absent."""
+  def extra(self, name: str, *, by: str, per: str = "token") -> Array:
+    """rollout.extras[name], which must be [B, T] (per="token") or [B]
+    (per="sequence"); ValueError naming `by`, the key and the shapes if it is
+    absent or mis-shaped (a [B, 1] or [T] array would otherwise broadcast)."""
     if name not in self.extras:
       raise ValueError(
           f"{by} needs rollout.extras[{name!r}]; extras has {sorted(self.extras)}."
       )
-    return self.extras[name]
+    value = self.extras[name]
+    expected = {"token": self.shape, "sequence": self.shape[:1]}[per]
+    if tuple(jnp.shape(value)) != expected:
+      layout = "[B, T]" if per == "token" else "[B]"
+      raise ValueError(
+          f"{by} needs rollout.extras[{name!r}] of shape {layout} = {list(expected)}, "
+          f"got {list(jnp.shape(value))}."
+      )
+    return value
 
 
 class Estimate(NamedTuple):

@@ -1,6 +1,7 @@
 """Loading a Hugging Face-format safetensors checkpoint written here, offline."""
 
 import json
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -118,3 +119,23 @@ def test_bad_checkpoints_name_the_tensor(tmp_path):
     checkpoint.load_hf_checkpoint(tmp_path)
   with pytest.raises(ValueError, match="Unsupported model_type 'gpt2'"):
     checkpoint.config_from_hf({**hf, "model_type": "gpt2"})
+
+
+def test_malformed_checkpoint_files_name_the_file(tmp_path):
+  hf = HF_CONFIGS["qwen2"]
+  tensors = _random_checkpoint(hf)
+  _write(tmp_path, hf, tensors)
+  weights = tmp_path / "model.safetensors"
+  weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # cut off mid-write
+  with pytest.raises(ValueError, match=rf"Checkpoint file {re.escape(str(weights))} could not be read .*truncated"):
+    checkpoint.load_hf_checkpoint(tmp_path)
+  _write(tmp_path, {k: v for k, v in hf.items() if k != "hidden_size"}, tensors)
+  with pytest.raises(ValueError, match=rf"{re.escape(str(tmp_path / 'config.json'))}: .*no 'hidden_size' field"):
+    checkpoint.load_hf_checkpoint(tmp_path)
+  (tmp_path / "config.json").write_text('{"hidden_size": 32,')
+  with pytest.raises(ValueError, match=r"config.json is not valid JSON"):
+    checkpoint.load_hf_checkpoint(tmp_path)
+  _write(tmp_path, hf, tensors, sharded=True)
+  (tmp_path / "model.safetensors.index.json").write_text('{"weights": {}}')
+  with pytest.raises(ValueError, match=r"model.safetensors.index.json has no 'weight_map' field"):
+    checkpoint.load_hf_checkpoint(tmp_path)

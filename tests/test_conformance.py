@@ -14,12 +14,17 @@ SHIFT_INVARIANT = {
     "grpo", "dr_grpo", "rloo", "gpg", "opo", "reinforce_pp_baseline", "grpo_high_entropy",
     "grpo_surprisal", "prime",
 }
+SCALE_INVARIANT = {
+    "grpo", "grpo_batch_std", "grpo_high_entropy", "grpo_surprisal", "ktae", "pass_at_k", "reinforce_pp",
+    "reinforce_pp_baseline",
+}
 PAIR_LOSSES = {"dpo", "ipo", "simpo"}
 
 
 @pytest.mark.parametrize("name", estimators.names())
 def test_every_estimator_passes_the_kit(name):
   invariances = [testing.group_reward_shift()] if name in SHIFT_INVARIANT else []
+  invariances += [testing.reward_scale()] if name in SCALE_INVARIANT else []
   testing.check_estimator(estimators.get(name), name=name, invariances=invariances, max_examples=3)
 
 
@@ -107,3 +112,32 @@ def test_readme_composition_example_runs():
   namespace = {"rollout": rollout, "outputs": outputs, "step": 3}
   exec(readme_block("jc.losses.combine("), namespace)
   assert np.isfinite(namespace["loss"]) and "kl/value" in namespace["metrics"]
+
+
+def test_kit_catches_a_normalisation_that_collapses_for_huge_rewards():
+  def squaring_grpo(rollout):
+    """GRPO with the centred rewards squared as they are: (1e19)^2 overflows float32."""
+    grouped = rollout.rewards.astype(jnp.float32).reshape(-1, rollout.group_size)
+    centred = grouped - grouped.mean(1, keepdims=True)
+    std = jnp.sqrt(jnp.maximum(jnp.sum(centred**2, 1, keepdims=True) / max(rollout.group_size - 1, 1), 1e-12))
+    seq = centred / std
+    return estimators.broadcast_to_tokens(seq.reshape(-1), rollout.mask)
+
+  testing.check_estimator(squaring_grpo, max_examples=2, group_sizes=(2, 4))  # fine at ordinary scales
+  with pytest.raises(testing.ConformanceError, match=r"\[invariance:reward_scale\(1e\+19\)\] squaring_grpo"):
+    testing.check_estimator(squaring_grpo, max_examples=2, group_sizes=(2, 4), invariances=[testing.reward_scale()])
+
+
+def test_kit_catches_a_ratio_loss_that_overflows_for_a_stale_behaviour_policy():
+  def naive_ppo(outputs, rollout, estimate):
+    """PPO-clip with exp of the raw log-ratio: inf ratio, NaN gradient behind a finite clipped loss."""
+    valid = as_bool(rollout.mask)
+    log_ratio = jnp.where(valid, outputs.logprobs, 0.0) - jnp.where(valid, rollout.logprobs, 0.0)
+    ratio = jnp.exp(log_ratio)
+    adv = jnp.where(valid, estimate.advantages, 0.0)
+    tokens = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 0.8, 1.2))
+    return losses.aggregate(jnp.where(adv > 0, tokens, 0.0), valid, "token-mean"), {}
+
+  with pytest.raises(testing.ConformanceError, match=r"\[finite_gradients\] naive_ppo") as error:
+    testing.check_loss(naive_ppo, max_examples=2)
+  assert "large log-ratios" in str(error.value) and "log_ratio_shift=100.0" in str(error.value)

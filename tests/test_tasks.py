@@ -276,3 +276,15 @@ def test_format_reward_and_key_token_reasons():
   config = key_token.KeyTokenConfig()
   reasons = key_token.explain(np.array([[13, 13, 7, 13, 13, 5, 13, 13]]), np.array([[7, 6]]), config)
   assert reasons == ["hits p=2:ok, p=5:5!=6"]
+
+
+def test_gsm8k_non_utf8_and_empty_files_name_the_file(tmp_path):
+  (tmp_path / "train.jsonl").write_bytes(json.dumps(GSM8K_LINES[0]).encode() + b"\n" + b'{"question": "\xff\xfe"}\n')
+  with pytest.raises(ValueError, match=r"train.jsonl:2: malformed GSM8K line: not UTF-8"):
+    list(gsm8k.read_jsonl(tmp_path / "train.jsonl"))
+  manual = tmp_path / "manual"
+  manual.mkdir()
+  _write_gsm8k(manual, GSM8K_LINES, [])
+  builder = builders.get("gsm8k", data_dir=str(tmp_path / "data"))
+  with pytest.raises(ValueError, match=r"test.jsonl: no GSM8K examples \(the file is empty\)"):
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(manual)))

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from jaxcredit import _checks
-from jaxcredit._masking import as_bool, safe_divide, safe_sqrt
+from jaxcredit._masking import as_bool, safe_divide, scale_down, safe_sqrt
 
 
 def _grouped(rewards: Array, group_size: int) -> Array:
@@ -17,12 +17,27 @@ def _grouped(rewards: Array, group_size: int) -> Array:
   return rewards.astype(jnp.float32).reshape(-1, group_size)
 
 
-def _centred(grouped: Array) -> Array:
-  """grouped - group mean, shifted by each group's first value first, so that a
-  group of equal rewards centres to exactly 0 (no rounding residue that the
-  std normalisation would blow up)."""
-  shifted = grouped - grouped[:, :1]
-  return shifted - jnp.mean(shifted, axis=1, keepdims=True)
+def _centred(grouped: Array) -> tuple[Array, Array]:
+  """(c, scale) with grouped - group mean = c * scale over axis 1, |c| <= 4.
+
+  The rewards are halved (exact) and shifted by the group's first value, so a
+  group of equal rewards gives c exactly 0 (no rounding residue for the std
+  normalisation to blow up, even when XLA fuses the arithmetic), then divided
+  by scale = max(1, max |shift|) (`scale_down`), so no finite rewards
+  overflow here or in the squares of a std.
+  """
+  half = grouped * 0.5
+  scaled, scale = scale_down(half - half[:, :1], axis=1)
+  return 2.0 * (scaled - jnp.mean(scaled, axis=1, keepdims=True)), scale
+
+
+def _std_normalised(centred: Array, scale: Array, ddof_count: int, eps: float) -> Array:
+  """(x - mean) / (std_x + eps) from `_centred`'s (centred, scale), with
+  std_x^2 = sum (x - mean)^2 / ddof_count over axis 1; 0 where std_x is 0,
+  even with eps = 0."""
+  _checks.check_in_range(eps, "eps", low=0.0)
+  variance = jnp.sum(centred**2, axis=1, keepdims=True) / ddof_count
+  return safe_divide(centred, safe_sqrt(variance) + eps / scale)
 
 
 def grpo_advantages(
@@ -37,16 +52,16 @@ def grpo_advantages(
   A_i = (r_i - mean_g) / (std_g + eps), std with ddof=1 over the G rewards of
   the group. scale_by_std=False gives Dr. GRPO (Liu et al., 2025): r_i - mean_g.
   rewards: [B]. Returns float32 [B]; 0 for a zero-variance group (even with
-  eps=0) and when G == 1.
+  eps=0) and when G == 1. Scale-invariant for any finite rewards (no float32
+  overflow in the centred squares).
   """
   grouped = _grouped(rewards, group_size)
   if group_size == 1:
     return jnp.zeros(rewards.shape, jnp.float32)
-  centred = _centred(grouped)
+  centred, scale = _centred(grouped)
   if scale_by_std:
-    variance = jnp.sum(centred**2, axis=1, keepdims=True) / (group_size - 1)
-    centred = safe_divide(centred, safe_sqrt(variance) + eps)  # eps=0 allowed
-  return centred.reshape(-1)
+    return _std_normalised(centred, scale, group_size - 1, eps).reshape(-1)
+  return (centred * scale).reshape(-1)
 
 
 def rloo_advantages(rewards: Array, *, group_size: int) -> Array:
@@ -58,8 +73,8 @@ def rloo_advantages(rewards: Array, *, group_size: int) -> Array:
   grouped = _grouped(rewards, group_size)
   if group_size == 1:
     return jnp.zeros(rewards.shape, jnp.float32)
-  centred = _centred(grouped)
-  return (centred * (group_size / (group_size - 1))).reshape(-1)
+  centred, scale = _centred(grouped)
+  return (centred * (group_size / (group_size - 1)) * scale).reshape(-1)
 
 
 def broadcast_to_tokens(seq_values: Array, mask: Array) -> Array:
@@ -93,13 +108,18 @@ def grpo_batch_std_advantages(rewards: Array, *, group_size: int, eps: float = 1
   rewards: [B]. Returns float32 [B]; 0 when B == 1 or all rewards are equal.
   """
   grouped = _grouped(rewards, group_size)
-  centred = _centred(grouped).reshape(-1)
+  _checks.check_in_range(eps, "eps", low=0.0)
   batch = rewards.shape[0]
   if batch == 1:
-    return jnp.zeros_like(centred)
-  flat = grouped.reshape(-1)
-  variance = jnp.sum((flat - jnp.mean(flat)) ** 2) / (batch - 1)
-  return safe_divide(centred, safe_sqrt(variance) + eps)
+    return jnp.zeros(rewards.shape, jnp.float32)
+  # r - batch mean = centred * scale; re-centring each group's slice of it
+  # (shifted by its first value: exact zeros for equal rewards) gives (r - group mean) / scale.
+  centred, scale = _centred(grouped.reshape(1, -1))
+  in_groups = centred.reshape(grouped.shape)
+  shifted = in_groups - in_groups[:, :1]
+  group_centred = shifted - jnp.mean(shifted, axis=1, keepdims=True)
+  batch_std = safe_sqrt(jnp.sum(centred**2) / (batch - 1))
+  return safe_divide(group_centred, batch_std + eps / scale).reshape(-1)
 
 
 def remax_advantages(rewards: Array, baseline_rewards: Array) -> Array:
@@ -123,8 +143,9 @@ def opo_advantages(rewards: Array, lengths: Array, *, group_size: int) -> Array:
   if group_size == 1:
     return jnp.zeros(rewards.shape, jnp.float32)
   weights = lengths.astype(jnp.float32).reshape(grouped.shape)
-  baseline = safe_divide(jnp.sum(weights * grouped, 1, keepdims=True), jnp.sum(weights, 1, keepdims=True))
-  return (grouped - baseline).reshape(-1)
+  scaled, scale = scale_down(grouped, axis=1)
+  baseline = safe_divide(jnp.sum(weights * scaled, 1, keepdims=True), jnp.sum(weights, 1, keepdims=True))
+  return ((scaled - baseline) * scale).reshape(-1)
 
 
 def _binomial_ratio(n_top: Array, n_bottom: int, k: int) -> Array:
@@ -170,11 +191,10 @@ def gpg_advantages(
   follows the paper. rewards: [B]. Returns float32 [B].
   """
   grouped = _grouped(rewards, group_size)
-  centred = _centred(grouped)
+  centred, scale = _centred(grouped)
   degenerate = jnp.all(centred == 0, axis=1, keepdims=True)
   n_degenerate = jnp.sum(degenerate) * group_size
   alpha = rewards.shape[0] / jnp.maximum(rewards.shape[0] - n_degenerate, 1)
   if scale_by_std and group_size > 1:
-    variance = jnp.sum(centred**2, axis=1, keepdims=True) / (group_size - 1)
-    centred = safe_divide(centred, safe_sqrt(variance) + eps)
-  return (alpha * centred).reshape(-1)
+    return (alpha * _std_normalised(centred, scale, group_size - 1, eps)).reshape(-1)
+  return (alpha * centred * scale).reshape(-1)

@@ -60,7 +60,7 @@ def _grpo_batch_std(rollout: Rollout, *, eps: float = 1e-6):
 @register("remax")
 def _remax(rollout: Rollout):
   """Needs rollout.extras["baseline_rewards"] [B]: rewards of greedy responses."""
-  baseline = rollout.extra("baseline_rewards", by="remax")
+  baseline = rollout.extra("baseline_rewards", by="remax", per="sequence")
   return group.broadcast_to_tokens(group.remax_advantages(rollout.rewards, baseline), rollout.mask)
 
 
@@ -137,9 +137,11 @@ def _prime(rollout: Rollout, *, beta: float = 0.05, gamma: float = 1.0):
   the leave-one-out mean of the other responses' per-token implicit reward.
   pi_prm is rollout.extras["prm_logprobs"] when present, else rollout.logprobs."""
   rollout.require("ref_logprobs", by="prime")
-  prm_logp = rollout.extras.get("prm_logprobs", rollout.logprobs)
-  if prm_logp is None:
-    raise ValueError("prime needs rollout.extras['prm_logprobs'] or rollout.logprobs.")
+  if "prm_logprobs" in rollout.extras:
+    prm_logp = rollout.extra("prm_logprobs", by="prime")
+  else:
+    rollout.require("logprobs", by="prime (without extras['prm_logprobs'])")
+    prm_logp = rollout.logprobs
   valid = as_bool(rollout.mask)
   implicit = token_credit.implicit_process_rewards(prm_logp, rollout.ref_logprobs, valid, beta=beta)
   per_token = jnp.sum(implicit, 1) / jnp.maximum(jnp.sum(valid, 1), 1)

@@ -8,12 +8,15 @@ there are 0. Shapes: [B, T]. `method` picks the recurrence implementation
 (see `recurrence.METHODS`); None picks the fastest for the backend.
 """
 
+import math
+
 import jax.numpy as jnp
 from jax import Array
 
 from jaxcredit import _checks
 from jaxcredit._masking import as_bool, sanitise
 from jaxcredit.estimators import recurrence
+from jaxcredit.logprobs import LOG_RATIO_BOUND
 from jaxcredit.estimators.recurrence import (
     masked_recurrence,
     next_valid,
@@ -31,6 +34,12 @@ def _prepare(mask: Array, **arrays: Array) -> tuple[Array, ...]:
   return (valid, *(sanitise(x, valid) for x in arrays.values()))
 
 
+def _check_discounts(**discounts: float) -> None:
+  """gamma and lam must lie in [0, 1]."""
+  for name, value in discounts.items():
+    _checks.check_in_range(value, name, low=0.0, high=1.0)
+
+
 def discounted_returns(
     rewards: Array, mask: Array, *, gamma: float, method: str | None = None
 ) -> Array:
@@ -39,6 +48,7 @@ def discounted_returns(
   rewards, mask: [B, T]. G_next is the return at the next valid position (0
   after the last one). Returns float32 [B, T], 0 at masked positions.
   """
+  _check_discounts(gamma=gamma)
   valid, rewards = _prepare(mask, rewards=rewards)
   return masked_recurrence(rewards, gamma, valid, method=method)
 
@@ -69,6 +79,7 @@ def gae(
   """
   _checks.check_token_and_seq({"rewards": rewards, "values": values, "mask": mask}, {})
   _checks.check_choice(method or recurrence.default_method(), GAE_METHODS, "GAE method")
+  _check_discounts(gamma=gamma, lam=lam)
   valid = as_bool(mask)
   rewards, values = rewards.astype(jnp.float32), values.astype(jnp.float32)
   # Both expressions are linear in (r, V), so masking the result (rather than
@@ -119,6 +130,7 @@ def n_step_returns(
   """
   if not isinstance(n, int) or n < 1:
     raise ValueError(f"n must be a positive int, got {n!r}.")
+  _check_discounts(gamma=gamma)
   valid, rewards, values = _prepare(mask, rewards=rewards, values=values)
   # G^(k)_t = r_t + gamma * G^(k-1)_next, G^(0) = V.
   returns = values
@@ -149,12 +161,17 @@ def vtrace(
   token). All inputs [B, T]. Returns (vs, pg_advantages) float32 [B, T], 0 at
   masked positions.
   """
+  _check_discounts(gamma=gamma, lam=lam)
+  _checks.check_in_range(clip_rho, "clip_rho", low=0.0, low_open=True)
+  _checks.check_in_range(clip_c, "clip_c", low=0.0, low_open=True)
   valid, rewards, values, log_rhos = _prepare(
       mask, rewards=rewards, values=values, log_rhos=log_rhos
   )
-  rhos = jnp.exp(log_rhos)
-  clipped_rhos = jnp.minimum(clip_rho, rhos)
-  cs = lam * jnp.minimum(clip_c, rhos)
+  # min(c, exp(x)) = exp(min(x, log c)): no overflow (nor NaN gradient) for any
+  # finite log-ratio; an infinite clip saturates at importance_ratio's bound.
+  clipped_ratio = lambda clip: jnp.exp(jnp.minimum(log_rhos, min(math.log(clip), LOG_RATIO_BOUND)))
+  clipped_rhos = clipped_ratio(clip_rho)
+  cs = lam * clipped_ratio(clip_c)
   value_next = next_valid(values, valid, method=method)
   deltas = jnp.where(valid, rewards + gamma * value_next - values, 0.0)
   # vs_t - V_t = rho_t delta_t + gamma c_t (vs_next - V_next).

@@ -16,6 +16,7 @@ from jaxcredit._masking import (
     safe_divide,
     safe_sqrt,
     sanitise,
+    scale_down,
     top_n_mask,
 )
 
@@ -26,18 +27,25 @@ def whiten(x: Array, mask: Array, *, shift_mean: bool = True, eps: float = 1e-8)
   mean and unbiased (ddof=1) variance over the valid entries; the variance is
   0 when fewer than 2 are valid (then the output is 0 if eps == 0).
   shift_mean=False adds the mean back (only the scale changes). Returns
-  float32, 0 at masked positions.
+  float32, 0 at masked positions; scale-invariant for any finite x.
   """
   _checks.check_same_shape(x=x, mask=mask)
+  _checks.check_in_range(eps, "eps", low=0.0)
   valid = as_bool(mask)
   x = sanitise(x, valid)
+  # Work on (x / 2 - anchor) / scale, anchor the first valid x / 2 (exact zeros
+  # for equal values, no overflow for huge ones: see group._centred), so
+  # x - mean = 2 scale (scaled - scaled_mean).
+  half = 0.5 * x
+  anchor = half.reshape(-1)[jnp.argmax(valid.reshape(-1))]
+  scaled, scale = scale_down(jnp.where(valid, half - anchor, 0.0))
   count = jnp.sum(valid, dtype=jnp.float32)
-  mean = masked_mean(x, valid)
-  centred = jnp.where(valid, x - mean, 0.0)
+  scaled_mean = masked_mean(scaled, valid)
+  centred = jnp.where(valid, scaled - scaled_mean, 0.0)
   variance = safe_divide(jnp.sum(centred**2), count - 1.0) * (count > 1)
-  out = safe_divide(centred, safe_sqrt(variance + eps))  # 0 when var + eps == 0
+  out = safe_divide(centred, safe_sqrt(variance + eps / (2.0 * scale) ** 2))  # 0 when var + eps == 0
   if not shift_mean:
-    out = out + mean
+    out = out + 2.0 * (anchor + scaled_mean * scale)
   return jnp.where(valid, out, 0.0)
 
 
@@ -48,6 +56,7 @@ def implicit_process_rewards(prm_logp: Array, ref_logp: Array, mask: Array, *, b
   LM; ref_logp: under its reference. [B, T]. Returns float32 [B, T].
   """
   _checks.check_token_and_seq({"prm_logp": prm_logp, "ref_logp": ref_logp, "mask": mask}, {})
+  _checks.check_in_range(beta, "beta", low=0.0, low_open=True)
   valid = as_bool(mask)
   return jnp.where(valid, beta * (sanitise(prm_logp, valid) - sanitise(ref_logp, valid)), 0.0)
 
@@ -137,8 +146,7 @@ def high_entropy_mask(entropy: Array, mask: Array, *, rho: float = 0.2) -> Array
   [B, T]. Returns a bool [B, T] mask (a subset of `mask`).
   """
   _checks.check_token_and_seq({"entropy": entropy, "mask": mask}, {})
-  if not 0.0 < rho <= 1.0:
-    raise ValueError(f"rho must be in (0, 1], got {rho}.")
+  _checks.check_in_range(rho, "rho", low=0.0, high=1.0, low_open=True)
   valid = as_bool(mask)
   return top_n_mask(entropy, valid, jnp.ceil(rho * jnp.sum(valid)))
 

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from jaxcredit._masking import masked_mean, sanitise, top_n_mask
+from jaxcredit.logprobs import importance_ratio
 from jaxcredit.losses.aggregation import aggregate
 from jaxcredit.losses.policy import (
     Metrics,
@@ -63,7 +64,7 @@ def clip_cov_loss(
   """
   valid, log_ratio, advantages = _token_inputs(logp, old_logp, advantages, mask)
   _check_clip(clip_low, clip_high)
-  loss_tok, is_clipped = clipped_surrogate(jnp.exp(log_ratio), advantages, clip_low, clip_high)
+  loss_tok, is_clipped = clipped_surrogate(importance_ratio(log_ratio), advantages, clip_low, clip_high)
   cov = token_covariance(sanitise(logp, valid), advantages, valid)
   eligible = valid & ~is_clipped & (cov > cov_low) & (cov < cov_high)
   scores = cov if key is None else jax.random.uniform(key, cov.shape)
@@ -95,7 +96,7 @@ def kl_cov_loss(
   cov = token_covariance(sanitise(logp, valid), advantages, valid)
   selected = top_n_mask(cov, valid, _n_selected(valid, kl_fraction))
   abs_log_ratio = jnp.abs(log_ratio)
-  loss_tok = -advantages * jnp.exp(log_ratio) + jnp.where(selected, kl_coef * abs_log_ratio, 0.0)
+  loss_tok = -advantages * importance_ratio(log_ratio) + jnp.where(selected, kl_coef * abs_log_ratio, 0.0)
   metrics = {
       "kl_cov_fraction": _fraction(selected, valid),
       "abs_kl": masked_mean(abs_log_ratio, valid),

@@ -5,6 +5,7 @@ from jax import Array
 
 from jaxcredit import _checks
 from jaxcredit._masking import as_bool, sanitise
+from jaxcredit.logprobs import LOG_RATIO_BOUND
 
 KL_KINDS = ("k1", "k2", "k3")
 
@@ -14,6 +15,8 @@ def kl_penalty(logp: Array, ref_logp: Array, *, kind: str) -> Array:
 
   With d = logp - ref_logp:  k1 = d,  k2 = d^2 / 2,  k3 = exp(-d) + d - 1.
   k1 is unbiased, k3 unbiased and non-negative, k2 biased with low variance.
+  k3 takes d clipped to +-LOG_RATIO_BOUND (20, as verl's low_var_kl), so it
+  stays finite, with a finite gradient, for any finite d.
   logp, ref_logp: [B, T] (any equal shapes). Returns float32 of that shape.
   """
   _checks.check_same_shape(logp=logp, ref_logp=ref_logp)
@@ -23,6 +26,7 @@ def kl_penalty(logp: Array, ref_logp: Array, *, kind: str) -> Array:
     return d
   if kind == "k2":
     return 0.5 * d**2
+  d = jnp.clip(d, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
   return jnp.exp(-d) + d - 1.0
 
 

@@ -2,7 +2,9 @@
 
 Shapes: logp, old_logp, advantages, mask [B, T]; seq_advantages [B]. Masked
 positions are sanitised before any arithmetic, so NaN/-inf there reach
-neither the loss nor its gradient.
+neither the loss nor its gradient. Ratios go through `importance_ratio`
+(log-ratio clipped to +-20 before exp), so any finite log-ratio gives a finite
+loss and gradient.
 """
 
 import jax
@@ -11,24 +13,23 @@ from jax import Array
 
 from jaxcredit import _checks
 from jaxcredit._masking import as_bool, masked_mean, safe_divide, sanitise
+from jaxcredit.logprobs import LOG_RATIO_BOUND, importance_ratio
 from jaxcredit.losses.aggregation import aggregate
 
 Metrics = dict[str, Array]
 
 
 def _check_clip(clip_low: float, clip_high: float) -> None:
-  if not 0 <= clip_low <= 1 or clip_high < 0:
-    raise ValueError(
-        f"Need 0 <= clip_low <= 1 and clip_high >= 0, got clip_low={clip_low}, "
-        f"clip_high={clip_high}."
-    )
+  _checks.check_in_range(clip_low, "clip_low", low=0.0, high=1.0)
+  _checks.check_in_range(clip_high, "clip_high", low=0.0)
 
 
 def _ratio_metrics(log_ratio: Array, valid: Array) -> Metrics:
   """approx_kl = mean of k3(old || new) = (r - 1) - log r; ratio statistics.
 
-  All are 0 when no token is valid.
+  All are 0 when no token is valid; log r is bounded as in `importance_ratio`.
   """
+  log_ratio = jnp.clip(log_ratio, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
   ratio = jnp.exp(log_ratio)
   any_valid = jnp.any(valid)
   return {
@@ -83,9 +84,9 @@ def ppo_clip_loss(
   """
   valid, log_ratio, advantages = _token_inputs(logp, old_logp, advantages, mask)
   _check_clip(clip_low, clip_high)
-  if dual_clip is not None and dual_clip <= 1.0:
-    raise ValueError(f"dual_clip must be > 1, got {dual_clip}.")
-  ratio = jnp.exp(log_ratio)
+  if dual_clip is not None:
+    _checks.check_in_range(dual_clip, "dual_clip", low=1.0, low_open=True)
+  ratio = importance_ratio(log_ratio)
   loss_tok, is_clipped = clipped_surrogate(ratio, advantages, clip_low, clip_high)
   metrics = {
       "clipfrac": _fraction(is_clipped, valid),
@@ -126,7 +127,7 @@ def gspo_loss(
   valid = as_bool(mask)
   log_ratio = sanitise(logp, valid) - sanitise(old_logp, valid)
   nonempty = jnp.any(valid, axis=1)
-  seq_ratio = jnp.exp(masked_mean(log_ratio, valid, axis=1))
+  seq_ratio = importance_ratio(masked_mean(log_ratio, valid, axis=1))
   loss_seq, is_clipped = clipped_surrogate(
       seq_ratio, seq_advantages.astype(jnp.float32), clip_low, clip_high
   )
@@ -162,7 +163,7 @@ def gspo_token_loss(
   new_logp = sanitise(logp, valid)
   seq_log_ratio = masked_mean(log_ratio, valid, axis=1)
   log_token_ratio = jax.lax.stop_gradient(seq_log_ratio)[:, None] + new_logp - jax.lax.stop_gradient(new_logp)
-  loss_tok, is_clipped = clipped_surrogate(jnp.exp(log_token_ratio), advantages, clip_low, clip_high)
+  loss_tok, is_clipped = clipped_surrogate(importance_ratio(log_token_ratio), advantages, clip_low, clip_high)
   metrics = {"clipfrac": _fraction(is_clipped, valid), **_ratio_metrics(log_ratio, valid)}
   return aggregate(loss_tok, valid, aggregation), metrics
 
@@ -201,7 +202,7 @@ def cispo_loss(
   """
   valid, log_ratio, advantages = _token_inputs(logp, old_logp, advantages, mask)
   _check_clip(clip_low, clip_high)
-  ratio = jnp.exp(log_ratio)
+  ratio = importance_ratio(log_ratio)
   weight = jax.lax.stop_gradient(jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high))
   loss_tok = -weight * advantages * sanitise(logp, valid)
   metrics = {
@@ -233,7 +234,7 @@ def gmpo_loss(
   sign = jnp.sign(seq_advantages)[:, None]
   bounded = jnp.clip(log_ratio, -clip_low, clip_high)
   clipped_log_ratio = sign * jnp.minimum(sign * log_ratio, sign * bounded)
-  seq_ratio = jnp.exp(masked_mean(clipped_log_ratio, valid, axis=1))
+  seq_ratio = importance_ratio(masked_mean(clipped_log_ratio, valid, axis=1))
   nonempty = jnp.any(valid, axis=1)
   loss = jnp.mean(jnp.where(nonempty, -seq_advantages * seq_ratio, 0.0))
   is_clipped = ((sign > 0) & (log_ratio > clip_high)) | ((sign < 0) & (log_ratio < -clip_low))
@@ -263,9 +264,9 @@ def sapo_loss(
   approx_kl, ratio statistics.
   """
   valid, log_ratio, advantages = _token_inputs(logp, old_logp, advantages, mask)
-  if tau_pos <= 0 or tau_neg <= 0:
-    raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos}, {tau_neg}.")
-  ratio = jnp.exp(log_ratio)
+  _checks.check_in_range(tau_pos, "tau_pos", low=0.0, low_open=True)
+  _checks.check_in_range(tau_neg, "tau_neg", low=0.0, low_open=True)
+  ratio = importance_ratio(log_ratio)
   tau = jnp.where(advantages > 0, tau_pos, tau_neg)
   gate = jax.nn.sigmoid(tau * (ratio - 1.0))
   loss_tok = -(4.0 / tau) * gate * advantages

@@ -16,6 +16,7 @@ def _check_sequences(arrays: dict[str, Array]) -> None:
 
 def _preference_margin(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
   """Log-ratio margin h = (pc - rc) - (pr - rr) [B] and the implicit-reward metrics."""
+  _checks.check_in_range(beta, "beta", low=0.0, low_open=True)
   _check_sequences(dict(
       policy_chosen=policy_chosen, policy_rejected=policy_rejected,
       ref_chosen=ref_chosen, ref_rejected=ref_rejected,
@@ -88,6 +89,8 @@ def simpo_loss(
   arrays = dict(policy_chosen=policy_chosen, policy_rejected=policy_rejected,
                 chosen_lengths=chosen_lengths, rejected_lengths=rejected_lengths)
   _check_sequences(arrays)
+  _checks.check_in_range(beta, "beta", low=0.0, low_open=True)
+  _checks.check_in_range(gamma, "gamma", low=0.0)
   chosen_reward = beta * safe_divide(policy_chosen.astype(jnp.float32), chosen_lengths.astype(jnp.float32))
   rejected_reward = beta * safe_divide(policy_rejected.astype(jnp.float32), rejected_lengths.astype(jnp.float32))
   logits = chosen_reward - rejected_reward - gamma

@@ -33,6 +33,7 @@ def value_loss(
   if clip is None:
     loss_tok, clipped_larger = error, jnp.zeros_like(valid)
   else:
+    _checks.check_in_range(clip, "clip", low=0.0)
     clipped_values = old_values + jnp.clip(values - old_values, -clip, clip)
     clipped_error = (clipped_values - returns) ** 2
     loss_tok, clipped_larger = jnp.maximum(error, clipped_error), clipped_error > error

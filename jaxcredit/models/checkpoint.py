@@ -21,8 +21,15 @@ from jaxcredit.models.transformer import Transformer
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
+HF_CONFIG_FIELDS = ("num_attention_heads", "vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size")
+"""The `config.json` fields a checkpoint must have (the others have defaults)."""
+
+
 def config_from_hf(hf_config: dict, **overrides) -> TransformerConfig:
   """A TransformerConfig from a Llama/Qwen2 `config.json` dict."""
+  missing = [key for key in HF_CONFIG_FIELDS if key not in hf_config]
+  if missing:
+    raise ValueError(f"The model config has no {', '.join(map(repr, missing))} field.")
   model_type = hf_config.get("model_type", "llama")
   if model_type not in ("llama", "qwen2"):
     raise ValueError(f"Unsupported model_type {model_type!r}; supported: llama, qwen2.")
@@ -64,15 +71,33 @@ def _read_tensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
 
   index = directory / "model.safetensors.index.json"
   if index.exists():
-    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    shards = sorted(set(_read_json(index, required=("weight_map",))["weight_map"].values()))
   else:
     shards = ["model.safetensors"]
   tensors = {}
   for shard in shards:
     if not (directory / shard).exists():
       raise ValueError(f"Checkpoint file {directory / shard} is missing.")
-    tensors.update(load_file(directory / shard))
+    try:
+      tensors.update(load_file(directory / shard))
+    except Exception as error:  # safetensors raises its own SafetensorError without the file name
+      raise ValueError(f"Checkpoint file {directory / shard} could not be read ({error}); "
+                       "is it truncated or not safetensors?") from error
   return tensors
+
+
+def _read_json(path: pathlib.Path, *, required: tuple[str, ...] = ()) -> dict:
+  """A JSON object file; ValueError naming the file when it is malformed or lacks a `required` field."""
+  try:
+    data = json.loads(path.read_text(encoding="utf-8"))
+  except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    raise ValueError(f"{path} is not valid JSON ({error}).") from None
+  if not isinstance(data, dict):
+    raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}.")
+  missing = [key for key in required if key not in data]
+  if missing:
+    raise ValueError(f"{path} has no {', '.join(map(repr, missing))} field.")
+  return data
 
 
 def load_hf_checkpoint(path: str | pathlib.Path, **config_overrides) -> Transformer:
@@ -87,7 +112,11 @@ def load_hf_checkpoint(path: str | pathlib.Path, **config_overrides) -> Transfor
   config_file = directory / "config.json"
   if not config_file.exists():
     raise ValueError(f"No config.json in {directory}.")
-  config = config_from_hf(json.loads(config_file.read_text()), **config_overrides)
+  hf_config = _read_json(config_file)
+  try:
+    config = config_from_hf(hf_config, **config_overrides)
+  except ValueError as error:
+    raise ValueError(f"{config_file}: {error}") from None
   tensors = _read_tensors(directory)
   abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)

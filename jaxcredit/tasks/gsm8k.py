@@ -10,21 +10,26 @@ import json
 import pathlib
 import re
 from collections.abc import Iterator
-from fractions import Fraction
 
 from jaxcredit.tasks import rewards
 
 SPLIT_FILES = {"train": "train.jsonl", "test": "test.jsonl"}
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+# ASCII digits only: a unicode digit is not part of a GSM8K number.
+_NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")
 
 
 def normalize_number(text: str) -> str | None:
-  """Canonical text of a number: '1,234.50' -> '1234.5', '7.0' -> '7'; None if not a number."""
+  """Canonical text of a number: '1,234.50' -> '1234.5', '007.0' -> '7',
+  '-0' -> '0'; None if not a number. Pure string work, so numbers of any
+  length are fine (Python refuses int() of more than 4,300 digits)."""
   match = _NUMBER.fullmatch(text.strip().rstrip(".").replace("$", ""))
   if not match:
     return None
-  value = Fraction(match.group(0).replace(",", ""))
-  return str(value.numerator) if value.denominator == 1 else str(float(value))
+  negative, digits = match.group(0).startswith("-"), match.group(0).lstrip("-").replace(",", "")
+  whole, _, fraction = digits.partition(".")
+  whole, fraction = whole.lstrip("0") or "0", fraction.rstrip("0")
+  number = f"{whole}.{fraction}" if fraction else whole
+  return number if number == "0" or not negative else f"-{number}"
 
 
 def final_answer(answer: str) -> str:
@@ -40,12 +45,20 @@ def final_answer(answer: str) -> str:
 def read_jsonl(path: pathlib.Path) -> Iterator[dict]:
   """Examples {"prompt", "completion", "answer"} of a GSM8K JSONL file.
 
-  A malformed line raises ValueError naming the file and the line number.
+  A malformed line (bad JSON, not UTF-8, missing fields, no final number)
+  raises ValueError naming the file and the line number; so does a file
+  with no examples.
   """
-  with open(path, encoding="utf-8") as f:
-    for line_number, line in enumerate(f, start=1):
+  count = 0
+  with open(path, "rb") as f:
+    for line_number, raw in enumerate(f, start=1):
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as error:
+        raise ValueError(f"{path}:{line_number}: malformed GSM8K line: not UTF-8 ({error})") from None
       if not line.strip():
         continue
+      count += 1
       try:
         record = json.loads(line)
         question, answer = record["question"], record["answer"]
@@ -55,6 +68,8 @@ def read_jsonl(path: pathlib.Path) -> Iterator[dict]:
       except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
         detail = f"missing field {error}" if isinstance(error, KeyError) else str(error)
         raise ValueError(f"{path}:{line_number}: malformed GSM8K line: {detail}") from None
+  if not count:
+    raise ValueError(f"{path}: no GSM8K examples (the file is empty).")
 
 
 def extract_answer(response: str) -> str | None:

@@ -2,6 +2,7 @@
 maps one over a batch for the training loop."""
 
 import re
+import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -18,24 +19,52 @@ def exact_match(got: str | None, want: str) -> tuple[float, str]:
   return 0.0, f"wrong answer {got!r} (want {want!r})"
 
 
-def format_reward(response: str, pattern: str = r"(?s).*<answer>.+</answer>\s*") -> tuple[float, str]:
-  """1.0 when the whole response matches `pattern` (default: ends with an
-  `<answer>...</answer>` span, the R1 / TinyZero format), else 0.0."""
-  if re.fullmatch(pattern, response):
+def last_answer_span(response: str, open_tag: str = "<answer>", close_tag: str = "</answer>") -> str | None:
+  """The text of the last `<answer>...</answer>` span, or None; linear time
+  (two `rfind`s: a non-greedy regex is quadratic on `"<answer>" * n`)."""
+  end = response.rfind(close_tag)
+  start = response.rfind(open_tag, 0, max(end, 0))
+  if end < 0 or start < 0:
+    return None
+  return response[start + len(open_tag):end]
+
+
+def format_reward(response: str, pattern: str | None = None) -> tuple[float, str]:
+  """1.0 when the response is well-formatted, else 0.0. By default (pattern
+  None): it ends, up to whitespace, with a non-empty `<answer>...</answer>`
+  span (the R1 / TinyZero format), checked in linear time; otherwise the whole
+  response must match the regex `pattern` (keep it free of nested or adjacent
+  unbounded repeats: Python's regex backtracks)."""
+  if pattern is not None:
+    return (1.0, "well-formatted") if re.fullmatch(pattern, response) else (0.0, f"does not match {pattern!r}")
+  stripped = response.rstrip()
+  span = last_answer_span(stripped)
+  if span and stripped.endswith("</answer>"):
     return 1.0, "well-formatted"
-  return 0.0, f"does not match {pattern!r}"
+  return 0.0, "does not end with a non-empty <answer>...</answer> span"
 
 
 def batched(reward_fn: RewardFn, responses: Sequence[str], *per_example: Sequence, **kwargs
             ) -> tuple[np.ndarray, list[str]]:
   """Applies reward_fn(response, *fields, **kwargs) to each example.
 
-  Returns (rewards [B] float32, reasons [B]).
+  Returns (rewards [B] float32, reasons [B]). A reward function must never
+  raise on model output; if one does, that response gets 0 with the error as
+  its reason (and a warning), so one response cannot kill the batch.
   """
   if any(len(field) != len(responses) for field in per_example):
     raise ValueError(
         f"Got {len(responses)} responses but per-example fields of lengths "
         f"{[len(f) for f in per_example]}."
     )
-  results = [reward_fn(r, *fields, **kwargs) for r, *fields in zip(responses, *per_example)]
+  results = [_guarded(reward_fn, r, *fields, **kwargs) for r, *fields in zip(responses, *per_example)]
   return np.asarray([r for r, _ in results], np.float32), [reason for _, reason in results]
+
+
+def _guarded(reward_fn: RewardFn, response: str, *fields, **kwargs) -> tuple[float, str]:
+  try:
+    return reward_fn(response, *fields, **kwargs)
+  except Exception as error:  # noqa: BLE001 - model output must never stop training
+    reason = f"reward function raised {type(error).__name__}: {error}"
+    warnings.warn(f"{getattr(reward_fn, '__name__', reward_fn)}: {reason}; scored 0.", RuntimeWarning, stacklevel=3)
+    return 0.0, reason

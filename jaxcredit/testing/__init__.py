@@ -16,6 +16,7 @@ from jaxcredit.testing.conformance import (
     degenerate_rollouts,
     describe,
     group_reward_shift,
+    reward_scale,
     poison_masked,
 )
 
@@ -26,6 +27,7 @@ __all__ = [
     "degenerate_rollouts",
     "describe",
     "group_reward_shift",
+    "reward_scale",
     "poison_masked",
     "strategies",
 ]

@@ -61,10 +61,24 @@ def poison_masked(rollout: Rollout, value: float = jnp.nan) -> Rollout:
   return _replace_token_fields(rollout, lambda x: jnp.where(rollout.mask, x, jnp.asarray(value, x.dtype)))
 
 
+HUGE_REWARD = 1e19
+"""Rewards of this size square past float32's max: normalised advantages must not collapse to 0."""
+LARGE_LOG_RATIO = 100.0
+"""A log-ratio whose exp overflows float32 (a stale behaviour policy): losses and
+estimators must keep finite values and gradients."""
+
+
+def _alternating(shape: tuple[int, int], size: float) -> jax.Array:
+  """+size and -size in a checkerboard of `shape`."""
+  rows, columns = np.indices(shape)
+  return jnp.asarray(np.where((rows + columns) % 2 == 0, size, -size), jnp.float32)
+
+
 def degenerate_rollouts(group_sizes: Sequence[int] = (1, 2, 4)) -> list[tuple[str, Rollout]]:
   """Named edge cases, all [8, 6] (one compilation): all-masked rows,
   zero-variance groups, size-1 groups, length-1 responses, bf16 inputs,
-  extreme log-probs. Group sizes are taken from `group_sizes` (each must divide 8)."""
+  extreme log-probs, rewards of +-1e19 and target/behaviour log-ratios of
+  +-100 (extras["target_logprobs"]). Group sizes are taken from `group_sizes` (each must divide 8)."""
   rng = np.random.default_rng(0)
   pick = lambda i: group_sizes[i % len(group_sizes)]
   base = lambda g: strategies.make_rollout(rng, batch=8, length=6, group_size=g)
@@ -80,6 +94,9 @@ def degenerate_rollouts(group_sizes: Sequence[int] = (1, 2, 4)) -> list[tuple[st
           extras={**first.extras, "target_logprobs": first.extras["target_logprobs"] - 60.0})),
       ("near-zero log-probs", second.replace(
           logprobs=jnp.full_like(second.logprobs, -1e-7), ref_logprobs=jnp.full_like(second.logprobs, -1e-7))),
+      ("huge rewards", second.replace(rewards=(2.0 * second.rewards - 1.0) * HUGE_REWARD)),
+      ("large log-ratios", first.replace(extras={
+          **first.extras, "target_logprobs": first.logprobs + _alternating(first.shape, LARGE_LOG_RATIO)})),
   ]
   if 1 in group_sizes:
     cases.append(("groups of size 1", base(1)))
@@ -104,7 +121,10 @@ def _float_leaves(rollout: Rollout):
 
 
 def _float_gradients(fn: Callable) -> Callable[[Rollout], list[jax.Array]]:
-  """A jitted map rollout -> gradients of sum(advantages^2) w.r.t. its float leaves."""
+  """A jitted map rollout -> gradients of sum(w * advantages) w.r.t. its float
+  leaves, w = 1 + cos(flat index) / 2: a vector-Jacobian product with every
+  advantage weighted, finite whenever the Jacobian is (a sum of squares would
+  overflow on the huge-reward case though nothing is wrong)."""
 
   def gradients(rollout: Rollout):
     leaves, treedef, is_float = _float_leaves(rollout)
@@ -112,8 +132,9 @@ def _float_gradients(fn: Callable) -> Callable[[Rollout], list[jax.Array]]:
     def of_floats(floats):
       it = iter(floats)
       full = [next(it) if f else x for x, f in zip(leaves, is_float)]
-      advantages = _as_estimate(fn(jax.tree.unflatten(treedef, full))).advantages
-      return jnp.sum(advantages.astype(jnp.float32) ** 2)
+      advantages = _as_estimate(fn(jax.tree.unflatten(treedef, full))).advantages.astype(jnp.float32)
+      weights = 1.0 + 0.5 * jnp.cos(jnp.arange(advantages.size, dtype=jnp.float32)).reshape(advantages.shape)
+      return jnp.sum(weights * advantages)
 
     return jax.grad(of_floats)([x.astype(jnp.float32) for x, f in zip(leaves, is_float) if f])
 
@@ -207,6 +228,17 @@ def group_reward_shift(shift: float = 3.0) -> Invariance:
   return ("group_reward_shift", transform)
 
 
+def reward_scale(scale: float = HUGE_REWARD) -> Invariance:
+  """Invariance: multiplying every reward (outcome and dense) by `scale` > 0,
+  as normalised advantages must ignore for any finite rewards."""
+
+  def transform(rollout: Rollout) -> Rollout:
+    token_rewards = None if rollout.token_rewards is None else rollout.token_rewards * scale
+    return rollout.replace(rewards=rollout.rewards * scale, token_rewards=token_rewards)
+
+  return (f"reward_scale({scale:g})", transform)
+
+
 def _loss_inputs(rollout: Rollout, estimate_fn) -> tuple[PolicyOutputs, Estimate]:
   outputs = PolicyOutputs(
       logprobs=rollout.logprobs + 0.05 * jnp.cos(jnp.arange(rollout.shape[1], dtype=jnp.float32)),
@@ -216,10 +248,13 @@ def _loss_inputs(rollout: Rollout, estimate_fn) -> tuple[PolicyOutputs, Estimate
   return outputs, estimate_fn(rollout)
 
 
-def _check_loss_on(name, fn, jitted, gradients, rollout, estimate_fn, atol, on_policy=False):
+def _check_loss_on(name, fn, jitted, gradients, rollout, estimate_fn, atol, on_policy=False, log_ratio_shift=0.0):
   outputs, estimate = _loss_inputs(rollout, estimate_fn)
   if on_policy:
     outputs = outputs._replace(logprobs=rollout.logprobs)
+  if log_ratio_shift:  # policy vs behaviour log-ratio +shift, policy vs reference -shift
+    rollout = rollout.replace(logprobs=rollout.logprobs - log_ratio_shift,
+                              ref_logprobs=rollout.ref_logprobs + log_ratio_shift)
   loss, metrics = fn(outputs, rollout, estimate)
   if jnp.shape(loss) != () or not np.isfinite(np.asarray(loss, np.float64)):
     _fail("scalar_finite_loss", name, rollout, f"loss = {loss!r}")
@@ -257,7 +292,9 @@ def check_loss(
   Properties: scalar finite loss; finite scalar metrics; jit == no-jit; NaN at
   masked positions of outputs and rollout changes nothing; gradients w.r.t.
   every outputs field finite and exactly 0 at masked positions - on random
-  rollouts, on `degenerate_rollouts()`, and on-policy (logp == old logp).
+  rollouts, on `degenerate_rollouts()`, on-policy (logp == old logp), and with
+  log-ratios of +-100 to the behaviour and reference policies (exp overflows
+  float32 there; a clip or `where` after it still leaves a NaN gradient).
   `estimate_fn` defaults to GAE (advantages and returns). Raises ConformanceError.
   """
   from jaxcredit import estimators  # the kit sits above both layers
@@ -267,13 +304,17 @@ def check_loss(
   jitted = jax.jit(fn)
   gradients = jax.jit(jax.grad(lambda o, r, e: fn(o, r, e)[0]))
   for case, rollout in degenerate_rollouts(group_sizes):
-    if "bf16" in case:
-      continue  # losses receive float32 policy outputs; bf16 rollouts are covered by estimators
-    for on_policy in (False, True):
+    if "bf16" in case or "huge rewards" in case:
+      continue  # losses receive float32 policy outputs, and a value loss is legitimately (1e19)^2
+    variants = [dict(on_policy=False), dict(on_policy=True)]
+    if "large log-ratios" in case:
+      variants = [dict(log_ratio_shift=s) for s in (LARGE_LOG_RATIO, -LARGE_LOG_RATIO)]
+    for variant in variants:
       try:
-        _check_loss_on(name, fn, jitted, gradients, rollout, estimate_fn, atol, on_policy)
+        _check_loss_on(name, fn, jitted, gradients, rollout, estimate_fn, atol, **variant)
       except ConformanceError as error:
-        raise ConformanceError(f"{error}\n(degenerate case: {case}, on_policy={on_policy})") from None
+        described = ", ".join(f"{k}={v}" for k, v in variant.items())
+        raise ConformanceError(f"{error}\n(degenerate case: {case}, {described})") from None
 
   _on_random_rollouts(
       lambda rollout: _check_loss_on(name, fn, jitted, gradients, rollout, estimate_fn, atol),
