@@ -57,8 +57,7 @@ class MetricsWriter:
       self.path.rename(kept)
       print(f"Kept the previous metrics as {kept}.")
       return
-    lines = self.path.read_text().splitlines(keepends=True)
-    kept_lines = [line for line in lines if json.loads(line)["step"] <= resume_step]
+    kept_lines = [line for line in _complete_lines(self.path) if json.loads(line)["step"] <= resume_step]
     partial = self.path.with_suffix(".tmp")
     partial.write_text("".join(kept_lines))
     partial.replace(self.path)
@@ -73,6 +72,80 @@ class MetricsWriter:
 
   def close(self) -> None:
     self.tensorboard.close()
+
+
+def _complete_lines(path: pathlib.Path) -> list[str]:
+  """The lines of a JSONL file, dropping (with a warning) a last line cut off
+  mid-write by a crash or a full disk."""
+  lines = path.read_text(errors="replace").splitlines(keepends=True)
+  if lines:
+    try:
+      json.loads(lines[-1])
+    except json.JSONDecodeError:
+      print(f"Dropped the incomplete last line of {path} (a write was cut off): {lines[-1][:80]!r}")
+      lines = lines[:-1]
+  return [line if line.endswith("\n") else line + "\n" for line in lines]
+
+
+# Settings a resumed run must share with the run that wrote its checkpoints.
+RESUME_FIELDS = ("seed", "task", "model", "critic.preset", "rl.group_size", "rl.prompts_per_step",
+                 "advantage", "objective")
+
+
+def check_resumable(saved: dict, config: dict) -> None:
+  """Raises ValueError naming every RESUME_FIELDS entry where `config` differs
+  from the workdir's saved config.json (`saved`)."""
+  def leaves(tree, prefix=""):
+    """{dotted.key: value} of a nested dict."""
+    if not isinstance(tree, dict) or not tree:
+      return {prefix: tree}
+    return {k: v for key, value in tree.items() for k, v in leaves(value, f"{prefix}.{key}".lstrip(".")).items()}
+
+  saved, config = leaves(saved), leaves(config)
+  checked = [k for k in sorted(set(saved) | set(config))
+             if any(k == field or k.startswith(field + ".") for field in RESUME_FIELDS)]
+  differing = [f"{k}: {saved.get(k)!r} -> {config.get(k)!r}" for k in checked if saved.get(k) != config.get(k)]
+  if differing:
+    raise ValueError("This workdir holds checkpoints of a run with other settings; resume it with the same "
+                     "ones or use a new workdir. Differing: " + "; ".join(differing) + ".")
+
+
+def _positive_int(value, name):
+  return isinstance(value, int) and value >= 1, f"{name} must be a positive int, got {value!r}"
+
+
+def _number_in(value, name, low, high=float("inf"), *, low_open=False):
+  ok = isinstance(value, (int, float)) and (value > low if low_open else value >= low) and value <= high
+  bounds = f"{'(' if low_open else '['}{low}, {high}]"
+  return ok, f"{name} must be a number in {bounds}, got {value!r}"
+
+
+def validate_config(config) -> None:
+  """Raises ValueError naming the field for hyperparameters no run can use."""
+  rl, sft = config.rl, config.sft
+  problems = [
+      _positive_int(rl.group_size, "rl.group_size"), _positive_int(rl.prompts_per_step, "rl.prompts_per_step"),
+      _positive_int(rl.epochs, "rl.epochs"), _positive_int(rl.minibatches, "rl.minibatches"),
+      _positive_int(rl.eval_every, "rl.eval_every"), _positive_int(sft.batch_size, "sft.batch_size"),
+      _positive_int(sft.eval_every, "sft.eval_every"), _positive_int(config.checkpoint.every, "checkpoint.every"),
+      _positive_int(config.checkpoint.keep, "checkpoint.keep"),
+      (isinstance(rl.steps, int) and rl.steps >= 0, f"rl.steps must be an int >= 0, got {rl.steps!r}"),
+      (isinstance(sft.max_steps, int) and sft.max_steps >= 0, f"sft.max_steps must be an int >= 0, got {sft.max_steps!r}"),
+      _number_in(rl.learning_rate, "rl.learning_rate", 0.0, low_open=True),
+      _number_in(sft.learning_rate, "sft.learning_rate", 0.0, low_open=True),
+      _number_in(rl.max_grad_norm, "rl.max_grad_norm", 0.0, low_open=True),
+      _number_in(rl.temperature, "rl.temperature", 0.0, low_open=True),
+      _number_in(rl.kl_reward_coef, "rl.kl_reward_coef", 0.0),
+      _number_in(sft.target_accuracy, "sft.target_accuracy", 0.0, 1.0),
+      _number_in(sft.noise, "sft.noise", 0.0, 1.0),
+  ]
+  if config.critic.preset:
+    problems += [_number_in(config.critic.learning_rate, "critic.learning_rate", 0.0, low_open=True),
+                 _number_in(config.critic.gamma, "critic.gamma", 0.0, 1.0),
+                 _number_in(config.critic.lam, "critic.lam", 0.0, 1.0)]
+  for ok, message in problems:  # NaN fails every comparison, so it is caught too
+    if not ok:
+      raise ValueError(message + ".")
 
 
 def check_batch_sizes(config, devices: int) -> None:
@@ -119,11 +192,30 @@ def _finite(metrics: dict) -> bool:
 
 
 def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dict:
+  """Trains as the module docstring says; returns the final metrics. SIGTERM
+  (preemption) during RL saves a checkpoint and returns; during SFT, which
+  has no checkpoints, it stops cleanly before RL. The previous SIGTERM
+  handler is restored on every exit path."""
+  preempted = []
+  previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
+  try:
+    return _run(config, workdir, rollout_hook, preempted)
+  finally:
+    signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _run(config, workdir: str, rollout_hook: RolloutHook | None, preempted: list) -> dict:
   if config.mesh.distributed:
     jax.distributed.initialize()  # one process per host; every host runs this same program
+  validate_config(config)
   workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+  checkpoints.check_writable(workdir)
+  checkpointer = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.checkpoint.keep)
+  resuming = checkpointer.latest_step() is not None
+  config_json = config.to_json_best_effort(indent=2)
+  if resuming and (workdir / "config.json").exists():
+    check_resumable(json.loads((workdir / "config.json").read_text()), json.loads(config_json))
+  (workdir / "config.json").write_text(config_json)
   mesh = sharding.make_mesh(config.mesh.shape)
   batch_spec = sharding.batch_sharding(mesh).spec
   check_batch_sizes(config, int(np.prod([mesh.shape[a] for a in batch_spec[0] or ()])))
@@ -163,8 +255,10 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
     sharding.shard_model(critic, mesh)
     critic_optimizer = nnx.Optimizer(critic, adam(config.critic.learning_rate), wrt=nnx.Param)
     saved.update(critic=critic, critic_optimizer=critic_optimizer)
-  checkpointer = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.checkpoint.keep)
-  resuming = checkpointer.latest_step() is not None
+  # Built before any work, so that an unknown estimator or loss fails at once.
+  advantage_fn = jax.jit(estimators.from_config(config.advantage.to_dict()))
+  update = steps.rl_step(losses.from_config(config.objective.to_dict()), rl.temperature, actions)
+
 
   # Stage 1: supervised warm start, stopped by accuracy (skipped when resuming RL).
   step, first_rl_step, gen_tokens = 0, 0, 0
@@ -194,15 +288,16 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
         tqdm.tqdm.write(f"sft step {step:5d} | loss {float(loss):.3f} | eval accuracy {accuracy:.3f}")
         if accuracy >= config.sft.target_accuracy:
           break
+      if preempted:
+        tqdm.tqdm.write(f"SIGTERM during SFT (step {step}): stopped before RL without a checkpoint; "
+                        "a rerun starts SFT over.")
+        writer.close()
+        return {"eval/accuracy": accuracy, "step": step}
 
   if not resuming:
     nnx.update(reference, nnx.state(model))  # the reference is the post-SFT policy
 
-  # Stage 2: RL from outcome reward. SIGTERM (preemption) saves a checkpoint and returns.
-  preempted = []
-  previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
-  advantage_fn = jax.jit(estimators.from_config(config.advantage.to_dict()))
-  update = steps.rl_step(losses.from_config(config.objective.to_dict()), rl.temperature, actions)
+  # Stage 2: RL from outcome reward.
   reference_logprobs = nnx.jit(lambda ref, rollout: steps.policy_outputs(ref, rollout, rl.temperature,
                                                                            actions).logprobs)
   if critic is not None:
@@ -214,6 +309,7 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
   progress = tqdm.tqdm(range(first_rl_step, rl.steps), desc="rl", initial=first_rl_step, total=rl.steps,
                        mininterval=2.0)
   for rl_step in progress:
+    checkpointer.check()  # an asynchronous save that failed stops the run here, not one save later
     started = time.perf_counter()
     batch = rl_data.rl_batch(rl_step, group_size=rl.group_size)
     sample = generate(model, place(batch["prompts"]), place(batch["prompt_valid"]),
@@ -286,7 +382,6 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
   progress.close()
   checkpointer.wait()
   writer.close()
-  signal.signal(signal.SIGTERM, previous_handler)
   if accuracy is None:
     accuracy = run_eval()
   return {"eval/accuracy": accuracy, "step": step}

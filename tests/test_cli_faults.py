@@ -1,0 +1,165 @@
+"""Fault injection on the training CLI: bad overrides and hyperparameters, an
+unwritable checkpoint directory, a cut-off metrics line, corrupt checkpoints,
+a resume with other settings, and SIGTERM during SFT. Each must end in one
+clear message or an exact resume, never a traceback, a hang or lost data.
+
+One small run (key_token, no SFT, 4 RL steps, a checkpoint every step) is
+shared; most faults are refused before any compilation, so the module stays
+well under two minutes on 2 CPU cores."""
+
+import json
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).parent.parent
+TINY = [
+    "--config.task.name=key_token", "--config.task.options={'length': 10, 'n_keys': 4, 'filler_blind': True}",
+    "--config.task.train_size=64", "--config.task.test_size=16", "--config.sft.max_steps=0",
+    "--config.rl.prompts_per_step=4", "--config.rl.group_size=4", "--config.rl.eval_every=2",
+    "--config.checkpoint.every=1", "--config.checkpoint.keep=4",
+]
+
+
+def _command(workdir, *overrides):
+  return [sys.executable, "-m", "jaxcredit.train", "--config", str(ROOT / "experiments/quickstart.py"),
+          "--workdir", str(workdir), *TINY, *overrides]
+
+
+def _train(workdir, *overrides, timeout=300):
+  return subprocess.run(_command(workdir, *overrides), capture_output=True, text=True, cwd=ROOT,
+                        timeout=timeout, check=False)
+
+
+def _metrics(workdir):
+  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+  """A workdir with checkpoints 1-4 of a finished 4-step run."""
+  workdir = tmp_path_factory.mktemp("finished")
+  result = _train(workdir, "--config.rl.steps=4")
+  assert result.returncode == 0, result.stderr[-3000:]
+  return workdir
+
+
+def _copy(finished, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(finished, workdir, symlinks=True)
+  return workdir
+
+
+@pytest.mark.parametrize("override,message", [
+    ("--config.rl.grop_size=2", "unknown config field rl.grop_size (did you mean rl.group_size?)"),
+    ("--config.foo=1", "unknown config field foo; the config has: advantage, checkpoint, critic"),
+])
+def test_an_unknown_config_field_is_named_in_one_line(tmp_path, override, message):
+  result = _train(tmp_path, override)
+  assert result.returncode != 0
+  assert message in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("override,message", [
+    ("--config.rl.group_size=0", "rl.group_size must be a positive int, got 0"),
+    ("--config.rl.steps=-5", "rl.steps must be an int >= 0, got -5"),
+    ("--config.rl.learning_rate=nan", "rl.learning_rate must be a number in (0.0, inf], got nan"),
+    ("--config.advantage={'name': 'grpoo'}", "Unknown estimator 'grpoo'"),
+])
+def test_invalid_hyperparameters_stop_before_any_work(tmp_path, override, message):
+  result = _train(tmp_path, override)
+  assert result.returncode != 0
+  assert message in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
+  assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_an_unwritable_checkpoint_directory_fails_before_any_work(tmp_path):
+  # /proc refuses new files even to root, where chmod would not.
+  (tmp_path / "checkpoints").symlink_to("/proc/self")
+  started = time.perf_counter()
+  result = _train(tmp_path, "--config.rl.steps=4")
+  assert result.returncode != 0
+  assert "checkpoints is not writable" in result.stderr and "nothing was run" in result.stderr
+  assert "Traceback" not in result.stderr and not (tmp_path / "metrics.jsonl").exists()
+  assert time.perf_counter() - started < 60  # no orbax barrier time-out
+
+
+def test_a_cut_off_metrics_line_and_corrupt_checkpoints_resume_from_the_newest_good_one(finished, tmp_path):
+  workdir = _copy(finished, tmp_path)
+  metrics = workdir / "metrics.jsonl"
+  metrics.write_text(metrics.read_text()[:-25])  # a crash mid-write leaves half a line
+  checkpoints = workdir / "checkpoints"
+  metadata = checkpoints / "4" / "default" / "_METADATA"
+  metadata.write_bytes(metadata.read_bytes()[: metadata.stat().st_size // 2])
+  for data in (checkpoints / "3" / "default").rglob("d/*"):
+    data.write_bytes(data.read_bytes()[:16])
+  result = _train(workdir, "--config.rl.steps=5")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "Dropped the incomplete last line" in result.stdout
+  for step in (4, 3):
+    assert f"Checkpoint {step} in {checkpoints} does not restore" in result.stdout, result.stdout[-3000:]
+    assert (workdir / "checkpoints.corrupt" / str(step)).is_dir()  # set aside, never deleted
+  assert "Resuming RL at step 2" in result.stdout
+  steps = [line["step"] for line in _metrics(workdir)]  # strict JSON again, one line per step
+  assert steps == sorted(set(steps)) and steps[-1] == 5
+  assert sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) == [2, 3, 4, 5]  # keep=4
+
+
+@pytest.mark.parametrize("override,differing", [
+    ("--config.rl.group_size=2", "rl.group_size: 4 -> 2"),
+    ("--config.model.preset=small", "model.preset: 'tiny' -> 'small'"),
+])
+def test_resuming_with_other_settings_is_refused_naming_them(finished, tmp_path, override, differing):
+  workdir = _copy(finished, tmp_path)
+  saved_config = (workdir / "config.json").read_text()
+  result = _train(workdir, "--config.rl.steps=6", override)
+  assert result.returncode != 0
+  assert differing in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
+  assert (workdir / "config.json").read_text() == saved_config
+
+
+def test_sigterm_during_sft_exits_cleanly(tmp_path):
+  process = subprocess.Popen(_command(tmp_path, "--config.task.name=arithmetic", "--config.task.options={}",
+                                      "--config.sft.max_steps=100000", "--config.sft.batch_size=8",
+                                      "--config.sft.eval_every=100000", "--config.rl.steps=1"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+  deadline = time.time() + 300
+  while not (tmp_path / "metrics.jsonl").exists():  # written after the first eval, as SFT starts
+    assert process.poll() is None and time.time() < deadline, process.stderr.read()[-3000:]
+    time.sleep(0.1)
+  time.sleep(2.0)
+  process.send_signal(signal.SIGTERM)
+  stdout, stderr = process.communicate(timeout=120)
+  assert process.returncode == 0, stderr[-3000:]
+  assert "SIGTERM during SFT" in stdout and "Traceback" not in stderr
+
+
+def test_a_failed_save_is_raised_at_the_next_step_with_its_cause_in_one_line(tmp_path):
+  from flax import nnx
+
+  from jaxcredit.train import checkpoints
+
+  module = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+  checkpointer = checkpoints.Checkpointer(tmp_path / "checkpoints")
+  checkpointer.save(1, {"model": module}, {"rl_step": 1, "step": 1, "gen_tokens": 0})
+  checkpointer.wait()
+  shutil.rmtree(tmp_path / "checkpoints")
+  (tmp_path / "checkpoints").write_text("the disk went away")  # every later write fails
+  with pytest.raises(checkpoints.CheckpointError, match=r"failed: \w+Error: .*checkpoints") as error:
+    checkpointer.save(2, {"model": module}, {"rl_step": 2, "step": 2, "gen_tokens": 0})
+    checkpointer.check()  # what the loop runs at the start of every step
+    checkpointer.wait()
+  assert "\n" not in str(error.value)
+
+
+def test_metrics_resume_drops_a_cut_off_last_line(tmp_path):
+  from jaxcredit.train.loop import MetricsWriter
+
+  (tmp_path / "metrics.jsonl").write_text('{"step": 1, "a": 1.0}\n{"step": 2, "a": 2.0}\n{"step": 3, "a"')
+  MetricsWriter(tmp_path, resume_step=2).write(3, {"a": 3.0})
+  assert _metrics(tmp_path) == [{"step": 1, "a": 1.0}, {"step": 2, "a": 2.0}, {"step": 3, "a": 3.0}]
