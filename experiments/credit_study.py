@@ -1,6 +1,6 @@
 """Does token-level credit matter? The credit study on key_token (LAB.md section 4).
 
-  python -m jaxcredit.lab.study --config experiments/credit_study.py:smoke --workdir DIR   # seconds (CI)
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:smoke --workdir DIR   # CI's check: about a minute
   python -m jaxcredit.lab.study --config experiments/credit_study.py:small --workdir DIR   # ~30 min, 2 CPU cores
   python -m jaxcredit.lab.study --config experiments/credit_study.py:full --workdir DIR    # one accelerator
 

@@ -26,11 +26,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.overrides = {}  # TransformerConfig fields replacing the preset's (e.g. {"n_layers": 1})
 
   config.sft = ml_collections.ConfigDict()
-  config.sft.max_steps = 400  # upper bound; stops earlier at target_accuracy
+  config.sft.max_steps = 400  # SFT steps; greedy accuracy reaches ~0.19 here (seed 0)
   config.sft.batch_size = 256  # sequences per step
   config.sft.learning_rate = 1e-3  # Adam
   config.sft.eval_every = 10  # steps between greedy evals
-  config.sft.target_accuracy = 0.2  # stop SFT once greedy accuracy reaches this
+  config.sft.target_accuracy = 1.0  # stop SFT earlier once greedy accuracy reaches this (1.0: run max_steps)
   config.sft.noise = 0.0  # fraction of demonstrations with one token replaced by another action
 
   config.rl = ml_collections.ConfigDict()

@@ -1,11 +1,13 @@
 """Shared random inputs: ragged masks with interior holes and all-masked rows."""
 
 import importlib.util
+import os
 import pathlib
 import re
 
 import hypothesis
 import numpy as np
+import pytest
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -50,3 +52,12 @@ def load_experiment(name: str):
 def poison(x: np.ndarray, mask: np.ndarray, value=np.nan) -> np.ndarray:
   """x with `value` written at every masked position."""
   return np.where(mask, x, value).astype(x.dtype)
+
+
+@pytest.fixture(scope="session")
+def cli_env(tmp_path_factory) -> dict:
+  """Environment for CLI subprocesses: one persistent JAX compilation cache per
+  test session, so runs that share programs (same model and batch shapes)
+  compile them once."""
+  return {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "jax-cache"),
+          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}

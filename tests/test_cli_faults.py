@@ -31,9 +31,9 @@ def _command(workdir, *overrides):
           "--workdir", str(workdir), *TINY, *overrides]
 
 
-def _train(workdir, *overrides, timeout=300):
+def _train(workdir, *overrides, env=None):
   return subprocess.run(_command(workdir, *overrides), capture_output=True, text=True, cwd=ROOT,
-                        timeout=timeout, check=False)
+                        timeout=300, check=False, env=env)
 
 
 def _metrics(workdir):
@@ -41,10 +41,10 @@ def _metrics(workdir):
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
+def finished(tmp_path_factory, cli_env):
   """A workdir with checkpoints 1-4 of a finished 4-step run."""
   workdir = tmp_path_factory.mktemp("finished")
-  result = _train(workdir, "--config.rl.steps=4")
+  result = _train(workdir, "--config.rl.steps=4", env=cli_env)
   assert result.returncode == 0, result.stderr[-3000:]
   return workdir
 
@@ -81,7 +81,8 @@ def test_an_unwritable_checkpoint_directory_fails_before_any_work(tmp_path):
   assert time.perf_counter() - started < 60  # no orbax barrier time-out
 
 
-def test_a_cut_off_metrics_line_and_corrupt_checkpoints_resume_from_the_newest_good_one(finished, tmp_path):
+def test_a_cut_off_metrics_line_and_corrupt_checkpoints_resume_from_the_newest_good_one(finished, tmp_path,
+                                                                                        cli_env):
   workdir = _copy(finished, tmp_path)
   metrics = workdir / "metrics.jsonl"
   metrics.write_text(metrics.read_text()[:-25])  # a crash mid-write leaves half a line
@@ -90,7 +91,7 @@ def test_a_cut_off_metrics_line_and_corrupt_checkpoints_resume_from_the_newest_g
   metadata.write_bytes(metadata.read_bytes()[: metadata.stat().st_size // 2])
   for data in (checkpoints / "3" / "default").rglob("d/*"):
     data.write_bytes(data.read_bytes()[:16])
-  result = _train(workdir, "--config.rl.steps=5")
+  result = _train(workdir, "--config.rl.steps=5", env=cli_env)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "Dropped the incomplete last line" in result.stdout
   for step in (4, 3):

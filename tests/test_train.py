@@ -1,39 +1,16 @@
 """The training CLI end to end on a few steps (a smoke run, not a learning check)."""
 
 import json
+import math
 import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import load_experiment
 
 ROOT = pathlib.Path(__file__).parent.parent
-
-
-def test_cli_runs_sft_and_rl_and_writes_metrics(tmp_path):
-  overrides = [
-      "--config.task.train_size=200", "--config.task.test_size=16",
-      "--config.sft.max_steps=10", "--config.sft.batch_size=16", "--config.sft.eval_every=5",
-      "--config.rl.steps=2", "--config.rl.prompts_per_step=4", "--config.rl.group_size=4",
-      "--config.rl.eval_every=1",
-  ]
-  result = subprocess.run(
-      [sys.executable, "-m", "jaxcredit.train", "--config", str(ROOT / "experiments/quickstart.py"),
-       "--workdir", str(tmp_path), *overrides],
-      capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
-  )
-  assert result.returncode == 0, result.stderr[-3000:]
-  lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-  assert all("step" in line for line in lines)
-  train = [line for line in lines if "train/reward_mean" in line]
-  assert len(train) == 2
-  for key in ("train/loss", "train/entropy", "train/kl", "train/tokens_per_sec", "train/policy/approx_kl",
-              "train/zero_variance_groups", "eval/accuracy"):
-    assert key in train[-1], key
-  assert abs(train[0]["train/policy/ratio_mean"] - 1.0) < 1e-4  # sampler and learner agree
-  assert abs(train[0]["train/kl"]) < 1e-5  # the reference is the policy at the start of RL
-  assert json.loads((tmp_path / "config.json").read_text())["rl"]["group_size"] == 4
-  assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def test_metrics_writer_keeps_an_earlier_run(tmp_path):
@@ -69,9 +46,12 @@ def _wait_for_checkpoint(workdir, step, process, timeout=300):
     time.sleep(0.05)
 
 
+def _metrics(workdir):
+  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
 def _train_lines(workdir):
-  lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-  return [line for line in lines if "train/reward_mean" in line]
+  return [line for line in _metrics(workdir) if "train/reward_mean" in line]
 
 
 def test_killed_run_resumes_to_the_same_result(tmp_path):
@@ -153,15 +133,43 @@ def test_every_experiment_builds_its_advantage_and_objective():
     assert np.isfinite(loss) and "loss" in metrics, name
 
 
-def test_reinforce_pp_experiment_trains_with_a_kl_term(tmp_path):
-  command = [sys.executable, "-m", "jaxcredit.train", "--config", str(ROOT / "experiments/reinforce_pp.py"),
-             "--workdir", str(tmp_path), *SMOKE[:-2], "--config.rl.steps=2", "--config.rl.eval_every=2"]
-  result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
+# Every shipped training config, trained for two RL steps through the CLI with tiny data and batches
+# (the credit study config runs through its own CLI at its smoke preset in test_lab_study).
+SHIPPED = sorted(p.stem for p in (ROOT / "experiments").glob("*.py") if p.stem != "credit_study")
+SMALL = [
+    "--config.task.train_size=64", "--config.task.test_size=8", "--config.sft.max_steps=2",
+    "--config.sft.batch_size=8", "--config.sft.eval_every=2", "--config.rl.steps=2",
+    "--config.rl.prompts_per_step=4", "--config.rl.group_size=4", "--config.rl.eval_every=2",
+]
+
+
+def test_the_shipped_configs_are_the_documented_ones():
+  assert SHIPPED == sorted(EXPERIMENTS)
+  readme = (ROOT / "README.md").read_text()
+  assert all(f"`{name}`" in readme for name in SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
+  result = _run(tmp_path, *SMALL, config=name, env=cli_env)
   assert result.returncode == 0, result.stderr[-3000:]
   train = _train_lines(tmp_path)
-  assert len(train) == 2 and "train/kl/value" in train[-1]
-  assert abs(train[0]["train/kl_reward_penalty"]) < 1e-6  # the policy starts at the reference
-  assert train[1]["train/kl_reward_penalty"] != 0.0
+  assert len(train) == 2 and all(math.isfinite(line["train/loss"]) for line in train)
+  assert "eval/accuracy" in train[-1]
+  if name == "quickstart":
+    assert all("step" in line for line in _metrics(tmp_path))
+    for key in ("train/loss", "train/entropy", "train/kl", "train/tokens_per_sec", "train/policy/approx_kl",
+                "train/zero_variance_groups"):
+      assert key in train[-1], key
+    assert abs(train[0]["train/policy/ratio_mean"] - 1.0) < 1e-4  # sampler and learner agree
+    assert abs(train[0]["train/kl"]) < 1e-5  # the reference is the policy at the start of RL
+    assert json.loads((tmp_path / "config.json").read_text())["rl"]["group_size"] == 4
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+  if name == "reinforce_pp":  # the KL reward penalty starts at 0 (policy == reference), then moves
+    assert "train/kl/value" in train[-1]
+    assert abs(train[0]["train/kl_reward_penalty"]) < 1e-6 and train[1]["train/kl_reward_penalty"] != 0.0
+  if name == "credit_mix":  # PRIME's implicit PRM is trained in the rollout hook
+    assert "train/hook/prm_loss" in train[-1]
 
 
 def test_eight_devices_match_one_device(tmp_path):
@@ -191,10 +199,10 @@ KEY_TOKEN = [
 ]
 
 
-def _run(workdir, *overrides, config="quickstart"):
+def _run(workdir, *overrides, config="quickstart", env=None):
   command = [sys.executable, "-m", "jaxcredit.train", "--config", str(ROOT / f"experiments/{config}.py"),
              "--workdir", str(workdir), *overrides]
-  return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
+  return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600, check=False, env=env)
 
 
 def test_ppo_gae_trains_a_critic_on_key_token_with_minibatches(tmp_path):
