@@ -69,7 +69,8 @@ def test_shipped_experiment_objective_matches_numpy(step):
   kl = reference.aggregate(reference.kl(logp, rollout.ref_logprobs, "k3"), mask, "token-mean")
   entropy_coef = 1e-3 * max(0.0, 1 - step / 1000)
   entropy = -np.asarray(rollout.entropy, np.float64)[mask].mean()
-  np.testing.assert_allclose(loss, policy + 0.01 * kl + entropy_coef * entropy, rtol=1e-5, atol=1e-7)
+  kl_coef = config.objective["kl"]["coef"]
+  np.testing.assert_allclose(loss, policy + kl_coef * kl + entropy_coef * entropy, rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(metrics["kl/value"], kl, rtol=1e-5)
   np.testing.assert_allclose(metrics["entropy/coef"], entropy_coef, rtol=1e-5, atol=1e-9)
   assert {"loss", "policy/clipfrac", "policy/value", "kl/coef"} <= set(metrics)
@@ -83,7 +84,7 @@ def test_factories_match_config():
   outputs = jc.PolicyOutputs(logprobs=rollout.logprobs - 0.05, entropy=rollout.entropy)
   by_hand = losses.combine(
       policy=losses.ppo_clip(clip_high=0.28),
-      kl=losses.kl_term(coef=0.01, kind="k3"),
+      kl=losses.kl_term(coef=0.1, kind="k3"),
       entropy=losses.entropy_term(coef=optax.linear_schedule(1e-3, 0.0, 1000)),
   )
   by_config = losses.from_config(load_experiment("credit_mix").objective)
