@@ -8,9 +8,11 @@ shared; most faults are refused before any compilation, so the module stays
 well under two minutes on 2 CPU cores."""
 
 import json
+import os
 import pathlib
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -156,3 +158,73 @@ def test_metrics_resume_drops_a_cut_off_last_line(tmp_path):
   (tmp_path / "metrics.jsonl").write_text('{"step": 1, "a": 1.0}\n{"step": 2, "a": 2.0}\n{"step": 3, "a"')
   MetricsWriter(tmp_path, resume_step=2).write(3, {"a": 3.0})
   assert _metrics(tmp_path) == [{"step": 1, "a": 1.0}, {"step": 2, "a": 2.0}, {"step": 3, "a": 3.0}]
+
+
+def test_a_second_process_on_a_workdir_refuses_naming_the_holder(tmp_path):
+  from jaxcredit.train import workdir_lock
+
+  with workdir_lock.WorkdirLock(tmp_path):
+    result = _train(tmp_path, "--config.rl.steps=4")
+  assert result.returncode != 0
+  assert f"is in use by host {socket.gethostname()} pid {os.getpid()}" in result.stderr, result.stderr[-2000:]
+  assert "Traceback" not in result.stderr and not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
+  from jaxcredit.train import workdir_lock
+
+  holder = subprocess.Popen([sys.executable, "-c", (
+      "import pathlib, sys, time; from jaxcredit.train import workdir_lock\n"
+      f"with workdir_lock.WorkdirLock(pathlib.Path({str(tmp_path)!r})): print('held', flush=True); time.sleep(600)")],
+      stdout=subprocess.PIPE, text=True, cwd=ROOT)
+  assert holder.stdout.readline().strip() == "held"
+  with pytest.raises(workdir_lock.WorkdirBusy, match=f"pid {holder.pid}"):
+    workdir_lock.WorkdirLock(tmp_path).__enter__()
+  holder.send_signal(signal.SIGKILL)
+  holder.wait()
+  with workdir_lock.WorkdirLock(tmp_path):
+    assert (tmp_path / ".lock").read_text() == f"host {socket.gethostname()} pid {os.getpid()}\n"
+
+
+def test_rerunning_a_finished_run_with_fewer_steps_changes_nothing(finished, tmp_path):
+  workdir = _copy(finished, tmp_path)
+  saved = {name: (workdir / name).read_text() for name in ("config.json", "metrics.jsonl")}
+  result = _train(workdir, "--config.rl.steps=2")
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "already at RL step 4 >= rl.steps = 2: nothing to do" in result.stdout
+  assert {name: (workdir / name).read_text() for name in saved} == saved
+
+
+def test_ctrl_c_during_rl_saves_and_exits_cleanly(tmp_path, cli_env):
+  process = subprocess.Popen(_command(tmp_path, "--config.rl.steps=200"), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=ROOT, env=cli_env)
+  deadline = time.time() + 300
+  while not (tmp_path / "checkpoints" / "1").exists():
+    assert process.poll() is None and time.time() < deadline, process.stderr.read()[-3000:]
+    time.sleep(0.05)
+  process.send_signal(signal.SIGINT)
+  stdout, stderr = process.communicate(timeout=120)
+  assert process.returncode == 0, stderr[-3000:]
+  assert "SIGINT: saved a checkpoint at RL step" in stdout and "Traceback" not in stderr
+  saved = max(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+  assert saved < 200 and max(line["step"] for line in _metrics(tmp_path)) == saved
+
+
+def test_non_finite_rewards_stop_the_run_naming_task_step_and_row():
+  import numpy as np
+
+  from jaxcredit.train import loop
+
+  loop.check_rewards(np.array([0.0, 1.0]), task="arithmetic", rl_step=3)
+  with pytest.raises(ValueError, match=r"Task 'countdown' gave non-finite rewards at RL step 7: row 1 = nan "
+                                       r"\(2 of 4 rows\)"):
+    loop.check_rewards(np.array([0.0, np.nan, 1.0, np.inf]), task="countdown", rl_step=7)
+
+
+def test_metrics_stay_strict_json(tmp_path):
+  from jaxcredit.train.loop import MetricsWriter
+
+  MetricsWriter(tmp_path).write(1, {"a": float("nan"), "b": float("inf"), "c": 2.0})
+  line = (tmp_path / "metrics.jsonl").read_text()
+  assert json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c} in {line}")) == {
+      "step": 1, "a": None, "b": None, "c": 2.0}

@@ -54,19 +54,19 @@ def _train_lines(workdir):
   return [line for line in _metrics(workdir) if "train/reward_mean" in line]
 
 
-def test_killed_run_resumes_to_the_same_result(tmp_path):
+def test_killed_run_resumes_to_the_same_result(tmp_path, cli_env):
   import signal
 
   reference = subprocess.run(_command(tmp_path / "ref"), capture_output=True, text=True, cwd=ROOT,
-                             timeout=600, check=False)
+                             timeout=600, check=False, env=cli_env)
   assert reference.returncode == 0, reference.stderr[-3000:]
   killed = subprocess.Popen(_command(tmp_path / "run"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT)
+                            text=True, cwd=ROOT, env=cli_env)
   _wait_for_checkpoint(tmp_path / "run", 3, killed)
   killed.send_signal(signal.SIGKILL)
   killed.wait()
   resumed = subprocess.run(_command(tmp_path / "run"), capture_output=True, text=True, cwd=ROOT,
-                           timeout=600, check=False)
+                           timeout=600, check=False, env=cli_env)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "Resuming RL at step" in resumed.stdout
   want, got = _train_lines(tmp_path / "ref"), _train_lines(tmp_path / "run")
@@ -77,11 +77,11 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
   assert abs(want[-1]["eval/accuracy"] - got[-1]["eval/accuracy"]) < 1e-6
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, cli_env):
   import signal
 
   process = subprocess.Popen(_command(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, cwd=ROOT)
+                             text=True, cwd=ROOT, env=cli_env)
   _wait_for_checkpoint(tmp_path, 1, process)
   process.send_signal(signal.SIGTERM)
   stdout, stderr = process.communicate(timeout=300)

@@ -8,7 +8,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from jaxcredit.lab import hooks
-from jaxcredit.train import checkpoints, loop
+from jaxcredit.train import checkpoints, loop, workdir_lock
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/*.py).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics.jsonl, config.json and data.")
@@ -71,7 +71,7 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # keep orbax's per-save INFO lines out of the console
   try:
     final = loop.run(_CONFIG.value, _WORKDIR.value, rollout_hook=_hook(_CONFIG.value))
-  except (FloatingPointError, checkpoints.CheckpointError, ValueError) as error:
+  except (FloatingPointError, checkpoints.CheckpointError, workdir_lock.WorkdirBusy, ValueError) as error:
     raise SystemExit(f"Stopped: {error}") from error
   print(f"final: {final}")
 

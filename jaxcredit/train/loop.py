@@ -17,6 +17,8 @@ towards lambda-returns with its own optimizer. Metrics go to
 """
 
 import json
+import math
+import os
 import pathlib
 import signal
 import time
@@ -36,7 +38,7 @@ from jaxcredit.models import Transformer, preset, sharding
 from jaxcredit.rollout import Estimate, Rollout
 from jaxcredit.sampling import generate
 from jaxcredit.tasks import loader
-from jaxcredit.train import checkpoints, steps, tasks
+from jaxcredit.train import checkpoints, steps, tasks, workdir_lock
 
 
 class MetricsWriter:
@@ -49,7 +51,9 @@ class MetricsWriter:
 
   def __init__(self, workdir: pathlib.Path, *, resume_step: int | None = None):
     self.path = workdir / "metrics.jsonl"
-    self.tensorboard = SummaryWriter(str(workdir / "tensorboard"))
+    # On resume, TensorBoard drops the events logged after the checkpoint (they are logged again).
+    self.tensorboard = SummaryWriter(str(workdir / "tensorboard"),
+                                     purge_step=None if resume_step is None else resume_step + 1)
     if not self.path.exists():
       return
     if resume_step is None:
@@ -63,12 +67,13 @@ class MetricsWriter:
     partial.replace(self.path)
 
   def write(self, step: int, metrics: dict) -> None:
-    record = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
+    """Appends one line; a NaN or infinite value is written as null (strict JSON)."""
+    values = {k: float(v) for k, v in metrics.items()}
+    record = {"step": int(step), **{k: v if math.isfinite(v) else None for k, v in values.items()}}
     with open(self.path, "a") as f:
-      f.write(json.dumps(record) + "\n")
-    for name, value in record.items():
-      if name != "step":
-        self.tensorboard.add_scalar(name, value, step)
+      f.write(json.dumps(record, allow_nan=False) + "\n")
+    for name, value in values.items():
+      self.tensorboard.add_scalar(name, value, step)
 
   def close(self) -> None:
     self.tensorboard.close()
@@ -187,35 +192,60 @@ Monte-Carlo values for `vineppo`), `metrics` are logged under train/ (a
 whole batches, so hooks are single-process."""
 
 
+def check_rewards(rewards: np.ndarray, *, task: str, rl_step: int) -> None:
+  """Raises ValueError naming the task, the step and the rows when a reward is NaN or infinite
+  (a normalising estimator would otherwise turn the whole batch's advantages into 0 or NaN)."""
+  bad = np.flatnonzero(~np.isfinite(rewards))
+  if bad.size:
+    raise ValueError(f"Task {task!r} gave non-finite rewards at RL step {rl_step}: row {int(bad[0])} = "
+                     f"{rewards[bad[0]]} ({bad.size} of {rewards.size} rows); rewards must be finite numbers.")
+
+
 def _finite(metrics: dict) -> bool:
   return all(np.isfinite(float(metrics[k])) for k in ("loss", "grad_norm"))
 
 
 def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dict:
-  """Trains as the module docstring says; returns the final metrics. SIGTERM
-  (preemption) during RL saves a checkpoint and returns; during SFT, which
-  has no checkpoints, it stops cleanly before RL. The previous SIGTERM
-  handler is restored on every exit path."""
-  preempted = []
-  previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
-  try:
-    return _run(config, workdir, rollout_hook, preempted)
-  finally:
-    signal.signal(signal.SIGTERM, previous_handler)
+  """Trains as the module docstring says; returns the final metrics.
 
-
-def _run(config, workdir: str, rollout_hook: RolloutHook | None, preempted: list) -> dict:
-  if config.mesh.distributed:
-    jax.distributed.initialize()  # one process per host; every host runs this same program
+  The workdir is locked for the run (a second process refuses at once).
+  SIGTERM (preemption) or Ctrl-C during RL finishes the step, saves a
+  checkpoint and returns; during SFT, which has no checkpoints, it stops
+  cleanly before RL; a second Ctrl-C exits at once. The previous handlers are
+  restored on every exit path."""
   validate_config(config)
-  started_run = time.perf_counter()
   workdir = pathlib.Path(workdir)
   checkpoints.check_writable(workdir)
+  stops = []
+
+  def stop(signum, _frame):
+    if stops and signum == signal.SIGINT:
+      print("\nSecond Ctrl-C: exiting without saving.", flush=True)
+      os._exit(130)  # at once, whatever Python or orbax is doing
+    stops.append(signal.Signals(signum).name)
+
+  previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    with workdir_lock.WorkdirLock(workdir):
+      return _run(config, workdir, rollout_hook, stops)
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+
+
+def _run(config, workdir: pathlib.Path, rollout_hook: RolloutHook | None, preempted: list) -> dict:
+  if config.mesh.distributed:
+    jax.distributed.initialize()  # one process per host; every host runs this same program
+  started_run = time.perf_counter()
   checkpointer = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.checkpoint.keep)
   resuming = checkpointer.latest_step() is not None
   config_json = config.to_json_best_effort(indent=2)
   if resuming and (workdir / "config.json").exists():
     check_resumable(json.loads((workdir / "config.json").read_text()), json.loads(config_json))
+    if checkpointer.latest_step() >= config.rl.steps:
+      print(f"{workdir} is already at RL step {checkpointer.latest_step()} >= rl.steps = {config.rl.steps}: "
+            "nothing to do (config.json left as it was).")
+      return {"step": None, "rl_step": checkpointer.latest_step()}
   (workdir / "config.json").write_text(config_json)
   mesh = sharding.make_mesh(config.mesh.shape)
   batch_spec = sharding.batch_sharding(mesh).spec
@@ -290,7 +320,7 @@ def _run(config, workdir: str, rollout_hook: RolloutHook | None, preempted: list
         if accuracy >= config.sft.target_accuracy:
           break
       if preempted:
-        tqdm.tqdm.write(f"SIGTERM during SFT (step {step}): stopped before RL without a checkpoint; "
+        tqdm.tqdm.write(f"{preempted[0]} during SFT (step {step}): stopped before RL without a checkpoint; "
                         "a rerun starts SFT over.")
         writer.close()
         return {"eval/accuracy": accuracy, "step": step}
@@ -317,6 +347,7 @@ def _run(config, workdir: str, rollout_hook: RolloutHook | None, preempted: list
     sample = generate(model, place(batch["prompts"]), place(batch["prompt_valid"]),
                       jax.random.fold_in(key, rl_step), temperature=rl.temperature, **sampling)
     scores = task.score_rows(local(sample.tokens), local(sample.mask), batch["examples"])
+    check_rewards(scores, task=config.task.name, rl_step=rl_step + 1)
     rollout = Rollout(
         tokens=sample.tokens, mask=sample.mask, rewards=place(scores), logprobs=sample.logprobs,
         entropy=sample.entropy, group_size=rl.group_size,
@@ -348,8 +379,9 @@ def _run(config, workdir: str, rollout_hook: RolloutHook | None, preempted: list
       checkpointer.wait()
       raise FloatingPointError(
           f"Non-finite loss ({float(metrics['loss'])}) or gradient norm ({float(metrics['grad_norm'])}) at RL "
-          f"step {rl_step + 1}; stopped without saving. The last good checkpoint is step "
-          f"{checkpointer.latest_step()} in {workdir / 'checkpoints'}.")
+          f"step {rl_step + 1}; stopped without saving. " + (
+              f"The last good checkpoint is step {checkpointer.latest_step()} in {workdir / 'checkpoints'}."
+              if checkpointer.latest_step() is not None else "No checkpoint had been written yet."))
     step += 1
     generated = int(jnp.sum(sample.mask))
     gen_tokens += generated
@@ -379,7 +411,7 @@ def _run(config, workdir: str, rollout_hook: RolloutHook | None, preempted: list
     if preempted or (rl_step + 1) % config.checkpoint.every == 0 or rl_step + 1 == rl.steps:
       checkpointer.save(rl_step + 1, saved, {"rl_step": rl_step + 1, "step": step, "gen_tokens": gen_tokens})
     if preempted:
-      tqdm.tqdm.write(f"SIGTERM: saved a checkpoint at RL step {rl_step + 1}; rerun to resume.")
+      tqdm.tqdm.write(f"{preempted[0]}: saved a checkpoint at RL step {rl_step + 1}; rerun to resume.")
       break
   progress.close()
   checkpointer.wait()
