@@ -120,6 +120,3 @@ class Checkpointer:
     with _reported(f"a checkpoint save in {self.directory}"):
       self.manager.wait_until_finished()
     self.check()
-
-  def close(self) -> None:
-    self.manager.close()
