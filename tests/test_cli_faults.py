@@ -137,16 +137,17 @@ def test_sigterm_during_sft_exits_cleanly(tmp_path):
 def test_a_failed_save_is_raised_at_the_next_step_with_its_cause_in_one_line(tmp_path):
   from flax import nnx
 
+  from jaxcredit.models import sharding
   from jaxcredit.train import checkpoints
 
-  module = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+  module, mesh = nnx.Linear(2, 3, rngs=nnx.Rngs(0)), sharding.make_mesh()
   checkpointer = checkpoints.Checkpointer(tmp_path / "checkpoints")
-  checkpointer.save(1, {"model": module}, {"rl_step": 1, "step": 1, "gen_tokens": 0})
+  checkpointer.save(1, {"model": module}, {"rl_step": 1, "step": 1, "gen_tokens": 0}, mesh)
   checkpointer.wait()
   shutil.rmtree(tmp_path / "checkpoints")
   (tmp_path / "checkpoints").write_text("the disk went away")  # every later write fails
   with pytest.raises(checkpoints.CheckpointError, match=r"failed: \w+Error: .*checkpoints") as error:
-    checkpointer.save(2, {"model": module}, {"rl_step": 2, "step": 2, "gen_tokens": 0})
+    checkpointer.save(2, {"model": module}, {"rl_step": 2, "step": 2, "gen_tokens": 0}, mesh)
     checkpointer.check()  # what the loop runs at the start of every step
     checkpointer.wait()
   assert "\n" not in str(error.value)
@@ -228,3 +229,107 @@ def test_metrics_stay_strict_json(tmp_path):
   line = (tmp_path / "metrics.jsonl").read_text()
   assert json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c} in {line}")) == {
       "step": 1, "a": None, "b": None, "c": 2.0}
+
+
+# Multi-device resume. Meshes: "1" (one CPU device), "8" (8 forced devices,
+# data=8) and "2x2x2" ((data, fsdp, model) = (2, 2, 2) on 8 forced devices).
+MESHES = {"1": (1, []), "8": (8, []), "2x2x2": (8, ["--config.mesh.shape=(2,2,2)"])}
+
+
+def _on(mesh, cli_env):
+  """(overrides, env) that run the CLI on `mesh`."""
+  devices, overrides = MESHES[mesh]
+  return overrides, {**cli_env, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(finished, tmp_path_factory, cli_env):
+  """uninterrupted(mesh): the workdir of a 4-step run on `mesh` with checkpoints 1-4 (run once per module)."""
+  runs = {"1": finished}
+
+  def get(mesh):
+    if mesh not in runs:
+      overrides, env = _on(mesh, cli_env)
+      runs[mesh] = tmp_path_factory.mktemp(f"uninterrupted-{mesh}")
+      result = _train(runs[mesh], "--config.rl.steps=4", *overrides, env=env)
+      assert result.returncode == 0, result.stderr[-3000:]
+    return runs[mesh]
+
+  return get
+
+
+def _assert_resumed_like(workdir, reference, resumed_at):
+  """Every metric logged after RL step `resumed_at` equals the reference run's within 1e-4."""
+  import numpy as np
+
+  got = {line["step"]: line for line in _metrics(workdir) if line["step"] > resumed_at}
+  want = {line["step"]: line for line in _metrics(reference) if line["step"] > resumed_at}
+  assert sorted(got) == sorted(want) and got, (sorted(got), sorted(want))
+  for step, line in want.items():
+    assert sorted(got[step]) == sorted(line)
+    for key in line:
+      if key != "train/tokens_per_sec":
+        np.testing.assert_allclose(got[step][key], line[key], rtol=1e-4, atol=1e-4, err_msg=f"{key} at {step}")
+
+
+def _resumed_at(stdout):
+  line = next(line for line in stdout.splitlines() if line.startswith("Resuming RL at step "))
+  return int(line.split()[4])
+
+
+def _launch(workdir, mesh, cli_env, *overrides):
+  mesh_overrides, env = _on(mesh, cli_env)
+  return subprocess.Popen(_command(workdir, *mesh_overrides, *overrides), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+
+
+def _wait_for(path, process):
+  deadline = time.time() + 300
+  while not path.exists():
+    assert process.poll() is None and time.time() < deadline, process.stderr.read()[-3000:]
+    time.sleep(0.02)
+
+
+def test_kill_9_after_a_checkpoint_resumes_exactly_on_8_devices(uninterrupted, tmp_path, cli_env):
+  process = _launch(tmp_path, "8", cli_env, "--config.rl.steps=4")
+  _wait_for(tmp_path / "checkpoints" / "1", process)
+  process.kill()
+  process.communicate()
+  assert process.returncode == -signal.SIGKILL
+  overrides, env = _on("8", cli_env)
+  result = _train(tmp_path, "--config.rl.steps=4", *overrides, env=env)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "was written on" not in result.stdout  # same mesh: no change to report
+  _assert_resumed_like(tmp_path, uninterrupted("8"), _resumed_at(result.stdout))
+
+
+def test_sigterm_on_a_2x2x2_mesh_saves_and_resumes_exactly(uninterrupted, tmp_path, cli_env):
+  process = _launch(tmp_path, "2x2x2", cli_env, "--config.rl.steps=4", "--config.checkpoint.every=100")
+  _wait_for(tmp_path / "metrics.jsonl", process)
+  while '"step": 1,' not in (tmp_path / "metrics.jsonl").read_text():  # RL step 1 is logged
+    assert process.poll() is None, process.stderr.read()[-3000:]
+    time.sleep(0.02)
+  process.send_signal(signal.SIGTERM)
+  stdout, stderr = process.communicate(timeout=120)
+  assert process.returncode == 0 and "SIGTERM: saved a checkpoint at RL step" in stdout, stderr[-3000:]
+  overrides, env = _on("2x2x2", cli_env)
+  result = _train(tmp_path, "--config.rl.steps=4", *overrides, env=env)
+  assert result.returncode == 0, result.stderr[-3000:]
+  resumed_at = _resumed_at(result.stdout)
+  assert 1 <= resumed_at < 4
+  _assert_resumed_like(tmp_path, uninterrupted("2x2x2"), resumed_at)
+
+
+@pytest.mark.parametrize("written,resumed,message", [
+    ("8", "1", "Checkpoint 2 was written on 8 devices (data=8); resuming on 1 device."),
+    ("1", "2x2x2", "Checkpoint 2 was written on 1 device; resuming on 8 devices (data=2, fsdp=2, model=2)."),
+])
+def test_a_checkpoint_resumes_on_another_mesh(uninterrupted, tmp_path, cli_env, written, resumed, message):
+  workdir = _copy(uninterrupted(written), tmp_path)
+  for step in (3, 4):  # as if stopped after checkpoint 2
+    shutil.rmtree(workdir / "checkpoints" / str(step))
+  overrides, env = _on(resumed, cli_env)
+  result = _train(workdir, "--config.rl.steps=4", *overrides, env=env)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert message in result.stdout and _resumed_at(result.stdout) == 2, result.stdout[-3000:]
+  _assert_resumed_like(workdir, uninterrupted(resumed), 2)

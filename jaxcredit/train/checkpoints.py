@@ -4,6 +4,11 @@ A checkpoint holds the policy, the frozen reference policy, the optimizer
 state and the counters (RL step, global step, generated tokens). The data position and the sampling keys are pure
 functions of the step, so restoring these resumes the run exactly.
 
+A checkpoint restores onto the current mesh, whatever mesh wrote it: every
+array is read with the sharding of the live state it replaces (parameters by
+their logical axes, everything else — Adam's count, the counters —
+replicated), and a change of device count or mesh shape is logged.
+
 Faults are reported, never silently absorbed: an unwritable directory fails
 before any work, a failed asynchronous save is raised at the next step with
 its root cause in one line, and a checkpoint that does not restore
@@ -17,8 +22,10 @@ import pathlib
 import shutil
 import tempfile
 
+import jax
 import orbax.checkpoint as ocp
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 
 class CheckpointError(RuntimeError):
@@ -74,28 +81,31 @@ class Checkpointer:
   def _tree(modules: dict, counters: dict) -> dict:
     return {**{name: nnx.state(module) for name, module in modules.items()}, "counters": counters}
 
-  def save(self, rl_step: int, modules: dict, counters: dict) -> None:
+  def save(self, rl_step: int, modules: dict, counters: dict, mesh: Mesh) -> None:
     """Saves {name: nnx module or optimizer} and counters asynchronously; orbax
-    writes to a temporary directory and renames it when complete. An earlier
-    save that failed is raised here (CheckpointError with its root cause)."""
+    writes to a temporary directory and renames it when complete. The mesh is
+    recorded in the step's metadata. An earlier save that failed is raised
+    here (CheckpointError with its root cause)."""
     self.check()
     with _reported(f"saving checkpoint {rl_step} in {self.directory}"):
-      self.manager.save(rl_step, args=ocp.args.StandardSave(self._tree(modules, counters)))
+      self.manager.save(rl_step, args=ocp.args.StandardSave(self._tree(modules, counters)),
+                        custom_metadata={"mesh": dict(mesh.shape)})
 
   def check(self) -> None:
     """Raises CheckpointError if a finished asynchronous save failed."""
     with _reported(f"a checkpoint save in {self.directory}"):
       self.manager.check_for_errors()
 
-  def restore(self, modules: dict) -> dict:
-    """Restores the newest checkpoint that restores into `modules` (in place)
-    and returns its counters. A newer one that fails is moved to
-    `<directory>.corrupt/<step>` with a message saying why; CheckpointError
-    when none restores."""
-    target = self._tree(modules, {"rl_step": 0, "step": 0, "gen_tokens": 0})
+  def restore(self, modules: dict, mesh: Mesh) -> dict:
+    """Restores the newest checkpoint that restores into `modules` (in place,
+    placed on `mesh` as `on_mesh` says) and returns its counters. A newer one
+    that fails is moved to `<directory>.corrupt/<step>` with a message saying
+    why; CheckpointError when none restores."""
+    target = on_mesh(self._tree(modules, {"rl_step": 0, "step": 0, "gen_tokens": 0}), mesh)
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
         restored = self.manager.restore(step, args=ocp.args.StandardRestore(target))
+        self._report_mesh_change(step, mesh)
       except Exception as error:
         self._set_aside(step, root_cause(error))
         continue
@@ -103,6 +113,12 @@ class Checkpointer:
         nnx.update(module, restored[name])
       return {k: int(v) for k, v in restored["counters"].items()}
     raise CheckpointError(f"no checkpoint in {self.directory} could be restored (see above).")
+
+  def _report_mesh_change(self, step: int, mesh: Mesh) -> None:
+    saved = (self.manager.metadata(step).custom_metadata or {}).get("mesh")
+    if saved and saved != dict(mesh.shape):
+      print(f"Checkpoint {step} was written on {describe_mesh(saved)}; resuming on {describe_mesh(mesh.shape)}.",
+            flush=True)
 
   def _set_aside(self, step: int, reason: str) -> None:
     corrupt = self.directory.with_name(self.directory.name + ".corrupt")
@@ -120,3 +136,29 @@ class Checkpointer:
     with _reported(f"a checkpoint save in {self.directory}"):
       self.manager.wait_until_finished()
     self.check()
+
+
+def describe_mesh(shape) -> str:
+  """'8 devices (data=8)' for {'data': 8, 'fsdp': 1, 'model': 1}: the device count and the axes over 1."""
+  devices = 1
+  for size in shape.values():
+    devices *= size
+  axes = ", ".join(f"{name}={size}" for name, size in shape.items() if size > 1)
+  return f"{devices} device{'s' * (devices != 1)}" + (f" ({axes})" if axes else "")
+
+
+def on_mesh(tree, mesh: Mesh):
+  """Abstract restore targets for `tree` on `mesh`: each array keeps its
+  NamedSharding when it has one on `mesh` and is replicated otherwise (scalars
+  such as Adam's count live uncommitted on one device in a fresh run; restored
+  there, they would be committed to it and clash with the sharded parameters).
+  Python scalars are left as they are."""
+  replicated = NamedSharding(mesh, PartitionSpec())
+
+  def target(x):
+    if not isinstance(x, jax.Array):
+      return x
+    placed = isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if placed else replicated)
+
+  return jax.tree.map(target, tree)

@@ -294,7 +294,7 @@ def _run(config, workdir: pathlib.Path, rollout_hook: RolloutHook | None, preemp
   # Stage 1: supervised warm start, stopped by accuracy (skipped when resuming RL).
   step, first_rl_step, gen_tokens = 0, 0, 0
   if resuming:
-    counters = checkpointer.restore(saved)
+    counters = checkpointer.restore(saved, mesh)
     step, first_rl_step, gen_tokens = counters["step"], counters["rl_step"], counters["gen_tokens"]
     print(f"Resuming RL at step {first_rl_step} from {workdir / 'checkpoints'}.")
   writer = MetricsWriter(workdir, resume_step=step if resuming else None)
@@ -409,7 +409,7 @@ def _run(config, workdir: pathlib.Path, rollout_hook: RolloutHook | None, preemp
                          accuracy=accuracy, refresh=False)
     writer.write(step, record)
     if preempted or (rl_step + 1) % config.checkpoint.every == 0 or rl_step + 1 == rl.steps:
-      checkpointer.save(rl_step + 1, saved, {"rl_step": rl_step + 1, "step": step, "gen_tokens": gen_tokens})
+      checkpointer.save(rl_step + 1, saved, {"rl_step": rl_step + 1, "step": step, "gen_tokens": gen_tokens}, mesh)
     if preempted:
       tqdm.tqdm.write(f"{preempted[0]}: saved a checkpoint at RL step {rl_step + 1}; rerun to resume.")
       break
