@@ -14,6 +14,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.task.test_size = 500  # held-out problems for greedy eval
   config.task.max_prompt_length = 10  # BOS + "999+999=" fits (key_token: fixed by its options)
   config.task.max_response_length = 6  # 4 answer digits + EOS, plus slack (key_token: fixed)
+  config.task.truncated_reward = 0.0  # reward of a response cut off by max_response_length (no EOS)
+  config.task.max_dropped_fraction = 0.1  # refuse to start if more of a split's prompts exceed max_prompt_length
   config.task.data_dir = ml_collections.config_dict.placeholder(str)  # default: WORKDIR/data
 
   config.mesh = ml_collections.ConfigDict()

@@ -33,6 +33,8 @@ class Rollout:
   token_rewards: [B, T]|None  dense rewards (process rewards, shaping) added to
                               the outcome reward placed on the last action.
   entropy:       [B, T]|None  behaviour-policy entropy at each position.
+  truncated:     [B]|None     bool: the response was cut off by the token budget
+                              (no stop token); the task scored it by its rule.
   extras:        dict         further arrays an estimator needs, by name (e.g.
                               "baseline_rewards" [B] for ReMax,
                               "sum_pi_squared" [B, T] for OTB).
@@ -47,6 +49,7 @@ class Rollout:
   values: Array | None = None
   token_rewards: Array | None = None
   entropy: Array | None = None
+  truncated: Array | None = None
   extras: Mapping[str, Array] = dataclasses.field(default_factory=dict)
   group_size: int = dataclasses.field(default=1, metadata=dict(static=True))
 
@@ -61,7 +64,7 @@ class Rollout:
   def check(self) -> "Rollout":
     """Raises ValueError on inconsistent shapes or group size; returns self."""
     _checks.check_token_and_seq(
-        {f: getattr(self, f) for f in _TOKEN_FIELDS}, {"rewards": self.rewards}
+        {f: getattr(self, f) for f in _TOKEN_FIELDS}, {"rewards": self.rewards, "truncated": self.truncated}
     )
     _checks.check_group_size(self.tokens.shape[0], self.group_size)
     return self

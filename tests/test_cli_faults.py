@@ -333,3 +333,18 @@ def test_a_checkpoint_resumes_on_another_mesh(uninterrupted, tmp_path, cli_env, 
   assert result.returncode == 0, result.stderr[-3000:]
   assert message in result.stdout and _resumed_at(result.stdout) == 2, result.stdout[-3000:]
   _assert_resumed_like(workdir, uninterrupted(resumed), 2)
+
+
+def test_a_prompt_budget_that_drops_too_much_data_refuses_to_start(tmp_path):
+  result = _train(tmp_path, "--config.task.name=arithmetic", "--config.task.options={'max_digits': 5}",
+                  "--config.task.max_prompt_length=10")
+  assert result.returncode != 0
+  assert "have prompts longer than max_prompt_length = 10 tokens" in result.stderr, result.stderr[-2000:]
+  assert "Traceback" not in result.stderr and not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_data_counts_and_truncation_are_logged(finished):
+  first, *rl = _metrics(finished)
+  assert first["step"] == 0 and first["data/test/evaluated"] == first["data/test/examples"] == 16
+  assert first["data/train/dropped"] == 0 and first["data/train/examples"] == 64
+  assert all(line["train/truncated"] == 0.0 for line in rl)  # key_token responses have a fixed length

@@ -56,6 +56,7 @@ def test_cache_and_recompute_agree_under_greedy(model):
   recomputed = generate(model, prompts, valid, jax.random.key(0), use_cache=False, **kwargs)
   np.testing.assert_array_equal(cached.tokens, recomputed.tokens)
   np.testing.assert_array_equal(cached.mask, recomputed.mask)
+  np.testing.assert_array_equal(cached.truncated, recomputed.truncated)
   np.testing.assert_allclose(cached.logprobs, recomputed.logprobs, atol=1e-4)
 
 
@@ -64,8 +65,9 @@ def test_stop_tokens_end_the_response(model):
   out = generate(model, prompts, valid, jax.random.key(3), max_new_tokens=16, stop_tokens=(5, 7), pad_id=0)
   tokens, mask = np.asarray(out.tokens[:, 7:]), np.asarray(out.mask[:, 7:])
   stopped = 0
-  for row_tokens, row_mask in zip(tokens, mask):
+  for row_tokens, row_mask, truncated in zip(tokens, mask, np.asarray(out.truncated)):
     hits = np.flatnonzero(np.isin(row_tokens, (5, 7)) & row_mask)
+    assert truncated == (hits.size == 0)  # cut off by the budget exactly when no stop token was sampled
     if hits.size:
       stopped += 1
       end = hits[0]
@@ -74,6 +76,8 @@ def test_stop_tokens_end_the_response(model):
     else:
       assert row_mask.all()
   assert stopped > 0
+  unbounded = generate(model, prompts, valid, jax.random.key(3), max_new_tokens=4, pad_id=0)
+  assert not np.asarray(unbounded.truncated).any()  # no stop tokens: fixed-length responses, never cut off
 
 
 def test_right_padding_matches_left_padding(model):

@@ -98,3 +98,58 @@ def test_minibatches_partition_whole_groups():
     assert (groups == groups[:, :1]).all()  # whole, contiguous groups
   (only, _), = loop.minibatches(rollout, estimate, 1, np.random.default_rng(0))
   assert only is rollout
+
+
+def _arithmetic(tmp_path, **fields):
+  config = {"name": "arithmetic", "options": {"min_digits": 2, "max_digits": 5}, "train_size": 200,
+            "test_size": 50, "max_prompt_length": 16, "max_response_length": 7, **fields}
+  return tasks.make(ml_collections.ConfigDict(config), data_dir=str(tmp_path), seed=0)
+
+
+def _rows(task, responses: list[list[int]]):
+  """[B, P + N] rows holding `responses` after an empty prompt, and their action mask."""
+  p, n = task.max_prompt_length, task.max_response_length
+  tokens, mask = np.zeros((len(responses), p + n), np.int32), np.zeros((len(responses), p + n), bool)
+  for row, response in enumerate(responses):
+    tokens[row, p:p + len(response)], mask[row, p:p + len(response)] = response, True
+  return tokens, mask
+
+
+def test_a_response_cut_off_by_the_budget_scores_the_truncation_rule(tmp_path):
+  from jaxcredit.tasks import CharTokenizer, arithmetic
+
+  tokenizer = CharTokenizer(arithmetic.ALPHABET)
+  task = _arithmetic(tmp_path, max_response_length=2)
+  example = {"prompt": b"5+7=", "answer": b"12", "completion": b"12"}
+  # "125" cut at two tokens reads "12": the verifier alone calls it right.
+  cut, finished = tokenizer.encode("12"), tokenizer.encode("1") + [tokenizer.eos_id]
+  tokens, mask = _rows(task, [cut, finished])
+  response = slice(task.max_prompt_length, None)
+  np.testing.assert_array_equal(task.score(tokens[:, response], mask[:, response], [example] * 2), [1.0, 0.0])
+  np.testing.assert_array_equal(task.truncated(tokens, mask), [True, False])
+  np.testing.assert_array_equal(task.score_rows(tokens, mask, [example] * 2), [0.0, 0.0])
+  lenient = _arithmetic(tmp_path, max_response_length=2, truncated_reward=-0.5)
+  np.testing.assert_array_equal(lenient.score_rows(tokens, mask, [example] * 2), [-0.5, 0.0])
+  key_token = _task("key_token", tmp_path)  # fixed-length responses are never cut off
+  assert not key_token.truncated(np.zeros((3, 14), np.int32), np.ones((3, 14), bool)).any()
+
+
+def test_data_beyond_the_budgets_is_counted_and_too_much_refuses_to_start(tmp_path, capsys):
+  task = _arithmetic(tmp_path, max_prompt_length=10, max_response_length=5)
+  lengths = {split: np.asarray([[len(ids) for ids in task.encode(task.sources[split][i])]
+                                for i in range(len(task.sources[split]))]) for split in ("train", "test")}
+  with pytest.raises(ValueError, match=r"\d+ of 50 test examples \(\d+\.\d%\) have prompts longer than "
+                                       r"max_prompt_length = 10 tokens .* task.max_dropped_fraction = 0.1"):
+    tasks.check_data(task, max_dropped_fraction=0.1)
+  report = tasks.check_data(task, max_dropped_fraction=1.0)
+  for split, (prompt, answer) in ((s, lengths[s].T) for s in lengths):
+    assert report[f"data/{split}/examples"] == len(prompt)
+    assert report[f"data/{split}/dropped"] == np.sum(prompt > 10) > 0
+    assert report[f"data/{split}/unrewardable"] == np.sum(answer > 5) > 0
+  out = capsys.readouterr().out
+  assert f"test: dropped {report['data/test/dropped']} of 50 examples" in out
+  assert f"Warning: {report['data/test/unrewardable']} of 50 test answers need more than max_response_length" in out
+  batch = tasks.evaluation_batch(task)  # each fitting test problem exactly once
+  fitting = [task.sources["test"][i] for i in np.flatnonzero(lengths["test"][:, 0] <= 10)]
+  assert len(batch["examples"]) == len(fitting) == 50 - report["data/test/dropped"]
+  assert sorted(e["prompt"] for e in batch["examples"]) == sorted(e["prompt"] for e in fitting)

@@ -12,6 +12,9 @@ prompt left-padded, so rows of a batch stay aligned:
   entropy    [B, P + N]       entropy of softmax(logits / T) there
   token_valid[B, P + N] bool  prompt tokens and response tokens (for teacher forcing)
   positions  [B, P + N] int   RoPE positions (0 at each row's first prompt token)
+  truncated  [B] bool         cut off by the budget: stop tokens were given and
+                              none was sampled in max_new_tokens (always False
+                              without stop tokens: fixed-length responses)
 
 The behaviour log-probs are those of the temperature-scaled distribution
 before top-k / top-p truncation - what a teacher-forced forward pass at the
@@ -45,6 +48,7 @@ class SampleOutput(NamedTuple):
   entropy: Array
   token_valid: Array
   positions: Array
+  truncated: Array
 
 
 def left_align(prompts: Array, prompt_valid: Array) -> tuple[Array, Array]:
@@ -129,7 +133,7 @@ def _response_step(logits, key, done, allowed, settings: _Sampling):
   return token, jnp.where(active, logp, 0.0), jnp.where(active, entropy, 0.0), active, done
 
 
-def _assemble(prompts, prompt_valid, steps) -> SampleOutput:
+def _assemble(prompts, prompt_valid, steps, done, settings: _Sampling) -> SampleOutput:
   tokens, logps, entropies, actives = (jnp.swapaxes(x, 0, 1) for x in steps)
   no_prompt = jnp.zeros(prompts.shape, bool)
   token_valid = jnp.concatenate([prompt_valid, actives], axis=1)
@@ -140,6 +144,7 @@ def _assemble(prompts, prompt_valid, steps) -> SampleOutput:
       entropy=jnp.concatenate([jnp.zeros(prompts.shape), entropies], axis=1),
       token_valid=token_valid,
       positions=prompt_positions(token_valid),
+      truncated=~done if settings.stop_tokens else jnp.zeros_like(done),
   )
 
 
@@ -160,8 +165,8 @@ def _generate_cached(graphdef, state, prompts, prompt_valid, key, action_mask, h
     return (cache, out.logits[:, 0], done, position + 1), (token, logp, entropy, active)
 
   init = (cache, prefill.logits[:, -1], jnp.zeros((batch,), bool), first_position)
-  _, steps = jax.lax.scan(step, init, jnp.arange(settings.max_new_tokens))
-  return _assemble(prompts, prompt_valid, steps)
+  (_, _, done, _), steps = jax.lax.scan(step, init, jnp.arange(settings.max_new_tokens))
+  return _assemble(prompts, prompt_valid, steps, done, settings)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 7))
@@ -187,8 +192,8 @@ def _generate_recompute(graphdef, state, prompts, prompt_valid, key, action_mask
     return (tokens, token_valid, done), (token, logp, entropy, active)
 
   init = (tokens, token_valid, jnp.zeros((batch,), bool))
-  _, steps = jax.lax.scan(step, init, jnp.arange(settings.max_new_tokens))
-  return _assemble(prompts, prompt_valid, steps)
+  (_, _, done), steps = jax.lax.scan(step, init, jnp.arange(settings.max_new_tokens))
+  return _assemble(prompts, prompt_valid, steps, done, settings)
 
 
 def generate(

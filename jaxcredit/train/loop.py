@@ -143,7 +143,11 @@ def validate_config(config) -> None:
       _number_in(rl.kl_reward_coef, "rl.kl_reward_coef", 0.0),
       _number_in(sft.target_accuracy, "sft.target_accuracy", 0.0, 1.0),
       _number_in(sft.noise, "sft.noise", 0.0, 1.0),
+      _number_in(config.task.get("max_dropped_fraction", 0.1), "task.max_dropped_fraction", 0.0, 1.0),
   ]
+  truncated_reward = config.task.get("truncated_reward", 0.0)
+  problems.append((isinstance(truncated_reward, (int, float)) and math.isfinite(truncated_reward),
+                   f"task.truncated_reward must be a finite number, got {truncated_reward!r}"))
   if config.critic.preset:
     problems += [_number_in(config.critic.learning_rate, "critic.learning_rate", 0.0, low_open=True),
                  _number_in(config.critic.gamma, "critic.gamma", 0.0, 1.0),
@@ -257,13 +261,16 @@ def _run(config, workdir: pathlib.Path, rollout_hook: RolloutHook | None, preemp
 
   # Data: a procedural TFDS dataset, read by step so that batches are reproducible.
   task = tasks.make(config.task, data_dir=config.task.get("data_dir") or str(workdir / "data"), seed=config.seed)
+  data_counts = tasks.check_data(task, max_dropped_fraction=config.task.get("max_dropped_fraction", 0.1))
   actions = tasks.actions(task)
   train = lambda batch_size: loader.Loader(task.sources["train"], encode=task.encode, batch_size=batch_size,
                                             max_prompt_length=task.max_prompt_length, seed=config.seed,
                                             pad_id=task.pad_id)
   sampling = dict(max_new_tokens=task.max_response_length, stop_tokens=task.stop_tokens, pad_id=task.pad_id,
                   action_mask=task.action_mask, hidden=task.hidden, hidden_token=task.hidden_token)
-  eval_batch = tasks.evaluation_batch(task)
+  eval_batch = tasks.evaluation_batch(task)  # each test problem that fits, once
+  data_counts["data/test/evaluated"] = len(eval_batch["examples"])
+  print(f"Greedy eval on {len(eval_batch['examples'])} held-out problems.")
 
   def run_eval() -> float:
     """Greedy accuracy (fraction of held-out prompts with reward 1)."""
@@ -301,7 +308,7 @@ def _run(config, workdir: pathlib.Path, rollout_hook: RolloutHook | None, preemp
   accuracy = None
   if not resuming:
     accuracy = run_eval()
-    writer.write(step, {"eval/accuracy": accuracy})
+    writer.write(step, {"eval/accuracy": accuracy, **data_counts})
   if config.sft.max_steps and not resuming:
     sft_data = train(config.sft.batch_size)
     sft_update = steps.sft_step(actions)
@@ -350,7 +357,7 @@ def _run(config, workdir: pathlib.Path, rollout_hook: RolloutHook | None, preemp
     check_rewards(scores, task=config.task.name, rl_step=rl_step + 1)
     rollout = Rollout(
         tokens=sample.tokens, mask=sample.mask, rewards=place(scores), logprobs=sample.logprobs,
-        entropy=sample.entropy, group_size=rl.group_size,
+        entropy=sample.entropy, truncated=sample.truncated, group_size=rl.group_size,
         extras={"positions": sample.positions, "token_valid": sample.token_valid},
     )
     rollout = rollout.replace(ref_logprobs=reference_logprobs(reference, rollout))
@@ -388,6 +395,7 @@ def _run(config, workdir: pathlib.Path, rollout_hook: RolloutHook | None, preemp
     record.update({f"train/{k}": v for k, v in metrics.items()})
     record.update({
         "train/reward_mean": jnp.mean(rollout.rewards),
+        "train/truncated": jnp.mean(sample.truncated),  # fraction cut off by the budget (scored by the task rule)
         "train/entropy": losses.aggregate(sample.entropy, sample.mask, "token-mean"),
         "train/kl": losses.aggregate(losses.kl_penalty(
             rollout.logprobs, rollout.ref_logprobs, kind="k3"), rollout.mask, "token-mean"),

@@ -3,6 +3,7 @@
   task = tasks.make(config.task, data_dir=..., seed=0)
   task.sources["train"], task.encode            # for tasks.loader.Loader
   task.score(tokens [B, N], mask [B, N], examples) -> [B] float rewards
+  task.score_rows(tokens [B, P + N], mask, examples)  # + the truncation rule
   task.action_mask [N, V] | None, task.hidden [N] | None  # typed actions, filler-blind
 
 Rows are laid out as the sampler lays them out: a prompt left-padded to
@@ -29,7 +30,10 @@ class TrainTask:
   """A task bound to its data. `score` maps [B, N] response ids and their
   action mask to [B] rewards in [0, 1]; `action_mask` [N, V] lists the actions
   allowed at each response step (None: all); `hidden` [N] marks response steps
-  fed back to the model as `hidden_token`."""
+  fed back to the model as `hidden_token`. A response cut off by the budget
+  (stop tokens exist and none was emitted) is scored `truncated_reward` by
+  `score_rows`, whatever the verifier would say of its text: `#### 12` cut
+  from `#### 125` must not pass for a complete answer of 12."""
 
   name: str
   vocab_size: int
@@ -44,11 +48,21 @@ class TrainTask:
   hidden: np.ndarray | None = None
   hidden_token: int = 0
   config: Any = None  # the task's own config (e.g. key_token.KeyTokenConfig)
+  truncated_reward: float = 0.0
+
+  def truncated(self, tokens, mask) -> np.ndarray:
+    """[B] bool: whole [B, P + N] rows whose response holds no stop token
+    (all False for tasks without stop tokens: their responses have a fixed length)."""
+    response = slice(self.max_prompt_length, None)
+    stopped = np.isin(np.asarray(tokens)[:, response], self.stop_tokens) & np.asarray(mask, bool)[:, response]
+    return ~stopped.any(axis=1) if self.stop_tokens else np.zeros(len(stopped), bool)
 
   def score_rows(self, tokens, mask, examples: Sequence[dict]) -> np.ndarray:
-    """`score` of whole [B, P + N] rows (the response is after the prompt columns)."""
+    """[B] rewards of whole [B, P + N] rows: `score` of the response (after the
+    prompt columns), `truncated_reward` where it was cut off by the budget."""
     response = slice(self.max_prompt_length, None)
-    return self.score(np.asarray(tokens)[:, response], np.asarray(mask)[:, response], examples)
+    scores = self.score(np.asarray(tokens)[:, response], np.asarray(mask)[:, response], examples)
+    return np.where(self.truncated(tokens, mask), np.float32(self.truncated_reward), scores)
 
 
 def _text(value) -> str:
@@ -86,7 +100,8 @@ def make(config, *, data_dir: str, seed: int) -> TrainTask:
 
   config: name, options (the task's own config fields), train_size, test_size,
   max_prompt_length, max_response_length (text tasks; key_token's are fixed
-  by its config: K + 2 and T).
+  by its config: K + 2 and T), truncated_reward (default 0: the reward of a
+  response cut off by max_response_length).
   """
   name, options = config.name, dict(config.get("options") or {})
   if name not in TASKS:
@@ -102,7 +117,7 @@ def make(config, *, data_dir: str, seed: int) -> TrainTask:
   builder.download_and_prepare()
   sources = builder.as_data_source()
   common = dict(name=name, max_prompt_length=prompt_length, max_response_length=response_length, sources=sources,
-                config=task_config)
+                config=task_config, truncated_reward=float(config.get("truncated_reward", 0.0)))
   if name != "key_token":
     return TrainTask(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, stop_tokens=(tokenizer.eos_id,),
                      encode=loader.text_encoder(tokenizer), score=score, **common)
@@ -150,11 +165,56 @@ def noisy_demonstrations(tokens: np.ndarray, loss_mask: np.ndarray, rng: np.rand
   return tokens
 
 
+def _all_examples(source) -> list:
+  """Every example of a random-access source (TFDS sources read them in one batched call)."""
+  if hasattr(source, "__getitems__"):
+    return list(source.__getitems__(list(range(len(source)))))
+  return [source[i] for i in range(len(source))]
+
+
+def _lengths(task: TrainTask, split: str) -> np.ndarray:
+  """[n, 2] token counts (prompt, completion with its stop token) of a split's examples."""
+  examples = _all_examples(task.sources[split])
+  return np.asarray([[len(ids) for ids in task.encode(e)] for e in examples]).reshape(-1, 2)
+
+
+def check_data(task: TrainTask, *, max_dropped_fraction: float) -> dict:
+  """Counts, per split, the examples the budgets exclude and says so; returns
+  {"data/<split>/examples" | "/dropped" | "/unrewardable": count}.
+
+  dropped: prompt longer than max_prompt_length (the loader skips it);
+  unrewardable: reference answer (with its stop token) longer than
+  max_response_length, so a response can never both finish and be right.
+  Raises ValueError when a split would lose more than `max_dropped_fraction`
+  of its examples; warns for unrewardable answers."""
+  report = {}
+  for split in sorted(task.sources):
+    lengths = _lengths(task, split)
+    n = len(lengths)
+    dropped = int(np.sum(lengths[:, 0] > task.max_prompt_length))
+    unrewardable = int(np.sum(lengths[:, 1] > task.max_response_length))
+    report.update({f"data/{split}/examples": n, f"data/{split}/dropped": dropped,
+                   f"data/{split}/unrewardable": unrewardable})
+    if dropped > max_dropped_fraction * n:
+      raise ValueError(
+          f"{dropped} of {n} {split} examples ({dropped / n:.1%}) have prompts longer than max_prompt_length = "
+          f"{task.max_prompt_length} tokens (longest {lengths[:, 0].max()}) and would be dropped, more than "
+          f"task.max_dropped_fraction = {max_dropped_fraction}; raise max_prompt_length or task.max_dropped_fraction.")
+    if dropped:
+      print(f"{split}: dropped {dropped} of {n} examples whose prompt is longer than max_prompt_length = "
+            f"{task.max_prompt_length} tokens.")
+    if unrewardable:
+      print(f"Warning: {unrewardable} of {n} {split} answers need more than max_response_length = "
+            f"{task.max_response_length} tokens (longest {lengths[:, 1].max()}, stop token included): a "
+            f"response is cut off there and scored truncated_reward = {task.truncated_reward}.")
+  return report
+
+
 def evaluation_batch(task: TrainTask) -> dict:
-  """All test prompts, left-padded, with their examples (for greedy eval)."""
-  test = task.sources["test"]
-  examples = [test[i] for i in range(len(test))]
-  source = loader.Loader(examples, encode=task.encode, batch_size=len(examples),
+  """Every test prompt that fits max_prompt_length exactly once, left-padded,
+  with its example (for greedy eval; len(batch["examples"]) is how many)."""
+  fitting = [e for e in _all_examples(task.sources["test"]) if len(task.encode(e)[0]) <= task.max_prompt_length]
+  source = loader.Loader(fitting, encode=task.encode, batch_size=len(fitting),
                          max_prompt_length=task.max_prompt_length, pad_id=task.pad_id,
                          process_index=0, process_count=1)
   return source.rl_batch(0, group_size=1)
