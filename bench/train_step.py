@@ -24,7 +24,7 @@ from jaxcredit.models import Transformer, preset
 from jaxcredit.rollout import Rollout
 from jaxcredit.sampling import generate
 from jaxcredit.tasks import loader
-from jaxcredit.train import steps, tasks
+from jaxcredit.train import learner, tasks
 
 
 def _task(directory: str):
@@ -44,11 +44,12 @@ def _timed(fn):
 def measure(task, preset_name: str, *, prompts: int, group: int, repeats: int, use_cache: bool) -> dict:
   """Median seconds per phase and generated tokens per step."""
   model = Transformer(preset(preset_name, vocab_size=task.vocab_size), rngs=nnx.Rngs(0))
-  reference = nnx.clone(model)
-  optimizer = nnx.Optimizer(model, optax.adam(1e-4), wrt=nnx.Param)
-  update = steps.rl_step(losses.from_config({"policy": {"name": "ppo_clip"}}), 1.0)
-  advantage = jax.jit(estimators.from_config("grpo"))
-  reference_logprobs = nnx.jit(lambda ref, rollout: steps.policy_outputs(ref, rollout, 1.0).logprobs)
+  modules = {"model": model, "optimizer": nnx.Optimizer(model, optax.adam(1e-4), wrt=nnx.Param),
+             "reference": nnx.clone(model)}
+  graphdef, _ = nnx.split(modules)
+  learner_step = learner.make_step(graphdef, advantage=estimators.from_config("grpo"),
+                                   objective=losses.from_config({"policy": {"name": "ppo_clip"}}),
+                                   settings=learner.Settings())
   data = loader.Loader(task.sources["train"], encode=task.encode, batch_size=prompts,
                        max_prompt_length=task.max_prompt_length, pad_id=task.pad_id)
   phases = {"sampling": [], "scoring": [], "update": []}
@@ -62,11 +63,8 @@ def measure(task, preset_name: str, *, prompts: int, group: int, repeats: int, u
     rollout = Rollout(tokens=sample.tokens, mask=sample.mask, rewards=scores, logprobs=sample.logprobs,
                       group_size=group, extras={"positions": sample.positions, "token_valid": sample.token_valid})
 
-    def learn():
-      scored = rollout.replace(ref_logprobs=reference_logprobs(reference, rollout))
-      return update(model, optimizer, scored, advantage(scored), step)
-
-    _, t_update = _timed(learn)
+    (state, _), t_update = _timed(lambda: learner_step(nnx.state(modules), rollout, None, step))
+    nnx.update(modules, state)
     if step:
       for name, seconds in zip(phases, (t_sample, t_score, t_update)):
         phases[name].append(seconds)

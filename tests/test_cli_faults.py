@@ -154,7 +154,7 @@ def test_a_failed_save_is_raised_at_the_next_step_with_its_cause_in_one_line(tmp
 
 
 def test_metrics_resume_drops_a_cut_off_last_line(tmp_path):
-  from jaxcredit.train.loop import MetricsWriter
+  from jaxcredit.train.metrics import MetricsWriter
 
   (tmp_path / "metrics.jsonl").write_text('{"step": 1, "a": 1.0}\n{"step": 2, "a": 2.0}\n{"step": 3, "a"')
   MetricsWriter(tmp_path, resume_step=2).write(3, {"a": 3.0})
@@ -214,16 +214,16 @@ def test_ctrl_c_during_rl_saves_and_exits_cleanly(tmp_path, cli_env):
 def test_non_finite_rewards_stop_the_run_naming_task_step_and_row():
   import numpy as np
 
-  from jaxcredit.train import loop
+  from jaxcredit.train import checks
 
-  loop.check_rewards(np.array([0.0, 1.0]), task="arithmetic", rl_step=3)
+  checks.check_rewards(np.array([0.0, 1.0]), task="arithmetic", rl_step=3)
   with pytest.raises(ValueError, match=r"Task 'countdown' gave non-finite rewards at RL step 7: row 1 = nan "
                                        r"\(2 of 4 rows\)"):
-    loop.check_rewards(np.array([0.0, np.nan, 1.0, np.inf]), task="countdown", rl_step=7)
+    checks.check_rewards(np.array([0.0, np.nan, 1.0, np.inf]), task="countdown", rl_step=7)
 
 
 def test_metrics_stay_strict_json(tmp_path):
-  from jaxcredit.train.loop import MetricsWriter
+  from jaxcredit.train.metrics import MetricsWriter
 
   MetricsWriter(tmp_path).write(1, {"a": float("nan"), "b": float("inf"), "c": 2.0})
   line = (tmp_path / "metrics.jsonl").read_text()

@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).parent.parent
 
 
 def test_metrics_writer_keeps_an_earlier_run(tmp_path):
-  from jaxcredit.train.loop import MetricsWriter
+  from jaxcredit.train.metrics import MetricsWriter
 
   MetricsWriter(tmp_path).write(0, {"eval/accuracy": 0.5})
   MetricsWriter(tmp_path).write(0, {"eval/accuracy": 0.25})

@@ -1,13 +1,11 @@
-"""Task hooks of the training loop, batch-size checks and minibatching (fast, in-process)."""
+"""Task hooks of the training loop, batch-size checks and minibatch orders (fast, in-process)."""
 
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 
-from jaxcredit.rollout import Estimate, Rollout
 from jaxcredit.tasks import loader
-from jaxcredit.train import loop, tasks
+from jaxcredit.train import checks, learner, tasks
 from tests.conftest import load_experiment
 
 OPTIONS = {
@@ -78,26 +76,20 @@ def test_batch_sizes_that_do_not_split_raise(override, message):
     section, field = key.split(".")
     config[section][field] = value
   with pytest.raises(ValueError, match=message):
-    loop.check_batch_sizes(config, devices=4)
-  loop.check_batch_sizes(load_experiment("quickstart"), devices=4)
+    checks.check_batch_sizes(config, devices=4)
+  checks.check_batch_sizes(load_experiment("quickstart"), devices=4)
 
 
 def test_minibatches_partition_whole_groups():
   rows, group = 12, 3
-  rollout = Rollout(tokens=jnp.arange(rows)[:, None] * jnp.ones((1, 4), int), mask=jnp.ones((rows, 4), bool),
-                    rewards=jnp.arange(rows, dtype=jnp.float32), group_size=group)
-  estimate = Estimate(advantages=jnp.arange(rows, dtype=jnp.float32)[:, None] * jnp.ones((1, 4)), returns=None)
-  parts = list(loop.minibatches(rollout, estimate, 2, np.random.default_rng(0)))
-  assert len(parts) == 2
-  seen = np.concatenate([np.asarray(r.rewards) for r, _ in parts])
-  np.testing.assert_array_equal(np.sort(seen), np.arange(rows))
-  for r, e in parts:
-    np.testing.assert_array_equal(np.asarray(r.tokens[:, 0]), np.asarray(r.rewards))  # rows stay aligned
-    np.testing.assert_array_equal(np.asarray(e.advantages[:, 0]), np.asarray(r.rewards))
-    groups = np.asarray(r.rewards).reshape(-1, group) // group
-    assert (groups == groups[:, :1]).all()  # whole, contiguous groups
-  (only, _), = loop.minibatches(rollout, estimate, 1, np.random.default_rng(0))
-  assert only is rollout
+  orders = learner.minibatch_orders(rows, group, 2, 2, 0, 5)  # 2 epochs x 2 minibatches
+  assert orders.shape == (4, 6)
+  for epoch in orders.reshape(2, 12):
+    np.testing.assert_array_equal(np.sort(epoch), np.arange(rows))  # each epoch sees every row once
+  in_groups = orders.reshape(4, -1, group)
+  assert (in_groups % group == np.arange(group)).all() and (in_groups // group == in_groups[..., :1] // group).all()
+  assert not np.array_equal(orders[0], orders[2])  # a fresh group order per epoch
+  assert learner.minibatch_orders(rows, group, 2, 1, 0, 5) is None  # one minibatch: the whole batch
 
 
 def _arithmetic(tmp_path, **fields):

@@ -30,7 +30,7 @@ from jaxcredit import estimators
 from jaxcredit.lab import hooks, oracle, report, scores
 from jaxcredit.models import Transformer
 from jaxcredit.sampling import generate
-from jaxcredit.train import loop, tasks
+from jaxcredit.train import learner, loop, tasks
 from jaxcredit.train import steps as train_steps
 
 
@@ -109,7 +109,8 @@ class ShadowCritic:
       self.critic = Transformer(model.config.replace(value_head=True), rngs=nnx.Rngs(1))
       self.optimizer = nnx.Optimizer(self.critic, optax.adam(self.learning_rate), wrt=nnx.Param)
       self._values = nnx.jit(lambda critic, rollout: train_steps.critic_values(critic, rollout, actions))
-      self._update = train_steps.critic_step(clip=None, gamma=1.0, lam=1.0, actions=actions)
+      self._update = nnx.jit(lambda critic, optimizer, rollout: learner.critic_update(
+          critic, optimizer, rollout, learner.CriticSettings(clip=None, gamma=1.0, lam=1.0), actions))
     return self._values(self.critic, rollout)
 
   def update(self, task, model, rollout) -> None:

@@ -1,19 +1,18 @@
-"""Jitted training steps: teacher-forced log-probs, the SFT step and the RL step.
+"""Teacher-forced passes of the policy and the critic over rollouts, and the SFT step.
 
-The steps are pure functions of (model, optimizer state, batch); data loading,
-sampling, rewards, logging and checkpoints stay outside them.
+The RL update lives in `jaxcredit.train.learner`; data loading, sampling,
+rewards, logging and checkpoints stay outside both.
 """
 
 from typing import NamedTuple
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax import Array
 
-from jaxcredit import estimators, losses
+from jaxcredit import losses
 from jaxcredit.logprobs import token_entropy, token_logprobs
-from jaxcredit.rollout import Estimate, PolicyOutputs, Rollout
+from jaxcredit.rollout import PolicyOutputs, Rollout
 from jaxcredit.sampling.sampler import mask_logits, observed_inputs
 
 
@@ -70,50 +69,8 @@ def sft_step(actions: Actions = Actions()):
   return step
 
 
-def _global_norm(tree) -> Array:
-  return jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(tree)))
-
-
-def rl_step(objective, temperature: float, actions: Actions = Actions()):
-  """A jitted update of `objective` (see losses.combine) on one (mini)batch."""
-
-  @nnx.jit
-  def step(model, optimizer, rollout: Rollout, estimate: Estimate, step_index):
-    def loss_fn(model):
-      outputs = policy_outputs(model, rollout, temperature, actions)
-      return objective(outputs, rollout, estimate, step_index)
-
-    (loss, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
-    optimizer.update(model, grads)
-    metrics["grad_norm"] = _global_norm(grads)
-    return metrics
-
-  return step
-
-
 def critic_values(critic, rollout: Rollout, actions: Actions = Actions()) -> Array:
   """[B, L] critic values V(s_t) at action positions (0 elsewhere)."""
   out = _forward(critic, rollout.tokens, rollout.extras["positions"], rollout.extras["token_valid"], actions)
   values = jnp.pad(out.values[:, :-1], [(0, 0), (1, 0)])
   return jnp.where(rollout.mask, values, 0.0)
-
-
-def critic_step(*, clip: float | None, gamma: float, lam: float, actions: Actions = Actions()):
-  """A jitted clipped value-regression step (losses.value_loss) of a critic
-  (a Transformer with a value head) towards the lambda-returns of the rollout's
-  token rewards, bootstrapped from rollout.values (the sampling-time values)."""
-
-  @nnx.jit
-  def step(critic, optimizer, rollout: Rollout):
-    _, targets = estimators.gae(estimators.token_level_rewards(rollout), rollout.values, rollout.mask,
-                                gamma=gamma, lam=lam)
-
-    def loss_fn(critic):
-      values = critic_values(critic, rollout, actions)
-      return losses.value_loss(values, rollout.values, targets, rollout.mask, clip=clip)
-
-    (loss, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(critic)
-    optimizer.update(critic, grads)
-    return {"loss": loss, **metrics, "grad_norm": _global_norm(grads)}
-
-  return step

@@ -1,0 +1,162 @@
+"""The learner: one jitted pure function from (state, rollout) to (state, metrics).
+
+  step = learner.make_step(graphdef, advantage=..., objective=..., settings=...)
+  state, metrics = step(state, rollout, orders, rl_step)
+
+`state` is the nnx.State of the learner's modules, `{"model", "optimizer",
+"reference"}` plus `{"critic", "critic_optimizer"}` when a critic is trained
+(`nnx.split` of that dict gives `graphdef` and `state`). One call:
+
+  1. log-probs of the rollout under the frozen reference (unless the rollout
+     already has them), the per-token KL reward penalty
+     r_t -= coef * KL_t (settings.kl_reward_coef > 0) and critic values V(s_t);
+  2. the advantage estimate, `advantage(rollout)`;
+  3. `epochs x minibatches` updates under `lax.scan`: the policy on
+     `objective`, then (with a critic) the clipped value regression towards
+     lambda-returns, each on the rows `orders[u]` (whole groups);
+  4. metrics: the update metrics averaged over all updates (`critic/...` for
+     the critic), and batch metrics of the rollout (reward mean, entropy, KL
+     to the reference, the KL penalty, signal diagnostics).
+"""
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax import Array
+
+from jaxcredit import estimators, losses
+from jaxcredit.rollout import Estimate, Rollout
+from jaxcredit.train import steps
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticSettings:
+  """The critic's value regression: PPO value clipping and the lambda-return targets."""
+
+  clip: float | None = 0.2
+  gamma: float = 1.0
+  lam: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """Static settings of the learner step (hashable)."""
+
+  temperature: float = 1.0
+  actions: steps.Actions = steps.Actions()
+  epochs: int = 1
+  minibatches: int = 1
+  kl_reward_coef: float = 0.0
+  kl_reward_kind: str = "k1"
+  critic: CriticSettings | None = None
+
+
+def global_norm(tree) -> Array:
+  return jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(tree)))
+
+
+def policy_update(model, optimizer, rollout: Rollout, estimate: Estimate, rl_step, objective,
+                  temperature: float, actions: steps.Actions) -> dict:
+  """One optimizer step of `objective` (losses.combine) on a (mini)batch; its metrics and the grad norm."""
+
+  def loss_fn(model):
+    return objective(steps.policy_outputs(model, rollout, temperature, actions), rollout, estimate, rl_step)
+
+  (_, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+  optimizer.update(model, grads)
+  return {**metrics, "grad_norm": global_norm(grads)}
+
+
+def critic_update(critic, optimizer, rollout: Rollout, settings: CriticSettings,
+                  actions: steps.Actions) -> dict:
+  """One clipped value-regression step (losses.value_loss) of a critic towards
+  the lambda-returns of the rollout's token rewards, bootstrapped from
+  rollout.values (the sampling-time values)."""
+  _, targets = estimators.gae(estimators.token_level_rewards(rollout), rollout.values, rollout.mask,
+                              gamma=settings.gamma, lam=settings.lam)
+
+  def loss_fn(critic):
+    values = steps.critic_values(critic, rollout, actions)
+    return losses.value_loss(values, rollout.values, targets, rollout.mask, clip=settings.clip)
+
+  (loss, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(critic)
+  optimizer.update(critic, grads)
+  return {"loss": loss, **metrics, "grad_norm": global_norm(grads)}
+
+
+def prepare(models: dict, rollout: Rollout, settings: Settings) -> Rollout:
+  """The rollout with reference log-probs (kept if present), the KL reward
+  penalty as token_rewards (kl_reward_coef > 0) and critic values (with a critic)."""
+  if rollout.ref_logprobs is None:
+    reference = steps.policy_outputs(models["reference"], rollout, settings.temperature, settings.actions)
+    rollout = rollout.replace(ref_logprobs=reference.logprobs)
+  if settings.kl_reward_coef:
+    rollout = rollout.replace(token_rewards=losses.kl_reward_shaping(
+        jnp.zeros(rollout.mask.shape), rollout.logprobs, rollout.ref_logprobs, rollout.mask,
+        coef=settings.kl_reward_coef, kind=settings.kl_reward_kind))
+  if settings.critic is not None:
+    rollout = rollout.replace(values=steps.critic_values(models["critic"], rollout, settings.actions))
+  return rollout
+
+
+def batch_metrics(rollout: Rollout, estimate: Estimate) -> dict:
+  """Scalars describing the batch the updates learned from."""
+  metrics = {
+      "reward_mean": jnp.mean(rollout.rewards),
+      "kl": losses.aggregate(losses.kl_penalty(rollout.logprobs, rollout.ref_logprobs, kind="k3"),
+                             rollout.mask, "token-mean"),
+      "kl_reward_penalty": 0.0 if rollout.token_rewards is None else -losses.aggregate(
+          rollout.token_rewards, rollout.mask, "token-mean"),
+  }
+  if rollout.entropy is not None:
+    metrics["entropy"] = losses.aggregate(rollout.entropy, rollout.mask, "token-mean")
+  diagnostics = estimators.signal_diagnostics(rollout.rewards, estimate.advantages, rollout.mask,
+                                              group_size=rollout.group_size)
+  return {**metrics, **{k: v for k, v in diagnostics.items() if jnp.ndim(v) == 0}}
+
+
+def minibatch_orders(rows: int, group_size: int, epochs: int, minibatches: int, seed: int,
+                     rl_step: int) -> np.ndarray | None:
+  """[epochs * minibatches, rows / minibatches] row indices of every update:
+  whole groups, in a random group order per epoch (numpy, seeded by (seed,
+  rl_step, epoch)); None when there is one minibatch (every update sees the
+  whole batch)."""
+  if minibatches == 1:
+    return None
+  groups = rows // group_size
+  orders = [np.random.default_rng([seed, rl_step, epoch]).permutation(groups)[:, None] * group_size
+            + np.arange(group_size) for epoch in range(epochs)]
+  return np.stack(orders).reshape(epochs * minibatches, -1)
+
+
+def make_step(graphdef, *, advantage: Callable[[Rollout], Estimate], objective, settings: Settings):
+  """The jitted learner step `(state, rollout, orders, rl_step) -> (state, metrics)`
+  (module docstring). orders: `minibatch_orders(...)`, or None for one
+  minibatch; rl_step: the step index passed to the objective (schedules)."""
+
+  def update(state, rollout, estimate, rows, rl_step):
+    models = nnx.merge(graphdef, state)
+    if rows is not None:
+      rollout, estimate = jax.tree.map(lambda x: x[rows], (rollout, estimate))
+    metrics = policy_update(models["model"], models["optimizer"], rollout, estimate, rl_step, objective,
+                            settings.temperature, settings.actions)
+    if settings.critic is not None:
+      critic = critic_update(models["critic"], models["critic_optimizer"], rollout, settings.critic,
+                             settings.actions)
+      metrics.update({f"critic/{k}": v for k, v in critic.items()})
+    return nnx.state(models), metrics
+
+  @jax.jit
+  def learner_step(state, rollout: Rollout, orders, rl_step):
+    rollout = prepare(nnx.merge(graphdef, state), rollout, settings)
+    estimate = advantage(rollout)
+    body = lambda state, rows: update(state, rollout, estimate, rows, rl_step)
+    state, metrics = jax.lax.scan(body, state, orders, length=None if orders is not None else settings.epochs)
+    metrics = jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
+    return state, {**metrics, **batch_metrics(rollout, estimate)}
+
+  return learner_step

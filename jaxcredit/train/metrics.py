@@ -1,0 +1,59 @@
+"""Training metrics on disk: `metrics.jsonl` (one strict-JSON object per line,
+always with `step`) mirrored to TensorBoard event files."""
+
+import json
+import math
+import pathlib
+
+from tensorboardX import SummaryWriter
+
+
+class MetricsWriter:
+  """Appends one JSON object per line to workdir/metrics.jsonl (always with
+  `step`) and mirrors the scalars to TensorBoard (workdir/tensorboard).
+
+  A fresh run moves an earlier run's file aside (metrics.<mtime>.jsonl); a
+  resumed run keeps the lines up to the resumed step and appends after them.
+  """
+
+  def __init__(self, workdir: pathlib.Path, *, resume_step: int | None = None):
+    self.path = workdir / "metrics.jsonl"
+    # On resume, TensorBoard drops the events logged after the checkpoint (they are logged again).
+    self.tensorboard = SummaryWriter(str(workdir / "tensorboard"),
+                                     purge_step=None if resume_step is None else resume_step + 1)
+    if not self.path.exists():
+      return
+    if resume_step is None:
+      kept = self.path.with_name(f"metrics.{int(self.path.stat().st_mtime)}.jsonl")
+      self.path.rename(kept)
+      print(f"Kept the previous metrics as {kept}.")
+      return
+    kept_lines = [line for line in _complete_lines(self.path) if json.loads(line)["step"] <= resume_step]
+    partial = self.path.with_suffix(".tmp")
+    partial.write_text("".join(kept_lines))
+    partial.replace(self.path)
+
+  def write(self, step: int, metrics: dict) -> None:
+    """Appends one line; a NaN or infinite value is written as null (strict JSON)."""
+    values = {k: float(v) for k, v in metrics.items()}
+    record = {"step": int(step), **{k: v if math.isfinite(v) else None for k, v in values.items()}}
+    with open(self.path, "a") as f:
+      f.write(json.dumps(record, allow_nan=False) + "\n")
+    for name, value in values.items():
+      self.tensorboard.add_scalar(name, value, step)
+
+  def close(self) -> None:
+    self.tensorboard.close()
+
+
+def _complete_lines(path: pathlib.Path) -> list[str]:
+  """The lines of a JSONL file, dropping (with a warning) a last line cut off
+  mid-write by a crash or a full disk."""
+  lines = path.read_text(errors="replace").splitlines(keepends=True)
+  if lines:
+    try:
+      json.loads(lines[-1])
+    except json.JSONDecodeError:
+      print(f"Dropped the incomplete last line of {path} (a write was cut off): {lines[-1][:80]!r}")
+      lines = lines[:-1]
+  return [line if line.endswith("\n") else line + "\n" for line in lines]
