@@ -14,14 +14,7 @@ from jax import Array
 from jaxcredit._masking import masked_mean, sanitise, top_n_mask
 from jaxcredit.logprobs import importance_ratio
 from jaxcredit.losses.aggregation import aggregate
-from jaxcredit.losses.policy import (
-    Metrics,
-    _check_clip,
-    _fraction,
-    _ratio_metrics,
-    _token_inputs,
-    clipped_surrogate,
-)
+from jaxcredit.losses._ratio import Metrics, check_clip, clipped_surrogate, fraction, ratio_metrics, token_inputs
 
 
 def token_covariance(logp: Array, advantages: Array, valid: Array) -> Array:
@@ -62,17 +55,17 @@ def clip_cov_loss(
   (deterministic) - and their token loss is set to 0. Metrics: cov_clipfrac,
   clipfrac, approx_kl, ratio statistics.
   """
-  valid, log_ratio, advantages = _token_inputs(logp, old_logp, advantages, mask)
-  _check_clip(clip_low, clip_high)
+  valid, log_ratio, advantages = token_inputs(logp, old_logp, advantages, mask)
+  check_clip(clip_low, clip_high)
   loss_tok, is_clipped = clipped_surrogate(importance_ratio(log_ratio), advantages, clip_low, clip_high)
   cov = token_covariance(sanitise(logp, valid), advantages, valid)
   eligible = valid & ~is_clipped & (cov > cov_low) & (cov < cov_high)
   scores = cov if key is None else jax.random.uniform(key, cov.shape)
   selected = top_n_mask(scores, eligible, _n_selected(valid, cov_fraction))
   metrics = {
-      "cov_clipfrac": _fraction(selected, valid),
-      "clipfrac": _fraction(is_clipped, valid),
-      **_ratio_metrics(log_ratio, valid),
+      "cov_clipfrac": fraction(selected, valid),
+      "clipfrac": fraction(is_clipped, valid),
+      **ratio_metrics(log_ratio, valid),
   }
   return aggregate(jnp.where(selected, 0.0, loss_tok), valid, aggregation), metrics
 
@@ -92,14 +85,14 @@ def kl_cov_loss(
 
   Metrics: kl_cov_fraction, abs_kl (mean |log-ratio|), approx_kl, ratio statistics.
   """
-  valid, log_ratio, advantages = _token_inputs(logp, old_logp, advantages, mask)
+  valid, log_ratio, advantages = token_inputs(logp, old_logp, advantages, mask)
   cov = token_covariance(sanitise(logp, valid), advantages, valid)
   selected = top_n_mask(cov, valid, _n_selected(valid, kl_fraction))
   abs_log_ratio = jnp.abs(log_ratio)
   loss_tok = -advantages * importance_ratio(log_ratio) + jnp.where(selected, kl_coef * abs_log_ratio, 0.0)
   metrics = {
-      "kl_cov_fraction": _fraction(selected, valid),
+      "kl_cov_fraction": fraction(selected, valid),
       "abs_kl": masked_mean(abs_log_ratio, valid),
-      **_ratio_metrics(log_ratio, valid),
+      **ratio_metrics(log_ratio, valid),
   }
   return aggregate(loss_tok, valid, aggregation), metrics

@@ -13,53 +13,9 @@ from jax import Array
 
 from jaxcredit import _checks
 from jaxcredit._masking import as_bool, masked_mean, safe_divide, sanitise
-from jaxcredit.logprobs import LOG_RATIO_BOUND, importance_ratio
+from jaxcredit.logprobs import importance_ratio
+from jaxcredit.losses._ratio import Metrics, check_clip, clipped_surrogate, fraction, ratio_metrics, token_inputs
 from jaxcredit.losses.aggregation import aggregate
-
-Metrics = dict[str, Array]
-
-
-def _check_clip(clip_low: float, clip_high: float) -> None:
-  _checks.check_in_range(clip_low, "clip_low", low=0.0, high=1.0)
-  _checks.check_in_range(clip_high, "clip_high", low=0.0)
-
-
-def _ratio_metrics(log_ratio: Array, valid: Array) -> Metrics:
-  """approx_kl = mean of k3(old || new) = (r - 1) - log r; ratio statistics.
-
-  All are 0 when no token is valid; log r is bounded as in `importance_ratio`.
-  """
-  log_ratio = jnp.clip(log_ratio, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-  ratio = jnp.exp(log_ratio)
-  any_valid = jnp.any(valid)
-  return {
-      "approx_kl": masked_mean(ratio - 1.0 - log_ratio, valid),
-      "ratio_mean": masked_mean(ratio, valid),
-      "ratio_max": jnp.where(any_valid, jnp.max(jnp.where(valid, ratio, 0.0)), 0.0),
-      "ratio_min": jnp.where(any_valid, jnp.min(jnp.where(valid, ratio, jnp.inf)), 0.0),
-  }
-
-
-def _token_inputs(logp, old_logp, advantages, mask):
-  """Validates [B, T] inputs; returns (valid, sanitised log-ratio, advantages)."""
-  _checks.check_token_and_seq(
-      {"logp": logp, "old_logp": old_logp, "advantages": advantages, "mask": mask}, {}
-  )
-  valid = as_bool(mask)
-  log_ratio = sanitise(logp, valid) - sanitise(old_logp, valid)
-  return valid, log_ratio, sanitise(advantages, valid)
-
-
-def clipped_surrogate(ratio: Array, advantages: Array, clip_low: float, clip_high: float):
-  """Per-token max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)) and where the clip is active."""
-  unclipped = -advantages * ratio
-  clipped = -advantages * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
-  return jnp.maximum(unclipped, clipped), clipped > unclipped
-
-
-def _fraction(condition: Array, valid: Array) -> Array:
-  return masked_mean(condition.astype(jnp.float32), valid)
-
 
 def ppo_clip_loss(
     logp: Array,
@@ -82,23 +38,23 @@ def ppo_clip_loss(
   Metrics: clipfrac, clipfrac_low, clipfrac_high, dual_clipfrac, approx_kl,
   ratio_mean/max/min (token means over valid tokens).
   """
-  valid, log_ratio, advantages = _token_inputs(logp, old_logp, advantages, mask)
-  _check_clip(clip_low, clip_high)
+  valid, log_ratio, advantages = token_inputs(logp, old_logp, advantages, mask)
+  check_clip(clip_low, clip_high)
   if dual_clip is not None:
     _checks.check_in_range(dual_clip, "dual_clip", low=1.0, low_open=True)
   ratio = importance_ratio(log_ratio)
   loss_tok, is_clipped = clipped_surrogate(ratio, advantages, clip_low, clip_high)
   metrics = {
-      "clipfrac": _fraction(is_clipped, valid),
-      "clipfrac_low": _fraction((ratio < 1.0 - clip_low) & (advantages < 0), valid),
-      "clipfrac_high": _fraction((ratio > 1.0 + clip_high) & (advantages > 0), valid),
+      "clipfrac": fraction(is_clipped, valid),
+      "clipfrac_low": fraction((ratio < 1.0 - clip_low) & (advantages < 0), valid),
+      "clipfrac_high": fraction((ratio > 1.0 + clip_high) & (advantages > 0), valid),
   }
   if dual_clip is not None:
     lower_bound = -advantages * dual_clip
     dual_active = (advantages < 0) & (loss_tok > lower_bound)
     loss_tok = jnp.where(advantages < 0, jnp.minimum(loss_tok, lower_bound), loss_tok)
-    metrics["dual_clipfrac"] = _fraction(dual_active, valid)
-  metrics.update(_ratio_metrics(log_ratio, valid))
+    metrics["dual_clipfrac"] = fraction(dual_active, valid)
+  metrics.update(ratio_metrics(log_ratio, valid))
   return aggregate(loss_tok, valid, aggregation), metrics
 
 
@@ -123,7 +79,7 @@ def gspo_loss(
       {"logp": logp, "old_logp": old_logp, "mask": mask},
       {"seq_advantages": seq_advantages},
   )
-  _check_clip(clip_low, clip_high)
+  check_clip(clip_low, clip_high)
   valid = as_bool(mask)
   log_ratio = sanitise(logp, valid) - sanitise(old_logp, valid)
   nonempty = jnp.any(valid, axis=1)
@@ -136,7 +92,7 @@ def gspo_loss(
   metrics = {
       "clipfrac": safe_divide(jnp.sum(is_clipped & nonempty), n_rows),
       "seq_ratio_mean": safe_divide(jnp.sum(jnp.where(nonempty, seq_ratio, 0.0)), n_rows),
-      **_ratio_metrics(log_ratio, valid),
+      **ratio_metrics(log_ratio, valid),
   }
   return jnp.mean(loss_seq), metrics
 
@@ -158,13 +114,13 @@ def gspo_token_loss(
   l_t = max(-A_t s_{i,t}, -A_t clip(s_{i,t}, 1 - clip_low, 1 + clip_high)),
   aggregated. With A_t = A_i it has GSPO's gradient.
   """
-  valid, log_ratio, advantages = _token_inputs(logp, old_logp, advantages, mask)
-  _check_clip(clip_low, clip_high)
+  valid, log_ratio, advantages = token_inputs(logp, old_logp, advantages, mask)
+  check_clip(clip_low, clip_high)
   new_logp = sanitise(logp, valid)
   seq_log_ratio = masked_mean(log_ratio, valid, axis=1)
   log_token_ratio = jax.lax.stop_gradient(seq_log_ratio)[:, None] + new_logp - jax.lax.stop_gradient(new_logp)
   loss_tok, is_clipped = clipped_surrogate(importance_ratio(log_token_ratio), advantages, clip_low, clip_high)
-  metrics = {"clipfrac": _fraction(is_clipped, valid), **_ratio_metrics(log_ratio, valid)}
+  metrics = {"clipfrac": fraction(is_clipped, valid), **ratio_metrics(log_ratio, valid)}
   return aggregate(loss_tok, valid, aggregation), metrics
 
 
@@ -200,14 +156,14 @@ def cispo_loss(
   clip_low=1.0 means no lower bound, as in the paper.
   Metrics: clipfrac (weights that were clipped), approx_kl, ratio statistics.
   """
-  valid, log_ratio, advantages = _token_inputs(logp, old_logp, advantages, mask)
-  _check_clip(clip_low, clip_high)
+  valid, log_ratio, advantages = token_inputs(logp, old_logp, advantages, mask)
+  check_clip(clip_low, clip_high)
   ratio = importance_ratio(log_ratio)
   weight = jax.lax.stop_gradient(jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high))
   loss_tok = -weight * advantages * sanitise(logp, valid)
   metrics = {
-      "clipfrac": _fraction((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high), valid),
-      **_ratio_metrics(log_ratio, valid),
+      "clipfrac": fraction((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high), valid),
+      **ratio_metrics(log_ratio, valid),
   }
   return aggregate(loss_tok, valid, aggregation), metrics
 
@@ -229,7 +185,7 @@ def gmpo_loss(
   L = mean_i -A_i * exp(mean_valid(lr_t)) over all B rows (a row with no valid
   token contributes 0). Metrics: clipfrac, approx_kl, ratio statistics.
   """
-  valid, log_ratio, advantages = _token_inputs(logp, old_logp, advantages, mask)
+  valid, log_ratio, advantages = token_inputs(logp, old_logp, advantages, mask)
   seq_advantages = masked_mean(advantages, valid, axis=1)
   sign = jnp.sign(seq_advantages)[:, None]
   bounded = jnp.clip(log_ratio, -clip_low, clip_high)
@@ -239,8 +195,8 @@ def gmpo_loss(
   loss = jnp.mean(jnp.where(nonempty, -seq_advantages * seq_ratio, 0.0))
   is_clipped = ((sign > 0) & (log_ratio > clip_high)) | ((sign < 0) & (log_ratio < -clip_low))
   metrics = {
-      "clipfrac": _fraction(is_clipped, valid),
-      **_ratio_metrics(log_ratio, valid),
+      "clipfrac": fraction(is_clipped, valid),
+      **ratio_metrics(log_ratio, valid),
   }
   return loss, metrics
 
@@ -263,7 +219,7 @@ def sapo_loss(
   Metrics: gate_mean (f'(r) = 4 sigmoid (1 - sigmoid), the gradient scale),
   approx_kl, ratio statistics.
   """
-  valid, log_ratio, advantages = _token_inputs(logp, old_logp, advantages, mask)
+  valid, log_ratio, advantages = token_inputs(logp, old_logp, advantages, mask)
   _checks.check_in_range(tau_pos, "tau_pos", low=0.0, low_open=True)
   _checks.check_in_range(tau_neg, "tau_neg", low=0.0, low_open=True)
   ratio = importance_ratio(log_ratio)
@@ -272,6 +228,6 @@ def sapo_loss(
   loss_tok = -(4.0 / tau) * gate * advantages
   metrics = {
       "gate_mean": masked_mean(4.0 * gate * (1.0 - gate), valid),
-      **_ratio_metrics(log_ratio, valid),
+      **ratio_metrics(log_ratio, valid),
   }
   return aggregate(loss_tok, valid, aggregation), metrics

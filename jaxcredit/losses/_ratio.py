@@ -1,0 +1,58 @@
+"""What every ratio-based policy loss shares: input validation and
+sanitising, the clipped surrogate, clip-fraction and ratio metrics. Each loss
+module (policy, covariance) then states only its own formula.
+
+Shapes: [B, T] token arrays; masked positions are sanitised before any
+arithmetic, and log-ratios are bounded as in `logprobs.importance_ratio`.
+"""
+
+import jax.numpy as jnp
+from jax import Array
+
+from jaxcredit import _checks
+from jaxcredit._masking import as_bool, masked_mean, sanitise
+from jaxcredit.logprobs import LOG_RATIO_BOUND
+
+Metrics = dict[str, Array]
+
+
+def check_clip(clip_low: float, clip_high: float) -> None:
+  _checks.check_in_range(clip_low, "clip_low", low=0.0, high=1.0)
+  _checks.check_in_range(clip_high, "clip_high", low=0.0)
+
+
+def ratio_metrics(log_ratio: Array, valid: Array) -> Metrics:
+  """approx_kl = mean of k3(old || new) = (r - 1) - log r; ratio statistics.
+
+  All are 0 when no token is valid; log r is bounded as in `importance_ratio`.
+  """
+  log_ratio = jnp.clip(log_ratio, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+  ratio = jnp.exp(log_ratio)
+  any_valid = jnp.any(valid)
+  return {
+      "approx_kl": masked_mean(ratio - 1.0 - log_ratio, valid),
+      "ratio_mean": masked_mean(ratio, valid),
+      "ratio_max": jnp.where(any_valid, jnp.max(jnp.where(valid, ratio, 0.0)), 0.0),
+      "ratio_min": jnp.where(any_valid, jnp.min(jnp.where(valid, ratio, jnp.inf)), 0.0),
+  }
+
+
+def token_inputs(logp, old_logp, advantages, mask):
+  """Validates [B, T] inputs; returns (valid, sanitised log-ratio, advantages)."""
+  _checks.check_token_and_seq(
+      {"logp": logp, "old_logp": old_logp, "advantages": advantages, "mask": mask}, {}
+  )
+  valid = as_bool(mask)
+  log_ratio = sanitise(logp, valid) - sanitise(old_logp, valid)
+  return valid, log_ratio, sanitise(advantages, valid)
+
+
+def clipped_surrogate(ratio: Array, advantages: Array, clip_low: float, clip_high: float):
+  """Per-token max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)) and where the clip is active."""
+  unclipped = -advantages * ratio
+  clipped = -advantages * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+  return jnp.maximum(unclipped, clipped), clipped > unclipped
+
+
+def fraction(condition: Array, valid: Array) -> Array:
+  return masked_mean(condition.astype(jnp.float32), valid)
