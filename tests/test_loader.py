@@ -34,6 +34,17 @@ def test_rl_batch_layout():
   assert batch["prompt_valid"][:, -1].all()  # left-padded
 
 
+def test_every_prompt_holds_each_kept_example_once_in_source_order():
+  source = _source(40)
+  data = _loader(source, max_prompt_length=8)  # 1-4 digit operands: some prompts do not fit
+  batch = data.every_prompt()
+  kept = [e for e in source if len(TOKENIZER.encode(e["prompt"], add_bos=True)) <= 8]
+  assert 0 < data.dropped == len(source) - len(kept)
+  assert batch["examples"] == kept and batch["prompts"].shape == (len(kept), 8)
+  for row, example in enumerate(kept):
+    assert TOKENIZER.decode(batch["prompts"][row][batch["prompt_valid"][row]]) == example["prompt"]
+
+
 def test_sft_batch_layout():
   source = _source()
   batch = _loader(source).sft_batch(2, length=20)

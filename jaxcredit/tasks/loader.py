@@ -97,8 +97,15 @@ class Loader:
   def rl_batch(self, step: int, *, group_size: int) -> dict:
     """Prompts [b * G, P] left-padded, each repeated G times contiguously;
     `examples` are the source examples in the same row order."""
+    return self._prompt_batch(self.example_indices(step), group_size)
+
+  def every_prompt(self) -> dict:
+    """`rl_batch` layout (group size 1) of every example kept, each once, in source order (for evaluation)."""
+    return self._prompt_batch(self.indices, 1)
+
+  def _prompt_batch(self, indices: np.ndarray, group_size: int) -> dict:
     examples, prompts, truncated = [], [], 0
-    for index in self.example_indices(step):
+    for index in indices:
       example = self.source[int(index)]
       prompt, cut = self._prompt(self.encode(example)[0])
       truncated += cut

@@ -17,6 +17,7 @@ its root cause in one line, and a checkpoint that does not restore
 """
 
 import contextlib
+import math
 import os
 import pathlib
 import shutil
@@ -140,9 +141,7 @@ class Checkpointer:
 
 def describe_mesh(shape) -> str:
   """'8 devices (data=8)' for {'data': 8, 'fsdp': 1, 'model': 1}: the device count and the axes over 1."""
-  devices = 1
-  for size in shape.values():
-    devices *= size
+  devices = math.prod(shape.values())
   axes = ", ".join(f"{name}={size}" for name, size in shape.items() if size > 1)
   return f"{devices} device{'s' * (devices != 1)}" + (f" ({axes})" if axes else "")
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 from jax import Array
 
@@ -55,10 +56,6 @@ class Settings:
   critic: CriticSettings | None = None
 
 
-def global_norm(tree) -> Array:
-  return jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(tree)))
-
-
 def policy_update(model, optimizer, rollout: Rollout, estimate: Estimate, rl_step, objective,
                   temperature: float, actions: steps.Actions) -> dict:
   """One optimizer step of `objective` (losses.combine) on a (mini)batch; its metrics and the grad norm."""
@@ -68,7 +65,7 @@ def policy_update(model, optimizer, rollout: Rollout, estimate: Estimate, rl_ste
 
   (_, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
   optimizer.update(model, grads)
-  return {**metrics, "grad_norm": global_norm(grads)}
+  return {**metrics, "grad_norm": optax.tree.norm(grads)}
 
 
 def critic_update(critic, optimizer, rollout: Rollout, settings: CriticSettings,
@@ -85,15 +82,19 @@ def critic_update(critic, optimizer, rollout: Rollout, settings: CriticSettings,
 
   (loss, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(critic)
   optimizer.update(critic, grads)
-  return {"loss": loss, **metrics, "grad_norm": global_norm(grads)}
+  return {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads)}
+
+
+def reference_logprobs(reference, rollout: Rollout, settings: Settings) -> Array:
+  """[B, L] log-probs of the rollout's tokens under the frozen reference policy."""
+  return steps.policy_outputs(reference, rollout, settings.temperature, settings.actions).logprobs
 
 
 def prepare(models: dict, rollout: Rollout, settings: Settings) -> Rollout:
   """The rollout with reference log-probs (kept if present), the KL reward
   penalty as token_rewards (kl_reward_coef > 0) and critic values (with a critic)."""
   if rollout.ref_logprobs is None:
-    reference = steps.policy_outputs(models["reference"], rollout, settings.temperature, settings.actions)
-    rollout = rollout.replace(ref_logprobs=reference.logprobs)
+    rollout = rollout.replace(ref_logprobs=reference_logprobs(models["reference"], rollout, settings))
   if settings.kl_reward_coef:
     rollout = rollout.replace(token_rewards=losses.kl_reward_shaping(
         jnp.zeros(rollout.mask.shape), rollout.logprobs, rollout.ref_logprobs, rollout.mask,

@@ -17,6 +17,7 @@ Metrics go to `workdir/metrics.jsonl` and TensorBoard (`train.metrics`).
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -206,8 +207,7 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
   graphdef, _ = nnx.split(modules)
   learner_step = learner.make_step(graphdef, advantage=estimators.from_config(config.advantage.to_dict()),
                                    objective=losses.from_config(config.objective.to_dict()), settings=settings)
-  reference_logprobs = nnx.jit(lambda reference, rollout: steps.policy_outputs(
-      reference, rollout, settings.temperature, settings.actions).logprobs)
+  reference_logprobs = nnx.jit(functools.partial(learner.reference_logprobs, settings=settings))
   t = _Trainer(config, workdir, checkpointer, resumed, {"rl_step": 0, "step": 0, "gen_tokens": 0}, mesh, place,
                local, task, data_counts, eval_batch, sampling, modules, learner_step, reference_logprobs, None)
   t.rl_data = t.train_loader(config.rl.prompts_per_step)

@@ -213,8 +213,7 @@ def check_data(task: TrainTask, *, max_dropped_fraction: float) -> dict:
 def evaluation_batch(task: TrainTask) -> dict:
   """Every test prompt that fits max_prompt_length exactly once, left-padded,
   with its example (for greedy eval; len(batch["examples"]) is how many)."""
-  fitting = [e for e in _all_examples(task.sources["test"]) if len(task.encode(e)[0]) <= task.max_prompt_length]
-  source = loader.Loader(fitting, encode=task.encode, batch_size=len(fitting),
+  source = loader.Loader(_all_examples(task.sources["test"]), encode=task.encode, batch_size=1,
                          max_prompt_length=task.max_prompt_length, pad_id=task.pad_id,
                          process_index=0, process_count=1)
-  return source.rl_batch(0, group_size=1)
+  return source.every_prompt()
