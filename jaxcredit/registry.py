@@ -1,7 +1,7 @@
 """Name -> function registries, so configs select estimators and losses by string."""
 
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 F = TypeVar("F", bound=Callable)
 
@@ -18,9 +18,11 @@ class Registry(Generic[F]):
     self.kind = kind
     self._wrap = wrap
     self._items: dict[str, F] = {}
+    self._info: dict[str, dict[str, Any]] = {}
 
-  def register(self, name: str, *, overwrite: bool = False) -> Callable[[F], F]:
-    """Decorator that registers `fn` under `name`; returns `fn` unchanged."""
+  def register(self, name: str, *, overwrite: bool = False, **info: Any) -> Callable[[F], F]:
+    """Decorator that registers `fn` under `name` (with `info`, what the kind
+    of registry records about it, e.g. an estimator's `needs`); returns `fn` unchanged."""
     if not isinstance(name, str) or not name:
       raise ValueError(f"A {self.kind} name must be a non-empty string, got {name!r}.")
 
@@ -31,6 +33,7 @@ class Registry(Generic[F]):
             "to replace it."
         )
       self._items[name] = self._wrap(name, fn)
+      self._info[name] = info
       return fn
 
     return decorator
@@ -44,10 +47,15 @@ class Registry(Generic[F]):
           f"Unknown {self.kind} {name!r}; known: {', '.join(self.names())}."
       ) from None
 
+  def info(self, name: str) -> dict[str, Any]:
+    """What was registered with `name` besides the function (ValueError if unknown)."""
+    self.get(name)
+    return self._info[name]
+
   def unregister(self, name: str) -> None:
     """Removes `name` (e.g. a test's temporary registration)."""
     self.get(name)
-    del self._items[name]
+    del self._items[name], self._info[name]
 
   def names(self) -> list[str]:
     return sorted(self._items)

@@ -15,7 +15,8 @@ from jax import Array
 from jaxcredit import _checks
 
 _TOKEN_FIELDS = (
-    "tokens", "mask", "logprobs", "ref_logprobs", "values", "token_rewards", "entropy"
+    "tokens", "mask", "logprobs", "ref_logprobs", "values", "token_rewards", "entropy", "positions",
+    "token_valid",
 )
 
 
@@ -35,6 +36,10 @@ class Rollout:
   entropy:       [B, T]|None  behaviour-policy entropy at each position.
   truncated:     [B]|None     bool: the response was cut off by the token budget
                               (no stop token); the task scored it by its rule.
+  positions:     [B, T]|None  int RoPE positions of the tokens for a teacher-forced
+                              pass (None: counted over token_valid from 0).
+  token_valid:   [B, T]|None  bool: real tokens, prompt and response (None: all);
+                              padding is invisible to attention.
   extras:        dict         further arrays an estimator needs, by name (e.g.
                               "baseline_rewards" [B] for ReMax,
                               "sum_pi_squared" [B, T] for OTB).
@@ -50,6 +55,8 @@ class Rollout:
   token_rewards: Array | None = None
   entropy: Array | None = None
   truncated: Array | None = None
+  positions: Array | None = None
+  token_valid: Array | None = None
   extras: Mapping[str, Array] = dataclasses.field(default_factory=dict)
   group_size: int = dataclasses.field(default=1, metadata=dict(static=True))
 

@@ -8,11 +8,10 @@ import pytest
 from flax import nnx
 
 from jaxcredit import estimators, testing
-from jaxcredit.lab import hooks, token_statistics
 from jaxcredit.models import Transformer, preset
 from jaxcredit.rollout import Rollout
 from jaxcredit.sampling import generate
-from jaxcredit.train import tasks
+from jaxcredit.train import implicit_prm, tasks, token_statistics
 
 
 def _entropy(p):
@@ -71,12 +70,12 @@ def test_implicit_prm_starts_at_the_policy_and_learns_the_outcome(tmp_path):
   examples = [task.sources["train"][i] for i in range(4) for _ in range(4)]
   prompts = np.stack([e["prompt"] for e in examples])
   sample = generate(model, prompts, np.ones(prompts.shape, bool), jax.random.key(0), max_new_tokens=6,
-                    action_mask=task.action_mask)
+                    actions=task.actions)
   rewards = task.score(np.asarray(sample.tokens)[:, 4:], np.asarray(sample.mask)[:, 4:], examples)
   rollout = Rollout(tokens=sample.tokens, mask=sample.mask, rewards=jnp.asarray(rewards), logprobs=sample.logprobs,
-                    ref_logprobs=sample.logprobs, group_size=4,
-                    extras={"positions": sample.positions, "token_valid": sample.token_valid})
-  prm = hooks.ImplicitPRM(beta=0.5, learning_rate=3e-3)
+                    ref_logprobs=sample.logprobs, group_size=4, positions=sample.positions,
+                    token_valid=sample.token_valid)
+  prm = implicit_prm.ImplicitPRM(beta=0.5, learning_rate=3e-3)
   extras, metrics = prm(task, model, rollout)
   mask = np.asarray(sample.mask)
   np.testing.assert_allclose(np.asarray(extras["prm_logprobs"])[mask], np.asarray(sample.logprobs)[mask], atol=1e-4)

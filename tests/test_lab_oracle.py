@@ -31,7 +31,7 @@ def setting(tmp_path_factory):
   examples = [task.sources["train"][i] for i in range(4) for _ in range(4)]
   prompts = np.stack([e["prompt"] for e in examples])
   sample = generate(model, prompts, np.ones(prompts.shape, bool), jax.random.key(1), max_new_tokens=6,
-                    action_mask=task.action_mask, hidden=task.hidden, hidden_token=task.hidden_token)
+                    actions=task.actions)
   return task, model, examples, sample
 
 
@@ -166,8 +166,8 @@ def test_rao_blackwellised_credit_agrees_with_the_exact_oracle(setting):
   """LAB.md 2.4 T3: rb credit (1 - pi)(Q_y - Q_-) is unbiased, and exactly 0 where pi(y) = 1."""
   task, model, examples, sample = setting
   exact, _ = _exact_and_mc(setting, k=1, seed=0)
-  rb = oracle.mc_credit(model, task, sample.tokens, sample.mask, sample.token_valid, examples, jax.random.key(5),
-                        k=64, positions="all", estimator="rb", logprobs=np.asarray(sample.logprobs))
+  rb = oracle.rb_credit(model, task, sample.tokens, sample.mask, sample.token_valid, examples, jax.random.key(5),
+                        k=64, positions="all", logprobs=np.asarray(sample.logprobs))
   mask = np.asarray(sample.mask)
   error = (np.asarray(rb.advantages) - np.asarray(exact.advantages))[mask]
   se = np.asarray(rb.adv_stderr)[mask]
@@ -180,8 +180,7 @@ def test_rao_blackwellised_credit_agrees_with_the_exact_oracle(setting):
   assert np.abs(np.asarray(rb.advantages)[mask]).max() > 0.01  # not trivially zero
   assert rb.cost["rollouts"] == 2 * 64 * mask.sum()
   with pytest.raises(ValueError, match="needs the behaviour logprobs"):
-    oracle.mc_credit(model, task, sample.tokens, sample.mask, sample.token_valid, examples, jax.random.key(5), k=2,
-                     estimator="rb")
+    oracle.rb_credit(model, task, sample.tokens, sample.mask, sample.token_valid, examples, jax.random.key(5), k=2)
 
 
 def test_rb_advantages_formula():

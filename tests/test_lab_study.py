@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from jaxcredit.lab import hooks, report, study
+from jaxcredit.lab import report, study
 from tests.conftest import ROOT
 
 
@@ -28,12 +28,6 @@ def test_bootstrap_ci_contains_the_mean_and_narrows_with_agreement():
   mean, low, high = report.bootstrap_ci([0.2, 0.4, 0.6, 0.8], rng, 2000)
   assert mean == pytest.approx(0.5) and low < mean < high
   assert report.bootstrap_ci([0.5, 0.5, 0.5], rng, 100) == (0.5, 0.5, 0.5)
-
-
-def test_estimator_settings_walk_nested_advantage_configs():
-  config = {"scale": "rms", "of": {"sum": [{"weight": 0.5, "name": "vineppo", "k": 9}, "oracle_seq"]}}
-  assert hooks.estimator_settings(config) == {"vineppo": {"k": 9}, "oracle_seq": {}}
-  assert hooks.credit_hook({"name": "grpo"}) is None
 
 
 def test_study_run_configs_are_scale_matched_and_seeded():

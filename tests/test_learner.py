@@ -29,7 +29,7 @@ def _rollout(model) -> Rollout:
   for row, end in enumerate((8, 6, 7, 5)):
     mask[row, 3:end] = True
   rollout = Rollout(tokens=tokens, mask=jnp.asarray(mask), rewards=jnp.asarray([1.0, 0.0, 1.0, 1.0]), group_size=2,
-                    extras={"positions": jnp.tile(jnp.arange(8), (4, 1)), "token_valid": jnp.ones((4, 8), bool)})
+                    positions=jnp.tile(jnp.arange(8), (4, 1)), token_valid=jnp.ones((4, 8), bool))
   behaviour = steps.policy_outputs(model, rollout, 1.0)  # on-policy: every ratio starts at 1
   return rollout.replace(logprobs=behaviour.logprobs, entropy=behaviour.entropy)
 

@@ -8,7 +8,7 @@ from flax import nnx
 
 from jaxcredit.logprobs import token_entropy, token_logprobs
 from jaxcredit.models import Transformer, preset
-from jaxcredit.sampling import generate, left_align
+from jaxcredit.sampling import Actions, generate, left_align
 from tests.conftest import readme_block
 
 CONFIG = preset("tiny", vocab_size=32)
@@ -128,7 +128,7 @@ def test_action_mask_and_hidden_steps_match_the_learner(model):
   """Sampled actions stay in the allowed sets, and teacher forcing with the same
   transforms (steps.policy_outputs with Actions) reproduces the behaviour log-probs."""
   from jaxcredit.rollout import Rollout
-  from jaxcredit.train.steps import Actions, policy_outputs
+  from jaxcredit.train.steps import policy_outputs
 
   prompts, valid = _prompts(3, batch=6)
   steps_, vocab = 8, CONFIG.vocab_size
@@ -136,14 +136,13 @@ def test_action_mask_and_hidden_steps_match_the_learner(model):
   allowed = rng.random((steps_, vocab)) < 0.3
   allowed[:, 9] = True  # at least one action per step
   hidden = np.arange(steps_) % 3 != 1
-  out = generate(model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, action_mask=allowed,
-                 hidden=hidden, hidden_token=4)
-  response = np.asarray(out.tokens)[:, prompts.shape[1]:]
-  assert allowed[np.arange(steps_)[None], response].all()
   rows = Actions(np.concatenate([np.ones((prompts.shape[1], vocab), bool), allowed]),
                  np.concatenate([np.zeros(prompts.shape[1], bool), hidden]), 4)
+  out = generate(model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, actions=rows)
+  response = np.asarray(out.tokens)[:, prompts.shape[1]:]
+  assert allowed[np.arange(steps_)[None], response].all()
   rollout = Rollout(tokens=out.tokens, mask=out.mask, rewards=jnp.zeros(6), group_size=1,
-                    extras={"positions": out.positions, "token_valid": out.token_valid})
+                    positions=out.positions, token_valid=out.token_valid)
   forced = policy_outputs(model, rollout, 1.0, rows)
   mask = np.asarray(out.mask)
   np.testing.assert_allclose(np.asarray(forced.logprobs)[mask], np.asarray(out.logprobs)[mask], atol=1e-4)
@@ -155,27 +154,27 @@ def test_action_mask_and_hidden_steps_match_the_learner(model):
   again = policy_outputs(model, rollout.replace(tokens=jnp.asarray(changed)), 1.0, rows)
   np.testing.assert_allclose(np.asarray(again.logprobs)[:, column + 1:], np.asarray(forced.logprobs)[:, column + 1:],
                              atol=1e-6)
-  recomputed = generate(model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, action_mask=allowed,
-                        hidden=hidden, hidden_token=4, temperature=0.0, use_cache=False)
-  cached = generate(model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, action_mask=allowed,
-                    hidden=hidden, hidden_token=4, temperature=0.0)
+  recomputed = generate(model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, actions=rows,
+                        temperature=0.0, use_cache=False)
+  cached = generate(model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, actions=rows, temperature=0.0)
   np.testing.assert_array_equal(cached.tokens, recomputed.tokens)
-  with pytest.raises(ValueError, match="action_mask must have shape"):
-    generate(model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, action_mask=allowed[:3])
+  with pytest.raises(ValueError, match="actions.allowed must have shape"):
+    generate(model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, actions=Actions(allowed[:3]))
 
 
 def test_per_row_action_masks_and_hidden_steps_equal_row_by_row_sampling(model):
   prompts, valid = _prompts(6, batch=3)
   rng = np.random.default_rng(7)
-  allowed = rng.random((3, 5, CONFIG.vocab_size)) < 0.4
+  width = prompts.shape[1] + 5
+  allowed = rng.random((3, width, CONFIG.vocab_size)) < 0.4
   allowed[..., 11] = True
-  hidden = rng.random((3, 5)) < 0.5
+  hidden = rng.random((3, width)) < 0.5
+  hidden[:, :prompts.shape[1]] = False
   for use_cache in (True, False):
     together = generate(model, prompts, valid, jax.random.key(0), max_new_tokens=5, temperature=0.0,
-                        action_mask=allowed, hidden=hidden, hidden_token=4, use_cache=use_cache)
+                        actions=Actions(allowed, hidden, 4), use_cache=use_cache)
     for row in range(3):
       alone = generate(model, prompts[row:row + 1], valid[row:row + 1], jax.random.key(0), max_new_tokens=5,
-                       temperature=0.0, action_mask=allowed[row], hidden=hidden[row], hidden_token=4,
-                       use_cache=use_cache)
+                       temperature=0.0, actions=Actions(allowed[row], hidden[row], 4), use_cache=use_cache)
       np.testing.assert_array_equal(together.tokens[row], alone.tokens[0])
       np.testing.assert_allclose(together.logprobs[row], alone.logprobs[0], atol=1e-5)

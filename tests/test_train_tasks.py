@@ -36,7 +36,7 @@ def test_demonstrations_score_one_and_use_allowed_actions(name, tmp_path):
   examples = [task.sources["train"][int(i)] for i in data.example_indices(0)]
   scores = task.score(batch["tokens"][:, response], batch["loss_mask"][:, response], examples)
   np.testing.assert_array_equal(scores, 1.0)
-  allowed, hidden = tasks.row_tables(task)
+  allowed, hidden = task.actions.allowed, task.actions.hidden
   if name == "key_token":
     columns = np.arange(batch["tokens"].shape[1])
     assert allowed[columns, batch["tokens"]][batch["loss_mask"]].all()
@@ -55,7 +55,7 @@ def test_noisy_demonstrations_change_one_allowed_token_per_corrupted_row(tmp_pat
   changed = noisy != tokens
   np.testing.assert_array_equal(changed.sum(axis=1), 1)
   assert loss_mask[changed].all()
-  allowed, _ = tasks.row_tables(task)
+  allowed = task.actions.allowed
   assert allowed[np.nonzero(changed)[1], noisy[changed]].all()
 
 

@@ -4,7 +4,9 @@
 """
 
 from jaxcredit.estimators.compose import (
+    Component,
     component,
+    components,
     from_config,
     high_entropy_tokens,
     masked,
@@ -60,6 +62,8 @@ from jaxcredit.rollout import Estimate, Rollout
 __all__ = [
     "broadcast_to_tokens",
     "component",
+    "Component",
+    "components",
     "discounted_returns",
     "Estimate",
     "first_value",

@@ -9,11 +9,15 @@ below return new advantage functions, so they nest:
   adv = focus(rollout).advantages                     # [B, T]
 
 `from_config` builds the same from nested dicts (what `experiments/` files
-hold). Every result is 0 at masked positions and jit-safe.
+hold). Every result is 0 at masked positions and jit-safe. Each advantage
+function lists the registered estimators it is built from
+(`components(fn)`: name, resolved settings, the extras they need), which is
+how the training loop knows which extras providers to run.
 """
 
+import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,14 +31,60 @@ AdvantageFn = Callable[[Rollout], Estimate]
 TokenFn = Callable[[Rollout], Array]
 
 
+class Component(NamedTuple):
+  """A registered estimator inside an advantage function.
+
+  name:     its registered name.
+  settings: its keyword arguments and its providers' settings, defaults
+            filled in (what the extras providers read, e.g. k, beta).
+  needs:    the rollout.extras keys it reads.
+  """
+
+  name: str
+  settings: Mapping[str, Any]
+  needs: tuple[str, ...]
+
+
+def components(advantage: AdvantageFn) -> tuple[Component, ...]:
+  """The registered estimators `advantage` is built from, in config order
+  (empty for a hand-written function)."""
+  return getattr(advantage, "components", ())
+
+
+def _keyword_defaults(fn: Callable) -> dict[str, Any] | None:
+  """{keyword: default} of an estimator's hyperparameters; None if it takes **kwargs."""
+  parameters = list(inspect.signature(fn).parameters.values())[1:]  # after the rollout
+  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+    return None
+  return {p.name: p.default for p in parameters}
+
+
 def component(name: str, **hparams) -> AdvantageFn:
-  """The registered estimator `name` with its hyperparameters bound."""
-  estimator = registered.get(name)
+  """The registered estimator `name` with its hyperparameters bound; settings
+  of its extras providers (`register(..., settings=)`) are recorded, not passed.
+  ValueError for a setting neither takes."""
+  estimator, info = registered.get(name), registered.REGISTRY.info(name)
+  own = _keyword_defaults(estimator)
+  provider_settings = info.get("settings", {})
+  if own is not None:
+    unknown = sorted(set(hparams) - set(own) - set(provider_settings))
+    if unknown:
+      known = sorted({*own, *provider_settings})
+      raise ValueError(f"Estimator {name!r} has no setting {unknown[0]!r}; it takes: "
+                       f"{', '.join(known) or 'no settings'}.")
+  passed = hparams if own is None else {k: v for k, v in hparams.items() if k in own}
+  defaults = {k: v for k, v in (own or {}).items() if v is not inspect.Parameter.empty}
 
   def advantage(rollout: Rollout) -> Estimate:
-    return estimator(rollout, **hparams)
+    return estimator(rollout, **passed)
 
   advantage.__name__ = name
+  advantage.components = (Component(name, {**defaults, **provider_settings, **hparams}, info.get("needs", ())),)
+  return advantage
+
+
+def _built_from(advantage: AdvantageFn, *parts: AdvantageFn) -> AdvantageFn:
+  advantage.components = tuple(c for part in parts for c in components(part))
   return advantage
 
 
@@ -59,7 +109,7 @@ def weighted_sum(*weighted: tuple[float, str | AdvantageFn]) -> AdvantageFn:
     returns = sum(w * e.returns for w, e in estimates) if has_returns else None
     return Estimate(advantages=advantages, returns=returns)
 
-  return advantage
+  return _built_from(advantage, *(fn for _, fn in parts))
 
 
 def masked(base: str | AdvantageFn, select: TokenFn) -> AdvantageFn:
@@ -71,7 +121,7 @@ def masked(base: str | AdvantageFn, select: TokenFn) -> AdvantageFn:
     keep = as_bool(select(rollout)) & as_bool(rollout.mask)
     return estimate._replace(advantages=jnp.where(keep, estimate.advantages, 0.0))
 
-  return advantage
+  return _built_from(advantage, base)
 
 
 def reweighted(base: str | AdvantageFn, weights: TokenFn) -> AdvantageFn:
@@ -83,7 +133,7 @@ def reweighted(base: str | AdvantageFn, weights: TokenFn) -> AdvantageFn:
     scale = jnp.where(as_bool(rollout.mask), weights(rollout), 0.0)
     return estimate._replace(advantages=estimate.advantages * scale)
 
-  return advantage
+  return _built_from(advantage, base)
 
 
 def rms_scaled(base: str | AdvantageFn) -> AdvantageFn:
@@ -99,7 +149,7 @@ def rms_scaled(base: str | AdvantageFn) -> AdvantageFn:
     scale = jnp.where(power > 0, jax.lax.rsqrt(jnp.where(power > 0, power, 1.0)), 0.0)
     return estimate._replace(advantages=jnp.where(valid, estimate.advantages * scale, 0.0))
 
-  return advantage
+  return _built_from(advantage, base)
 
 
 def high_entropy_tokens(*, rho: float = 0.2) -> TokenFn:
@@ -128,6 +178,7 @@ def from_config(config: str | Mapping[str, Any]) -> AdvantageFn:
     "grpo"                                   a registered estimator, defaults
     {"name": "gae", "lam": 0.9}              with hyperparameters
     {"sum": [{"weight": 0.7, "name": "grpo"}, {"weight": 0.3, "name": "prime"}]}
+    {"sum": ["grpo", "prime"]}                weights 1
     {"mask": "high_entropy", "rho": 0.2, "of": <config>}
     {"reweight": "surprisal", "of": <config>}
     {"scale": "rms", "of": <config>}          divided by the batch RMS over valid tokens
@@ -137,10 +188,9 @@ def from_config(config: str | Mapping[str, Any]) -> AdvantageFn:
     return component(config)
   config = dict(config)
   if "sum" in config:
+    parts = [{"name": part} if isinstance(part, str) else dict(part) for part in config["sum"]]
     return weighted_sum(*[
-        (float(dict(part).get("weight", 1.0)),
-         from_config({k: v for k, v in dict(part).items() if k != "weight"}))
-        for part in config["sum"]
+        (float(part.pop("weight", 1.0)), from_config(part)) for part in parts
     ])
   if "mask" in config:
     kind = config.pop("mask")

@@ -25,9 +25,20 @@ def _adapt(name: str, fn: Callable) -> EstimatorFn:
 
 
 REGISTRY: Registry[EstimatorFn] = Registry("estimator", wrap=_adapt)
-register = REGISTRY.register
 get = REGISTRY.get
 names = REGISTRY.names
+
+
+def register(name: str, *, needs: tuple[str, ...] = (), settings: dict | None = None, overwrite: bool = False):
+  """Decorator registering `fn(rollout, **hparams) -> Estimate | [B, T]` as `name`.
+
+  needs: the rollout.extras keys it reads; before the learner step, the
+  extras provider registered for each key computes it
+  (`jaxcredit.train.extras`). settings: {name: default} of the providers'
+  own hyperparameters (e.g. the Monte-Carlo `k`), accepted in an advantage
+  config beside the estimator's keyword arguments and handed to the providers.
+  """
+  return REGISTRY.register(name, overwrite=overwrite, needs=tuple(needs), settings=dict(settings or {}))
 
 
 def token_level_rewards(rollout: Rollout) -> jnp.ndarray:
@@ -57,7 +68,7 @@ def _grpo_batch_std(rollout: Rollout, *, eps: float = 1e-6):
   return group.broadcast_to_tokens(seq, rollout.mask)
 
 
-@register("remax")
+@register("remax", needs=("baseline_rewards",))
 def _remax(rollout: Rollout):
   """Needs rollout.extras["baseline_rewards"] [B]: rewards of greedy responses."""
   baseline = rollout.extra("baseline_rewards", by="remax", per="sequence")
@@ -117,7 +128,7 @@ def _reinforce_pp_baseline(rollout: Rollout):
   return token_credit.whiten(group.broadcast_to_tokens(centred, rollout.mask), rollout.mask)
 
 
-@register("otb")
+@register("otb", needs=("sum_pi_squared",))
 def _otb(rollout: Rollout, *, gamma: float = 1.0, eps: float = 1e-8):
   """Optimal token baseline; needs rollout.logprobs and
   rollout.extras["sum_pi_squared"] [B, T] (`logprobs.token_sum_probs_squared`)."""
@@ -130,12 +141,13 @@ def _otb(rollout: Rollout, *, gamma: float = 1.0, eps: float = 1e-8):
   return Estimate(advantages=advantages, returns=ret)
 
 
-@register("prime")
+@register("prime", needs=("prm_logprobs",))
 def _prime(rollout: Rollout, *, beta: float = 0.05, gamma: float = 1.0):
   """PRIME (Cui et al., 2025): RLOO on outcome rewards plus discounted returns
   of implicit process rewards beta (log pi_prm - log pi_ref), each centred by
   the leave-one-out mean of the other responses' per-token implicit reward.
-  pi_prm is rollout.extras["prm_logprobs"] when present, else rollout.logprobs."""
+  pi_prm is rollout.extras["prm_logprobs"] when present (the implicit PRM
+  trained in the loop, `jaxcredit.train.implicit_prm`), else rollout.logprobs."""
   rollout.require("ref_logprobs", by="prime")
   if "prm_logprobs" in rollout.extras:
     prm_logp = rollout.extra("prm_logprobs", by="prime")
@@ -180,7 +192,7 @@ def _n_step(rollout: Rollout, *, n: int = 8, gamma: float = 1.0, method: str | N
   return Estimate(advantages=jnp.where(valid, ret - rollout.values, 0.0), returns=ret)
 
 
-@register("vtrace")
+@register("vtrace", needs=("target_logprobs",))
 def _vtrace(rollout: Rollout, *, gamma: float = 1.0, lam: float = 1.0, clip_rho: float = 1.0,
             clip_c: float = 1.0, method: str | None = None):
   """V-trace for off-policy (asynchronous) batches: rollout.logprobs is the
@@ -204,28 +216,29 @@ def _gae(rollout: Rollout, *, gamma: float = 1.0, lam: float = 0.95, method: str
   return Estimate(advantages=advantages, returns=rets)
 
 
-@register("vineppo")
-def _vineppo(rollout: Rollout, *, k: int = 4, positions: str = "all"):
+MC_VALUES = ("mc_values", "mc_evaluated")
+
+
+@register("vineppo", needs=MC_VALUES, settings={"k": 4, "positions": "all"})
+def _vineppo(rollout: Rollout):
   """VinePPO (Kazemnejad et al., 2024, arXiv 2410.01679): Monte-Carlo values
   V(s_t) at the positions in extras["mc_evaluated"] (extras["mc_values"], from
-  K rollouts per position: `jaxcredit.lab.oracle.mc_credit`); each segment's
-  V(next point) - V(point) is copied to its tokens. `k` and `positions`
-  (see `jaxcredit.lab.oracle.select_positions`) configure the rollouts that
-  `jaxcredit.lab.hooks.credit_hook` runs; this function only reads extras."""
-  del k, positions
+  `k` rollouts per position at `positions`, see
+  `jaxcredit.train.monte_carlo`); each segment's V(next point) - V(point) is
+  copied to its tokens."""
   return value_credit.segment_advantages(
       rollout.extra("mc_values", by="vineppo"), rollout.extra("mc_evaluated", by="vineppo"),
       rollout.rewards, rollout.mask)
 
 
-@register("oracle")
+@register("oracle", needs=("oracle_advantages",))
 def _oracle(rollout: Rollout):
   """Exact token credit A(s_t, y_t) from extras["oracle_advantages"] (the lab's
   exact oracles, e.g. `jaxcredit.lab.oracle.decisive_credit` on key_token)."""
   return jnp.where(as_bool(rollout.mask), rollout.extra("oracle_advantages", by="oracle"), 0.0)
 
 
-@register("oracle_seq")
+@register("oracle_seq", needs=("oracle_values",))
 def _oracle_seq(rollout: Rollout):
   """R - V(x) on every token, V from extras["oracle_values"]: the exact
   sequence-level baseline with no localisation (the lab's control)."""
@@ -233,26 +246,24 @@ def _oracle_seq(rollout: Rollout):
                                           rollout.mask)
 
 
-@register("spo")
-def _spo(rollout: Rollout, *, k: int = 4, positions: str = "cutpoints:0.9", prob_threshold: float = 0.9):
+@register("spo", needs=MC_VALUES, settings={"k": 4, "positions": "cutpoints:0.9"})
+def _spo(rollout: Rollout, *, prob_threshold: float = 0.9):
   """SPO-chain (Guo et al., 2025, arXiv 2505.23564): segments start at cutpoints
   (tokens with pi(y_t) < 0.9), each segment's Monte-Carlo V(next cutpoint) -
   V(cutpoint) is carried back over its tokens (extras["mc_values"] /
   ["mc_evaluated"], as for vineppo), and the probability mask zeroes the
-  credit of confident tokens (pi(y_t) > prob_threshold). `k` and `positions`
-  configure the rollouts (`jaxcredit.lab.hooks.credit_hook`)."""
-  del k, positions
+  credit of confident tokens (pi(y_t) > prob_threshold)."""
   rollout.require("logprobs", by="spo")
   credit = _vineppo(rollout)
   confident = jnp.exp(sanitise(rollout.logprobs, as_bool(rollout.mask))) > prob_threshold
   return jnp.where(confident, 0.0, credit)
 
 
-@register("ktae")
+@register("ktae", needs=("ktae_scores",))
 def _ktae(rollout: Rollout, *, eps: float = 1e-6):
   """KTAE (arXiv 2505.16826): the GRPO advantage plus a per-group key-token score
   kappa of each token's type, extras["ktae_scores"] [B, T]
-  (`jaxcredit.lab.token_statistics.ktae_scores`: Fisher's exact test and
+  (`jaxcredit.train.token_statistics.ktae_scores`: Fisher's exact test and
   information gain of the token's presence against correctness, signed by
   Cohen's h)."""
   scores = rollout.extra("ktae_scores", by="ktae")

@@ -20,12 +20,12 @@ The behaviour log-probs are those of the temperature-scaled distribution
 before top-k / top-p truncation - what a teacher-forced forward pass at the
 same temperature computes, so PPO ratios start at exactly 1.
 
-Tasks with typed action sets pass `action_mask` [N, V] (the actions allowed
-at each response step; the others get logit -inf, so pi is the renormalised
-constrained softmax) and `hidden` [N] (response steps the model never sees:
-their sampled token is recorded as the action but fed back as `hidden_token`).
-The learner must apply the same two transforms (`observed_inputs`,
-`mask_logits`) for its log-probs to match.
+Tasks with typed action sets pass `actions` (`jaxcredit.sampling.Actions`
+over the [P + N] output columns): at response column t only allowed[t] can be
+sampled (the others get logit -inf, so pi is the renormalised constrained
+softmax), and a hidden column's sampled token is recorded as the action but
+fed back as `hidden_token` (hidden prompt columns are fed as it too). The
+learner applies the same two transforms, so its log-probs match.
 """
 
 import functools
@@ -39,6 +39,7 @@ from jax import Array
 from jaxcredit import _checks
 from jaxcredit.logprobs import token_entropy, token_logprobs
 from jaxcredit.models.transformer import KVCache, Transformer
+from jaxcredit.sampling.actions import Actions, mask_logits, observed_inputs
 
 
 class SampleOutput(NamedTuple):
@@ -81,16 +82,6 @@ def sample_token(logits: Array, key: Array, *, temperature: float, top_k: int | 
     cutoff = jnp.take_along_axis(sorted_logits, cutoff_index, axis=-1)
     logits = jnp.where(logits < cutoff, -jnp.inf, logits)
   return jax.random.categorical(key, logits, axis=-1)
-
-
-def mask_logits(logits: Array, allowed: Array | None) -> Array:
-  """logits where `allowed` (broadcast over the leading axes), -inf elsewhere."""
-  return logits if allowed is None else jnp.where(allowed, logits, -jnp.inf)
-
-
-def observed_inputs(tokens: Array, hidden: Array | None, hidden_token: int) -> Array:
-  """The model's input view of [B, L] tokens: `hidden_token` where hidden [L] is set."""
-  return tokens if hidden is None else jnp.where(hidden, hidden_token, tokens)
 
 
 def _check_generate_args(prompts, prompt_valid, max_new_tokens, temperature, top_k, top_p, padding):
@@ -149,7 +140,7 @@ def _assemble(prompts, prompt_valid, steps, done, settings: _Sampling) -> Sample
 
 
 @functools.partial(jax.jit, static_argnums=(0, 7))
-def _generate_cached(graphdef, state, prompts, prompt_valid, key, action_mask, hidden, settings: _Sampling):
+def _generate_cached(graphdef, state, prompts, prompt_valid, key, allowed, hidden, settings: _Sampling):
   model = nnx.merge(graphdef, state)
   batch, prompt_len = prompts.shape
   cache = KVCache.zeros(model.config, batch, prompt_len + settings.max_new_tokens)
@@ -159,7 +150,7 @@ def _generate_cached(graphdef, state, prompts, prompt_valid, key, action_mask, h
   def step(carry, i):
     cache, logits, done, position = carry
     token, logp, entropy, active, done = _response_step(logits, jax.random.fold_in(key, i), done,
-                                                         action_mask[i], settings)
+                                                         allowed[i], settings)
     fed = jnp.where(hidden[i], settings.hidden_token, token)
     out, cache = model.decode(fed[:, None], position[:, None], active[:, None], cache, prompt_len + i)
     return (cache, out.logits[:, 0], done, position + 1), (token, logp, entropy, active)
@@ -170,7 +161,7 @@ def _generate_cached(graphdef, state, prompts, prompt_valid, key, action_mask, h
 
 
 @functools.partial(jax.jit, static_argnums=(0, 7))
-def _generate_recompute(graphdef, state, prompts, prompt_valid, key, action_mask, hidden,
+def _generate_recompute(graphdef, state, prompts, prompt_valid, key, allowed, hidden,
                         settings: _Sampling):
   """The no-cache baseline: re-runs the whole [B, P + N] buffer every step."""
   model = nnx.merge(graphdef, state)
@@ -186,7 +177,7 @@ def _generate_recompute(graphdef, state, prompts, prompt_valid, key, action_mask
     out = model(inputs, positions=prompt_positions(token_valid), token_valid=token_valid)
     logits = jax.lax.dynamic_index_in_dim(out.logits, prompt_len + i - 1, axis=1, keepdims=False)
     token, logp, entropy, active, done = _response_step(logits, jax.random.fold_in(key, i), done,
-                                                         action_mask[i], settings)
+                                                         allowed[i], settings)
     tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, prompt_len + i))
     token_valid = jax.lax.dynamic_update_slice(token_valid, active[:, None], (0, prompt_len + i))
     return (tokens, token_valid, done), (token, logp, entropy, active)
@@ -210,9 +201,7 @@ def generate(
     pad_id: int = 0,
     padding: str = "left",
     use_cache: bool = True,
-    action_mask: Array | None = None,
-    hidden: Array | None = None,
-    hidden_token: int = 0,
+    actions: Actions | None = None,
 ) -> SampleOutput:
   """Samples up to `max_new_tokens` per prompt; deterministic given `key`.
 
@@ -220,29 +209,34 @@ def generate(
   temperature 0 is greedy; top_k / top_p truncate the sampling distribution.
   A row stops after emitting one of `stop_tokens` (that token is part of the
   response); later slots hold `pad_id` with mask False. use_cache=False
-  re-runs the full prefix at every step (the slow reference). action_mask
-  [N, V] or per row [B, N, V] bool and hidden [N] or [B, N] bool (N =
-  max_new_tokens): see the module docstring, which also gives the output layout.
+  re-runs the full prefix at every step (the slow reference). actions: the
+  allowed tokens ([P + N, V] or per row [B, P + N, V]) and hidden columns
+  ([P + N] or [B, P + N]) of the output rows, N = max_new_tokens (module
+  docstring); None allows and shows every token.
   """
   _check_generate_args(prompts, prompt_valid, max_new_tokens, temperature, top_k, top_p, padding)
   prompts, prompt_valid = jnp.asarray(prompts), jnp.asarray(prompt_valid).astype(bool)
   if padding == "right":
     prompts, prompt_valid = left_align(prompts, prompt_valid)
-  vocab, batch = model.config.vocab_size, prompts.shape[0]
-  action_mask = jnp.ones((max_new_tokens, vocab), bool) if action_mask is None else jnp.asarray(action_mask, bool)
-  hidden = jnp.zeros(max_new_tokens, bool) if hidden is None else jnp.asarray(hidden, bool)
-  if action_mask.ndim == 3:  # per row: [B, N, V] -> step-major [N, B, V]
-    _checks.check_shape(action_mask, (batch, max_new_tokens, vocab), "action_mask")
-    action_mask = jnp.swapaxes(action_mask, 0, 1)
-  else:
-    _checks.check_shape(action_mask, (max_new_tokens, vocab), "action_mask")
-  if hidden.ndim == 2:  # per row: [B, N] -> [N, B]
-    _checks.check_shape(hidden, (batch, max_new_tokens), "hidden")
-    hidden = hidden.T
-  else:
-    _checks.check_shape(hidden, (max_new_tokens,), "hidden")
+  (batch, prompt_len), vocab = prompts.shape, model.config.vocab_size
+  actions = Actions() if actions is None else actions
+  allowed, hidden = _response_tables(actions, batch, prompt_len, max_new_tokens, vocab)
+  if actions.hidden is not None:
+    prompts = observed_inputs(prompts, jnp.asarray(actions.hidden, bool)[..., :prompt_len], actions.hidden_token)
   settings = _Sampling(max_new_tokens, float(temperature), top_k, top_p,
-                       tuple(int(t) for t in stop_tokens), int(pad_id), int(hidden_token))
+                       tuple(int(t) for t in stop_tokens), int(pad_id), int(actions.hidden_token))
   graphdef, state = nnx.split(model)
   run = _generate_cached if use_cache else _generate_recompute
-  return run(graphdef, state, prompts, prompt_valid, key, action_mask, hidden, settings)
+  return run(graphdef, state, prompts, prompt_valid, key, allowed, hidden, settings)
+
+
+def _response_tables(actions: Actions, batch: int, prompt_len: int, steps: int, vocab: int):
+  """Step-major tables of the response columns: allowed [N, V] or [N, B, V], hidden [N] or [N, B]."""
+  width = prompt_len + steps
+  allowed = jnp.ones((width, vocab), bool) if actions.allowed is None else jnp.asarray(actions.allowed, bool)
+  hidden = jnp.zeros(width, bool) if actions.hidden is None else jnp.asarray(actions.hidden, bool)
+  per_row = allowed.ndim == 3
+  _checks.check_shape(allowed, (batch, width, vocab) if per_row else (width, vocab), "actions.allowed")
+  _checks.check_shape(hidden, (batch, width) if hidden.ndim == 2 else (width,), "actions.hidden")
+  allowed, hidden = allowed[..., prompt_len:, :], hidden[..., prompt_len:]
+  return (jnp.swapaxes(allowed, 0, 1) if per_row else allowed), hidden.T

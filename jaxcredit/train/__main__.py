@@ -7,7 +7,6 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxcredit.lab import hooks
 from jaxcredit.train import checkpoints, loop, workdir_lock
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/*.py).")
@@ -60,17 +59,11 @@ def _config_file_defaults(argv: list[str]):
     return None
 
 
-def _hook(config):
-  """Estimators that need rollouts or an oracle (vineppo, oracle) get them from the lab."""
-  advantage = config.advantage.to_dict() if hasattr(config.advantage, "to_dict") else config.advantage
-  return hooks.credit_hook(advantage, temperature=config.rl.temperature)
-
-
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # keep orbax's per-save INFO lines out of the console
   try:
-    final = loop.run(_CONFIG.value, _WORKDIR.value, rollout_hook=_hook(_CONFIG.value))
+    final = loop.run(_CONFIG.value, _WORKDIR.value)
   except (FloatingPointError, checkpoints.CheckpointError, workdir_lock.WorkdirBusy, ValueError) as error:
     raise SystemExit(f"Stopped: {error}") from error
   print(f"final: {final}")

@@ -31,6 +31,7 @@ from jax import Array
 
 from jaxcredit import estimators, losses
 from jaxcredit.rollout import Estimate, Rollout
+from jaxcredit.sampling import Actions
 from jaxcredit.train import steps
 
 
@@ -48,7 +49,7 @@ class Settings:
   """Static settings of the learner step (hashable)."""
 
   temperature: float = 1.0
-  actions: steps.Actions = steps.Actions()
+  actions: Actions = Actions()
   epochs: int = 1
   minibatches: int = 1
   kl_reward_coef: float = 0.0
@@ -57,7 +58,7 @@ class Settings:
 
 
 def policy_update(model, optimizer, rollout: Rollout, estimate: Estimate, rl_step, objective,
-                  temperature: float, actions: steps.Actions) -> dict:
+                  temperature: float, actions: Actions) -> dict:
   """One optimizer step of `objective` (losses.combine) on a (mini)batch; its metrics and the grad norm."""
 
   def loss_fn(model):
@@ -69,7 +70,7 @@ def policy_update(model, optimizer, rollout: Rollout, estimate: Estimate, rl_ste
 
 
 def critic_update(critic, optimizer, rollout: Rollout, settings: CriticSettings,
-                  actions: steps.Actions) -> dict:
+                  actions: Actions) -> dict:
   """One clipped value-regression step (losses.value_loss) of a critic towards
   the lambda-returns of the rollout's token rewards, bootstrapped from
   rollout.values (the sampling-time values)."""

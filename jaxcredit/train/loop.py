@@ -5,9 +5,11 @@
 Stage 1 (optional) fits task demonstrations (optionally corrupted, so the
 starting policy is imperfect) by cross-entropy until greedy eval accuracy
 reaches `sft.target_accuracy` (stopping by accuracy, not step count).
-Stage 2 repeats: sample `group_size` responses per prompt, score them, let a
-rollout hook add extras (e.g. Monte-Carlo values for `vineppo`), and hand the
-rollout to the learner step (`jaxcredit.train.learner`: reference log-probs,
+Stage 2 repeats: a rollout source (`jaxcredit.rollouts.SingleTurn`) samples
+`group_size` responses per prompt and scores them; the extras providers the
+estimators need (`jaxcredit.train.extras`, e.g. Monte-Carlo values for
+`vineppo`) and an optional rollout hook add extras; the learner step
+(`jaxcredit.train.learner`: reference log-probs,
 KL penalty, critic values, `config.advantage`, `rl.epochs x rl.minibatches`
 updates of `config.objective`), then log and checkpoint. When
 `critic.preset` is set, a separate Transformer with a value head supplies
@@ -36,16 +38,16 @@ from jax.experimental import multihost_utils
 from jaxcredit import estimators, losses
 from jaxcredit.models import Transformer, preset, sharding
 from jaxcredit.rollout import Rollout
-from jaxcredit.sampling import generate
+from jaxcredit.rollouts import SingleTurn
 from jaxcredit.tasks import loader
-from jaxcredit.train import checkpoints, checks, learner, metrics, steps, tasks, workdir_lock
+from jaxcredit.train import checkpoints, checks, extras, learner, metrics, steps, tasks, workdir_lock
 
-RolloutHook = Callable[..., tuple[dict, dict]]
-"""hook(task, model, rollout, examples, key, rl_step) -> (extras, metrics): runs after
-scoring, before the learner step; `extras` are added to rollout.extras (e.g.
-Monte-Carlo values for `vineppo`), `metrics` are logged under train/hook/ (a
-"gen_tokens" entry is charged to the run's generated-token count). It sees
-whole batches, so hooks are single-process."""
+RolloutHook = extras.Hook
+"""hook(context: extras.Context, rollout) -> (extras, metrics): runs after the
+extras providers, before the learner step; `extras` are added to
+rollout.extras, `metrics` are logged under train/hook/ (a "gen_tokens" entry
+is charged to the run's generated-token count). Providers and hooks see whole
+batches, so they are single-process."""
 
 
 def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dict:
@@ -73,15 +75,9 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
       t.checkpointer.check()  # an asynchronous save that failed stops the run here, not one save later
       step_started = time.perf_counter()
       batch = t.rl_data.rl_batch(rl_step, group_size=rl.group_size)
-      rollout = _sample_and_score(t, batch, jax.random.fold_in(key, rl_step), rl_step)
-      record = {}
-      if rollout_hook is not None:  # hooks see the reference log-probs (PRIME's implicit PRM reads them)
-        rollout = rollout.replace(ref_logprobs=t.reference_logprobs(t.modules["reference"], rollout))
-        extras, hook_metrics = rollout_hook(t.task, t.modules["model"], rollout, batch["examples"],
-                                            jax.random.fold_in(jax.random.key(config.seed + 1), rl_step), rl_step)
-        rollout = rollout.replace(extras={**rollout.extras, **extras})
-        t.counters["gen_tokens"] += int(hook_metrics.get("gen_tokens", 0))
-        record.update({f"train/hook/{k}": v for k, v in hook_metrics.items()})
+      rollout = t.source(t.modules["model"], batch, jax.random.fold_in(key, rl_step))
+      checks.check_rewards(t.local(rollout.rewards), task=config.task.name, rl_step=rl_step + 1)
+      rollout, record = _add_extras(t, rollout, batch, rl_step, [t.provide_extras, rollout_hook])
       orders = learner.minibatch_orders(rollout.tokens.shape[0], rl.group_size, rl.epochs, rl.minibatches,
                                         config.seed, rl_step)
       state, update_metrics = t.learner_step(nnx.state(t.modules), rollout, orders, rl_step)
@@ -150,19 +146,19 @@ class _Trainer:
   task: tasks.TrainTask
   data_counts: dict
   eval_batch: dict
-  sampling: dict
+  source: SingleTurn  # prompts -> scored Rollout
   modules: dict  # model, optimizer, reference[, critic, critic_optimizer]
   learner_step: Callable
+  provide_extras: extras.Hook | None  # what the estimators need (None: nothing)
   reference_logprobs: Callable  # (reference, rollout) -> [B, L] log-probs
   rl_data: loader.Loader
   writer: metrics.MetricsWriter | None = None
 
   def evaluate(self) -> float:
     """Greedy accuracy (fraction of held-out prompts with reward 1)."""
-    batch = self.eval_batch
-    sample = generate(self.modules["model"], batch["prompts"], batch["prompt_valid"], jax.random.key(0),
-                      temperature=0.0, **self.sampling)
-    return float(np.mean(self.task.score_rows(sample.tokens, sample.mask, batch["examples"]) >= 1.0))
+    greedy = dataclasses.replace(self.source, temperature=0.0, group_size=1, place=jnp.asarray, local=np.asarray)
+    rollout = greedy(self.modules["model"], self.eval_batch, jax.random.key(0))
+    return float(np.mean(np.asarray(rollout.rewards) >= 1.0))
 
   def train_loader(self, batch_size: int) -> loader.Loader:
     task = self.task
@@ -199,17 +195,21 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
   eval_batch = tasks.evaluation_batch(task)  # each test problem that fits, once
   data_counts["data/test/evaluated"] = len(eval_batch["examples"])
   print(f"Greedy eval on {len(eval_batch['examples'])} held-out problems.")
-  sampling = dict(max_new_tokens=task.max_response_length, stop_tokens=task.stop_tokens, pad_id=task.pad_id,
-                  action_mask=task.action_mask, hidden=task.hidden, hidden_token=task.hidden_token)
+  source = SingleTurn(task.score_rows, task.max_response_length, group_size=config.rl.group_size,
+                      temperature=config.rl.temperature, stop_tokens=task.stop_tokens, pad_id=task.pad_id,
+                      actions=task.actions, place=place, local=local)
 
   modules, settings = _learner_modules(config, task, mesh)
-  # Built before any work, so that an unknown estimator or loss fails at once.
+  # Built before any work, so that an unknown estimator, loss or extra fails at once.
   graphdef, _ = nnx.split(modules)
-  learner_step = learner.make_step(graphdef, advantage=estimators.from_config(config.advantage.to_dict()),
+  advantage = estimators.from_config(config.advantage.to_dict())
+  learner_step = learner.make_step(graphdef, advantage=advantage,
                                    objective=losses.from_config(config.objective.to_dict()), settings=settings)
+  provide_extras = extras.hook(advantage, temperature=config.rl.temperature)
   reference_logprobs = nnx.jit(functools.partial(learner.reference_logprobs, settings=settings))
   t = _Trainer(config, workdir, checkpointer, resumed, {"rl_step": 0, "step": 0, "gen_tokens": 0}, mesh, place,
-               local, task, data_counts, eval_batch, sampling, modules, learner_step, reference_logprobs, None)
+               local, task, data_counts, eval_batch, source, modules, learner_step, provide_extras,
+               reference_logprobs, None)
   t.rl_data = t.train_loader(config.rl.prompts_per_step)
   if resumed:
     t.counters = checkpointer.restore(modules, mesh)
@@ -237,7 +237,7 @@ def _learner_modules(config, task: tasks.TrainTask, mesh) -> tuple[dict, learner
                                                                  wrt=nnx.Param))
     critic_settings = learner.CriticSettings(clip=config.critic.value_clip, gamma=config.critic.gamma,
                                              lam=config.critic.lam)
-  settings = learner.Settings(temperature=rl.temperature, actions=tasks.actions(task), epochs=rl.epochs,
+  settings = learner.Settings(temperature=rl.temperature, actions=task.actions, epochs=rl.epochs,
                               minibatches=rl.minibatches, kl_reward_coef=rl.kl_reward_coef,
                               kl_reward_kind=rl.kl_reward_kind, critic=critic_settings)
   return modules, settings
@@ -252,7 +252,7 @@ def _warm_start(t: _Trainer, stops: list) -> tuple[float, bool]:
   t.writer.write(0, {"eval/accuracy": accuracy, **t.data_counts})
   if config.sft.max_steps:
     sft_data = t.train_loader(config.sft.batch_size)
-    sft_update = steps.sft_step(tasks.actions(t.task))
+    sft_update = steps.sft_step(t.task.actions)
     sft_optimizer = nnx.Optimizer(model, optax.adam(config.sft.learning_rate), wrt=nnx.Param)
     for sft_step in tqdm.trange(config.sft.max_steps, desc="sft", mininterval=2.0):
       batch = sft_data.sft_batch(sft_step, length=t.task.max_prompt_length + t.task.max_response_length)
@@ -276,15 +276,22 @@ def _warm_start(t: _Trainer, stops: list) -> tuple[float, bool]:
   return accuracy, False
 
 
-def _sample_and_score(t: _Trainer, batch: dict, key, rl_step: int) -> Rollout:
-  """`group_size` samples per prompt of the policy, scored by the task (rewards must be finite)."""
-  sample = generate(t.modules["model"], t.place(batch["prompts"]), t.place(batch["prompt_valid"]), key,
-                    temperature=t.config.rl.temperature, **t.sampling)
-  rewards = t.task.score_rows(t.local(sample.tokens), t.local(sample.mask), batch["examples"])
-  checks.check_rewards(rewards, task=t.config.task.name, rl_step=rl_step + 1)
-  return Rollout(tokens=sample.tokens, mask=sample.mask, rewards=t.place(rewards), logprobs=sample.logprobs,
-                 entropy=sample.entropy, truncated=sample.truncated, group_size=t.config.rl.group_size,
-                 extras={"positions": sample.positions, "token_valid": sample.token_valid})
+def _add_extras(t: _Trainer, rollout: Rollout, batch: dict, rl_step: int, hooks: list) -> tuple[Rollout, dict]:
+  """The rollout with the reference log-probs (PRIME's implicit PRM reads them)
+  and the extras of every hook that is not None; their metrics as train/hook/..."""
+  hooks = [hook for hook in hooks if hook is not None]
+  if not hooks:
+    return rollout, {}
+  rollout = rollout.replace(ref_logprobs=t.reference_logprobs(t.modules["reference"], rollout))
+  context = extras.Context(t.task, t.modules["model"], batch["examples"],
+                           jax.random.fold_in(jax.random.key(t.config.seed + 1), rl_step), rl_step)
+  metrics = {}
+  for hook in hooks:
+    more_extras, more_metrics = hook(context, rollout)
+    rollout = rollout.replace(extras={**rollout.extras, **more_extras})
+    metrics.update(more_metrics)
+  t.counters["gen_tokens"] += int(metrics.get("gen_tokens", 0))
+  return rollout, {f"train/hook/{k}": v for k, v in metrics.items()}
 
 
 def _check_finite(update_metrics: dict, rl_step: int, t: _Trainer) -> None:

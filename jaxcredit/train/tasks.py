@@ -4,7 +4,7 @@
   task.sources["train"], task.encode            # for tasks.loader.Loader
   task.score(tokens [B, N], mask [B, N], examples) -> [B] float rewards
   task.score_rows(tokens [B, P + N], mask, examples)  # + the truncation rule
-  task.action_mask [N, V] | None, task.hidden [N] | None  # typed actions, filler-blind
+  task.actions                                 # typed actions, filler-blind (sampling.Actions)
 
 Rows are laid out as the sampler lays them out: a prompt left-padded to
 `max_prompt_length`, then `max_response_length` response slots. Text tasks
@@ -16,11 +16,10 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
 from jaxcredit.tasks import CharTokenizer, arithmetic, builders, countdown, key_token, loader
-from jaxcredit.train import steps
+from jaxcredit.sampling import Actions
 
 Scorer = Callable[[np.ndarray, np.ndarray, Sequence[dict]], np.ndarray]
 
@@ -28,9 +27,9 @@ Scorer = Callable[[np.ndarray, np.ndarray, Sequence[dict]], np.ndarray]
 @dataclasses.dataclass(frozen=True)
 class TrainTask:
   """A task bound to its data. `score` maps [B, N] response ids and their
-  action mask to [B] rewards in [0, 1]; `action_mask` [N, V] lists the actions
-  allowed at each response step (None: all); `hidden` [N] marks response steps
-  fed back to the model as `hidden_token`. A response cut off by the budget
+  action mask to [B] rewards in [0, 1]; `actions` (`sampling.Actions` over
+  the [P + N] columns of a row) lists the tokens allowed at each response step
+  and the steps fed back to the model as its `hidden_token`. A response cut off by the budget
   (stop tokens exist and none was emitted) is scored `truncated_reward` by
   `score_rows`, whatever the verifier would say of its text: `#### 12` cut
   from `#### 125` must not pass for a complete answer of 12."""
@@ -44,9 +43,7 @@ class TrainTask:
   sources: dict
   encode: loader.Encoder
   score: Scorer
-  action_mask: np.ndarray | None = None
-  hidden: np.ndarray | None = None
-  hidden_token: int = 0
+  actions: Actions = Actions()
   config: Any = None  # the task's own config (e.g. key_token.KeyTokenConfig)
   truncated_reward: float = 0.0
 
@@ -128,23 +125,12 @@ def make(config, *, data_dir: str, seed: int) -> TrainTask:
     return key_token.reward(tokens, targets, task_config)
 
   hidden = np.asarray(key_token.observe(np.zeros(response_length, np.int32), task_config) == key_token.FILL)
+  visible_prompt = np.zeros(prompt_length, bool)  # prompt columns: every token allowed and seen
+  allowed = np.concatenate([np.ones((prompt_length, key_token.VOCAB_SIZE), bool), key_token.allowed(task_config)])
+  actions = Actions(allowed=allowed, hidden=np.concatenate([visible_prompt, hidden]) if hidden.any() else None,
+                    hidden_token=key_token.FILL)
   return TrainTask(vocab_size=key_token.VOCAB_SIZE, pad_id=key_token.PAD, stop_tokens=(),
-                   encode=loader.ids_encoder, score=score_keys, action_mask=key_token.allowed(task_config),
-                   hidden=hidden if hidden.any() else None, hidden_token=key_token.FILL, **common)
-
-
-def row_tables(task: TrainTask) -> tuple[np.ndarray | None, np.ndarray | None]:
-  """action_mask and hidden over whole [P + N] rows (prompt columns: allowed, visible)."""
-  p = task.max_prompt_length
-  allowed = None if task.action_mask is None else np.concatenate(
-      [np.ones((p, task.vocab_size), bool), task.action_mask])
-  hidden = None if task.hidden is None else np.concatenate([np.zeros(p, bool), task.hidden])
-  return allowed, hidden
-
-
-def actions(task: TrainTask) -> steps.Actions:
-  """The task's action sets and hidden steps as the learner applies them (`steps.Actions`)."""
-  return steps.Actions(*(None if t is None else jnp.asarray(t) for t in row_tables(task)), task.hidden_token)
+                   encode=loader.ids_encoder, score=score_keys, actions=actions, **common)
 
 
 def noisy_demonstrations(tokens: np.ndarray, loss_mask: np.ndarray, rng: np.random.Generator, *,
@@ -152,7 +138,7 @@ def noisy_demonstrations(tokens: np.ndarray, loss_mask: np.ndarray, rng: np.rand
   """Replaces one completion token of a `rate` fraction of demonstrations by
   another allowed action (stop tokens kept), so SFT leaves an imperfect policy."""
   tokens = tokens.copy()
-  allowed, _ = row_tables(task)
+  allowed = task.actions.allowed
   for row in np.flatnonzero(rng.random(len(tokens)) < rate):
     columns = [c for c in np.flatnonzero(loss_mask[row]) if tokens[row, c] not in task.stop_tokens]
     if not columns:

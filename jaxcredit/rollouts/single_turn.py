@@ -1,0 +1,54 @@
+"""Single-turn rollouts: sample one response per prompt row, score it, return a Rollout."""
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+
+from jaxcredit.rollout import Rollout
+from jaxcredit.sampling import Actions, generate
+
+Scorer = Callable[[np.ndarray, np.ndarray, Sequence[Any]], np.ndarray]
+"""score(tokens [B, P + N], mask [B, P + N], examples) -> [B] rewards (host numpy)."""
+
+
+class RolloutSource(Protocol):
+  """prompts -> Rollout (the contract of a rollout stage)."""
+
+  def __call__(self, model, batch: Mapping[str, Any], key: Array) -> Rollout: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class SingleTurn:
+  """Samples `max_new_tokens` per row (KV-cache `generate`) and scores the rows.
+
+  score:    the task's reward of whole sampled rows (`Scorer`), run on the host
+            over this process's rows.
+  place:    this process's rows -> the global batch-sharded array (identity on
+            one process); local: its inverse, for scoring.
+  The other fields are `generate`'s settings. The Rollout carries tokens, mask,
+  behaviour log-probs and entropies, rewards, truncation, positions and
+  token_valid, with `group_size` rows per prompt.
+  """
+
+  score: Scorer
+  max_new_tokens: int
+  group_size: int = 1
+  temperature: float = 1.0
+  stop_tokens: tuple[int, ...] = ()
+  pad_id: int = 0
+  actions: Actions = Actions()
+  place: Callable[[np.ndarray], Array] = jnp.asarray
+  local: Callable[[Array], np.ndarray] = np.asarray
+
+  def __call__(self, model, batch: Mapping[str, Any], key: Array) -> Rollout:
+    sample = generate(model, self.place(batch["prompts"]), self.place(batch["prompt_valid"]), key,
+                      max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                      stop_tokens=self.stop_tokens, pad_id=self.pad_id, actions=self.actions)
+    rewards = self.score(self.local(sample.tokens), self.local(sample.mask), batch["examples"])
+    return Rollout(tokens=sample.tokens, mask=sample.mask, rewards=self.place(np.asarray(rewards, np.float32)),
+                   logprobs=sample.logprobs, entropy=sample.entropy, truncated=sample.truncated,
+                   positions=sample.positions, token_valid=sample.token_valid, group_size=self.group_size)

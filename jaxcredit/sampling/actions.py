@@ -1,0 +1,56 @@
+"""Typed action sets and hidden inputs: what the policy may emit and what it sees.
+
+One `Actions` describes the columns of [B, L] rows (a prompt, then response
+slots). The sampler, the learner and the oracle apply the same two transforms,
+so behaviour log-probs, teacher-forced log-probs and exact credit agree:
+
+  restricted logits  mask_logits(logits, allowed)       -inf outside allowed[t]
+  the model's input  observed_inputs(tokens, hidden, h)  h where hidden[t]
+
+Tasks without typed actions use `Actions()` (every token allowed, every token
+seen).
+"""
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jax import Array
+
+
+def mask_logits(logits: Array, allowed: Array | None) -> Array:
+  """logits where `allowed` (broadcast over the leading axes), -inf elsewhere."""
+  return logits if allowed is None else jnp.where(allowed, logits, -jnp.inf)
+
+
+def observed_inputs(tokens: Array, hidden: Array | None, hidden_token: int) -> Array:
+  """The model's input view of [B, L] tokens: `hidden_token` where hidden ([L] or [B, L]) is set."""
+  return tokens if hidden is None else jnp.where(hidden, hidden_token, tokens)
+
+
+class Actions(NamedTuple):
+  """Per-column action constraints of [B, L] rows (a pytree).
+
+  allowed:      [L, V] or per row [B, L, V] bool, or None (every token): the
+                policy at column t is the softmax renormalised over
+                allowed[t] (the other logits are -inf).
+  hidden:       [L] or per row [B, L] bool, or None: columns whose token is
+                the action taken (recorded, scored, credited) but is fed to
+                the model as `hidden_token` (filler-blind tasks).
+  hidden_token: int, the id the model sees at hidden columns.
+
+  Prompt columns are allowed and visible by convention.
+  """
+
+  allowed: Array | None = None
+  hidden: Array | None = None
+  hidden_token: int = 0
+
+  def columns(self, start: int, stop: int | None = None) -> "Actions":
+    """The constraints of columns start..stop-1 (per-row tables keep their rows)."""
+    cut = slice(start, stop)
+    return self._replace(allowed=None if self.allowed is None else self.allowed[..., cut, :],
+                         hidden=None if self.hidden is None else self.hidden[..., cut])
+
+  def observe(self, tokens: Array) -> Array:
+    """The model's input view of [B, L] tokens (`observed_inputs`)."""
+    return observed_inputs(tokens, self.hidden, self.hidden_token)

@@ -1,0 +1,141 @@
+"""Extras providers: what an estimator declares it `needs`, computed before the learner step.
+
+An estimator registered with `needs=("mc_values", "mc_evaluated")` reads those
+rollout.extras; the provider registered for those keys computes them from the
+sampled rollout. A provider is made once per run by its factory, from the
+settings of the estimator that needs it (`estimators.Component.settings`):
+
+  @extras.register("ktae_scores")
+  def _ktae(settings, *, temperature):
+    def provide(context, rollout):       # -> (extras, metrics)
+      return {"ktae_scores": ...}, {}
+    return provide
+
+Built in: Monte-Carlo values (vineppo, spo), the implicit PRM (prime) and
+KTAE's key-token scores. Providers defined elsewhere (the lab's exact oracle)
+register themselves when their module is imported; modules named in the
+"jaxcredit.extras" entry-point group are imported when a needed key has no
+provider yet. A "gen_tokens" metric is charged to the run's generated tokens.
+"""
+
+import importlib.metadata
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+
+from jaxcredit import estimators
+from jaxcredit.registry import Registry
+from jaxcredit.rollout import Rollout
+from jaxcredit.train import implicit_prm, monte_carlo, token_statistics
+
+ENTRY_POINTS = "jaxcredit.extras"
+
+
+class Context(NamedTuple):
+  """What a provider may read besides the rollout.
+
+  task: the run's `train.tasks.TrainTask`; model: the policy that sampled the
+  rollout; examples: the task example of each row; key: a PRNG key for this
+  step (shared by all providers); rl_step: the step index.
+  """
+
+  task: Any
+  model: Any
+  examples: list
+  key: Array
+  rl_step: int
+
+
+Provide = Callable[[Context, Rollout], tuple[dict, dict]]
+Factory = Callable[..., Provide]  # factory(settings: Mapping, *, temperature: float) -> Provide
+Hook = Callable[[Context, Rollout], tuple[dict, dict]]
+
+PROVIDERS: Registry[Factory] = Registry("extras provider")
+
+
+def register(*keys: str, overwrite: bool = False) -> Callable[[Factory], Factory]:
+  """Decorator registering a provider factory for the rollout.extras `keys` it computes."""
+
+  def decorator(factory: Factory) -> Factory:
+    for key in keys:
+      PROVIDERS.register(key, overwrite=overwrite)(factory)
+    return factory
+
+  return decorator
+
+
+def _load_entry_points() -> None:
+  for entry_point in importlib.metadata.entry_points(group=ENTRY_POINTS):
+    entry_point.load()
+
+
+def provider_factory(key: str, *, needed_by: str) -> Factory:
+  """The factory registered for `key` (importing the entry-point modules if
+  none is yet); ValueError naming the estimator and the known keys otherwise."""
+  if key not in PROVIDERS:
+    _load_entry_points()
+  if key not in PROVIDERS:
+    raise ValueError(f"Estimator {needed_by!r} needs rollout.extras[{key!r}], which no registered extras provider "
+                     f"computes; providers exist for: {', '.join(PROVIDERS.names())}.")
+  return PROVIDERS.get(key)
+
+
+def hook(advantage: estimators.compose.AdvantageFn, *, temperature: float = 1.0) -> Hook | None:
+  """One function computing every extra that `advantage`'s estimators need
+  (each provider once, made from the first estimator that needs it), or None
+  when they need none. Raises ValueError at once for a key with no provider."""
+  made: dict[Factory, Provide] = {}
+  for component in estimators.components(advantage):
+    for key in component.needs:
+      factory = provider_factory(key, needed_by=component.name)
+      if factory not in made:
+        made[factory] = factory(component.settings, temperature=temperature)
+  if not made:
+    return None
+  providers = list(made.values())
+
+  def provide_all(context: Context, rollout: Rollout) -> tuple[dict, dict]:
+    extras, metrics = {}, {}
+    for provide in providers:
+      more_extras, more_metrics = provide(context, rollout)
+      extras.update(more_extras)
+      metrics.update(more_metrics)
+    return extras, metrics
+
+  return provide_all
+
+
+@register(*estimators.registered.MC_VALUES)
+def _monte_carlo_values(settings: Mapping, *, temperature: float) -> Provide:
+  """V(s_t) from `k` continuations per position at `positions` (monte_carlo.mc_credit)."""
+  k, positions = int(settings["k"]), str(settings["positions"])
+
+  def provide(context: Context, rollout: Rollout) -> tuple[dict, dict]:
+    credit = monte_carlo.mc_credit(context.model, context.task, rollout.tokens, rollout.mask, rollout.token_valid,
+                                   context.examples, context.key, k=k, positions=positions,
+                                   logprobs=np.asarray(rollout.logprobs), temperature=temperature)
+    return ({"mc_values": credit.values, "mc_evaluated": credit.evaluated},
+            {"gen_tokens": credit.cost["gen_tokens"], "mc_rollouts": credit.cost["rollouts"]})
+
+  return provide
+
+
+@register("prm_logprobs")
+def _implicit_prm(settings: Mapping, *, temperature: float) -> Provide:
+  """PRIME's implicit PRM (implicit_prm.ImplicitPRM), trained on each batch after scoring it."""
+  prm = implicit_prm.ImplicitPRM(beta=float(settings["beta"]), temperature=temperature)
+  return lambda context, rollout: prm(context.task, context.model, rollout)
+
+
+def _ktae_scores(context: Context, rollout: Rollout) -> tuple[dict, dict]:
+  """KTAE's per-group key-token scores (token_statistics.ktae_scores): host
+  statistics of the sampled tokens and rewards, no settings."""
+  scores = token_statistics.ktae_scores(np.asarray(rollout.tokens), np.asarray(rollout.mask),
+                                        np.asarray(rollout.rewards), rollout.group_size)
+  return {"ktae_scores": jnp.asarray(scores, jnp.float32)}, {}
+
+
+register("ktae_scores")(lambda settings, *, temperature: _ktae_scores)

@@ -1,0 +1,48 @@
+"""PRIME's implicit process reward model, trained inside the RL loop.
+
+PRIME (Cui et al., 2025, arXiv 2502.01456; recipe prime_dp_rm.py): pi_phi
+starts as the policy at the first RL step and after scoring each batch takes
+one Adam step on BCE(sigmoid(beta sum_t (log pi_phi - log pi_ref)), R), with
+pi_ref the loop's frozen reference. The `prime` estimator reads its pre-update
+log-probs as rollout.extras["prm_logprobs"].
+"""
+
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxcredit.train import steps
+
+
+class ImplicitPRM:
+  """The PRM's parameters and optimizer live in this object (not checkpointed:
+  a resumed run restarts phi from the current policy)."""
+
+  def __init__(self, *, beta: float = 0.05, learning_rate: float = 1e-4, temperature: float = 1.0):
+    self.beta, self.learning_rate, self.temperature = beta, learning_rate, temperature
+    self.prm = self.optimizer = None
+
+  def __call__(self, task, model, rollout) -> tuple[dict, dict]:
+    """({"prm_logprobs": [B, L]}, {"prm_loss": BCE}) on a rollout with ref_logprobs; one PRM update."""
+    if self.prm is None:
+      self.prm = nnx.clone(model)
+      self.optimizer = nnx.Optimizer(self.prm, optax.adam(self.learning_rate), wrt=nnx.Param)
+    loss, logprobs = _prm_step(self.prm, self.optimizer, rollout, task.actions, self.beta, self.temperature)
+    return {"prm_logprobs": logprobs}, {"prm_loss": float(loss)}
+
+
+@nnx.jit(static_argnums=(4, 5))
+def _prm_step(prm, optimizer, rollout, actions, beta: float, temperature: float):
+  """(BCE loss, the pre-update PRM log-probs) and one Adam step of the PRM."""
+
+  def loss_fn(prm):
+    logprobs = steps.policy_outputs(prm, rollout, temperature, actions).logprobs
+    valid = rollout.mask
+    score = beta * jnp.sum(jnp.where(valid, logprobs - rollout.ref_logprobs, 0.0), axis=1)
+    labels = rollout.rewards
+    loss = jnp.mean(optax.sigmoid_binary_cross_entropy(score, labels))
+    return loss, jnp.where(valid, logprobs, 0.0)
+
+  (loss, logprobs), grads = nnx.value_and_grad(loss_fn, has_aux=True)(prm)
+  optimizer.update(prm, grads)
+  return loss, logprobs

@@ -1,0 +1,223 @@
+"""Monte-Carlo values and credit from continuations of a policy's own rollouts (VinePPO).
+
+V(s_t) is estimated by the mean reward of K continuations sampled from the
+state s_t = row[:t] under the policy that produced the batch; with gamma = 1
+and an outcome reward R, a segment's credit is V(next point) - V(point), and
+V after the last action is R.
+
+  mc_credit(model, task, tokens, mask, token_valid, examples, key, k=..., positions=...)
+  Continuations(...).returns(pairs)     [M, K] rewards of K continuations per (row, column)
+  select_positions(mask, logprobs, spec)  where V is evaluated ("all", "stride:k", "cutpoints:tau")
+  mc_value_stats(returns, valid)        means and standard errors of K returns per state
+
+Rows use the training layout: [B, L] with L = P + N (a left-padded prompt,
+then N response slots); `mask` marks actions. The lab's oracles
+(`jaxcredit.lab.oracle`) build on the same continuations.
+"""
+
+import math
+from collections.abc import Sequence
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+
+from jaxcredit.estimators import segment_advantages, segment_endpoints
+from jaxcredit.sampling import Actions, generate
+from jaxcredit.train import tasks
+
+_segment_advantages, _segment_endpoints = jax.jit(segment_advantages), jax.jit(segment_endpoints)
+MC_STREAM = 0x0AC1E  # continuation keys are fold_in(key, MC_STREAM): never shared with an estimator's
+
+
+@chex.dataclass(frozen=True)
+class Credit:
+  """Token credit A(s_t, y_t) = Q(s_t, y_t) - V(s_t), exact or estimated.
+
+  advantages [B, L]: A(s_t, y_t) at actions (0 elsewhere); values [B, L]: V(s_t)
+  where evaluated; adv_stderr [B, L]: 0 for exact oracles, the Monte-Carlo
+  standard error otherwise; evaluated [B, L] bool: V is known there; cost:
+  rollouts, gen_tokens, prefill_tokens and tf_tokens (teacher-forced) spent."""
+
+  advantages: Array
+  values: Array
+  adv_stderr: Array
+  evaluated: Array
+  cost: dict
+
+
+def mc_value_stats(returns: Array, valid: Array, *, binary: bool = True) -> tuple[Array, Array, Array]:
+  """Mean, variance and standard error of K returns per state.
+
+  returns, valid: [M, K]. binary=True: the standard error uses the
+  Agresti-Coull proportion (k + 2) / (K + 4), so 0/K or K/K successes never
+  report SE = 0; otherwise the sample variance (ddof = 1). States with no
+  valid return get mean 0 and SE 0.5 (the largest a [0, 1] mean can have).
+  """
+  valid = jnp.asarray(valid, bool)
+  count = jnp.sum(valid, axis=1)
+  total = jnp.sum(jnp.where(valid, returns, 0.0), axis=1)
+  mean = jnp.where(count > 0, total / jnp.maximum(count, 1), 0.0)
+  squares = jnp.sum(jnp.where(valid, (returns - mean[:, None]) ** 2, 0.0), axis=1)
+  var = squares / jnp.maximum(count - 1, 1)
+  if binary:
+    adjusted = (total + 2.0) / (count + 4.0)
+    stderr = jnp.sqrt(adjusted * (1 - adjusted) / jnp.maximum(count, 1))
+  else:
+    stderr = jnp.sqrt(var / jnp.maximum(count, 1))
+  return mean, var, jnp.where(count > 0, stderr, 0.5)
+
+
+def select_positions(mask: Array, logprobs: Array | None, spec: str) -> Array:
+  """[B, L] bool: where a budgeted oracle evaluates V(s_t). Every row's first
+  action is always included (segments start there).
+
+  spec: "all" (every action), "stride:k" (every k-th action of the row),
+  "cutpoints:tau" (actions with pi(y_t) < tau: where the outcome can fork,
+  as in SPO's cutpoints).
+  """
+  mask = jnp.asarray(mask, bool)
+  index = jnp.cumsum(mask, axis=1) - 1  # rank of each action within its row
+  first = mask & (index == 0)
+  kind, _, arg = spec.partition(":")
+  if kind == "all":
+    return mask
+  if kind == "stride":
+    return mask & (index % int(arg) == 0)
+  if kind == "cutpoints":
+    if logprobs is None:
+      raise ValueError("positions='cutpoints:tau' needs the behaviour logprobs.")
+    return first | (mask & (jnp.exp(logprobs) < float(arg)))
+  raise ValueError(f"Unknown positions {spec!r}; known: all, stride:k, cutpoints:tau.")
+
+
+def _continuation_actions(allowed: np.ndarray, hidden: np.ndarray, width: int, hidden_token: int,
+                          k: int) -> Actions:
+  """Per-row Actions of continuation rows: `width` visible prompt columns, then
+  the response steps' allowed [M, N, V] and hidden [M, N]; each row repeated k times."""
+  rows, _, vocab = allowed.shape
+  allowed = np.concatenate([np.ones((rows, width, vocab), bool), allowed], axis=1)
+  hidden = np.concatenate([np.zeros((rows, width), bool), hidden], axis=1)
+  return Actions(np.repeat(allowed, k, 0), np.repeat(hidden, k, 0), hidden_token)
+
+
+class Continuations:
+  """K sampled continuations from prefixes row[:column] of a batch, scored by the task."""
+
+  def __init__(self, model, task, tokens, mask, token_valid, examples, key, *, k, temperature, max_rows):
+    self.model, self.task, self.examples, self.k, self.temperature = model, task, examples, k, temperature
+    self.tokens, self.mask, self.token_valid = tokens, mask, token_valid
+    self.key, self.max_rows = key, max_rows
+    n, response = task.max_response_length, task.actions.columns(task.max_prompt_length)
+    self.step_allowed = np.ones((2 * n, task.vocab_size), bool)  # response step -> allowed actions
+    if response.allowed is not None:
+      self.step_allowed[:n] = response.allowed
+    self.step_hidden = np.zeros(2 * n, bool)
+    if response.hidden is not None:
+      self.step_hidden[:n] = response.hidden
+    self.observed = np.asarray(task.actions.observe(tokens))
+    self.gen_tokens = self.prefill_tokens = self.rollouts = 0
+
+  def returns(self, pairs: np.ndarray, *, ban: np.ndarray | None = None, stream: int = 0) -> np.ndarray:
+    """[M, K] rewards of K continuations of prefix tokens[row, :column] per (row, column)
+    pair; ban [M] (or None): a token id excluded at the first sampled step."""
+    task, k = self.task, self.k
+    prompt_len, n = task.max_prompt_length, task.max_response_length
+    width = prompt_len + n
+    # Prefixes per sampler call: a power of two (few compiled shapes), at most max_rows // k.
+    per_chunk = int(min(max(1, self.max_rows // k), 2 ** math.ceil(math.log2(max(len(pairs), 1)))))
+    out_returns = np.zeros((len(pairs), k))
+    ban = np.full(len(pairs), -1) if ban is None else np.asarray(ban)
+    for start in range(0, len(pairs), per_chunk):
+      chunk = np.concatenate([pairs[start:start + per_chunk], ban[start:start + per_chunk, None]], 1)
+      padded = np.concatenate([chunk, np.repeat(chunk[-1:], per_chunk - len(chunk), 0)])  # one compiled shape
+      rows, columns, banned = padded[:, 0], padded[:, 1], padded[:, 2]
+      steps_done = columns - prompt_len  # response steps before the state
+      source = np.arange(width)[None] - (width - columns)[:, None]  # prefix, left-padded to `width`
+      inside = source >= 0
+      source = np.clip(source, 0, width - 1)
+      prompts = np.where(inside, self.observed[rows[:, None], source], task.pad_id).astype(np.int32)
+      valid = inside & self.token_valid[rows[:, None], source]
+      index = steps_done[:, None] + np.arange(n)[None]
+      allowed = self.step_allowed[index]
+      first = allowed[:, 0]
+      drop = (banned >= 0) & (first.sum(1) > 1)  # never ban a state's only action
+      first[drop, banned[drop]] = False
+      out = generate(self.model, np.repeat(prompts, k, 0), np.repeat(valid, k, 0),
+                     jax.random.fold_in(jax.random.fold_in(self.key, stream), start), max_new_tokens=n,
+                     temperature=self.temperature, stop_tokens=task.stop_tokens, pad_id=task.pad_id,
+                     actions=_continuation_actions(allowed, self.step_hidden[index], width, task.actions.hidden_token, k))
+      continuation, continued = np.asarray(out.tokens)[:, width:], np.asarray(out.mask)[:, width:]
+      # The response: the row's own first `done` steps, then the continuation.
+      done, row_of = np.repeat(steps_done, k)[:, None], np.repeat(rows, k)
+      step = np.arange(n)[None]
+      own = step < done
+      from_continuation = np.clip(step - done, 0, n - 1)
+      response = np.where(own, self.tokens[row_of[:, None], prompt_len + step],
+                          np.take_along_axis(continuation, from_continuation, 1))
+      response_mask = np.where(own, self.mask[row_of[:, None], prompt_len + step],
+                               np.take_along_axis(continued, from_continuation, 1))
+      scores = task.score(response, response_mask, [self.examples[r] for r in row_of])
+      used = len(pairs[start:start + per_chunk])
+      out_returns[start:start + used] = scores.reshape(-1, k)[:used]
+      self.gen_tokens += int((continued & (step < n - done))[:used * k].sum())
+      self.prefill_tokens += int(k * valid[:used].sum())
+      self.rollouts += used * k
+    return out_returns
+
+  def cost(self) -> dict:
+    return {"rollouts": self.rollouts, "gen_tokens": self.gen_tokens, "prefill_tokens": self.prefill_tokens,
+            "tf_tokens": 0, "passes": 0}
+
+
+def returns_stats(returns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """float64 mean and standard error of [M, K] returns (Agresti-Coull when they are all 0 or 1)."""
+  binary = bool(np.isin(returns, (0.0, 1.0)).all())
+  mean, _, stderr = mc_value_stats(jnp.asarray(returns), jnp.ones(returns.shape, bool), binary=binary)
+  return np.asarray(mean, np.float64), np.asarray(stderr, np.float64)
+
+
+def mc_credit(model, task: tasks.TrainTask, tokens: np.ndarray, mask: np.ndarray, token_valid: np.ndarray,
+              examples: Sequence[dict], key: Array, *, k: int, positions: str = "all",
+              logprobs: np.ndarray | None = None, temperature: float = 1.0, max_rows: int = 4096) -> Credit:
+  """Plain Monte-Carlo credit (VinePPO) at the positions `select_positions` picks.
+
+  V(s_t) is the mean reward of `k` continuations from s_t; segment credit
+  V(next point) - V(point) is copied to each segment's tokens, adv_stderr =
+  sqrt(SE_start^2 + SE_end^2) (independent rollout sets).
+
+  tokens, mask, token_valid: [B, L] rows as the trainer lays them out;
+  examples: the B task examples (for the reward); logprobs: the behaviour
+  log-probs (for positions="cutpoints:tau"). Continuations use the task's
+  action sets and hidden steps, so they follow the sampling policy.
+  """
+  tokens, mask, token_valid = check_rows(task, tokens, mask, token_valid)
+  evaluated = np.asarray(select_positions(mask, logprobs, positions))
+  pairs = np.argwhere(evaluated)  # (row, column): the state before the action at column
+  sampler = Continuations(model, task, tokens, mask, token_valid, examples, jax.random.fold_in(key, MC_STREAM),
+                          k=k, temperature=temperature, max_rows=max_rows)
+  rewards = task.score_rows(tokens, mask, examples)
+  values, value_se = np.zeros(tokens.shape), np.zeros(tokens.shape)
+  mean, stderr = returns_stats(sampler.returns(pairs))
+  values[pairs[:, 0], pairs[:, 1]] = mean
+  value_se[pairs[:, 0], pairs[:, 1]] = stderr
+  advantages = _segment_advantages(jnp.asarray(values, jnp.float32), jnp.asarray(evaluated),
+                                   jnp.asarray(rewards), jnp.asarray(mask))
+  # The two endpoints of a segment use independent rollouts (the terminal reward has SE 0).
+  se_start, se_end = _segment_endpoints(jnp.asarray(value_se, jnp.float32), jnp.asarray(evaluated),
+                                        jnp.zeros(len(tokens)), jnp.asarray(mask))
+  return Credit(
+      advantages=advantages, values=jnp.asarray(values, jnp.float32),
+      adv_stderr=jnp.hypot(se_start, se_end), evaluated=jnp.asarray(evaluated), cost=sampler.cost(),
+  )
+
+
+def check_rows(task: tasks.TrainTask, tokens, mask, token_valid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The three [B, L] arrays as numpy; ValueError unless L = P + N of the task."""
+  tokens, mask, token_valid = (np.asarray(x) for x in (tokens, mask, token_valid))
+  prompt_len, n = task.max_prompt_length, task.max_response_length
+  if tokens.shape[1] != prompt_len + n:
+    raise ValueError(f"Expected rows of {prompt_len} + {n} tokens, got {tokens.shape}.")
+  return tokens, mask, token_valid
