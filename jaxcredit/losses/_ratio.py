@@ -1,19 +1,59 @@
 """What every ratio-based policy loss shares: input validation and
-sanitising, the clipped surrogate, clip-fraction and ratio metrics. Each loss
-module (policy, covariance) then states only its own formula.
+sanitising, the ratio, the clipped surrogate, clip-fraction and ratio metrics,
+and aggregation. A token-level loss is its formula passed to
+`token_ratio_loss`:
+
+  def ppo_like(logp, old_logp, advantages, mask, *, aggregation="token-mean"):
+    def formula(t: TokenRatios):                  # -> (loss_tok [B, T], metrics)
+      return -t.advantages * t.ratio, {}
+    return token_ratio_loss(formula, logp, old_logp, advantages, mask, aggregation)
 
 Shapes: [B, T] token arrays; masked positions are sanitised before any
 arithmetic, and log-ratios are bounded as in `logprobs.importance_ratio`.
 """
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax.numpy as jnp
 from jax import Array
 
 from jaxcredit import _checks
 from jaxcredit._masking import as_bool, masked_mean, sanitise
-from jaxcredit.logprobs import LOG_RATIO_BOUND
+from jaxcredit.logprobs import LOG_RATIO_BOUND, importance_ratio
+from jaxcredit.losses.aggregation import aggregate
 
 Metrics = dict[str, Array]
+
+
+class TokenRatios(NamedTuple):
+  """What a token-level ratio loss's formula reads: [B, T] arrays, 0 at masked positions.
+
+  logp:       current log-probs (the gradient flows through them and `ratio`).
+  log_ratio:  logp - old_logp.
+  ratio:      importance_ratio(log_ratio) = exp(log_ratio), log-ratio bounded.
+  advantages: A_t.
+  valid:      bool, the tokens that count.
+  """
+
+  logp: Array
+  log_ratio: Array
+  ratio: Array
+  advantages: Array
+  valid: Array
+
+
+TokenFormula = Callable[[TokenRatios], tuple[Array, Metrics]]
+
+
+def token_ratio_loss(formula: TokenFormula, logp: Array, old_logp: Array, advantages: Array, mask: Array,
+                     aggregation: str) -> tuple[Array, Metrics]:
+  """aggregate(loss_tok, mask, aggregation) of formula(TokenRatios) -> (loss_tok, metrics),
+  with the ratio statistics (`ratio_metrics`) appended to the formula's metrics."""
+  valid, log_ratio, advantages = token_inputs(logp, old_logp, advantages, mask)
+  ratios = TokenRatios(sanitise(logp, valid), log_ratio, importance_ratio(log_ratio), advantages, valid)
+  loss_tok, metrics = formula(ratios)
+  return aggregate(loss_tok, valid, aggregation), {**metrics, **ratio_metrics(log_ratio, valid)}
 
 
 def check_clip(clip_low: float, clip_high: float) -> None:

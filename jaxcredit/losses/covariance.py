@@ -11,10 +11,8 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from jaxcredit._masking import masked_mean, sanitise, top_n_mask
-from jaxcredit.logprobs import importance_ratio
-from jaxcredit.losses.aggregation import aggregate
-from jaxcredit.losses._ratio import Metrics, check_clip, clipped_surrogate, fraction, ratio_metrics, token_inputs
+from jaxcredit._masking import masked_mean, top_n_mask
+from jaxcredit.losses._ratio import Metrics, TokenRatios, check_clip, clipped_surrogate, fraction, token_ratio_loss
 
 
 def token_covariance(logp: Array, advantages: Array, valid: Array) -> Array:
@@ -55,19 +53,18 @@ def clip_cov_loss(
   (deterministic) - and their token loss is set to 0. Metrics: cov_clipfrac,
   clipfrac, approx_kl, ratio statistics.
   """
-  valid, log_ratio, advantages = token_inputs(logp, old_logp, advantages, mask)
   check_clip(clip_low, clip_high)
-  loss_tok, is_clipped = clipped_surrogate(importance_ratio(log_ratio), advantages, clip_low, clip_high)
-  cov = token_covariance(sanitise(logp, valid), advantages, valid)
-  eligible = valid & ~is_clipped & (cov > cov_low) & (cov < cov_high)
-  scores = cov if key is None else jax.random.uniform(key, cov.shape)
-  selected = top_n_mask(scores, eligible, _n_selected(valid, cov_fraction))
-  metrics = {
-      "cov_clipfrac": fraction(selected, valid),
-      "clipfrac": fraction(is_clipped, valid),
-      **ratio_metrics(log_ratio, valid),
-  }
-  return aggregate(jnp.where(selected, 0.0, loss_tok), valid, aggregation), metrics
+
+  def formula(t: TokenRatios):
+    loss_tok, is_clipped = clipped_surrogate(t.ratio, t.advantages, clip_low, clip_high)
+    cov = token_covariance(t.logp, t.advantages, t.valid)
+    eligible = t.valid & ~is_clipped & (cov > cov_low) & (cov < cov_high)
+    scores = cov if key is None else jax.random.uniform(key, cov.shape)
+    selected = top_n_mask(scores, eligible, _n_selected(t.valid, cov_fraction))
+    metrics = {"cov_clipfrac": fraction(selected, t.valid), "clipfrac": fraction(is_clipped, t.valid)}
+    return jnp.where(selected, 0.0, loss_tok), metrics
+
+  return token_ratio_loss(formula, logp, old_logp, advantages, mask, aggregation)
 
 
 def kl_cov_loss(
@@ -85,14 +82,12 @@ def kl_cov_loss(
 
   Metrics: kl_cov_fraction, abs_kl (mean |log-ratio|), approx_kl, ratio statistics.
   """
-  valid, log_ratio, advantages = token_inputs(logp, old_logp, advantages, mask)
-  cov = token_covariance(sanitise(logp, valid), advantages, valid)
-  selected = top_n_mask(cov, valid, _n_selected(valid, kl_fraction))
-  abs_log_ratio = jnp.abs(log_ratio)
-  loss_tok = -advantages * importance_ratio(log_ratio) + jnp.where(selected, kl_coef * abs_log_ratio, 0.0)
-  metrics = {
-      "kl_cov_fraction": fraction(selected, valid),
-      "abs_kl": masked_mean(abs_log_ratio, valid),
-      **ratio_metrics(log_ratio, valid),
-  }
-  return aggregate(loss_tok, valid, aggregation), metrics
+
+  def formula(t: TokenRatios):
+    selected = top_n_mask(token_covariance(t.logp, t.advantages, t.valid), t.valid,
+                          _n_selected(t.valid, kl_fraction))
+    abs_log_ratio = jnp.abs(t.log_ratio)
+    loss_tok = -t.advantages * t.ratio + jnp.where(selected, kl_coef * abs_log_ratio, 0.0)
+    return loss_tok, {"kl_cov_fraction": fraction(selected, t.valid), "abs_kl": masked_mean(abs_log_ratio, t.valid)}
+
+  return token_ratio_loss(formula, logp, old_logp, advantages, mask, aggregation)

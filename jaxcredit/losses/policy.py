@@ -14,7 +14,16 @@ from jax import Array
 from jaxcredit import _checks
 from jaxcredit._masking import as_bool, masked_mean, safe_divide, sanitise
 from jaxcredit.logprobs import importance_ratio
-from jaxcredit.losses._ratio import Metrics, check_clip, clipped_surrogate, fraction, ratio_metrics, token_inputs
+from jaxcredit.losses._ratio import (
+    Metrics,
+    TokenRatios,
+    check_clip,
+    clipped_surrogate,
+    fraction,
+    ratio_metrics,
+    token_inputs,
+    token_ratio_loss,
+)
 from jaxcredit.losses.aggregation import aggregate
 
 def ppo_clip_loss(
@@ -38,24 +47,25 @@ def ppo_clip_loss(
   Metrics: clipfrac, clipfrac_low, clipfrac_high, dual_clipfrac, approx_kl,
   ratio_mean/max/min (token means over valid tokens).
   """
-  valid, log_ratio, advantages = token_inputs(logp, old_logp, advantages, mask)
   check_clip(clip_low, clip_high)
   if dual_clip is not None:
     _checks.check_in_range(dual_clip, "dual_clip", low=1.0, low_open=True)
-  ratio = importance_ratio(log_ratio)
-  loss_tok, is_clipped = clipped_surrogate(ratio, advantages, clip_low, clip_high)
-  metrics = {
-      "clipfrac": fraction(is_clipped, valid),
-      "clipfrac_low": fraction((ratio < 1.0 - clip_low) & (advantages < 0), valid),
-      "clipfrac_high": fraction((ratio > 1.0 + clip_high) & (advantages > 0), valid),
-  }
-  if dual_clip is not None:
-    lower_bound = -advantages * dual_clip
-    dual_active = (advantages < 0) & (loss_tok > lower_bound)
-    loss_tok = jnp.where(advantages < 0, jnp.minimum(loss_tok, lower_bound), loss_tok)
-    metrics["dual_clipfrac"] = fraction(dual_active, valid)
-  metrics.update(ratio_metrics(log_ratio, valid))
-  return aggregate(loss_tok, valid, aggregation), metrics
+
+  def formula(t: TokenRatios):
+    loss_tok, is_clipped = clipped_surrogate(t.ratio, t.advantages, clip_low, clip_high)
+    metrics = {
+        "clipfrac": fraction(is_clipped, t.valid),
+        "clipfrac_low": fraction((t.ratio < 1.0 - clip_low) & (t.advantages < 0), t.valid),
+        "clipfrac_high": fraction((t.ratio > 1.0 + clip_high) & (t.advantages > 0), t.valid),
+    }
+    if dual_clip is not None:
+      lower_bound = -t.advantages * dual_clip
+      dual_active = (t.advantages < 0) & (loss_tok > lower_bound)
+      loss_tok = jnp.where(t.advantages < 0, jnp.minimum(loss_tok, lower_bound), loss_tok)
+      metrics["dual_clipfrac"] = fraction(dual_active, t.valid)
+    return loss_tok, metrics
+
+  return token_ratio_loss(formula, logp, old_logp, advantages, mask, aggregation)
 
 
 def gspo_loss(
@@ -114,14 +124,15 @@ def gspo_token_loss(
   l_t = max(-A_t s_{i,t}, -A_t clip(s_{i,t}, 1 - clip_low, 1 + clip_high)),
   aggregated. With A_t = A_i it has GSPO's gradient.
   """
-  valid, log_ratio, advantages = token_inputs(logp, old_logp, advantages, mask)
   check_clip(clip_low, clip_high)
-  new_logp = sanitise(logp, valid)
-  seq_log_ratio = masked_mean(log_ratio, valid, axis=1)
-  log_token_ratio = jax.lax.stop_gradient(seq_log_ratio)[:, None] + new_logp - jax.lax.stop_gradient(new_logp)
-  loss_tok, is_clipped = clipped_surrogate(importance_ratio(log_token_ratio), advantages, clip_low, clip_high)
-  metrics = {"clipfrac": fraction(is_clipped, valid), **ratio_metrics(log_ratio, valid)}
-  return aggregate(loss_tok, valid, aggregation), metrics
+
+  def formula(t: TokenRatios):
+    seq_log_ratio = jax.lax.stop_gradient(masked_mean(t.log_ratio, t.valid, axis=1))
+    log_token_ratio = seq_log_ratio[:, None] + t.logp - jax.lax.stop_gradient(t.logp)
+    loss_tok, is_clipped = clipped_surrogate(importance_ratio(log_token_ratio), t.advantages, clip_low, clip_high)
+    return loss_tok, {"clipfrac": fraction(is_clipped, t.valid)}
+
+  return token_ratio_loss(formula, logp, old_logp, advantages, mask, aggregation)
 
 
 def pg_loss(
@@ -156,16 +167,14 @@ def cispo_loss(
   clip_low=1.0 means no lower bound, as in the paper.
   Metrics: clipfrac (weights that were clipped), approx_kl, ratio statistics.
   """
-  valid, log_ratio, advantages = token_inputs(logp, old_logp, advantages, mask)
   check_clip(clip_low, clip_high)
-  ratio = importance_ratio(log_ratio)
-  weight = jax.lax.stop_gradient(jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high))
-  loss_tok = -weight * advantages * sanitise(logp, valid)
-  metrics = {
-      "clipfrac": fraction((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high), valid),
-      **ratio_metrics(log_ratio, valid),
-  }
-  return aggregate(loss_tok, valid, aggregation), metrics
+
+  def formula(t: TokenRatios):
+    weight = jax.lax.stop_gradient(jnp.clip(t.ratio, 1.0 - clip_low, 1.0 + clip_high))
+    clipped = (t.ratio < 1.0 - clip_low) | (t.ratio > 1.0 + clip_high)
+    return -weight * t.advantages * t.logp, {"clipfrac": fraction(clipped, t.valid)}
+
+  return token_ratio_loss(formula, logp, old_logp, advantages, mask, aggregation)
 
 
 def gmpo_loss(
@@ -219,15 +228,12 @@ def sapo_loss(
   Metrics: gate_mean (f'(r) = 4 sigmoid (1 - sigmoid), the gradient scale),
   approx_kl, ratio statistics.
   """
-  valid, log_ratio, advantages = token_inputs(logp, old_logp, advantages, mask)
   _checks.check_in_range(tau_pos, "tau_pos", low=0.0, low_open=True)
   _checks.check_in_range(tau_neg, "tau_neg", low=0.0, low_open=True)
-  ratio = importance_ratio(log_ratio)
-  tau = jnp.where(advantages > 0, tau_pos, tau_neg)
-  gate = jax.nn.sigmoid(tau * (ratio - 1.0))
-  loss_tok = -(4.0 / tau) * gate * advantages
-  metrics = {
-      "gate_mean": masked_mean(4.0 * gate * (1.0 - gate), valid),
-      **ratio_metrics(log_ratio, valid),
-  }
-  return aggregate(loss_tok, valid, aggregation), metrics
+
+  def formula(t: TokenRatios):
+    tau = jnp.where(t.advantages > 0, tau_pos, tau_neg)
+    gate = jax.nn.sigmoid(tau * (t.ratio - 1.0))
+    return -(4.0 / tau) * gate * t.advantages, {"gate_mean": masked_mean(4.0 * gate * (1.0 - gate), t.valid)}
+
+  return token_ratio_loss(formula, logp, old_logp, advantages, mask, aggregation)
