@@ -3,8 +3,6 @@
 import ast
 import pathlib
 
-import pytest
-
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "jaxcredit"
 
 # DESIGN.md "Layers", bottom (0) to top; a module may import its own layer and those below.
@@ -73,10 +71,3 @@ def test_the_check_sees_an_upward_import(tmp_path):
       "jaxcredit/estimators/bad.py:1 (estimators) imports jaxcredit.train (train)",
       "jaxcredit/estimators/bad.py:2 (estimators) imports jaxcredit.lab (lab)",
   ]
-
-
-@pytest.mark.parametrize("unit", ["train", "rollouts", "sampling"])
-def test_the_training_side_never_imports_the_lab(unit):
-  lab = [f"{path.name}:{line}" for path, module in _modules() if _unit(module) == unit
-         for line, imported in _imports(path) if _unit(imported) in ("lab", "view")]
-  assert lab == []

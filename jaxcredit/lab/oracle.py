@@ -64,7 +64,7 @@ def decisive_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray,
     raise ValueError(f"Expected rows of {prompt_len} + {length} tokens, got {tokens.shape}.")
   positions = config.decisive_positions
   keys = [int(c) for c in config.keys]
-  allowed = np.concatenate([np.ones((prompt_len, key_token.VOCAB_SIZE), bool), key_token.allowed(config)])
+  allowed = key_token.allowed_in_rows(config)
   prefixes = list(itertools.product(keys, repeat=config.n_decisive - 1))
   values = np.zeros(tokens.shape)
   advantages = np.zeros(tokens.shape)

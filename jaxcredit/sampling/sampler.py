@@ -221,8 +221,7 @@ def generate(
   (batch, prompt_len), vocab = prompts.shape, model.config.vocab_size
   actions = Actions() if actions is None else actions
   allowed, hidden = _response_tables(actions, batch, prompt_len, max_new_tokens, vocab)
-  if actions.hidden is not None:
-    prompts = observed_inputs(prompts, jnp.asarray(actions.hidden, bool)[..., :prompt_len], actions.hidden_token)
+  prompts = actions.columns(0, prompt_len).observe(prompts)
   settings = _Sampling(max_new_tokens, float(temperature), top_k, top_p,
                        tuple(int(t) for t in stop_tokens), int(pad_id), int(actions.hidden_token))
   graphdef, state = nnx.split(model)

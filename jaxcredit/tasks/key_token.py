@@ -98,6 +98,11 @@ def allowed(config: KeyTokenConfig) -> np.ndarray:
   return table
 
 
+def allowed_in_rows(config: KeyTokenConfig) -> np.ndarray:
+  """[K + 2 + T, V] bool: `allowed` over whole rows, the prompt columns allowing every token."""
+  return np.concatenate([np.ones((config.prompt_length, VOCAB_SIZE), bool), allowed(config)])
+
+
 def observe(responses: np.ndarray, config: KeyTokenConfig) -> np.ndarray:
   """The model's view of [..., T] responses: FILL off P when filler_blind."""
   if not config.filler_blind:

@@ -93,19 +93,25 @@ def hook(advantage: estimators.compose.AdvantageFn, *, temperature: float = 1.0)
       factory = provider_factory(key, needed_by=component.name)
       if factory not in made:
         made[factory] = factory(component.settings, temperature=temperature)
-  if not made:
-    return None
-  providers = list(made.values())
+  return chain(*made.values())
 
-  def provide_all(context: Context, rollout: Rollout) -> tuple[dict, dict]:
+
+def chain(*hooks: Hook | None) -> Hook | None:
+  """One hook running `hooks` in order (None entries skipped; None if none is
+  left), each seeing the extras of those before it; their extras and metrics merged."""
+  hooks = [hook for hook in hooks if hook is not None]
+  if not hooks:
+    return None
+
+  def run_all(context: Context, rollout: Rollout) -> tuple[dict, dict]:
     extras, metrics = {}, {}
-    for provide in providers:
-      more_extras, more_metrics = provide(context, rollout)
+    for hook in hooks:
+      more_extras, more_metrics = hook(context, rollout.replace(extras={**rollout.extras, **extras}))
       extras.update(more_extras)
       metrics.update(more_metrics)
     return extras, metrics
 
-  return provide_all
+  return run_all
 
 
 @register(*estimators.registered.MC_VALUES)

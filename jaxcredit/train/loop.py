@@ -69,6 +69,7 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
     if stopped:  # during SFT
       return {"eval/accuracy": accuracy, "step": t.counters["step"]}
     started_rl, key = time.perf_counter(), jax.random.key(config.seed)
+    add_extras = extras.chain(t.provide_extras, rollout_hook)
     progress = tqdm.tqdm(range(t.counters["rl_step"], rl.steps), desc="rl", initial=t.counters["rl_step"],
                          total=rl.steps, mininterval=2.0)
     for rl_step in progress:
@@ -77,7 +78,7 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
       batch = t.rl_data.rl_batch(rl_step, group_size=rl.group_size)
       rollout = t.source(t.modules["model"], batch, jax.random.fold_in(key, rl_step))
       checks.check_rewards(t.local(rollout.rewards), task=config.task.name, rl_step=rl_step + 1)
-      rollout, record = _add_extras(t, rollout, batch, rl_step, [t.provide_extras, rollout_hook])
+      rollout, record = _add_extras(t, rollout, batch, rl_step, add_extras)
       orders = learner.minibatch_orders(rollout.tokens.shape[0], rl.group_size, rl.epochs, rl.minibatches,
                                         config.seed, rl_step)
       state, update_metrics = t.learner_step(nnx.state(t.modules), rollout, orders, rl_step)
@@ -276,20 +277,17 @@ def _warm_start(t: _Trainer, stops: list) -> tuple[float, bool]:
   return accuracy, False
 
 
-def _add_extras(t: _Trainer, rollout: Rollout, batch: dict, rl_step: int, hooks: list) -> tuple[Rollout, dict]:
+def _add_extras(t: _Trainer, rollout: Rollout, batch: dict, rl_step: int,
+                hook: extras.Hook | None) -> tuple[Rollout, dict]:
   """The rollout with the reference log-probs (PRIME's implicit PRM reads them)
-  and the extras of every hook that is not None; their metrics as train/hook/..."""
-  hooks = [hook for hook in hooks if hook is not None]
-  if not hooks:
+  and the hook's extras (none without a hook); its metrics as train/hook/..."""
+  if hook is None:
     return rollout, {}
   rollout = rollout.replace(ref_logprobs=t.reference_logprobs(t.modules["reference"], rollout))
   context = extras.Context(t.task, t.modules["model"], batch["examples"],
                            jax.random.fold_in(jax.random.key(t.config.seed + 1), rl_step), rl_step)
-  metrics = {}
-  for hook in hooks:
-    more_extras, more_metrics = hook(context, rollout)
-    rollout = rollout.replace(extras={**rollout.extras, **more_extras})
-    metrics.update(more_metrics)
+  more_extras, metrics = hook(context, rollout)
+  rollout = rollout.replace(extras={**rollout.extras, **more_extras})
   t.counters["gen_tokens"] += int(metrics.get("gen_tokens", 0))
   return rollout, {f"train/hook/{k}": v for k, v in metrics.items()}
 

@@ -125,9 +125,8 @@ def make(config, *, data_dir: str, seed: int) -> TrainTask:
     return key_token.reward(tokens, targets, task_config)
 
   hidden = np.asarray(key_token.observe(np.zeros(response_length, np.int32), task_config) == key_token.FILL)
-  visible_prompt = np.zeros(prompt_length, bool)  # prompt columns: every token allowed and seen
-  allowed = np.concatenate([np.ones((prompt_length, key_token.VOCAB_SIZE), bool), key_token.allowed(task_config)])
-  actions = Actions(allowed=allowed, hidden=np.concatenate([visible_prompt, hidden]) if hidden.any() else None,
+  hidden_in_rows = np.concatenate([np.zeros(prompt_length, bool), hidden])  # the prompt is always seen
+  actions = Actions(allowed=key_token.allowed_in_rows(task_config), hidden=hidden_in_rows if hidden.any() else None,
                     hidden_token=key_token.FILL)
   return TrainTask(vocab_size=key_token.VOCAB_SIZE, pad_id=key_token.PAD, stop_tokens=(),
                    encode=loader.ids_encoder, score=score_keys, actions=actions, **common)
