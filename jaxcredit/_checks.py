@@ -91,5 +91,6 @@ def check_in_range(
     if high is None:
       bounds = f"{'>' if low_open else '>='} {low:g}"
     else:
-      bounds = f"in {'(' if low_open else '['}{'-inf' if low is None else format(low, 'g')}, {high:g}]"
+      lower = "-inf" if low is None else format(low, "g")
+      bounds = f"in {'(' if low_open else '['}{lower}, {high:g}]"
     raise ValueError(f"{name} must be {bounds}, got {value!r}.")

@@ -15,7 +15,8 @@ def as_bool(mask: Array) -> Array:
   """A bool or 0/1 numeric mask as bool; ValueError for any other dtype."""
   dtype = getattr(mask, "dtype", None)
   if dtype is None or not (dtype == jnp.bool_ or jnp.issubdtype(dtype, jnp.number)):
-    raise ValueError(f"mask must be a bool or 0/1 numeric array, got {type(mask).__name__} of dtype {dtype}.")
+    raise ValueError(
+        f"mask must be a bool or 0/1 numeric array, got {type(mask).__name__} of dtype {dtype}.")
   return mask if dtype == jnp.bool_ else mask != 0
 
 

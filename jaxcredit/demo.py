@@ -45,7 +45,8 @@ def advantage_table(rollout: Rollout) -> str:
     lines.append(f"{name} {hparams or ''}".rstrip())
     for b in range(mask.shape[0]):
       cells = [f"{a:+6.2f}" if m else "     ." for a, m in zip(advantages[b], mask[b])]
-      lines.append(f"  r={float(rollout.rewards[b]):.0f} g{b // rollout.group_size} " + " ".join(cells))
+      lines.append(f"  r={float(rollout.rewards[b]):.0f} g{b // rollout.group_size} " +
+                   " ".join(cells))
   return "\n".join(lines)
 
 

@@ -35,9 +35,9 @@ def _check_token_ids(tokens: Array, vocab_size: int) -> None:
   if bad.any():
     where = tuple(int(i[0]) for i in np.nonzero(bad))
     raise ValueError(
-        f"tokens hold {int(bad.sum())} id(s) outside [0, {vocab_size}) (first: {int(tokens[where])} at "
-        f"index {list(where)}); replace ignore labels such as -100 with a valid id and mask those positions."
-    )
+        f"tokens hold {int(bad.sum())} id(s) outside [0, {vocab_size}) (first: "
+        f"{int(tokens[where])} at index {list(where)}); replace ignore labels such as -100 with "
+        "a valid id and mask those positions.")
 
 
 def _in_vocab(tokens: Array, vocab_size: int) -> Array:
@@ -128,7 +128,8 @@ def _chunked_logprobs_bwd(chunk_size, temperature, residuals, g):
     logits = _chunk_logits(hidden_chunk, unembed, temperature)
     probs = jnp.exp(logits - lse_chunk[..., None])
     onehot = jax.nn.one_hot(token_chunk, logits.shape[-1], dtype=jnp.float32)
-    # An out-of-vocabulary id's log-prob is NaN and carries no gradient (as autodiff of token_logprobs).
+    # An out-of-vocabulary id's log-prob is NaN and carries no gradient
+    # (as autodiff of token_logprobs).
     g_chunk = jnp.where(_in_vocab(token_chunk, logits.shape[-1]), g_chunk, 0.0)
     d_logits = g_chunk[..., None] * (onehot - probs) / temperature
     d_hidden = jnp.einsum(

@@ -1,6 +1,7 @@
 """Comparison plots of training runs.
 
-python -m jaxcredit.plot RUN_DIR [RUN_DIR ...] --metric eval/accuracy --out curves.png [--smooth 0.6]
+python -m jaxcredit.plot RUN_DIR [RUN_DIR ...] --metric eval/accuracy --out curves.png \
+    [--smooth 0.6]
 
 Reads each run's metrics.jsonl and draws the metric against the global step
 (SFT steps, then RL steps), one line per run labelled by its directory name,
@@ -16,7 +17,8 @@ import numpy as np
 
 
 def read_records(run_dir: str | pathlib.Path) -> list[dict]:
-  """The records of run_dir/metrics.jsonl; ValueError naming the file and line if one is not JSON."""
+  """The records of run_dir/metrics.jsonl; ValueError naming the file and line if one is not
+  JSON."""
   path = pathlib.Path(run_dir) / "metrics.jsonl"
   if not path.exists():
     raise ValueError(f"No metrics.jsonl in {run_dir}.")
@@ -61,14 +63,18 @@ def smooth(values: list[float], weight: float) -> np.ndarray:
 
 
 def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m jaxcredit.plot", description=__doc__.split("\n\n")[0],
+  parser = argparse.ArgumentParser(prog="python -m jaxcredit.plot",
+                                   description=__doc__.split("\n\n")[0],
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  parser.add_argument("runs", nargs="+", help="run directories (the --workdir of each run, with metrics.jsonl)")
-  parser.add_argument("--metric", default="eval/accuracy",
-                      help="metric to draw, a key of metrics.jsonl (e.g. train/reward_mean, train/kl)")
+  parser.add_argument("runs", nargs="+",
+                      help="run directories (the --workdir of each run, with metrics.jsonl)")
+  parser.add_argument(
+      "--metric", default="eval/accuracy",
+      help="metric to draw, a key of metrics.jsonl (e.g. train/reward_mean, train/kl)")
   parser.add_argument("--out", default="curves.png", help="PNG file to write")
-  parser.add_argument("--smooth", type=float, default=0.0,
-                      help="exponential moving-average weight in [0, 1) for noisy metrics (0: raw values)")
+  parser.add_argument(
+      "--smooth", type=float, default=0.0,
+      help="exponential moving-average weight in [0, 1) for noisy metrics (0: raw values)")
   parser.add_argument("--title", default=None, help="figure title (default: the metric)")
   args = parser.parse_args(argv)
   import matplotlib

@@ -70,9 +70,10 @@ class Rollout:
 
   def check(self) -> "Rollout":
     """Raises ValueError on inconsistent shapes or group size; returns self."""
-    _checks.check_token_and_seq(
-        {f: getattr(self, f) for f in _TOKEN_FIELDS}, {"rewards": self.rewards, "truncated": self.truncated}
-    )
+    _checks.check_token_and_seq({f: getattr(self, f) for f in _TOKEN_FIELDS}, {
+        "rewards": self.rewards,
+        "truncated": self.truncated
+    })
     _checks.check_group_size(self.tokens.shape[0], self.group_size)
     return self
 

@@ -115,3 +115,25 @@ def test_readme_tasks_example_runs(tmp_path):
        namespace)
   assert namespace["batch"]["prompts"].shape == (256, 10)
   assert namespace["scores"].mean() == 1.0
+
+
+class _CountingSource(list):
+  reads = 0
+
+  def __getitem__(self, index):
+    self.reads += 1
+    return super().__getitem__(index)
+
+
+def test_known_prompt_lengths_keep_the_same_examples_without_reading_the_source():
+  source = _CountingSource(_source(40))
+  scanned = _loader(source, max_prompt_length=8)
+  assert source.reads == 40 and 0 < scanned.dropped < 40
+  lengths = [len(loader.text_encoder(TOKENIZER)(e)[0]) for e in list.__iter__(source)]
+  source.reads = 0
+  given_lengths = _loader(source, max_prompt_length=8, prompt_lengths=lengths)
+  assert source.reads == 0
+  np.testing.assert_array_equal(given_lengths.indices, scanned.indices)
+  assert given_lengths.dropped == scanned.dropped
+  with pytest.raises(ValueError, match="prompt_lengths has 39 entries for a source of 40"):
+    _loader(source, max_prompt_length=8, prompt_lengths=lengths[:-1])

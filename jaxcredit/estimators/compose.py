@@ -79,7 +79,8 @@ def component(name: str, **hparams) -> AdvantageFn:
     return estimator(rollout, **passed)
 
   advantage.__name__ = name
-  advantage.components = (Component(name, {**defaults, **provider_settings, **hparams}, info.get("needs", ())),)
+  settings = {**defaults, **provider_settings, **hparams}
+  advantage.components = (Component(name, settings, info.get("needs", ())),)
   return advantage
 
 
@@ -201,9 +202,8 @@ def from_config(config: str | Mapping[str, Any]) -> AdvantageFn:
   if "reweight" in config:
     kind = config.pop("reweight")
     if kind not in WEIGHTS or set(config) != {"of"}:
-      raise ValueError(
-          f"reweight takes one of {', '.join(WEIGHTS)} and an 'of' entry; got {kind!r}, {sorted(config)}."
-      )
+      raise ValueError(f"reweight takes one of {', '.join(WEIGHTS)} and an 'of' entry; "
+                       f"got {kind!r}, {sorted(config)}.")
     return reweighted(from_config(config["of"]), WEIGHTS[kind])
   if "scale" in config:
     if config.get("scale") != "rms" or set(config) != {"scale", "of"}:
@@ -212,6 +212,5 @@ def from_config(config: str | Mapping[str, Any]) -> AdvantageFn:
   if "name" in config:
     name = config.pop("name")
     return component(name, **config)
-  raise ValueError(
-      f"An advantage config needs one of 'name', 'sum', 'mask', 'reweight', 'scale'; got keys {sorted(config)}."
-  )
+  raise ValueError("An advantage config needs one of 'name', 'sum', 'mask', 'reweight', "
+                   f"'scale'; got keys {sorted(config)}.")

@@ -144,7 +144,8 @@ def opo_advantages(rewards: Array, lengths: Array, *, group_size: int) -> Array:
     return jnp.zeros(rewards.shape, jnp.float32)
   weights = lengths.astype(jnp.float32).reshape(grouped.shape)
   scaled, scale = scale_down(grouped, axis=1)
-  baseline = safe_divide(jnp.sum(weights * scaled, 1, keepdims=True), jnp.sum(weights, 1, keepdims=True))
+  baseline = safe_divide(jnp.sum(weights * scaled, 1, keepdims=True),
+                         jnp.sum(weights, 1, keepdims=True))
   return ((scaled - baseline) * scale).reshape(-1)
 
 

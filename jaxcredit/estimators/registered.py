@@ -29,7 +29,8 @@ get = REGISTRY.get
 names = REGISTRY.names
 
 
-def register(name: str, *, needs: tuple[str, ...] = (), settings: dict | None = None, overwrite: bool = False):
+def register(name: str, *, needs: tuple[str, ...] = (), settings: dict | None = None,
+             overwrite: bool = False):
   """Decorator registering `fn(rollout, **hparams) -> Estimate | [B, T]` as `name`.
 
   needs: the rollout.extras keys it reads; before the learner step, the
@@ -38,7 +39,8 @@ def register(name: str, *, needs: tuple[str, ...] = (), settings: dict | None = 
   own hyperparameters (e.g. the Monte-Carlo `k`), accepted in an advantage
   config beside the estimator's keyword arguments and handed to the providers.
   """
-  return REGISTRY.register(name, overwrite=overwrite, needs=tuple(needs), settings=dict(settings or {}))
+  return REGISTRY.register(name, overwrite=overwrite, needs=tuple(needs),
+                           settings=dict(settings or {}))
 
 
 def token_level_rewards(rollout: Rollout) -> jnp.ndarray:
@@ -242,8 +244,8 @@ def _oracle(rollout: Rollout):
 def _oracle_seq(rollout: Rollout):
   """R - V(x) on every token, V from extras["oracle_values"]: the exact
   sequence-level baseline with no localisation (the lab's control)."""
-  return value_credit.sequence_advantages(rollout.extra("oracle_values", by="oracle_seq"), rollout.rewards,
-                                          rollout.mask)
+  return value_credit.sequence_advantages(rollout.extra("oracle_values", by="oracle_seq"),
+                                          rollout.rewards, rollout.mask)
 
 
 @register("spo", needs=MC_VALUES, settings={"k": 4, "positions": "cutpoints:0.9"})

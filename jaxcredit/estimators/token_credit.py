@@ -43,13 +43,15 @@ def whiten(x: Array, mask: Array, *, shift_mean: bool = True, eps: float = 1e-8)
   scaled_mean = masked_mean(scaled, valid)
   centred = jnp.where(valid, scaled - scaled_mean, 0.0)
   variance = safe_divide(jnp.sum(centred**2), count - 1.0) * (count > 1)
-  out = safe_divide(centred, safe_sqrt(variance + eps / (2.0 * scale) ** 2))  # 0 when var + eps == 0
+  # 0 where var + eps == 0.
+  out = safe_divide(centred, safe_sqrt(variance + eps / (2.0 * scale) ** 2))
   if not shift_mean:
     out = out + 2.0 * (anchor + scaled_mean * scale)
   return jnp.where(valid, out, 0.0)
 
 
-def implicit_process_rewards(prm_logp: Array, ref_logp: Array, mask: Array, *, beta: float) -> Array:
+def implicit_process_rewards(prm_logp: Array, ref_logp: Array, mask: Array, *,
+                             beta: float) -> Array:
   """Implicit PRM token rewards (PRIME; Cui et al., 2025): r_t = beta (log pi_prm - log pi_ref).
 
   prm_logp: log-probs of the sampled tokens under an outcome-reward-trained
@@ -89,7 +91,8 @@ def prm_token_rewards(
   _checks.check_same_shape(step_scores=step_scores, step_ends=step_ends, step_mask=step_mask)
   _checks.check_choice(form, ("sum", "min"), "PRM credit form")
   if step_scores.shape[0] != mask.shape[0]:
-    raise ValueError(f"step_scores{list(step_scores.shape)} and mask{list(mask.shape)} differ in B.")
+    raise ValueError(
+        f"step_scores{list(step_scores.shape)} and mask{list(mask.shape)} differ in B.")
   steps_valid = jnp.ones(step_scores.shape, bool) if step_mask is None else as_bool(step_mask)
   scores = sanitise(step_scores, steps_valid)
   if form == "min":
@@ -124,7 +127,12 @@ def optimal_token_baseline_advantages(
   sum over the vocabulary of pi^2 (`logprobs.token_sum_probs_squared`). Rows of
   a group are aligned by column. Returns float32 [B, T].
   """
-  arrays = {"returns": returns, "logprobs": logprobs, "sum_pi_squared": sum_pi_squared, "mask": mask}
+  arrays = {
+      "returns": returns,
+      "logprobs": logprobs,
+      "sum_pi_squared": sum_pi_squared,
+      "mask": mask
+  }
   _checks.check_token_and_seq(arrays, {})
   _checks.check_group_size(mask.shape[0], group_size)
   valid = as_bool(mask)

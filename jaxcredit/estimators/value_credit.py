@@ -33,7 +33,8 @@ def _at_or_before(x: Array, valid: Array) -> Array:
   return jnp.where(fv, fx, next_valid(fx, fv))[:, ::-1]
 
 
-def segment_endpoints(values: Array, evaluated: Array, rewards: Array, mask: Array) -> tuple[Array, Array]:
+def segment_endpoints(values: Array, evaluated: Array, rewards: Array,
+                      mask: Array) -> tuple[Array, Array]:
   """(V at the segment's start, V at the next segment's start or R) for every
   action; segments start at the `evaluated` actions. All [B, T] (rewards [B]);
   0 where mask is False."""
@@ -66,7 +67,8 @@ def first_value(values: Array, mask: Array) -> Array:
   """[B] V at each row's first action (V(x), the prompt's value); 0 for empty rows."""
   valid = as_bool(mask)
   first = jnp.argmax(valid, axis=1)
-  picked = jnp.take_along_axis(sanitise(values.astype(jnp.float32), valid), first[:, None], axis=1)[:, 0]
+  picked = jnp.take_along_axis(sanitise(values.astype(jnp.float32), valid), first[:, None],
+                               axis=1)[:, 0]
   return jnp.where(valid.any(axis=1), picked, 0.0)
 
 

@@ -26,7 +26,8 @@ from jax import Array
 from jaxcredit.sampling import mask_logits
 from jaxcredit.tasks import key_token
 from jaxcredit.train import monte_carlo, tasks
-from jaxcredit.train.monte_carlo import Credit, mc_credit, mc_value_stats, returns_stats, select_positions
+from jaxcredit.train.monte_carlo import (Credit, mc_credit, mc_value_stats, returns_stats,
+                                         select_positions)
 
 TAKEN_STREAM, BANNED_STREAM = 1, 2  # continuation streams of Q(s_t, y_t) and of Q with y_t banned
 
@@ -37,7 +38,8 @@ __all__ = ["Credit", "decisive_credit", "mc_credit", "mc_value_stats", "rb_advan
 def _teacher_forced_logprobs(model, inputs: np.ndarray, allowed: np.ndarray) -> np.ndarray:
   """[n, L, V] float64: [:, i] is log pi(. | inputs[:, :i + 1]), the distribution
   of token i + 1, restricted to allowed[i + 1] (allowed: [L, V] over row columns)."""
-  out = model(jnp.asarray(inputs), positions=jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape),
+  positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+  out = model(jnp.asarray(inputs), positions=positions,
               token_valid=jnp.ones(inputs.shape, bool))
   allowed_next = np.concatenate([allowed[1:], np.ones_like(allowed[:1])])
   logits = mask_logits(out.logits.astype(jnp.float32), jnp.asarray(allowed_next))
@@ -75,8 +77,8 @@ def decisive_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray,
     response = np.full((len(prefixes), length), key_token.FILL)
     for i, u in enumerate(prefixes):
       response[i, positions] = [*u, keys[0]]
-    logp = _teacher_forced_logprobs(model, np.concatenate([np.tile(prompt, (len(prefixes), 1)), response], 1),
-                                     allowed)
+    logp = _teacher_forced_logprobs(
+        model, np.concatenate([np.tile(prompt, (len(prefixes), 1)), response], 1), allowed)
     passes += len(prefixes)
     # pi(c | x, u_<k) for every prefix u_<k of length k < K.
     conditional = {}
@@ -126,9 +128,10 @@ def rb_advantages(q_taken: Array, q_others: Array, p_taken: Array, se_taken: Arr
   return weight * (q_taken - q_others), weight * jnp.sqrt(se_taken**2 + se_others**2)
 
 
-def rb_credit(model, task: tasks.TrainTask, tokens: np.ndarray, mask: np.ndarray, token_valid: np.ndarray,
-              examples: Sequence[dict], key: Array, *, k: int, positions: str = "all",
-              logprobs: np.ndarray | None = None, temperature: float = 1.0, max_rows: int = 4096) -> Credit:
+def rb_credit(model, task: tasks.TrainTask, tokens: np.ndarray, mask: np.ndarray,
+              token_valid: np.ndarray, examples: Sequence[dict], key: Array, *, k: int,
+              positions: str = "all", logprobs: np.ndarray | None = None, temperature: float = 1.0,
+              max_rows: int = 4096) -> Credit:
   """Rao-Blackwellised Monte-Carlo credit at the positions `select_positions` picks:
   A_t = (1 - pi_t)(Q_y - Q_-) from k continuations of s_t + y_t and k of s_t
   with y_t banned at the first step (`rb_advantages`; 2k rollouts per
@@ -136,23 +139,24 @@ def rb_credit(model, task: tasks.TrainTask, tokens: np.ndarray, mask: np.ndarray
   `mc_credit`; `logprobs` (pi(y_t | s_t)) is required."""
   if logprobs is None:
     raise ValueError("rb_credit needs the behaviour logprobs (pi(y_t | s_t)).")
-  tokens, mask, token_valid = monte_carlo.check_rows(task, tokens, mask, token_valid)
-  evaluated = np.asarray(select_positions(mask, logprobs, positions))
-  pairs = np.argwhere(evaluated)  # (row, column): the state before the action at column
-  sampler = monte_carlo.Continuations(model, task, tokens, mask, token_valid, examples,
-                                      jax.random.fold_in(key, monte_carlo.MC_STREAM), k=k, temperature=temperature,
-                                      max_rows=max_rows)
-  rewards = task.score_rows(tokens, mask, examples)
-  rows, columns = pairs[:, 0], pairs[:, 1]
-  last = columns == (mask.shape[1] - 1 - np.argmax(mask[:, ::-1], axis=1))[rows]  # the row's last action
+  start = monte_carlo.MonteCarloStart.make(model, task, tokens, mask, token_valid, examples, key,
+                                           k=k, positions=positions, logprobs=logprobs,
+                                           temperature=temperature, max_rows=max_rows)
+  tokens, mask, rewards, sampler = start.tokens, start.mask, start.rewards, start.sampler
+  rows, columns = start.pairs[:, 0], start.pairs[:, 1]
+  last_action = mask.shape[1] - 1 - np.argmax(mask[:, ::-1], axis=1)
+  last = columns == last_action[rows]
   q_y, se_y = returns_stats(sampler.returns(np.stack([rows, columns + 1], 1), stream=TAKEN_STREAM))
   q_y, se_y = np.where(last, rewards[rows], q_y), np.where(last, 0.0, se_y)  # Q(s_T-1, y) = R
-  q_minus, se_minus = returns_stats(sampler.returns(pairs, ban=tokens[rows, columns], stream=BANNED_STREAM))
+  q_minus, se_minus = returns_stats(
+      sampler.returns(start.pairs, ban=tokens[rows, columns], stream=BANNED_STREAM))
   p_taken = np.exp(np.asarray(logprobs, np.float64)[rows, columns])
   adv, se = (np.asarray(x) for x in rb_advantages(q_y, q_minus, p_taken, se_y, se_minus))
-  advantages, adv_stderr, values = np.zeros(tokens.shape), np.zeros(tokens.shape), np.zeros(tokens.shape)
+  advantages, adv_stderr, values = (np.zeros(tokens.shape) for _ in range(3))
   advantages[rows, columns], adv_stderr[rows, columns] = adv, se
   values[rows, columns] = p_taken * q_y + (1 - p_taken) * q_minus  # an unbiased V(s_t)
-  return Credit(advantages=jnp.asarray(advantages, jnp.float32), values=jnp.asarray(values, jnp.float32),
-                adv_stderr=jnp.asarray(adv_stderr, jnp.float32), evaluated=jnp.asarray(evaluated),
+  return Credit(advantages=jnp.asarray(advantages, jnp.float32),
+                values=jnp.asarray(values, jnp.float32),
+                adv_stderr=jnp.asarray(adv_stderr, jnp.float32),
+                evaluated=jnp.asarray(start.evaluated),
                 cost=sampler.cost())

@@ -17,7 +17,8 @@ from jaxcredit.train import extras, tasks
 def exact_credit(model, task: tasks.TrainTask, tokens, mask, examples) -> oracle.Credit:
   """The exact oracle for `task` (filler-blind key_token)."""
   if task.name != "key_token":
-    raise ValueError(f"An exact oracle exists for key_token only, not {task.name!r}; use vineppo (Monte Carlo).")
+    raise ValueError(
+        f"An exact oracle exists for key_token only, not {task.name!r}; use vineppo (Monte Carlo).")
   targets = np.stack([np.asarray(e["targets"]) for e in examples])
   return oracle.decisive_credit(model, task.config, np.asarray(tokens), np.asarray(mask), targets)
 
@@ -30,7 +31,8 @@ def _exact_oracle(context: extras.Context, rollout) -> tuple[dict, dict]:
 
 def _at_temperature_one(temperature: float) -> extras.Provide:
   if temperature != 1.0:
-    raise ValueError(f"The exact oracle is computed at temperature 1, not rl.temperature = {temperature}.")
+    raise ValueError(
+        f"The exact oracle is computed at temperature 1, not rl.temperature = {temperature}.")
   return _exact_oracle
 
 

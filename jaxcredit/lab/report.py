@@ -13,9 +13,10 @@ import platform
 import jax
 import numpy as np
 
-METRICS = [("r_pool", "r_pool"), ("ceiling", "√η²"), ("r2_within", "R²_w"), ("spearman", "Spearman"),
-           ("sa", "SA"), ("sa_weighted", "SA_w"), ("dm", "DM"), ("dm_oracle", "DM oracle"),
-           ("top_k", "top-k"), ("nmse_scale", "NMSE_scale"), ("rcn", "RCN"), ("bias_ratio", "bias ratio")]
+METRICS = [("r_pool", "r_pool"), ("ceiling", "√η²"), ("r2_within", "R²_w"),
+           ("spearman", "Spearman"), ("sa", "SA"), ("sa_weighted", "SA_w"), ("dm", "DM"),
+           ("dm_oracle", "DM oracle"), ("top_k", "top-k"), ("nmse_scale", "NMSE_scale"),
+           ("rcn", "RCN"), ("bias_ratio", "bias ratio")]
 
 
 def auc(steps, accuracy, total: int) -> float:
@@ -69,8 +70,9 @@ def _fmt(mean, low, high) -> str:
 
 
 def efficiency_table(summary: dict, rng, draws: int) -> list[str]:
-  lines = ["| estimator | final accuracy [95% CI] | AUC [95% CI] | steps to θ (reached) | ΔAUC vs grpo [95% CI] | "
-           "generated tokens / run | final per seed |", "|---|---|---|---|---|---|---|"]
+  lines = ["| estimator | final accuracy [95% CI] | AUC [95% CI] | steps to θ (reached) | "
+           "ΔAUC vs grpo [95% CI] | generated tokens / run | final per seed |",
+           "|---|---|---|---|---|---|---|"]
   base = summary.get("grpo")
   for name, per_seed in summary.items():
     seeds = sorted(per_seed)
@@ -78,7 +80,8 @@ def efficiency_table(summary: dict, rng, draws: int) -> list[str]:
     aucs = [per_seed[s]["auc"] for s in seeds]
     taus = [per_seed[s]["tau"] for s in seeds]
     reached = [t for t in taus if t is not None]
-    tau = f"{np.median(reached):.0f} ({len(reached)}/{len(taus)})" if reached else f"— (0/{len(taus)})"
+    tau = (f"{np.median(reached):.0f} ({len(reached)}/{len(taus)})" if reached
+           else f"— (0/{len(taus)})")
     delta = "—"
     if base is not None and name != "grpo" and set(base) == set(per_seed):
       delta = _fmt(*bootstrap_ci([per_seed[s]["auc"] - base[s]["auc"] for s in seeds], rng, draws))
@@ -96,9 +99,10 @@ def agreement_tables(workdir: pathlib.Path) -> list[str]:
   rows = [json.loads(line) for line in path.read_text().splitlines()]
   lines = []
   for step in sorted({r["step"] for r in rows}):
-    lines += [f"\nBatch of RL step {step} (the first seed's GRPO run, before its update; token credit vs exact "
-              "oracle; — = undefined):\n",
-              "| estimator | " + " | ".join(label for _, label in METRICS) + " | extra gen tokens |",
+    lines += [f"\nBatch of RL step {step} (the first seed's GRPO run, before its update; "
+              "token credit vs exact oracle; — = undefined):\n",
+              "| estimator | " + " | ".join(label for _, label in METRICS)
+              + " | extra gen tokens |",
               "|---|" + "---|" * (len(METRICS) + 1)]
     for r in (r for r in rows if r["step"] == step):
       cells = [f"{r[k]['value']:.3f}" if k in r and r[k]["defined"] else "—" for k, _ in METRICS]
@@ -107,7 +111,8 @@ def agreement_tables(workdir: pathlib.Path) -> list[str]:
 
 
 def write_scores_csv(workdir: pathlib.Path) -> None:
-  """scores.csv: one row per (task, step, estimator), one column per statistic (empty when undefined)."""
+  """scores.csv: one row per (task, step, estimator), one column per statistic (empty when
+  undefined)."""
   path = workdir / "scores.jsonl"
   if not path.exists():
     return
@@ -125,16 +130,19 @@ def mc_table(workdir: pathlib.Path) -> list[str]:
   path = workdir / "mc_check.jsonl"
   if not path.exists():
     return []
-  lines = ["| RL step | states (0.05 ≤ V ≤ 0.95) | K | X² | null 0.999 quantile | p | mean z | mean z² | "
-           "passes T2 | max telescoping error (T1) | rb: 95% coverage | rb: mean z² | rb: mean error ± SE |",
+  lines = ["| RL step | states (0.05 ≤ V ≤ 0.95) | K | X² | null 0.999 quantile | p | mean z | "
+           "mean z² | passes T2 | max telescoping error (T1) | rb: 95% coverage | rb: mean z² | "
+           "rb: mean error ± SE |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for line in path.read_text().splitlines():
     r = json.loads(line)
-    rb = (f"{r['rb_coverage']:.3f} | {r['rb_mean_z2']:.3f} | {r['rb_mean_error']:+.4f} ± {r['rb_error_se']:.4f}"
-          if "rb_coverage" in r else "— | — | —")
-    lines.append(f"| {r['step']} | {r['states']} | {r['k']} | {r['x2']:.1f} | {r['x2_null_q999']:.1f} | "
-                 f"{r['p_value']:.3f} | {r['mean_z']:+.3f} | {r['mean_z2']:.3f} | {r['passes_t2']} | "
-                 f"{r['telescoping_error']:.1e} | {rb} |")
+    rb = (f"{r['rb_coverage']:.3f} | {r['rb_mean_z2']:.3f} | "
+          f"{r['rb_mean_error']:+.4f} ± {r['rb_error_se']:.4f}" if "rb_coverage" in r
+          else "— | — | —")
+    lines.append(
+        f"| {r['step']} | {r['states']} | {r['k']} | {r['x2']:.1f} | {r['x2_null_q999']:.1f} | "
+        f"{r['p_value']:.3f} | {r['mean_z']:+.3f} | {r['mean_z2']:.3f} | {r['passes_t2']} | "
+        f"{r['telescoping_error']:.1e} | {rb} |")
   return lines
 
 
@@ -186,10 +194,14 @@ def credit_heatmap(workdir: pathlib.Path) -> list[str]:
   if plt is None or not dumps:
     return []
   dump = np.load(dumps[len(dumps) // 2])
-  names = [n for n in ("oracle", "grpo", "ppo_gae", "vineppo", "oracle_seq", "ktae", "entropy80") if n in dump]
+  names = [
+      n for n in ("oracle", "grpo", "ppo_gae", "vineppo", "oracle_seq", "ktae", "entropy80")
+      if n in dump
+  ]
   rewards, mask, decisive = dump["rewards"], dump["mask"], dump["decisive"]
   picks = list(np.flatnonzero(rewards > 0.5)[:2]) + list(np.flatnonzero(rewards <= 0.5)[:2])
-  fig, axes = plt.subplots(len(picks), 1, figsize=(10, 1.0 + 0.45 * len(names) * len(picks)), squeeze=False)
+  fig, axes = plt.subplots(len(picks), 1, figsize=(10, 1.0 + 0.45 * len(names) * len(picks)),
+                           squeeze=False)
   for ax, row in zip(axes[:, 0], picks):
     columns = np.flatnonzero(mask[row])
     grid = np.stack([dump[n][row, columns] for n in names])
@@ -200,17 +212,19 @@ def credit_heatmap(workdir: pathlib.Path) -> list[str]:
     for i, column in enumerate(columns):
       if decisive[row, column]:
         ax.add_patch(plt.Rectangle((i - 0.5, -0.5), 1, len(names), fill=False, lw=1.2, ec="k"))
-    ax.set_title(f"response {row}, R = {rewards[row]:.0f} (decisive positions outlined; each row / its max |·|)",
-                 fontsize=8)
+    ax.set_title(f"response {row}, R = {rewards[row]:.0f} (decisive positions outlined; "
+                 "each row / its max |·|)", fontsize=8)
   fig.tight_layout()
   fig.savefig(workdir / "credit_heatmap.png", dpi=120)
   plt.close(fig)
-  return [f"Credit of 4 responses from RL step {dumps[len(dumps) // 2].stem.split('step')[1]} (blue +, red −):",
-          "", "![credit heatmaps](credit_heatmap.png)"]
+  step = dumps[len(dumps) // 2].stem.split("step")[1]
+  return [f"Credit of 4 responses from RL step {step} (blue +, red −):", "",
+          "![credit heatmaps](credit_heatmap.png)"]
 
 
 def _machine() -> str:
-  return f"{platform.machine()} ({os.cpu_count()} cores, jax {jax.__version__} on {jax.default_backend()})"
+  return (f"{platform.machine()} ({os.cpu_count()} cores, jax {jax.__version__} on "
+          f"{jax.default_backend()})")
 
 
 def _task_section(study, workdir: pathlib.Path, task: str, curves: dict, rng) -> list[str]:
@@ -223,9 +237,10 @@ def _task_section(study, workdir: pathlib.Path, task: str, curves: dict, rng) ->
       f"## Sample efficiency: {task}",
       "",
       f"`{train.task.name}` {dict(train.task.options)}; model `{train.model.preset}` with "
-      f"{dict(train.model.overrides)}; {sft}{train.rl.steps} RL steps of {train.rl.prompts_per_step} prompts × "
-      f"{train.rl.group_size} samples; Adam {train.rl.learning_rate}. Greedy accuracy on {train.task.test_size} "
-      f"held-out prompts; final = mean of the last 3 evaluations; AUC = mean accuracy over training; "
+      f"{dict(train.model.overrides)}; {sft}{train.rl.steps} RL steps of "
+      f"{train.rl.prompts_per_step} prompts × {train.rl.group_size} samples; Adam "
+      f"{train.rl.learning_rate}. Greedy accuracy on {train.task.test_size} held-out prompts; "
+      "final = mean of the last 3 evaluations; AUC = mean accuracy over training; "
       f"θ = {spec.threshold}.",
       "",
       *efficiency_table(summary, rng, study.bootstrap),
@@ -239,16 +254,19 @@ def write(study, workdir: pathlib.Path, curves: dict, wall: dict) -> None:
   """Writes workdir/report.md (and its figures) from {task: {estimator: {seed: curve}}}."""
   rng = np.random.default_rng(0)
   seeds = list(study.seeds)
+  scale = ("divided by their batch RMS (scale-matched)" if study.scale == "rms"
+           else "at their native scale")
   lines = [
       f"# Credit study: {study.preset} preset",
       "",
-      "Every estimator trains the same policy per seed (initialisation, prompts, evaluation) with PPO-clip and one "
-      f"gradient step per batch (a plain policy gradient), advantages "
-      f"{'divided by their batch RMS (scale-matched)' if study.scale == 'rms' else 'at their native scale'}, "
-      f"no KL or entropy terms. Seeds {seeds}; intervals are 95% percentile bootstraps over seeds (paired by seed "
-      "for ΔAUC)" + (", optimistic with fewer than 5 seeds" if len(seeds) < 5 else "") + ". Generated tokens "
-      "count policy samples plus estimator rollouts (VinePPO); the oracle's enumeration is not charged. "
-      f"Wall time of all runs {wall.get('total (all runs)', 0):.0f} s on {_machine()}.",
+      "Every estimator trains the same policy per seed (initialisation, prompts, evaluation) "
+      "with PPO-clip and one gradient step per batch (a plain policy gradient), advantages "
+      f"{scale}, no KL or entropy terms. Seeds {seeds}; intervals are 95% percentile bootstraps "
+      "over seeds (paired by seed for ΔAUC)"
+      + (", optimistic with fewer than 5 seeds" if len(seeds) < 5 else "")
+      + ". Generated tokens count policy samples plus estimator rollouts (VinePPO); the oracle's "
+      f"enumeration is not charged. Wall time of all runs {wall.get('total (all runs)', 0):.0f} s "
+      f"on {_machine()}.",
       "",
   ]
   for task in curves:
@@ -256,24 +274,27 @@ def write(study, workdir: pathlib.Path, curves: dict, wall: dict) -> None:
   lines += [
       "## Oracle agreement (key_token)",
       "",
-      "Each estimator's credit on the same batch, against the exact oracle A(s_t, y_t). r_pool: pooled Pearson; "
-      "√η²: the best r_pool any sequence-level (constant per response) credit can reach; R²_w: within-response "
-      "credit explained; SA/SA_w: sign agreement (|A| above noise); DM: share of |credit| on decisive positions "
-      "(oracle's beside it); top-k: overlap of the top-20% tokens by |credit|; NMSE_scale: error after the best "
-      "non-negative rescaling; RCN / bias ratio: credit noise and bias on one probe response per group across "
-      f"{study.resamples} resampled groups (and fresh Monte-Carlo keys), relative to the oracle's spread. "
-      "ppo_gae is scored with a shadow critic trained on every batch of this GRPO run (read before its update on "
-      "the scored batch); PRIME's PRM is not scored here (it lives in its own run).",
+      "Each estimator's credit on the same batch, against the exact oracle A(s_t, y_t). "
+      "r_pool: pooled Pearson; √η²: the best r_pool any sequence-level (constant per response) "
+      "credit can reach; R²_w: within-response credit explained; SA/SA_w: sign agreement (|A| "
+      "above noise); DM: share of |credit| on decisive positions (oracle's beside it); top-k: "
+      "overlap of the top-20% tokens by |credit|; NMSE_scale: error after the best non-negative "
+      "rescaling; RCN / bias ratio: credit noise and bias on one probe response per group across "
+      f"{study.resamples} resampled groups (and fresh Monte-Carlo keys), relative to the "
+      "oracle's spread. ppo_gae is scored with a shadow critic trained on every batch of this "
+      "GRPO run (read before its update on the scored batch); PRIME's PRM is not scored here (it "
+      "lives in its own run).",
       *agreement_tables(workdir),
       "",
       *credit_heatmap(workdir),
       "",
       "## Monte-Carlo values vs exact values",
       "",
-      "Plain MC values (K continuations per state) against the exact values on the same responses (LAB.md 2.4): "
-      "X² against its exact parametric-bootstrap null; T1 checks that MC credit telescopes to R − V̂(x); "
-      "rb: Rao-Blackwellised token credit (1 − π)(Q̂_y − Q̂₋) against the exact credit (Agresti–Coull SEs are "
-      "conservative near 0 and 1, so coverage above 0.95 and mean z² below 1 are expected).",
+      "Plain MC values (K continuations per state) against the exact values on the same "
+      "responses (LAB.md 2.4): X² against its exact parametric-bootstrap null; T1 checks that MC "
+      "credit telescopes to R − V̂(x); rb: Rao-Blackwellised token credit (1 − π)(Q̂_y − Q̂₋) "
+      "against the exact credit (Agresti–Coull SEs are conservative near 0 and 1, so coverage "
+      "above 0.95 and mean z² below 1 are expected).",
       "",
       *mc_table(workdir),
       "",

@@ -5,10 +5,12 @@ W = mask & evaluated. Rows with no scored token are dropped. Each returns a
 `Stat(value, defined, n)`: a statistic without enough data (zero variance,
 fewer than 3 points) is reported as undefined with value 0.0, never NaN.
 
-  correlations(est, oracle, w)   pooled Pearson r_pool = (C_b + C_w) / sqrt((S_b + S_w)(S^_b + S^_w)),
+  correlations(est, oracle, w)   pooled Pearson
+                                 r_pool = (C_b + C_w) / sqrt((S_b + S_w)(S^_b + S^_w)),
                                  its between-row / within-row parts, eta^2 = S_b / (S_b + S_w)
                                  (sqrt(eta^2) bounds r_pool of any sequence-level estimator),
-                                 R^2_w = C_w^2 / (S_w S^_w) (0 for constant rows), per-row r (Fisher-z mean)
+                                 R^2_w = C_w^2 / (S_w S^_w) (0 for constant rows), per-row r
+                                 (Fisher-z mean)
   spearman(est, oracle, w)       pooled, on average ranks
   sign_agreement(...)            SA and mass-weighted SA_w on |A| > max(0.01, 2 SE)
   decisive_mass(x, w, decisive)  mean over rows of sum_{t in D} |x| / sum_t |x|
@@ -46,11 +48,15 @@ def _rows(est, oracle, weights):
 
 
 def correlations(est, oracle, weights) -> dict[str, Stat]:
-  """r_pool, r_between, r_within, eta2, ceiling (sqrt eta2), r2_within, r_row; see the module docstring."""
+  """r_pool, r_between, r_within, eta2, ceiling (sqrt eta2), r2_within, r_row; see the module
+  docstring."""
   est, oracle, w = _rows(est, oracle, weights)
   n = int(w.sum())
   if n == 0:
-    return {k: _undefined(0) for k in ("r_pool", "r_between", "r_within", "eta2", "ceiling", "r2_within", "r_row")}
+    return {
+        k: _undefined(0)
+        for k in ("r_pool", "r_between", "r_within", "eta2", "ceiling", "r2_within", "r_row")
+    }
   lengths = w.sum(axis=1)
   row_mean = lambda x: (x * w).sum(axis=1) / lengths
   m, m_hat = row_mean(oracle), row_mean(est)
@@ -61,7 +67,8 @@ def correlations(est, oracle, weights) -> dict[str, Stat]:
   c_w, s_w, s_w_hat = (within * within_hat).sum(), (within**2).sum(), (within_hat**2).sum()
   total = s_b + s_w
   eta2 = _ratio(s_b, total, n)
-  r2_within = Stat(0.0, True, n) if s_w_hat <= 1e-24 and s_w > 1e-24 else _ratio(c_w**2, s_w * s_w_hat, n)
+  r2_within = (Stat(0.0, True, n) if s_w_hat <= 1e-24 and s_w > 1e-24
+               else _ratio(c_w**2, s_w * s_w_hat, n))
   return {
       "r_pool": _ratio(c_b + c_w, np.sqrt(total * (s_b_hat + s_w_hat)), n),
       "r_between": _ratio(c_b, np.sqrt(s_b * s_b_hat), len(lengths)),
@@ -116,7 +123,8 @@ def sign_agreement(est, oracle, weights, stderr=None, *, floor: float = 0.01) ->
 
 def decisive_mass(x, weights, decisive) -> Stat:
   """Mean over rows of sum_{t in D} w|x_t| / sum_t w|x_t| (rows with no credit skipped)."""
-  x, w, decisive = np.abs(np.asarray(x, np.float64)), np.asarray(weights, bool), np.asarray(decisive, bool)
+  x = np.abs(np.asarray(x, np.float64))
+  w, decisive = np.asarray(weights, bool), np.asarray(decisive, bool)
   totals = (x * w).sum(axis=1)
   keep = totals > 1e-12
   if not keep.any():
@@ -164,9 +172,11 @@ def scale_nmse(est, oracle, weights) -> Stat:
 def score(est, oracle, weights, *, stderr=None, decisive=None) -> dict[str, Stat]:
   """Every statistic above for one estimator; `decisive` [B, T] adds decisive
   mass of the estimator (dm) and of the oracle (dm_oracle)."""
-  out = {**correlations(est, oracle, weights), "spearman": spearman(est, oracle, weights),
-         **sign_agreement(est, oracle, weights, stderr), "top_k": top_k_overlap(est, oracle, weights),
-         "nmse_scale": scale_nmse(est, oracle, weights)}
+  out = {
+      **correlations(est, oracle, weights), "spearman": spearman(est, oracle, weights),
+      **sign_agreement(est, oracle, weights, stderr), "top_k": top_k_overlap(est, oracle, weights),
+      "nmse_scale": scale_nmse(est, oracle, weights)
+  }
   if decisive is not None:
     out["dm"] = decisive_mass(est, weights, decisive)
     out["dm_oracle"] = decisive_mass(oracle, weights, decisive)

@@ -45,7 +45,8 @@ def _advantage(spec) -> dict | str:
   return advantage.to_dict() if hasattr(advantage, "to_dict") else advantage
 
 
-def train_config(study, task: str, name: str, seed: int, data_dir: str) -> ml_collections.ConfigDict:
+def train_config(study, task: str, name: str, seed: int,
+                 data_dir: str) -> ml_collections.ConfigDict:
   """The training config of one (task, estimator, seed) run."""
   spec = study.estimators[name]
   config = ml_collections.ConfigDict(study.tasks[task].train.to_dict())
@@ -72,7 +73,8 @@ def monte_carlo_check(exact_values, mc: oracle.Credit, k: int, rng: np.random.Ge
   with V in [0.05, 0.95]: X^2 = sum (k_s - K V)^2 / (K V (1 - V)) against its
   exact parametric-bootstrap null (Binomial(K, V))."""
   evaluated = np.asarray(mc.evaluated)
-  v, v_hat = np.asarray(exact_values, np.float64)[evaluated], np.asarray(mc.values, np.float64)[evaluated]
+  v = np.asarray(exact_values, np.float64)[evaluated]
+  v_hat = np.asarray(mc.values, np.float64)[evaluated]
   informative = (v >= 0.05) & (v <= 0.95)
   v, successes = v[informative], np.round(v_hat[informative] * k)
   statistic = lambda s: float(np.sum((s - k * v) ** 2 / (k * v * (1 - v))))
@@ -80,10 +82,16 @@ def monte_carlo_check(exact_values, mc: oracle.Credit, k: int, rng: np.random.Ge
   null = np.array([statistic(rng.binomial(k, v)) for _ in range(draws)]) if len(v) else np.zeros(1)
   se = np.sqrt(v * (1 - v) / k)
   z = (successes / k - v) / se if len(v) else np.zeros(0)
-  return {"states": int(len(v)), "k": k, "x2": observed, "x2_null_q999": float(np.quantile(null, 0.999)),
-          "p_value": float(np.mean(null >= observed)), "mean_z": float(z.mean()) if len(z) else 0.0,
-          "mean_z2": float((z**2).mean()) if len(z) else 0.0,
-          "passes_t2": bool(observed <= np.quantile(null, 0.999))}
+  return {
+      "states": int(len(v)),
+      "k": k,
+      "x2": observed,
+      "x2_null_q999": float(np.quantile(null, 0.999)),
+      "p_value": float(np.mean(null >= observed)),
+      "mean_z": float(z.mean()) if len(z) else 0.0,
+      "mean_z2": float((z**2).mean()) if len(z) else 0.0,
+      "passes_t2": bool(observed <= np.quantile(null, 0.999))
+  }
 
 
 def rb_check(exact_advantages, rb: oracle.Credit, mask: np.ndarray) -> dict:
@@ -94,10 +102,13 @@ def rb_check(exact_advantages, rb: oracle.Credit, mask: np.ndarray) -> dict:
   se = np.asarray(rb.adv_stderr, np.float64)[mask]
   informative = se > 1e-3
   z = error[informative] / se[informative]
-  return {"rb_actions": int(informative.sum()),
-          "rb_coverage": float(np.mean(np.abs(error) <= 1.96 * se + 1e-9)),
-          "rb_mean_z2": float(np.mean(z**2)) if len(z) else 0.0,
-          "rb_mean_error": float(error.mean()), "rb_error_se": float(np.sqrt(np.sum(se**2)) / max(len(se), 1))}
+  return {
+      "rb_actions": int(informative.sum()),
+      "rb_coverage": float(np.mean(np.abs(error) <= 1.96 * se + 1e-9)),
+      "rb_mean_z2": float(np.mean(z**2)) if len(z) else 0.0,
+      "rb_mean_error": float(error.mean()),
+      "rb_error_se": float(np.sqrt(np.sum(se**2)) / max(len(se), 1))
+  }
 
 
 class ShadowCritic:
@@ -109,8 +120,10 @@ class ShadowCritic:
   def __init__(self, model_config, actions, learning_rate: float):
     self.critic = Transformer(model_config.replace(value_head=True), rngs=nnx.Rngs(1))
     self.optimizer = nnx.Optimizer(self.critic, optax.adam(learning_rate), wrt=nnx.Param)
-    regression = learner.CriticSettings(clip=None, gamma=1.0, lam=1.0)  # towards Monte-Carlo returns
-    self._values = nnx.jit(lambda critic, rollout: train_steps.critic_values(critic, rollout, actions))
+    # Regression towards Monte-Carlo returns.
+    regression = learner.CriticSettings(clip=None, gamma=1.0, lam=1.0)
+    self._values = nnx.jit(
+        lambda critic, rollout: train_steps.critic_values(critic, rollout, actions))
     self._update = nnx.jit(lambda critic, optimizer, rollout: learner.critic_update(
         critic, optimizer, rollout, regression, actions))
 
@@ -133,7 +146,9 @@ class ScoringHook:
                critic_learning_rate: float):
     self.study, self.workdir, self.steps = study, workdir, steps
     # PRIME's PRM exists only in its own run; the exact oracle is always computed.
-    self.names = [n for n in names if n != "oracle" and not study.estimators[n].get("learned", False)]
+    self.names = [
+        n for n in names if n != "oracle" and not study.estimators[n].get("learned", False)
+    ]
     self.extras = extras.hook(estimators.from_config(
         {"sum": ["oracle", *(_advantage(study.estimators[n]) for n in self.names)]}))
     self.critic_learning_rate, self.critic = critic_learning_rate, None  # made at the first batch
@@ -147,7 +162,8 @@ class ScoringHook:
                              extras={**rollout.extras, **computed})
     credit = {"oracle": np.asarray(computed["oracle_advantages"])}
     for name in self.names:
-      credit[name] = np.asarray(estimators.from_config(_advantage(self.study.estimators[name]))(scored).advantages)
+      credit[name] = np.asarray(
+          estimators.from_config(_advantage(self.study.estimators[name]))(scored).advantages)
     return credit, computed, int(metrics.get("gen_tokens", 0))
 
   def resample(self, task, model, rollout, examples, key):
@@ -155,24 +171,24 @@ class ScoringHook:
     other G - 1 replaced by fresh samples from the same policy."""
     prompt = task.max_prompt_length
     fresh = generate(model, rollout.tokens[:, :prompt], rollout.token_valid[:, :prompt], key,
-                     max_new_tokens=task.max_response_length, stop_tokens=task.stop_tokens, pad_id=task.pad_id,
-                     actions=task.actions)
+                     max_new_tokens=task.max_response_length, stop_tokens=task.stop_tokens,
+                     pad_id=task.pad_id, actions=task.actions)
     rewards = task.score_rows(fresh.tokens, fresh.mask, examples)
     probe = jnp.asarray(np.arange(len(rewards)) % rollout.group_size == 0)
     keep = lambda old, new: jnp.where(probe.reshape((-1,) + (1,) * (jnp.ndim(new) - 1)), old, new)
-    return rollout.replace(
-        tokens=keep(rollout.tokens, fresh.tokens), mask=keep(rollout.mask, fresh.mask),
-        logprobs=keep(rollout.logprobs, fresh.logprobs), entropy=keep(rollout.entropy, fresh.entropy),
-        rewards=keep(rollout.rewards, jnp.asarray(rewards)), positions=keep(rollout.positions, fresh.positions),
-        token_valid=keep(rollout.token_valid, fresh.token_valid))
+    fields = ("tokens", "mask", "logprobs", "entropy", "positions", "token_valid")
+    return rollout.replace(rewards=keep(rollout.rewards, jnp.asarray(rewards)),
+                           **{f: keep(getattr(rollout, f), getattr(fresh, f)) for f in fields})
 
   def __call__(self, context, rollout):
     if self.critic is None:  # the policy's architecture, with a value head
-      self.critic = ShadowCritic(context.model.config, context.task.actions, self.critic_learning_rate)
+      self.critic = ShadowCritic(context.model.config, context.task.actions,
+                                 self.critic_learning_rate)
     if context.rl_step in self.steps:
       task = context.task
-      write_scores(self.workdir, task.name, context.rl_step,
-                   self.score(task, context.model, rollout, context.examples, context.key, context.rl_step))
+      write_scores(
+          self.workdir, task.name, context.rl_step,
+          self.score(task, context.model, rollout, context.examples, context.key, context.rl_step))
     self.critic.update(rollout)
     return {}, {}
 
@@ -186,7 +202,8 @@ class ScoringHook:
     probes = np.arange(0, len(tokens), rollout.group_size)
     resampled = {name: [] for name in credit}
     for r in range(self.study.resamples):
-      fresh = self.resample(task, model, rollout, examples, jax.random.fold_in(key, RESAMPLE_STREAM + r))
+      fresh = self.resample(task, model, rollout, examples,
+                            jax.random.fold_in(key, RESAMPLE_STREAM + r))
       fresh_credit, _, _ = self.credit(task, model, fresh, examples,
                                        jax.random.fold_in(key, RESAMPLED_CREDIT_STREAM + r))
       for name, values in fresh_credit.items():
@@ -195,15 +212,20 @@ class ScoringHook:
     for name, values in credit.items():
       row = scores.score(values, credit["oracle"], mask, decisive=decisive)
       if self.study.resamples:
-        row.update(scores.resampling_noise(np.stack(resampled[name]), credit["oracle"][probes], mask[probes]))
+        row.update(
+            scores.resampling_noise(np.stack(resampled[name]), credit["oracle"][probes],
+                                    mask[probes]))
+      stats = {k: {"value": s.value, "defined": s.defined, "n": s.n} for k, s in row.items()}
       records.append({"estimator": name, "gen_tokens": vine_tokens if name == "vineppo" else 0,
-                      **{k: {"value": s.value, "defined": s.defined, "n": s.n} for k, s in row.items()}})
+                      **stats})
     dump = dict(tokens=tokens, mask=mask, rewards=np.asarray(rollout.rewards), decisive=decisive,
                 oracle_stderr=np.zeros(mask.shape, np.float32), **credit)  # the oracle is exact
-    check = self.mc_check(task, model, rollout, examples, key, computed["oracle_values"], credit["oracle"], rl_step)
+    check = self.mc_check(task, model, rollout, examples, key, computed["oracle_values"],
+                          credit["oracle"], rl_step)
     return {"scores": records, "mc_check": check, "dump": dump}
 
-  def mc_check(self, task, model, rollout, examples, key, oracle_values, oracle_advantages, rl_step) -> dict:
+  def mc_check(self, task, model, rollout, examples, key, oracle_values, oracle_advantages,
+               rl_step) -> dict:
     """LAB.md 2.4 on the first `study.mc_check_rows` rows: plain Monte-Carlo values
     against the exact ones (T2 calibration, T1 telescoping) and Rao-Blackwellised
     credit against the exact credit (T3)."""
@@ -213,12 +235,14 @@ class ScoringHook:
     k = self.study.mc_check_k
     check = oracle.mc_credit(model, task, tokens, mask, token_valid, examples,
                              jax.random.fold_in(key, MC_CHECK_STREAM), k=k, positions="all")
-    result = monte_carlo_check(np.asarray(oracle_values)[rows], check, k, np.random.default_rng(rl_step))
+    result = monte_carlo_check(
+        np.asarray(oracle_values)[rows], check, k, np.random.default_rng(rl_step))
     rewards = np.asarray(rollout.rewards)[rows]
     telescoping = np.abs(np.asarray(check.advantages).sum(1) - (rewards - np.asarray(
         estimators.first_value(check.values, mask)))).max()
-    rb = oracle.rb_credit(model, task, tokens, mask, token_valid, examples, jax.random.fold_in(key, RB_CHECK_STREAM),
-                          k=k, positions="all", logprobs=np.asarray(rollout.logprobs)[rows])
+    rb = oracle.rb_credit(model, task, tokens, mask, token_valid, examples,
+                          jax.random.fold_in(key, RB_CHECK_STREAM), k=k, positions="all",
+                          logprobs=np.asarray(rollout.logprobs)[rows])
     result.update(rb_check(oracle_advantages[rows], rb, mask))
     return {"telescoping_error": float(telescoping), **result}
 
@@ -240,7 +264,8 @@ def read_curve(run_dir: pathlib.Path) -> dict:
   "gen_tokens": generated tokens so far}."""
   records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
   rl = [r for r in records if "train/reward_mean" in r]
-  start = [r for r in records if "eval/accuracy" in r and "train/reward_mean" not in r][-1]  # before RL
+  # The last evaluation before RL.
+  start = [r for r in records if "eval/accuracy" in r and "train/reward_mean" not in r][-1]
   offset = start["step"]
   steps, accuracy, gen_tokens = [0], [start["eval/accuracy"]], [0]
   for record in rl:
@@ -280,13 +305,15 @@ def run(study, workdir: str) -> dict:
         curves.setdefault(task, {}).setdefault(name, {})[seed] = read_curve(run_dir)
   wall["this invocation"] = time.perf_counter() - started
   wall["total (all runs)"] = sum(v for k, v in wall.items() if "/" in k)
-  (workdir / "curves.json").write_text(json.dumps({"curves": curves, "wall_seconds": wall}, indent=1))
+  curves_json = json.dumps({"curves": curves, "wall_seconds": wall}, indent=1)
+  (workdir / "curves.json").write_text(curves_json)
   report.write(study, workdir, curves, wall)
   print(f"[study] wrote {workdir / 'report.md'} ({wall['this invocation']:.0f} s)", flush=True)
   return curves
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Study config (experiments/credit_study.py:<preset>).")
+_CONFIG = config_flags.DEFINE_config_file("config", None,
+                                          "Study config (experiments/credit_study.py:<preset>).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (resumable).")
 
 

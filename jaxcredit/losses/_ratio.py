@@ -46,12 +46,13 @@ class TokenRatios(NamedTuple):
 TokenFormula = Callable[[TokenRatios], tuple[Array, Metrics]]
 
 
-def token_ratio_loss(formula: TokenFormula, logp: Array, old_logp: Array, advantages: Array, mask: Array,
-                     aggregation: str) -> tuple[Array, Metrics]:
+def token_ratio_loss(formula: TokenFormula, logp: Array, old_logp: Array, advantages: Array,
+                     mask: Array, aggregation: str) -> tuple[Array, Metrics]:
   """aggregate(loss_tok, mask, aggregation) of formula(TokenRatios) -> (loss_tok, metrics),
   with the ratio statistics (`ratio_metrics`) appended to the formula's metrics."""
   valid, log_ratio, advantages = token_inputs(logp, old_logp, advantages, mask)
-  ratios = TokenRatios(sanitise(logp, valid), log_ratio, importance_ratio(log_ratio), advantages, valid)
+  ratios = TokenRatios(sanitise(logp, valid), log_ratio, importance_ratio(log_ratio), advantages,
+                       valid)
   loss_tok, metrics = formula(ratios)
   return aggregate(loss_tok, valid, aggregation), {**metrics, **ratio_metrics(log_ratio, valid)}
 

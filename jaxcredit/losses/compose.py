@@ -66,7 +66,8 @@ def combine(**terms: TermFn) -> TermFn:
   if not terms:
     raise ValueError("combine needs at least one named term.")
 
-  def objective(outputs: PolicyOutputs, rollout: Rollout, estimate: Estimate, step: Array | int = 0):
+  def objective(outputs: PolicyOutputs, rollout: Rollout, estimate: Estimate,
+                step: Array | int = 0):
     total = jnp.zeros((), jnp.float32)
     metrics: dict[str, Array] = {}
     for name, fn in terms.items():

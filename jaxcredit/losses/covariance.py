@@ -12,7 +12,8 @@ import jax.numpy as jnp
 from jax import Array
 
 from jaxcredit._masking import masked_mean, top_n_mask
-from jaxcredit.losses._ratio import Metrics, TokenRatios, check_clip, clipped_surrogate, fraction, token_ratio_loss
+from jaxcredit.losses._ratio import (Metrics, TokenRatios, check_clip, clipped_surrogate, fraction,
+                                     token_ratio_loss)
 
 
 def token_covariance(logp: Array, advantages: Array, valid: Array) -> Array:
@@ -61,7 +62,10 @@ def clip_cov_loss(
     eligible = t.valid & ~is_clipped & (cov > cov_low) & (cov < cov_high)
     scores = cov if key is None else jax.random.uniform(key, cov.shape)
     selected = top_n_mask(scores, eligible, _n_selected(t.valid, cov_fraction))
-    metrics = {"cov_clipfrac": fraction(selected, t.valid), "clipfrac": fraction(is_clipped, t.valid)}
+    metrics = {
+        "cov_clipfrac": fraction(selected, t.valid),
+        "clipfrac": fraction(is_clipped, t.valid)
+    }
     return jnp.where(selected, 0.0, loss_tok), metrics
 
   return token_ratio_loss(formula, logp, old_logp, advantages, mask, aggregation)
@@ -88,6 +92,9 @@ def kl_cov_loss(
                           _n_selected(t.valid, kl_fraction))
     abs_log_ratio = jnp.abs(t.log_ratio)
     loss_tok = -t.advantages * t.ratio + jnp.where(selected, kl_coef * abs_log_ratio, 0.0)
-    return loss_tok, {"kl_cov_fraction": fraction(selected, t.valid), "abs_kl": masked_mean(abs_log_ratio, t.valid)}
+    return loss_tok, {
+        "kl_cov_fraction": fraction(selected, t.valid),
+        "abs_kl": masked_mean(abs_log_ratio, t.valid)
+    }
 
   return token_ratio_loss(formula, logp, old_logp, advantages, mask, aggregation)

@@ -30,9 +30,8 @@ def kl_penalty(logp: Array, ref_logp: Array, *, kind: str) -> Array:
   return jnp.exp(-d) + d - 1.0
 
 
-def kl_reward_shaping(
-    token_rewards: Array, logp: Array, ref_logp: Array, mask: Array, *, coef: float, kind: str = "k1"
-) -> Array:
+def kl_reward_shaping(token_rewards: Array, logp: Array, ref_logp: Array, mask: Array, *,
+                      coef: float, kind: str = "k1") -> Array:
   """KL as a reward penalty (Ziegler et al., 2019; InstructGPT; REINFORCE++):
   r'_t = r_t - coef * kl_kind(logp_t, ref_logp_t) on valid tokens.
 

@@ -129,7 +129,8 @@ def gspo_token_loss(
   def formula(t: TokenRatios):
     seq_log_ratio = jax.lax.stop_gradient(masked_mean(t.log_ratio, t.valid, axis=1))
     log_token_ratio = seq_log_ratio[:, None] + t.logp - jax.lax.stop_gradient(t.logp)
-    loss_tok, is_clipped = clipped_surrogate(importance_ratio(log_token_ratio), t.advantages, clip_low, clip_high)
+    loss_tok, is_clipped = clipped_surrogate(importance_ratio(log_token_ratio), t.advantages,
+                                             clip_low, clip_high)
     return loss_tok, {"clipfrac": fraction(is_clipped, t.valid)}
 
   return token_ratio_loss(formula, logp, old_logp, advantages, mask, aggregation)
@@ -146,7 +147,10 @@ def pg_loss(
   _checks.check_token_and_seq({"logp": logp, "advantages": advantages, "mask": mask}, {})
   valid = as_bool(mask)
   logp, advantages = sanitise(logp, valid), sanitise(advantages, valid)
-  metrics = {"advantage_mean": masked_mean(advantages, valid), "logp_mean": masked_mean(logp, valid)}
+  metrics = {
+      "advantage_mean": masked_mean(advantages, valid),
+      "logp_mean": masked_mean(logp, valid)
+  }
   return aggregate(-advantages * logp, valid, aggregation), metrics
 
 
@@ -234,6 +238,8 @@ def sapo_loss(
   def formula(t: TokenRatios):
     tau = jnp.where(t.advantages > 0, tau_pos, tau_neg)
     gate = jax.nn.sigmoid(tau * (t.ratio - 1.0))
-    return -(4.0 / tau) * gate * t.advantages, {"gate_mean": masked_mean(4.0 * gate * (1.0 - gate), t.valid)}
+    return -(4.0 / tau) * gate * t.advantages, {
+        "gate_mean": masked_mean(4.0 * gate * (1.0 - gate), t.valid)
+    }
 
   return token_ratio_loss(formula, logp, old_logp, advantages, mask, aggregation)

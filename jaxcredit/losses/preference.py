@@ -49,7 +49,8 @@ def dpo_loss(
   Metrics: reward_accuracy (margin > 0), margin, chosen_reward and
   rejected_reward (beta * log-ratio to the reference).
   """
-  margin, metrics = _preference_margin(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)
+  margin, metrics = _preference_margin(policy_chosen, policy_rejected, ref_chosen, ref_rejected,
+                                       beta)
   return jnp.mean(jax.nn.softplus(-beta * margin)), metrics
 
 
@@ -67,7 +68,8 @@ def ipo_loss(
   L = mean((h - 1 / (2 beta))^2). Sequence log-probs [B] (sums, or means for
   length-normalised IPO). Metrics as `dpo_loss`.
   """
-  margin, metrics = _preference_margin(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)
+  margin, metrics = _preference_margin(policy_chosen, policy_rejected, ref_chosen, ref_rejected,
+                                       beta)
   return jnp.mean((margin - 1.0 / (2.0 * beta)) ** 2), metrics
 
 
@@ -91,8 +93,10 @@ def simpo_loss(
   _check_sequences(arrays)
   _checks.check_in_range(beta, "beta", low=0.0, low_open=True)
   _checks.check_in_range(gamma, "gamma", low=0.0)
-  chosen_reward = beta * safe_divide(policy_chosen.astype(jnp.float32), chosen_lengths.astype(jnp.float32))
-  rejected_reward = beta * safe_divide(policy_rejected.astype(jnp.float32), rejected_lengths.astype(jnp.float32))
+  chosen_reward = beta * safe_divide(policy_chosen.astype(jnp.float32),
+                                     chosen_lengths.astype(jnp.float32))
+  rejected_reward = beta * safe_divide(policy_rejected.astype(jnp.float32),
+                                       rejected_lengths.astype(jnp.float32))
   logits = chosen_reward - rejected_reward - gamma
   metrics = {
       "reward_accuracy": jnp.mean((chosen_reward > rejected_reward).astype(jnp.float32)),

@@ -21,7 +21,8 @@ from jaxcredit.models.transformer import Transformer
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-HF_CONFIG_FIELDS = ("num_attention_heads", "vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size")
+HF_CONFIG_FIELDS = ("num_attention_heads", "vocab_size", "hidden_size", "num_hidden_layers",
+                    "intermediate_size")
 """The `config.json` fields a checkpoint must have (the others have defaults)."""
 
 
@@ -87,7 +88,8 @@ def _read_tensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
 
 
 def _read_json(path: pathlib.Path, *, required: tuple[str, ...] = ()) -> dict:
-  """A JSON object file; ValueError naming the file when it is malformed or lacks a `required` field."""
+  """A JSON object file; ValueError naming the file when it is malformed or lacks a
+  `required` field."""
   try:
     data = json.loads(path.read_text(encoding="utf-8"))
   except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -141,6 +143,7 @@ def load_hf_checkpoint(path: str | pathlib.Path, **config_overrides) -> Transfor
   params = jax.tree_util.tree_map_with_path(fill, params)
   unexpected = sorted(n for n in set(tensors) - used if not n.endswith(_IGNORED_SUFFIXES))
   if unexpected:
-    raise ValueError(f"Checkpoint {directory} has tensors the config does not use: {unexpected[:5]}.")
+    raise ValueError(
+        f"Checkpoint {directory} has tensors the config does not use: {unexpected[:5]}.")
   nnx.replace_by_pure_dict(state, params)
   return nnx.merge(graphdef, state)

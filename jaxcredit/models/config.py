@@ -51,8 +51,10 @@ class TransformerConfig:
 
 PRESETS = {
     # Runs in milliseconds on a laptop CPU; the quickstart and tests use it.
-    "tiny": TransformerConfig(vocab_size=64, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=256),
-    "small": TransformerConfig(vocab_size=256, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4, d_ff=704),
+    "tiny": TransformerConfig(vocab_size=64, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2,
+                              d_ff=256),
+    "small": TransformerConfig(vocab_size=256, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4,
+                               d_ff=704),
     # Qwen2.5-0.5B: 24 layers, d=896, 14 heads / 2 KV heads, tied embeddings, qkv bias.
     "qwen2.5-0.5b": TransformerConfig(
         vocab_size=151936, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2, d_ff=4864,

@@ -74,7 +74,8 @@ def rope(x: Array, positions: Array, theta: float) -> Array:
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def _linear(config: TransformerConfig, d_in: int, d_out: int, *, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+def _linear(config: TransformerConfig, d_in: int, d_out: int, *, bias: bool,
+            rngs: nnx.Rngs) -> nnx.Linear:
   return nnx.Linear(
       d_in, d_out, use_bias=bias, dtype=config.dtype, param_dtype=config.param_dtype,
       kernel_init=nnx.initializers.normal(0.02), rngs=rngs,
@@ -134,13 +135,16 @@ class Block(nnx.Module):
   """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-    self.input_layernorm = RMSNorm(config.d_model, eps=config.norm_eps, param_dtype=config.param_dtype)
+    self.input_layernorm = RMSNorm(config.d_model, eps=config.norm_eps,
+                                   param_dtype=config.param_dtype)
     self.self_attn = Attention(config, rngs=rngs)
-    self.post_attention_layernorm = RMSNorm(config.d_model, eps=config.norm_eps, param_dtype=config.param_dtype)
+    self.post_attention_layernorm = RMSNorm(config.d_model, eps=config.norm_eps,
+                                            param_dtype=config.param_dtype)
     self.mlp = MLP(config, rngs=rngs)
 
   def __call__(self, x, positions, mask, keys, values, slot):
-    attended, keys, values = self.self_attn(self.input_layernorm(x), positions, mask, keys, values, slot)
+    attended, keys, values = self.self_attn(self.input_layernorm(x), positions, mask, keys, values,
+                                            slot)
     x = x + attended
     return x + self.mlp(self.post_attention_layernorm(x)), keys, values
 

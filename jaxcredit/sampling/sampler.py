@@ -140,7 +140,8 @@ def _assemble(prompts, prompt_valid, steps, done, settings: _Sampling) -> Sample
 
 
 @functools.partial(jax.jit, static_argnums=(0, 7))
-def _generate_cached(graphdef, state, prompts, prompt_valid, key, allowed, hidden, settings: _Sampling):
+def _generate_cached(graphdef, state, prompts, prompt_valid, key, allowed, hidden,
+                     settings: _Sampling):
   model = nnx.merge(graphdef, state)
   batch, prompt_len = prompts.shape
   cache = KVCache.zeros(model.config, batch, prompt_len + settings.max_new_tokens)
@@ -152,7 +153,8 @@ def _generate_cached(graphdef, state, prompts, prompt_valid, key, allowed, hidde
     token, logp, entropy, active, done = _response_step(logits, jax.random.fold_in(key, i), done,
                                                          allowed[i], settings)
     fed = jnp.where(hidden[i], settings.hidden_token, token)
-    out, cache = model.decode(fed[:, None], position[:, None], active[:, None], cache, prompt_len + i)
+    out, cache = model.decode(fed[:, None], position[:, None], active[:, None], cache,
+                              prompt_len + i)
     return (cache, out.logits[:, 0], done, position + 1), (token, logp, entropy, active)
 
   init = (cache, prefill.logits[:, -1], jnp.zeros((batch,), bool), first_position)
@@ -230,12 +232,15 @@ def generate(
 
 
 def _response_tables(actions: Actions, batch: int, prompt_len: int, steps: int, vocab: int):
-  """Step-major tables of the response columns: allowed [N, V] or [N, B, V], hidden [N] or [N, B]."""
+  """Step-major tables of the response columns: allowed [N, V] or [N, B, V], hidden [N] or
+  [N, B]."""
   width = prompt_len + steps
-  allowed = jnp.ones((width, vocab), bool) if actions.allowed is None else jnp.asarray(actions.allowed, bool)
+  allowed = (jnp.ones((width, vocab), bool) if actions.allowed is None
+             else jnp.asarray(actions.allowed, bool))
   hidden = jnp.zeros(width, bool) if actions.hidden is None else jnp.asarray(actions.hidden, bool)
   per_row = allowed.ndim == 3
-  _checks.check_shape(allowed, (batch, width, vocab) if per_row else (width, vocab), "actions.allowed")
+  _checks.check_shape(allowed, (batch, width, vocab) if per_row else (width, vocab),
+                      "actions.allowed")
   _checks.check_shape(hidden, (batch, width) if hidden.ndim == 2 else (width,), "actions.hidden")
   allowed, hidden = allowed[..., prompt_len:, :], hidden[..., prompt_len:]
   return (jnp.swapaxes(allowed, 0, 1) if per_row else allowed), hidden.T

@@ -35,7 +35,8 @@ class ArithmeticConfig:
     if self.operation not in OPERATIONS:
       raise ValueError(f"Unknown operation {self.operation!r}; known: {', '.join(OPERATIONS)}.")
     if not 1 <= self.min_digits <= self.max_digits:
-      raise ValueError(f"Need 1 <= min_digits <= max_digits, got {self.min_digits}, {self.max_digits}.")
+      raise ValueError(
+          f"Need 1 <= min_digits <= max_digits, got {self.min_digits}, {self.max_digits}.")
 
 
 def _operand(rng: np.random.Generator, config: ArithmeticConfig) -> int:

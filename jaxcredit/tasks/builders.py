@@ -92,8 +92,10 @@ class Countdown(_ProceduralBuilder):
       "target": np.int64,
   }
   BUILDER_CONFIGS = [
-      ProceduralConfig(name="n4", task=countdown.CountdownConfig(), description="4 numbers in [1, 99]"),
-      ProceduralConfig(name="n3", task=countdown.CountdownConfig(n_numbers=3), description="3 numbers"),
+      ProceduralConfig(name="n4", task=countdown.CountdownConfig(),
+                       description="4 numbers in [1, 99]"),
+      ProceduralConfig(name="n3", task=countdown.CountdownConfig(n_numbers=3),
+                       description="3 numbers"),
   ]
 
 
@@ -165,7 +167,8 @@ def get(
   builder_cls = BUILDERS[name]
   if not builder_cls.BUILDER_CONFIGS:
     if config is not None or overrides:
-      raise ValueError(f"Task {name!r} has no configs; got config={config!r}, overrides={overrides}.")
+      raise ValueError(
+          f"Task {name!r} has no configs; got config={config!r}, overrides={overrides}.")
     return builder_cls(data_dir=data_dir, file_format="array_record")
   if isinstance(config, str) or config is None:
     configs = {c.name: c for c in builder_cls.BUILDER_CONFIGS}

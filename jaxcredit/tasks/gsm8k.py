@@ -55,7 +55,8 @@ def read_jsonl(path: pathlib.Path) -> Iterator[dict]:
       try:
         line = raw.decode("utf-8")
       except UnicodeDecodeError as error:
-        raise ValueError(f"{path}:{line_number}: malformed GSM8K line: not UTF-8 ({error})") from None
+        raise ValueError(
+            f"{path}:{line_number}: malformed GSM8K line: not UTF-8 ({error})") from None
       if not line.strip():
         continue
       count += 1
@@ -90,5 +91,6 @@ def manual_files(directory: str | pathlib.Path) -> dict[str, pathlib.Path]:
   files = {split: directory / name for split, name in SPLIT_FILES.items()}
   missing = [str(p) for p in files.values() if not p.exists()]
   if missing:
-    raise ValueError(f"GSM8K needs {', '.join(SPLIT_FILES.values())} in {directory}; missing {missing}.")
+    raise ValueError(
+        f"GSM8K needs {', '.join(SPLIT_FILES.values())} in {directory}; missing {missing}.")
   return files

@@ -49,10 +49,12 @@ class KeyTokenConfig:
 
   def __post_init__(self):
     checks = [
-        (1 <= self.n_decisive <= min(4, self.length), f"n_decisive must be in [1, min(4, length)], got {self.n_decisive}"),
+        (1 <= self.n_decisive <= min(4, self.length),
+         f"n_decisive must be in [1, min(4, length)], got {self.n_decisive}"),
         (2 <= self.n_keys <= 8, f"n_keys must be in [2, 8], got {self.n_keys}"),
         (1 <= self.n_fillers <= 16, f"n_fillers must be in [1, 16], got {self.n_fillers}"),
-        (self.placement in PLACEMENTS, f"Unknown placement {self.placement!r}; known: {', '.join(PLACEMENTS)}"),
+        (self.placement in PLACEMENTS,
+         f"Unknown placement {self.placement!r}; known: {', '.join(PLACEMENTS)}"),
         (self.rule in RULES, f"Unknown rule {self.rule!r}; known: {', '.join(RULES)}"),
         (self.key_fn in ("copy", "shift"), f"Unknown key_fn {self.key_fn!r}; known: copy, shift"),
         (0.0 <= self.noise < 0.5, f"noise must be in [0, 0.5), got {self.noise}"),

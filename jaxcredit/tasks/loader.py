@@ -44,7 +44,9 @@ class Loader:
   batch_size: prompts (RL) or sequences (SFT) per *global* step;
   max_prompt_length: prompts are left-padded to it; longer ones are counted
   and dropped (overlong="drop", decided once over the whole source) or
-  left-truncated (overlong="truncate", counted per batch).
+  left-truncated (overlong="truncate", counted per batch);
+  prompt_lengths: [len(source)] prompt token counts when already known (the
+  drop decision then reads nothing; otherwise the source is encoded once).
   """
 
   source: Sequence[dict]
@@ -56,6 +58,7 @@ class Loader:
   process_count: int | None = None  # default: jax.process_count()
   overlong: str = "drop"
   pad_id: int = 0
+  prompt_lengths: Sequence[int] | None = None
 
   def __post_init__(self):
     if self.process_index is None:
@@ -73,9 +76,15 @@ class Loader:
     self.indices = np.arange(len(self.source))
     self.dropped = 0
     if self.overlong == "drop":
-      keep = [len(self.encode(self.source[i])[0]) <= self.max_prompt_length for i in self.indices]
-      self.dropped = int(len(keep) - sum(keep))
-      self.indices = self.indices[np.asarray(keep, bool)]
+      lengths = self.prompt_lengths
+      if lengths is None:
+        lengths = [len(self.encode(self.source[i])[0]) for i in self.indices]
+      elif len(lengths) != len(self.source):
+        raise ValueError(f"prompt_lengths has {len(lengths)} entries for a source of "
+                         f"{len(self.source)} examples.")
+      keep = np.asarray(lengths) <= self.max_prompt_length
+      self.dropped = int(len(keep) - keep.sum())
+      self.indices = self.indices[keep]
     if len(self.indices) == 0:
       raise ValueError("No example fits max_prompt_length; nothing to load.")
 
@@ -100,7 +109,8 @@ class Loader:
     return self._prompt_batch(self.example_indices(step), group_size)
 
   def every_prompt(self) -> dict:
-    """`rl_batch` layout (group size 1) of every example kept, each once, in source order (for evaluation)."""
+    """`rl_batch` layout (group size 1) of every example kept, each once, in source order (for
+    evaluation)."""
     return self._prompt_batch(self.indices, 1)
 
   def _prompt_batch(self, indices: np.ndarray, group_size: int) -> dict:
@@ -138,4 +148,9 @@ class Loader:
       tokens[row, start:end] = prompt + completion
       token_valid[row, start:end] = True
       loss_mask[row, self.max_prompt_length:end] = True
-    return {"tokens": tokens, "loss_mask": loss_mask, "token_valid": token_valid, "truncated": truncated}
+    return {
+        "tokens": tokens,
+        "loss_mask": loss_mask,
+        "token_valid": token_valid,
+        "truncated": truncated
+    }

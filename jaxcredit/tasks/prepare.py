@@ -14,7 +14,8 @@ def _text(value) -> str:
 
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--task", required=True, help=f"one of {', '.join(sorted(builders.BUILDERS))}")
+  parser.add_argument("--task", required=True,
+                      help=f"one of {', '.join(sorted(builders.BUILDERS))}")
   parser.add_argument("--data_dir", required=True, help="where the array_record files go")
   parser.add_argument("--config", default=None, help="builder config name (default: the first)")
   parser.add_argument("--show", type=int, default=3, help="examples to print per split")
@@ -22,7 +23,10 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--test_size", type=int, default=None, help="override the test split size")
   parser.add_argument("--seed", type=int, default=None, help="override the generator seed")
   args = parser.parse_args(argv)
-  overrides = {k: getattr(args, k) for k in ("train_size", "test_size", "seed") if getattr(args, k) is not None}
+  overrides = {
+      k: getattr(args, k) for k in ("train_size", "test_size", "seed")
+      if getattr(args, k) is not None
+  }
   builder = builders.get(args.task, data_dir=args.data_dir, config=args.config, **overrides)
   builder.download_and_prepare()
   sources = builder.as_data_source()

@@ -19,7 +19,8 @@ def exact_match(got: str | None, want: str) -> tuple[float, str]:
   return 0.0, f"wrong answer {got!r} (want {want!r})"
 
 
-def last_answer_span(response: str, open_tag: str = "<answer>", close_tag: str = "</answer>") -> str | None:
+def last_answer_span(response: str, open_tag: str = "<answer>",
+                     close_tag: str = "</answer>") -> str | None:
   """The text of the last `<answer>...</answer>` span, or None; linear time
   (two `rfind`s: a non-greedy regex is quadratic on `"<answer>" * n`)."""
   end = response.rfind(close_tag)
@@ -36,7 +37,9 @@ def format_reward(response: str, pattern: str | None = None) -> tuple[float, str
   response must match the regex `pattern` (keep it free of nested or adjacent
   unbounded repeats: Python's regex backtracks)."""
   if pattern is not None:
-    return (1.0, "well-formatted") if re.fullmatch(pattern, response) else (0.0, f"does not match {pattern!r}")
+    if re.fullmatch(pattern, response):
+      return 1.0, "well-formatted"
+    return 0.0, f"does not match {pattern!r}"
   stripped = response.rstrip()
   span = last_answer_span(stripped)
   if span and stripped.endswith("</answer>"):
@@ -57,7 +60,9 @@ def batched(reward_fn: RewardFn, responses: Sequence[str], *per_example: Sequenc
         f"Got {len(responses)} responses but per-example fields of lengths "
         f"{[len(f) for f in per_example]}."
     )
-  results = [_guarded(reward_fn, r, *fields, **kwargs) for r, *fields in zip(responses, *per_example)]
+  results = [
+      _guarded(reward_fn, r, *fields, **kwargs) for r, *fields in zip(responses, *per_example)
+  ]
   return np.asarray([r for r, _ in results], np.float32), [reason for _, reason in results]
 
 
@@ -66,5 +71,6 @@ def _guarded(reward_fn: RewardFn, response: str, *fields, **kwargs) -> tuple[flo
     return reward_fn(response, *fields, **kwargs)
   except Exception as error:  # noqa: BLE001 - model output must never stop training
     reason = f"reward function raised {type(error).__name__}: {error}"
-    warnings.warn(f"{getattr(reward_fn, '__name__', reward_fn)}: {reason}; scored 0.", RuntimeWarning, stacklevel=3)
+    warnings.warn(f"{getattr(reward_fn, '__name__', reward_fn)}: {reason}; scored 0.",
+                  RuntimeWarning, stacklevel=3)
     return 0.0, reason

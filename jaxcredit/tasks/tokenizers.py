@@ -62,7 +62,8 @@ class Tokenizer(abc.ABC):
       tokens = self.encode(text, add_bos=add_bos, add_eos=add_eos)
       if len(tokens) > length:
         if truncation == "error":
-          raise ValueError(f"Text {row} has {len(tokens)} tokens, more than length={length}: {text[:60]!r}.")
+          raise ValueError(
+              f"Text {row} has {len(tokens)} tokens, more than length={length}: {text[:60]!r}.")
         tokens = tokens[-length:] if truncation == "left" else tokens[:length]
       span = slice(length - len(tokens), length) if padding == "left" else slice(0, len(tokens))
       ids[row, span] = tokens

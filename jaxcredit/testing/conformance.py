@@ -27,7 +27,9 @@ class ConformanceError(AssertionError):
 def describe(rollout: Rollout) -> str:
   """A compact, printable description of a rollout."""
   with np.printoptions(precision=3, suppress=True, threshold=200, linewidth=120):
-    lines = [f"Rollout(B={rollout.shape[0]}, T={rollout.shape[1]}, group_size={rollout.group_size})"]
+    lines = [
+        f"Rollout(B={rollout.shape[0]}, T={rollout.shape[1]}, group_size={rollout.group_size})"
+    ]
     lines.append(f"  mask=\n{np.asarray(rollout.mask).astype(int)}")
     lines.append(f"  rewards={np.asarray(rollout.rewards, np.float32)}")
     for name in ("logprobs", "values"):
@@ -58,7 +60,8 @@ def _replace_token_fields(rollout: Rollout, fn: Callable[[jax.Array], jax.Array]
 
 def poison_masked(rollout: Rollout, value: float = jnp.nan) -> Rollout:
   """`rollout` with `value` at every masked position of every float [B, T] array."""
-  return _replace_token_fields(rollout, lambda x: jnp.where(rollout.mask, x, jnp.asarray(value, x.dtype)))
+  return _replace_token_fields(rollout,
+                               lambda x: jnp.where(rollout.mask, x, jnp.asarray(value, x.dtype)))
 
 
 HUGE_REWARD = 1e19
@@ -78,7 +81,8 @@ def degenerate_rollouts(group_sizes: Sequence[int] = (1, 2, 4)) -> list[tuple[st
   """Named edge cases, all [8, 6] (one compilation): all-masked rows,
   zero-variance groups, size-1 groups, length-1 responses, bf16 inputs,
   extreme log-probs, rewards of +-1e19 and target/behaviour log-ratios of
-  +-100 (extras["target_logprobs"]). Group sizes are taken from `group_sizes` (each must divide 8)."""
+  +-100 (extras["target_logprobs"]). Group sizes are taken from `group_sizes`
+  (each must divide 8)."""
   rng = np.random.default_rng(0)
   pick = lambda i: group_sizes[i % len(group_sizes)]
   base = lambda g: strategies.make_rollout(rng, batch=8, length=6, group_size=g)
@@ -93,10 +97,12 @@ def degenerate_rollouts(group_sizes: Sequence[int] = (1, 2, 4)) -> list[tuple[st
           logprobs=first.logprobs - 60.0, ref_logprobs=first.ref_logprobs - 60.0,
           extras={**first.extras, "target_logprobs": first.extras["target_logprobs"] - 60.0})),
       ("near-zero log-probs", second.replace(
-          logprobs=jnp.full_like(second.logprobs, -1e-7), ref_logprobs=jnp.full_like(second.logprobs, -1e-7))),
+          logprobs=jnp.full_like(second.logprobs, -1e-7),
+          ref_logprobs=jnp.full_like(second.logprobs, -1e-7))),
       ("huge rewards", second.replace(rewards=(2.0 * second.rewards - 1.0) * HUGE_REWARD)),
       ("large log-ratios", first.replace(extras={
-          **first.extras, "target_logprobs": first.logprobs + _alternating(first.shape, LARGE_LOG_RATIO)})),
+          **first.extras,
+          "target_logprobs": first.logprobs + _alternating(first.shape, LARGE_LOG_RATIO)})),
   ]
   if 1 in group_sizes:
     cases.append(("groups of size 1", base(1)))
@@ -132,8 +138,10 @@ def _float_gradients(fn: Callable) -> Callable[[Rollout], list[jax.Array]]:
     def of_floats(floats):
       it = iter(floats)
       full = [next(it) if f else x for x, f in zip(leaves, is_float)]
-      advantages = _as_estimate(fn(jax.tree.unflatten(treedef, full))).advantages.astype(jnp.float32)
-      weights = 1.0 + 0.5 * jnp.cos(jnp.arange(advantages.size, dtype=jnp.float32)).reshape(advantages.shape)
+      estimate = _as_estimate(fn(jax.tree.unflatten(treedef, full)))
+      advantages = estimate.advantages.astype(jnp.float32)
+      ramp = jnp.arange(advantages.size, dtype=jnp.float32).reshape(advantages.shape)
+      weights = 1.0 + 0.5 * jnp.cos(ramp)
       return jnp.sum(weights * advantages)
 
     return jax.grad(of_floats)([x.astype(jnp.float32) for x, f in zip(leaves, is_float) if f])
@@ -153,22 +161,28 @@ def _check_estimate_on(name, fn, jitted, gradients, rollout, invariances, atol):
   for key, value in outputs.items():
     if value is None:
       continue
-    array = np.asarray(value, np.float64) if value.dtype != jnp.bfloat16 else np.asarray(value.astype(jnp.float32))
+    array = np.asarray(value.astype(jnp.float32) if value.dtype == jnp.bfloat16 else value,
+                       np.float64)
     if value.shape != rollout.shape or not jnp.issubdtype(value.dtype, jnp.floating):
-      _fail("shape", name, rollout, f"{key} has shape {value.shape} dtype {value.dtype}, want float {rollout.shape}")
+      _fail("shape", name, rollout,
+            f"{key} has shape {value.shape} dtype {value.dtype}, want float {rollout.shape}")
     if not np.all(np.isfinite(array)):
-      _fail("finite", name, rollout, f"{key} not finite at {_offending(array, ~np.isfinite(array))}")
+      _fail("finite", name, rollout,
+            f"{key} not finite at {_offending(array, ~np.isfinite(array))}")
     if np.any(array[~mask] != 0):
-      _fail("masked_zero", name, rollout, f"{key} non-zero at masked {_offending(array, (~mask) & (array != 0))}")
+      _fail("masked_zero", name, rollout,
+            f"{key} non-zero at masked {_offending(array, (~mask) & (array != 0))}")
   jit_estimate = _as_estimate(jitted(rollout))
   if not _close(jit_estimate.advantages, estimate.advantages, atol):
     _fail("jit", name, rollout, "jit and no-jit advantages differ")
   poisoned = _as_estimate(jitted(poison_masked(rollout)))
   if not _close(poisoned.advantages, jit_estimate.advantages, atol):
-    _fail("masked_inputs_ignored", name, rollout, "NaN at masked input positions changed the advantages")
+    _fail("masked_inputs_ignored", name, rollout,
+          "NaN at masked input positions changed the advantages")
   for g in map(np.asarray, gradients(rollout)):
     if not np.all(np.isfinite(g)):
-      _fail("finite_gradients", name, rollout, f"gradient not finite at {_offending(g, ~np.isfinite(g))}")
+      _fail("finite_gradients", name, rollout,
+            f"gradient not finite at {_offending(g, ~np.isfinite(g))}")
   for inv_name, transform in invariances:
     changed = _as_estimate(jitted(transform(rollout)))
     if not _close(changed.advantages, jit_estimate.advantages, max(atol, 1e-3)):
@@ -248,7 +262,8 @@ def _loss_inputs(rollout: Rollout, estimate_fn) -> tuple[PolicyOutputs, Estimate
   return outputs, estimate_fn(rollout)
 
 
-def _check_loss_on(name, fn, jitted, gradients, rollout, estimate_fn, atol, on_policy=False, log_ratio_shift=0.0):
+def _check_loss_on(name, fn, jitted, gradients, rollout, estimate_fn, atol, on_policy=False,
+                   log_ratio_shift=0.0):
   outputs, estimate = _loss_inputs(rollout, estimate_fn)
   if on_policy:
     outputs = outputs._replace(logprobs=rollout.logprobs)
@@ -267,15 +282,18 @@ def _check_loss_on(name, fn, jitted, gradients, rollout, estimate_fn, atol, on_p
   poison = lambda x: None if x is None else jnp.where(rollout.mask, x, jnp.nan)
   dirty_loss, _ = jitted(jax.tree.map(poison, outputs), poison_masked(rollout), estimate)
   if not _close(dirty_loss, jit_loss, atol):
-    _fail("masked_inputs_ignored", name, rollout, f"NaN at masked positions gave {dirty_loss} != {jit_loss}")
+    _fail("masked_inputs_ignored", name, rollout,
+          f"NaN at masked positions gave {dirty_loss} != {jit_loss}")
   grads = gradients(outputs, rollout, estimate)
   mask = np.asarray(rollout.mask, bool)
   for field, g in zip(outputs._fields, grads):
     g = np.asarray(g, np.float64)
     if not np.all(np.isfinite(g)):
-      _fail("finite_gradients", name, rollout, f"d loss / d outputs.{field} not finite at {_offending(g, ~np.isfinite(g))}")
+      _fail("finite_gradients", name, rollout,
+            f"d loss / d outputs.{field} not finite at {_offending(g, ~np.isfinite(g))}")
     if np.any(g[~mask] != 0):
-      _fail("masked_zero_gradients", name, rollout, f"d loss / d outputs.{field} non-zero at masked {_offending(g, (~mask) & (g != 0))}")
+      _fail("masked_zero_gradients", name, rollout,
+            f"d loss / d outputs.{field} non-zero at masked {_offending(g, (~mask) & (g != 0))}")
 
 
 def check_loss(

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from jaxcredit.rollout import Rollout
 
 
-def make_mask(rng: np.random.Generator, batch: int, length: int, *, holes: bool = True) -> np.ndarray:
+def make_mask(rng: np.random.Generator, batch: int, length: int, *,
+              holes: bool = True) -> np.ndarray:
   """Prompt prefix, ragged response end, interior holes; possibly empty rows."""
   starts = rng.integers(0, max(length // 3, 0) + 1, batch)
   ends = rng.integers(starts, length + 1)
@@ -49,7 +50,8 @@ def make_rollout(
       entropy=jnp.asarray(rng.exponential(1.0, (batch, length)), jnp.float32),
       extras={
           "baseline_rewards": jnp.asarray(rng.integers(0, 2, batch), jnp.float32),
-          "sum_pi_squared": jnp.asarray(probs**2 + (1 - probs) ** 2 * rng.random((batch, length)), jnp.float32),
+          "sum_pi_squared": jnp.asarray(probs**2 + (1 - probs)**2 * rng.random((batch, length)),
+                                        jnp.float32),
           "target_logprobs": logprobs + token(0.2),
           "prm_logprobs": logprobs + token(0.2),
           "mc_values": jnp.asarray(rng.random((batch, length)), jnp.float32),

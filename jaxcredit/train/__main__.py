@@ -1,4 +1,5 @@
-"""python -m jaxcredit.train --config experiments/quickstart.py [--config.key=value ...] --workdir DIR"""
+"""python -m jaxcredit.train --config experiments/quickstart.py [--config.key=value ...] \
+    --workdir DIR"""
 
 import difflib
 import runpy
@@ -9,8 +10,10 @@ from ml_collections import config_flags
 
 from jaxcredit.train import checkpoints, loop, workdir_lock
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/*.py).")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics.jsonl, config.json and data.")
+_CONFIG = config_flags.DEFINE_config_file("config", None,
+                                          "Experiment config file (experiments/*.py).")
+_WORKDIR = flags.DEFINE_string("workdir", None,
+                               "Directory for metrics.jsonl, config.json and data.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -23,9 +26,11 @@ def unknown_field(config, path: str) -> str | None:
     if part not in fields:
       prefix = ".".join(walked)
       close = difflib.get_close_matches(part, fields, n=3)
-      hint = f" (did you mean {' or '.join('.'.join([*walked, c]) for c in close)}?)" if close else ""
+      suggestions = " or ".join(".".join([*walked, c]) for c in close)
+      hint = f" (did you mean {suggestions}?)" if close else ""
       where = f"config.{prefix}" if prefix else "the config"
-      return f"unknown config field {path}{hint}; {where} has: {', '.join(sorted(fields)) or 'no fields'}."
+      known = ", ".join(sorted(fields)) or "no fields"
+      return f"unknown config field {path}{hint}; {where} has: {known}."
     node, walked = node[part], [*walked, part]
   return None
 
@@ -64,7 +69,8 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # keep orbax's per-save INFO lines out of the console
   try:
     final = loop.run(_CONFIG.value, _WORKDIR.value)
-  except (FloatingPointError, checkpoints.CheckpointError, workdir_lock.WorkdirBusy, ValueError) as error:
+  except (FloatingPointError, checkpoints.CheckpointError, workdir_lock.WorkdirBusy,
+          ValueError) as error:
     raise SystemExit(f"Stopped: {error}") from error
   print(f"final: {final}")
 

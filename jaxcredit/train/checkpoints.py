@@ -1,8 +1,9 @@
 """Atomic, resumable checkpoints of the RL stage with orbax.
 
 A checkpoint holds the policy, the frozen reference policy, the optimizer
-state and the counters (RL step, global step, generated tokens). The data position and the sampling keys are pure
-functions of the step, so restoring these resumes the run exactly.
+state and the counters (RL step, global step, generated tokens). The data
+position and the sampling keys are pure functions of the step, so restoring
+these resumes the run exactly.
 
 A checkpoint restores onto the current mesh, whatever mesh wrote it: every
 array is read with the sharding of the live state it replaces (parameters by
@@ -43,13 +44,15 @@ def root_cause(error: BaseException) -> str:
 
 
 def check_writable(directory: pathlib.Path) -> None:
-  """Creates `directory` and writes and removes a probe file in it; CheckpointError naming it otherwise."""
+  """Creates `directory` and writes and removes a probe file in it; CheckpointError naming it
+  otherwise."""
   try:
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-probe-"):
       pass
   except OSError as error:
-    raise CheckpointError(f"{directory} is not writable ({root_cause(error)}); nothing was run.") from None
+    raise CheckpointError(
+        f"{directory} is not writable ({root_cause(error)}); nothing was run.") from None
 
 
 @contextlib.contextmanager
@@ -118,8 +121,8 @@ class Checkpointer:
   def _report_mesh_change(self, step: int, mesh: Mesh) -> None:
     saved = (self.manager.metadata(step).custom_metadata or {}).get("mesh")
     if saved and saved != dict(mesh.shape):
-      print(f"Checkpoint {step} was written on {describe_mesh(saved)}; resuming on {describe_mesh(mesh.shape)}.",
-            flush=True)
+      print(f"Checkpoint {step} was written on {describe_mesh(saved)}; resuming on "
+            f"{describe_mesh(mesh.shape)}.", flush=True)
 
   def _set_aside(self, step: int, reason: str) -> None:
     corrupt = self.directory.with_name(self.directory.name + ".corrupt")
@@ -128,8 +131,8 @@ class Checkpointer:
     if destination.exists():
       destination = corrupt / f"{step}.{os.getpid()}"
     shutil.move(str(self.directory / str(step)), destination)
-    print(f"Checkpoint {step} in {self.directory} does not restore ({reason}); moved it to {destination} "
-          "and trying the previous one.", flush=True)
+    print(f"Checkpoint {step} in {self.directory} does not restore ({reason}); moved it to "
+          f"{destination} and trying the previous one.", flush=True)
     self.manager.reload()
 
   def wait(self) -> None:
@@ -140,7 +143,8 @@ class Checkpointer:
 
 
 def describe_mesh(shape) -> str:
-  """'8 devices (data=8)' for {'data': 8, 'fsdp': 1, 'model': 1}: the device count and the axes over 1."""
+  """'8 devices (data=8)' for {'data': 8, 'fsdp': 1, 'model': 1}: the device count and the axes
+  over 1."""
   devices = math.prod(shape.values())
   axes = ", ".join(f"{name}={size}" for name, size in shape.items() if size > 1)
   return f"{devices} device{'s' * (devices != 1)}" + (f" ({axes})" if axes else "")

@@ -18,15 +18,22 @@ def check_resumable(saved: dict, config: dict) -> None:
     """{dotted.key: value} of a nested dict."""
     if not isinstance(tree, dict) or not tree:
       return {prefix: tree}
-    return {k: v for key, value in tree.items() for k, v in leaves(value, f"{prefix}.{key}".lstrip(".")).items()}
+    return {
+        k: v for key, value in tree.items()
+        for k, v in leaves(value, f"{prefix}.{key}".lstrip(".")).items()
+    }
 
   saved, config = leaves(saved), leaves(config)
   checked = [k for k in sorted(set(saved) | set(config))
              if any(k == field or k.startswith(field + ".") for field in RESUME_FIELDS)]
-  differing = [f"{k}: {saved.get(k)!r} -> {config.get(k)!r}" for k in checked if saved.get(k) != config.get(k)]
+  differing = [
+      f"{k}: {saved.get(k)!r} -> {config.get(k)!r}" for k in checked
+      if saved.get(k) != config.get(k)
+  ]
   if differing:
-    raise ValueError("This workdir holds checkpoints of a run with other settings; resume it with the same "
-                     "ones or use a new workdir. Differing: " + "; ".join(differing) + ".")
+    raise ValueError(
+        "This workdir holds checkpoints of a run with other settings; resume it with the same "
+        "ones or use a new workdir. Differing: " + "; ".join(differing) + ".")
 
 
 def _positive_int(value, name):
@@ -34,7 +41,8 @@ def _positive_int(value, name):
 
 
 def _number_in(value, name, low, high=float("inf"), *, low_open=False):
-  ok = isinstance(value, (int, float)) and (value > low if low_open else value >= low) and value <= high
+  above = value > low if low_open else value >= low
+  ok = isinstance(value, (int, float)) and above and value <= high
   bounds = f"{'(' if low_open else '['}{low}, {high}]"
   return ok, f"{name} must be a number in {bounds}, got {value!r}"
 
@@ -43,13 +51,19 @@ def validate_config(config) -> None:
   """Raises ValueError naming the field for hyperparameters no run can use."""
   rl, sft = config.rl, config.sft
   problems = [
-      _positive_int(rl.group_size, "rl.group_size"), _positive_int(rl.prompts_per_step, "rl.prompts_per_step"),
-      _positive_int(rl.epochs, "rl.epochs"), _positive_int(rl.minibatches, "rl.minibatches"),
-      _positive_int(rl.eval_every, "rl.eval_every"), _positive_int(sft.batch_size, "sft.batch_size"),
-      _positive_int(sft.eval_every, "sft.eval_every"), _positive_int(config.checkpoint.every, "checkpoint.every"),
+      _positive_int(rl.group_size, "rl.group_size"),
+      _positive_int(rl.prompts_per_step, "rl.prompts_per_step"),
+      _positive_int(rl.epochs, "rl.epochs"),
+      _positive_int(rl.minibatches, "rl.minibatches"),
+      _positive_int(rl.eval_every, "rl.eval_every"),
+      _positive_int(sft.batch_size, "sft.batch_size"),
+      _positive_int(sft.eval_every, "sft.eval_every"),
+      _positive_int(config.checkpoint.every, "checkpoint.every"),
       _positive_int(config.checkpoint.keep, "checkpoint.keep"),
-      (isinstance(rl.steps, int) and rl.steps >= 0, f"rl.steps must be an int >= 0, got {rl.steps!r}"),
-      (isinstance(sft.max_steps, int) and sft.max_steps >= 0, f"sft.max_steps must be an int >= 0, got {sft.max_steps!r}"),
+      (isinstance(rl.steps, int) and rl.steps >= 0,
+       f"rl.steps must be an int >= 0, got {rl.steps!r}"),
+      (isinstance(sft.max_steps, int) and sft.max_steps >= 0,
+       f"sft.max_steps must be an int >= 0, got {sft.max_steps!r}"),
       _number_in(rl.learning_rate, "rl.learning_rate", 0.0, low_open=True),
       _number_in(sft.learning_rate, "sft.learning_rate", 0.0, low_open=True),
       _number_in(rl.max_grad_norm, "rl.max_grad_norm", 0.0, low_open=True),
@@ -57,15 +71,18 @@ def validate_config(config) -> None:
       _number_in(rl.kl_reward_coef, "rl.kl_reward_coef", 0.0),
       _number_in(sft.target_accuracy, "sft.target_accuracy", 0.0, 1.0),
       _number_in(sft.noise, "sft.noise", 0.0, 1.0),
-      _number_in(config.task.get("max_dropped_fraction", 0.1), "task.max_dropped_fraction", 0.0, 1.0),
+      _number_in(config.task.get("max_dropped_fraction", 0.1), "task.max_dropped_fraction",
+                 0.0, 1.0),
   ]
   truncated_reward = config.task.get("truncated_reward", 0.0)
   problems.append((isinstance(truncated_reward, (int, float)) and math.isfinite(truncated_reward),
                    f"task.truncated_reward must be a finite number, got {truncated_reward!r}"))
   if config.critic.preset:
-    problems += [_number_in(config.critic.learning_rate, "critic.learning_rate", 0.0, low_open=True),
-                 _number_in(config.critic.gamma, "critic.gamma", 0.0, 1.0),
-                 _number_in(config.critic.lam, "critic.lam", 0.0, 1.0)]
+    problems += [
+        _number_in(config.critic.learning_rate, "critic.learning_rate", 0.0, low_open=True),
+        _number_in(config.critic.gamma, "critic.gamma", 0.0, 1.0),
+        _number_in(config.critic.lam, "critic.lam", 0.0, 1.0)
+    ]
   for ok, message in problems:  # NaN fails every comparison, so it is caught too
     if not ok:
       raise ValueError(message + ".")
@@ -78,13 +95,16 @@ def check_batch_sizes(config, devices: int) -> None:
   minibatch = rows // max(rl.minibatches, 1)
   problems = [
       (rl.minibatches >= 1 and rows % rl.minibatches == 0,
-       f"rl.prompts_per_step * rl.group_size = {rows} is not divisible by rl.minibatches = {rl.minibatches}"),
+       f"rl.prompts_per_step * rl.group_size = {rows} is not divisible by rl.minibatches = "
+       f"{rl.minibatches}"),
       (minibatch % rl.group_size == 0,
-       f"a minibatch of {minibatch} rows does not hold whole groups of rl.group_size = {rl.group_size}"),
+       f"a minibatch of {minibatch} rows does not hold whole groups of rl.group_size = "
+       f"{rl.group_size}"),
       (minibatch % devices == 0,
        f"a minibatch of {minibatch} rows is not divisible by the {devices} batch-sharded devices"),
       (config.sft.batch_size % devices == 0,
-       f"sft.batch_size = {config.sft.batch_size} is not divisible by the {devices} batch-sharded devices"),
+       f"sft.batch_size = {config.sft.batch_size} is not divisible by the {devices} "
+       "batch-sharded devices"),
   ]
   for ok, message in problems:
     if not ok:
@@ -96,5 +116,6 @@ def check_rewards(rewards: np.ndarray, *, task: str, rl_step: int) -> None:
   (a normalising estimator would otherwise turn the whole batch's advantages into 0 or NaN)."""
   bad = np.flatnonzero(~np.isfinite(rewards))
   if bad.size:
-    raise ValueError(f"Task {task!r} gave non-finite rewards at RL step {rl_step}: row {int(bad[0])} = "
-                     f"{rewards[bad[0]]} ({bad.size} of {rewards.size} rows); rewards must be finite numbers.")
+    raise ValueError(
+        f"Task {task!r} gave non-finite rewards at RL step {rl_step}: row {int(bad[0])} = "
+        f"{rewards[bad[0]]} ({bad.size} of {rewards.size} rows); rewards must be finite numbers.")

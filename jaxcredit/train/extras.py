@@ -78,8 +78,9 @@ def provider_factory(key: str, *, needed_by: str) -> Factory:
   if key not in PROVIDERS:
     _load_entry_points()
   if key not in PROVIDERS:
-    raise ValueError(f"Estimator {needed_by!r} needs rollout.extras[{key!r}], which no registered extras provider "
-                     f"computes; providers exist for: {', '.join(PROVIDERS.names())}.")
+    raise ValueError(
+        f"Estimator {needed_by!r} needs rollout.extras[{key!r}], which no registered extras "
+        f"provider computes; providers exist for: {', '.join(PROVIDERS.names())}.")
   return PROVIDERS.get(key)
 
 
@@ -106,7 +107,8 @@ def chain(*hooks: Hook | None) -> Hook | None:
   def run_all(context: Context, rollout: Rollout) -> tuple[dict, dict]:
     extras, metrics = {}, {}
     for hook in hooks:
-      more_extras, more_metrics = hook(context, rollout.replace(extras={**rollout.extras, **extras}))
+      so_far = rollout.replace(extras={**rollout.extras, **extras})
+      more_extras, more_metrics = hook(context, so_far)
       extras.update(more_extras)
       metrics.update(more_metrics)
     return extras, metrics
@@ -120,9 +122,10 @@ def _monte_carlo_values(settings: Mapping, *, temperature: float) -> Provide:
   k, positions = int(settings["k"]), str(settings["positions"])
 
   def provide(context: Context, rollout: Rollout) -> tuple[dict, dict]:
-    credit = monte_carlo.mc_credit(context.model, context.task, rollout.tokens, rollout.mask, rollout.token_valid,
-                                   context.examples, context.key, k=k, positions=positions,
-                                   logprobs=np.asarray(rollout.logprobs), temperature=temperature)
+    credit = monte_carlo.mc_credit(context.model, context.task, rollout.tokens, rollout.mask,
+                                   rollout.token_valid, context.examples, context.key, k=k,
+                                   positions=positions, logprobs=np.asarray(rollout.logprobs),
+                                   temperature=temperature)
     return ({"mc_values": credit.values, "mc_evaluated": credit.evaluated},
             {"gen_tokens": credit.cost["gen_tokens"], "mc_rollouts": credit.cost["rollouts"]})
 

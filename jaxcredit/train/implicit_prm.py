@@ -23,11 +23,13 @@ class ImplicitPRM:
     self.prm = self.optimizer = None
 
   def __call__(self, task, model, rollout) -> tuple[dict, dict]:
-    """({"prm_logprobs": [B, L]}, {"prm_loss": BCE}) on a rollout with ref_logprobs; one PRM update."""
+    """({"prm_logprobs": [B, L]}, {"prm_loss": BCE}) on a rollout with ref_logprobs; one PRM
+    update."""
     if self.prm is None:
       self.prm = nnx.clone(model)
       self.optimizer = nnx.Optimizer(self.prm, optax.adam(self.learning_rate), wrt=nnx.Param)
-    loss, logprobs = _prm_step(self.prm, self.optimizer, rollout, task.actions, self.beta, self.temperature)
+    loss, logprobs = _prm_step(self.prm, self.optimizer, rollout, task.actions, self.beta,
+                               self.temperature)
     return {"prm_logprobs": logprobs}, {"prm_loss": float(loss)}
 
 

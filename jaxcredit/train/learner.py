@@ -59,10 +59,12 @@ class Settings:
 
 def policy_update(model, optimizer, rollout: Rollout, estimate: Estimate, rl_step, objective,
                   temperature: float, actions: Actions) -> dict:
-  """One optimizer step of `objective` (losses.combine) on a (mini)batch; its metrics and the grad norm."""
+  """One optimizer step of `objective` (losses.combine) on a (mini)batch; its metrics and the
+  grad norm."""
 
   def loss_fn(model):
-    return objective(steps.policy_outputs(model, rollout, temperature, actions), rollout, estimate, rl_step)
+    return objective(steps.policy_outputs(model, rollout, temperature, actions), rollout, estimate,
+                     rl_step)
 
   (_, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
   optimizer.update(model, grads)
@@ -95,13 +97,15 @@ def prepare(models: dict, rollout: Rollout, settings: Settings) -> Rollout:
   """The rollout with reference log-probs (kept if present), the KL reward
   penalty as token_rewards (kl_reward_coef > 0) and critic values (with a critic)."""
   if rollout.ref_logprobs is None:
-    rollout = rollout.replace(ref_logprobs=reference_logprobs(models["reference"], rollout, settings))
+    rollout = rollout.replace(
+        ref_logprobs=reference_logprobs(models["reference"], rollout, settings))
   if settings.kl_reward_coef:
     rollout = rollout.replace(token_rewards=losses.kl_reward_shaping(
         jnp.zeros(rollout.mask.shape), rollout.logprobs, rollout.ref_logprobs, rollout.mask,
         coef=settings.kl_reward_coef, kind=settings.kl_reward_kind))
   if settings.critic is not None:
-    rollout = rollout.replace(values=steps.critic_values(models["critic"], rollout, settings.actions))
+    rollout = rollout.replace(
+        values=steps.critic_values(models["critic"], rollout, settings.actions))
   return rollout
 
 
@@ -144,8 +148,8 @@ def make_step(graphdef, *, advantage: Callable[[Rollout], Estimate], objective, 
     models = nnx.merge(graphdef, state)
     if rows is not None:
       rollout, estimate = jax.tree.map(lambda x: x[rows], (rollout, estimate))
-    metrics = policy_update(models["model"], models["optimizer"], rollout, estimate, rl_step, objective,
-                            settings.temperature, settings.actions)
+    metrics = policy_update(models["model"], models["optimizer"], rollout, estimate, rl_step,
+                            objective, settings.temperature, settings.actions)
     if settings.critic is not None:
       critic = critic_update(models["critic"], models["critic_optimizer"], rollout, settings.critic,
                              settings.actions)
@@ -157,7 +161,8 @@ def make_step(graphdef, *, advantage: Callable[[Rollout], Estimate], objective, 
     rollout = prepare(nnx.merge(graphdef, state), rollout, settings)
     estimate = advantage(rollout)
     body = lambda state, rows: update(state, rollout, estimate, rows, rl_step)
-    state, metrics = jax.lax.scan(body, state, orders, length=None if orders is not None else settings.epochs)
+    state, metrics = jax.lax.scan(body, state, orders,
+                                  length=None if orders is not None else settings.epochs)
     metrics = jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
     return state, {**metrics, **batch_metrics(rollout, estimate)}
 

@@ -40,7 +40,8 @@ from jaxcredit.models import Transformer, preset, sharding
 from jaxcredit.rollout import Rollout
 from jaxcredit.rollouts import SingleTurn
 from jaxcredit.tasks import loader
-from jaxcredit.train import checkpoints, checks, extras, learner, metrics, steps, tasks, workdir_lock
+from jaxcredit.train import (checkpoints, checks, extras, learner, metrics, steps, tasks,
+                             workdir_lock)
 
 RolloutHook = extras.Hook
 """hook(context: extras.Context, rollout) -> (extras, metrics): runs after the
@@ -70,17 +71,18 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
       return {"eval/accuracy": accuracy, "step": t.counters["step"]}
     started_rl, key = time.perf_counter(), jax.random.key(config.seed)
     add_extras = extras.chain(t.provide_extras, rollout_hook)
-    progress = tqdm.tqdm(range(t.counters["rl_step"], rl.steps), desc="rl", initial=t.counters["rl_step"],
-                         total=rl.steps, mininterval=2.0)
+    progress = tqdm.tqdm(range(t.counters["rl_step"], rl.steps), desc="rl",
+                         initial=t.counters["rl_step"], total=rl.steps, mininterval=2.0)
     for rl_step in progress:
-      t.checkpointer.check()  # an asynchronous save that failed stops the run here, not one save later
+      # An asynchronous save that failed stops the run here, not one save later.
+      t.checkpointer.check()
       step_started = time.perf_counter()
       batch = t.rl_data.rl_batch(rl_step, group_size=rl.group_size)
       rollout = t.source(t.modules["model"], batch, jax.random.fold_in(key, rl_step))
       checks.check_rewards(t.local(rollout.rewards), task=config.task.name, rl_step=rl_step + 1)
       rollout, record = _add_extras(t, rollout, batch, rl_step, add_extras)
-      orders = learner.minibatch_orders(rollout.tokens.shape[0], rl.group_size, rl.epochs, rl.minibatches,
-                                        config.seed, rl_step)
+      orders = learner.minibatch_orders(rollout.tokens.shape[0], rl.group_size, rl.epochs,
+                                        rl.minibatches, config.seed, rl_step)
       state, update_metrics = t.learner_step(nnx.state(t.modules), rollout, orders, rl_step)
       _check_finite(update_metrics, rl_step, t)
       nnx.update(t.modules, state)
@@ -88,28 +90,37 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
       t.counters.update(rl_step=rl_step + 1, step=t.counters["step"] + 1,
                         gen_tokens=t.counters["gen_tokens"] + generated)
       record.update({f"train/{k}": v for k, v in update_metrics.items()})
-      record.update({"train/truncated": jnp.mean(rollout.truncated),  # cut off by the budget: the task's rule scored it
+      # truncated: cut off by the budget (the task's rule scored it); gen_tokens:
+      # cumulative, hooks' rollouts included.
+      record.update({"train/truncated": jnp.mean(rollout.truncated),
                      "train/tokens_per_sec": generated / (time.perf_counter() - step_started),
-                     "train/gen_tokens": t.counters["gen_tokens"]})  # cumulative, hooks' rollouts included
+                     "train/gen_tokens": t.counters["gen_tokens"]})
       if (rl_step + 1) % rl.eval_every == 0 or rl_step + 1 == rl.steps:
         accuracy = record["eval/accuracy"] = t.evaluate()
         _report(rl_step + 1, record)
-      progress.set_postfix(reward=f"{record['train/reward_mean']:.3f}", kl=f"{float(record['train/kl']):.4f}",
-                           accuracy=accuracy, refresh=False)
+      progress.set_postfix(reward=f"{record['train/reward_mean']:.3f}",
+                           kl=f"{float(record['train/kl']):.4f}", accuracy=accuracy, refresh=False)
       t.writer.write(t.counters["step"], record)
       if stops or (rl_step + 1) % config.checkpoint.every == 0 or rl_step + 1 == rl.steps:
         t.checkpointer.save(rl_step + 1, t.modules, dict(t.counters), t.mesh)
       if stops:
-        tqdm.tqdm.write(f"{stops[0]}: saved a checkpoint at RL step {rl_step + 1}; rerun to resume.")
+        tqdm.tqdm.write(
+            f"{stops[0]}: saved a checkpoint at RL step {rl_step + 1}; rerun to resume.")
         break
     progress.close()
     t.checkpointer.wait()
     t.writer.close()
     accuracy = t.evaluate() if accuracy is None else accuracy
     now = time.perf_counter()
-    # Wall time of this process (a resumed run counts only its own part); set-up and compilation included.
-    return {"eval/accuracy": accuracy, "step": t.counters["step"], "seconds": round(now - started, 1),
-            "seconds_before_rl": round(started_rl - started, 1), "seconds_rl": round(now - started_rl, 1)}
+    # Wall time of this process (a resumed run counts only its own part); set-up and
+    # compilation included.
+    return {
+        "eval/accuracy": accuracy,
+        "step": t.counters["step"],
+        "seconds": round(now - started, 1),
+        "seconds_before_rl": round(started_rl - started, 1),
+        "seconds_rl": round(now - started_rl, 1)
+    }
 
 
 @contextlib.contextmanager
@@ -146,6 +157,7 @@ class _Trainer:
   local: Callable  # global array -> this process's rows
   task: tasks.TrainTask
   data_counts: dict
+  prompt_lengths: np.ndarray  # [n] token counts of the train split's prompts
   eval_batch: dict
   source: SingleTurn  # prompts -> scored Rollout
   modules: dict  # model, optimizer, reference[, critic, critic_optimizer]
@@ -157,14 +169,16 @@ class _Trainer:
 
   def evaluate(self) -> float:
     """Greedy accuracy (fraction of held-out prompts with reward 1)."""
-    greedy = dataclasses.replace(self.source, temperature=0.0, group_size=1, place=jnp.asarray, local=np.asarray)
+    greedy = dataclasses.replace(self.source, temperature=0.0, group_size=1, place=jnp.asarray,
+                                 local=np.asarray)
     rollout = greedy(self.modules["model"], self.eval_batch, jax.random.key(0))
     return float(np.mean(np.asarray(rollout.rewards) >= 1.0))
 
   def train_loader(self, batch_size: int) -> loader.Loader:
     task = self.task
     return loader.Loader(task.sources["train"], encode=task.encode, batch_size=batch_size,
-                         max_prompt_length=task.max_prompt_length, seed=self.config.seed, pad_id=task.pad_id)
+                         max_prompt_length=task.max_prompt_length, seed=self.config.seed,
+                         pad_id=task.pad_id, prompt_lengths=self.prompt_lengths)
 
 
 def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
@@ -176,10 +190,11 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
   resumed = checkpointer.latest_step() is not None
   config_json = config.to_json_best_effort(indent=2)
   if resumed and (workdir / "config.json").exists():
-    checks.check_resumable(json.loads((workdir / "config.json").read_text()), json.loads(config_json))
+    checks.check_resumable(json.loads((workdir / "config.json").read_text()),
+                           json.loads(config_json))
     if checkpointer.latest_step() >= config.rl.steps:
-      print(f"{workdir} is already at RL step {checkpointer.latest_step()} >= rl.steps = {config.rl.steps}: "
-            "nothing to do (config.json left as it was).")
+      print(f"{workdir} is already at RL step {checkpointer.latest_step()} >= rl.steps = "
+            f"{config.rl.steps}: nothing to do (config.json left as it was).")
       return None
   (workdir / "config.json").write_text(config_json)
   mesh = sharding.make_mesh(config.mesh.shape)
@@ -188,29 +203,36 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
   # Every process holds its own rows of a global batch (the loader's slice): these
   # assemble them into one global array and take a process's rows back for scoring.
   place = lambda x: multihost_utils.host_local_array_to_global_array(x, mesh, batch_spec)
-  local = lambda x: np.asarray(multihost_utils.global_array_to_host_local_array(x, mesh, batch_spec))
+  local = lambda x: np.asarray(
+      multihost_utils.global_array_to_host_local_array(x, mesh, batch_spec))
 
   # Data: a procedural TFDS dataset, read by step so that batches are reproducible.
-  task = tasks.make(config.task, data_dir=config.task.get("data_dir") or str(workdir / "data"), seed=config.seed)
-  data_counts = tasks.check_data(task, max_dropped_fraction=config.task.get("max_dropped_fraction", 0.1))
-  eval_batch = tasks.evaluation_batch(task)  # each test problem that fits, once
+  task = tasks.make(config.task, data_dir=config.task.get("data_dir") or str(workdir / "data"),
+                    seed=config.seed)
+  lengths = {split: tasks.split_lengths(task, split) for split in task.sources}  # read once
+  data_counts = tasks.check_data(task, lengths=lengths,
+                                 max_dropped_fraction=config.task.get("max_dropped_fraction", 0.1))
+  # Each test problem that fits, once.
+  eval_batch = tasks.evaluation_batch(task, lengths["test"][:, 0])
   data_counts["data/test/evaluated"] = len(eval_batch["examples"])
   print(f"Greedy eval on {len(eval_batch['examples'])} held-out problems.")
   source = SingleTurn(task.score_rows, task.max_response_length, group_size=config.rl.group_size,
-                      temperature=config.rl.temperature, stop_tokens=task.stop_tokens, pad_id=task.pad_id,
-                      actions=task.actions, place=place, local=local)
+                      temperature=config.rl.temperature, stop_tokens=task.stop_tokens,
+                      pad_id=task.pad_id, actions=task.actions, place=place, local=local)
 
   modules, settings = _learner_modules(config, task, mesh)
   # Built before any work, so that an unknown estimator, loss or extra fails at once.
   graphdef, _ = nnx.split(modules)
   advantage = estimators.from_config(config.advantage.to_dict())
   learner_step = learner.make_step(graphdef, advantage=advantage,
-                                   objective=losses.from_config(config.objective.to_dict()), settings=settings)
+                                   objective=losses.from_config(config.objective.to_dict()),
+                                   settings=settings)
   provide_extras = extras.hook(advantage, temperature=config.rl.temperature)
   reference_logprobs = nnx.jit(functools.partial(learner.reference_logprobs, settings=settings))
-  t = _Trainer(config, workdir, checkpointer, resumed, {"rl_step": 0, "step": 0, "gen_tokens": 0}, mesh, place,
-               local, task, data_counts, eval_batch, source, modules, learner_step, provide_extras,
-               reference_logprobs, None)
+  counters = {"rl_step": 0, "step": 0, "gen_tokens": 0}
+  t = _Trainer(config, workdir, checkpointer, resumed, counters, mesh, place, local, task,
+               data_counts, lengths["train"][:, 0], eval_batch, source, modules, learner_step,
+               provide_extras, reference_logprobs, None)
   t.rl_data = t.train_loader(config.rl.prompts_per_step)
   if resumed:
     t.counters = checkpointer.restore(modules, mesh)
@@ -222,22 +244,28 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
 def _learner_modules(config, task: tasks.TrainTask, mesh) -> tuple[dict, learner.Settings]:
   """The policy, its optimizer, the frozen reference (and a critic with its
   optimizer), placed on `mesh`; and the learner's settings."""
-  model_config = preset(config.model.preset, vocab_size=task.vocab_size, **config.model.get("overrides", {}))
+  model_config = preset(config.model.preset, vocab_size=task.vocab_size,
+                        **config.model.get("overrides", {}))
   model = Transformer(model_config, rngs=nnx.Rngs(config.seed))
   sharding.shard_model(model, mesh)  # parameters placed by their logical axes
   rl = config.rl
   adam = lambda lr: optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(lr))
-  modules = {"model": model, "optimizer": nnx.Optimizer(model, adam(rl.learning_rate), wrt=nnx.Param),
-             "reference": nnx.clone(model)}  # frozen copy of the policy at the start of RL (for KL)
+  modules = {
+      "model": model,
+      "optimizer": nnx.Optimizer(model, adam(rl.learning_rate), wrt=nnx.Param),
+      "reference": nnx.clone(model)
+  }  # frozen copy of the policy at the start of RL (for KL)
   critic_settings = None
   if config.critic.preset:
-    critic = Transformer(preset(config.critic.preset, vocab_size=task.vocab_size, value_head=True,
-                                **config.model.get("overrides", {})), rngs=nnx.Rngs(config.seed + 1))
+    critic = Transformer(
+        preset(config.critic.preset, vocab_size=task.vocab_size, value_head=True,
+               **config.model.get("overrides", {})), rngs=nnx.Rngs(config.seed + 1))
     sharding.shard_model(critic, mesh)
-    modules.update(critic=critic, critic_optimizer=nnx.Optimizer(critic, adam(config.critic.learning_rate),
-                                                                 wrt=nnx.Param))
-    critic_settings = learner.CriticSettings(clip=config.critic.value_clip, gamma=config.critic.gamma,
-                                             lam=config.critic.lam)
+    modules.update(
+        critic=critic, critic_optimizer=nnx.Optimizer(critic, adam(config.critic.learning_rate),
+                                                      wrt=nnx.Param))
+    critic_settings = learner.CriticSettings(clip=config.critic.value_clip,
+                                             gamma=config.critic.gamma, lam=config.critic.lam)
   settings = learner.Settings(temperature=rl.temperature, actions=task.actions, epochs=rl.epochs,
                               minibatches=rl.minibatches, kl_reward_coef=rl.kl_reward_coef,
                               kl_reward_kind=rl.kl_reward_kind, critic=critic_settings)
@@ -256,21 +284,25 @@ def _warm_start(t: _Trainer, stops: list) -> tuple[float, bool]:
     sft_update = steps.sft_step(t.task.actions)
     sft_optimizer = nnx.Optimizer(model, optax.adam(config.sft.learning_rate), wrt=nnx.Param)
     for sft_step in tqdm.trange(config.sft.max_steps, desc="sft", mininterval=2.0):
-      batch = sft_data.sft_batch(sft_step, length=t.task.max_prompt_length + t.task.max_response_length)
+      batch = sft_data.sft_batch(sft_step,
+                                 length=t.task.max_prompt_length + t.task.max_response_length)
       tokens = tasks.noisy_demonstrations(batch["tokens"], batch["loss_mask"],
                                           np.random.default_rng([config.seed, sft_step]),
                                           rate=config.sft.noise, task=t.task)
-      loss = sft_update(model, sft_optimizer, *map(t.place, (tokens, batch["loss_mask"], batch["token_valid"])))
+      loss = sft_update(model, sft_optimizer,
+                        *map(t.place, (tokens, batch["loss_mask"], batch["token_valid"])))
       step = t.counters["step"] = sft_step + 1
       if step % config.sft.eval_every == 0:
         accuracy = t.evaluate()
         t.writer.write(step, {"sft/loss": loss, "eval/accuracy": accuracy})
-        tqdm.tqdm.write(f"sft step {step:5d} | loss {float(loss):.3f} | eval accuracy {accuracy:.3f}")
+        tqdm.tqdm.write(
+            f"sft step {step:5d} | loss {float(loss):.3f} | eval accuracy {accuracy:.3f}")
         if accuracy >= config.sft.target_accuracy:
           break
       if stops:
-        tqdm.tqdm.write(f"{stops[0]} during SFT (step {step}): stopped before RL without a checkpoint; "
-                        "a rerun starts SFT over.")
+        tqdm.tqdm.write(
+            f"{stops[0]} during SFT (step {step}): stopped before RL without a checkpoint; "
+            "a rerun starts SFT over.")
         t.writer.close()
         return accuracy, True
   nnx.update(t.modules["reference"], nnx.state(model))  # the reference is the post-SFT policy
@@ -293,19 +325,22 @@ def _add_extras(t: _Trainer, rollout: Rollout, batch: dict, rl_step: int,
 
 
 def _check_finite(update_metrics: dict, rl_step: int, t: _Trainer) -> None:
-  """FloatingPointError naming the step and the last good checkpoint when the loss or gradient is not finite."""
+  """FloatingPointError naming the step and the last good checkpoint when the loss or gradient
+  is not finite."""
   loss, grad_norm = float(update_metrics["loss"]), float(update_metrics["grad_norm"])
   if np.isfinite(loss) and np.isfinite(grad_norm):
     return
   t.checkpointer.wait()
   latest = t.checkpointer.latest_step()
   raise FloatingPointError(
-      f"Non-finite loss ({loss}) or gradient norm ({grad_norm}) at RL step {rl_step + 1}; stopped without "
-      "saving. " + (f"The last good checkpoint is step {latest} in {t.workdir / 'checkpoints'}."
-                    if latest is not None else "No checkpoint had been written yet."))
+      f"Non-finite loss ({loss}) or gradient norm ({grad_norm}) at RL step {rl_step + 1}; "
+      "stopped without saving. "
+      + (f"The last good checkpoint is step {latest} in {t.workdir / 'checkpoints'}."
+         if latest is not None else "No checkpoint had been written yet."))
 
 
 def _report(rl_step: int, record: dict) -> None:
-  tqdm.tqdm.write(f"rl step {rl_step:5d} | reward {record['train/reward_mean']:.3f} | "
-                  f"kl {float(record['train/kl']):.4f} | entropy {record['train/entropy']:.3f} | "
-                  f"eval accuracy {record['eval/accuracy']:.3f} | {record['train/tokens_per_sec']:,.0f} tok/s")
+  tqdm.tqdm.write(
+      f"rl step {rl_step:5d} | reward {record['train/reward_mean']:.3f} | "
+      f"kl {float(record['train/kl']):.4f} | entropy {record['train/entropy']:.3f} | "
+      f"eval accuracy {record['eval/accuracy']:.3f} | {record['train/tokens_per_sec']:,.0f} tok/s")

@@ -28,7 +28,9 @@ class MetricsWriter:
       self.path.rename(kept)
       print(f"Kept the previous metrics as {kept}.")
       return
-    kept_lines = [line for line in _complete_lines(self.path) if json.loads(line)["step"] <= resume_step]
+    kept_lines = [
+        line for line in _complete_lines(self.path) if json.loads(line)["step"] <= resume_step
+    ]
     partial = self.path.with_suffix(".tmp")
     partial.write_text("".join(kept_lines))
     partial.replace(self.path)

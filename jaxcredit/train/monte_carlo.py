@@ -15,6 +15,7 @@ then N response slots); `mask` marks actions. The lab's oracles
 (`jaxcredit.lab.oracle`) build on the same continuations.
 """
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -29,7 +30,8 @@ from jaxcredit.sampling import Actions, generate
 from jaxcredit.train import tasks
 
 _segment_advantages, _segment_endpoints = jax.jit(segment_advantages), jax.jit(segment_endpoints)
-MC_STREAM = 0x0AC1E  # continuation keys are fold_in(key, MC_STREAM): never shared with an estimator's
+# Continuation keys are fold_in(key, MC_STREAM): never shared with an estimator's.
+MC_STREAM = 0x0AC1E
 
 
 @chex.dataclass(frozen=True)
@@ -48,7 +50,8 @@ class Credit:
   cost: dict
 
 
-def mc_value_stats(returns: Array, valid: Array, *, binary: bool = True) -> tuple[Array, Array, Array]:
+def mc_value_stats(returns: Array, valid: Array, *,
+                   binary: bool = True) -> tuple[Array, Array, Array]:
   """Mean, variance and standard error of K returns per state.
 
   returns, valid: [M, K]. binary=True: the standard error uses the
@@ -106,8 +109,10 @@ def _continuation_actions(allowed: np.ndarray, hidden: np.ndarray, width: int, h
 class Continuations:
   """K sampled continuations from prefixes row[:column] of a batch, scored by the task."""
 
-  def __init__(self, model, task, tokens, mask, token_valid, examples, key, *, k, temperature, max_rows):
-    self.model, self.task, self.examples, self.k, self.temperature = model, task, examples, k, temperature
+  def __init__(self, model, task, tokens, mask, token_valid, examples, key, *, k, temperature,
+               max_rows):
+    self.model, self.task, self.examples = model, task, examples
+    self.k, self.temperature = k, temperature
     self.tokens, self.mask, self.token_valid = tokens, mask, token_valid
     self.key, self.max_rows = key, max_rows
     n, response = task.max_response_length, task.actions.columns(task.max_prompt_length)
@@ -120,7 +125,8 @@ class Continuations:
     self.observed = np.asarray(task.actions.observe(tokens))
     self.gen_tokens = self.prefill_tokens = self.rollouts = 0
 
-  def returns(self, pairs: np.ndarray, *, ban: np.ndarray | None = None, stream: int = 0) -> np.ndarray:
+  def returns(self, pairs: np.ndarray, *, ban: np.ndarray | None = None,
+              stream: int = 0) -> np.ndarray:
     """[M, K] rewards of K continuations of prefix tokens[row, :column] per (row, column)
     pair; ban [M] (or None): a token id excluded at the first sampled step."""
     task, k = self.task, self.k
@@ -131,8 +137,10 @@ class Continuations:
     out_returns = np.zeros((len(pairs), k))
     ban = np.full(len(pairs), -1) if ban is None else np.asarray(ban)
     for start in range(0, len(pairs), per_chunk):
-      chunk = np.concatenate([pairs[start:start + per_chunk], ban[start:start + per_chunk, None]], 1)
-      padded = np.concatenate([chunk, np.repeat(chunk[-1:], per_chunk - len(chunk), 0)])  # one compiled shape
+      window = slice(start, start + per_chunk)
+      chunk = np.concatenate([pairs[window], ban[window, None]], 1)
+      # Padded to one compiled shape.
+      padded = np.concatenate([chunk, np.repeat(chunk[-1:], per_chunk - len(chunk), 0)])
       rows, columns, banned = padded[:, 0], padded[:, 1], padded[:, 2]
       steps_done = columns - prompt_len  # response steps before the state
       source = np.arange(width)[None] - (width - columns)[:, None]  # prefix, left-padded to `width`
@@ -145,10 +153,12 @@ class Continuations:
       first = allowed[:, 0]
       drop = (banned >= 0) & (first.sum(1) > 1)  # never ban a state's only action
       first[drop, banned[drop]] = False
-      out = generate(self.model, np.repeat(prompts, k, 0), np.repeat(valid, k, 0),
-                     jax.random.fold_in(jax.random.fold_in(self.key, stream), start), max_new_tokens=n,
-                     temperature=self.temperature, stop_tokens=task.stop_tokens, pad_id=task.pad_id,
-                     actions=_continuation_actions(allowed, self.step_hidden[index], width, task.actions.hidden_token, k))
+      out = generate(
+          self.model, np.repeat(prompts, k, 0), np.repeat(valid, k, 0),
+          jax.random.fold_in(jax.random.fold_in(self.key, stream), start), max_new_tokens=n,
+          temperature=self.temperature, stop_tokens=task.stop_tokens, pad_id=task.pad_id,
+          actions=_continuation_actions(allowed, self.step_hidden[index], width,
+                                        task.actions.hidden_token, k))
       continuation, continued = np.asarray(out.tokens)[:, width:], np.asarray(out.mask)[:, width:]
       # The response: the row's own first `done` steps, then the continuation.
       done, row_of = np.repeat(steps_done, k)[:, None], np.repeat(rows, k)
@@ -168,20 +178,27 @@ class Continuations:
     return out_returns
 
   def cost(self) -> dict:
-    return {"rollouts": self.rollouts, "gen_tokens": self.gen_tokens, "prefill_tokens": self.prefill_tokens,
-            "tf_tokens": 0, "passes": 0}
+    return {
+        "rollouts": self.rollouts,
+        "gen_tokens": self.gen_tokens,
+        "prefill_tokens": self.prefill_tokens,
+        "tf_tokens": 0,
+        "passes": 0
+    }
 
 
 def returns_stats(returns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """float64 mean and standard error of [M, K] returns (Agresti-Coull when they are all 0 or 1)."""
   binary = bool(np.isin(returns, (0.0, 1.0)).all())
-  mean, _, stderr = mc_value_stats(jnp.asarray(returns), jnp.ones(returns.shape, bool), binary=binary)
+  mean, _, stderr = mc_value_stats(jnp.asarray(returns), jnp.ones(returns.shape, bool),
+                                   binary=binary)
   return np.asarray(mean, np.float64), np.asarray(stderr, np.float64)
 
 
-def mc_credit(model, task: tasks.TrainTask, tokens: np.ndarray, mask: np.ndarray, token_valid: np.ndarray,
-              examples: Sequence[dict], key: Array, *, k: int, positions: str = "all",
-              logprobs: np.ndarray | None = None, temperature: float = 1.0, max_rows: int = 4096) -> Credit:
+def mc_credit(model, task: tasks.TrainTask, tokens: np.ndarray, mask: np.ndarray,
+              token_valid: np.ndarray, examples: Sequence[dict], key: Array, *, k: int,
+              positions: str = "all", logprobs: np.ndarray | None = None, temperature: float = 1.0,
+              max_rows: int = 4096) -> Credit:
   """Plain Monte-Carlo credit (VinePPO) at the positions `select_positions` picks.
 
   V(s_t) is the mean reward of `k` continuations from s_t; segment credit
@@ -193,31 +210,49 @@ def mc_credit(model, task: tasks.TrainTask, tokens: np.ndarray, mask: np.ndarray
   log-probs (for positions="cutpoints:tau"). Continuations use the task's
   action sets and hidden steps, so they follow the sampling policy.
   """
-  tokens, mask, token_valid = check_rows(task, tokens, mask, token_valid)
-  evaluated = np.asarray(select_positions(mask, logprobs, positions))
-  pairs = np.argwhere(evaluated)  # (row, column): the state before the action at column
-  sampler = Continuations(model, task, tokens, mask, token_valid, examples, jax.random.fold_in(key, MC_STREAM),
-                          k=k, temperature=temperature, max_rows=max_rows)
-  rewards = task.score_rows(tokens, mask, examples)
+  start = MonteCarloStart.make(model, task, tokens, mask, token_valid, examples, key, k=k,
+                               positions=positions, logprobs=logprobs, temperature=temperature,
+                               max_rows=max_rows)
+  tokens, mask, evaluated, pairs = start.tokens, start.mask, start.evaluated, start.pairs
   values, value_se = np.zeros(tokens.shape), np.zeros(tokens.shape)
-  mean, stderr = returns_stats(sampler.returns(pairs))
+  mean, stderr = returns_stats(start.sampler.returns(pairs))
   values[pairs[:, 0], pairs[:, 1]] = mean
   value_se[pairs[:, 0], pairs[:, 1]] = stderr
   advantages = _segment_advantages(jnp.asarray(values, jnp.float32), jnp.asarray(evaluated),
-                                   jnp.asarray(rewards), jnp.asarray(mask))
+                                   jnp.asarray(start.rewards), jnp.asarray(mask))
   # The two endpoints of a segment use independent rollouts (the terminal reward has SE 0).
   se_start, se_end = _segment_endpoints(jnp.asarray(value_se, jnp.float32), jnp.asarray(evaluated),
                                         jnp.zeros(len(tokens)), jnp.asarray(mask))
-  return Credit(
-      advantages=advantages, values=jnp.asarray(values, jnp.float32),
-      adv_stderr=jnp.hypot(se_start, se_end), evaluated=jnp.asarray(evaluated), cost=sampler.cost(),
-  )
+  return Credit(advantages=advantages, values=jnp.asarray(values, jnp.float32),
+                adv_stderr=jnp.hypot(se_start, se_end), evaluated=jnp.asarray(evaluated),
+                cost=start.sampler.cost())
 
 
-def check_rows(task: tasks.TrainTask, tokens, mask, token_valid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """The three [B, L] arrays as numpy; ValueError unless L = P + N of the task."""
-  tokens, mask, token_valid = (np.asarray(x) for x in (tokens, mask, token_valid))
-  prompt_len, n = task.max_prompt_length, task.max_response_length
-  if tokens.shape[1] != prompt_len + n:
-    raise ValueError(f"Expected rows of {prompt_len} + {n} tokens, got {tokens.shape}.")
-  return tokens, mask, token_valid
+@dataclasses.dataclass(frozen=True)
+class MonteCarloStart:
+  """What every Monte-Carlo credit estimate starts from: the checked [B, L]
+  rows, the evaluated positions ([B, L] bool and their (row, column) pairs, the
+  state before the action at column), the rows' rewards [B] and the
+  continuation sampler (keys from fold_in(key, MC_STREAM))."""
+
+  tokens: np.ndarray
+  mask: np.ndarray
+  evaluated: np.ndarray
+  pairs: np.ndarray
+  rewards: np.ndarray
+  sampler: Continuations
+
+  @classmethod
+  def make(cls, model, task: tasks.TrainTask, tokens, mask, token_valid, examples, key, *, k: int,
+           positions: str, logprobs, temperature: float, max_rows: int) -> "MonteCarloStart":
+    """ValueError unless the rows are [B, P + N] of the task."""
+    tokens, mask, token_valid = (np.asarray(x) for x in (tokens, mask, token_valid))
+    prompt_len, n = task.max_prompt_length, task.max_response_length
+    if tokens.shape[1] != prompt_len + n:
+      raise ValueError(f"Expected rows of {prompt_len} + {n} tokens, got {tokens.shape}.")
+    evaluated = np.asarray(select_positions(mask, logprobs, positions))
+    sampler = Continuations(model, task, tokens, mask, token_valid, examples,
+                            jax.random.fold_in(key, MC_STREAM), k=k, temperature=temperature,
+                            max_rows=max_rows)
+    return cls(tokens, mask, evaluated, np.argwhere(evaluated),
+               task.score_rows(tokens, mask, examples), sampler)

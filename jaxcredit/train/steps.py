@@ -32,7 +32,8 @@ def _forward(model, tokens, token_valid, positions, actions: Actions):
   return model(actions.observe(tokens), positions=positions, token_valid=token_valid)
 
 
-def policy_outputs(model, rollout: Rollout, temperature: float, actions: Actions = Actions()) -> PolicyOutputs:
+def policy_outputs(model, rollout: Rollout, temperature: float,
+                   actions: Actions = Actions()) -> PolicyOutputs:
   """The current policy's log-probs, entropies (and values V(s_t), the value
   head's output at the state before action t) on a rollout's tokens."""
   out = _forward(model, rollout.tokens, rollout.token_valid, rollout.positions, actions)

@@ -51,7 +51,8 @@ class TrainTask:
     """[B] bool: whole [B, P + N] rows whose response holds no stop token
     (all False for tasks without stop tokens: their responses have a fixed length)."""
     response = slice(self.max_prompt_length, None)
-    stopped = np.isin(np.asarray(tokens)[:, response], self.stop_tokens) & np.asarray(mask, bool)[:, response]
+    in_response = np.asarray(mask, bool)[:, response]
+    stopped = np.isin(np.asarray(tokens)[:, response], self.stop_tokens) & in_response
     return ~stopped.any(axis=1) if self.stop_tokens else np.zeros(len(stopped), bool)
 
   def score_rows(self, tokens, mask, examples: Sequence[dict]) -> np.ndarray:
@@ -66,7 +67,8 @@ def _text(value) -> str:
   return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _text_scorer(tokenizer: CharTokenizer, reward_fn: Callable[[str, dict], tuple[float, str]]) -> Scorer:
+def _text_scorer(tokenizer: CharTokenizer,
+                 reward_fn: Callable[[str, dict], tuple[float, str]]) -> Scorer:
   def score(tokens, mask, examples):
     responses = [tokenizer.decode(row[m]) for row, m in zip(tokens, mask)]
     return np.asarray([reward_fn(r, e)[0] for r, e in zip(responses, examples)], np.float32)
@@ -109,25 +111,30 @@ def make(config, *, data_dir: str, seed: int) -> TrainTask:
   else:
     task_config, tokenizer, score = TEXT_TASKS[name](options)
     prompt_length, response_length = config.max_prompt_length, config.max_response_length
-  builder = builders.get(name, data_dir=data_dir, config=builders.ProceduralConfig(name="run", task=task_config),
+  builder = builders.get(name, data_dir=data_dir,
+                         config=builders.ProceduralConfig(name="run", task=task_config),
                          train_size=config.train_size, test_size=config.test_size, seed=seed)
   builder.download_and_prepare()
   sources = builder.as_data_source()
-  common = dict(name=name, max_prompt_length=prompt_length, max_response_length=response_length, sources=sources,
-                config=task_config, truncated_reward=float(config.get("truncated_reward", 0.0)))
+  common = dict(name=name, max_prompt_length=prompt_length, max_response_length=response_length,
+                sources=sources, config=task_config,
+                truncated_reward=float(config.get("truncated_reward", 0.0)))
   if name != "key_token":
-    return TrainTask(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, stop_tokens=(tokenizer.eos_id,),
-                     encode=loader.text_encoder(tokenizer), score=score, **common)
+    return TrainTask(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
+                     stop_tokens=(tokenizer.eos_id,), encode=loader.text_encoder(tokenizer),
+                     score=score, **common)
 
   def score_keys(tokens, mask, examples):
     del mask  # every response has exactly T actions
     targets = np.stack([np.asarray(e["targets"]) for e in examples])
     return key_token.reward(tokens, targets, task_config)
 
-  hidden = np.asarray(key_token.observe(np.zeros(response_length, np.int32), task_config) == key_token.FILL)
-  hidden_in_rows = np.concatenate([np.zeros(prompt_length, bool), hidden])  # the prompt is always seen
-  actions = Actions(allowed=key_token.allowed_in_rows(task_config), hidden=hidden_in_rows if hidden.any() else None,
-                    hidden_token=key_token.FILL)
+  hidden = np.asarray(
+      key_token.observe(np.zeros(response_length, np.int32), task_config) == key_token.FILL)
+  # The prompt is always seen.
+  hidden_in_rows = np.concatenate([np.zeros(prompt_length, bool), hidden])
+  actions = Actions(allowed=key_token.allowed_in_rows(task_config),
+                    hidden=hidden_in_rows if hidden.any() else None, hidden_token=key_token.FILL)
   return TrainTask(vocab_size=key_token.VOCAB_SIZE, pad_id=key_token.PAD, stop_tokens=(),
                    encode=loader.ids_encoder, score=score_keys, actions=actions, **common)
 
@@ -144,7 +151,10 @@ def noisy_demonstrations(tokens: np.ndarray, loss_mask: np.ndarray, rng: np.rand
       continue
     column = rng.choice(columns)
     choices = np.flatnonzero(allowed[column]) if allowed is not None else np.arange(task.vocab_size)
-    choices = [c for c in choices if c != tokens[row, column] and c not in task.stop_tokens and c != task.pad_id]
+    choices = [
+        c for c in choices
+        if c != tokens[row, column] and c not in task.stop_tokens and c != task.pad_id
+    ]
     if choices:
       tokens[row, column] = rng.choice(choices)
   return tokens
@@ -157,13 +167,14 @@ def _all_examples(source) -> list:
   return [source[i] for i in range(len(source))]
 
 
-def _lengths(task: TrainTask, split: str) -> np.ndarray:
+def split_lengths(task: TrainTask, split: str) -> np.ndarray:
   """[n, 2] token counts (prompt, completion with its stop token) of a split's examples."""
   examples = _all_examples(task.sources[split])
   return np.asarray([[len(ids) for ids in task.encode(e)] for e in examples]).reshape(-1, 2)
 
 
-def check_data(task: TrainTask, *, max_dropped_fraction: float) -> dict:
+def check_data(task: TrainTask, *, max_dropped_fraction: float,
+               lengths: dict[str, np.ndarray] | None = None) -> dict:
   """Counts, per split, the examples the budgets exclude and says so; returns
   {"data/<split>/examples" | "/dropped" | "/unrewardable": count}.
 
@@ -171,34 +182,38 @@ def check_data(task: TrainTask, *, max_dropped_fraction: float) -> dict:
   unrewardable: reference answer (with its stop token) longer than
   max_response_length, so a response can never both finish and be right.
   Raises ValueError when a split would lose more than `max_dropped_fraction`
-  of its examples; warns for unrewardable answers."""
+  of its examples; warns for unrewardable answers. `lengths`: {split:
+  split_lengths(task, split)} when already read."""
   report = {}
   for split in sorted(task.sources):
-    lengths = _lengths(task, split)
-    n = len(lengths)
-    dropped = int(np.sum(lengths[:, 0] > task.max_prompt_length))
-    unrewardable = int(np.sum(lengths[:, 1] > task.max_response_length))
+    counts = split_lengths(task, split) if lengths is None else lengths[split]
+    n = len(counts)
+    dropped = int(np.sum(counts[:, 0] > task.max_prompt_length))
+    unrewardable = int(np.sum(counts[:, 1] > task.max_response_length))
     report.update({f"data/{split}/examples": n, f"data/{split}/dropped": dropped,
                    f"data/{split}/unrewardable": unrewardable})
     if dropped > max_dropped_fraction * n:
       raise ValueError(
-          f"{dropped} of {n} {split} examples ({dropped / n:.1%}) have prompts longer than max_prompt_length = "
-          f"{task.max_prompt_length} tokens (longest {lengths[:, 0].max()}) and would be dropped, more than "
-          f"task.max_dropped_fraction = {max_dropped_fraction}; raise max_prompt_length or task.max_dropped_fraction.")
+          f"{dropped} of {n} {split} examples ({dropped / n:.1%}) have prompts longer than "
+          f"max_prompt_length = {task.max_prompt_length} tokens (longest "
+          f"{counts[:, 0].max()}) and would be dropped, more than task.max_dropped_fraction = "
+          f"{max_dropped_fraction}; raise max_prompt_length or task.max_dropped_fraction.")
     if dropped:
-      print(f"{split}: dropped {dropped} of {n} examples whose prompt is longer than max_prompt_length = "
-            f"{task.max_prompt_length} tokens.")
+      print(f"{split}: dropped {dropped} of {n} examples whose prompt is longer than "
+            f"max_prompt_length = {task.max_prompt_length} tokens.")
     if unrewardable:
       print(f"Warning: {unrewardable} of {n} {split} answers need more than max_response_length = "
-            f"{task.max_response_length} tokens (longest {lengths[:, 1].max()}, stop token included): a "
-            f"response is cut off there and scored truncated_reward = {task.truncated_reward}.")
+            f"{task.max_response_length} tokens (longest {counts[:, 1].max()}, stop token "
+            "included): a response is cut off there and scored truncated_reward = "
+            f"{task.truncated_reward}.")
   return report
 
 
-def evaluation_batch(task: TrainTask) -> dict:
+def evaluation_batch(task: TrainTask, prompt_lengths=None) -> dict:
   """Every test prompt that fits max_prompt_length exactly once, left-padded,
-  with its example (for greedy eval; len(batch["examples"]) is how many)."""
+  with its example (for greedy eval; len(batch["examples"]) is how many).
+  `prompt_lengths`: the test prompts' token counts when already read."""
   source = loader.Loader(_all_examples(task.sources["test"]), encode=task.encode, batch_size=1,
                          max_prompt_length=task.max_prompt_length, pad_id=task.pad_id,
-                         process_index=0, process_count=1)
+                         process_index=0, process_count=1, prompt_lengths=prompt_lengths)
   return source.every_prompt()

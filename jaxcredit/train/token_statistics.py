@@ -34,15 +34,16 @@ def key_token_table(present: np.ndarray, correct: np.ndarray) -> dict[str, float
   p = stats.fisher_exact([[a, b], [c, d]]).pvalue
   fisher = 0.0 if p >= 1.0 else float(np.exp(-2 * p))
   with_v, without_v = a + b, c + d
-  conditional = sum(count / n * _entropy(np.array(hits / count)) for hits, count in ((a, with_v), (c, without_v))
-                    if count > 0)
+  conditional = sum(count / n * _entropy(np.array(hits / count))
+                    for hits, count in ((a, with_v), (c, without_v)) if count > 0)
   gain = float(_entropy(np.array((a + c) / n)) - conditional)
   h = float(np.arcsin(np.sqrt(a / (a + c))) - np.arcsin(np.sqrt(b / (b + d))))
   kappa = 2 * (1 / (1 + np.exp(-(fisher + gain) * h / 2)) - 0.5)
   return {"F": fisher, "IG": gain, "h": h, "kappa": float(kappa)}
 
 
-def ktae_scores(tokens: np.ndarray, mask: np.ndarray, rewards: np.ndarray, group_size: int) -> np.ndarray:
+def ktae_scores(tokens: np.ndarray, mask: np.ndarray, rewards: np.ndarray,
+                group_size: int) -> np.ndarray:
   """[B, T] kappa of each action's token type within its group (0 off the mask).
 
   tokens, mask: [B, T]; rewards: [B] (correct: reward > 0.5); rows of a group contiguous.

@@ -33,8 +33,9 @@ class WorkdirLock:
       file.seek(0)
       holder = file.read().strip() or "another process"
       file.close()
-      raise WorkdirBusy(f"{self.path.parent} is in use by {holder}; one training process per workdir "
-                        "(wait for it to finish or stop it, or use another --workdir).") from None
+      raise WorkdirBusy(
+          f"{self.path.parent} is in use by {holder}; one training process per workdir "
+          "(wait for it to finish or stop it, or use another --workdir).") from None
     file.seek(0)
     file.truncate()
     file.write(f"host {socket.gethostname()} pid {os.getpid()}\n")
