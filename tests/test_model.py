@@ -6,13 +6,19 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxcredit.models.config import preset
+from jaxcredit.models.config import RopeScaling, preset
 from jaxcredit.models.transformer import KVCache, Transformer
 
 TINY = preset("tiny")
 VARIANTS = {
     "tied": TINY,
     "untied+bias+value": TINY.replace(tie_embeddings=False, qkv_bias=True, value_head=True, n_kv_heads=4),
+}
+# transformers is the reference for these (tests/test_hf_parity.py); here the cache path must agree.
+CACHED_VARIANTS = {
+    **VARIANTS,
+    "qk_norm+head_dim+llama3_rope": TINY.replace(qk_norm=True, head_dim=48, rope_scaling=RopeScaling(
+        factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16)),
 }
 
 
@@ -107,9 +113,9 @@ def test_left_padding_does_not_change_valid_outputs():
   np.testing.assert_allclose(out.logits[:, 3:], model(jnp.asarray(tokens)).logits, atol=1e-4)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", CACHED_VARIANTS)
 def test_cached_decode_equals_full_forward(variant):
-  config = VARIANTS[variant]
+  config = CACHED_VARIANTS[variant]
   model = _perturbed_model(config, 4)
   tokens, positions, token_valid = _left_padded_batch(np.random.default_rng(5), 2, 10, config.vocab_size)
   full = model(tokens, positions=positions, token_valid=token_valid)

@@ -1,20 +1,24 @@
-"""Policy and critic models: a Flax NNX Llama/Qwen2-style transformer."""
+"""Policy and critic models: a Flax NNX Llama 3 / Qwen2 / Qwen3-style transformer."""
 
-from jaxcredit.models.checkpoint import config_from_hf, load_hf_checkpoint
+from jaxcredit.models.checkpoint import config_from_hf, load_hf_checkpoint, stop_tokens
 from jaxcredit.models import sharding
-from jaxcredit.models.config import PRESETS, TransformerConfig, preset
-from jaxcredit.models.transformer import KVCache, ModelOutput, RMSNorm, Transformer, rope
+from jaxcredit.models.config import PRESETS, RopeScaling, TransformerConfig, preset
+from jaxcredit.models.transformer import (KVCache, ModelOutput, RMSNorm, Transformer, rope,
+                                          rope_frequencies)
 
 __all__ = [
     "KVCache",
     "ModelOutput",
     "PRESETS",
     "RMSNorm",
+    "RopeScaling",
     "Transformer",
     "TransformerConfig",
     "config_from_hf",
     "load_hf_checkpoint",
     "preset",
     "rope",
+    "rope_frequencies",
     "sharding",
+    "stop_tokens",
 ]

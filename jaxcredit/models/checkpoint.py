@@ -1,20 +1,26 @@
-"""Loading Hugging Face Llama / Qwen2 checkpoints (safetensors + config.json).
+"""Loading Hugging Face Llama 3 / Qwen2 / Qwen3 checkpoints (safetensors + config.json).
 
 No network: point `load_hf_checkpoint` at a local directory holding
 `config.json` and `model.safetensors` (or a sharded
 `model.safetensors.index.json` with its shards). Needs the `safetensors`
 package (`pip install jaxcredit[hf]`).
+
+Both config formats are read: `rope_parameters` (transformers >= 5) and the
+older top-level `rope_theta` / `rope_scaling`. A field that would change the
+computation in a way this model does not implement (another RoPE type,
+sliding-window attention, another activation, biases the model lacks) raises
+ValueError naming it: a checkpoint loads exactly or not at all.
 """
 
+import dataclasses
 import json
 import pathlib
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from jaxcredit.models.config import TransformerConfig
+from jaxcredit.models.config import RopeScaling, TransformerConfig
 from jaxcredit.models.transformer import Transformer
 
 # Tensors some checkpoints carry that the model recomputes.
@@ -26,29 +32,98 @@ HF_CONFIG_FIELDS = ("num_attention_heads", "vocab_size", "hidden_size", "num_hid
 """The `config.json` fields a checkpoint must have (the others have defaults)."""
 
 
+MODEL_TYPES = ("llama", "qwen2", "qwen3")
+ROPE_TYPES = ("default", "llama3")
+
+
 def config_from_hf(hf_config: dict, **overrides) -> TransformerConfig:
-  """A TransformerConfig from a Llama/Qwen2 `config.json` dict."""
+  """A TransformerConfig from a Llama / Qwen2 / Qwen3 `config.json` dict.
+
+  ValueError naming the field for a missing required field, an unknown
+  model_type, or any setting the model does not implement.
+  """
   missing = [key for key in HF_CONFIG_FIELDS if key not in hf_config]
   if missing:
     raise ValueError(f"The model config has no {', '.join(map(repr, missing))} field.")
   model_type = hf_config.get("model_type", "llama")
-  if model_type not in ("llama", "qwen2"):
-    raise ValueError(f"Unsupported model_type {model_type!r}; supported: llama, qwen2.")
+  if model_type not in MODEL_TYPES:
+    raise ValueError(f"Unsupported model_type {model_type!r}; supported: {', '.join(MODEL_TYPES)}.")
+  _refuse_unimplemented(hf_config, model_type)
+  rope_theta, rope_scaling = _rope_settings(hf_config)
   n_heads = hf_config["num_attention_heads"]
   fields = dict(
       vocab_size=hf_config["vocab_size"],
       d_model=hf_config["hidden_size"],
       n_layers=hf_config["num_hidden_layers"],
       n_heads=n_heads,
-      n_kv_heads=hf_config.get("num_key_value_heads", n_heads),
+      n_kv_heads=hf_config.get("num_key_value_heads") or n_heads,
       d_ff=hf_config["intermediate_size"],
       head_dim=hf_config.get("head_dim"),
-      rope_theta=float(hf_config.get("rope_theta", 10000.0)),
+      rope_theta=rope_theta,
+      rope_scaling=rope_scaling,
       norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
-      qkv_bias=model_type == "qwen2" or bool(hf_config.get("attention_bias", False)),
+      qkv_bias=model_type == "qwen2",
+      qk_norm=model_type == "qwen3",
       tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
   )
   return TransformerConfig(**{**fields, **overrides})
+
+
+def _refuse_unimplemented(hf_config: dict, model_type: str) -> None:
+  """ValueError naming the first field whose value changes the computation in a
+  way the model does not implement."""
+  layer_types = hf_config.get("layer_types") or []
+  checks = [
+      ("hidden_act", hf_config.get("hidden_act", "silu") == "silu",
+       "only silu (SwiGLU) is implemented"),
+      ("use_sliding_window", not hf_config.get("use_sliding_window", False),
+       "sliding-window attention is not implemented"),
+      ("layer_types", all(kind == "full_attention" for kind in layer_types),
+       "only full_attention layers are implemented"),
+      ("partial_rotary_factor", hf_config.get("partial_rotary_factor", 1.0) == 1.0,
+       "RoPE over part of each head is not implemented"),
+      ("mlp_bias", not hf_config.get("mlp_bias", False), "MLP biases are not implemented"),
+      # Qwen2's q/k/v biases are fixed by its architecture; elsewhere this adds o_proj's too.
+      ("attention_bias", model_type == "qwen2" or not hf_config.get("attention_bias", False),
+       "attention biases (with an o_proj bias) are not implemented"),
+  ]
+  for field, ok, why in checks:
+    if not ok:
+      raise ValueError(f"{field} = {hf_config[field]!r}: {why}.")
+
+
+def _rope_settings(hf_config: dict) -> tuple[float, RopeScaling | None]:
+  """(rope_theta, rope_scaling) from `rope_parameters` or from the older
+  top-level `rope_theta` and `rope_scaling` (whose type key may be "type")."""
+  parameters = hf_config.get("rope_parameters")
+  field = "rope_parameters" if parameters else "rope_scaling"
+  spec = parameters or hf_config.get("rope_scaling") or {}
+  if not isinstance(spec, dict):
+    raise ValueError(f"{field} must be an object, got {spec!r}.")
+  theta = float(spec.get("rope_theta", hf_config.get("rope_theta", 10000.0)))
+  kind = spec.get("rope_type", spec.get("type", "default"))
+  if kind not in ROPE_TYPES:
+    raise ValueError(f"{field}: RoPE type {kind!r} is not implemented; implemented: "
+                     f"{', '.join(ROPE_TYPES)}.")
+  if kind == "default":
+    return theta, None
+  names = [f.name for f in dataclasses.fields(RopeScaling)]
+  missing = [name for name in names if name not in spec]
+  if missing:
+    raise ValueError(f"{field}: llama3 RoPE needs {', '.join(map(repr, missing))}.")
+  return theta, RopeScaling(**{name: spec[name] for name in names})
+
+
+def stop_tokens(path: str | pathlib.Path) -> tuple[int, ...]:
+  """A checkpoint's EOS ids: `eos_token_id` (an id or a list) of
+  generation_config.json, else of config.json; () when neither has one."""
+  directory = pathlib.Path(path)
+  for name in ("generation_config.json", "config.json"):
+    if (directory / name).exists():
+      eos = _read_json(directory / name).get("eos_token_id")
+      if eos is not None:
+        return tuple(int(i) for i in (eos if isinstance(eos, list) else [eos]))
+  return ()
 
 
 def _hf_name(path: tuple) -> tuple[str, bool]:
@@ -67,24 +142,43 @@ def _hf_name(path: tuple) -> tuple[str, bool]:
   return "model." + ".".join(modules) + "." + leaf, False
 
 
-def _read_tensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
-  from safetensors.numpy import load_file  # optional dependency
+class _Tensors:
+  """The tensors of a checkpoint directory by name, each read when asked for
+  (bfloat16 included), from `model.safetensors` or the shards of
+  `model.safetensors.index.json`."""
 
-  index = directory / "model.safetensors.index.json"
-  if index.exists():
-    shards = sorted(set(_read_json(index, required=("weight_map",))["weight_map"].values()))
-  else:
-    shards = ["model.safetensors"]
-  tensors = {}
-  for shard in shards:
-    if not (directory / shard).exists():
-      raise ValueError(f"Checkpoint file {directory / shard} is missing.")
+  def __init__(self, directory: pathlib.Path):
+    from safetensors import safe_open  # optional dependency
+
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+      shards = sorted(set(_read_json(index, required=("weight_map",))["weight_map"].values()))
+    else:
+      shards = ["model.safetensors"]
+    self.files = {}
+    for shard in shards:
+      path = directory / shard
+      if not path.exists():
+        raise ValueError(f"Checkpoint file {path} is missing.")
+      try:
+        handle = safe_open(str(path), framework="flax")
+      except Exception as error:  # safetensors' own error does not name the file
+        raise ValueError(f"Checkpoint file {path} could not be read ({error}); "
+                         "is it truncated or not safetensors?") from error
+      self.files.update({name: (path, handle) for name in handle.keys()})
+
+  def __contains__(self, name: str) -> bool:
+    return name in self.files
+
+  def names(self) -> set[str]:
+    return set(self.files)
+
+  def read(self, name: str) -> tuple[jax.Array, pathlib.Path]:
+    path, handle = self.files[name]
     try:
-      tensors.update(load_file(directory / shard))
-    except Exception as error:  # safetensors raises its own SafetensorError without the file name
-      raise ValueError(f"Checkpoint file {directory / shard} could not be read ({error}); "
-                       "is it truncated or not safetensors?") from error
-  return tensors
+      return handle.get_tensor(name), path
+    except Exception as error:
+      raise ValueError(f"Tensor {name!r} of {path} could not be read ({error}).") from error
 
 
 def _read_json(path: pathlib.Path, *, required: tuple[str, ...] = ()) -> dict:
@@ -103,7 +197,7 @@ def _read_json(path: pathlib.Path, *, required: tuple[str, ...] = ()) -> dict:
 
 
 def load_hf_checkpoint(path: str | pathlib.Path, **config_overrides) -> Transformer:
-  """A Transformer with the weights of a local Llama/Qwen2 checkpoint.
+  """A Transformer with the weights of a local Llama 3 / Qwen2 / Qwen3 checkpoint.
 
   config_overrides (e.g. dtype=jnp.bfloat16, value_head=True) adjust the
   config read from config.json; a value head, absent from the checkpoint,
@@ -119,7 +213,7 @@ def load_hf_checkpoint(path: str | pathlib.Path, **config_overrides) -> Transfor
     config = config_from_hf(hf_config, **config_overrides)
   except ValueError as error:
     raise ValueError(f"{config_file}: {error}") from None
-  tensors = _read_tensors(directory)
+  tensors = _Tensors(directory)
   abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   params = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
@@ -131,17 +225,19 @@ def load_hf_checkpoint(path: str | pathlib.Path, **config_overrides) -> Transfor
     name, transpose = _hf_name(path)
     if name not in tensors:
       raise ValueError(f"Checkpoint {directory} is missing tensor {name!r} (shape {spec.shape}).")
-    value = tensors[name].T if transpose else tensors[name]
+    stored, file = tensors.read(name)
+    if not jnp.issubdtype(stored.dtype, jnp.floating):
+      raise ValueError(f"Tensor {name!r} of {file} has dtype {stored.dtype}; the model needs "
+                       "floating-point weights.")
+    value = stored.T if transpose else stored
     if value.shape != spec.shape:
-      raise ValueError(
-          f"Tensor {name!r} has shape {tensors[name].shape}; the config needs "
-          f"{spec.shape[::-1] if transpose else spec.shape}."
-      )
+      raise ValueError(f"Tensor {name!r} has shape {stored.shape}; the config needs "
+                       f"{spec.shape[::-1] if transpose else spec.shape} ({file}).")
     used.add(name)
     return jnp.asarray(value, spec.dtype)
 
   params = jax.tree_util.tree_map_with_path(fill, params)
-  unexpected = sorted(n for n in set(tensors) - used if not n.endswith(_IGNORED_SUFFIXES))
+  unexpected = sorted(n for n in tensors.names() - used if not n.endswith(_IGNORED_SUFFIXES))
   if unexpected:
     raise ValueError(
         f"Checkpoint {directory} has tensors the config does not use: {unexpected[:5]}.")

@@ -1,8 +1,24 @@
-"""Transformer configurations and presets (Llama / Qwen2 shapes)."""
+"""Transformer configurations and presets (Llama 3 / Qwen2 / Qwen3 shapes)."""
 
 import dataclasses
 
 import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+  """Llama 3 RoPE frequency scaling (transformers' rope_type "llama3").
+
+  With wavelength w_i = 2 pi / f_i of the base frequency f_i and L the
+  original context: f_i / factor where w_i > L / low_freq_factor, f_i where
+  w_i < L / high_freq_factor, and in between (1 - s) f_i / factor + s f_i with
+  s = (L / w_i - low_freq_factor) / (high_freq_factor - low_freq_factor).
+  """
+
+  factor: float
+  low_freq_factor: float
+  high_freq_factor: float
+  original_max_position_embeddings: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -11,9 +27,11 @@ class TransformerConfig:
 
   vocab_size, d_model, n_layers, n_heads, n_kv_heads (n_heads % n_kv_heads == 0),
   d_ff (SwiGLU hidden width), head_dim (default d_model // n_heads),
-  rope_theta, norm_eps, qkv_bias (Qwen2: True, Llama: False),
-  tie_embeddings (unembedding = embedding^T), value_head (also return V(s_t)),
-  dtype (compute dtype, e.g. bfloat16) and param_dtype (stored weights).
+  rope_theta, rope_scaling (Llama 3's frequency scaling, or None), norm_eps,
+  qkv_bias (Qwen2: True, Llama / Qwen3: False), qk_norm (Qwen3: RMSNorm of each
+  query and key head before RoPE), tie_embeddings (unembedding = embedding^T),
+  value_head (also return V(s_t)), dtype (compute dtype, e.g. bfloat16) and
+  param_dtype (stored weights).
   """
 
   vocab_size: int
@@ -24,8 +42,10 @@ class TransformerConfig:
   d_ff: int
   head_dim: int | None = None
   rope_theta: float = 10000.0
+  rope_scaling: RopeScaling | None = None
   norm_eps: float = 1e-6
   qkv_bias: bool = False
+  qk_norm: bool = False
   tie_embeddings: bool = True
   value_head: bool = False
   dtype: jnp.dtype = jnp.float32
@@ -49,21 +69,43 @@ class TransformerConfig:
     return dataclasses.replace(self, **changes)
 
 
+LLAMA3_SCALING = RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                             original_max_position_embeddings=8192)
+
 PRESETS = {
     # Runs in milliseconds on a laptop CPU; the quickstart and tests use it.
     "tiny": TransformerConfig(vocab_size=64, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2,
                               d_ff=256),
     "small": TransformerConfig(vocab_size=256, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4,
                                d_ff=704),
-    # Qwen2.5-0.5B: 24 layers, d=896, 14 heads / 2 KV heads, tied embeddings, qkv bias.
+    # Qwen2.5-0.5B / 1.5B: tied embeddings, qkv bias.
     "qwen2.5-0.5b": TransformerConfig(
         vocab_size=151936, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2, d_ff=4864,
         rope_theta=1000000.0, norm_eps=1e-6, qkv_bias=True, tie_embeddings=True,
     ),
-    # Llama-3.2-1B shapes (its RoPE frequency scaling is not modelled).
+    "qwen2.5-1.5b": TransformerConfig(
+        vocab_size=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2, d_ff=8960,
+        rope_theta=1000000.0, norm_eps=1e-6, qkv_bias=True, tie_embeddings=True,
+    ),
+    # Qwen3-0.6B / 1.7B: q/k RMSNorm, head_dim 128, no qkv bias, tied embeddings.
+    "qwen3-0.6b": TransformerConfig(
+        vocab_size=151936, d_model=1024, n_layers=28, n_heads=16, n_kv_heads=8, d_ff=3072,
+        head_dim=128, rope_theta=1000000.0, norm_eps=1e-6, qk_norm=True, tie_embeddings=True,
+    ),
+    "qwen3-1.7b": TransformerConfig(
+        vocab_size=151936, d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8, d_ff=6144,
+        head_dim=128, rope_theta=1000000.0, norm_eps=1e-6, qk_norm=True, tie_embeddings=True,
+    ),
+    # Llama-3.2-1B / 3B: llama3 RoPE scaling (factor 32 over an 8192-token original context).
     "llama3.2-1b": TransformerConfig(
         vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192,
-        head_dim=64, rope_theta=500000.0, norm_eps=1e-5, qkv_bias=False, tie_embeddings=True,
+        head_dim=64, rope_theta=500000.0, rope_scaling=LLAMA3_SCALING, norm_eps=1e-5,
+        tie_embeddings=True,
+    ),
+    "llama3.2-3b": TransformerConfig(
+        vocab_size=128256, d_model=3072, n_layers=28, n_heads=24, n_kv_heads=8, d_ff=8192,
+        head_dim=128, rope_theta=500000.0, rope_scaling=LLAMA3_SCALING, norm_eps=1e-5,
+        tie_embeddings=True,
     ),
 }
 

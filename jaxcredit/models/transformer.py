@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import Array
 
-from jaxcredit.models.config import TransformerConfig
+from jaxcredit.models.config import RopeScaling, TransformerConfig
 
 
 class KVCache(NamedTuple):
@@ -60,14 +60,29 @@ class RMSNorm(nnx.Module):
     return (normed * self.weight[...].astype(jnp.float32)).astype(x.dtype)
 
 
-def rope(x: Array, positions: Array, theta: float) -> Array:
-  """Rotary embedding (Su et al., 2021), half-split layout as in Llama/Qwen2.
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> Array:
+  """[head_dim / 2] float32 angular frequencies f_i = theta^(-2i / head_dim),
+  rescaled by Llama 3's rule when `scaling` is given (see RopeScaling)."""
+  half = head_dim // 2
+  inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  if scaling is None:
+    return inv_freq
+  context = scaling.original_max_position_embeddings
+  wavelength = 2 * jnp.pi / inv_freq
+  s = ((context / wavelength - scaling.low_freq_factor)
+       / (scaling.high_freq_factor - scaling.low_freq_factor))
+  smoothed = (1 - s) * inv_freq / scaling.factor + s * inv_freq
+  return jnp.where(wavelength > context / scaling.low_freq_factor, inv_freq / scaling.factor,
+                   jnp.where(wavelength < context / scaling.high_freq_factor, inv_freq, smoothed))
+
+
+def rope(x: Array, positions: Array, theta: float, scaling: RopeScaling | None = None) -> Array:
+  """Rotary embedding (Su et al., 2021), half-split layout as in Llama/Qwen.
 
   x: [B, T, H, D]; positions: [B, T]. Rotates pairs (x_i, x_{i + D/2}) by
-  angle position * theta^(-2i/D).
+  angle position * f_i, f = rope_frequencies(D, theta, scaling).
   """
-  half = x.shape[-1] // 2
-  inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  inv_freq = rope_frequencies(x.shape[-1], theta, scaling)
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
   cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
@@ -92,6 +107,9 @@ class Attention(nnx.Module):
     self.k_proj = _linear(config, d, config.n_kv_heads * hd, bias=config.qkv_bias, rngs=rngs)
     self.v_proj = _linear(config, d, config.n_kv_heads * hd, bias=config.qkv_bias, rngs=rngs)
     self.o_proj = _linear(config, config.n_heads * hd, d, bias=False, rngs=rngs)
+    if config.qk_norm:
+      self.q_norm = RMSNorm(hd, eps=config.norm_eps, param_dtype=config.param_dtype)
+      self.k_norm = RMSNorm(hd, eps=config.norm_eps, param_dtype=config.param_dtype)
 
   def __call__(self, x, positions, mask, keys, values, slot):
     """x [B, T, D]; mask [B, T, S]; keys/values [B, S, KV, hd] (cache or None).
@@ -103,8 +121,12 @@ class Attention(nnx.Module):
     b, t, _ = x.shape
     hd, n_kv = cfg.resolved_head_dim, cfg.n_kv_heads
     group = cfg.n_heads // n_kv
-    q = rope(self.q_proj(x).reshape(b, t, cfg.n_heads, hd), positions, cfg.rope_theta)
-    k = rope(self.k_proj(x).reshape(b, t, n_kv, hd), positions, cfg.rope_theta)
+    q = self.q_proj(x).reshape(b, t, cfg.n_heads, hd)
+    k = self.k_proj(x).reshape(b, t, n_kv, hd)
+    if cfg.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q = rope(q, positions, cfg.rope_theta, cfg.rope_scaling)
+    k = rope(k, positions, cfg.rope_theta, cfg.rope_scaling)
     v = self.v_proj(x).reshape(b, t, n_kv, hd)
     if keys is None:
       keys, values = k, v
