@@ -60,6 +60,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.checkpoint.every = 50  # RL steps between (async, atomic) checkpoints
   config.checkpoint.keep = 2  # checkpoints kept
 
+  config.export = ml_collections.ConfigDict()
+  config.export.hf = False  # True: write the final policy to WORKDIR/hf as a transformers checkpoint
+
   config.advantage = {"name": "grpo"}  # estimators.from_config
   config.objective = {"policy": {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2}}  # losses.from_config
   return config

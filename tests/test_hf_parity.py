@@ -159,3 +159,35 @@ def test_a_tensor_of_the_wrong_dtype_is_refused(tmp_path):
   save_file(tensors, tmp_path / "model.safetensors")
   with pytest.raises(ValueError, match=r"model\.norm\.weight.*int32"):
     checkpoint.load_hf_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("variant", ["qwen2_untied_gqa", "qwen3", "llama3"])
+def test_exported_policies_load_in_transformers_to_the_same_logits(tmp_path, variant):
+  model = _hf_model(variant)
+  model.save_pretrained(tmp_path / "original")
+  ours = checkpoint.load_hf_checkpoint(tmp_path / "original")
+  (tmp_path / "tokenizer").mkdir()
+  (tmp_path / "tokenizer" / "tokenizer_config.json").write_text('{"model_max_length": 512}')
+  checkpoint.save_hf_checkpoint(ours, tmp_path / "exported", tokenizer=tmp_path / "tokenizer",
+                                stop_tokens=(3, 4))
+  exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
+  assert type(exported) is type(model)
+  assert _relative_error(_hf_logits(exported), _hf_logits(model)) <= 1e-5
+  assert exported.generation_config.eos_token_id == [3, 4]
+  assert (tmp_path / "exported" / "tokenizer_config.json").exists()
+  assert not list((tmp_path / "exported").glob(".*.tmp"))
+  # And back: the exported directory loads here to the same parameters.
+  again = checkpoint.load_hf_checkpoint(tmp_path / "exported")
+  resolved = lambda config: config.replace(head_dim=config.resolved_head_dim)
+  assert resolved(again.config) == resolved(ours.config)
+  np.testing.assert_array_equal(np.asarray(again.embed_tokens.embedding[...]),
+                                np.asarray(ours.embed_tokens.embedding[...]))
+
+
+def test_a_value_head_is_not_exported(tmp_path):
+  model = _hf_model("qwen2_tied_kv1")
+  model.save_pretrained(tmp_path / "original")
+  critic = checkpoint.load_hf_checkpoint(tmp_path / "original", value_head=True)
+  checkpoint.save_hf_checkpoint(critic, tmp_path / "exported")
+  exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
+  assert _relative_error(_hf_logits(exported), _hf_logits(model)) <= 1e-5

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from jaxcredit.models import load_hf_checkpoint, stop_tokens
+from jaxcredit.tasks import CharTokenizer, arithmetic
 from tests.conftest import load_experiment
 
 ROOT = pathlib.Path(__file__).parent.parent
@@ -151,7 +153,8 @@ def test_the_shipped_configs_are_the_documented_ones():
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
-  result = _run(tmp_path, *SMALL, config=name, env=cli_env)
+  export = ["--config.export.hf=True"] if name == "quickstart" else []
+  result = _run(tmp_path, *SMALL, *export, config=name, env=cli_env)
   assert result.returncode == 0, result.stderr[-3000:]
   train = _train_lines(tmp_path)
   assert len(train) == 2 and all(math.isfinite(line["train/loss"]) for line in train)
@@ -165,6 +168,12 @@ def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
     assert abs(train[0]["train/kl"]) < 1e-5  # the reference is the policy at the start of RL
     assert json.loads((tmp_path / "config.json").read_text())["rl"]["group_size"] == 4
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    # The finished policy, exported in transformers' format (checked against transformers
+    # itself in test_hf_parity), loads back with the task's stop token as its EOS.
+    exported = load_hf_checkpoint(tmp_path / "hf")
+    assert exported.config.vocab_size == json.loads((tmp_path / "hf" / "config.json").read_text())[
+        "vocab_size"]
+    assert stop_tokens(tmp_path / "hf") == (CharTokenizer(arithmetic.ALPHABET).eos_id,)
   if name == "reinforce_pp":  # the KL reward penalty starts at 0 (policy == reference), then moves
     assert "train/kl/value" in train[-1]
     assert abs(train[0]["train/kl_reward_penalty"]) < 1e-6 and train[1]["train/kl_reward_penalty"] != 0.0

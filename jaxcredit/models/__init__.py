@@ -1,6 +1,7 @@
 """Policy and critic models: a Flax NNX Llama 3 / Qwen2 / Qwen3-style transformer."""
 
-from jaxcredit.models.checkpoint import config_from_hf, load_hf_checkpoint, stop_tokens
+from jaxcredit.models.checkpoint import (config_from_hf, hf_config, load_hf_checkpoint,
+                                         save_hf_checkpoint, stop_tokens)
 from jaxcredit.models import sharding
 from jaxcredit.models.config import PRESETS, RopeScaling, TransformerConfig, preset
 from jaxcredit.models.transformer import (KVCache, ModelOutput, RMSNorm, Transformer, rope,
@@ -15,10 +16,12 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "config_from_hf",
+    "hf_config",
     "load_hf_checkpoint",
     "preset",
     "rope",
     "rope_frequencies",
+    "save_hf_checkpoint",
     "sharding",
     "stop_tokens",
 ]

@@ -14,6 +14,7 @@ ValueError naming it: a checkpoint loads exactly or not at all.
 
 import dataclasses
 import json
+import os
 import pathlib
 
 import jax
@@ -243,3 +244,78 @@ def load_hf_checkpoint(path: str | pathlib.Path, **config_overrides) -> Transfor
         f"Checkpoint {directory} has tensors the config does not use: {unexpected[:5]}.")
   nnx.replace_by_pure_dict(state, params)
   return nnx.merge(graphdef, state)
+
+
+# Tokenizer files copied beside an exported checkpoint when their directory is given.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "vocab.json", "merges.txt", "added_tokens.json")
+
+
+def hf_config(config: TransformerConfig) -> dict:
+  """The transformers `config.json` of a TransformerConfig (`config_from_hf`'s
+  inverse): qk_norm -> qwen3, qkv_bias -> qwen2, otherwise llama."""
+  if config.qk_norm and config.qkv_bias:
+    raise ValueError("No transformers architecture has both qkv biases and q/k norms.")
+  model_type = "qwen3" if config.qk_norm else "qwen2" if config.qkv_bias else "llama"
+  architecture = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "llama": "LlamaForCausalLM"}[model_type]
+  rope = {"rope_type": "default", "rope_theta": config.rope_theta}
+  max_positions = 32768
+  if config.rope_scaling is not None:
+    rope = {**rope, "rope_type": "llama3", **dataclasses.asdict(config.rope_scaling)}
+    scaling = config.rope_scaling
+    max_positions = int(scaling.original_max_position_embeddings * scaling.factor)
+  return {
+      "architectures": [architecture], "model_type": model_type,
+      "vocab_size": config.vocab_size, "hidden_size": config.d_model,
+      "intermediate_size": config.d_ff, "num_hidden_layers": config.n_layers,
+      "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads,
+      "head_dim": config.resolved_head_dim, "hidden_act": "silu",
+      "rms_norm_eps": config.norm_eps, "rope_parameters": rope,
+      "tie_word_embeddings": config.tie_embeddings, "max_position_embeddings": max_positions,
+      "attention_bias": False, "dtype": jnp.dtype(config.param_dtype).name,
+  }
+
+
+def save_hf_checkpoint(model: Transformer, path: str | pathlib.Path, *,
+                       tokenizer: str | pathlib.Path | None = None,
+                       stop_tokens: tuple[int, ...] = ()) -> pathlib.Path:
+  """Writes `model` as a transformers checkpoint directory: model.safetensors
+  (the parameters in their stored dtype; the value head, if any, is left out),
+  config.json (`hf_config`), generation_config.json with `stop_tokens` as its
+  eos_token_id when given, and the TOKENIZER_FILES found in the `tokenizer`
+  directory. Each file is written under a temporary name and renamed, so a
+  file present is whole. Returns the directory."""
+  from safetensors.flax import save_file  # optional dependency
+
+  directory = pathlib.Path(path)
+  directory.mkdir(parents=True, exist_ok=True)
+  tensors = {}
+  for key_path, value in jax.tree_util.tree_leaves_with_path(
+      nnx.to_pure_dict(nnx.state(model, nnx.Param))):
+    if str(getattr(key_path[0], "key", "")) == "value_head":
+      continue
+    name, transpose = _hf_name(key_path)
+    tensors[name] = jnp.asarray(value.T if transpose else value)
+  files = {"config.json": json.dumps(hf_config(model.config), indent=2)}
+  if stop_tokens:
+    files["generation_config.json"] = json.dumps({"eos_token_id": list(stop_tokens)}, indent=2)
+  if tokenizer is not None:
+    source = pathlib.Path(tokenizer)
+    found = [name for name in TOKENIZER_FILES if (source / name).exists()]
+    if not found:
+      raise ValueError(f"No tokenizer files ({', '.join(TOKENIZER_FILES)}) in {source}.")
+    files.update({name: (source / name).read_bytes() for name in found})
+  _write_atomically(directory / "model.safetensors",
+                    lambda temporary: save_file(tensors, str(temporary), metadata={"format": "pt"}))
+  for name, content in files.items():
+    data = content if isinstance(content, bytes) else content.encode()
+    _write_atomically(directory / name, lambda temporary: temporary.write_bytes(data))
+  return directory
+
+
+def _write_atomically(path: pathlib.Path, write) -> None:
+  """write(temporary path) then rename it to `path`."""
+  temporary = path.with_name(f".{path.name}.tmp")
+  write(temporary)
+  os.replace(temporary, path)

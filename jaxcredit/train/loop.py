@@ -36,7 +36,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from jaxcredit import estimators, losses
-from jaxcredit.models import Transformer, preset, sharding
+from jaxcredit.models import Transformer, checkpoint, preset, sharding
 from jaxcredit.rollout import Rollout
 from jaxcredit.rollouts import SingleTurn
 from jaxcredit.tasks import loader
@@ -110,6 +110,7 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
     progress.close()
     t.checkpointer.wait()
     t.writer.close()
+    _export_hf(t)
     accuracy = t.evaluate() if accuracy is None else accuracy
     now = time.perf_counter()
     # Wall time of this process (a resumed run counts only its own part); set-up and
@@ -322,6 +323,24 @@ def _add_extras(t: _Trainer, rollout: Rollout, batch: dict, rl_step: int,
   rollout = rollout.replace(extras={**rollout.extras, **more_extras})
   t.counters["gen_tokens"] += int(metrics.get("gen_tokens", 0))
   return rollout, {f"train/hook/{k}": v for k, v in metrics.items()}
+
+
+def _export_hf(t: _Trainer) -> None:
+  """With export.hf, WORKDIR/hf holds the finished policy as a transformers checkpoint
+  (`models.checkpoint.save_hf_checkpoint`; written by process 0 from gathered weights)."""
+  export = t.config.get("export")
+  if not (export and export.get("hf")) or t.counters["rl_step"] < t.config.rl.steps:
+    return
+  model = t.modules["model"]
+  if jax.process_count() > 1:
+    model = nnx.clone(model)
+    state = nnx.state(model, nnx.Param)
+    nnx.update(model, jax.tree.map(lambda x: multihost_utils.process_allgather(x, tiled=True),
+                                   state))
+  if jax.process_index() == 0:
+    directory = checkpoint.save_hf_checkpoint(model, t.workdir / "hf",
+                                              stop_tokens=t.task.stop_tokens)
+    print(f"Exported the policy to {directory} (transformers format).")
 
 
 def _check_finite(update_metrics: dict, rl_step: int, t: _Trainer) -> None:
