@@ -127,6 +127,11 @@ def stop_tokens(path: str | pathlib.Path) -> tuple[int, ...]:
   return ()
 
 
+def _is_value_head(path: tuple) -> bool:
+  """Whether a parameter path is the critic's value head (no transformers counterpart)."""
+  return str(getattr(path[0], "key", "")) == "value_head"
+
+
 def _hf_name(path: tuple) -> tuple[str, bool]:
   """(Hugging Face tensor name, whether to transpose) of one of our parameters."""
   keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
@@ -221,7 +226,7 @@ def load_hf_checkpoint(path: str | pathlib.Path, **config_overrides) -> Transfor
   used = set()
 
   def fill(path, spec):
-    if str(getattr(path[0], "key", "")) == "value_head":
+    if _is_value_head(path):
       return jnp.zeros(spec.shape, spec.dtype)
     name, transpose = _hf_name(path)
     if name not in tensors:
@@ -293,7 +298,7 @@ def save_hf_checkpoint(model: Transformer, path: str | pathlib.Path, *,
   tensors = {}
   for key_path, value in jax.tree_util.tree_leaves_with_path(
       nnx.to_pure_dict(nnx.state(model, nnx.Param))):
-    if str(getattr(key_path[0], "key", "")) == "value_head":
+    if _is_value_head(key_path):
       continue
     name, transpose = _hf_name(key_path)
     tensors[name] = jnp.asarray(value.T if transpose else value)

@@ -251,11 +251,9 @@ def _learner_modules(config, task: tasks.TrainTask, mesh) -> tuple[dict, learner
   sharding.shard_model(model, mesh)  # parameters placed by their logical axes
   rl = config.rl
   adam = lambda lr: optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(lr))
-  modules = {
-      "model": model,
-      "optimizer": nnx.Optimizer(model, adam(rl.learning_rate), wrt=nnx.Param),
-      "reference": nnx.clone(model)
-  }  # frozen copy of the policy at the start of RL (for KL)
+  modules = {"model": model,
+             "optimizer": nnx.Optimizer(model, adam(rl.learning_rate), wrt=nnx.Param),
+             "reference": nnx.clone(model)}  # frozen copy of the policy at the start of RL (KL)
   critic_settings = None
   if config.critic.preset:
     critic = Transformer(
