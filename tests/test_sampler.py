@@ -80,6 +80,35 @@ def test_stop_tokens_end_the_response(model):
   assert not np.asarray(unbounded.truncated).any()  # no stop tokens: fixed-length responses, never cut off
 
 
+@pytest.mark.parametrize("use_actions", [False, True])
+def test_stopping_when_every_row_is_done_equals_the_full_length_run(model, use_actions):
+  prompts, valid = _prompts(5, batch=6)
+  stop_tokens = tuple(range(1, 20))  # most of the vocabulary: every row stops within a few steps
+  actions = None
+  if use_actions:
+    allowed = np.ones((7 + 40, CONFIG.vocab_size), bool)
+    allowed[7:9, 1:20] = False  # the first two response tokens cannot stop
+    actions = Actions(jnp.asarray(allowed))
+  kwargs = dict(max_new_tokens=40, stop_tokens=stop_tokens, pad_id=0, actions=actions)
+  early = generate(model, prompts, valid, jax.random.key(5), **kwargs)
+  full = generate(model, prompts, valid, jax.random.key(5), stop_when_done=False, **kwargs)
+  assert int(full.decode_steps) == 40
+  assert (2 if use_actions else 1) <= int(early.decode_steps) < 40
+  # The last row to stop did so at the last decode step run.
+  response_lengths = np.asarray(early.mask).sum(axis=1)
+  assert response_lengths.max() == int(early.decode_steps)
+  assert not np.asarray(early.truncated).any()
+  for name in early._fields:
+    if name != "decode_steps":
+      np.testing.assert_array_equal(getattr(early, name), getattr(full, name), err_msg=name)
+
+
+def test_a_row_without_stop_token_runs_the_whole_budget(model):
+  prompts, valid = _prompts(6, batch=4)
+  out = generate(model, prompts, valid, jax.random.key(1), max_new_tokens=9)  # no stop tokens
+  assert int(out.decode_steps) == 9 and np.asarray(out.mask)[:, 7:].all()
+
+
 def test_right_padding_matches_left_padding(model):
   prompts, valid = _prompts(4)
   length = prompts.shape[1]

@@ -15,6 +15,8 @@ prompt left-padded, so rows of a batch stay aligned:
   truncated  [B] bool         cut off by the budget: stop tokens were given and
                               none was sampled in max_new_tokens (always False
                               without stop tokens: fixed-length responses)
+  decode_steps []   int        decode steps run: N, or fewer when every row
+                              stopped early (`stop_when_done`)
 
 The behaviour log-probs are those of the temperature-scaled distribution
 before top-k / top-p truncation - what a teacher-forced forward pass at the
@@ -50,6 +52,7 @@ class SampleOutput(NamedTuple):
   token_valid: Array
   positions: Array
   truncated: Array
+  decode_steps: Array
 
 
 def left_align(prompts: Array, prompt_valid: Array) -> tuple[Array, Array]:
@@ -108,6 +111,7 @@ class _Sampling(NamedTuple):
   stop_tokens: tuple[int, ...]
   pad_id: int
   hidden_token: int
+  stop_when_done: bool
 
 
 def _response_step(logits, key, done, allowed, settings: _Sampling):
@@ -124,7 +128,8 @@ def _response_step(logits, key, done, allowed, settings: _Sampling):
   return token, jnp.where(active, logp, 0.0), jnp.where(active, entropy, 0.0), active, done
 
 
-def _assemble(prompts, prompt_valid, steps, done, settings: _Sampling) -> SampleOutput:
+def _assemble(prompts, prompt_valid, steps, done, settings: _Sampling,
+              decode_steps) -> SampleOutput:
   tokens, logps, entropies, actives = (jnp.swapaxes(x, 0, 1) for x in steps)
   no_prompt = jnp.zeros(prompts.shape, bool)
   token_valid = jnp.concatenate([prompt_valid, actives], axis=1)
@@ -136,30 +141,48 @@ def _assemble(prompts, prompt_valid, steps, done, settings: _Sampling) -> Sample
       token_valid=token_valid,
       positions=prompt_positions(token_valid),
       truncated=~done if settings.stop_tokens else jnp.zeros_like(done),
+      decode_steps=decode_steps,
   )
 
 
 @functools.partial(jax.jit, static_argnums=(0, 7))
 def _generate_cached(graphdef, state, prompts, prompt_valid, key, allowed, hidden,
                      settings: _Sampling):
+  """Prefill, then a `while_loop` of one-token decode steps.
+
+  The loop ends after `max_new_tokens` steps or, with `stop_when_done`, as
+  soon as every row has emitted a stop token. The step outputs live in [N, B]
+  buffers pre-filled with what a finished row would write (pad, 0, 0, False),
+  so an early stop returns exactly what running all N steps returns.
+  """
   model = nnx.merge(graphdef, state)
   batch, prompt_len = prompts.shape
-  cache = KVCache.zeros(model.config, batch, prompt_len + settings.max_new_tokens)
+  steps = settings.max_new_tokens
+  cache = KVCache.zeros(model.config, batch, prompt_len + steps)
   prefill, cache = model.decode(prompts, prompt_positions(prompt_valid), prompt_valid, cache, 0)
-  first_position = jnp.sum(prompt_valid, axis=1)
+  buffers = (jnp.full((steps, batch), settings.pad_id, jnp.int32),
+             jnp.zeros((steps, batch), jnp.float32), jnp.zeros((steps, batch), jnp.float32),
+             jnp.zeros((steps, batch), bool))
 
-  def step(carry, i):
-    cache, logits, done, position = carry
+  def unfinished(carry):
+    i, done = carry[0], carry[3]
+    return (i < steps) & ~(settings.stop_when_done & jnp.all(done))
+
+  def step(carry):
+    i, cache, logits, done, position, buffers = carry
     token, logp, entropy, active, done = _response_step(logits, jax.random.fold_in(key, i), done,
                                                          allowed[i], settings)
     fed = jnp.where(hidden[i], settings.hidden_token, token)
     out, cache = model.decode(fed[:, None], position[:, None], active[:, None], cache,
                               prompt_len + i)
-    return (cache, out.logits[:, 0], done, position + 1), (token, logp, entropy, active)
+    buffers = tuple(b.at[i].set(v.astype(b.dtype))
+                    for b, v in zip(buffers, (token, logp, entropy, active)))
+    return i + 1, cache, out.logits[:, 0], done, position + 1, buffers
 
-  init = (cache, prefill.logits[:, -1], jnp.zeros((batch,), bool), first_position)
-  (_, _, done, _), steps = jax.lax.scan(step, init, jnp.arange(settings.max_new_tokens))
-  return _assemble(prompts, prompt_valid, steps, done, settings)
+  init = (jnp.int32(0), cache, prefill.logits[:, -1], jnp.zeros((batch,), bool),
+          jnp.sum(prompt_valid, axis=1), buffers)
+  decode_steps, _, _, done, _, buffers = jax.lax.while_loop(unfinished, step, init)
+  return _assemble(prompts, prompt_valid, buffers, done, settings, decode_steps)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 7))
@@ -186,7 +209,8 @@ def _generate_recompute(graphdef, state, prompts, prompt_valid, key, allowed, hi
 
   init = (tokens, token_valid, jnp.zeros((batch,), bool))
   (_, _, done), steps = jax.lax.scan(step, init, jnp.arange(settings.max_new_tokens))
-  return _assemble(prompts, prompt_valid, steps, done, settings)
+  return _assemble(prompts, prompt_valid, steps, done, settings,
+                   jnp.int32(settings.max_new_tokens))
 
 
 def generate(
@@ -204,6 +228,7 @@ def generate(
     padding: str = "left",
     use_cache: bool = True,
     actions: Actions | None = None,
+    stop_when_done: bool = True,
 ) -> SampleOutput:
   """Samples up to `max_new_tokens` per prompt; deterministic given `key`.
 
@@ -214,7 +239,10 @@ def generate(
   re-runs the full prefix at every step (the slow reference). actions: the
   allowed tokens ([P + N, V] or per row [B, P + N, V]) and hidden columns
   ([P + N] or [B, P + N]) of the output rows, N = max_new_tokens (module
-  docstring); None allows and shows every token.
+  docstring); None allows and shows every token. stop_when_done: the cached
+  sampler stops decoding once every row has emitted a stop token (the output
+  equals the full N-step run's; False always runs N steps, e.g. to time a
+  fixed amount of decoding).
   """
   _check_generate_args(prompts, prompt_valid, max_new_tokens, temperature, top_k, top_p, padding)
   prompts, prompt_valid = jnp.asarray(prompts), jnp.asarray(prompt_valid).astype(bool)
@@ -225,7 +253,8 @@ def generate(
   allowed, hidden = _response_tables(actions, batch, prompt_len, max_new_tokens, vocab)
   prompts = actions.columns(0, prompt_len).observe(prompts)
   settings = _Sampling(max_new_tokens, float(temperature), top_k, top_p,
-                       tuple(int(t) for t in stop_tokens), int(pad_id), int(actions.hidden_token))
+                       tuple(int(t) for t in stop_tokens), int(pad_id), int(actions.hidden_token),
+                       bool(stop_when_done))
   graphdef, state = nnx.split(model)
   run = _generate_cached if use_cache else _generate_recompute
   return run(graphdef, state, prompts, prompt_valid, key, allowed, hidden, settings)

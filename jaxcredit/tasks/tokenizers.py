@@ -8,10 +8,13 @@ a wrapper over a Hugging Face `tokenizer.json` (the `tokenizers` package,
 """
 
 import abc
+import json
 import pathlib
 from collections.abc import Sequence
 
 import numpy as np
+
+from jaxcredit.tasks import chat_template as chat_templates
 
 TRUNCATION = ("error", "left", "right")
 
@@ -108,13 +111,22 @@ class CharTokenizer(Tokenizer):
 
 
 class HFTokenizer(Tokenizer):
-  """A Hugging Face `tokenizer.json`, with named special tokens.
+  """A Hugging Face tokenizer directory (or one `tokenizer.json`), as transformers reads it.
 
-  pad_token defaults to eos_token when the tokenizer has no pad token.
+  From a checkpoint directory, the special tokens (bos / eos / pad / unk ...)
+  and the chat template come from its `tokenizer_config.json` (and
+  `chat_template.jinja`), as `transformers.AutoTokenizer` takes them; the
+  keyword arguments override them. pad_token defaults to eos_token when the
+  tokenizer has no pad token. `encode` adds no special tokens of its own (a
+  BOS is asked for with add_bos), like `encode(text, add_special_tokens=False)`.
   """
 
+  SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+                    "mask_token")
+
   def __init__(self, path: str | pathlib.Path, *, bos_token: str | None = None,
-               eos_token: str | None = None, pad_token: str | None = None):
+               eos_token: str | None = None, pad_token: str | None = None,
+               chat_template: str | None = None):
     from tokenizers import Tokenizer  # optional dependency
 
     path = pathlib.Path(path)
@@ -122,10 +134,18 @@ class HFTokenizer(Tokenizer):
     if not file.exists():
       raise ValueError(f"No tokenizer.json at {path}.")
     self._tokenizer = Tokenizer.from_file(str(file))
-    self.bos_id = self._special_id(bos_token)
-    self.eos_id = self._special_id(eos_token)
-    pad_id = self._special_id(pad_token)
+    given = {"bos_token": bos_token, "eos_token": eos_token, "pad_token": pad_token}
+    self.special_tokens = {
+        **(_configured_special_tokens(path) if path.is_dir() else {}),
+        **{name: token for name, token in given.items() if token is not None}}
+    for token in self.special_tokens.values():
+      self._special_id(token)
+    self.bos_id = self._special_id(self.special_tokens.get("bos_token"))
+    self.eos_id = self._special_id(self.special_tokens.get("eos_token"))
+    pad_id = self._special_id(self.special_tokens.get("pad_token"))
     self.pad_id = pad_id if pad_id is not None else (self.eos_id if self.eos_id is not None else 0)
+    self.chat_template = (chat_template if chat_template is not None
+                          else chat_templates.read_template(path) if path.is_dir() else None)
 
   def _special_id(self, token: str | None) -> int | None:
     if token is None:
@@ -148,3 +168,40 @@ class HFTokenizer(Tokenizer):
 
   def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
     return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+
+  def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = False,
+                          tokenize: bool = True, **variables) -> list[int] | str:
+    """The chat template's rendering of `messages` ([{"role", "content"}, ...]):
+    its token ids, or its text with tokenize=False. The special tokens and
+    `variables` (e.g. tools=..., enable_thinking=False) are visible to the
+    template; the ids are `encode(text)` (the template writes its own specials)."""
+    if self.chat_template is None:
+      raise ValueError("This tokenizer has no chat template: its directory has no "
+                       "chat_template.jinja and its tokenizer_config.json no chat_template; "
+                       "pass chat_template=... to HFTokenizer.")
+    text = chat_templates.render(self.chat_template, messages,
+                                 add_generation_prompt=add_generation_prompt,
+                                 **{**self.special_tokens, **variables})
+    return self.encode(text) if tokenize else text
+
+
+def _configured_special_tokens(directory: pathlib.Path) -> dict[str, str]:
+  """{"bos_token": "<s>", ...} from tokenizer_config.json (or the older
+  special_tokens_map.json); a token may be stored as {"content": ...}."""
+  tokens = {}
+  for file in ("special_tokens_map.json", "tokenizer_config.json"):
+    path = directory / file
+    if not path.exists():
+      continue
+    try:
+      config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+      raise ValueError(f"{path}: not valid JSON ({error}).") from None
+    for name in HFTokenizer.SPECIAL_TOKENS:
+      token = config.get(name)
+      token = token.get("content") if isinstance(token, dict) else token
+      if token is not None:
+        if not isinstance(token, str):
+          raise ValueError(f"{path}: {name} must be a string, got {token!r}.")
+        tokens[name] = token
+  return tokens
