@@ -14,46 +14,9 @@ import json
 import jinja2
 import pytest
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from jaxcredit.tasks import HFTokenizer, chat_template
-
-CORPUS = [
-    "Natalia sold clips to 48 of her friends in April, and then she sold half as many in May.",
-    "How many clips did Natalia sell altogether in April and May? #### 72",
-    "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting.",
-    "def add(a, b):\n    return a + b\n\n", "Ünïcödé — ✓ 数学 🙂 tabs\tand  spaces", "<think>\nok\n</think>",
-] * 20
-
-QWEN_STYLE = """{%- if tools %}
-    {{- '<|im_start|>system\\n' }}
-    {%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}
-    {{- "# Tools\\n<tools>" }}
-    {%- for tool in tools %}
-        {{- "\\n" }}{{- tool | tojson }}
-    {%- endfor %}
-    {{- "\\n</tools><|im_end|>\\n" }}
-{%- elif messages[0]['role'] == 'system' %}
-    {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
-{%- else %}
-    {{- '<|im_start|>system\\nYou are a careful solver of word problems.<|im_end|>\\n' }}
-{%- endif %}
-{%- for message in messages %}
-    {%- if message.role == "system" %}{% continue %}{% endif %}
-    {%- if message.role == "assistant" and message.tool_calls is defined %}
-        {{- '<|im_start|>assistant' }}
-        {%- for call in message.tool_calls %}
-            {{- '\\n<tool_call>\\n' }}{{- call | tojson(indent=2) }}{{- '\\n</tool_call>' }}
-        {%- endfor %}
-        {{- '<|im_end|>\\n' }}
-    {%- else %}
-        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\\n' }}
-{%- endif %}
-"""
+from tests.hf_tokenizers import CORPUS, QWEN_SPECIALS, QWEN_STYLE, trained
 
 LLAMA_STYLE = """{{- bos_token }}
 {%- if not date_string is defined %}{%- set date_string = strftime_now("%d %b %Y") %}{%- endif %}
@@ -114,22 +77,8 @@ THINKING_STYLE = """{%- set ns = namespace(last_query=messages|length - 1) %}
 {%- endif %}
 """
 
-QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 LLAMA_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
                   "<|end_header_id|>", "<|eot_id|>"]
-
-
-def _trained(specials: list[str], bos: str | None) -> Tokenizer:
-  tokenizer = Tokenizer(models.BPE())
-  tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tokenizer.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=specials, show_progress=False,
-                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-  tokenizer.train_from_iterator(CORPUS, trainer)
-  if bos is not None:  # Llama 3 prepends BOS in its post-processor
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.token_to_id(bos))])
-  return tokenizer
 
 
 STYLES = {
@@ -147,7 +96,7 @@ def pair(request, tmp_path_factory):
   style, template = request.param
   specials, bos, tokens, templates = STYLES[style]
   directory = tmp_path_factory.mktemp(f"{style}-{template}")
-  fast = transformers.PreTrainedTokenizerFast(tokenizer_object=_trained(specials, bos),
+  fast = transformers.PreTrainedTokenizerFast(tokenizer_object=trained(specials, bos),
                                               chat_template=templates[template], **tokens)
   fast.save_pretrained(directory)
   return HFTokenizer(directory), transformers.AutoTokenizer.from_pretrained(directory), template
@@ -253,7 +202,7 @@ def test_sandbox_refuses_what_transformers_refuses():
 
 
 def test_missing_template_is_named(tmp_path):
-  _trained(QWEN_SPECIALS, None).save(str(tmp_path / "tokenizer.json"))
+  trained(QWEN_SPECIALS, None).save(str(tmp_path / "tokenizer.json"))
   tokenizer = HFTokenizer(tmp_path, eos_token="<|im_end|>")
   with pytest.raises(ValueError, match="no chat template"):
     tokenizer.apply_chat_template([{"role": "user", "content": "x"}])

@@ -145,3 +145,17 @@ def test_data_beyond_the_budgets_is_counted_and_too_much_refuses_to_start(tmp_pa
   fitting = [task.sources["test"][i] for i in np.flatnonzero(lengths["test"][:, 0] <= 10)]
   assert len(batch["examples"]) == len(fitting) == 50 - report["data/test/dropped"]
   assert sorted(e["prompt"] for e in batch["examples"]) == sorted(e["prompt"] for e in fitting)
+
+
+def test_evaluation_chunks_share_one_shape_and_cover_every_prompt_once():
+  prompts = np.arange(5 * 3).reshape(5, 3)
+  batch = {"prompts": prompts, "prompt_valid": prompts % 2 == 0, "examples": list("abcde")}
+  chunks = list(tasks.batch_chunks(batch, 2))
+  assert [rows for _, rows in chunks] == [2, 2, 1]
+  assert all(chunk["prompts"].shape == (2, 3) and len(chunk["examples"]) == 2 for chunk, _ in chunks)
+  real = lambda key: np.concatenate([chunk[key][:rows] for chunk, rows in chunks])
+  np.testing.assert_array_equal(real("prompts"), prompts)
+  np.testing.assert_array_equal(real("prompt_valid"), batch["prompt_valid"])
+  assert sum((chunk["examples"][:rows] for chunk, rows in chunks), []) == list("abcde")
+  (whole, rows), = tasks.batch_chunks(batch, None)
+  assert rows == 5 and whole["examples"] == list("abcde")

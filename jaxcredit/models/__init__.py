@@ -1,7 +1,7 @@
 """Policy and critic models: a Flax NNX Llama 3 / Qwen2 / Qwen3-style transformer."""
 
 from jaxcredit.models.checkpoint import (config_from_hf, hf_config, load_hf_checkpoint,
-                                         save_hf_checkpoint, stop_tokens)
+                                         read_config, save_hf_checkpoint, stop_tokens)
 from jaxcredit.models import sharding
 from jaxcredit.models.config import PRESETS, RopeScaling, TransformerConfig, preset
 from jaxcredit.models.transformer import (KVCache, ModelOutput, RMSNorm, Transformer, rope,
@@ -19,6 +19,7 @@ __all__ = [
     "hf_config",
     "load_hf_checkpoint",
     "preset",
+    "read_config",
     "rope",
     "rope_frequencies",
     "save_hf_checkpoint",

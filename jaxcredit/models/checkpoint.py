@@ -202,6 +202,18 @@ def _read_json(path: pathlib.Path, *, required: tuple[str, ...] = ()) -> dict:
   return data
 
 
+def read_config(path: str | pathlib.Path, **overrides) -> TransformerConfig:
+  """The TransformerConfig of a checkpoint directory's config.json (`config_from_hf`),
+  e.g. to build the architecture with random weights; errors name the file."""
+  config_file = pathlib.Path(path) / "config.json"
+  if not config_file.exists():
+    raise ValueError(f"No config.json in {pathlib.Path(path)}.")
+  try:
+    return config_from_hf(_read_json(config_file), **overrides)
+  except ValueError as error:
+    raise ValueError(f"{config_file}: {error}") from None
+
+
 def load_hf_checkpoint(path: str | pathlib.Path, **config_overrides) -> Transformer:
   """A Transformer with the weights of a local Llama 3 / Qwen2 / Qwen3 checkpoint.
 
@@ -211,14 +223,7 @@ def load_hf_checkpoint(path: str | pathlib.Path, **config_overrides) -> Transfor
   mis-shaped tensor.
   """
   directory = pathlib.Path(path)
-  config_file = directory / "config.json"
-  if not config_file.exists():
-    raise ValueError(f"No config.json in {directory}.")
-  hf_config = _read_json(config_file)
-  try:
-    config = config_from_hf(hf_config, **config_overrides)
-  except ValueError as error:
-    raise ValueError(f"{config_file}: {error}") from None
+  config = read_config(directory, **config_overrides)
   tensors = _Tensors(directory)
   abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
@@ -253,7 +258,8 @@ def load_hf_checkpoint(path: str | pathlib.Path, **config_overrides) -> Transfor
 
 # Tokenizer files copied beside an exported checkpoint when their directory is given.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "chat_template.jinja", "vocab.json", "merges.txt", "added_tokens.json")
+                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt",
+                   "added_tokens.json")
 
 
 def hf_config(config: TransformerConfig) -> dict:

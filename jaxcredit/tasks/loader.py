@@ -15,19 +15,46 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from jaxcredit.tasks.tokenizers import Tokenizer
+from jaxcredit.tasks.tokenizers import HFTokenizer, Tokenizer
 
 Encoder = Callable[[dict], tuple[list[int], list[int]]]
 
 
-def text_encoder(tokenizer: Tokenizer, *, eos: bool = True) -> Encoder:
-  """(BOS + prompt, completion [+ EOS]) ids of a text example."""
+def text_encoder(tokenizer: Tokenizer, *, eos: bool = True, instruction: str = "") -> Encoder:
+  """(BOS + prompt + instruction, completion [+ EOS]) ids of a text example."""
 
   def encode(example: dict) -> tuple[list[int], list[int]]:
-    text = lambda v: v.decode() if isinstance(v, bytes) else str(v)
-    prompt = tokenizer.encode(text(example["prompt"]), add_bos=tokenizer.bos_id is not None)
-    completion = tokenizer.encode(text(example["completion"]), add_eos=eos)
+    prompt = tokenizer.encode(as_text(example["prompt"]) + instruction,
+                              add_bos=tokenizer.bos_id is not None)
+    completion = tokenizer.encode(as_text(example["completion"]), add_eos=eos)
     return prompt, completion
+
+  return encode
+
+
+def as_text(value) -> str:
+  """A TFDS text feature (bytes) or a str, as str."""
+  return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def chat_encoder(tokenizer: HFTokenizer, *, instruction: str = "", system_prompt: str | None = None,
+                 template_variables: dict | None = None) -> Encoder:
+  """(prompt, completion + EOS) ids of a question-answer example, the prompt
+  rendered by the tokenizer's chat template:
+
+    [system_prompt?] + user: example["prompt"] + instruction, then the
+    template's generation prompt (the assistant turn's header).
+
+  template_variables reach the template (e.g. {"enable_thinking": False} for
+  Qwen3). The EOS is the tokenizer's eos_token (an instruct model's end of turn).
+  """
+  variables = dict(template_variables or {})
+
+  def encode(example: dict) -> tuple[list[int], list[int]]:
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    user = [{"role": "user", "content": as_text(example["prompt"]) + instruction}]
+    prompt = tokenizer.apply_chat_template(system + user, add_generation_prompt=True, **variables)
+    return prompt, tokenizer.encode(as_text(example["completion"]), add_eos=True)
 
   return encode
 
@@ -108,10 +135,10 @@ class Loader:
     `examples` are the source examples in the same row order."""
     return self._prompt_batch(self.example_indices(step), group_size)
 
-  def every_prompt(self) -> dict:
-    """`rl_batch` layout (group size 1) of every example kept, each once, in source order (for
-    evaluation)."""
-    return self._prompt_batch(self.indices, 1)
+  def every_prompt(self, limit: int | None = None) -> dict:
+    """`rl_batch` layout (group size 1) of every example kept (the first `limit`
+    of them when given), each once, in source order (for evaluation)."""
+    return self._prompt_batch(self.indices[:limit], 1)
 
   def _prompt_batch(self, indices: np.ndarray, group_size: int) -> dict:
     examples, prompts, truncated = [], [], 0

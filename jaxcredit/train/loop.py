@@ -172,8 +172,11 @@ class _Trainer:
     """Greedy accuracy (fraction of held-out prompts with reward 1)."""
     greedy = dataclasses.replace(self.source, temperature=0.0, group_size=1, place=jnp.asarray,
                                  local=np.asarray)
-    rollout = greedy(self.modules["model"], self.eval_batch, jax.random.key(0))
-    return float(np.mean(np.asarray(rollout.rewards) >= 1.0))
+    rewards = []
+    for chunk, rows in tasks.batch_chunks(self.eval_batch, self.config.rl.get("eval_batch_size")):
+      rollout = greedy(self.modules["model"], chunk, jax.random.key(0))
+      rewards.append(np.asarray(rollout.rewards)[:rows])
+    return float(np.mean(np.concatenate(rewards) >= 1.0))
 
   def train_loader(self, batch_size: int) -> loader.Loader:
     task = self.task
@@ -209,12 +212,14 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
 
   # Data: a procedural TFDS dataset, read by step so that batches are reproducible.
   task = tasks.make(config.task, data_dir=config.task.get("data_dir") or str(workdir / "data"),
-                    seed=config.seed)
+                    seed=config.seed,
+                    tokenizer=_tokenizer_directory(config))
   lengths = {split: tasks.split_lengths(task, split) for split in task.sources}  # read once
   data_counts = tasks.check_data(task, lengths=lengths,
                                  max_dropped_fraction=config.task.get("max_dropped_fraction", 0.1))
   # Each test problem that fits, once.
-  eval_batch = tasks.evaluation_batch(task, lengths["test"][:, 0])
+  eval_batch = tasks.evaluation_batch(task, lengths["test"][:, 0],
+                                      limit=config.task.get("eval_size"))
   data_counts["data/test/evaluated"] = len(eval_batch["examples"])
   print(f"Greedy eval on {len(eval_batch['examples'])} held-out problems.")
   source = SingleTurn(task.score_rows, task.max_response_length, group_size=config.rl.group_size,
@@ -245,9 +250,7 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
 def _learner_modules(config, task: tasks.TrainTask, mesh) -> tuple[dict, learner.Settings]:
   """The policy, its optimizer, the frozen reference (and a critic with its
   optimizer), placed on `mesh`; and the learner's settings."""
-  model_config = preset(config.model.preset, vocab_size=task.vocab_size,
-                        **config.model.get("overrides", {}))
-  model = Transformer(model_config, rngs=nnx.Rngs(config.seed))
+  model = _policy(config.model, task, seed=config.seed)
   sharding.shard_model(model, mesh)  # parameters placed by their logical axes
   rl = config.rl
   adam = lambda lr: optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(lr))
@@ -269,6 +272,35 @@ def _learner_modules(config, task: tasks.TrainTask, mesh) -> tuple[dict, learner
                               minibatches=rl.minibatches, kl_reward_coef=rl.kl_reward_coef,
                               kl_reward_kind=rl.kl_reward_kind, critic=critic_settings)
   return modules, settings
+
+
+def _tokenizer_directory(config) -> str | None:
+  """Where a pretrained task's tokenizer lives: task.tokenizer, else model.checkpoint."""
+  return config.task.get("tokenizer") or config.model.get("checkpoint")
+
+
+def _policy(model_config, task: tasks.TrainTask, *, seed: int) -> Transformer:
+  """The policy: a checkpoint's weights (model.checkpoint), its architecture
+  with random weights (model.checkpoint + model.random_init), or a preset
+  (vocabulary sized to the task's tokenizer unless it is a pretrained one).
+  model.overrides replace config fields; model.dtype sets the compute dtype."""
+  overrides = dict(model_config.get("overrides") or {})
+  if model_config.get("dtype"):
+    overrides["dtype"] = jnp.dtype(model_config.dtype)
+  path = model_config.get("checkpoint")
+  if path and not model_config.get("random_init", False):
+    model = checkpoint.load_hf_checkpoint(path, **overrides)
+  else:
+    if path:
+      architecture = checkpoint.read_config(path, **overrides)
+    else:
+      vocab = {} if task.pretrained_vocab else {"vocab_size": task.vocab_size}
+      architecture = preset(model_config.preset, **{**vocab, **overrides})
+    model = Transformer(architecture, rngs=nnx.Rngs(seed))
+  if model.config.vocab_size < task.vocab_size:
+    raise ValueError(f"The model's vocabulary ({model.config.vocab_size} ids) is smaller than the "
+                     f"task tokenizer's ({task.vocab_size}).")
+  return model
 
 
 def _warm_start(t: _Trainer, stops: list) -> tuple[float, bool]:
@@ -337,6 +369,7 @@ def _export_hf(t: _Trainer) -> None:
                                    state))
   if jax.process_index() == 0:
     directory = checkpoint.save_hf_checkpoint(model, t.workdir / "hf",
+                                              tokenizer=_tokenizer_directory(t.config),
                                               stop_tokens=t.task.stop_tokens)
     print(f"Exported the policy to {directory} (transformers format).")
 

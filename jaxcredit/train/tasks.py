@@ -8,18 +8,25 @@
 
 Rows are laid out as the sampler lays them out: a prompt left-padded to
 `max_prompt_length`, then `max_response_length` response slots. Text tasks
-(arithmetic, countdown) decode responses with a character tokenizer; key_token
-works on ids, constrains actions per position and can hide filler.
+(arithmetic, countdown) decode responses with a character tokenizer; gsm8k
+with a pretrained checkpoint's tokenizer and chat template; key_token works on
+ids, constrains actions per position and can hide filler.
 """
 
 import dataclasses
+import hashlib
+import pathlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import tensorflow_datasets as tfds
 
-from jaxcredit.tasks import CharTokenizer, arithmetic, builders, countdown, key_token, loader
+from jaxcredit import _checks
+from jaxcredit.models import checkpoint
 from jaxcredit.sampling import Actions
+from jaxcredit.tasks import (CharTokenizer, HFTokenizer, Tokenizer, arithmetic, builders, countdown,
+                             gsm8k, key_token, loader)
 
 Scorer = Callable[[np.ndarray, np.ndarray, Sequence[dict]], np.ndarray]
 
@@ -46,6 +53,9 @@ class TrainTask:
   actions: Actions = Actions()
   config: Any = None  # the task's own config (e.g. key_token.KeyTokenConfig)
   truncated_reward: float = 0.0
+  # True: a pretrained tokenizer, whose ids the model's own (padded) vocabulary covers;
+  # False: the model is built with exactly vocab_size ids.
+  pretrained_vocab: bool = False
 
   def truncated(self, tokens, mask) -> np.ndarray:
     """[B] bool: whole [B, P + N] rows whose response holds no stop token
@@ -63,11 +73,7 @@ class TrainTask:
     return np.where(self.truncated(tokens, mask), np.float32(self.truncated_reward), scores)
 
 
-def _text(value) -> str:
-  return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _text_scorer(tokenizer: CharTokenizer,
+def _text_scorer(tokenizer: Tokenizer,
                  reward_fn: Callable[[str, dict], tuple[float, str]]) -> Scorer:
   def score(tokens, mask, examples):
     responses = [tokenizer.decode(row[m]) for row, m in zip(tokens, mask)]
@@ -78,7 +84,7 @@ def _text_scorer(tokenizer: CharTokenizer,
 
 def _arithmetic(options: dict) -> tuple[Any, CharTokenizer, Scorer]:
   tokenizer = CharTokenizer(arithmetic.ALPHABET)
-  reward = lambda response, example: arithmetic.reward(response, _text(example["answer"]))
+  reward = lambda response, example: arithmetic.reward(response, loader.as_text(example["answer"]))
   return arithmetic.ArithmeticConfig(**options), tokenizer, _text_scorer(tokenizer, reward)
 
 
@@ -91,20 +97,23 @@ def _countdown(options: dict) -> tuple[Any, CharTokenizer, Scorer]:
 
 
 TEXT_TASKS = {"arithmetic": _arithmetic, "countdown": _countdown}
-TASKS = (*TEXT_TASKS, "key_token")
+TASKS = (*TEXT_TASKS, "key_token", "gsm8k")
 
 
-def make(config, *, data_dir: str, seed: int) -> TrainTask:
+def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> TrainTask:
   """Builds (or reuses) the task's TFDS data under `data_dir` and its hooks.
 
   config: name, options (the task's own config fields), train_size, test_size,
   max_prompt_length, max_response_length (text tasks; key_token's are fixed
   by its config: K + 2 and T), truncated_reward (default 0: the reward of a
-  response cut off by max_response_length).
+  response cut off by max_response_length). gsm8k reads its own fields
+  (`gsm8k_task`) and the Hugging Face tokenizer directory `tokenizer`.
   """
   name, options = config.name, dict(config.get("options") or {})
   if name not in TASKS:
     raise ValueError(f"Unknown task {name!r}; known: {', '.join(TASKS)}.")
+  if name == "gsm8k":
+    return gsm8k_task(config, data_dir=data_dir, tokenizer_dir=tokenizer)
   if name == "key_token":
     task_config = key_token.KeyTokenConfig(**options)
     prompt_length, response_length = task_config.prompt_length, task_config.length
@@ -137,6 +146,51 @@ def make(config, *, data_dir: str, seed: int) -> TrainTask:
                     hidden=hidden_in_rows if hidden.any() else None, hidden_token=key_token.FILL)
   return TrainTask(vocab_size=key_token.VOCAB_SIZE, pad_id=key_token.PAD, stop_tokens=(),
                    encode=loader.ids_encoder, score=score_keys, actions=actions, **common)
+
+
+def gsm8k_task(config, *, data_dir: str, tokenizer_dir: str | None) -> TrainTask:
+  """GSM8K-format JSONL with a pretrained checkpoint's tokenizer and chat template.
+
+  config: jsonl_dir (train.jsonl and test.jsonl), prompt ("chat": the chat
+  template's rendering of [system_prompt] + question + instruction, with the
+  assistant header; "plain": BOS + question + instruction), instruction,
+  system_prompt, template_variables, max_prompt_length, max_response_length,
+  truncated_reward. The data are prepared under `data_dir`/gsm8k-<digest of
+  the files>, so edited files are never served from a stale copy. Stop tokens:
+  the tokenizer's eos_token and the directory's generation_config.json EOS ids.
+  The reward is 1 when the response's final number equals the answer's.
+  """
+  if not tokenizer_dir:
+    raise ValueError("Task gsm8k needs a Hugging Face tokenizer: set --config.model.checkpoint "
+                     "(a checkpoint directory with tokenizer.json) or --config.task.tokenizer.")
+  if not config.get("jsonl_dir"):
+    raise ValueError("Task gsm8k needs --config.task.jsonl_dir: a directory holding GSM8K's "
+                     "train.jsonl and test.jsonl.")
+  _checks.check_choice(config.get("prompt", "chat"), ("chat", "plain"), "task.prompt")
+  tokenizer = HFTokenizer(tokenizer_dir)
+  instruction = config.get("instruction", "")
+  if config.get("prompt", "chat") == "chat":
+    encode = loader.chat_encoder(tokenizer, instruction=instruction,
+                                 system_prompt=config.get("system_prompt"),
+                                 template_variables=dict(config.get("template_variables") or {}))
+  else:
+    encode = loader.text_encoder(tokenizer, instruction=instruction)
+  files = gsm8k.manual_files(config.jsonl_dir)
+  digest = hashlib.sha256(b"".join(path.read_bytes() for path in files.values())).hexdigest()
+  builder = builders.get("gsm8k", data_dir=str(pathlib.Path(data_dir) / f"gsm8k-{digest[:16]}"))
+  builder.download_and_prepare(
+      download_config=tfds.download.DownloadConfig(manual_dir=config.jsonl_dir))
+  reward = lambda response, example: gsm8k.reward(response, loader.as_text(example["answer"]))
+  stops = {tokenizer.eos_id, *checkpoint.stop_tokens(tokenizer_dir)} - {None}
+  if not stops:
+    raise ValueError(f"The tokenizer in {tokenizer_dir} has no eos_token and no "
+                     "generation_config.json EOS id: responses could never end.")
+  return TrainTask(name="gsm8k", vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
+                   stop_tokens=tuple(sorted(stops)), max_prompt_length=config.max_prompt_length,
+                   max_response_length=config.max_response_length,
+                   sources=builder.as_data_source(), encode=encode,
+                   score=_text_scorer(tokenizer, reward), pretrained_vocab=True,
+                   truncated_reward=float(config.get("truncated_reward", 0.0)))
 
 
 def noisy_demonstrations(tokens: np.ndarray, loss_mask: np.ndarray, rng: np.random.Generator, *,
@@ -209,11 +263,25 @@ def check_data(task: TrainTask, *, max_dropped_fraction: float,
   return report
 
 
-def evaluation_batch(task: TrainTask, prompt_lengths=None) -> dict:
-  """Every test prompt that fits max_prompt_length exactly once, left-padded,
-  with its example (for greedy eval; len(batch["examples"]) is how many).
-  `prompt_lengths`: the test prompts' token counts when already read."""
+def evaluation_batch(task: TrainTask, prompt_lengths=None, limit: int | None = None) -> dict:
+  """Every test prompt that fits max_prompt_length exactly once (the first
+  `limit` of them when given), left-padded, with its example (for greedy eval;
+  len(batch["examples"]) is how many). `prompt_lengths`: the test prompts'
+  token counts when already read."""
   source = loader.Loader(_all_examples(task.sources["test"]), encode=task.encode, batch_size=1,
                          max_prompt_length=task.max_prompt_length, pad_id=task.pad_id,
                          process_index=0, process_count=1, prompt_lengths=prompt_lengths)
-  return source.every_prompt()
+  return source.every_prompt(limit)
+
+
+def batch_chunks(batch: dict, size: int | None):
+  """Yields (chunk, rows): `batch`'s prompts in chunks of `size` rows (None: one
+  chunk), the last padded to `size` with copies of its first row so that every
+  chunk has one shape (one compilation); `rows` of the chunk are real."""
+  total = len(batch["examples"])
+  size = size or total
+  for start in range(0, total, size):
+    rows = min(size, total - start)
+    take = np.concatenate([np.arange(start, start + rows), np.full(size - rows, start)])
+    yield {"prompts": batch["prompts"][take], "prompt_valid": batch["prompt_valid"][take],
+           "examples": [batch["examples"][i] for i in take]}, rows
