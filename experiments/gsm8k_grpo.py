@@ -70,6 +70,7 @@ def get_config(variant: str = "qwen2.5") -> ml_collections.ConfigDict:
   rl.minibatches = 4  # 4 updates per batch of 256 responses (64 each)
   rl.eval_every = 25  # steps between greedy evals
   rl.eval_batch_size = 64  # greedy eval decodes this many prompts at a time
+  rl.logit_chunk_tokens = 2048  # log-probs from hidden states, 2048 tokens x V logits at a time
 
   config.checkpoint.every = 25  # RL steps between checkpoints
   config.export.hf = True  # WORKDIR/hf: the final policy as a transformers checkpoint

@@ -6,6 +6,7 @@ reductions run in float32 whatever the input dtype.
 """
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -79,79 +80,144 @@ def token_entropy(logits: Array) -> Array:
   return jax.nn.logsumexp(logits, axis=-1) - jnp.sum(probs * finite_logits, axis=-1)
 
 
-def _to_chunks(x: Array, chunk_size: int) -> Array:
-  """[B, T, ...] -> [n_chunks, B, chunk_size, ...], zero-padding T."""
+def _to_chunks(x: Array, chunk_size: int, fill=0) -> Array:
+  """[B, T, ...] -> [n_chunks, B, chunk_size, ...], padding T with `fill`."""
   b, t = x.shape[:2]
   n = -(-t // chunk_size)
-  x = jnp.pad(x, [(0, 0), (0, n * chunk_size - t)] + [(0, 0)] * (x.ndim - 2))
+  x = jnp.pad(x, [(0, 0), (0, n * chunk_size - t)] + [(0, 0)] * (x.ndim - 2),
+              constant_values=fill)
   return jnp.swapaxes(x.reshape(b, n, chunk_size, *x.shape[2:]), 0, 1)
 
 
 def _from_chunks(x: Array, t: int) -> Array:
-  """[n_chunks, B, chunk_size] -> [B, T]."""
-  n, b, c = x.shape
-  return jnp.swapaxes(x, 0, 1).reshape(b, n * c)[:, :t]
+  """[n_chunks, B, chunk_size, ...] -> [B, T, ...]."""
+  n, b, c = x.shape[:3]
+  return jnp.swapaxes(x, 0, 1).reshape(b, n * c, *x.shape[3:])[:, :t]
 
 
-def _chunk_logits(hidden_chunk, unembed, temperature):
-  logits = jnp.einsum(
-      "bcd,dv->bcv", hidden_chunk, unembed, preferred_element_type=jnp.float32
-  )
-  return logits / temperature
+class _Head(NamedTuple):
+  """Static settings of the chunked head (hashable)."""
+
+  chunk_size: int
+  temperature: float
+  vocab_major: bool  # unembed stored [V, D] (a tied embedding table) rather than [D, V]
+  with_entropy: bool
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _chunked_logprobs(hidden, unembed, tokens, chunk_size, temperature):
-  logp, _ = _chunked_logprobs_fwd(hidden, unembed, tokens, chunk_size, temperature)
-  return logp
+def _einsum(spec: str, x, y):
+  return jnp.einsum(spec, x, y, preferred_element_type=jnp.float32)
 
 
-def _chunked_logprobs_fwd(hidden, unembed, tokens, chunk_size, temperature):
+def _chunk_logits(hidden_chunk, unembed, allowed_chunk, head: _Head):
+  """float32 [B, c, V] logits / temperature, -inf where not allowed."""
+  spec = "bcd,vd->bcv" if head.vocab_major else "bcd,dv->bcv"
+  logits = _einsum(spec, hidden_chunk, unembed) / head.temperature
+  return logits if allowed_chunk is None else jnp.where(allowed_chunk, logits, -jnp.inf)
+
+
+def _entropy_terms(logits, lse):
+  """(softmax probs, entropy) of [..., V] logits with their logsumexp (-inf logits give 0)."""
+  probs = jnp.exp(logits - lse[..., None])
+  finite = jnp.where(jnp.isfinite(logits), logits, 0.0)
+  return probs, lse - jnp.sum(probs * finite, axis=-1)
+
+
+def _allowed_chunks(allowed, batch: int, chunk_size: int):
+  """allowed [T, V] or [B, T, V] -> [n, 1 or B, c, V] chunks, padded with True."""
+  if allowed is None:
+    return None
+  return _to_chunks(allowed[None] if allowed.ndim == 2 else allowed, chunk_size, fill=True)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _chunked_head(hidden, unembed, tokens, allowed, head: _Head):
+  outputs, _ = _chunked_head_fwd(hidden, unembed, tokens, allowed, head)
+  return outputs
+
+
+def _chunked_head_fwd(hidden, unembed, tokens, allowed, head: _Head):
   def step(_, chunk):
-    hidden_chunk, token_chunk = chunk
-    logits = _chunk_logits(hidden_chunk, unembed, temperature)
+    hidden_chunk, token_chunk, allowed_chunk = chunk
+    logits = _chunk_logits(hidden_chunk, unembed, allowed_chunk, head)
     lse = jax.nn.logsumexp(logits, axis=-1)
-    return None, (_picked_logprob(logits, token_chunk, lse), lse)
+    entropy = _entropy_terms(logits, lse)[1] if head.with_entropy else jnp.zeros_like(lse)
+    return None, (_picked_logprob(logits, token_chunk, lse), entropy, lse)
 
-  chunks = (_to_chunks(hidden, chunk_size), _to_chunks(tokens, chunk_size))
-  _, (logp, lse) = jax.lax.scan(step, None, chunks)
-  t = tokens.shape[1]
-  return _from_chunks(logp, t), (hidden, unembed, tokens, _from_chunks(lse, t))
+  chunks = (_to_chunks(hidden, head.chunk_size), _to_chunks(tokens, head.chunk_size),
+            _allowed_chunks(allowed, hidden.shape[0], head.chunk_size))
+  _, outputs = jax.lax.scan(step, None, chunks)
+  logp, entropy, lse = (_from_chunks(x, tokens.shape[1]) for x in outputs)
+  return (logp, entropy), (hidden, unembed, tokens, allowed, lse, entropy)
 
 
-def _chunked_logprobs_bwd(chunk_size, temperature, residuals, g):
-  """Recomputes each chunk's logits; d logp/d logits = onehot(token) - softmax."""
-  hidden, unembed, tokens, lse = residuals
+def _chunked_head_bwd(head: _Head, residuals, cotangents):
+  """Recomputes each chunk's logits z (scaled by 1 / temperature, masked):
+
+    d logp / d z = onehot(token) - p,   d H / d z = -p * (log p + H),
+
+  both zero at tokens that are not allowed (p = 0 there) for an allowed token."""
+  hidden, unembed, tokens, allowed, lse, entropy = residuals
+  g_logp, g_entropy = cotangents
 
   def step(d_unembed, chunk):
-    hidden_chunk, token_chunk, lse_chunk, g_chunk = chunk
-    logits = _chunk_logits(hidden_chunk, unembed, temperature)
+    hidden_chunk, token_chunk, allowed_chunk, lse_chunk, entropy_chunk, g_logp_chunk, g_h = chunk
+    logits = _chunk_logits(hidden_chunk, unembed, allowed_chunk, head)
     probs = jnp.exp(logits - lse_chunk[..., None])
-    onehot = jax.nn.one_hot(token_chunk, logits.shape[-1], dtype=jnp.float32)
-    # An out-of-vocabulary id's log-prob is NaN and carries no gradient
-    # (as autodiff of token_logprobs).
-    g_chunk = jnp.where(_in_vocab(token_chunk, logits.shape[-1]), g_chunk, 0.0)
-    d_logits = g_chunk[..., None] * (onehot - probs) / temperature
-    d_hidden = jnp.einsum(
-        "bcv,dv->bcd", d_logits, unembed, preferred_element_type=jnp.float32
-    )
-    d_unembed += jnp.einsum(
-        "bcd,bcv->dv", hidden_chunk, d_logits, preferred_element_type=jnp.float32
-    )
+    vocab = logits.shape[-1]
+    # An out-of-vocabulary id's log-prob is NaN and carries no gradient (as autodiff of
+    # token_logprobs).
+    g_logp_chunk = jnp.where(_in_vocab(token_chunk, vocab), g_logp_chunk, 0.0)
+    d_logits = g_logp_chunk[..., None] * (jax.nn.one_hot(token_chunk, vocab) - probs)
+    if head.with_entropy:
+      log_probs = jnp.where(jnp.isfinite(logits), logits - lse_chunk[..., None], 0.0)
+      d_logits -= g_h[..., None] * probs * (log_probs + entropy_chunk[..., None])
+    d_logits /= head.temperature
+    if head.vocab_major:
+      d_hidden = _einsum("bcv,vd->bcd", d_logits, unembed)
+      d_unembed += _einsum("bcd,bcv->vd", hidden_chunk, d_logits)
+    else:
+      d_hidden = _einsum("bcv,dv->bcd", d_logits, unembed)
+      d_unembed += _einsum("bcd,bcv->dv", hidden_chunk, d_logits)
     return d_unembed, d_hidden.astype(hidden.dtype)
 
-  chunks = tuple(
-      _to_chunks(x, chunk_size) for x in (hidden, tokens, lse, g.astype(jnp.float32))
-  )
-  d_unembed0 = jnp.zeros(unembed.shape, jnp.float32)
-  d_unembed, d_hidden = jax.lax.scan(step, d_unembed0, chunks)
-  d_hidden = jnp.swapaxes(d_hidden, 0, 1).reshape(
-      hidden.shape[0], -1, hidden.shape[2]
-  )[:, : hidden.shape[1]]
-  return d_hidden, d_unembed.astype(unembed.dtype), None
+  size = head.chunk_size
+  chunks = (_to_chunks(hidden, size), _to_chunks(tokens, size),
+            _allowed_chunks(allowed, hidden.shape[0], size),
+            *(_to_chunks(x.astype(jnp.float32), size) for x in (lse, entropy, g_logp, g_entropy)))
+  d_unembed, d_hidden = jax.lax.scan(step, jnp.zeros(unembed.shape, jnp.float32), chunks)
+  d_hidden = _from_chunks(d_hidden, hidden.shape[1])
+  return d_hidden, d_unembed.astype(unembed.dtype), None, None
 
 
-_chunked_logprobs.defvjp(_chunked_logprobs_fwd, _chunked_logprobs_bwd)
+_chunked_head.defvjp(_chunked_head_fwd, _chunked_head_bwd)
+
+
+def chunked_token_logprobs_and_entropy(
+    hidden: Array,
+    unembed: Array,
+    tokens: Array,
+    *,
+    chunk_size: int,
+    temperature: float = 1.0,
+    allowed: Array | None = None,
+    vocab_major: bool = False,
+) -> tuple[Array, Array]:
+  """(log pi(token), H(pi)) of pi = softmax(mask(hidden @ unembed) / temperature),
+  without materialising [B, T, V].
+
+  hidden: [B, T, D]; unembed: [D, V], or [V, D] with vocab_major=True (a tied
+  embedding table used in place, no transposed copy); tokens: [B, T];
+  allowed: None, [T, V] or [B, T, V] bool (tokens outside it get logit -inf,
+  so pi is the renormalised restricted softmax, as `sampling.mask_logits`).
+  The time axis is cut into chunks of `chunk_size`; forward and backward each
+  hold one chunk's logits [B, chunk_size, V] at a time (the backward
+  recomputes them and accumulates d unembed chunk by chunk), so peak memory
+  is O(B * chunk * V). Matmuls accumulate in float32. Returns float32 [B, T]
+  twice; equals token_logprobs / token_entropy of the full logits, gradients
+  included. Out-of-range ids are handled as in `token_logprobs`.
+  """
+  return _chunked(hidden, unembed, tokens, chunk_size, temperature, allowed, vocab_major,
+                  with_entropy=True)
 
 
 def chunked_token_logprobs(
@@ -161,29 +227,44 @@ def chunked_token_logprobs(
     *,
     chunk_size: int,
     temperature: float = 1.0,
+    allowed: Array | None = None,
+    vocab_major: bool = False,
 ) -> Array:
   """token_logprobs(hidden @ unembed, tokens) without materialising [B, T, V].
 
-  hidden: [B, T, D]; unembed: [D, V]; tokens: [B, T]. The time axis is cut
-  into chunks of `chunk_size`; forward and backward each hold one chunk's
-  logits [B, chunk_size, V] at a time (the backward recomputes them and
-  accumulates d unembed chunk by chunk), so peak memory is O(B * chunk * V).
-  Matmuls accumulate in float32 (bf16 inputs are fine). Returns float32 [B, T].
-  Out-of-range ids are handled as in `token_logprobs` (error or NaN).
+  The log-probs of `chunked_token_logprobs_and_entropy` (same arguments), without
+  the entropy's work. hidden: [B, T, D]; unembed: [D, V] ([V, D] with
+  vocab_major); tokens: [B, T]. Returns float32 [B, T].
   """
+  return _chunked(hidden, unembed, tokens, chunk_size, temperature, allowed, vocab_major,
+                  with_entropy=False)[0]
+
+
+def _chunked(hidden, unembed, tokens, chunk_size, temperature, allowed, vocab_major, *,
+             with_entropy):
   _checks.check_rank(hidden, 3, "hidden")
   _checks.check_rank(unembed, 2, "unembed")
   _checks.check_rank(tokens, 2, "tokens")
-  if hidden.shape[:2] != tokens.shape or hidden.shape[2] != unembed.shape[0]:
+  width, vocab = unembed.shape[::-1] if vocab_major else unembed.shape
+  layout = "[V,D]" if vocab_major else "[D,V]"
+  if hidden.shape[:2] != tokens.shape or hidden.shape[2] != width:
     raise ValueError(
-        f"Expected hidden[B,T,D], unembed[D,V], tokens[B,T]; got "
+        f"Expected hidden[B,T,D], unembed{layout}, tokens[B,T]; got "
         f"hidden{list(hidden.shape)}, unembed{list(unembed.shape)}, "
         f"tokens{list(tokens.shape)}."
     )
+  shapes = ((tokens.shape[1], vocab), (*tokens.shape, vocab))
+  if allowed is not None and allowed.shape not in shapes:
+    raise ValueError(f"allowed must be [T, V] or [B, T, V] = {[*tokens.shape, vocab]}, got "
+                     f"{list(allowed.shape)}.")
   if not isinstance(chunk_size, int) or chunk_size < 1:
     raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
-  _check_token_ids(tokens, unembed.shape[1])
-  return _chunked_logprobs(hidden, unembed, tokens, chunk_size, float(temperature))
+  _check_token_ids(tokens, vocab)
+  if jnp.dtype(hidden.dtype).itemsize < jnp.dtype(unembed.dtype).itemsize:
+    unembed = unembed.astype(hidden.dtype)  # the model's own logits matmul runs in hidden's dtype
+  allowed = None if allowed is None else jnp.asarray(allowed, bool)
+  head = _Head(chunk_size, float(temperature), bool(vocab_major), with_entropy)
+  return _chunked_head(hidden, unembed, tokens, allowed, head)
 
 
 LOG_RATIO_BOUND = 20.0

@@ -129,7 +129,67 @@ class ChunkedLogprobsTest(parameterized.TestCase):
     dense = jax.value_and_grad(lambda h, w: jnp.sum(_dense_logp(h, w, tokens)), argnums=(0, 1))
     self.assertGreaterEqual(max(_intermediate_sizes(jax.make_jaxpr(dense)(hidden, unembed).jaxpr)), b * t * v)
 
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.product(allowed_rank=[0, 2, 3], vocab_major=[False, True], chunk_size=[1, 3, 16],
+                         temperature=[1.0, 0.6])
+  def test_logprobs_and_entropy_with_actions_match_dense(self, allowed_rank, vocab_major, chunk_size,
+                                                         temperature):
+    rng = np.random.default_rng(2)
+    b, t, d, v = 2, 7, 8, 24
+    hidden = rng.normal(size=(b, t, d)).astype(np.float32)
+    unembed = rng.normal(size=(d, v)).astype(np.float32)
+    allowed = {0: None, 2: rng.random((t, v)) < 0.5, 3: rng.random((b, t, v)) < 0.5}[allowed_rank]
+    full = np.ones((b, t, v), bool) if allowed is None else np.broadcast_to(allowed, (b, t, v)).copy()
+    full[..., 0] = True  # every position allows at least one token
+    allowed = None if allowed is None else (full if allowed_rank == 3 else full[0])
+    tokens = np.stack([[rng.choice(np.flatnonzero(full[i, j])) for j in range(t)] for i in range(b)])
+    w_logp, w_entropy = rng.normal(size=(2, b, t)).astype(np.float32)
+    stored = unembed.T if vocab_major else unembed
+
+    def chunked(h, w):
+      return logprobs.chunked_token_logprobs_and_entropy(
+          h, w, tokens, chunk_size=chunk_size, temperature=temperature, allowed=allowed,
+          vocab_major=vocab_major)
+
+    def dense(h, w):
+      logits = jnp.einsum("btd,vd->btv" if vocab_major else "btd,dv->btv", h, w) / temperature
+      logits = logits if allowed is None else jnp.where(allowed, logits, -jnp.inf)
+      return logprobs.token_logprobs(logits, tokens), logprobs.token_entropy(logits)
+
+    def objective(fn):
+      return lambda h, w: sum(jnp.sum(x * y) for x, y in zip((w_logp, w_entropy), fn(h, w)))
+
+    got = self.variant(jax.value_and_grad(objective(chunked), argnums=(0, 1)))(hidden, stored)
+    want = jax.value_and_grad(objective(dense), argnums=(0, 1))(hidden, stored)
+    chex.assert_trees_all_close(got, want, atol=1e-4, rtol=1e-4)
+    logits = np.einsum("btd,dv->btv", hidden.astype(np.float64), unembed) / temperature
+    logits = np.where(full, logits, -np.inf)
+    logp, entropy = self.variant(chunked)(hidden, stored)
+    np.testing.assert_allclose(logp, reference.token_logprobs(logits, tokens), atol=1e-4)
+    np.testing.assert_allclose(entropy, reference.token_entropy(logits), atol=1e-4)
+    only_logp = logprobs.chunked_token_logprobs(hidden, stored, tokens, chunk_size=chunk_size,
+                                                temperature=temperature, allowed=allowed,
+                                                vocab_major=vocab_major)
+    np.testing.assert_allclose(only_logp, logp, atol=1e-6)
+
+  def test_entropy_head_never_materialises_full_logits(self):
+    b, t, d, v, chunk = 2, 64, 8, 512, 4
+    hidden, embedding = jnp.zeros((b, t, d)), jnp.zeros((v, d))
+    tokens = jnp.zeros((b, t), int)
+    fn = jax.value_and_grad(
+        lambda h, w: jnp.sum(sum(logprobs.chunked_token_logprobs_and_entropy(
+            h, w, tokens, chunk_size=chunk, vocab_major=True, allowed=jnp.ones((t, v), bool)))),
+        argnums=(0, 1))
+    sizes = list(_intermediate_sizes(jax.make_jaxpr(fn)(hidden, embedding).jaxpr))
+    self.assertLessEqual(max(sizes), max(b * chunk * v, t * v))  # t * v: the allowed table itself
+
   def test_bad_input_raises(self):
+    with pytest.raises(ValueError, match=r"allowed must be \[T, V\] or \[B, T, V\]"):
+      logprobs.chunked_token_logprobs_and_entropy(jnp.zeros((1, 2, 8)), jnp.zeros((8, 5)), jnp.zeros((1, 2), int),
+                                                  chunk_size=1, allowed=jnp.ones((3, 5), bool))
+    with pytest.raises(ValueError, match=r"unembed\[V,D\]"):
+      logprobs.chunked_token_logprobs(jnp.zeros((1, 2, 8)), jnp.zeros((8, 5)), jnp.zeros((1, 2), int),
+                                      chunk_size=1, vocab_major=True)
     with pytest.raises(ValueError, match=r"unembed\[9, 5\]"):
       logprobs.chunked_token_logprobs(jnp.zeros((1, 2, 8)), jnp.zeros((9, 5)), jnp.zeros((1, 2), int), chunk_size=1)
     with pytest.raises(ValueError, match="chunk_size must be a positive int"):

@@ -193,6 +193,15 @@ class Transformer(nnx.Module):
     )
 
   @property
+  def unembedding(self) -> tuple[Array, bool]:
+    """(matrix, vocab_major): the unembedding as stored - the tied embedding table
+    [V, D] (vocab_major=True) or the lm_head kernel [D, V] - for
+    `chunked_token_logprobs(..., vocab_major=...)` without a transposed copy."""
+    if self.lm_head is None:
+      return self.embed_tokens.embedding[...], True
+    return self.lm_head.kernel[...], False
+
+  @property
   def unembed(self) -> Array:
     """The unembedding matrix [D, V] (for `chunked_token_logprobs`)."""
     if self.lm_head is None:

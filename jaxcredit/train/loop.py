@@ -270,8 +270,13 @@ def _learner_modules(config, task: tasks.TrainTask, mesh) -> tuple[dict, learner
                                              gamma=config.critic.gamma, lam=config.critic.lam)
   settings = learner.Settings(temperature=rl.temperature, actions=task.actions, epochs=rl.epochs,
                               minibatches=rl.minibatches, kl_reward_coef=rl.kl_reward_coef,
-                              kl_reward_kind=rl.kl_reward_kind, critic=critic_settings)
+                              kl_reward_kind=rl.kl_reward_kind, critic=critic_settings,
+                              logit_chunk_tokens=_logit_chunk_tokens(config))
   return modules, settings
+
+
+def _logit_chunk_tokens(config) -> int:
+  return config.rl.get("logit_chunk_tokens") or steps.LOGIT_CHUNK_TOKENS
 
 
 def _tokenizer_directory(config) -> str | None:
@@ -312,7 +317,7 @@ def _warm_start(t: _Trainer, stops: list) -> tuple[float, bool]:
   t.writer.write(0, {"eval/accuracy": accuracy, **t.data_counts})
   if config.sft.max_steps:
     sft_data = t.train_loader(config.sft.batch_size)
-    sft_update = steps.sft_step(t.task.actions)
+    sft_update = steps.sft_step(t.task.actions, _logit_chunk_tokens(t.config))
     sft_optimizer = nnx.Optimizer(model, optax.adam(config.sft.learning_rate), wrt=nnx.Param)
     for sft_step in tqdm.trange(config.sft.max_steps, desc="sft", mininterval=2.0):
       batch = sft_data.sft_batch(sft_step,

@@ -10,39 +10,58 @@ from flax import nnx
 from jax import Array
 
 from jaxcredit import losses
-from jaxcredit.logprobs import token_entropy, token_logprobs
+from jaxcredit.logprobs import chunked_token_logprobs, chunked_token_logprobs_and_entropy
 from jaxcredit.rollout import PolicyOutputs, Rollout
-from jaxcredit.sampling import Actions, mask_logits, prompt_positions
+from jaxcredit.sampling import Actions, prompt_positions
 
 
-def shifted_logprobs(logits, tokens, temperature: float = 1.0, actions: Actions = Actions()):
-  """[B, L] log-probs (and entropies) of tokens[:, t] under logits[:, t - 1]
-  (restricted to actions.allowed[t]); 0 at t = 0."""
-  logits = mask_logits(logits[:, :-1].astype(jnp.float32), actions.columns(1).allowed)
-  logp = token_logprobs(logits, tokens[:, 1:], temperature=temperature)
-  entropy = token_entropy(logits / temperature)
+LOGIT_CHUNK_TOKENS = 2048
+"""Tokens per chunk of the log-prob head: one chunk's float32 logits are
+~LOGIT_CHUNK_TOKENS x V (1.2 GiB at V = 152k), whatever the batch and length."""
+
+
+def shifted_logprobs(model, hidden, tokens, temperature: float = 1.0, actions: Actions = Actions(),
+                     *, chunk_tokens: int = LOGIT_CHUNK_TOKENS, entropy: bool = True):
+  """[B, L] log-probs (and entropies, or None) of tokens[:, t] under the model's
+  head at hidden[:, t - 1] (restricted to actions.allowed[t]); 0 at t = 0.
+
+  Through `chunked_token_logprobs_and_entropy` with the unembedding as stored
+  (a tied embedding in place): the time axis is cut into chunks of
+  max(1, chunk_tokens // B) positions, so [B, L, V] logits never exist.
+  """
+  batch, length = tokens.shape
+  unembed, vocab_major = model.unembedding
+  chunk = max(1, min(length - 1, chunk_tokens // batch))
+  head = dict(chunk_size=chunk, temperature=temperature, allowed=actions.columns(1).allowed,
+              vocab_major=vocab_major)
   pad = lambda x: jnp.pad(x, [(0, 0), (1, 0)])
-  return pad(logp), pad(entropy)
+  if not entropy:
+    return pad(chunked_token_logprobs(hidden[:, :-1], unembed, tokens[:, 1:], **head)), None
+  logp, token_entropy = chunked_token_logprobs_and_entropy(hidden[:, :-1], unembed, tokens[:, 1:],
+                                                           **head)
+  return pad(logp), pad(token_entropy)
 
 
 def _forward(model, tokens, token_valid, positions, actions: Actions):
-  """The model on [B, L] rows: every token valid and positions counted from 0 unless given."""
+  """The model's hidden states (no logits) on [B, L] rows: every token valid and
+  positions counted from 0 unless given."""
   token_valid = jnp.ones(tokens.shape, bool) if token_valid is None else token_valid
   positions = prompt_positions(token_valid) if positions is None else positions
-  return model(actions.observe(tokens), positions=positions, token_valid=token_valid)
+  return model(actions.observe(tokens), positions=positions, token_valid=token_valid, logits=False)
 
 
-def policy_outputs(model, rollout: Rollout, temperature: float,
-                   actions: Actions = Actions()) -> PolicyOutputs:
+def policy_outputs(model, rollout: Rollout, temperature: float, actions: Actions = Actions(),
+                   chunk_tokens: int = LOGIT_CHUNK_TOKENS) -> PolicyOutputs:
   """The current policy's log-probs, entropies (and values V(s_t), the value
   head's output at the state before action t) on a rollout's tokens."""
   out = _forward(model, rollout.tokens, rollout.token_valid, rollout.positions, actions)
-  logp, entropy = shifted_logprobs(out.logits, rollout.tokens, temperature, actions)
+  logp, entropy = shifted_logprobs(model, out.hidden, rollout.tokens, temperature, actions,
+                                   chunk_tokens=chunk_tokens)
   values = None if out.values is None else jnp.pad(out.values[:, :-1], [(0, 0), (1, 0)])
   return PolicyOutputs(logprobs=logp, entropy=entropy, values=values)
 
 
-def sft_step(actions: Actions = Actions()):
+def sft_step(actions: Actions = Actions(), chunk_tokens: int = LOGIT_CHUNK_TOKENS):
   """A jitted cross-entropy step on the completion tokens (loss_mask) of [B, L] rows."""
 
   @nnx.jit
@@ -50,7 +69,8 @@ def sft_step(actions: Actions = Actions()):
 
     def loss_fn(model):
       out = _forward(model, tokens, token_valid, None, actions)
-      logp, _ = shifted_logprobs(out.logits, tokens, actions=actions)
+      logp, _ = shifted_logprobs(model, out.hidden, tokens, actions=actions,
+                                 chunk_tokens=chunk_tokens, entropy=False)
       return losses.aggregate(-logp, loss_mask, "token-mean")
 
     loss, grads = nnx.value_and_grad(loss_fn)(model)
