@@ -4,6 +4,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from jaxcredit.models.attention import IMPLEMENTATIONS
+
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
@@ -31,7 +33,9 @@ class TransformerConfig:
   qkv_bias (Qwen2: True, Llama / Qwen3: False), qk_norm (Qwen3: RMSNorm of each
   query and key head before RoPE), tie_embeddings (unembedding = embedding^T),
   value_head (also return V(s_t)), dtype (compute dtype, e.g. bfloat16) and
-  param_dtype (stored weights).
+  param_dtype (stored weights); attention ("chunked": blockwise, memory
+  linear in length; "xla": the whole score matrix) and attention_block (its
+  block size; see `models.attention`).
   """
 
   vocab_size: int
@@ -50,6 +54,8 @@ class TransformerConfig:
   value_head: bool = False
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
+  attention: str = "chunked"
+  attention_block: int = 512
 
   def __post_init__(self):
     if self.n_heads % self.n_kv_heads:
@@ -60,6 +66,11 @@ class TransformerConfig:
       raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}).")
     if self.resolved_head_dim % 2:
       raise ValueError(f"RoPE needs an even head_dim, got {self.resolved_head_dim}.")
+    if self.attention not in IMPLEMENTATIONS:
+      raise ValueError(f"Unknown attention {self.attention!r}; known: "
+                       f"{', '.join(IMPLEMENTATIONS)}.")
+    if not isinstance(self.attention_block, int) or self.attention_block < 1:
+      raise ValueError(f"attention_block must be a positive int, got {self.attention_block!r}.")
 
   @property
   def resolved_head_dim(self) -> int:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import Array
 
+from jaxcredit.models.attention import attention
 from jaxcredit.models.config import RopeScaling, TransformerConfig
 
 
@@ -111,8 +112,9 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(hd, eps=config.norm_eps, param_dtype=config.param_dtype)
       self.k_norm = RMSNorm(hd, eps=config.norm_eps, param_dtype=config.param_dtype)
 
-  def __call__(self, x, positions, mask, keys, values, slot):
-    """x [B, T, D]; mask [B, T, S]; keys/values [B, S, KV, hd] (cache or None).
+  def __call__(self, x, positions, query_slots, key_valid, keys, values, slot):
+    """x [B, T, D]; query_slots [T] (the queries' slots); key_valid [B, S];
+    keys/values [B, S, KV, hd] (cache or None: the keys are this call's own).
 
     Returns (output [B, T, D], keys, values) with this step's keys/values
     written at slots [slot, slot + T).
@@ -133,12 +135,9 @@ class Attention(nnx.Module):
     else:
       keys = jax.lax.dynamic_update_slice(keys, k.astype(keys.dtype), (0, slot, 0, 0))
       values = jax.lax.dynamic_update_slice(values, v.astype(values.dtype), (0, slot, 0, 0))
-    q = q.reshape(b, t, n_kv, group, hd)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, keys, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask[:, None, None], scores / jnp.sqrt(hd), jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(b, t, cfg.n_heads * hd)
-    return self.o_proj(out.astype(x.dtype)), keys, values
+    out = attention(q.reshape(b, t, n_kv, group, hd), keys, values, query_slots, key_valid,
+                    implementation=cfg.attention, block_size=cfg.attention_block)
+    return self.o_proj(out.reshape(b, t, cfg.n_heads * hd).astype(x.dtype)), keys, values
 
 
 class MLP(nnx.Module):
@@ -164,9 +163,9 @@ class Block(nnx.Module):
                                             param_dtype=config.param_dtype)
     self.mlp = MLP(config, rngs=rngs)
 
-  def __call__(self, x, positions, mask, keys, values, slot):
-    attended, keys, values = self.self_attn(self.input_layernorm(x), positions, mask, keys, values,
-                                            slot)
+  def __call__(self, x, positions, query_slots, key_valid, keys, values, slot):
+    attended, keys, values = self.self_attn(self.input_layernorm(x), positions, query_slots,
+                                            key_valid, keys, values, slot)
     x = x + attended
     return x + self.mlp(self.post_attention_layernorm(x)), keys, values
 
@@ -224,10 +223,9 @@ class Transformer(nnx.Module):
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t), (b, t)) if positions is None else positions
     token_valid = jnp.ones((b, t), bool) if token_valid is None else token_valid
-    mask = jnp.tril(jnp.ones((t, t), bool))[None] & token_valid[:, None, :]
     hidden = self.embed_tokens(tokens)
     for layer in self.layers:
-      hidden, _, _ = layer(hidden, positions, mask, None, None, 0)
+      hidden, _, _ = layer(hidden, positions, jnp.arange(t), token_valid, None, None, 0)
     return self._outputs(self.norm(hidden), logits)
 
   def decode(
@@ -248,12 +246,11 @@ class Transformer(nnx.Module):
     b, t = tokens.shape
     key_valid = jax.lax.dynamic_update_slice(cache.key_valid, token_valid, (0, slot))
     query_slots = slot + jnp.arange(t)
-    key_slots = jnp.arange(key_valid.shape[1])
-    mask = (key_slots[None, None, :] <= query_slots[None, :, None]) & key_valid[:, None, :]
     hidden = self.embed_tokens(tokens)
     new_keys, new_values = [], []
     for i, layer in enumerate(self.layers):
-      hidden, keys, values = layer(hidden, positions, mask, cache.keys[i], cache.values[i], slot)
+      hidden, keys, values = layer(hidden, positions, query_slots, key_valid, cache.keys[i],
+                                   cache.values[i], slot)
       new_keys.append(keys)
       new_values.append(values)
     cache = KVCache(tuple(new_keys), tuple(new_values), key_valid)
