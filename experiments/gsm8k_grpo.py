@@ -58,6 +58,8 @@ def get_config(variant: str = "qwen2.5") -> ml_collections.ConfigDict:
   model.checkpoint = placeholder(str)  # a local Hugging Face checkpoint directory
   model.random_init = False  # True: the architecture only, random weights (no weights needed)
   model.dtype = "bfloat16"  # compute dtype; parameters and Adam state stay float32
+  model.attention = "chunked"  # blockwise attention: memory linear in length
+  model.remat = "block"  # the backward keeps each layer's input only and recomputes the rest
 
   config.sft.max_steps = 0  # an instruct model: RL from the checkpoint, no warm start
 
@@ -70,7 +72,7 @@ def get_config(variant: str = "qwen2.5") -> ml_collections.ConfigDict:
   rl.minibatches = 4  # 4 updates per batch of 256 responses (64 each)
   rl.eval_every = 25  # steps between greedy evals
   rl.eval_batch_size = 64  # greedy eval decodes this many prompts at a time
-  rl.logit_chunk_tokens = 2048  # log-probs from hidden states, 2048 tokens x V logits at a time
+  rl.logits_per_chunk = 2**26  # log-probs from hidden states, 2^26 logits (~441 tokens) at a time
 
   config.checkpoint.every = 25  # RL steps between checkpoints
   config.export.hf = True  # WORKDIR/hf: the final policy as a transformers checkpoint

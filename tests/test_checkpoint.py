@@ -3,6 +3,7 @@
 import json
 import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -62,8 +63,9 @@ def _as_reference_params(tensors, hf):
         "self_attn": {n: linear(p + "self_attn." + n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")},
         "mlp": {n: linear(p + "mlp." + n) for n in ("gate_proj", "up_proj", "down_proj")},
     }
+  stacked = jax.tree.map(lambda *xs: np.stack(xs), *layers.values())  # the model's layer axis
   params = {"embed_tokens": {"embedding": tensors["model.embed_tokens.weight"]},
-            "norm": {"weight": tensors["model.norm.weight"]}, "layers": layers}
+            "norm": {"weight": tensors["model.norm.weight"]}, "layers": stacked}
   if "lm_head.weight" in tensors:
     params["lm_head"] = {"kernel": tensors["lm_head.weight"].T}
   return params

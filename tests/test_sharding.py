@@ -32,7 +32,7 @@ sharding.shard_model(model, mesh)
 multi = forward(model, jax.device_put(tokens, sharding.batch_sharding(mesh)))
 print(json.dumps({
     "devices": len(jax.devices()),
-    "gate_spec": str(model.layers[0].mlp.gate_proj.kernel[...].sharding.spec),
+    "gate_spec": str(model.layers.mlp.gate_proj.kernel[...].sharding.spec),
     "embed_spec": str(model.embed_tokens.embedding[...].sharding.spec),
     "logits_diff": float(jnp.max(jnp.abs(multi.logits - single.logits))),
     "values_diff": float(jnp.max(jnp.abs(multi.values - single.values))),
@@ -47,7 +47,7 @@ def test_eight_device_forward_equals_one_device():
   assert result.returncode == 0, result.stderr[-3000:]
   report = json.loads(result.stdout.strip().splitlines()[-1])
   assert report["devices"] == 8
-  assert report["gate_spec"] == "P('fsdp', 'model')"
+  assert report["gate_spec"] == "P(None, 'fsdp', 'model')"  # stacked layers: [n_layers, D, F]
   assert report["embed_spec"] == "P('model', 'fsdp')"
   # Tolerance: float32 reductions split across devices change summation order.
   assert report["logits_diff"] < 1e-4 and report["values_diff"] < 1e-4, report
@@ -57,7 +57,8 @@ def test_specs_replicate_what_a_mesh_axis_does_not_divide():
   mesh = sharding.make_mesh((1, 1, 1))
   model = Transformer(preset("tiny"), rngs=nnx.Rngs(0))
   specs = sharding.param_shardings(model, mesh)
-  assert specs["layers"][0]["self_attn"]["q_proj"]["kernel"].spec == jax.sharding.PartitionSpec("fsdp", "model")
+  assert specs["layers"]["self_attn"]["q_proj"]["kernel"].spec == jax.sharding.PartitionSpec(
+      None, "fsdp", "model")
   assert specs["norm"]["weight"].spec == jax.sharding.PartitionSpec(None)
   fake = type("FakeMesh", (), {"shape": {"data": 1, "fsdp": 3, "model": 1}})()
   assert sharding._spec((128, 64), ("embed", "mlp"), fake, sharding.DEFAULT_RULES) == \

@@ -15,7 +15,8 @@ row) gets the mean of every value, in both implementations. Output
              m' = max(m, max_s z_s),  l' = l e^(m - m') + sum_s e^(z_s - m'),
              a' = a e^(m - m') + sum_s e^(z_s - m') v_s,  out = a / l.
            Forward and backward hold one query block's scores against the
-           keys ([B, KV, G, block, S]) at a time: memory linear in T.
+           keys ([B, KV, G, block, S]) at a time: memory linear in T. When T
+           and S fit in one block this is the xla computation, and runs as it.
 """
 
 import functools
@@ -32,8 +33,9 @@ _PADDING = -jnp.inf  # a slot added to fill the last block: never counted
 def attention(q: Array, keys: Array, values: Array, query_slots: Array, key_valid: Array, *,
               implementation: str = "xla", block_size: int = 512) -> Array:
   """Causal attention (module docstring); scores in float32, scaled by 1 / sqrt(hd)."""
-  if implementation == "xla":
-    return _naive(q, keys, values, query_slots, key_valid)
+  single_block = max(q.shape[1], keys.shape[1]) <= block_size
+  if implementation == "xla" or (implementation == "chunked" and single_block):
+    return _naive(q, keys, values, query_slots, key_valid)  # one block: the same computation
   if implementation == "chunked":
     return _blockwise(q, keys, values, query_slots, key_valid, block_size)
   raise ValueError(f"Unknown attention implementation {implementation!r}; known: "
@@ -53,32 +55,39 @@ def _naive(q, keys, values, query_slots, key_valid):
   return jnp.einsum("bkgts,bskd->btkgd", probs, values)
 
 
-def _blocks(x: Array, size: int, axis: int, fill) -> Array:
-  """x split along `axis` into [n, ...] blocks of `size` (the last padded with `fill`)."""
-  length = x.shape[axis]
-  n = -(-length // size)
+def _padded(x: Array, size: int, axis: int, fill) -> Array:
+  """x padded along `axis` to a multiple of `size` with `fill` (no copy when it already is)."""
+  extra = -x.shape[axis] % size
+  if not extra:
+    return x
   pad = [(0, 0)] * x.ndim
-  pad[axis] = (0, n * size - length)
-  x = jnp.pad(x, pad, constant_values=fill)
-  x = x.reshape(*x.shape[:axis], n, size, *x.shape[axis + 1:])
-  return jnp.moveaxis(x, axis, 0)
+  pad[axis] = (0, extra)
+  return jnp.pad(x, pad, constant_values=fill)
+
+
+def _block(x: Array, index, size: int, axis: int) -> Array:
+  return jax.lax.dynamic_slice_in_dim(x, index * size, size, axis=axis)
 
 
 def _blockwise(q, keys, values, query_slots, key_valid, block_size: int):
+  """Blocks are read in place with dynamic slices (a decode step reads the cache
+  block by block); only a length that is not a multiple of the block is padded."""
   b, t, n_kv, group, hd = q.shape
   s = keys.shape[1]
   q_size, k_size = min(block_size, t), min(block_size, s)
-  key_blocks = (_blocks(keys, k_size, 1, 0), _blocks(values, k_size, 1, 0),
-                _blocks(key_valid, k_size, 1, False), _blocks(jnp.arange(s), k_size, 0, 0),
-                _blocks(jnp.ones(s, bool), k_size, 0, False))
+  keys, values = _padded(keys, k_size, 1, 0), _padded(values, k_size, 1, 0)
+  key_valid = _padded(key_valid, k_size, 1, False)
+  key_slots = jnp.arange(keys.shape[1])
+  real = key_slots < s
 
   @functools.partial(jax.checkpoint, prevent_cse=False)
   def query_block(q_block, q_slots):
-    def key_block(carry, block):
+    def key_block(carry, j):
       m, l, acc = carry
-      k_block, v_block, valid_block, k_slots, real = block
-      scores = _scores(q_block, k_block, q_slots, k_slots, valid_block)
-      scores = jnp.where(real, scores, _PADDING)
+      v_block = _block(values, j, k_size, 1)
+      k_block, valid_block = _block(keys, j, k_size, 1), _block(key_valid, j, k_size, 1)
+      scores = _scores(q_block, k_block, q_slots, _block(key_slots, j, k_size, 0), valid_block)
+      scores = jnp.where(_block(real, j, k_size, 0), scores, _PADDING)
       m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
       p = jnp.exp(scores - m_new[..., None])
       correction = jnp.exp(m - m_new)
@@ -90,12 +99,13 @@ def _blockwise(q, keys, values, query_slots, key_valid, block_size: int):
 
     rows = (b, n_kv, group, q_block.shape[1])
     init = (jnp.full(rows, _MASKED), jnp.zeros(rows), jnp.zeros((*rows, hd)))
-    (_, l, acc), _ = jax.lax.scan(key_block, init, key_blocks)
+    (_, l, acc), _ = jax.lax.scan(key_block, init, jnp.arange(keys.shape[1] // k_size))
     return jnp.einsum("bkgtd->btkgd", acc / l[..., None]).astype(values.dtype)
 
-  def step(_, block):
-    return None, query_block(*block)
+  q, query_slots = _padded(q, q_size, 1, 0), _padded(query_slots, q_size, 0, 0)
 
-  _, out = jax.lax.scan(step, None, (_blocks(q, q_size, 1, 0),
-                                     _blocks(query_slots, q_size, 0, 0)))
+  def step(_, i):
+    return None, query_block(_block(q, i, q_size, 1), _block(query_slots, i, q_size, 0))
+
+  _, out = jax.lax.scan(step, None, jnp.arange(q.shape[1] // q_size))
   return jnp.moveaxis(out, 0, 1).reshape(b, -1, n_kv, group, hd)[:, :t]

@@ -132,20 +132,24 @@ def _is_value_head(path: tuple) -> bool:
   return str(getattr(path[0], "key", "")) == "value_head"
 
 
-def _hf_name(path: tuple) -> tuple[str, bool]:
-  """(Hugging Face tensor name, whether to transpose) of one of our parameters."""
+def _hf_names(path: tuple, n_layers: int) -> tuple[list[str], bool]:
+  """(Hugging Face tensor names, whether to transpose) of one of our parameters:
+  one name, or one per layer (`model.layers.{i}...`) for the stacked layers'."""
   keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
   if keys[0] == "embed_tokens":
-    return "model.embed_tokens.weight", False
+    return ["model.embed_tokens.weight"], False
   if keys[0] == "lm_head":
-    return "lm_head.weight", True
+    return ["lm_head.weight"], True
   if keys[0] == "norm":
-    return "model.norm.weight", False
-  # layers / i / module / [proj] / kernel|bias|weight
-  *modules, leaf = keys
-  if leaf == "kernel":
-    return "model." + ".".join(modules) + ".weight", True
-  return "model." + ".".join(modules) + "." + leaf, False
+    return ["model.norm.weight"], False
+  # layers / module / [proj] / kernel|bias|weight
+  *modules, leaf = keys[1:]
+  suffix = ".".join(modules) + (".weight" if leaf == "kernel" else f".{leaf}")
+  return [f"model.layers.{i}.{suffix}" for i in range(n_layers)], leaf == "kernel"
+
+
+def _is_stacked(path: tuple) -> bool:
+  return str(getattr(path[0], "key", "")) == "layers"
 
 
 class _Tensors:
@@ -230,22 +234,27 @@ def load_hf_checkpoint(path: str | pathlib.Path, **config_overrides) -> Transfor
   params = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
   used = set()
 
-  def fill(path, spec):
-    if _is_value_head(path):
-      return jnp.zeros(spec.shape, spec.dtype)
-    name, transpose = _hf_name(path)
+  def read(name, shape, transpose, dtype):
     if name not in tensors:
-      raise ValueError(f"Checkpoint {directory} is missing tensor {name!r} (shape {spec.shape}).")
+      raise ValueError(f"Checkpoint {directory} is missing tensor {name!r} (shape {shape}).")
     stored, file = tensors.read(name)
     if not jnp.issubdtype(stored.dtype, jnp.floating):
       raise ValueError(f"Tensor {name!r} of {file} has dtype {stored.dtype}; the model needs "
                        "floating-point weights.")
     value = stored.T if transpose else stored
-    if value.shape != spec.shape:
+    if value.shape != shape:
       raise ValueError(f"Tensor {name!r} has shape {stored.shape}; the config needs "
-                       f"{spec.shape[::-1] if transpose else spec.shape} ({file}).")
+                       f"{shape[::-1] if transpose else shape} ({file}).")
     used.add(name)
-    return jnp.asarray(value, spec.dtype)
+    return jnp.asarray(value, dtype)
+
+  def fill(path, spec):
+    if _is_value_head(path):
+      return jnp.zeros(spec.shape, spec.dtype)
+    names, transpose = _hf_names(path, config.n_layers)
+    if not _is_stacked(path):
+      return read(names[0], spec.shape, transpose, spec.dtype)
+    return jnp.stack([read(name, spec.shape[1:], transpose, spec.dtype) for name in names])
 
   params = jax.tree_util.tree_map_with_path(fill, params)
   unexpected = sorted(n for n in tensors.names() - used if not n.endswith(_IGNORED_SUFFIXES))
@@ -306,8 +315,9 @@ def save_hf_checkpoint(model: Transformer, path: str | pathlib.Path, *,
       nnx.to_pure_dict(nnx.state(model, nnx.Param))):
     if _is_value_head(key_path):
       continue
-    name, transpose = _hf_name(key_path)
-    tensors[name] = jnp.asarray(value.T if transpose else value)
+    names, transpose = _hf_names(key_path, model.config.n_layers)
+    layers = list(value) if _is_stacked(key_path) else [value]
+    tensors.update({name: jnp.asarray(x.T if transpose else x) for name, x in zip(names, layers)})
   files = {"config.json": json.dumps(hf_config(model.config), indent=2)}
   if stop_tokens:
     files["generation_config.json"] = json.dumps({"eos_token_id": list(stop_tokens)}, indent=2)

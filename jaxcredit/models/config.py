@@ -2,9 +2,18 @@
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
 from jaxcredit.models.attention import IMPLEMENTATIONS
+
+# TransformerConfig.remat -> the jax.checkpoint policy of each scanned block (None: no remat).
+REMAT_POLICIES = {
+    "none": None,
+    "block": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +44,9 @@ class TransformerConfig:
   value_head (also return V(s_t)), dtype (compute dtype, e.g. bfloat16) and
   param_dtype (stored weights); attention ("chunked": blockwise, memory
   linear in length; "xla": the whole score matrix) and attention_block (its
-  block size; see `models.attention`).
+  block size; see `models.attention`); remat: what the backward pass keeps of
+  each block (`REMAT_POLICIES`: "none" keeps everything, "block" only its
+  input and recomputes the rest).
   """
 
   vocab_size: int
@@ -56,6 +67,7 @@ class TransformerConfig:
   param_dtype: jnp.dtype = jnp.float32
   attention: str = "chunked"
   attention_block: int = 512
+  remat: str = "none"
 
   def __post_init__(self):
     if self.n_heads % self.n_kv_heads:
@@ -69,6 +81,8 @@ class TransformerConfig:
     if self.attention not in IMPLEMENTATIONS:
       raise ValueError(f"Unknown attention {self.attention!r}; known: "
                        f"{', '.join(IMPLEMENTATIONS)}.")
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"Unknown remat {self.remat!r}; known: {', '.join(REMAT_POLICIES)}.")
     if not isinstance(self.attention_block, int) or self.attention_block < 1:
       raise ValueError(f"attention_block must be a positive int, got {self.attention_block!r}.")
 

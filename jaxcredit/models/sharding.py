@@ -22,6 +22,7 @@ DEFAULT_RULES: Mapping[str, str | tuple[str, ...] | None] = {
     "mlp": "model",
     "norm": None,
     "out": None,
+    "layers": None,  # the stacked layer axis: every device holds its slice of every layer
 }
 
 
@@ -35,8 +36,15 @@ def make_mesh(shape: tuple[int, int, int] | None = None) -> Mesh:
 
 
 def logical_axes(path: tuple) -> tuple[str, ...]:
-  """Logical axis names of the parameter at `path` in nnx.state(model, nnx.Param)."""
+  """Logical axis names of the parameter at `path` in nnx.state(model, nnx.Param)
+  (the stacked layers' parameters lead with "layers")."""
   keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
+  if keys[0] == "layers":
+    return ("layers", *_axes(keys))
+  return _axes(keys)
+
+
+def _axes(keys: list[str]) -> tuple[str, ...]:
   name, leaf = keys[-2], keys[-1]
   if keys[0] == "embed_tokens":
     return ("vocab", "embed")

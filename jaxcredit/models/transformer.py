@@ -1,8 +1,10 @@
 """A decoder-only transformer policy in Flax NNX (Llama / Qwen2 architecture).
 
 Module and parameter names follow the Hugging Face Llama/Qwen2 layout
-(`embed_tokens`, `layers[i].self_attn.q_proj`, `mlp.gate_proj`, `norm`,
-`lm_head`), so real checkpoints map one to one.
+(`embed_tokens`, `layers.self_attn.q_proj`, `mlp.gate_proj`, `norm`,
+`lm_head`), so real checkpoints map one to one; the layers' parameters are
+stacked on a leading [n_layers] axis (HF's `layers.{i}`), and the forward
+pass scans over them.
 
 Shapes: tokens [B, T]; positions [B, T] (RoPE positions; left-padded prompts
 start at 0 after their padding); token_valid [B, T] (False for padding).
@@ -18,25 +20,25 @@ from flax import nnx
 from jax import Array
 
 from jaxcredit.models.attention import attention
-from jaxcredit.models.config import RopeScaling, TransformerConfig
+from jaxcredit.models.config import REMAT_POLICIES, RopeScaling, TransformerConfig
 
 
 class KVCache(NamedTuple):
   """Keys and values of every layer for S slots, and which slots hold tokens.
 
-  keys, values: one [B, S, n_kv_heads, head_dim] array per layer (a tuple, so
-  a decode step updates each in place); key_valid: [B, S] bool.
+  keys, values: [n_layers, B, S, n_kv_heads, head_dim] (a decode step writes
+  its slots in place); key_valid: [B, S] bool.
   """
 
-  keys: tuple[Array, ...]
-  values: tuple[Array, ...]
+  keys: Array
+  values: Array
   key_valid: Array
 
   @classmethod
   def zeros(cls, config: TransformerConfig, batch: int, slots: int) -> "KVCache":
-    shape = (batch, slots, config.n_kv_heads, config.resolved_head_dim)
-    layers = lambda: tuple(jnp.zeros(shape, config.dtype) for _ in range(config.n_layers))
-    return cls(keys=layers(), values=layers(), key_valid=jnp.zeros((batch, slots), bool))
+    shape = (config.n_layers, batch, slots, config.n_kv_heads, config.resolved_head_dim)
+    return cls(keys=jnp.zeros(shape, config.dtype), values=jnp.zeros(shape, config.dtype),
+               key_valid=jnp.zeros((batch, slots), bool))
 
 
 class ModelOutput(NamedTuple):
@@ -112,12 +114,13 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(hd, eps=config.norm_eps, param_dtype=config.param_dtype)
       self.k_norm = RMSNorm(hd, eps=config.norm_eps, param_dtype=config.param_dtype)
 
-  def __call__(self, x, positions, query_slots, key_valid, keys, values, slot):
+  def __call__(self, x, positions, query_slots, key_valid, cache, slot):
     """x [B, T, D]; query_slots [T] (the queries' slots); key_valid [B, S];
-    keys/values [B, S, KV, hd] (cache or None: the keys are this call's own).
+    cache: None (the keys are this call's own) or (keys, values, layer) with
+    keys/values [n_layers, B, S, KV, hd], this layer's at index `layer`.
 
-    Returns (output [B, T, D], keys, values) with this step's keys/values
-    written at slots [slot, slot + T).
+    Returns (output [B, T, D], cache) with this step's keys/values written at
+    slots [slot, slot + T) of the layer.
     """
     cfg = self.config
     b, t, _ = x.shape
@@ -130,14 +133,17 @@ class Attention(nnx.Module):
     q = rope(q, positions, cfg.rope_theta, cfg.rope_scaling)
     k = rope(k, positions, cfg.rope_theta, cfg.rope_scaling)
     v = self.v_proj(x).reshape(b, t, n_kv, hd)
-    if keys is None:
+    if cache is None:
       keys, values = k, v
     else:
-      keys = jax.lax.dynamic_update_slice(keys, k.astype(keys.dtype), (0, slot, 0, 0))
-      values = jax.lax.dynamic_update_slice(values, v.astype(values.dtype), (0, slot, 0, 0))
+      all_keys, all_values, layer = cache
+      write = lambda stored, new: jax.lax.dynamic_update_slice(
+          stored, new[None].astype(stored.dtype), (layer, 0, slot, 0, 0))
+      all_keys, all_values = write(all_keys, k), write(all_values, v)
+      keys, values, cache = all_keys[layer], all_values[layer], (all_keys, all_values, layer)
     out = attention(q.reshape(b, t, n_kv, group, hd), keys, values, query_slots, key_valid,
                     implementation=cfg.attention, block_size=cfg.attention_block)
-    return self.o_proj(out.reshape(b, t, cfg.n_heads * hd).astype(x.dtype)), keys, values
+    return self.o_proj(out.reshape(b, t, cfg.n_heads * hd).astype(x.dtype)), cache
 
 
 class MLP(nnx.Module):
@@ -163,11 +169,20 @@ class Block(nnx.Module):
                                             param_dtype=config.param_dtype)
     self.mlp = MLP(config, rngs=rngs)
 
-  def __call__(self, x, positions, query_slots, key_valid, keys, values, slot):
-    attended, keys, values = self.self_attn(self.input_layernorm(x), positions, query_slots,
-                                            key_valid, keys, values, slot)
+  def __call__(self, x, positions, query_slots, key_valid, cache, slot):
+    attended, cache = self.self_attn(self.input_layernorm(x), positions, query_slots, key_valid,
+                                     cache, slot)
     x = x + attended
-    return x + self.mlp(self.post_attention_layernorm(x)), keys, values
+    return x + self.mlp(self.post_attention_layernorm(x)), cache
+
+
+def stacked_blocks(config: TransformerConfig, rngs: nnx.Rngs) -> Block:
+  """n_layers Blocks initialised one after another, their parameters stacked on a
+  leading layer axis ([n_layers, ...]) for `lax.scan` over depth."""
+  blocks = [Block(config, rngs=rngs) for _ in range(config.n_layers)]
+  graphdef = nnx.split(blocks[0])[0]
+  states = [nnx.split(block)[1] for block in blocks]
+  return nnx.merge(graphdef, jax.tree.map(lambda *layers: jnp.stack(layers), *states))
 
 
 class Transformer(nnx.Module):
@@ -179,7 +194,7 @@ class Transformer(nnx.Module):
         config.vocab_size, config.d_model, dtype=config.dtype, param_dtype=config.param_dtype,
         embedding_init=nnx.initializers.normal(0.02), rngs=rngs,
     )
-    self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.n_layers)])
+    self.layers = stacked_blocks(config, rngs)
     self.norm = RMSNorm(config.d_model, eps=config.norm_eps, param_dtype=config.param_dtype)
     self.lm_head = (
         None if config.tie_embeddings
@@ -223,9 +238,8 @@ class Transformer(nnx.Module):
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t), (b, t)) if positions is None else positions
     token_valid = jnp.ones((b, t), bool) if token_valid is None else token_valid
-    hidden = self.embed_tokens(tokens)
-    for layer in self.layers:
-      hidden, _, _ = layer(hidden, positions, jnp.arange(t), token_valid, None, None, 0)
+    hidden, _ = self._blocks(self.embed_tokens(tokens), positions, jnp.arange(t), token_valid,
+                             None, 0)
     return self._outputs(self.norm(hidden), logits)
 
   def decode(
@@ -246,15 +260,32 @@ class Transformer(nnx.Module):
     b, t = tokens.shape
     key_valid = jax.lax.dynamic_update_slice(cache.key_valid, token_valid, (0, slot))
     query_slots = slot + jnp.arange(t)
-    hidden = self.embed_tokens(tokens)
-    new_keys, new_values = [], []
-    for i, layer in enumerate(self.layers):
-      hidden, keys, values = layer(hidden, positions, query_slots, key_valid, cache.keys[i],
-                                   cache.values[i], slot)
-      new_keys.append(keys)
-      new_values.append(values)
-    cache = KVCache(tuple(new_keys), tuple(new_values), key_valid)
-    return self._outputs(self.norm(hidden), logits), cache
+    hidden, (keys, values) = self._blocks(self.embed_tokens(tokens), positions, query_slots,
+                                          key_valid, (cache.keys, cache.values), slot)
+    return self._outputs(self.norm(hidden), logits), KVCache(keys, values, key_valid)
+
+  def _blocks(self, hidden, positions, query_slots, key_valid, cache, slot):
+    """Every block in turn: `lax.scan` over the stacked layers (compile time
+    independent of depth). Without a cache, each block runs under
+    `jax.checkpoint` with the config's remat policy (`REMAT_POLICIES`), so the
+    backward pass keeps only what the policy saves of one block at a time.
+    cache: None or (keys, values) [n_layers, B, S, KV, hd], updated in place."""
+    graphdef, layers = nnx.split(self.layers)
+
+    def block(carry, layer):
+      hidden, cache = carry
+      params, index = layer
+      layer_cache = None if cache is None else (*cache, index)
+      hidden, layer_cache = nnx.merge(graphdef, params)(hidden, positions, query_slots,
+                                                        key_valid, layer_cache, slot)
+      return (hidden, None if cache is None else layer_cache[:2]), None
+
+    policy = REMAT_POLICIES[self.config.remat]
+    if cache is None and policy is not None:
+      block = jax.checkpoint(block, policy=policy, prevent_cse=False)
+    (hidden, cache), _ = jax.lax.scan(block, (hidden, cache),
+                                      (layers, jnp.arange(self.config.n_layers)))
+    return hidden, cache
 
   def _outputs(self, hidden: Array, logits: bool) -> ModelOutput:
     values = None

@@ -55,16 +55,16 @@ class Settings:
   kl_reward_coef: float = 0.0
   kl_reward_kind: str = "k1"
   critic: CriticSettings | None = None
-  logit_chunk_tokens: int = steps.LOGIT_CHUNK_TOKENS  # tokens per chunk of the log-prob head
+  logits_per_chunk: int = steps.LOGITS_PER_CHUNK  # logits held at a time by the log-prob head
 
 
 def policy_update(model, optimizer, rollout: Rollout, estimate: Estimate, rl_step, objective,
-                  temperature: float, actions: Actions, chunk_tokens: int) -> dict:
+                  temperature: float, actions: Actions, logits_per_chunk: int) -> dict:
   """One optimizer step of `objective` (losses.combine) on a (mini)batch; its metrics and the
   grad norm."""
 
   def loss_fn(model):
-    return objective(steps.policy_outputs(model, rollout, temperature, actions, chunk_tokens),
+    return objective(steps.policy_outputs(model, rollout, temperature, actions, logits_per_chunk),
                      rollout, estimate, rl_step)
 
   (_, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
@@ -92,7 +92,7 @@ def critic_update(critic, optimizer, rollout: Rollout, settings: CriticSettings,
 def reference_logprobs(reference, rollout: Rollout, settings: Settings) -> Array:
   """[B, L] log-probs of the rollout's tokens under the frozen reference policy."""
   return steps.policy_outputs(reference, rollout, settings.temperature, settings.actions,
-                              settings.logit_chunk_tokens).logprobs
+                              settings.logits_per_chunk).logprobs
 
 
 def prepare(models: dict, rollout: Rollout, settings: Settings) -> Rollout:
@@ -152,7 +152,7 @@ def make_step(graphdef, *, advantage: Callable[[Rollout], Estimate], objective, 
       rollout, estimate = jax.tree.map(lambda x: x[rows], (rollout, estimate))
     metrics = policy_update(models["model"], models["optimizer"], rollout, estimate, rl_step,
                             objective, settings.temperature, settings.actions,
-                            settings.logit_chunk_tokens)
+                            settings.logits_per_chunk)
     if settings.critic is not None:
       critic = critic_update(models["critic"], models["critic_optimizer"], rollout, settings.critic,
                              settings.actions)

@@ -271,12 +271,12 @@ def _learner_modules(config, task: tasks.TrainTask, mesh) -> tuple[dict, learner
   settings = learner.Settings(temperature=rl.temperature, actions=task.actions, epochs=rl.epochs,
                               minibatches=rl.minibatches, kl_reward_coef=rl.kl_reward_coef,
                               kl_reward_kind=rl.kl_reward_kind, critic=critic_settings,
-                              logit_chunk_tokens=_logit_chunk_tokens(config))
+                              logits_per_chunk=_logits_per_chunk(config))
   return modules, settings
 
 
-def _logit_chunk_tokens(config) -> int:
-  return config.rl.get("logit_chunk_tokens") or steps.LOGIT_CHUNK_TOKENS
+def _logits_per_chunk(config) -> int:
+  return config.rl.get("logits_per_chunk") or steps.LOGITS_PER_CHUNK
 
 
 def _tokenizer_directory(config) -> str | None:
@@ -288,8 +288,11 @@ def _policy(model_config, task: tasks.TrainTask, *, seed: int) -> Transformer:
   """The policy: a checkpoint's weights (model.checkpoint), its architecture
   with random weights (model.checkpoint + model.random_init), or a preset
   (vocabulary sized to the task's tokenizer unless it is a pretrained one).
-  model.overrides replace config fields; model.dtype sets the compute dtype."""
+  model.overrides replace config fields; model.dtype (the compute dtype),
+  model.attention and model.remat set theirs."""
   overrides = dict(model_config.get("overrides") or {})
+  overrides.update({field: model_config[field] for field in ("attention", "remat")
+                    if model_config.get(field)})
   if model_config.get("dtype"):
     overrides["dtype"] = jnp.dtype(model_config.dtype)
   path = model_config.get("checkpoint")
@@ -317,7 +320,7 @@ def _warm_start(t: _Trainer, stops: list) -> tuple[float, bool]:
   t.writer.write(0, {"eval/accuracy": accuracy, **t.data_counts})
   if config.sft.max_steps:
     sft_data = t.train_loader(config.sft.batch_size)
-    sft_update = steps.sft_step(t.task.actions, _logit_chunk_tokens(t.config))
+    sft_update = steps.sft_step(t.task.actions, _logits_per_chunk(t.config))
     sft_optimizer = nnx.Optimizer(model, optax.adam(config.sft.learning_rate), wrt=nnx.Param)
     for sft_step in tqdm.trange(config.sft.max_steps, desc="sft", mininterval=2.0):
       batch = sft_data.sft_batch(sft_step,

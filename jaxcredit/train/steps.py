@@ -15,23 +15,23 @@ from jaxcredit.rollout import PolicyOutputs, Rollout
 from jaxcredit.sampling import Actions, prompt_positions
 
 
-LOGIT_CHUNK_TOKENS = 2048
-"""Tokens per chunk of the log-prob head: one chunk's float32 logits are
-~LOGIT_CHUNK_TOKENS x V (1.2 GiB at V = 152k), whatever the batch and length."""
+LOGITS_PER_CHUNK = 2**26
+"""float32 logits the log-prob head holds at a time (256 MiB): 441 tokens at
+V = 152k, the whole batch at once for a small vocabulary."""
 
 
 def shifted_logprobs(model, hidden, tokens, temperature: float = 1.0, actions: Actions = Actions(),
-                     *, chunk_tokens: int = LOGIT_CHUNK_TOKENS, entropy: bool = True):
+                     *, logits_per_chunk: int = LOGITS_PER_CHUNK, entropy: bool = True):
   """[B, L] log-probs (and entropies, or None) of tokens[:, t] under the model's
   head at hidden[:, t - 1] (restricted to actions.allowed[t]); 0 at t = 0.
 
   Through `chunked_token_logprobs_and_entropy` with the unembedding as stored
   (a tied embedding in place): the time axis is cut into chunks of
-  max(1, chunk_tokens // B) positions, so [B, L, V] logits never exist.
+  max(1, logits_per_chunk // (B * V)) positions, so [B, L, V] logits never exist.
   """
   batch, length = tokens.shape
   unembed, vocab_major = model.unembedding
-  chunk = max(1, min(length - 1, chunk_tokens // batch))
+  chunk = max(1, min(length - 1, logits_per_chunk // (batch * model.config.vocab_size)))
   head = dict(chunk_size=chunk, temperature=temperature, allowed=actions.columns(1).allowed,
               vocab_major=vocab_major)
   pad = lambda x: jnp.pad(x, [(0, 0), (1, 0)])
@@ -51,17 +51,17 @@ def _forward(model, tokens, token_valid, positions, actions: Actions):
 
 
 def policy_outputs(model, rollout: Rollout, temperature: float, actions: Actions = Actions(),
-                   chunk_tokens: int = LOGIT_CHUNK_TOKENS) -> PolicyOutputs:
+                   logits_per_chunk: int = LOGITS_PER_CHUNK) -> PolicyOutputs:
   """The current policy's log-probs, entropies (and values V(s_t), the value
   head's output at the state before action t) on a rollout's tokens."""
   out = _forward(model, rollout.tokens, rollout.token_valid, rollout.positions, actions)
   logp, entropy = shifted_logprobs(model, out.hidden, rollout.tokens, temperature, actions,
-                                   chunk_tokens=chunk_tokens)
+                                   logits_per_chunk=logits_per_chunk)
   values = None if out.values is None else jnp.pad(out.values[:, :-1], [(0, 0), (1, 0)])
   return PolicyOutputs(logprobs=logp, entropy=entropy, values=values)
 
 
-def sft_step(actions: Actions = Actions(), chunk_tokens: int = LOGIT_CHUNK_TOKENS):
+def sft_step(actions: Actions = Actions(), logits_per_chunk: int = LOGITS_PER_CHUNK):
   """A jitted cross-entropy step on the completion tokens (loss_mask) of [B, L] rows."""
 
   @nnx.jit
@@ -70,7 +70,7 @@ def sft_step(actions: Actions = Actions(), chunk_tokens: int = LOGIT_CHUNK_TOKEN
     def loss_fn(model):
       out = _forward(model, tokens, token_valid, None, actions)
       logp, _ = shifted_logprobs(model, out.hidden, tokens, actions=actions,
-                                 chunk_tokens=chunk_tokens, entropy=False)
+                                 logits_per_chunk=logits_per_chunk, entropy=False)
       return losses.aggregate(-logp, loss_mask, "token-mean")
 
     loss, grads = nnx.value_and_grad(loss_fn)(model)
