@@ -25,7 +25,7 @@ def setting(tmp_path_factory):
   config = ml_collections.ConfigDict({"name": "key_token", "options": OPTIONS, "train_size": 8, "test_size": 4})
   task = tasks.make(config, data_dir=str(tmp_path_factory.mktemp("data")), seed=0)
   model = Transformer(preset("tiny", vocab_size=key_token.VOCAB_SIZE), rngs=nnx.Rngs(0))
-  rng = np.random.default_rng(0)
+  rng = np.random.default_rng(1)
   state = nnx.state(model, nnx.Param)  # peaked, prompt-dependent conditionals instead of near-uniform ones
   nnx.update(model, jax.tree.map(lambda x: x * 4 + 0.05 * rng.normal(size=x.shape).astype(x.dtype), state))
   examples = [task.sources["train"][i] for i in range(4) for _ in range(4)]
