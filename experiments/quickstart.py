@@ -28,7 +28,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.overrides = {}  # TransformerConfig fields replacing the preset's (e.g. {"n_layers": 1})
 
   config.sft = ml_collections.ConfigDict()
-  config.sft.max_steps = 400  # SFT steps; greedy accuracy reaches ~0.19 here (seed 0)
+  config.sft.max_steps = 400  # SFT steps; greedy accuracy reaches ~0.23 here (seed 0)
   config.sft.batch_size = 256  # sequences per step
   config.sft.learning_rate = 1e-3  # Adam
   config.sft.eval_every = 10  # steps between greedy evals
