@@ -1,6 +1,7 @@
 """Compiled memory of one learner gradient at real model shapes, no weights allocated.
 
 python -m bench.memory [--models qwen2.5-0.5b qwen2.5-1.5b] [--shapes 8x1024 8x4096 1x32768]
+python -m bench.memory --depths 4 24 48    # compile time against depth (scanned layers)
 
 For each model preset (bf16 compute, float32 parameters) and batch shape B x L,
 XLA compiles the gradient of the RL objective (PPO-clip on per-token log-probs
@@ -62,8 +63,8 @@ def rl_gradient(graphdef, chunked_head: bool, logits_per_chunk: int):
 
 
 def measure(name: str, batch: int, length: int, logits_per_chunk: int, attention: str,
-            chunked_head: bool, remat: str):
-  config = preset(name, dtype=jnp.bfloat16, attention=attention, remat=remat)
+            chunked_head: bool, remat: str, **overrides):
+  config = preset(name, dtype=jnp.bfloat16, attention=attention, remat=remat, **overrides)
   abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   rows = jax.ShapeDtypeStruct((batch, length), jnp.int32)
@@ -88,8 +89,11 @@ def main():
   parser.add_argument("--shapes", nargs="+", default=["8x1024", "8x4096", "1x32768"])
   parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
   parser.add_argument("--logits_per_chunk", type=int, default=steps.LOGITS_PER_CHUNK)
+  parser.add_argument("--depths", nargs="+", type=int, default=None)
   args = parser.parse_args()
   print(f"# Learner memory benchmark\n\nmachine: {machine()}\n")
+  if args.depths:
+    return depth_table(args)
   print("gradient of PPO-clip on per-token log-probs, bf16 compute, float32 parameters, "
         f"{args.logits_per_chunk:,} logits per log-prob chunk; GiB from XLA's compiled memory "
         "analysis (CPU backend)\n")
@@ -109,6 +113,20 @@ def main():
   print()
   print(table(["model", "B x L", *(f"temp: {v}" for v in args.variants), "arguments", "floor"],
               rows))
+
+
+def depth_table(args):
+  """Compile time and temporaries of the gradient against the number of layers."""
+  name, shape = args.models[0], args.shapes[0]
+  batch, length = map(int, shape.split("x"))
+  print(f"{name} width, B x L = {shape}, chunked head + attention + remat block; compile time "
+        "includes lowering\n")
+  rows = []
+  for depth in args.depths:
+    temp, _, seconds = measure(name, batch, length, args.logits_per_chunk,
+                               *VARIANTS["+ remat block"], n_layers=depth)
+    rows.append([depth, f"{seconds:.1f}", f"{temp / GiB:.2f}"])
+  print(table(["layers", "compile (s)", "temp (GiB)"], rows))
 
 
 if __name__ == "__main__":
