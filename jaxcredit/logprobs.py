@@ -115,14 +115,15 @@ def _chunk_logits(hidden_chunk, unembed, allowed_chunk, head: _Head):
   return logits if allowed_chunk is None else jnp.where(allowed_chunk, logits, -jnp.inf)
 
 
-def _entropy_terms(logits, lse):
-  """(softmax probs, entropy) of [..., V] logits with their logsumexp (-inf logits give 0)."""
+def _entropy(logits, lse):
+  """Entropy of softmax over [..., V] float32 logits with their logsumexp: lse - sum_v p_v z_v
+  (-inf logits contribute 0)."""
   probs = jnp.exp(logits - lse[..., None])
   finite = jnp.where(jnp.isfinite(logits), logits, 0.0)
-  return probs, lse - jnp.sum(probs * finite, axis=-1)
+  return lse - jnp.sum(probs * finite, axis=-1)
 
 
-def _allowed_chunks(allowed, batch: int, chunk_size: int):
+def _allowed_chunks(allowed, chunk_size: int):
   """allowed [T, V] or [B, T, V] -> [n, 1 or B, c, V] chunks, padded with True."""
   if allowed is None:
     return None
@@ -140,11 +141,11 @@ def _chunked_head_fwd(hidden, unembed, tokens, allowed, head: _Head):
     hidden_chunk, token_chunk, allowed_chunk = chunk
     logits = _chunk_logits(hidden_chunk, unembed, allowed_chunk, head)
     lse = jax.nn.logsumexp(logits, axis=-1)
-    entropy = _entropy_terms(logits, lse)[1] if head.with_entropy else jnp.zeros_like(lse)
+    entropy = _entropy(logits, lse) if head.with_entropy else jnp.zeros_like(lse)
     return None, (_picked_logprob(logits, token_chunk, lse), entropy, lse)
 
   chunks = (_to_chunks(hidden, head.chunk_size), _to_chunks(tokens, head.chunk_size),
-            _allowed_chunks(allowed, hidden.shape[0], head.chunk_size))
+            _allowed_chunks(allowed, head.chunk_size))
   _, outputs = jax.lax.scan(step, None, chunks)
   logp, entropy, lse = (_from_chunks(x, tokens.shape[1]) for x in outputs)
   return (logp, entropy), (hidden, unembed, tokens, allowed, lse, entropy)
@@ -182,7 +183,7 @@ def _chunked_head_bwd(head: _Head, residuals, cotangents):
 
   size = head.chunk_size
   chunks = (_to_chunks(hidden, size), _to_chunks(tokens, size),
-            _allowed_chunks(allowed, hidden.shape[0], size),
+            _allowed_chunks(allowed, size),
             *(_to_chunks(x.astype(jnp.float32), size) for x in (lse, entropy, g_logp, g_entropy)))
   d_unembed, d_hidden = jax.lax.scan(step, jnp.zeros(unembed.shape, jnp.float32), chunks)
   d_hidden = _from_chunks(d_hidden, hidden.shape[1])

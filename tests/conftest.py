@@ -41,12 +41,12 @@ def readme_block(marker: str) -> str:
   return next(b for b in blocks if marker in b)
 
 
-def load_experiment(name: str):
-  """get_config() of experiments/<name>.py."""
+def load_experiment(name: str, *variant: str):
+  """get_config(*variant) of experiments/<name>.py (e.g. "smoke" for `<name>.py:smoke`)."""
   spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return module.get_config(*variant)
 
 
 def poison(x: np.ndarray, mask: np.ndarray, value=np.nan) -> np.ndarray:

@@ -45,21 +45,10 @@ def files(tmp_path_factory):
 
 
 def _smoke_config(tokenizer, data, **task):
-  config = load_experiment("gsm8k_grpo")  # the default variant's fields
-  smoke = _variant("smoke")
-  for section in ("task", "model", "rl", "checkpoint"):
-    config[section] = smoke[section]
+  config = load_experiment("gsm8k_grpo", "smoke")
   config.task.tokenizer, config.task.jsonl_dir = str(tokenizer), str(data)
   config.task.update(task)
   return config
-
-
-def _variant(name):
-  import importlib.util
-  spec = importlib.util.spec_from_file_location("gsm8k_grpo", ROOT / "experiments" / "gsm8k_grpo.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(name)
 
 
 def test_prompts_are_the_checkpoints_chat_template_and_rewards_read_the_final_number(files, tmp_path):
@@ -98,7 +87,7 @@ def test_plain_prompts_and_bad_settings(files, tmp_path):
                      data_dir=str(tmp_path), seed=0, tokenizer=str(tokenizer_dir))
   example = plain.sources["test"][0]
   assert HFTokenizer(tokenizer_dir).decode(plain.encode(example)[0]) == (
-      example["prompt"].decode() + _variant("smoke").task.instruction)
+      example["prompt"].decode() + load_experiment("gsm8k_grpo", "smoke").task.instruction)
   config = _smoke_config(tokenizer_dir, data)
   with pytest.raises(ValueError, match="needs a Hugging Face tokenizer"):
     tasks.make(config.task, data_dir=str(tmp_path), seed=0, tokenizer=None)

@@ -166,10 +166,11 @@ def gsm8k_task(config, *, data_dir: str, tokenizer_dir: str | None) -> TrainTask
   if not config.get("jsonl_dir"):
     raise ValueError("Task gsm8k needs --config.task.jsonl_dir: a directory holding GSM8K's "
                      "train.jsonl and test.jsonl.")
-  _checks.check_choice(config.get("prompt", "chat"), ("chat", "plain"), "task.prompt")
+  prompt = config.get("prompt", "chat")
+  _checks.check_choice(prompt, ("chat", "plain"), "task.prompt")
   tokenizer = HFTokenizer(tokenizer_dir)
   instruction = config.get("instruction", "")
-  if config.get("prompt", "chat") == "chat":
+  if prompt == "chat":
     encode = loader.chat_encoder(tokenizer, instruction=instruction,
                                  system_prompt=config.get("system_prompt"),
                                  template_variables=dict(config.get("template_variables") or {}))
