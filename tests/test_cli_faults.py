@@ -64,6 +64,7 @@ def _copy(finished, tmp_path):
     ("--config.rl.steps=-5", "rl.steps must be an int >= 0, got -5"),
     ("--config.rl.learning_rate=nan", "rl.learning_rate must be a number in (0.0, inf], got nan"),
     ("--config.advantage={'name': 'grpoo'}", "Unknown estimator 'grpoo'"),
+    ("--config.mesh.shape=(2,2,2)", "mesh.shape gives the sizes of (data, fsdp, sequence, model)"),
 ])
 def test_bad_overrides_are_refused_in_one_line_before_any_work(tmp_path, override, message):
   result = _train(tmp_path, override)
@@ -232,8 +233,8 @@ def test_metrics_stay_strict_json(tmp_path):
 
 
 # Multi-device resume. Meshes: "1" (one CPU device), "8" (8 forced devices,
-# data=8) and "2x2x2" ((data, fsdp, model) = (2, 2, 2) on 8 forced devices).
-MESHES = {"1": (1, []), "8": (8, []), "2x2x2": (8, ["--config.mesh.shape=(2,2,2)"])}
+# data=8) and "2x2x2" ((data, fsdp, sequence, model) = (2, 2, 1, 2) on 8 forced devices).
+MESHES = {"1": (1, []), "8": (8, []), "2x2x2": (8, ["--config.mesh.shape=(2,2,1,2)"])}
 
 
 def _on(mesh, cli_env):

@@ -185,14 +185,14 @@ def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
 
 
 def test_eight_devices_match_one_device(tmp_path, cli_env):
-  """A few SFT + RL steps on a (2, 2, 2) mesh of forced CPU devices give the same
+  """A few SFT + RL steps on a (2, 2, 1, 2) mesh of forced CPU devices give the same
   metrics as one device (tolerance 1e-4: sharded reductions change summation order)."""
   base = [*SMOKE[:-2], "--config.rl.steps=3", "--config.rl.eval_every=3"]
   single = subprocess.run([*_command(tmp_path / "one")[:7], *base], capture_output=True, text=True,
                           cwd=ROOT, timeout=600, check=False, env=cli_env)
   assert single.returncode == 0, single.stderr[-3000:]
   env = {**cli_env, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-  multi = subprocess.run([*_command(tmp_path / "eight")[:7], *base, "--config.mesh.shape=(2,2,2)"],
+  multi = subprocess.run([*_command(tmp_path / "eight")[:7], *base, "--config.mesh.shape=(2,2,1,2)"],
                          capture_output=True, text=True, cwd=ROOT, timeout=900, check=False, env=env)
   assert multi.returncode == 0, multi.stderr[-3000:]
   want, got = _train_lines(tmp_path / "one"), _train_lines(tmp_path / "eight")

@@ -1,8 +1,10 @@
-"""Placing model parameters and batches on a (data, fsdp, model) device mesh.
+"""Placing model parameters and batches on a (data, fsdp, sequence, model) device mesh.
 
 Every parameter has logical axis names (`logical_axes`); `rules` map logical
 names to mesh axes. Dimensions that a mesh axis does not divide are
 replicated, so the same code runs on 1 CPU, 8 fake devices or a pod slice.
+The `sequence` axis shards teacher-forced rows along their length
+(`jaxcredit.models.context_parallel`); parameters are replicated over it.
 """
 
 from collections.abc import Mapping
@@ -11,7 +13,7 @@ import jax
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "model")
+MESH_AXES = ("data", "fsdp", "sequence", "model")
 
 # Logical axis -> mesh axis (or tuple of mesh axes, or None = replicated).
 DEFAULT_RULES: Mapping[str, str | tuple[str, ...] | None] = {
@@ -26,12 +28,16 @@ DEFAULT_RULES: Mapping[str, str | tuple[str, ...] | None] = {
 }
 
 
-def make_mesh(shape: tuple[int, int, int] | None = None) -> Mesh:
-  """A (data, fsdp, model) mesh with automatic (GSPMD) sharding propagation.
+def make_mesh(shape: tuple[int, int, int, int] | None = None) -> Mesh:
+  """A (data, fsdp, sequence, model) mesh with automatic (GSPMD) sharding propagation.
 
-  shape defaults to (all devices, 1, 1): pure data parallelism.
+  shape defaults to (all devices, 1, 1, 1): pure data parallelism. Run the
+  model under `jax.set_mesh(mesh)` for the `sequence` axis to take effect.
   """
-  shape = shape or (jax.device_count(), 1, 1)
+  shape = tuple(shape or (jax.device_count(), 1, 1, 1))
+  if len(shape) != len(MESH_AXES):
+    raise ValueError(f"A mesh shape gives the sizes of {MESH_AXES}, e.g. (2, 2, 1, 2); "
+                     f"got {shape}.")
   return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 

@@ -12,6 +12,7 @@ Attention is causal over *slots* (array positions): the query in slot s sees
 keys in slots <= s that are valid.
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import Array
 
+from jaxcredit.models import context_parallel
 from jaxcredit.models.attention import attention
 from jaxcredit.models.config import REMAT_POLICIES, RopeScaling, TransformerConfig
 
@@ -141,8 +143,11 @@ class Attention(nnx.Module):
           stored, new[None].astype(stored.dtype), (layer, 0, slot, 0, 0))
       all_keys, all_values = write(all_keys, k), write(all_values, v)
       keys, values, cache = all_keys[layer], all_values[layer], (all_keys, all_values, layer)
-    out = attention(q.reshape(b, t, n_kv, group, hd), keys, values, query_slots, key_valid,
-                    implementation=cfg.attention, block_size=cfg.attention_block)
+    attend = functools.partial(attention, implementation=cfg.attention,
+                               block_size=cfg.attention_block)
+    if cache is None:  # teacher-forced rows may be sharded along the sequence
+      attend = context_parallel.sequence_sharded(attend)
+    out = attend(q.reshape(b, t, n_kv, group, hd), keys, values, query_slots, key_valid)
     return self.o_proj(out.reshape(b, t, cfg.n_heads * hd).astype(x.dtype)), cache
 
 
@@ -233,13 +238,14 @@ class Transformer(nnx.Module):
     """Teacher-forced forward over [B, T] tokens (no cache).
 
     positions default to 0..T-1; token_valid (default all True) hides padding
-    from attention. logits=False skips the [B, T, V] projection.
+    from attention. logits=False skips the [B, T, V] projection. Under a mesh
+    with a `sequence` axis the rows are sharded along T (`context_parallel`).
     """
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t), (b, t)) if positions is None else positions
     token_valid = jnp.ones((b, t), bool) if token_valid is None else token_valid
-    hidden, _ = self._blocks(self.embed_tokens(tokens), positions, jnp.arange(t), token_valid,
-                             None, 0)
+    embedded = context_parallel.constrain(self.embed_tokens(tokens))
+    hidden, _ = self._blocks(embedded, positions, jnp.arange(t), token_valid, None, 0)
     return self._outputs(self.norm(hidden), logits)
 
   def decode(

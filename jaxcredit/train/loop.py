@@ -61,11 +61,13 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
   checks.validate_config(config)
   workdir = pathlib.Path(workdir)
   checkpoints.check_writable(workdir)
-  with _stop_signals() as stops, workdir_lock.WorkdirLock(workdir):
+  with (_stop_signals() as stops, workdir_lock.WorkdirLock(workdir),
+        contextlib.ExitStack() as scope):
     started, rl = time.perf_counter(), config.rl
     t = _setup(config, workdir)
     if t is None:  # already finished
       return {"step": None}
+    scope.enter_context(jax.set_mesh(t.mesh))  # the model reads the `sequence` axis from it
     accuracy, stopped = (None, False) if t.resumed else _warm_start(t, stops)
     if stopped:  # during SFT
       return {"eval/accuracy": accuracy, "step": t.counters["step"]}

@@ -5,12 +5,15 @@ rewards, logging and checkpoints stay outside both. Every pass applies the
 task's `Actions` exactly as the sampler did, so on-policy ratios start at 1.
 """
 
+import functools
+
 import jax.numpy as jnp
 from flax import nnx
 from jax import Array
 
 from jaxcredit import losses
 from jaxcredit.logprobs import chunked_token_logprobs, chunked_token_logprobs_and_entropy
+from jaxcredit.models import context_parallel
 from jaxcredit.rollout import PolicyOutputs, Rollout
 from jaxcredit.sampling import Actions, prompt_positions
 
@@ -28,18 +31,28 @@ def shifted_logprobs(model, hidden, tokens, temperature: float = 1.0, actions: A
   Through `chunked_token_logprobs_and_entropy` with the unembedding as stored
   (a tied embedding in place): the time axis is cut into chunks of
   max(1, logits_per_chunk // (B * V)) positions, so [B, L, V] logits never exist.
+  The head is token-local: hidden[:, t] scores tokens[:, t + 1] (the last
+  position scores a dummy token and is dropped), so under a `sequence` mesh
+  axis each device scores its own slice (`context_parallel.over_sequence`).
   """
   batch, length = tokens.shape
   unembed, vocab_major = model.unembedding
-  chunk = max(1, min(length - 1, logits_per_chunk // (batch * model.config.vocab_size)))
-  head = dict(chunk_size=chunk, temperature=temperature, allowed=actions.columns(1).allowed,
-              vocab_major=vocab_major)
-  pad = lambda x: jnp.pad(x, [(0, 0), (1, 0)])
-  if not entropy:
-    return pad(chunked_token_logprobs(hidden[:, :-1], unembed, tokens[:, 1:], **head)), None
-  logp, token_entropy = chunked_token_logprobs_and_entropy(hidden[:, :-1], unembed, tokens[:, 1:],
-                                                           **head)
-  return pad(logp), pad(token_entropy)
+  local_length = -(-length // context_parallel.sequence_shards())
+  chunk = max(1, min(local_length, logits_per_chunk // (batch * model.config.vocab_size)))
+  allowed = actions.allowed
+  next_tokens = jnp.pad(tokens[:, 1:], [(0, 0), (0, 1)])
+  if allowed is not None:  # [L, V] or [B, L, V]: the row of the token scored at t
+    end = [(0, 0)] * (allowed.ndim - 2) + [(0, 1), (0, 0)]
+    allowed = jnp.pad(allowed[..., 1:, :], end, constant_values=True)
+  head = functools.partial(
+      chunked_token_logprobs_and_entropy if entropy else chunked_token_logprobs,
+      chunk_size=chunk, temperature=temperature, vocab_major=vocab_major)
+  scores = context_parallel.over_sequence(
+      lambda h, n, a, u: head(h, u, n, allowed=a),
+      in_axes=(1, 1, None if allowed is None else allowed.ndim - 2, None))
+  out = scores(hidden, next_tokens, allowed, unembed)
+  shift = lambda x: jnp.pad(x[:, :-1], [(0, 0), (1, 0)])
+  return (shift(out[0]), shift(out[1])) if entropy else (shift(out), None)
 
 
 def _forward(model, tokens, token_valid, positions, actions: Actions):
