@@ -1,9 +1,11 @@
 """Compiled memory of one learner gradient at real model shapes, no weights allocated.
 
-python -m bench.memory [--models qwen2.5-0.5b qwen2.5-1.5b] [--shapes 8x1024 8x4096 1x32768]
+python -m bench.memory [--models qwen2.5-0.5b qwen2.5-1.5b] [--shapes 8x1024 1x131072/8]
 python -m bench.memory --depths 4 24 48    # compile time against depth (scanned layers)
 
-For each model preset (bf16 compute, float32 parameters) and batch shape B x L,
+For each model preset (bf16 compute, float32 parameters) and batch shape B x L
+(B x L/N: the rows sharded along their length over a `sequence` mesh axis of N
+forced CPU devices, `jaxcredit.models.context_parallel`; memory per device),
 XLA compiles the gradient of the RL objective (PPO-clip on per-token log-probs
 of the policy over whole [B, L] rows) and reports, from the compiled program
 (`memory_analysis()`, nothing is run), its temporaries and its arguments:
@@ -20,19 +22,22 @@ of the policy over whole [B, L] rows) and reports, from the compiled program
 
 The floor beside them is what any trainer holds: float32 parameters,
 gradients and Adam's two moments, plus the bf16 residual stream of every layer
-(B * L * D * n_layers * 2 bytes).
+(B * L * D * n_layers * 2 bytes; per device, L / N tokens of it).
 """
 
 import argparse
+import os
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from bench.common import machine, table
 from jaxcredit import logprobs, losses
-from jaxcredit.models import Transformer, preset
+from jaxcredit.models import Transformer, preset, sharding
 from jaxcredit.train import steps
 
 GiB = 2**30
@@ -63,34 +68,52 @@ def rl_gradient(graphdef, chunked_head: bool, logits_per_chunk: int):
 
 
 def measure(name: str, batch: int, length: int, logits_per_chunk: int, attention: str,
-            chunked_head: bool, remat: str, **overrides):
+            chunked_head: bool, remat: str, sequence: int = 1, **overrides):
+  """(temp bytes, argument bytes, compile seconds) of the gradient on one device,
+  or per device with the rows sharded `sequence` ways along their length."""
   config = preset(name, dtype=jnp.bfloat16, attention=attention, remat=remat, **overrides)
   abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
-  rows = jax.ShapeDtypeStruct((batch, length), jnp.int32)
-  floats = jax.ShapeDtypeStruct((batch, length), jnp.float32)
+  mesh = sharding.make_mesh((1, 1, sequence, 1))
+  place = lambda x, *spec: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                sharding=NamedSharding(mesh, PartitionSpec(*spec)))
+  state = jax.tree.map(place, state)  # parameters replicated over the sequence axis
+  rows = lambda dtype: place(jax.ShapeDtypeStruct((batch, length), dtype), None, "sequence")
   start = time.perf_counter()
-  compiled = rl_gradient(graphdef, chunked_head, logits_per_chunk).lower(
-      state, rows, jax.ShapeDtypeStruct((batch, length), bool), floats, floats).compile()
+  with jax.set_mesh(mesh):
+    compiled = rl_gradient(graphdef, chunked_head, logits_per_chunk).lower(
+        state, rows(jnp.int32), rows(bool), rows(jnp.float32), rows(jnp.float32)).compile()
   stats = compiled.memory_analysis()
   return stats.temp_size_in_bytes, stats.argument_size_in_bytes, time.perf_counter() - start
 
 
-def floor_bytes(name: str, batch: int, length: int) -> int:
+def parse_shape(shape: str) -> tuple[int, int, int]:
+  """"BxL" or "BxL/N" -> (B, L, N)."""
+  rows, _, sequence = shape.partition("/")
+  batch, length = map(int, rows.split("x"))
+  return batch, length, int(sequence or 1)
+
+
+def floor_bytes(name: str, batch: int, length: int, sequence: int = 1) -> int:
   config = preset(name)
   params = sum(x.size for x in jax.tree.leaves(
       nnx.state(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))), nnx.Param)))
-  return 4 * params * 4 + batch * length * config.d_model * config.n_layers * 2
+  return 4 * params * 4 + batch * length // sequence * config.d_model * config.n_layers * 2
 
 
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--models", nargs="+", default=["qwen2.5-0.5b"])
-  parser.add_argument("--shapes", nargs="+", default=["8x1024", "8x4096", "1x32768"])
+  parser.add_argument("--shapes", nargs="+",
+                      default=["8x1024", "8x4096", "1x32768", "1x131072/8"])
   parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
   parser.add_argument("--logits_per_chunk", type=int, default=steps.LOGITS_PER_CHUNK)
   parser.add_argument("--depths", nargs="+", type=int, default=None)
   args = parser.parse_args()
+  devices = max(parse_shape(shape)[2] for shape in args.shapes)
+  if jax.device_count() < devices:  # forced CPU devices must be set before jax starts
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    os.execve(sys.executable, [sys.executable, "-m", "bench.memory", *sys.argv[1:]], env)
   print(f"# Learner memory benchmark\n\nmachine: {machine()}\n")
   if args.depths:
     return depth_table(args)
@@ -100,14 +123,15 @@ def main():
   rows = []
   for name in args.models:
     for shape in args.shapes:
-      batch, length = map(int, shape.split("x"))
+      batch, length, sequence = parse_shape(shape)
       cells = []
       for variant in args.variants:
         temp, arguments, seconds = measure(name, batch, length, args.logits_per_chunk,
-                                           *VARIANTS[variant])
+                                           *VARIANTS[variant], sequence=sequence)
         cells.append(f"{temp / GiB:.2f}")
-      rows.append([name, f"{batch} x {length:,}", *cells, f"{arguments / GiB:.2f}",
-                   f"{floor_bytes(name, batch, length) / GiB:.2f}"])
+      per_device = f" / {sequence} devices" if sequence > 1 else ""
+      rows.append([name, f"{batch} x {length:,}{per_device}", *cells, f"{arguments / GiB:.2f}",
+                   f"{floor_bytes(name, batch, length, sequence) / GiB:.2f}"])
       print(table(["model", "B x L", *(f"temp: {v}" for v in args.variants), "arguments",
                    "floor"], rows[-1:]).splitlines()[-1], flush=True)
   print()
@@ -118,7 +142,7 @@ def main():
 def depth_table(args):
   """Compile time and temporaries of the gradient against the number of layers."""
   name, shape = args.models[0], args.shapes[0]
-  batch, length = map(int, shape.split("x"))
+  batch, length, _ = parse_shape(shape)
   print(f"{name} width, B x L = {shape}, chunked head + attention + remat block; compile time "
         "includes lowering\n")
   rows = []

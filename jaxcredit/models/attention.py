@@ -10,16 +10,20 @@ row) gets the mean of every value, in both implementations. Output
   xla      the whole [B, KV, G, T, S] float32 score matrix at once.
   chunked  blockwise with an online softmax (Rabe & Staats, 2021; the flash
            attention recurrence): query blocks of `block_size` in a `lax.scan`,
-           each under `jax.checkpoint`, scanning key blocks of `block_size`
-           with a running max m, normaliser l and accumulator a:
+           each scanning key blocks of `block_size` with a running max m,
+           normaliser l and accumulator a:
              m' = max(m, max_s z_s),  l' = l e^(m - m') + sum_s e^(z_s - m'),
              a' = a e^(m - m') + sum_s e^(z_s - m') v_s,  out = a / l.
-           Forward and backward hold one query block's scores against the
-           keys ([B, KV, G, block, S]) at a time: memory linear in T. When T
-           and S fit in one block this is the xla computation, and runs as it.
+           A custom VJP keeps only the output and each row's m and l, and the
+           backward pass recomputes the scores block by block (flash
+           attention's backward, `_flash_backward`): forward and backward hold
+           one [B, KV, G, block, block] block of scores at a time, so memory is
+           linear in T and S. When T and S fit in one block this is the xla
+           computation, and runs as it.
 """
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,16 +46,21 @@ def attention(q: Array, keys: Array, values: Array, query_slots: Array, key_vali
                    f"{', '.join(IMPLEMENTATIONS)}.")
 
 
-def _scores(q, keys, query_slots, key_slots, key_valid):
-  """[B, KV, G, T, S] float32 masked scores."""
-  scores = jnp.einsum("btkgd,bskd->bkgts", q, keys, preferred_element_type=jnp.float32)
+def _visible(query_slots, key_slots, key_valid):
+  """[B, 1, 1, T, S] bool: key s is a valid slot at or before query t's."""
   visible = (key_slots[None, :] <= query_slots[:, None])[None] & key_valid[:, None, :]
-  return jnp.where(visible[:, None, None], scores / jnp.sqrt(q.shape[-1]), _MASKED)
+  return visible[:, None, None]
+
+
+def _scores(q, keys, visible):
+  """[B, KV, G, T, S] float32 scores / sqrt(hd), _MASKED where not visible."""
+  scores = jnp.einsum("btkgd,bskd->bkgts", q, keys, preferred_element_type=jnp.float32)
+  return jnp.where(visible, scores / jnp.sqrt(q.shape[-1]), _MASKED)
 
 
 def _naive(q, keys, values, query_slots, key_valid):
-  scores = _scores(q, keys, query_slots, jnp.arange(keys.shape[1]), key_valid)
-  probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+  visible = _visible(query_slots, jnp.arange(keys.shape[1]), key_valid)
+  probs = jax.nn.softmax(_scores(q, keys, visible), axis=-1).astype(values.dtype)
   return jnp.einsum("bkgts,bskd->btkgd", probs, values)
 
 
@@ -72,40 +81,132 @@ def _block(x: Array, index, size: int, axis: int) -> Array:
 def _blockwise(q, keys, values, query_slots, key_valid, block_size: int):
   """Blocks are read in place with dynamic slices (a decode step reads the cache
   block by block); only a length that is not a multiple of the block is padded."""
-  b, t, n_kv, group, hd = q.shape
-  s = keys.shape[1]
-  q_size, k_size = min(block_size, t), min(block_size, s)
-  keys, values = _padded(keys, k_size, 1, 0), _padded(values, k_size, 1, 0)
-  key_valid = _padded(key_valid, k_size, 1, False)
-  key_slots = jnp.arange(keys.shape[1])
-  real = key_slots < s
+  t, s = q.shape[1], keys.shape[1]
+  sizes = (min(block_size, t), min(block_size, s), s)
+  keys, values = _padded(keys, sizes[1], 1, 0), _padded(values, sizes[1], 1, 0)
+  key_valid = _padded(key_valid, sizes[1], 1, False)
+  q, query_slots = _padded(q, sizes[0], 1, 0), _padded(query_slots, sizes[0], 0, 0)
+  return _flash(q, keys, values, query_slots, key_valid, sizes)[:, :t]
 
-  @functools.partial(jax.checkpoint, prevent_cse=False)
-  def query_block(q_block, q_slots):
+
+class _KeyBlock(NamedTuple):
+  """Key block j's keys, values [B, k, KV, hd] and visibility to a query block."""
+
+  keys: Array
+  values: Array
+  visible: Array  # [B, 1, 1, q, k]
+  real: Array  # [k]: False for the slots that pad the last block
+
+
+def _key_block(keys, values, key_valid, q_slots, j, k_size: int, length: int) -> _KeyBlock:
+  slots = j * k_size + jnp.arange(k_size)
+  return _KeyBlock(_block(keys, j, k_size, 1), _block(values, j, k_size, 1),
+                   _visible(q_slots, slots, _block(key_valid, j, k_size, 1)), slots < length)
+
+
+def _block_scores(q_block, kb: _KeyBlock):
+  return jnp.where(kb.real, _scores(q_block, kb.keys, kb.visible), _PADDING)
+
+
+def _query_blocks(q, query_slots, q_size: int):
+  """[n, B, q, KV, G, hd] and [n, q]: the query blocks, for `lax.scan`."""
+  b, t = q.shape[:2]
+  blocks = jnp.moveaxis(q.reshape(b, t // q_size, q_size, *q.shape[2:]), 1, 0)
+  return blocks, query_slots.reshape(t // q_size, q_size)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _flash(q, keys, values, query_slots, key_valid, sizes):
+  return _flash_forward(q, keys, values, query_slots, key_valid, sizes)[0]
+
+
+def _flash_forward(q, keys, values, query_slots, key_valid, sizes):
+  """Output [B, T, KV, G, hd] and each query row's running max m and normaliser
+  l ([n, B, KV, G, q]), which the backward pass needs to recompute the probabilities."""
+  q_size, k_size, length = sizes
+  # Ties the masks' inputs to q: under rematerialisation, values that depend only on
+  # undifferentiated inputs are computed once and stored, and the masks of every
+  # (query block, key block) pair would be, [blocks^2, block, block]; now they are
+  # recomputed block by block.
+  q, query_slots, key_valid = jax.lax.optimization_barrier((q, query_slots, key_valid))
+
+  def query_block(_, block):
+    q_block, q_slots = block
+
     def key_block(carry, j):
       m, l, acc = carry
-      v_block = _block(values, j, k_size, 1)
-      k_block, valid_block = _block(keys, j, k_size, 1), _block(key_valid, j, k_size, 1)
-      scores = _scores(q_block, k_block, q_slots, _block(key_slots, j, k_size, 0), valid_block)
-      scores = jnp.where(_block(real, j, k_size, 0), scores, _PADDING)
+      kb = _key_block(keys, values, key_valid, q_slots, j, k_size, length)
+      scores = _block_scores(q_block, kb)
       m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
       p = jnp.exp(scores - m_new[..., None])
       correction = jnp.exp(m - m_new)
       l = l * correction + jnp.sum(p, axis=-1)
       acc = acc * correction[..., None] + jnp.einsum(
-          "bkgts,bskd->bkgtd", p.astype(v_block.dtype), v_block,
+          "bkgts,bskd->bkgtd", p.astype(values.dtype), kb.values,
           preferred_element_type=jnp.float32)
       return (m_new, l, acc), None
 
-    rows = (b, n_kv, group, q_block.shape[1])
+    b, _, n_kv, group, hd = q_block.shape
+    rows = (b, n_kv, group, q_size)
     init = (jnp.full(rows, _MASKED), jnp.zeros(rows), jnp.zeros((*rows, hd)))
-    (_, l, acc), _ = jax.lax.scan(key_block, init, jnp.arange(keys.shape[1] // k_size))
-    return jnp.einsum("bkgtd->btkgd", acc / l[..., None]).astype(values.dtype)
+    (m, l, acc), _ = jax.lax.scan(key_block, init, jnp.arange(keys.shape[1] // k_size))
+    return None, (jnp.einsum("bkgtd->btkgd", acc / l[..., None]).astype(values.dtype), m, l)
 
-  q, query_slots = _padded(q, q_size, 1, 0), _padded(query_slots, q_size, 0, 0)
+  _, (out, m, l) = jax.lax.scan(query_block, None, _query_blocks(q, query_slots, q_size))
+  out = jnp.moveaxis(out, 0, 1).reshape(q.shape)
+  return out, (q, keys, values, query_slots, key_valid, out, m, l)
 
-  def step(_, i):
-    return None, query_block(_block(q, i, q_size, 1), _block(query_slots, i, q_size, 0))
 
-  _, out = jax.lax.scan(step, None, jnp.arange(q.shape[1] // q_size))
-  return jnp.moveaxis(out, 0, 1).reshape(b, -1, n_kv, group, hd)[:, :t]
+def _flash_backward(sizes, residuals, d_out):
+  """The flash attention backward pass (Dao et al., 2022): per query block and
+  key block, recompute p = exp(z - m) / l and, with D = sum_d dO * O per row,
+
+    dV += p^T dO,   dz = p * (dO V^T - D),   dQ += dz K / sqrt(hd),
+    dK += dz^T Q / sqrt(hd),
+
+  dz being 0 where a key is not visible (its score is the constant _MASKED).
+  Holds one [B, KV, G, q, k] block of scores at a time; dK and dV accumulate
+  in float32 across query blocks."""
+  q_size, k_size, length = sizes
+  q, keys, values, query_slots, key_valid, out, m, l = residuals
+  scale = 1 / jnp.sqrt(q.shape[-1])
+  d_out = d_out.astype(jnp.float32)
+  row_dot = jnp.einsum("btkgd,btkgd->bkgt", d_out, out.astype(jnp.float32))
+  b, t, n_kv, group, hd = q.shape
+  per_block = lambda x: jnp.moveaxis(x.reshape(b, n_kv, group, t // q_size, q_size), 3, 0)
+
+  def query_block(d_kv, block):
+    q_block, q_slots, d_out_block, m_block, l_block, dot_block = block
+
+    def key_block(carry, j):
+      d_q, d_keys, d_values = carry
+      kb = _key_block(keys, values, key_valid, q_slots, j, k_size, length)
+      p = jnp.exp(_block_scores(q_block, kb) - m_block[..., None]) / l_block[..., None]
+      d_values = _add_block(d_values, j, k_size, jnp.einsum("bkgts,btkgd->bskd", p, d_out_block))
+      d_p = jnp.einsum("btkgd,bskd->bkgts", d_out_block, kb.values,
+                       preferred_element_type=jnp.float32)
+      d_z = jnp.where(kb.visible, p * (d_p - dot_block[..., None]), 0.0) * scale
+      d_q += jnp.einsum("bkgts,bskd->btkgd", d_z, kb.keys, preferred_element_type=jnp.float32)
+      d_keys = _add_block(d_keys, j, k_size, jnp.einsum(
+          "bkgts,btkgd->bskd", d_z, q_block, preferred_element_type=jnp.float32))
+      return (d_q, d_keys, d_values), None
+
+    init = (jnp.zeros(q_block.shape, jnp.float32), *d_kv)
+    (d_q, *d_kv), _ = jax.lax.scan(key_block, init, jnp.arange(keys.shape[1] // k_size))
+    return tuple(d_kv), d_q.astype(q.dtype)
+
+  blocks = (*_query_blocks(q, query_slots, q_size), _query_blocks(d_out, query_slots, q_size)[0],
+            m, l, per_block(row_dot))
+  zeros = jnp.zeros(keys.shape, jnp.float32)
+  (d_keys, d_values), d_q = jax.lax.scan(query_block, (zeros, zeros), blocks)
+  d_q = jnp.moveaxis(d_q, 0, 1).reshape(q.shape)
+  return d_q, d_keys.astype(keys.dtype), d_values.astype(values.dtype), None, None
+
+
+def _add_block(total: Array, j, size: int, block: Array) -> Array:
+  """total [B, S, ...] with `block` added at slots [j * size, (j + 1) * size)."""
+  return jax.lax.dynamic_update_slice_in_dim(total, _block(total, j, size, 1) + block,
+                                             j * size, axis=1)
+
+
+_flash.defvjp(_flash_forward, _flash_backward)
