@@ -71,7 +71,8 @@ def measure(name: str, batch: int, length: int, logits_per_chunk: int, attention
             chunked_head: bool, remat: str, sequence: int = 1, **overrides):
   """(temp bytes, argument bytes, compile seconds) of the gradient on one device,
   or per device with the rows sharded `sequence` ways along their length."""
-  config = preset(name, dtype=jnp.bfloat16, attention=attention, remat=remat, **overrides)
+  config = preset(name, dtype=jnp.bfloat16, attention=attention, remat=remat, max_position=None,
+                  **overrides)  # a shape, measured past the checkpoint's RoPE range too
   abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   mesh = sharding.make_mesh((1, 1, sequence, 1))

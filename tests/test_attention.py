@@ -85,7 +85,7 @@ class AttentionTest(parameterized.TestCase):
     self.assertLessEqual(largest("chunked"), max(q.size, b * n_kv * group * block * block))
 
   def test_unknown_implementation_is_refused(self):
-    with pytest.raises(ValueError, match="Unknown attention 'flash'; known: chunked, xla"):
+    with pytest.raises(ValueError, match="Unknown attention .flash.; known: chunked, xla, cudnn"):
       preset("tiny", attention="flash")
     with pytest.raises(ValueError, match="attention_block must be a positive int"):
       preset("tiny", attention_block=0)
@@ -101,3 +101,30 @@ def test_models_agree_across_implementations():
     model = Transformer(preset("tiny", attention=impl, attention_block=8), rngs=nnx.Rngs(0))
     outs[impl] = model(tokens, token_valid=valid).logits
   np.testing.assert_allclose(outs["chunked"], outs["xla"], atol=1e-5, rtol=1e-5)
+
+
+def test_fused_kernel_layout_equals_naive():
+  """The cuDNN path's call of jax.nn.dot_product_attention (grouped heads, slot mask),
+  run with jax's XLA implementation on CPU, equals the naive attention."""
+  from jaxcredit.models.attention import _fused
+  q, k, v, query_slots, key_valid = _inputs(2, 9, 9, 2, 3, 8)
+  np.testing.assert_allclose(_fused(q, k, v, query_slots, key_valid, "xla"),
+                             _reference(q, k, v, query_slots, key_valid), atol=1e-5, rtol=1e-5)
+
+
+def test_an_unavailable_or_too_long_configuration_is_refused():
+  from flax import nnx
+  q, k, v, query_slots, key_valid = _inputs(1, 4, 4, 1, 1, 4)
+  if jax.default_backend() != "gpu":
+    with pytest.raises(ValueError, match="model.attention='cudnn' .* needs a CUDA GPU.*'chunked'"):
+      attention(q, k, v, query_slots, key_valid, implementation="cudnn")
+  model = Transformer(preset("tiny", max_position=16), rngs=nnx.Rngs(0))
+  model(jnp.zeros((1, 16), jnp.int32))
+  with pytest.raises(ValueError, match="A row of 17 tokens is longer than model.max_position = 16"):
+    model(jnp.zeros((1, 17), jnp.int32))
+  from jaxcredit.models import KVCache
+  with pytest.raises(ValueError, match="model.max_position = 16"):
+    model.decode(jnp.zeros((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32),
+                 jnp.ones((1, 1), bool), KVCache.zeros(model.config, 1, 32), 0)
+  with pytest.raises(ValueError, match="max_position must be a positive int or None"):
+    preset("tiny", max_position=0)

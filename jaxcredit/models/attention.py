@@ -8,6 +8,9 @@ row) gets the mean of every value, in both implementations. Output
 [B, T, KV, G, hd] in the values' dtype.
 
   xla      the whole [B, KV, G, T, S] float32 score matrix at once.
+  cudnn    cuDNN's fused flash attention through `jax.nn.dot_product_attention`
+           (CUDA GPUs only; elsewhere a ValueError), the slot mask passed as a
+           [B, 1, T, S] bool.
   chunked  blockwise with an online softmax (Rabe & Staats, 2021; the flash
            attention recurrence): query blocks of `block_size` in a `lax.scan`,
            each scanning key blocks of `block_size` with a running max m,
@@ -29,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-IMPLEMENTATIONS = ("chunked", "xla")
+IMPLEMENTATIONS = ("chunked", "xla", "cudnn")
 _MASKED = jnp.finfo(jnp.float32).min  # a masked key: still counted by a row that sees no key
 _PADDING = -jnp.inf  # a slot added to fill the last block: never counted
 
@@ -42,6 +45,12 @@ def attention(q: Array, keys: Array, values: Array, query_slots: Array, key_vali
     return _naive(q, keys, values, query_slots, key_valid)  # one block: the same computation
   if implementation == "chunked":
     return _blockwise(q, keys, values, query_slots, key_valid, block_size)
+  if implementation == "cudnn":
+    if jax.default_backend() != "gpu":
+      raise ValueError(f"model.attention='cudnn' (cuDNN flash attention) needs a CUDA GPU; "
+                       f"this backend is {jax.default_backend()}: use 'chunked' (any backend) "
+                       "or 'xla'.")
+    return _fused(q, keys, values, query_slots, key_valid, "cudnn")
   raise ValueError(f"Unknown attention implementation {implementation!r}; known: "
                    f"{', '.join(IMPLEMENTATIONS)}.")
 
@@ -62,6 +71,17 @@ def _naive(q, keys, values, query_slots, key_valid):
   visible = _visible(query_slots, jnp.arange(keys.shape[1]), key_valid)
   probs = jax.nn.softmax(_scores(q, keys, visible), axis=-1).astype(values.dtype)
   return jnp.einsum("bkgts,bskd->btkgd", probs, values)
+
+
+def _fused(q, keys, values, query_slots, key_valid, implementation: str):
+  """`jax.nn.dot_product_attention` (cuDNN flash attention on GPU) with the slot
+  mask as a [B, 1, T, S] bool (the kernel reads it as a bias): the query heads
+  of each KV head are consecutive, as `jax.nn` expects for grouped queries."""
+  b, t, n_kv, group, hd = q.shape
+  visible = _visible(query_slots, jnp.arange(keys.shape[1]), key_valid)[:, 0]
+  out = jax.nn.dot_product_attention(q.reshape(b, t, n_kv * group, hd), keys, values,
+                                     mask=visible, implementation=implementation)
+  return out.reshape(q.shape).astype(values.dtype)
 
 
 def _padded(x: Array, size: int, axis: int, fill) -> Array:

@@ -66,6 +66,7 @@ def config_from_hf(hf_config: dict, **overrides) -> TransformerConfig:
       qkv_bias=model_type == "qwen2",
       qk_norm=model_type == "qwen3",
       tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
+      max_position=hf_config.get("max_position_embeddings"),
   )
   return TransformerConfig(**{**fields, **overrides})
 
@@ -280,11 +281,12 @@ def hf_config(config: TransformerConfig) -> dict:
   architecture = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
                   "llama": "LlamaForCausalLM"}[model_type]
   rope = {"rope_type": "default", "rope_theta": config.rope_theta}
-  max_positions = 32768
+  max_positions = config.max_position or 32768
   if config.rope_scaling is not None:
     rope = {**rope, "rope_type": "llama3", **dataclasses.asdict(config.rope_scaling)}
     scaling = config.rope_scaling
-    max_positions = int(scaling.original_max_position_embeddings * scaling.factor)
+    max_positions = config.max_position or int(scaling.original_max_position_embeddings
+                                                * scaling.factor)
   return {
       "architectures": [architecture], "model_type": model_type,
       "vocab_size": config.vocab_size, "hidden_size": config.d_model,

@@ -46,7 +46,9 @@ class TransformerConfig:
   linear in length; "xla": the whole score matrix) and attention_block (its
   block size; see `models.attention`); remat: what the backward pass keeps of
   each block (`REMAT_POLICIES`: "none" keeps everything, "block" only its
-  input and recomputes the rest).
+  input and recomputes the rest); max_position: the most slots a row may
+  have (a checkpoint's max_position_embeddings, the positions its RoPE was
+  trained for; None: unchecked) - a longer row is refused with a ValueError.
   """
 
   vocab_size: int
@@ -68,6 +70,7 @@ class TransformerConfig:
   attention: str = "chunked"
   attention_block: int = 512
   remat: str = "none"
+  max_position: int | None = None
 
   def __post_init__(self):
     if self.n_heads % self.n_kv_heads:
@@ -85,6 +88,18 @@ class TransformerConfig:
       raise ValueError(f"Unknown remat {self.remat!r}; known: {', '.join(REMAT_POLICIES)}.")
     if not isinstance(self.attention_block, int) or self.attention_block < 1:
       raise ValueError(f"attention_block must be a positive int, got {self.attention_block!r}.")
+    if self.max_position is not None and (not isinstance(self.max_position, int)
+                                          or self.max_position < 1):
+      raise ValueError(f"max_position must be a positive int or None, got {self.max_position!r}.")
+
+  def check_length(self, slots: int) -> None:
+    """ValueError when a row of `slots` slots is longer than max_position."""
+    if self.max_position is not None and slots > self.max_position:
+      raise ValueError(
+          f"A row of {slots:,} tokens is longer than model.max_position = "
+          f"{self.max_position:,} (the positions the checkpoint's RoPE was trained for): "
+          "shorten the prompts and responses (task.max_prompt_length, max_response_length), "
+          "or raise model.max_position where the model's RoPE scaling covers it.")
 
   @property
   def resolved_head_dim(self) -> int:
@@ -107,30 +122,34 @@ PRESETS = {
     "qwen2.5-0.5b": TransformerConfig(
         vocab_size=151936, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2, d_ff=4864,
         rope_theta=1000000.0, norm_eps=1e-6, qkv_bias=True, tie_embeddings=True,
+        max_position=32768,
     ),
     "qwen2.5-1.5b": TransformerConfig(
         vocab_size=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2, d_ff=8960,
         rope_theta=1000000.0, norm_eps=1e-6, qkv_bias=True, tie_embeddings=True,
+        max_position=32768,
     ),
     # Qwen3-0.6B / 1.7B: q/k RMSNorm, head_dim 128, no qkv bias, tied embeddings.
     "qwen3-0.6b": TransformerConfig(
         vocab_size=151936, d_model=1024, n_layers=28, n_heads=16, n_kv_heads=8, d_ff=3072,
         head_dim=128, rope_theta=1000000.0, norm_eps=1e-6, qk_norm=True, tie_embeddings=True,
+        max_position=40960,
     ),
     "qwen3-1.7b": TransformerConfig(
         vocab_size=151936, d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8, d_ff=6144,
         head_dim=128, rope_theta=1000000.0, norm_eps=1e-6, qk_norm=True, tie_embeddings=True,
+        max_position=40960,
     ),
     # Llama-3.2-1B / 3B: llama3 RoPE scaling (factor 32 over an 8192-token original context).
     "llama3.2-1b": TransformerConfig(
         vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192,
         head_dim=64, rope_theta=500000.0, rope_scaling=LLAMA3_SCALING, norm_eps=1e-5,
-        tie_embeddings=True,
+        tie_embeddings=True, max_position=131072,
     ),
     "llama3.2-3b": TransformerConfig(
         vocab_size=128256, d_model=3072, n_layers=28, n_heads=24, n_kv_heads=8, d_ff=8192,
         head_dim=128, rope_theta=500000.0, rope_scaling=LLAMA3_SCALING, norm_eps=1e-5,
-        tie_embeddings=True,
+        tie_embeddings=True, max_position=131072,
     ),
 }
 

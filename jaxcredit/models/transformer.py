@@ -240,8 +240,10 @@ class Transformer(nnx.Module):
     positions default to 0..T-1; token_valid (default all True) hides padding
     from attention. logits=False skips the [B, T, V] projection. Under a mesh
     with a `sequence` axis the rows are sharded along T (`context_parallel`).
+    T > config.max_position is refused (ValueError).
     """
     b, t = tokens.shape
+    self.config.check_length(t)
     positions = jnp.broadcast_to(jnp.arange(t), (b, t)) if positions is None else positions
     token_valid = jnp.ones((b, t), bool) if token_valid is None else token_valid
     embedded = context_parallel.constrain(self.embed_tokens(tokens))
@@ -261,9 +263,11 @@ class Transformer(nnx.Module):
     """Forward T new tokens written at cache slots [slot, slot + T).
 
     Each attends to the cache's valid slots up to its own. Returns the
-    outputs for these tokens and the updated cache.
+    outputs for these tokens and the updated cache. A cache of more slots than
+    config.max_position is refused (ValueError).
     """
     b, t = tokens.shape
+    self.config.check_length(cache.key_valid.shape[1])
     key_valid = jax.lax.dynamic_update_slice(cache.key_valid, token_valid, (0, slot))
     query_slots = slot + jnp.arange(t)
     hidden, (keys, values) = self._blocks(self.embed_tokens(tokens), positions, query_slots,
