@@ -58,7 +58,7 @@ def get_config(variant: str = "qwen2.5") -> ml_collections.ConfigDict:
   model.checkpoint = placeholder(str)  # a local Hugging Face checkpoint directory
   model.random_init = False  # True: the architecture only, random weights (no weights needed)
   model.dtype = "bfloat16"  # compute dtype; parameters and Adam state stay float32
-  model.attention = "chunked"  # blockwise attention: memory linear in length
+  model.attention = "chunked"  # blockwise (flash) attention, any backend; "cudnn" on GPUs; "xla"
   model.remat = "block"  # the backward keeps each layer's input only and recomputes the rest
 
   config.sft.max_steps = 0  # an instruct model: RL from the checkpoint, no warm start
