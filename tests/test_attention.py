@@ -85,7 +85,7 @@ class AttentionTest(parameterized.TestCase):
     self.assertLessEqual(largest("chunked"), max(q.size, b * n_kv * group * block * block))
 
   def test_unknown_implementation_is_refused(self):
-    with pytest.raises(ValueError, match="Unknown attention .flash.; known: chunked, xla, cudnn"):
+    with pytest.raises(ValueError, match="Unknown attention .flash.; known: chunked, xla, cudnn, splash"):
       preset("tiny", attention="flash")
     with pytest.raises(ValueError, match="attention_block must be a positive int"):
       preset("tiny", attention_block=0)
@@ -118,6 +118,9 @@ def test_an_unavailable_or_too_long_configuration_is_refused():
   if jax.default_backend() != "gpu":
     with pytest.raises(ValueError, match="model.attention='cudnn' .* needs a CUDA GPU.*'chunked'"):
       attention(q, k, v, query_slots, key_valid, implementation="cudnn")
+  if jax.default_backend() != "tpu":
+    with pytest.raises(ValueError, match="model.attention='splash' .* needs a TPU.*'chunked'"):
+      attention(q, k, v, query_slots, key_valid, implementation="splash")
   model = Transformer(preset("tiny", max_position=16), rngs=nnx.Rngs(0))
   model(jnp.zeros((1, 16), jnp.int32))
   with pytest.raises(ValueError, match="A row of 17 tokens is longer than model.max_position = 16"):
@@ -128,3 +131,23 @@ def test_an_unavailable_or_too_long_configuration_is_refused():
                  jnp.ones((1, 1), bool), KVCache.zeros(model.config, 1, 32), 0)
   with pytest.raises(ValueError, match="max_position must be a positive int or None"):
     preset("tiny", max_position=0)
+
+
+@pytest.mark.parametrize("t,block", [(256, 128), (200, 512)])  # a multiple of the block; padded
+def test_splash_kernel_equals_naive_on_real_tokens(t, block):
+  """The TPU splash path, run in Pallas interpret mode on CPU: forward and
+  gradient equal the naive attention at every real (non-padding) query."""
+  from jaxcredit.models.attention import _splash
+  q, k, v, _, key_valid = _inputs(2, t, t, 2, 2, 8)
+  key_valid[-1, :40] = False  # the last row: left padding, then every token real
+  key_valid[-1, 40:] = True
+  query_slots = np.arange(t)
+  real = jnp.asarray(key_valid)[:, :, None, None, None]
+  weights = np.random.default_rng(1).normal(size=q.shape).astype(np.float32)
+  splash = lambda q, k, v: _splash(q, k, v, jnp.asarray(key_valid), block, interpret=True)
+  naive = lambda q, k, v: attention(q, k, v, query_slots, key_valid, implementation="xla")
+  np.testing.assert_allclose(jnp.where(real, splash(q, k, v), 0), jnp.where(real, naive(q, k, v), 0),
+                             atol=1e-5, rtol=1e-5)
+  grad = lambda f: jax.grad(lambda *x: jnp.sum(jnp.where(real, weights * f(*x), 0)),
+                            argnums=(0, 1, 2))(q, k, v)
+  chex.assert_trees_all_close(grad(splash), grad(naive), atol=1e-5, rtol=1e-5)

@@ -11,6 +11,9 @@ row) gets the mean of every value, in both implementations. Output
   cudnn    cuDNN's fused flash attention through `jax.nn.dot_product_attention`
            (CUDA GPUs only; elsewhere a ValueError), the slot mask passed as a
            [B, 1, T, S] bool.
+  splash   the Pallas splash attention kernel (TPUs only; elsewhere a
+           ValueError) for teacher-forced passes: causal mask, padding as
+           segment ids. A decode step against a cache runs the blockwise kernel.
   chunked  blockwise with an online softmax (Rabe & Staats, 2021; the flash
            attention recurrence): query blocks of `block_size` in a `lax.scan`,
            each scanning key blocks of `block_size` with a running max m,
@@ -32,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-IMPLEMENTATIONS = ("chunked", "xla", "cudnn")
+IMPLEMENTATIONS = ("chunked", "xla", "cudnn", "splash")
 _MASKED = jnp.finfo(jnp.float32).min  # a masked key: still counted by a row that sees no key
 _PADDING = -jnp.inf  # a slot added to fill the last block: never counted
 
@@ -51,6 +54,12 @@ def attention(q: Array, keys: Array, values: Array, query_slots: Array, key_vali
                        f"this backend is {jax.default_backend()}: use 'chunked' (any backend) "
                        "or 'xla'.")
     return _fused(q, keys, values, query_slots, key_valid, "cudnn")
+  if implementation == "splash":
+    if jax.default_backend() != "tpu":
+      raise ValueError(f"model.attention='splash' (the Pallas splash attention kernel) needs a "
+                       f"TPU; this backend is {jax.default_backend()}: use 'chunked' (any "
+                       "backend), 'cudnn' on GPUs, or 'xla'.")
+    return _splash(q, keys, values, key_valid, block_size)
   raise ValueError(f"Unknown attention implementation {implementation!r}; known: "
                    f"{', '.join(IMPLEMENTATIONS)}.")
 
@@ -82,6 +91,34 @@ def _fused(q, keys, values, query_slots, key_valid, implementation: str):
   out = jax.nn.dot_product_attention(q.reshape(b, t, n_kv * group, hd), keys, values,
                                      mask=visible, implementation=implementation)
   return out.reshape(q.shape).astype(values.dtype)
+
+
+def _splash(q, keys, values, token_valid, block_size: int, interpret: bool = False):
+  """Self-attention (T = S, query t in slot t) through the Pallas splash kernel
+  (`jax.experimental.pallas.ops.tpu.splash_attention`; interpret=True runs it
+  on any backend): a causal mask and segment ids token_valid (1) / padding (0),
+  so a real query sees the real keys at or before it, as in the other
+  implementations; a padding query sees the padding before it (its output is
+  never read by a real token). T is padded to a multiple of the block."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash
+  b, t, n_kv, group, hd = q.shape
+  if keys.shape[1] != t:
+    raise ValueError(f"attention='splash' runs teacher-forced passes (T = S); got T = {t} "
+                     f"queries against S = {keys.shape[1]} keys.")
+  size = min(block_size, -(-t // 128) * 128)
+  length = -(-t // size) * size
+  mask = splash.MultiHeadMask([splash.CausalMask((length, length))] * (n_kv * group))
+  blocks = splash.BlockSizes(block_q=size, block_kv=size, block_kv_compute=size,
+                             block_q_dkv=size, block_kv_dkv=size, block_kv_dkv_compute=size,
+                             block_q_dq=size, block_kv_dq=size)
+  kernel = splash.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1,
+                                  interpret=interpret)
+  heads_first = lambda x: jnp.moveaxis(_padded(x, size, 1, 0), 2, 1)  # [B, H, T, hd]
+  scaled = (q.astype(jnp.float32) / jnp.sqrt(hd)).astype(q.dtype).reshape(b, t, -1, hd)
+  segments = _padded(token_valid, size, 1, False).astype(jnp.int32)
+  out = jax.vmap(lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(ids, ids)))(
+      heads_first(scaled), heads_first(keys), heads_first(values), segments)
+  return jnp.moveaxis(out, 1, 2)[:, :t].reshape(q.shape).astype(values.dtype)
 
 
 def _padded(x: Array, size: int, axis: int, fill) -> Array:

@@ -43,8 +43,11 @@ class TransformerConfig:
   query and key head before RoPE), tie_embeddings (unembedding = embedding^T),
   value_head (also return V(s_t)), dtype (compute dtype, e.g. bfloat16) and
   param_dtype (stored weights); attention ("chunked": blockwise, memory
-  linear in length; "xla": the whole score matrix) and attention_block (its
-  block size; see `models.attention`); remat: what the backward pass keeps of
+  linear in length, any backend; "xla": the whole score matrix; "cudnn":
+  cuDNN flash attention on GPUs; "splash": the Pallas splash kernel on TPUs
+  for teacher-forced passes, decode steps and sequence-sharded passes then
+  running "chunked") and attention_block (its block size; see
+  `models.attention`); remat: what the backward pass keeps of
   each block (`REMAT_POLICIES`: "none" keeps everything, "block" only its
   input and recomputes the rest); max_position: the most slots a row may
   have (a checkpoint's max_position_embeddings, the positions its RoPE was

@@ -143,7 +143,11 @@ class Attention(nnx.Module):
           stored, new[None].astype(stored.dtype), (layer, 0, slot, 0, 0))
       all_keys, all_values = write(all_keys, k), write(all_values, v)
       keys, values, cache = all_keys[layer], all_values[layer], (all_keys, all_values, layer)
-    attend = functools.partial(attention, implementation=cfg.attention,
+    sharded = cache is None and context_parallel.sequence_shards() > 1
+    implementation = cfg.attention
+    if implementation == "splash" and (cache is not None or sharded):
+      implementation = "chunked"  # splash attends a whole unsharded row to itself only
+    attend = functools.partial(attention, implementation=implementation,
                                block_size=cfg.attention_block)
     if cache is None:  # teacher-forced rows may be sharded along the sequence
       attend = context_parallel.sequence_sharded(attend)
