@@ -89,6 +89,33 @@ class GaeTest(parameterized.TestCase):
         estimators.discounted_returns(poison(rewards, mask), mask, gamma=0.9, method=method),
         reference.discounted_returns(rewards, mask, 0.9), atol=1e-4)
 
+  @parameterized.parameters(
+      dict(gamma=1.0, lam=1.0, length=1000),   # blocks of 32, a length they do not divide
+      dict(gamma=0.99, lam=0.95, length=64),
+      dict(gamma=0.5, lam=0.2, length=77),     # g = 0.1: blocks of 16 keep g^-K in range
+      dict(gamma=0.1, lam=0.1, length=50),     # g = 0.01: blocks of 8
+      dict(gamma=1e-10, lam=1e-10, length=9),  # too small for any block: runs the scan
+      dict(gamma=0.9, lam=0.0, length=20),     # g = 0: no block, the scan
+  )
+  def test_blocked_equals_float64_reference(self, gamma, lam, length):
+    """The blocked recurrence (products of valid-count powers within blocks) is exact
+    for every discount, long holes and fully masked rows included."""
+    rng = np.random.default_rng(11)
+    mask = random_mask(rng, (5, length))
+    mask[1] = False
+    mask[2, length // 4: length // 2] = False  # a hole longer than a block
+    rewards, values = (rng.normal(size=(2, 5, length)) * 3).astype(np.float32)
+    got = jax.jit(lambda r, v: estimators.gae(r, v, mask, gamma=gamma, lam=lam, method="blocked"))(
+        poison(rewards, mask), poison(values, mask))
+    want = reference.gae(rewards, values, mask, gamma, lam)
+    scale = max(1.0, float(np.max(np.abs(want[0]))))
+    chex.assert_trees_all_close(got, want, atol=2e-5 * scale, rtol=1e-5)
+    grad = jax.grad(lambda v: jnp.sum(estimators.gae(rewards, v, mask, gamma=gamma, lam=lam,
+                                                     method="blocked")[0] ** 2))(values)
+    want_grad = jax.grad(lambda v: jnp.sum(estimators.gae(rewards, v, mask, gamma=gamma, lam=lam,
+                                                          method="scan")[0] ** 2))(values)
+    np.testing.assert_allclose(grad, want_grad, atol=1e-4 * scale ** 2, rtol=1e-4)
+
   def test_bad_shapes_raise(self):
     with pytest.raises(ValueError, match=r"values\[3, 4\]"):
       estimators.gae(jnp.zeros((2, 4)), jnp.zeros((3, 4)), jnp.ones((2, 4)), gamma=1.0, lam=1.0)

@@ -69,9 +69,10 @@ def gae(
   where "next" is the next valid position and V_next = A_next = 0 after the
   last valid token. rewards, values, mask: [B, T].
   Returns (advantages, returns) float32 [B, T], with returns = (A + V) * mask.
-  method: "scan" (sequential, fastest on CPU) or "associative"
-  (lax.associative_scan, O(log T) depth, for accelerators); None = fastest
-  for the backend. Both give the same result.
+  method: "blocked" (blocks of steps as matrix products, fastest on CPU),
+  "scan" (sequential) or "associative" (lax.associative_scan, O(log T)
+  depth, for accelerators); None = fastest for the backend. All give the
+  same result (`recurrence`).
 
   Computed with a single recurrence: with C_t = gamma V_t + gamma lam A_t,
   A_t = (r_t - V_t) + C_next and C_t = gamma V_t + gamma lam (r_t - V_t)
@@ -90,8 +91,10 @@ def gae(
       jnp.where(valid, gamma * values + gamma * lam * (rewards - values), 0.0),
       gamma * lam, valid, method=method,
   )
-  advantages = jnp.where(valid, residual + shift_left(carry), 0.0)
-  return advantages, jnp.where(valid, advantages + values, 0.0)
+  carry_next = shift_left(carry)
+  # returns = A + V = r + C_next: both outputs from the same inputs, in one pass.
+  return (jnp.where(valid, residual + carry_next, 0.0),
+          jnp.where(valid, rewards + carry_next, 0.0))
 
 
 def lambda_returns(
