@@ -6,8 +6,8 @@ Compares, forward and forward+backward (gradients for hidden and unembed):
   naive          token_logprobs(hidden @ unembed, tokens): materialises [B, T, V]
   scan + remat   lax.scan over time chunks with jax.checkpoint on each chunk
                  and plain autodiff (the approach of tunix and most JAX codebases)
-  jaxcredit      chunked_token_logprobs: custom VJP that recomputes each chunk's
-                 logits in the backward and accumulates d unembed chunk by chunk
+  jaxcredit      chunked_token_logprobs: custom VJP whose backward recomputes the
+                 logits one vocabulary chunk at a time and writes d unembed in place
 Peak memory is XLA's compiled buffer assignment (arguments + outputs + temporaries).
 """
 

@@ -152,42 +152,50 @@ def _chunked_head_fwd(hidden, unembed, tokens, allowed, head: _Head):
 
 
 def _chunked_head_bwd(head: _Head, residuals, cotangents):
-  """Recomputes each chunk's logits z (scaled by 1 / temperature, masked):
+  """Loops over vocabulary chunks of Vc = ceil(chunk_size * V / T) columns (the
+  forward's logits budget) and recomputes their logits z for every token
+  (scaled by 1 / temperature, masked):
 
     d logp / d z = onehot(token) - p,   d H / d z = -p * (log p + H),
 
-  both zero at tokens that are not allowed (p = 0 there) for an allowed token."""
+  both zero at tokens that are not allowed (p = 0 there) for an allowed token.
+  Each chunk's d unembed columns are final when computed and written in place,
+  so the only float32 accumulator is d hidden [B, T, D] - not a [D, V] one.
+  The last chunk is shifted left to end at V; the columns it repeats are
+  rewritten with the same values and kept out of d hidden."""
   hidden, unembed, tokens, allowed, lse, entropy = residuals
-  g_logp, g_entropy = cotangents
+  g_logp, g_entropy = (x.astype(jnp.float32) for x in cotangents)
+  vocab_axis = 0 if head.vocab_major else 1
+  vocab, length = unembed.shape[vocab_axis], tokens.shape[1]
+  size = min(vocab, -(-head.chunk_size * vocab // length))
+  # An out-of-vocabulary id's log-prob is NaN and carries no gradient (as autodiff of
+  # token_logprobs).
+  g_logp = jnp.where(_in_vocab(tokens, vocab), g_logp, 0.0)
 
-  def step(d_unembed, chunk):
-    hidden_chunk, token_chunk, allowed_chunk, lse_chunk, entropy_chunk, g_logp_chunk, g_h = chunk
-    logits = _chunk_logits(hidden_chunk, unembed, allowed_chunk, head)
-    probs = jnp.exp(logits - lse_chunk[..., None])
-    vocab = logits.shape[-1]
-    # An out-of-vocabulary id's log-prob is NaN and carries no gradient (as autodiff of
-    # token_logprobs).
-    g_logp_chunk = jnp.where(_in_vocab(token_chunk, vocab), g_logp_chunk, 0.0)
-    d_logits = g_logp_chunk[..., None] * (jax.nn.one_hot(token_chunk, vocab) - probs)
+  def step(carry, j):
+    d_hidden, d_unembed = carry
+    start = jnp.minimum(j * size, vocab - size)
+    columns = start + jnp.arange(size)
+    weights = jax.lax.dynamic_slice_in_dim(unembed, start, size, vocab_axis)
+    allowed_chunk = (None if allowed is None
+                     else jax.lax.dynamic_slice_in_dim(allowed, start, size, allowed.ndim - 1))
+    logits = _chunk_logits(hidden, weights, allowed_chunk, head)  # [B, T, Vc]
+    probs = jnp.exp(logits - lse[..., None])
+    d_logits = g_logp[..., None] * ((tokens[..., None] == columns) - probs)
     if head.with_entropy:
-      log_probs = jnp.where(jnp.isfinite(logits), logits - lse_chunk[..., None], 0.0)
-      d_logits -= g_h[..., None] * probs * (log_probs + entropy_chunk[..., None])
+      log_probs = jnp.where(jnp.isfinite(logits), logits - lse[..., None], 0.0)
+      d_logits -= g_entropy[..., None] * probs * (log_probs + entropy[..., None])
     d_logits /= head.temperature
-    if head.vocab_major:
-      d_hidden = _einsum("bcv,vd->bcd", d_logits, unembed)
-      d_unembed += _einsum("bcd,bcv->vd", hidden_chunk, d_logits)
-    else:
-      d_hidden = _einsum("bcv,dv->bcd", d_logits, unembed)
-      d_unembed += _einsum("bcd,bcv->dv", hidden_chunk, d_logits)
-    return d_unembed, d_hidden.astype(hidden.dtype)
+    spec = "btv,vd->btd" if head.vocab_major else "btv,dv->btd"
+    d_hidden += _einsum(spec, jnp.where(columns >= j * size, d_logits, 0.0), weights)
+    d_weights = _einsum("btd,btv->vd" if head.vocab_major else "btd,btv->dv", hidden, d_logits)
+    d_unembed = jax.lax.dynamic_update_slice_in_dim(d_unembed, d_weights.astype(unembed.dtype),
+                                                    start, vocab_axis)
+    return (d_hidden, d_unembed), None
 
-  size = head.chunk_size
-  chunks = (_to_chunks(hidden, size), _to_chunks(tokens, size),
-            _allowed_chunks(allowed, size),
-            *(_to_chunks(x.astype(jnp.float32), size) for x in (lse, entropy, g_logp, g_entropy)))
-  d_unembed, d_hidden = jax.lax.scan(step, jnp.zeros(unembed.shape, jnp.float32), chunks)
-  d_hidden = _from_chunks(d_hidden, hidden.shape[1])
-  return d_hidden, d_unembed.astype(unembed.dtype), None, None
+  init = (jnp.zeros(hidden.shape, jnp.float32), jnp.zeros_like(unembed))
+  (d_hidden, d_unembed), _ = jax.lax.scan(step, init, jnp.arange(-(-vocab // size)))
+  return d_hidden.astype(hidden.dtype), d_unembed, None, None
 
 
 _chunked_head.defvjp(_chunked_head_fwd, _chunked_head_bwd)
@@ -210,10 +218,12 @@ def chunked_token_logprobs_and_entropy(
   embedding table used in place, no transposed copy); tokens: [B, T];
   allowed: None, [T, V] or [B, T, V] bool (tokens outside it get logit -inf,
   so pi is the renormalised restricted softmax, as `sampling.mask_logits`).
-  The time axis is cut into chunks of `chunk_size`; forward and backward each
-  hold one chunk's logits [B, chunk_size, V] at a time (the backward
-  recomputes them and accumulates d unembed chunk by chunk), so peak memory
-  is O(B * chunk * V). Matmuls accumulate in float32. Returns float32 [B, T]
+  The forward cuts the time axis into chunks of `chunk_size` and holds one
+  chunk's logits [B, chunk_size, V] at a time; the backward recomputes the
+  logits a vocabulary chunk [B, T, Vc] at a time (the same number of logits)
+  and writes each chunk's d unembed columns in place, so peak memory is
+  O(B * chunk * V + B * T * D), with no [D, V] accumulator. Matmuls
+  accumulate in float32. Returns float32 [B, T]
   twice; equals token_logprobs / token_entropy of the full logits, gradients
   included. Out-of-range ids are handled as in `token_logprobs`.
   """

@@ -129,6 +129,17 @@ class ChunkedLogprobsTest(parameterized.TestCase):
     dense = jax.value_and_grad(lambda h, w: jnp.sum(_dense_logp(h, w, tokens)), argnums=(0, 1))
     self.assertGreaterEqual(max(_intermediate_sizes(jax.make_jaxpr(dense)(hidden, unembed).jaxpr)), b * t * v)
 
+  def test_backward_holds_no_vocabulary_sized_float32_accumulator(self):
+    """XLA's compiled temporaries of the gradient stay below one [D, V] float32
+    array (the d unembed columns are written in place, chunk by chunk)."""
+    b, t, d, v = 2, 32, 64, 50000
+    args = (jax.ShapeDtypeStruct((b, t, d), jnp.float32), jax.ShapeDtypeStruct((d, v), jnp.float32),
+            jax.ShapeDtypeStruct((b, t), jnp.int32))
+    grad = jax.jit(jax.grad(lambda h, w, tok: jnp.sum(
+        logprobs.chunked_token_logprobs(h, w, tok, chunk_size=4)), argnums=(0, 1)))
+    temp = grad.lower(*args).compile().memory_analysis().temp_size_in_bytes
+    self.assertLess(temp, 0.75 * d * v * 4)
+
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.product(allowed_rank=[0, 2, 3], vocab_major=[False, True], chunk_size=[1, 3, 16],
                          temperature=[1.0, 0.6])
