@@ -19,9 +19,14 @@ def get_config() -> ml_collections.ConfigDict:
   config.task.data_dir = ml_collections.config_dict.placeholder(str)  # default: WORKDIR/data
 
   config.mesh = ml_collections.ConfigDict()
-  # (data, fsdp, model) device counts; None puts every device on `data`.
+  # (data, fsdp, sequence, model) device counts; None puts every device on `data`.
   config.mesh.shape = ml_collections.config_dict.placeholder(tuple)
   config.mesh.distributed = False  # call jax.distributed.initialize() (multi-host TPU/GPU)
+  # With distributed: process 0's "host:port", the process count and this process's id
+  # (None: detected on TPU pods, SLURM and other clusters jax knows).
+  config.mesh.coordinator_address = ml_collections.config_dict.placeholder(str)
+  config.mesh.num_processes = ml_collections.config_dict.placeholder(int)
+  config.mesh.process_id = ml_collections.config_dict.placeholder(int)
 
   config.model = ml_collections.ConfigDict()
   config.model.preset = "tiny"  # 2 layers, d=128 (vocab set by the tokenizer)

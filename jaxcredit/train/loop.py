@@ -61,7 +61,11 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
   checks.validate_config(config)
   workdir = pathlib.Path(workdir)
   checkpoints.check_writable(workdir)
-  with (_stop_signals() as stops, workdir_lock.WorkdirLock(workdir),
+  if config.mesh.distributed:  # one process per host; every host runs this same program
+    jax.distributed.initialize(coordinator_address=config.mesh.get("coordinator_address"),
+                               num_processes=config.mesh.get("num_processes"),
+                               process_id=config.mesh.get("process_id"))
+  with (_stop_signals() as stops, workdir_lock.WorkdirLock(workdir, jax.process_index()),
         contextlib.ExitStack() as scope):
     started, rl = time.perf_counter(), config.rl
     t = _setup(config, workdir)
@@ -190,8 +194,6 @@ class _Trainer:
 def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
   """Checks, data, models, the learner step and the checkpoint state (restored
   when resuming); None (saying so) when the workdir is already at rl.steps."""
-  if config.mesh.distributed:
-    jax.distributed.initialize()  # one process per host; every host runs this same program
   checkpointer = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.checkpoint.keep)
   resumed = checkpointer.latest_step() is not None
   config_json = config.to_json_best_effort(indent=2)
@@ -213,9 +215,10 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
       multihost_utils.global_array_to_host_local_array(x, mesh, batch_spec))
 
   # Data: a procedural TFDS dataset, read by step so that batches are reproducible.
-  task = tasks.make(config.task, data_dir=config.task.get("data_dir") or str(workdir / "data"),
-                    seed=config.seed,
-                    tokenizer=_tokenizer_directory(config))
+  # Process 0 prepares it; the others read it once it is there.
+  task = _process_0_first(lambda: tasks.make(
+      config.task, data_dir=config.task.get("data_dir") or str(workdir / "data"),
+      seed=config.seed, tokenizer=_tokenizer_directory(config)))
   lengths = {split: tasks.split_lengths(task, split) for split in task.sources}  # read once
   data_counts = tasks.check_data(task, lengths=lengths,
                                  max_dropped_fraction=config.task.get("max_dropped_fraction", 0.1))
@@ -245,8 +248,18 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
   if resumed:
     t.counters = checkpointer.restore(modules, mesh)
     print(f"Resuming RL at step {t.counters['rl_step']} from {workdir / 'checkpoints'}.")
-  t.writer = metrics.MetricsWriter(workdir, resume_step=t.counters["step"] if resumed else None)
+  t.writer = metrics.MetricsWriter(workdir, resume_step=t.counters["step"] if resumed else None,
+                                   primary=jax.process_index() == 0)
   return t
+
+
+def _process_0_first(make: Callable):
+  """make() on process 0, then, after every process has reached this point, on
+  the others (which then find what process 0 wrote)."""
+  result = make() if jax.process_index() == 0 else None
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("jaxcredit: process 0 done")
+  return make() if result is None else result
 
 
 def _learner_modules(config, task: tasks.TrainTask, mesh) -> tuple[dict, learner.Settings]:

@@ -14,9 +14,15 @@ class MetricsWriter:
 
   A fresh run moves an earlier run's file aside (metrics.<mtime>.jsonl); a
   resumed run keeps the lines up to the resumed step and appends after them.
+  In a multi-process run only process 0 writes (primary=False elsewhere: every
+  method does nothing).
   """
 
-  def __init__(self, workdir: pathlib.Path, *, resume_step: int | None = None):
+  def __init__(self, workdir: pathlib.Path, *, resume_step: int | None = None,
+               primary: bool = True):
+    self.primary = primary
+    if not primary:
+      return
     self.path = workdir / "metrics.jsonl"
     # On resume, TensorBoard drops the events logged after the checkpoint (they are logged again).
     self.tensorboard = SummaryWriter(str(workdir / "tensorboard"),
@@ -37,6 +43,8 @@ class MetricsWriter:
 
   def write(self, step: int, metrics: dict) -> None:
     """Appends one line; a NaN or infinite value is written as null (strict JSON)."""
+    if not self.primary:
+      return
     values = {k: float(v) for k, v in metrics.items()}
     record = {"step": int(step), **{k: v if math.isfinite(v) else None for k, v in values.items()}}
     with open(self.path, "a") as f:
@@ -45,7 +53,8 @@ class MetricsWriter:
       self.tensorboard.add_scalar(name, value, step)
 
   def close(self) -> None:
-    self.tensorboard.close()
+    if self.primary:
+      self.tensorboard.close()
 
 
 def _complete_lines(path: pathlib.Path) -> list[str]:

@@ -1,6 +1,7 @@
-"""One training process per workdir.
+"""One training process per workdir (per process index of a multi-process run).
 
-An exclusive `fcntl.flock` on WORKDIR/.lock, held for the whole run. The
+An exclusive `fcntl.flock` on WORKDIR/.lock (WORKDIR/.lock.process-I for
+process I > 0 of a multi-process run), held for the whole run. The
 kernel releases it when the process exits, however it exits (kill -9
 included), so a stale lock never blocks a rerun. The file records the
 holder's host and PID so that a second process can say who holds it.
@@ -21,8 +22,9 @@ class WorkdirBusy(RuntimeError):
 class WorkdirLock:
   """with WorkdirLock(workdir): ... - raises WorkdirBusy naming the holder's host and PID."""
 
-  def __init__(self, workdir: pathlib.Path):
-    self.path = pathlib.Path(workdir) / ".lock"
+  def __init__(self, workdir: pathlib.Path, process_index: int = 0):
+    name = ".lock" if process_index == 0 else f".lock.process-{process_index}"
+    self.path = pathlib.Path(workdir) / name
     self.file = None
 
   def __enter__(self) -> "WorkdirLock":
