@@ -105,11 +105,18 @@ def test_models_agree_across_implementations():
 
 def test_fused_kernel_layout_equals_naive():
   """The cuDNN path's call of jax.nn.dot_product_attention (grouped heads, slot mask),
-  run with jax's XLA implementation on CPU, equals the naive attention."""
+  run with jax's XLA implementation on CPU, equals the naive attention, forward
+  and gradient."""
   from jaxcredit.models.attention import _fused
   q, k, v, query_slots, key_valid = _inputs(2, 9, 9, 2, 3, 8)
   np.testing.assert_allclose(_fused(q, k, v, query_slots, key_valid, "xla"),
                              _reference(q, k, v, query_slots, key_valid), atol=1e-5, rtol=1e-5)
+  weights = np.random.default_rng(1).normal(size=q.shape).astype(np.float32)
+  grad = lambda f: jax.grad(lambda *x: jnp.sum(weights * f(*x)), argnums=(0, 1, 2))(q, k, v)
+  chex.assert_trees_all_close(
+      grad(lambda *x: _fused(*x, query_slots, key_valid, "xla")),
+      grad(lambda *x: attention(*x, query_slots, key_valid, implementation="xla")),
+      atol=1e-5, rtol=1e-5)
 
 
 def test_an_unavailable_or_too_long_configuration_is_refused():
