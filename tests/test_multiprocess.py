@@ -27,18 +27,21 @@ def _free_port() -> int:
 
 
 def _two_processes(workdir, env, *overrides):
-  """Both processes' (returncode, stdout, stderr)."""
+  """Both processes' (returncode, stdout, stderr). Output goes to files: a full
+  pipe would block one process while the other waits for it in a collective."""
   port = _free_port()
-  processes = [
-      subprocess.Popen(
+  logs = [(workdir.parent / f"process{i}.out", workdir.parent / f"process{i}.err") for i in range(2)]
+  processes = []
+  for i, (out, err) in enumerate(logs):
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+      processes.append(subprocess.Popen(
           _command(workdir, *overrides, "--config.mesh.distributed=True",
                    f"--config.mesh.coordinator_address=localhost:{port}",
                    "--config.mesh.num_processes=2", f"--config.mesh.process_id={i}"),
-          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-          env={**env, "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"})
-      for i in range(2)]
-  outputs = [p.communicate(timeout=600) for p in processes]
-  return [(p.returncode, *output) for p, output in zip(processes, outputs)]
+          stdout=stdout, stderr=stderr, text=True, cwd=ROOT,
+          env={**env, "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}))
+  codes = [p.wait(timeout=600) for p in processes]
+  return [(code, out.read_text(), err.read_text()) for code, (out, err) in zip(codes, logs)]
 
 
 def _train_lines(workdir):
