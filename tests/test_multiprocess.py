@@ -2,12 +2,11 @@
 jax.distributed.initialize (CPU collectives over gloo) train the quickstart
 task, stop at a checkpoint, resume, and match a single-process run."""
 
-import json
 import socket
 import subprocess
 import sys
 
-from tests.test_train import ROOT
+from tests.test_train import ROOT, _train_lines
 
 STEPS = ["--config.task.train_size=200", "--config.task.test_size=16", "--config.sft.max_steps=4",
          "--config.sft.batch_size=16", "--config.sft.eval_every=4", "--config.rl.prompts_per_step=4",
@@ -42,11 +41,6 @@ def _two_processes(workdir, env, *overrides):
           env={**env, "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}))
   codes = [p.wait(timeout=600) for p in processes]
   return [(code, out.read_text(), err.read_text()) for code, (out, err) in zip(codes, logs)]
-
-
-def _train_lines(workdir):
-  lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-  return [line for line in lines if "train/reward_mean" in line]
 
 
 def test_two_processes_checkpoint_resume_and_match_one_process(tmp_path, cli_env):

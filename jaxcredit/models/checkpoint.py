@@ -281,12 +281,12 @@ def hf_config(config: TransformerConfig) -> dict:
   architecture = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
                   "llama": "LlamaForCausalLM"}[model_type]
   rope = {"rope_type": "default", "rope_theta": config.rope_theta}
-  max_positions = config.max_position or 32768
+  trained_range = 32768
   if config.rope_scaling is not None:
     rope = {**rope, "rope_type": "llama3", **dataclasses.asdict(config.rope_scaling)}
     scaling = config.rope_scaling
-    max_positions = config.max_position or int(scaling.original_max_position_embeddings
-                                                * scaling.factor)
+    trained_range = int(scaling.original_max_position_embeddings * scaling.factor)
+  max_positions = config.max_position or trained_range
   return {
       "architectures": [architecture], "model_type": model_type,
       "vocab_size": config.vocab_size, "hidden_size": config.d_model,

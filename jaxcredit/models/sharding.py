@@ -35,10 +35,15 @@ def make_mesh(shape: tuple[int, int, int, int] | None = None) -> Mesh:
   model under `jax.set_mesh(mesh)` for the `sequence` axis to take effect.
   """
   shape = tuple(shape or (jax.device_count(), 1, 1, 1))
-  if len(shape) != len(MESH_AXES):
-    raise ValueError(f"A mesh shape gives the sizes of {MESH_AXES}, e.g. (2, 2, 1, 2); "
-                     f"got {shape}.")
+  check_mesh_shape(shape)
   return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def check_mesh_shape(shape) -> None:
+  """ValueError unless `shape` gives a positive int size for each of MESH_AXES."""
+  if len(shape) != len(MESH_AXES) or not all(isinstance(n, int) and n >= 1 for n in shape):
+    raise ValueError(f"mesh.shape gives the sizes of (data, fsdp, sequence, model), e.g. "
+                     f"(2, 2, 1, 2); got {tuple(shape)!r}.")
 
 
 def logical_axes(path: tuple) -> tuple[str, ...]:

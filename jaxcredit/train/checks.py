@@ -5,6 +5,8 @@ import math
 
 import numpy as np
 
+from jaxcredit.models import sharding
+
 
 # Settings a resumed run must share with the run that wrote its checkpoints.
 RESUME_FIELDS = ("seed", "task", "model", "critic.preset", "rl.group_size", "rl.prompts_per_step",
@@ -77,11 +79,8 @@ def validate_config(config) -> None:
   truncated_reward = config.task.get("truncated_reward", 0.0)
   problems.append((isinstance(truncated_reward, (int, float)) and math.isfinite(truncated_reward),
                    f"task.truncated_reward must be a finite number, got {truncated_reward!r}"))
-  shape = config.mesh.shape
-  problems.append((shape is None or (len(shape) == 4 and all(isinstance(n, int) and n >= 1
-                                                             for n in shape)),
-                   f"mesh.shape gives the sizes of (data, fsdp, sequence, model), e.g. "
-                   f"(2, 2, 1, 2); got {shape!r}"))
+  if config.mesh.shape is not None:
+    sharding.check_mesh_shape(config.mesh.shape)
   if config.critic.preset:
     problems += [
         _number_in(config.critic.learning_rate, "critic.learning_rate", 0.0, low_open=True),

@@ -256,10 +256,11 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
 def _process_0_first(make: Callable):
   """make() on process 0, then, after every process has reached this point, on
   the others (which then find what process 0 wrote)."""
-  result = make() if jax.process_index() == 0 else None
+  first = jax.process_index() == 0
+  result = make() if first else None
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("jaxcredit: process 0 done")
-  return make() if result is None else result
+  return result if first else make()
 
 
 def _learner_modules(config, task: tasks.TrainTask, mesh) -> tuple[dict, learner.Settings]:
