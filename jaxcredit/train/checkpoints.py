@@ -55,6 +55,14 @@ def check_writable(directory: pathlib.Path) -> None:
         f"{directory} is not writable ({root_cause(error)}); nothing was run.") from None
 
 
+def write_atomically(path: pathlib.Path, text: str) -> None:
+  """Writes `text` to `path` through a temporary file and a rename: a reader (or
+  a crash) sees the old content or the new, never a part."""
+  partial = path.with_name(path.name + ".tmp")
+  partial.write_text(text)
+  partial.replace(path)
+
+
 @contextlib.contextmanager
 def _reported(what: str):
   """Re-raises any failure inside as CheckpointError(`what` failed: root cause)."""
@@ -125,6 +133,8 @@ class Checkpointer:
             f"{describe_mesh(mesh.shape)}.", flush=True)
 
   def _set_aside(self, step: int, reason: str) -> None:
+    if jax.process_index() != 0:  # every process skips the step; one moves it
+      return
     corrupt = self.directory.with_name(self.directory.name + ".corrupt")
     corrupt.mkdir(exist_ok=True)
     destination = corrupt / str(step)

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import tqdm
+import orbax.checkpoint as ocp
 from flax import nnx
 from jax.experimental import multihost_utils
 
@@ -50,6 +51,8 @@ rollout.extras, `metrics` are logged under train/hook/ (a "gen_tokens" entry
 is charged to the run's generated-token count). Providers and hooks see whole
 batches, so they are single-process."""
 
+PREPARATION_TIMEOUT_S = 3600  # how long other processes wait for process 0's data
+
 
 def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dict:
   """Trains as the module docstring says; returns the final metrics.
@@ -65,6 +68,10 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
     jax.distributed.initialize(coordinator_address=config.mesh.get("coordinator_address"),
                                num_processes=config.mesh.get("num_processes"),
                                process_id=config.mesh.get("process_id"))
+    # Open the CPU collectives while every process is at the same point: gloo
+    # allows 30 s for a first rendezvous, less than process 0's data preparation
+    # can take, and reuses the connection afterwards.
+    multihost_utils.sync_global_devices("jaxcredit: connected")
   with (_stop_signals() as stops, workdir_lock.WorkdirLock(workdir, jax.process_index()),
         contextlib.ExitStack() as scope):
     started, rl = time.perf_counter(), config.rl
@@ -204,7 +211,6 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
       print(f"{workdir} is already at RL step {checkpointer.latest_step()} >= rl.steps = "
             f"{config.rl.steps}: nothing to do (config.json left as it was).")
       return None
-  (workdir / "config.json").write_text(config_json)
   mesh = sharding.make_mesh(config.mesh.shape)
   batch_spec = sharding.batch_sharding(mesh).spec
   checks.check_batch_sizes(config, int(np.prod([mesh.shape[a] for a in batch_spec[0] or ()])))
@@ -219,6 +225,8 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
   task = _process_0_first(lambda: tasks.make(
       config.task, data_dir=config.task.get("data_dir") or str(workdir / "data"),
       seed=config.seed, tokenizer=_tokenizer_directory(config)))
+  if jax.process_index() == 0:  # after every process has checked the previous one
+    checkpoints.write_atomically(workdir / "config.json", config_json)
   lengths = {split: tasks.split_lengths(task, split) for split in task.sources}  # read once
   data_counts = tasks.check_data(task, lengths=lengths,
                                  max_dropped_fraction=config.task.get("max_dropped_fraction", 0.1))
@@ -258,8 +266,9 @@ def _process_0_first(make: Callable):
   the others (which then find what process 0 wrote)."""
   first = jax.process_index() == 0
   result = make() if first else None
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices("jaxcredit: process 0 done")
+  # The coordination service's barrier, not a device collective: its timeout is ours.
+  ocp.multihost.get_barrier_sync_fn()(key="jaxcredit: process 0 done",
+                                      timeout_ms=PREPARATION_TIMEOUT_S * 1000)
   return result if first else make()
 
 

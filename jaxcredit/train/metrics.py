@@ -7,6 +7,8 @@ import pathlib
 
 from tensorboardX import SummaryWriter
 
+from jaxcredit.train import checkpoints
+
 
 class MetricsWriter:
   """Appends one JSON object per line to workdir/metrics.jsonl (always with
@@ -37,9 +39,7 @@ class MetricsWriter:
     kept_lines = [
         line for line in _complete_lines(self.path) if json.loads(line)["step"] <= resume_step
     ]
-    partial = self.path.with_suffix(".tmp")
-    partial.write_text("".join(kept_lines))
-    partial.replace(self.path)
+    checkpoints.write_atomically(self.path, "".join(kept_lines))
 
   def write(self, step: int, metrics: dict) -> None:
     """Appends one line; a NaN or infinite value is written as null (strict JSON)."""
