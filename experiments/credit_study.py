@@ -124,7 +124,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     key_token.task.train_size, key_token.task.test_size = 64, 9
     for train in (key_token, arithmetic):
       train.model.overrides = {"n_layers": 1, "d_model": 32, "n_heads": 2, "n_kv_heads": 2, "d_ff": 64}
-      train.rl.steps, train.rl.prompts_per_step, train.rl.group_size, train.rl.eval_every = 6, 4, 4, 3
+      train.rl.steps, train.rl.prompts_per_step, train.rl.group_size, train.rl.eval_every = 4, 4, 4, 2
       train.rl.learning_rate = 3e-3
     arithmetic.task.train_size, arithmetic.task.test_size = 64, 16
     arithmetic.sft.max_steps, arithmetic.sft.batch_size, arithmetic.sft.eval_every = 4, 16, 2
@@ -133,7 +133,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.tasks.arithmetic.estimators = ["grpo"]
     config.seeds = [0]
     config.score_at = [0.0, 1.0]
-    config.mc_check_k, config.mc_check_rows, config.bootstrap, config.resamples = 64, 16, 1000, 2
+    config.mc_check_k, config.mc_check_rows, config.bootstrap, config.resamples = 32, 8, 1000, 2
   elif preset == "full":
     key_token.model.overrides = {"n_layers": 4, "d_model": 256, "n_heads": 8, "n_kv_heads": 8, "d_ff": 1024}
     key_token.task.options = {**key_token.task.options, "length": 64, "n_decisive": 4}

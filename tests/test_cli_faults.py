@@ -322,6 +322,19 @@ def test_sigterm_on_a_2x2x2_mesh_saves_and_resumes_exactly(uninterrupted, tmp_pa
   _assert_resumed_like(tmp_path, uninterrupted("2x2x2"), after=-1)
 
 
+def test_a_2x2x2_mesh_trains_like_one_device(uninterrupted):
+  """(data, fsdp, sequence, model) = (2, 2, 1, 2) gives one device's metrics (within 1e-4: sharded
+  reductions change the summation order)."""
+  import numpy as np
+
+  train = lambda workdir: [line for line in _metrics(workdir) if "train/loss" in line]
+  want, got = train(uninterrupted("1")), train(uninterrupted("2x2x2"))
+  assert [line["step"] for line in got] == [line["step"] for line in want] and len(want) == 4
+  for a, b in zip(want, got):
+    for key in ("train/reward_mean", "train/loss", "train/kl", "train/entropy", "train/grad_norm"):
+      np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-4, err_msg=f"{key} at {a['step']}")
+
+
 @pytest.mark.parametrize("written,resumed,message", [
     ("8", "1", "Checkpoint 2 was written on 8 devices (data=8); resuming on 1 device."),
     ("1", "2x2x2", "Checkpoint 2 was written on 1 device; resuming on 8 devices (data=2, fsdp=2, model=2)."),

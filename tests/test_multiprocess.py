@@ -38,7 +38,9 @@ def _two_processes(workdir, env, *overrides):
                    f"--config.mesh.coordinator_address=localhost:{port}",
                    "--config.mesh.num_processes=2", f"--config.mesh.process_id={i}"),
           stdout=stdout, stderr=stderr, text=True, cwd=ROOT,
-          env={**env, "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}))
+          env={**env, "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+               # one compilation cache per process: none reads an entry another is writing
+               "JAX_COMPILATION_CACHE_DIR": f"{env['JAX_COMPILATION_CACHE_DIR']}-process{i}"}))
   codes = [p.wait(timeout=600) for p in processes]
   return [(code, out.read_text(), err.read_text()) for code, (out, err) in zip(codes, logs)]
 

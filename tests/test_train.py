@@ -56,29 +56,6 @@ def _train_lines(workdir):
   return [line for line in _metrics(workdir) if "train/reward_mean" in line]
 
 
-def test_killed_run_resumes_to_the_same_result(tmp_path, cli_env):
-  import signal
-
-  reference = subprocess.run(_command(tmp_path / "ref"), capture_output=True, text=True, cwd=ROOT,
-                             timeout=600, check=False, env=cli_env)
-  assert reference.returncode == 0, reference.stderr[-3000:]
-  killed = subprocess.Popen(_command(tmp_path / "run"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT, env=cli_env)
-  _wait_for_checkpoint(tmp_path / "run", 3, killed)
-  killed.send_signal(signal.SIGKILL)
-  killed.wait()
-  resumed = subprocess.run(_command(tmp_path / "run"), capture_output=True, text=True, cwd=ROOT,
-                           timeout=600, check=False, env=cli_env)
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert "Resuming RL at step" in resumed.stdout
-  want, got = _train_lines(tmp_path / "ref"), _train_lines(tmp_path / "run")
-  assert [line["step"] for line in got] == [line["step"] for line in want]
-  for a, b in zip(want, got):
-    for key in ("train/reward_mean", "train/loss", "train/grad_norm"):
-      assert abs(a[key] - b[key]) < 1e-5, (key, a["step"], a[key], b[key])
-  assert abs(want[-1]["eval/accuracy"] - got[-1]["eval/accuracy"]) < 1e-6
-
-
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, cli_env):
   import signal
 
@@ -141,9 +118,9 @@ def test_every_experiment_builds_its_advantage_and_objective():
 # test_gsm8k_train).
 SHIPPED = sorted(p.stem for p in (ROOT / "experiments").glob("*.py")
                  if p.stem not in ("credit_study", "gsm8k_grpo"))
-SMALL = [
-    "--config.task.train_size=64", "--config.task.test_size=8", "--config.sft.max_steps=2",
-    "--config.sft.batch_size=8", "--config.sft.eval_every=2", "--config.rl.steps=2",
+SMALL = [  # no SFT (test_multiprocess trains from SFT) but for countdown's noisy demonstrations
+    "--config.task.train_size=64", "--config.task.test_size=8", "--config.sft.max_steps=0",
+    "--config.rl.steps=2",
     "--config.rl.prompts_per_step=4", "--config.rl.group_size=4", "--config.rl.eval_every=2",
 ]
 
@@ -157,7 +134,8 @@ def test_the_shipped_configs_are_the_documented_ones():
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
   export = ["--config.export.hf=True"] if name == "quickstart" else []
-  result = _run(tmp_path, *SMALL, *export, config=name, env=cli_env)
+  sft = ["--config.sft.max_steps=2", "--config.sft.batch_size=8"] if name == "countdown_grpo" else []
+  result = _run(tmp_path, *SMALL, *export, *sft, config=name, env=cli_env)
   assert result.returncode == 0, result.stderr[-3000:]
   train = _train_lines(tmp_path)
   assert len(train) == 2 and all(math.isfinite(line["train/loss"]) for line in train)
@@ -182,24 +160,10 @@ def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
     assert abs(train[0]["train/kl_reward_penalty"]) < 1e-6 and train[1]["train/kl_reward_penalty"] != 0.0
   if name == "credit_mix":  # PRIME's implicit PRM is trained in the rollout hook
     assert "train/hook/prm_loss" in train[-1]
-
-
-def test_eight_devices_match_one_device(tmp_path, cli_env):
-  """A few SFT + RL steps on a (2, 2, 1, 2) mesh of forced CPU devices give the same
-  metrics as one device (tolerance 1e-4: sharded reductions change summation order)."""
-  base = [*SMOKE[:-2], "--config.rl.steps=3", "--config.rl.eval_every=3"]
-  single = subprocess.run([*_command(tmp_path / "one")[:7], *base], capture_output=True, text=True,
-                          cwd=ROOT, timeout=600, check=False, env=cli_env)
-  assert single.returncode == 0, single.stderr[-3000:]
-  env = {**cli_env, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-  multi = subprocess.run([*_command(tmp_path / "eight")[:7], *base, "--config.mesh.shape=(2,2,1,2)"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=900, check=False, env=env)
-  assert multi.returncode == 0, multi.stderr[-3000:]
-  want, got = _train_lines(tmp_path / "one"), _train_lines(tmp_path / "eight")
-  assert len(want) == len(got) == 3
-  for a, b in zip(want, got):
-    for key in ("train/reward_mean", "train/loss", "train/kl", "train/entropy"):
-      assert abs(a[key] - b[key]) < 1e-4, (key, a[key], b[key])
+  if name == "ppo_gae":  # metrics are the last of four updates: the policy has moved, not far
+    assert 0 < abs(train[0]["train/policy/ratio_mean"] - 1.0) < 0.2
+    assert train[0]["train/critic/mse"] > 0 and train[0]["train/critic/grad_norm"] > 0
+    assert "train/critic/value_mean" in train[1]
 
 
 KEY_TOKEN = [
@@ -213,18 +177,6 @@ def _run(workdir, *overrides, config="quickstart", env=None):
   command = [sys.executable, "-m", "jaxcredit.train", "--config", str(ROOT / f"experiments/{config}.py"),
              "--workdir", str(workdir), *overrides]
   return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600, check=False, env=env)
-
-
-def test_ppo_gae_trains_a_critic_on_key_token_with_minibatches(tmp_path):
-  result = _run(tmp_path, *KEY_TOKEN, "--config.rl.steps=2", "--config.rl.eval_every=2",
-                "--config.rl.minibatches=2", config="ppo_gae")
-  assert result.returncode == 0, result.stderr[-3000:]
-  train = _train_lines(tmp_path)
-  assert len(train) == 2
-  # Metrics are the last of four updates: the policy has moved, but not far.
-  assert 0 < abs(train[0]["train/policy/ratio_mean"] - 1.0) < 0.2
-  assert train[0]["train/critic/mse"] > 0 and train[0]["train/critic/grad_norm"] > 0
-  assert "train/critic/value_mean" in train[1]
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):

@@ -14,7 +14,6 @@ left out here (token presence only).
 """
 
 import numpy as np
-from scipy import stats
 
 
 def _entropy(p: np.ndarray) -> np.ndarray:
@@ -31,6 +30,8 @@ def key_token_table(present: np.ndarray, correct: np.ndarray) -> dict[str, float
   n = a + b + c + d
   if a + c == 0 or b + d == 0:
     return {"F": 0.0, "IG": 0.0, "h": 0.0, "kappa": 0.0}
+  from scipy import stats  # noqa: PLC0415 - 0.7 s to import; every CLI start would pay it
+
   p = stats.fisher_exact([[a, b], [c, d]]).pvalue
   fisher = 0.0 if p >= 1.0 else float(np.exp(-2 * p))
   with_v, without_v = a + b, c + d
