@@ -25,50 +25,12 @@ def test_metrics_writer_keeps_an_earlier_run(tmp_path):
   assert json.loads((tmp_path / "metrics.jsonl").read_text())["eval/accuracy"] == 0.25
 
 
-SMOKE = [
-    "--config.task.train_size=200", "--config.task.test_size=16",
-    "--config.sft.max_steps=10", "--config.sft.batch_size=16", "--config.sft.eval_every=5",
-    "--config.rl.steps=8", "--config.rl.prompts_per_step=4", "--config.rl.group_size=4",
-    "--config.rl.eval_every=4", "--config.checkpoint.every=1",
-]
-
-
-def _command(workdir):
-  return [sys.executable, "-m", "jaxcredit.train", "--config", str(ROOT / "experiments/quickstart.py"),
-          "--workdir", str(workdir), *SMOKE]
-
-
-def _wait_for_checkpoint(workdir, step, process, timeout=300):
-  import time
-
-  deadline = time.time() + timeout
-  while not (workdir / "checkpoints" / str(step)).exists():
-    assert process.poll() is None, process.stderr.read()[-3000:]
-    assert time.time() < deadline, "no checkpoint appeared"
-    time.sleep(0.05)
-
-
 def _metrics(workdir):
   return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
 def _train_lines(workdir):
   return [line for line in _metrics(workdir) if "train/reward_mean" in line]
-
-
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, cli_env):
-  import signal
-
-  process = subprocess.Popen(_command(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, cwd=ROOT, env=cli_env)
-  _wait_for_checkpoint(tmp_path, 1, process)
-  process.send_signal(signal.SIGTERM)
-  stdout, stderr = process.communicate(timeout=300)
-  assert process.returncode == 0, stderr[-3000:]
-  if "SIGTERM: saved a checkpoint" not in stdout:  # the run may have finished first
-    assert len(_train_lines(tmp_path)) == 8
-  steps = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
-  assert steps and max(steps) >= 1
 
 
 def test_plot_cli(tmp_path):
@@ -135,7 +97,9 @@ def test_the_shipped_configs_are_the_documented_ones():
 def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
   export = ["--config.export.hf=True"] if name == "quickstart" else []
   sft = ["--config.sft.max_steps=2", "--config.sft.batch_size=8"] if name == "countdown_grpo" else []
-  result = _run(tmp_path, *SMALL, *export, *sft, config=name, env=cli_env)
+  # Without SFT every quickstart response is wrong; a truncated one scoring -1 mixes the rewards.
+  mixed = ["--config.task.truncated_reward=-1.0"] if name == "ppo_gae" else []
+  result = _run(tmp_path, *SMALL, *export, *sft, *mixed, config=name, env=cli_env)
   assert result.returncode == 0, result.stderr[-3000:]
   train = _train_lines(tmp_path)
   assert len(train) == 2 and all(math.isfinite(line["train/loss"]) for line in train)
