@@ -120,15 +120,18 @@ def test_cached_decode_equals_full_forward(variant):
   model = _perturbed_model(config, 4)
   tokens, positions, token_valid = _left_padded_batch(np.random.default_rng(5), 2, 10, config.vocab_size)
   full = model(tokens, positions=positions, token_valid=token_valid)
-  cache = KVCache.zeros(config, 2, 12)
-  prefill, cache = model.decode(tokens[:, :6], positions[:, :6], token_valid[:, :6], cache, 0)
-  outs = [prefill.logits]
-  for s in range(6, 10):
-    step, cache = model.decode(tokens[:, s:s + 1], positions[:, s:s + 1], token_valid[:, s:s + 1], cache, s)
-    outs.append(step.logits)
-  cached = np.concatenate(outs, 1)
-  np.testing.assert_allclose(np.where(token_valid[..., None], cached, 0),
-                             np.where(token_valid[..., None], full.logits, 0), atol=2e-4)
+  for layers in (None, model.unstacked_layers()):  # stacked layers sliced per call, or once
+    cache = KVCache.zeros(config, 2, 12)
+    prefill, cache = model.decode(tokens[:, :6], positions[:, :6], token_valid[:, :6], cache, 0,
+                                  layers=layers)
+    outs = [prefill.logits]
+    for s in range(6, 10):
+      step, cache = model.decode(tokens[:, s:s + 1], positions[:, s:s + 1], token_valid[:, s:s + 1], cache, s,
+                                 layers=layers)
+      outs.append(step.logits)
+    cached = np.concatenate(outs, 1)
+    np.testing.assert_allclose(np.where(token_valid[..., None], cached, 0),
+                               np.where(token_valid[..., None], full.logits, 0), atol=2e-4)
 
 
 def test_bf16_compute_is_close_to_float32():

@@ -263,26 +263,37 @@ class Transformer(nnx.Module):
       slot: Array | int,
       *,
       logits: bool = True,
+      layers: list | None = None,
   ) -> tuple[ModelOutput, KVCache]:
     """Forward T new tokens written at cache slots [slot, slot + T).
 
     Each attends to the cache's valid slots up to its own. Returns the
     outputs for these tokens and the updated cache. A cache of more slots than
-    config.max_position is refused (ValueError).
+    config.max_position is refused (ValueError). layers: `unstacked_layers()`,
+    taken once before a decode loop, or None to slice the stacked layers here.
     """
     b, t = tokens.shape
     self.config.check_length(cache.key_valid.shape[1])
     key_valid = jax.lax.dynamic_update_slice(cache.key_valid, token_valid, (0, slot))
     query_slots = slot + jnp.arange(t)
     hidden, (keys, values) = self._blocks(self.embed_tokens(tokens), positions, query_slots,
-                                          key_valid, (cache.keys, cache.values), slot)
+                                          key_valid, (cache.keys, cache.values), slot, layers)
     return self._outputs(self.norm(hidden), logits), KVCache(keys, values, key_valid)
 
-  def _blocks(self, hidden, positions, query_slots, key_valid, cache, slot):
+  def unstacked_layers(self) -> list:
+    """Each layer's parameters as arrays of their own. XLA:CPU copies a slice of
+    the stacked weights before using it, so a decode loop that slices them at
+    every token moves every weight three times per token; slicing once before
+    the loop leaves one read."""
+    stacked = nnx.state(self.layers)
+    return [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(self.config.n_layers)]
+
+  def _blocks(self, hidden, positions, query_slots, key_valid, cache, slot, unstacked=None):
     """Every block in turn: `lax.scan` over the stacked layers (compile time
-    independent of depth). Without a cache, each block runs under
-    `jax.checkpoint` with the config's remat policy (`REMAT_POLICIES`), so the
-    backward pass keeps only what the policy saves of one block at a time.
+    independent of depth), or a loop over `unstacked` (`unstacked_layers`).
+    Without a cache, each block runs under `jax.checkpoint` with the config's
+    remat policy (`REMAT_POLICIES`), so the backward pass keeps only what the
+    policy saves of one block at a time.
     cache: None or (keys, values) [n_layers, B, S, KV, hd], updated in place."""
     graphdef, layers = nnx.split(self.layers)
 
@@ -294,6 +305,10 @@ class Transformer(nnx.Module):
                                                         key_valid, layer_cache, slot)
       return (hidden, None if cache is None else layer_cache[:2]), None
 
+    if unstacked is not None:
+      for index, params in enumerate(unstacked):
+        (hidden, cache), _ = block((hidden, cache), (params, index))
+      return hidden, cache
     policy = REMAT_POLICIES[self.config.remat]
     if cache is None and policy is not None:
       block = jax.checkpoint(block, policy=policy, prevent_cse=False)

@@ -159,7 +159,9 @@ def _generate_cached(graphdef, state, prompts, prompt_valid, key, allowed, hidde
   batch, prompt_len = prompts.shape
   steps = settings.max_new_tokens
   cache = KVCache.zeros(model.config, batch, prompt_len + steps)
-  prefill, cache = model.decode(prompts, prompt_positions(prompt_valid), prompt_valid, cache, 0)
+  layers = model.unstacked_layers()  # once, outside the loop
+  prefill, cache = model.decode(prompts, prompt_positions(prompt_valid), prompt_valid, cache, 0,
+                                layers=layers)
   buffers = (jnp.full((steps, batch), settings.pad_id, jnp.int32),
              jnp.zeros((steps, batch), jnp.float32), jnp.zeros((steps, batch), jnp.float32),
              jnp.zeros((steps, batch), bool))
@@ -174,7 +176,7 @@ def _generate_cached(graphdef, state, prompts, prompt_valid, key, allowed, hidde
                                                          allowed[i], settings)
     fed = jnp.where(hidden[i], settings.hidden_token, token)
     out, cache = model.decode(fed[:, None], position[:, None], active[:, None], cache,
-                              prompt_len + i)
+                              prompt_len + i, layers=layers)
     buffers = tuple(b.at[i].set(v.astype(b.dtype))
                     for b, v in zip(buffers, (token, logp, entropy, active)))
     return i + 1, cache, out.logits[:, 0], done, position + 1, buffers
