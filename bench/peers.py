@@ -45,7 +45,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from bench.common import machine, table
+from bench.common import machine, table, time_call
+from bench.logprobs import forward_backward
 from jaxcredit import estimators, logprobs, losses
 from jaxcredit.models import Transformer, preset, save_hf_checkpoint
 from jaxcredit.rollout import Rollout
@@ -72,14 +73,7 @@ def _timed(fn, repeats: int) -> tuple[float, float]:
   """(seconds of the first call, median seconds of `repeats` calls after a warm-up)."""
   start = time.perf_counter()
   jax.block_until_ready(fn())
-  first = time.perf_counter() - start
-  jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return first, float(np.median(times))
+  return time.perf_counter() - start, time_call(fn, repeats=repeats)
 
 
 class IdTokenizer:
@@ -241,20 +235,20 @@ def logprob_rows(*, repeats: int, batch: int = 4, length: int = 1024, vocab: int
   embedder = nnx.split(tunix_qwen2.Embedder(vocab_size=vocab, embed_dim=dim, rngs=nnx.Rngs(0),
                                              dtype=jnp.float32, param_dtype=jnp.float32))
 
-  def ours(h, e):
-    return logprobs.chunked_token_logprobs(h, e, tokens, chunk_size=chunk, vocab_major=True)
+  def ours(h, e, tok):
+    return logprobs.chunked_token_logprobs(h, e, tok, chunk_size=chunk, vocab_major=True)
 
-  def theirs(h, e):
+  def theirs(h, e, tok):
     graphdef, state = embedder
     decode = nnx.merge(graphdef, jax.tree.map(lambda _: e, state)).decode  # its one leaf := e
-    return tunix_common.selective_log_softmax(decode(h), tokens)
+    return tunix_common.selective_log_softmax(decode(h), tok)
 
   out = []
   for name, fn in (("jaxcredit chunked_token_logprobs", ours),
                    ("tunix selective_log_softmax(Embedder.decode)", theirs)):
-    step = jax.jit(jax.value_and_grad(lambda h, e: jnp.sum(weights * fn(h, e)), argnums=(0, 1)))
-    temp = step.lower(hidden, table_).compile().memory_analysis().temp_size_in_bytes
-    first, seconds = _timed(lambda: step(hidden, table_), repeats)
+    step = jax.jit(forward_backward(fn, weights))
+    temp = step.lower(hidden, table_, tokens).compile().memory_analysis().temp_size_in_bytes
+    first, seconds = _timed(lambda: step(hidden, table_, tokens), repeats)
     out.append([name, f"{temp / 2**30:.2f}", f"{1e3 * seconds:,.0f}", f"{first:.1f}"])
   return out
 

@@ -329,16 +329,17 @@ def save_hf_checkpoint(model: Transformer, path: str | pathlib.Path, *,
     if not found:
       raise ValueError(f"No tokenizer files ({', '.join(TOKENIZER_FILES)}) in {source}.")
     files.update({name: (source / name).read_bytes() for name in found})
-  _write_atomically(directory / "model.safetensors",
+  write_atomically(directory / "model.safetensors",
                     lambda temporary: save_file(tensors, str(temporary), metadata={"format": "pt"}))
   for name, content in files.items():
     data = content if isinstance(content, bytes) else content.encode()
-    _write_atomically(directory / name, lambda temporary: temporary.write_bytes(data))
+    write_atomically(directory / name, lambda temporary: temporary.write_bytes(data))
   return directory
 
 
-def _write_atomically(path: pathlib.Path, write) -> None:
-  """write(temporary path) then rename it to `path`."""
+def write_atomically(path: pathlib.Path, write) -> None:
+  """write(temporary path) then rename it to `path`: a reader (or a crash) sees
+  the old file or the new one, never a part."""
   temporary = path.with_name(f".{path.name}.tmp")
   write(temporary)
   os.replace(temporary, path)

@@ -55,14 +55,6 @@ def check_writable(directory: pathlib.Path) -> None:
         f"{directory} is not writable ({root_cause(error)}); nothing was run.") from None
 
 
-def write_atomically(path: pathlib.Path, text: str) -> None:
-  """Writes `text` to `path` through a temporary file and a rename: a reader (or
-  a crash) sees the old content or the new, never a part."""
-  partial = path.with_name(path.name + ".tmp")
-  partial.write_text(text)
-  partial.replace(path)
-
-
 @contextlib.contextmanager
 def _reported(what: str):
   """Re-raises any failure inside as CheckpointError(`what` failed: root cause)."""

@@ -226,7 +226,7 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
       config.task, data_dir=config.task.get("data_dir") or str(workdir / "data"),
       seed=config.seed, tokenizer=_tokenizer_directory(config)))
   if jax.process_index() == 0:  # after every process has checked the previous one
-    checkpoints.write_atomically(workdir / "config.json", config_json)
+    checkpoint.write_atomically(workdir / "config.json", lambda tmp: tmp.write_text(config_json))
   lengths = {split: tasks.split_lengths(task, split) for split in task.sources}  # read once
   data_counts = tasks.check_data(task, lengths=lengths,
                                  max_dropped_fraction=config.task.get("max_dropped_fraction", 0.1))

@@ -7,7 +7,7 @@ import pathlib
 
 from tensorboardX import SummaryWriter
 
-from jaxcredit.train import checkpoints
+from jaxcredit.models import checkpoint
 
 
 class MetricsWriter:
@@ -39,7 +39,7 @@ class MetricsWriter:
     kept_lines = [
         line for line in _complete_lines(self.path) if json.loads(line)["step"] <= resume_step
     ]
-    checkpoints.write_atomically(self.path, "".join(kept_lines))
+    checkpoint.write_atomically(self.path, lambda tmp: tmp.write_text("".join(kept_lines)))
 
   def write(self, step: int, metrics: dict) -> None:
     """Appends one line; a NaN or infinite value is written as null (strict JSON)."""
