@@ -35,6 +35,22 @@ def time_call(fn, *args, repeats: int = 10, warmup: int = 1) -> float:
   return float(np.median(times))
 
 
+def time_calls(fns: dict, *args, repeats: int = 10, warmup: int = 1) -> dict[str, float]:
+  """Median wall time in seconds of each fn(*args), the calls taken in turn
+  (round robin), so that a slow spell of a shared machine costs every
+  implementation alike and the ratios between them stay fair."""
+  for fn in fns.values():
+    for _ in range(warmup):
+      jax.block_until_ready(fn(*args))
+  times = {name: [] for name in fns}
+  for _ in range(repeats):
+    for name, fn in fns.items():
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      times[name].append(time.perf_counter() - start)
+  return {name: float(np.median(t)) for name, t in times.items()}
+
+
 def table(header: list[str], rows: list[list]) -> str:
   """A markdown table."""
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

@@ -1,6 +1,8 @@
 """GAE speed: every jaxcredit path vs rlax, a tunix-style scan and a per-step loop.
 
-python bench/estimators.py [--repeats N]
+python -m bench.estimators [--repeats N]
+
+The jitted implementations are timed in turn (round robin) in the same run.
 
 Inputs are [B, T] float32 rewards and values with ragged response masks
 (prompt prefix, random response end, 10% interior holes). jaxcredit skips
@@ -17,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench.common import machine, table, time_call
+from bench.common import machine, table, time_call, time_calls
 from jaxcredit import estimators
 
 GAMMA, LAM = 1.0, 0.95
@@ -29,7 +31,8 @@ def make_inputs(batch: int, length: int, seed: int = 0):
   starts = rng.integers(0, length // 8, batch)
   ends = rng.integers(length // 2, length + 1, batch)
   positions = np.arange(length)[None]
-  mask = (positions >= starts[:, None]) & (positions < ends[:, None]) & (rng.random((batch, length)) > 0.1)
+  holes = rng.random((batch, length)) < 0.1
+  mask = (positions >= starts[:, None]) & (positions < ends[:, None]) & ~holes
   rewards = rng.normal(size=(batch, length)).astype(np.float32)
   values = rng.normal(size=(batch, length)).astype(np.float32)
   return rewards, values, mask
@@ -116,14 +119,15 @@ def main():
   rows = []
   for batch, length in SHAPES:
     r, v, m = (jnp.asarray(x) for x in make_inputs(batch, length))
-    times = {f"jaxcredit {meth}": time_call(jaxcredit_gae(meth), r, v, m, repeats=args.repeats)
-             for meth in estimators.GAE_METHODS}
+    jitted = {f"jaxcredit {meth}": jaxcredit_gae(meth) for meth in estimators.GAE_METHODS}
     if rlax_fn is not None:
-      times["rlax vmapped"] = time_call(rlax_fn, r, v, m, repeats=args.repeats)
-    times["tunix-style scan"] = time_call(tunix_style_gae(), r, v, m, repeats=args.repeats)
+      jitted["rlax vmapped"] = rlax_fn
+    jitted["tunix-style scan"] = tunix_style_gae()
+    jitted["floor"] = bandwidth_floor()
+    times = time_calls(jitted, r, v, m, repeats=args.repeats)
+    floor = times.pop("floor")
     np_inputs = [np.asarray(x) for x in (r, v, m)]
     times[loop_name] = time_call(loop_fn, *np_inputs, repeats=1, warmup=0)
-    floor = time_call(bandwidth_floor(), r, v, m, repeats=args.repeats)
     ours = times[f"jaxcredit {default}"]
     row = [f"[{batch}, {length}]"] + [f"{t * 1e3:.2f}" for t in times.values()]
     row += [f"{floor * 1e3:.2f}", f"{floor / ours:.0%}"]
