@@ -8,7 +8,7 @@ from flax import nnx
 
 from jaxcredit.logprobs import token_entropy, token_logprobs
 from jaxcredit.models import Transformer, preset
-from jaxcredit.sampling import Actions, generate, left_align
+from jaxcredit.sampling import Actions, generate, inverse_cdf_sample, left_align, sample_token
 from tests.conftest import readme_block
 
 CONFIG = preset("tiny", vocab_size=32)
@@ -207,3 +207,67 @@ def test_per_row_action_masks_and_hidden_steps_equal_row_by_row_sampling(model):
                        temperature=0.0, actions=Actions(allowed[row], hidden[row], 4), use_cache=use_cache)
       np.testing.assert_array_equal(together.tokens[row], alone.tokens[0])
       np.testing.assert_allclose(together.logprobs[row], alone.logprobs[0], atol=1e-5)
+
+
+def _reference_inverse_cdf(probs, u_block, u_token, block):
+  """float64 NumPy: the block by searchsorted on cumulative block masses, then
+  the entry within it by searchsorted on the block's own cumulative sums."""
+  probs = np.asarray(probs, np.float64)
+  out = []
+  for row, u1, u2 in zip(probs, u_block, u_token):
+    row = np.pad(row, (0, -len(row) % block)).reshape(-1, block)
+    masses = np.cumsum(row.sum(1))
+    j = min(np.searchsorted(masses, u1 * masses[-1], side="right"), np.flatnonzero(row.sum(1))[-1])
+    within = np.cumsum(row[j])
+    i = min(np.searchsorted(within, u2 * within[-1], side="right"), np.flatnonzero(row[j])[-1])
+    out.append(j * block + i)
+  return np.asarray(out)
+
+
+@pytest.mark.parametrize("vocab,block", [(50, 8), (300, 128), (7, 128)])
+def test_inverse_cdf_sample_matches_a_float64_reference(vocab, block):
+  rng = np.random.default_rng(vocab)
+  probs = rng.random((64, vocab)) * (rng.random((64, vocab)) < 0.6)  # zeros
+  probs[::2, block:2 * block] = 0.0  # a whole block without mass (where V has a second block)
+  probs[:, 0] += 1e-3  # every row has mass
+  u = rng.random((2, 64))
+  u[:, :4] = [[0.0, 1.0 - 2**-24, 0.5, 1.0 - 2**-24], [0.0, 1.0 - 2**-24, 1.0 - 2**-24, 0.0]]
+  probs32, u32 = jnp.asarray(probs, jnp.float32), jnp.asarray(u, jnp.float32)
+  got = jax.jit(inverse_cdf_sample, static_argnames="block")(probs32, u32[0], u32[1], block=block)
+  np.testing.assert_array_equal(got, _reference_inverse_cdf(probs, u[0], u[1], block))
+  assert (probs[np.arange(64), np.asarray(got)] > 0).all()  # never a zero-probability entry
+
+
+def test_inverse_cdf_sample_never_draws_zero_probability_at_the_edges():
+  probs = jnp.zeros((3, 300)).at[0, 7].set(1.0).at[1, 299].set(1e-30).at[1, 0].set(1.0)
+  probs = probs.at[2, 128:256].set(1.0)  # only the middle block
+  for u in (0.0, 0.999, 1.0 - 2**-24, 1.0):  # 1.0 is outside [0, 1) but must still be safe
+    got = inverse_cdf_sample(probs, jnp.full(3, u), jnp.full(3, u))
+    assert (np.asarray(probs)[np.arange(3), np.asarray(got)] > 0).all(), u
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p",
+                         [(1.0, None, None), (0.7, 5, None), (1.3, None, 0.8)])
+def test_sample_token_draws_the_truncated_softmax(temperature, top_k, top_p):
+  """Frequencies of 200k draws against the float64 target distribution (z-scores < 5)."""
+  rng = np.random.default_rng(1)
+  logits = rng.normal(size=300) * 2
+  logits[rng.random(300) < 0.3] = -np.inf  # banned tokens
+  z = logits / temperature
+  p = np.exp(z - z[np.isfinite(z)].max())
+  order = np.argsort(-p)
+  if top_k is not None:
+    p[order[top_k:]] = 0
+  if top_p is not None:
+    mass = np.cumsum(p[order]) / p.sum()
+    p[order[np.searchsorted(mass, top_p) + 1:]] = 0
+  p /= p.sum()
+  draws, batch = 200_000, 1000
+  sample = jax.jit(jax.vmap(lambda k: sample_token(
+      jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (batch, 300)), k, temperature=temperature,
+      top_k=top_k, top_p=top_p)))
+  tokens = np.asarray(sample(jax.random.split(jax.random.key(0), draws // batch))).ravel()
+  counts = np.bincount(tokens, minlength=300)
+  assert counts[p == 0].sum() == 0
+  z_scores = (counts - draws * p) / np.sqrt(draws * p * (1 - p) + 1e-12)
+  assert np.abs(z_scores[p > 0]).max() < 5, np.abs(z_scores).max()

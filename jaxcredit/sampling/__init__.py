@@ -1,8 +1,8 @@
 """Generation with a KV cache, returning behaviour log-probs and entropies; typed actions."""
 
 from jaxcredit.sampling.actions import Actions, mask_logits, observed_inputs
-from jaxcredit.sampling.sampler import (SampleOutput, generate, left_align, prompt_positions,
-                                       sample_token)
+from jaxcredit.sampling.sampler import (SampleOutput, generate, inverse_cdf_sample, left_align,
+                                       prompt_positions, sample_token)
 
-__all__ = ["Actions", "SampleOutput", "generate", "left_align", "mask_logits", "observed_inputs",
-           "prompt_positions", "sample_token"]
+__all__ = ["Actions", "SampleOutput", "generate", "inverse_cdf_sample", "left_align", "mask_logits",
+           "observed_inputs", "prompt_positions", "sample_token"]
