@@ -25,7 +25,11 @@ logits on the same tokens are compared before anything is timed.
    64, responses of 64-256 tokens): jaxcredit's learner step (GRPO advantages,
    PPO-clip, Adam) vs tunix's `grpo_loss_fn` under `nnx.value_and_grad` and
    `optimizer.update`, exactly as tunix's trainer runs it (beta = 0: no
-   reference model in either). ms per step and XLA's compiled temporaries.
+   reference model in either). ms per step and XLA's compiled temporaries;
+   jaxcredit both with its default scan over layers and with them unrolled
+   (`scan_layers=False`, as tunix's models loop over their layers). XLA's
+   cost analysis counts a loop body once, so the GFLOP column undercounts
+   programs with loops (jaxcredit's chunked head, its scan over layers).
 3. Per-token log-probs, forward + backward, V = 152064, D = 896, B*T = 4096:
    jaxcredit `chunked_token_logprobs` vs tunix's path, the full logits of
    `Embedder.decode` through `common.selective_log_softmax` (tunix 0.1.7 has
@@ -186,12 +190,16 @@ def grpo_rows(ours, theirs, config, *, prompts: int, group: int, prompt: int, re
                     token_valid=valid)
   optimizer = lambda model: nnx.Optimizer(model, optax.adam(1e-6), wrt=nnx.Param)
 
-  ours_modules = {"model": ours, "optimizer": optimizer(ours)}
-  graphdef, state = nnx.split(ours_modules)
-  ours_step = learner.make_step(graphdef, advantage=estimators.from_config("grpo"),
-                                objective=losses.from_config({"policy": {"name": "ppo_clip"}}),
-                                settings=learner.Settings())
-  ours_args = (state, rollout, None, 0)
+  def jaxcredit_step(model):
+    graphdef, state = nnx.split({"model": model, "optimizer": optimizer(model)})
+    step = learner.make_step(graphdef, advantage=estimators.from_config("grpo"),
+                             objective=losses.from_config({"policy": {"name": "ppo_clip"}}),
+                             settings=learner.Settings())
+    return step, (state, rollout, None, 0)
+
+  # The same weights with the layers unrolled (tunix's models loop over their layers).
+  unrolled = Transformer(config.replace(scan_layers=False), rngs=nnx.Rngs(0))
+  nnx.update(unrolled, nnx.state(ours))
 
   algo = tunix_grpo.GRPOConfig(num_generations=group, beta=0.0, epsilon=0.2)
   algo.temperature = 1.0  # as GRPOLearner sets it from the rollout config
@@ -214,8 +222,9 @@ def grpo_rows(ours, theirs, config, *, prompts: int, group: int, prompt: int, re
   out = []
   shape = (f"d={config.d_model}, {config.n_layers} layers; {prompts}x{group} rows, "
            f"prompt {prompt}, responses {response // 4}-{response}")
-  for name, step, args in (("jaxcredit", ours_step, ours_args),
-                           ("tunix", tunix_step, (their_state, example))):
+  for name, (step, args) in (("jaxcredit", jaxcredit_step(ours)),
+                             ("jaxcredit, scan_layers=False", jaxcredit_step(unrolled)),
+                             ("tunix", (tunix_step, (their_state, example)))):
     compiled = step.lower(*args).compile()
     temp = compiled.memory_analysis().temp_size_in_bytes
     flops = compiled.cost_analysis()["flops"]

@@ -172,7 +172,7 @@ def _chunked_head_bwd(head: _Head, residuals, cotangents):
   # token_logprobs).
   g_logp = jnp.where(_in_vocab(tokens, vocab), g_logp, 0.0)
 
-  def step(carry, j):
+  def step(carry, j, entropy_terms: bool):
     d_hidden, d_unembed = carry
     start = jnp.minimum(j * size, vocab - size)
     columns = start + jnp.arange(size)
@@ -182,7 +182,7 @@ def _chunked_head_bwd(head: _Head, residuals, cotangents):
     logits = _chunk_logits(hidden, weights, allowed_chunk, head)  # [B, T, Vc]
     probs = jnp.exp(logits - lse[..., None])
     d_logits = g_logp[..., None] * ((tokens[..., None] == columns) - probs)
-    if head.with_entropy:
+    if entropy_terms:
       log_probs = jnp.where(jnp.isfinite(logits), logits - lse[..., None], 0.0)
       d_logits -= g_entropy[..., None] * probs * (log_probs + entropy[..., None])
     d_logits /= head.temperature
@@ -193,8 +193,18 @@ def _chunked_head_bwd(head: _Head, residuals, cotangents):
                                                     start, vocab_axis)
     return (d_hidden, d_unembed), None
 
-  init = (jnp.zeros(hidden.shape, jnp.float32), jnp.zeros_like(unembed))
-  (d_hidden, d_unembed), _ = jax.lax.scan(step, init, jnp.arange(-(-vocab // size)))
+  def loop(entropy_terms: bool):
+    init = (jnp.zeros(hidden.shape, jnp.float32), jnp.zeros_like(unembed))
+    chunks = jnp.arange(-(-vocab // size))
+    return jax.lax.scan(functools.partial(step, entropy_terms=entropy_terms), init, chunks)[0]
+
+  if head.with_entropy:
+    # A loss without an entropy term gives the entropy a zero cotangent: the
+    # loop without its terms runs then.
+    d_hidden, d_unembed = jax.lax.cond(jnp.any(g_entropy != 0), lambda: loop(True),
+                                       lambda: loop(False))
+  else:
+    d_hidden, d_unembed = loop(False)
   return d_hidden.astype(hidden.dtype), d_unembed, None, None
 
 

@@ -152,19 +152,25 @@ def test_bad_configs_raise():
 
 
 def test_remat_takes_effect_in_the_compiled_gradient():
-  """Scanned layers under jax.checkpoint: the compiled gradient needs fewer temporaries,
-  and every policy gives the same gradient."""
+  """Scanned layers under jax.checkpoint: the compiled gradient needs fewer
+  temporaries; every policy, and the unrolled layers (scan_layers=False), give
+  the same outputs and gradient."""
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (4, 64)))
-  temps, grads = {}, {}
-  for remat in ("none", "block", "dots_saveable"):
-    model = Transformer(preset("tiny", n_layers=4, remat=remat), rngs=nnx.Rngs(0))
+  temps, grads, logits = {}, {}, {}
+  for remat, scan in [("none", True), ("block", True), ("dots_saveable", True), ("none", False)]:
+    model = Transformer(preset("tiny", n_layers=4, remat=remat, scan_layers=scan),
+                        rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(model)
     loss = lambda s: jnp.sum(jax.nn.log_softmax(nnx.merge(graphdef, s)(tokens).logits)[..., 0])
     grad = jax.jit(jax.grad(loss))
-    temps[remat] = grad.lower(state).compile().memory_analysis().temp_size_in_bytes
-    grads[remat] = grad(state)
-  assert temps["block"] < 0.6 * temps["none"], temps
-  chex.assert_trees_all_close(grads["block"], grads["none"], atol=1e-5, rtol=1e-5)
-  chex.assert_trees_all_close(grads["dots_saveable"], grads["none"], atol=1e-5, rtol=1e-5)
+    temps[remat, scan] = grad.lower(state).compile().memory_analysis().temp_size_in_bytes
+    grads[remat, scan] = grad(state)
+    logits[remat, scan] = model(tokens).logits
+  assert temps["block", True] < 0.6 * temps["none", True], temps
+  for key in grads:
+    chex.assert_trees_all_close(grads[key], grads["none", True], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(logits[key], logits["none", True], atol=1e-5, rtol=1e-5)
   with pytest.raises(ValueError, match="Unknown remat 'all'"):
     preset("tiny", remat="all")
+  with pytest.raises(ValueError, match="remat='block' needs scan_layers=True"):
+    preset("tiny", remat="block", scan_layers=False)

@@ -49,7 +49,11 @@ class TransformerConfig:
   running "chunked") and attention_block (its block size; see
   `models.attention`); remat: what the backward pass keeps of
   each block (`REMAT_POLICIES`: "none" keeps everything, "block" only its
-  input and recomputes the rest); max_position: the most slots a row may
+  input and recomputes the rest; scanned layers only); scan_layers: run the
+  stacked layers under `lax.scan` (True: compile time independent of depth)
+  or as a Python loop over per-layer slices (False: XLA:CPU runs a shallow
+  model's backward faster unrolled, without the scan's stacked activation
+  buffers; see README "Benchmarks"); max_position: the most slots a row may
   have (a checkpoint's max_position_embeddings, the positions its RoPE was
   trained for; None: unchecked) - a longer row is refused with a ValueError.
   """
@@ -73,6 +77,7 @@ class TransformerConfig:
   attention: str = "chunked"
   attention_block: int = 512
   remat: str = "none"
+  scan_layers: bool = True
   max_position: int | None = None
 
   def __post_init__(self):
@@ -89,6 +94,11 @@ class TransformerConfig:
                        f"{', '.join(IMPLEMENTATIONS)}.")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"Unknown remat {self.remat!r}; known: {', '.join(REMAT_POLICIES)}.")
+    if not self.scan_layers and self.remat != "none":
+      # Measured: unrolled, XLA:CPU schedules every recomputation early and
+      # the compiled gradient keeps as much as without remat.
+      raise ValueError(f"remat={self.remat!r} needs scan_layers=True (remat applies to "
+                       "the scanned layers).")
     if not isinstance(self.attention_block, int) or self.attention_block < 1:
       raise ValueError(f"attention_block must be a positive int, got {self.attention_block!r}.")
     if self.max_position is not None and (not isinstance(self.max_position, int)

@@ -290,10 +290,11 @@ class Transformer(nnx.Module):
 
   def _blocks(self, hidden, positions, query_slots, key_valid, cache, slot, unstacked=None):
     """Every block in turn: `lax.scan` over the stacked layers (compile time
-    independent of depth), or a loop over `unstacked` (`unstacked_layers`).
-    Without a cache, each block runs under `jax.checkpoint` with the config's
-    remat policy (`REMAT_POLICIES`), so the backward pass keeps only what the
-    policy saves of one block at a time.
+    independent of depth), or a loop over `unstacked` (`unstacked_layers`;
+    taken when config.scan_layers is False).
+    Without a cache, each scanned block runs under `jax.checkpoint` with the
+    config's remat policy (`REMAT_POLICIES`), so the backward pass keeps only
+    what the policy saves of one block at a time.
     cache: None or (keys, values) [n_layers, B, S, KV, hd], updated in place."""
     graphdef, layers = nnx.split(self.layers)
 
@@ -305,6 +306,8 @@ class Transformer(nnx.Module):
                                                         key_valid, layer_cache, slot)
       return (hidden, None if cache is None else layer_cache[:2]), None
 
+    if unstacked is None and not self.config.scan_layers:
+      unstacked = self.unstacked_layers()
     if unstacked is not None:
       for index, params in enumerate(unstacked):
         (hidden, cache), _ = block((hidden, cache), (params, index))

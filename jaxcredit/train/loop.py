@@ -314,10 +314,12 @@ def _policy(model_config, task: tasks.TrainTask, *, seed: int) -> Transformer:
   with random weights (model.checkpoint + model.random_init), or a preset
   (vocabulary sized to the task's tokenizer unless it is a pretrained one).
   model.overrides replace config fields; model.dtype (the compute dtype),
-  model.attention and model.remat set theirs."""
+  model.attention, model.remat and model.scan_layers set theirs."""
   overrides = dict(model_config.get("overrides") or {})
   overrides.update({field: model_config[field] for field in ("attention", "remat")
                     if model_config.get(field)})
+  if model_config.get("scan_layers") is not None:
+    overrides["scan_layers"] = bool(model_config.scan_layers)
   if model_config.get("dtype"):
     overrides["dtype"] = jnp.dtype(model_config.dtype)
   path = model_config.get("checkpoint")
