@@ -150,3 +150,20 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   assert result.returncode != 0
   assert "Non-finite loss" in result.stderr and "last good checkpoint is step 1" in result.stderr
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1"]
+
+
+def test_model_config_fields_reach_the_policy():
+  """model.attention, model.remat and model.scan_layers set the policy's config fields."""
+  import types
+
+  from jaxcredit.train import loop
+
+  config = load_experiment("quickstart").model
+  task = types.SimpleNamespace(pretrained_vocab=False, vocab_size=32)
+  assert loop._policy(config, task, seed=0).config.scan_layers
+  config.scan_layers, config.remat = False, "none"
+  policy = loop._policy(config, task, seed=0)
+  assert not policy.config.scan_layers and policy.config.vocab_size == 32
+  config.remat = "block"
+  with pytest.raises(ValueError, match="needs scan_layers=True"):
+    loop._policy(config, task, seed=0)
