@@ -91,8 +91,8 @@ def gae(
       gamma * lam, valid, method=method,
   )
   # returns = A + V = r + C_next. The advantages are read off the returns, so
-  # the carry has one consumer and is never written to memory (measured ~20%
-  # faster at [64, 32768] on CPU than computing both from the carry).
+  # the carry has one consumer and XLA fuses it into the returns' pass instead
+  # of writing the shifted carry to memory (one [B, T] pass fewer on CPU).
   returns = jnp.where(valid, rewards + shift_left(carry), 0.0)
   return jnp.where(valid, returns - values, 0.0), returns
 

@@ -330,7 +330,7 @@ def save_hf_checkpoint(model: Transformer, path: str | pathlib.Path, *,
       raise ValueError(f"No tokenizer files ({', '.join(TOKENIZER_FILES)}) in {source}.")
     files.update({name: (source / name).read_bytes() for name in found})
   write_atomically(directory / "model.safetensors",
-                    lambda temporary: save_file(tensors, str(temporary), metadata={"format": "pt"}))
+                   lambda temporary: save_file(tensors, str(temporary), metadata={"format": "pt"}))
   for name, content in files.items():
     data = content if isinstance(content, bytes) else content.encode()
     write_atomically(directory / name, lambda temporary: temporary.write_bytes(data))

@@ -76,7 +76,8 @@ def sample_token(logits: Array, key: Array, *, temperature: float, top_k: int | 
   and then to the smallest set of top tokens whose mass reaches top_p, by
   `inverse_cdf_sample`: two uniforms per row rather than a Gumbel variate per
   logit (`jax.random.categorical`), whose random bits and two logarithms per
-  logit were 40% of a small model's decode step on CPU (bench.sampler).
+  logit took 3.5 ms of an 8.2 ms decode step at [32, 8192] on CPU
+  (bench.sampler times both draws).
   """
   if temperature == 0.0:
     return jnp.argmax(logits, axis=-1)
