@@ -60,7 +60,7 @@ def measure(task, preset_name: str, *, prompts: int, group: int, repeats: int, u
         model, batch["prompts"], batch["prompt_valid"], jax.random.key(step), max_new_tokens=task.max_response_length,
         stop_tokens=task.stop_tokens, pad_id=task.pad_id, use_cache=use_cache))
     scores, t_score = _timed(lambda: task.score_rows(sample.tokens, sample.mask, batch["examples"]))
-    rollout = Rollout(tokens=sample.tokens, mask=sample.mask, rewards=scores, logprobs=sample.logprobs,
+    rollout = Rollout(tokens=sample.tokens, mask=sample.mask, rewards=scores, behaviour_logprobs=sample.logprobs,
                       group_size=group, positions=sample.positions, token_valid=sample.token_valid)
 
     (state, _), t_update = _timed(lambda: learner_step(nnx.state(modules), rollout, None, step))

@@ -15,7 +15,7 @@ from jax import Array
 from jaxcredit import _checks
 
 _TOKEN_FIELDS = (
-    "tokens", "mask", "logprobs", "ref_logprobs", "values", "token_rewards", "entropy", "positions",
+    "tokens", "mask", "behaviour_logprobs", "old_logprobs", "ref_logprobs", "values", "token_rewards", "entropy", "positions",
     "token_valid",
 )
 
@@ -28,7 +28,12 @@ class Rollout:
   tokens:        [B, T] int   prompt + response token ids.
   mask:          [B, T]       True (or 1.0) where the token is a policy action.
   rewards:       [B]          outcome reward of each response (verifier score).
-  logprobs:      [B, T]|None  behaviour log-probs of the sampled tokens.
+  behaviour_logprobs: [B, T]|None  log-probs of the sampled tokens as the sampler
+                              computed them while sampling (the behaviour policy mu).
+  old_logprobs:  [B, T]|None  the learner's recomputation of them under the
+                              parameters it holds before this batch's updates (the
+                              proximal policy pi_old of decoupled PPO; None when the
+                              learner does not recompute).
   ref_logprobs:  [B, T]|None  log-probs under the frozen reference policy.
   values:        [B, T]|None  critic values V(s_t) at each action.
   token_rewards: [B, T]|None  dense rewards (process rewards, shaping) added to
@@ -36,6 +41,8 @@ class Rollout:
   entropy:       [B, T]|None  behaviour-policy entropy at each position.
   truncated:     [B]|None     bool: the response was cut off by the token budget
                               (no stop token); the task scored it by its rule.
+  staleness:     [B]|None     int: how many learner updates older than the learner's
+                              current parameters the sampling parameters were.
   positions:     [B, T]|None  int RoPE positions of the tokens for a teacher-forced
                               pass (None: counted over token_valid from 0).
   token_valid:   [B, T]|None  bool: real tokens, prompt and response (None: all);
@@ -49,12 +56,14 @@ class Rollout:
   tokens: Array
   mask: Array
   rewards: Array
-  logprobs: Array | None = None
+  behaviour_logprobs: Array | None = None
+  old_logprobs: Array | None = None
   ref_logprobs: Array | None = None
   values: Array | None = None
   token_rewards: Array | None = None
   entropy: Array | None = None
   truncated: Array | None = None
+  staleness: Array | None = None
   positions: Array | None = None
   token_valid: Array | None = None
   extras: Mapping[str, Array] = dataclasses.field(default_factory=dict)
@@ -72,7 +81,8 @@ class Rollout:
     """Raises ValueError on inconsistent shapes or group size; returns self."""
     _checks.check_token_and_seq({f: getattr(self, f) for f in _TOKEN_FIELDS}, {
         "rewards": self.rewards,
-        "truncated": self.truncated
+        "truncated": self.truncated,
+        "staleness": self.staleness,
     })
     _checks.check_group_size(self.tokens.shape[0], self.group_size)
     return self
@@ -82,6 +92,15 @@ class Rollout:
     missing = [f for f in fields if getattr(self, f) is None]
     if missing:
       raise ValueError(f"{by} needs rollout.{', rollout.'.join(missing)}, which is None.")
+
+  def proximal_logprobs(self, *, by: str) -> Array:
+    """[B, T] log-probs a ratio loss's trust region is anchored at: old_logprobs
+    when the learner recomputed them, else behaviour_logprobs (synchronous training
+    that trusts the sampler's numbers). ValueError naming `by` when neither is set."""
+    if self.old_logprobs is not None:
+      return self.old_logprobs
+    self.require("behaviour_logprobs", by=by)
+    return self.behaviour_logprobs
 
   def extra(self, name: str, *, by: str, per: str = "token") -> Array:
     """rollout.extras[name], which must be [B, T] (per="token") or [B]

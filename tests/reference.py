@@ -353,3 +353,112 @@ def segment_advantages(values, evaluated, rewards, mask):
       end = values[b, after[0]] if after else rewards[b]
       out[b, t] = end - start
   return out
+
+
+# Off-policy losses: logp (pi_theta), old (pi_old, proximal), beh (mu), [B, T] float64 loops.
+
+def is_log_weight(old, beh, mask, level):
+  """Per-token log w at level token / sequence (row sum) / geometric (row mean)."""
+  old, beh, mask = np.asarray(old, np.float64), np.asarray(beh, np.float64), np.asarray(mask, bool)
+  out = np.zeros(old.shape)
+  for b in range(old.shape[0]):
+    row = (old[b] - beh[b])[mask[b]]
+    for t in range(old.shape[1]):
+      if mask[b, t]:
+        value = {"token": old[b, t] - beh[b, t], "sequence": row.sum(),
+                 "geometric": row.mean() if row.size else 0.0}[level]
+        out[b, t] = min(max(value, -20.0), 20.0)
+  return out
+
+
+def tis(logp, old, beh, adv, mask, cap, level, clip_low, clip_high, mode):
+  weight = np.minimum(np.exp(is_log_weight(old, beh, mask, level)), cap)
+  return aggregate(weight * ppo_clip_tokens(logp, old, adv, clip_low, clip_high), mask, mode)
+
+
+def masked_is(logp, old, beh, adv, mask, low, high, level, clip_low, clip_high, mode):
+  w = np.exp(is_log_weight(old, beh, mask, "geometric" if level == "sequence" else "token"))
+  weight = np.where((w >= low) & (w <= high), w, 0.0)
+  return aggregate(weight * ppo_clip_tokens(logp, old, adv, clip_low, clip_high), mask, mode)
+
+
+def loglinear_proximal(logp, beh, staleness, mask):
+  out = np.zeros(np.shape(logp))
+  for b, s in enumerate(staleness):
+    alpha = (s - 1) / s if s > 1 else 0.0
+    for t in range(out.shape[1]):
+      if mask[b][t]:
+        out[b, t] = beh[b][t] + alpha * (logp[b][t] - beh[b][t])
+  return out
+
+
+def decoupled_ppo(logp, old, beh, adv, mask, cap, cap_mode, level, clip_low, clip_high, dual_clip,
+                  mode):
+  w = np.exp(is_log_weight(old, beh, mask, "geometric" if level == "sequence" else "token"))
+  if cap is not None:
+    w = np.where(w > cap, 0.0, w) if cap_mode == "mask" else np.minimum(w, cap)
+  tokens = ppo_clip_tokens(logp, old, adv, clip_low, clip_high, dual_clip)
+  return aggregate(w * tokens, mask, mode)
+
+
+def opsm(logp, old, beh, adv, mask, delta, clip_low, clip_high, mode):
+  mask = np.asarray(mask, bool)
+  keep = np.ones(mask.shape)
+  for b in range(mask.shape[0]):
+    if mask[b].any():
+      kl = (np.asarray(beh[b], np.float64) - np.asarray(logp[b], np.float64))[mask[b]].mean()
+      keep[b] = np.where((np.asarray(adv[b]) < 0) & (kl > delta), 0.0, 1.0)
+  return aggregate(keep * ppo_clip_tokens(logp, old, adv, clip_low, clip_high), mask, mode)
+
+
+def dppo(logp, old, adv, mask, divergence, clip_low, clip_high, ratio_cap, mode):
+  out = np.zeros(np.shape(logp))
+  for idx in np.ndindex(out.shape):
+    lp, lq, a = float(logp[idx]), float(old[idx]), float(adv[idx])
+    p, q = np.exp(lp), np.exp(lq)
+    if divergence == "tv":
+      keep = p - q <= clip_high if a > 0 else p - q >= -clip_low
+    else:
+      kl = q * (lq - lp) + (1 - q) * np.log((1 - q + 1e-8) / (1 - p + 1e-8))
+      keep = (kl <= clip_high or p <= q) if a > 0 else (kl <= clip_low or p >= q)
+    out[idx] = -a * min(np.exp(lp - lq), ratio_cap) * lp if keep else 0.0
+  return aggregate(out, mask, mode)
+
+
+def m2_keep(log_w, mask, threshold):
+  """Drop the largest (log w)^2, largest first (row-major ties), until the rest's mean < threshold."""
+  mask = np.asarray(mask, bool)
+  m2 = np.square(np.asarray(log_w, np.float64))
+  flat = [(m2[idx], n) for n, idx in enumerate(np.ndindex(m2.shape)) if mask[idx]]
+  ordered = sorted(flat, key=lambda item: (-item[0], item[1]))
+  dropped = max(len(ordered) - 1, 0)
+  for k in range(len(ordered)):
+    if np.mean([v for v, _ in ordered[k:]]) < threshold:
+      dropped = k
+      break
+  drop = {n for _, n in ordered[:dropped]}
+  keep = np.zeros(m2.shape, bool)
+  for n, idx in enumerate(np.ndindex(m2.shape)):
+    keep[idx] = mask[idx] and n not in drop
+  return keep
+
+
+def m2po(logp, old, beh, adv, mask, threshold, mode):
+  keep = m2_keep(np.where(mask, np.asarray(old, np.float64) - beh, 0.0), mask, threshold)
+  return aggregate(-np.asarray(adv, np.float64) * np.exp(_log_ratio(logp, old)) * keep, mask, mode)
+
+
+def sat(logp, old, adv, mask, staleness, clip_low, clip_high, decay, mode):
+  out = np.zeros(np.shape(logp))
+  for b, s in enumerate(staleness):
+    scale = 1.0 / (1.0 + decay * max(s, 0))
+    out[b] = ppo_clip_tokens(logp[b:b + 1], old[b:b + 1], adv[b:b + 1], clip_low * scale,
+                             clip_high * scale)[0]
+  return aggregate(out, mask, mode)
+
+
+def topr(logp, beh, adv, mask, level, threshold, mode):
+  log_r = is_log_weight(logp, beh, mask, level)
+  adv = np.asarray(adv, np.float64)
+  alpha = np.where(adv <= threshold, np.minimum(np.exp(log_r), 1.0), 1.0)
+  return aggregate(-alpha * adv * np.asarray(logp, np.float64), mask, mode)

@@ -29,7 +29,7 @@ def test_weighted_sum_masked_and_reweighted_match_numpy():
   keep = mask & (entropy >= np.sort(entropy[mask])[::-1][n_keep - 1])
   focused = jax.jit(estimators.masked("grpo", estimators.high_entropy_tokens(rho=0.3)))
   np.testing.assert_allclose(focused(rollout).advantages, np.where(keep, grpo, 0.0), atol=1e-5)
-  surprisal = -np.asarray(rollout.logprobs, np.float64)
+  surprisal = -np.asarray(rollout.behaviour_logprobs, np.float64)
   weights = np.where(mask, surprisal / surprisal[mask].mean(), 0.0)
   weighted = jax.jit(estimators.reweighted("grpo", estimators.surprisal))
   np.testing.assert_allclose(weighted(rollout).advantages, grpo * weights, atol=1e-5)
@@ -59,13 +59,13 @@ def test_shipped_experiment_objective_matches_numpy(step):
   config = load_experiment("credit_mix")
   rollout = _rollout(3)
   estimate = estimators.get("grpo")(rollout)
-  logp = rollout.logprobs + 0.1 * jnp.sin(jnp.arange(9.0))
+  logp = rollout.behaviour_logprobs + 0.1 * jnp.sin(jnp.arange(9.0))
   outputs = jc.PolicyOutputs(logprobs=logp, entropy=rollout.entropy)
   objective = jax.jit(losses.from_config(config.objective))
   loss, metrics = objective(outputs, rollout, estimate, step)
   mask = np.asarray(rollout.mask)
   policy = reference.aggregate(reference.ppo_clip_tokens(
-      logp, rollout.logprobs, estimate.advantages, 0.2, 0.28), mask, "token-mean")
+      logp, rollout.behaviour_logprobs, estimate.advantages, 0.2, 0.28), mask, "token-mean")
   kl = reference.aggregate(reference.kl(logp, rollout.ref_logprobs, "k3"), mask, "token-mean")
   entropy_coef = 1e-3 * max(0.0, 1 - step / 1000)
   entropy = -np.asarray(rollout.entropy, np.float64)[mask].mean()
@@ -81,7 +81,7 @@ def test_shipped_experiment_objective_matches_numpy(step):
 def test_factories_match_config():
   rollout = _rollout(4)
   estimate = estimators.get("rloo")(rollout)
-  outputs = jc.PolicyOutputs(logprobs=rollout.logprobs - 0.05, entropy=rollout.entropy)
+  outputs = jc.PolicyOutputs(logprobs=rollout.behaviour_logprobs - 0.05, entropy=rollout.entropy)
   by_hand = losses.combine(
       policy=losses.ppo_clip(clip_high=0.28),
       kl=losses.kl_term(coef=0.1, kind="k3"),

@@ -57,7 +57,7 @@ def test_kit_catches_a_loss_with_nan_gradient_at_a_degenerate_input():
   def root_kl(outputs, rollout, estimate):
     """sqrt of the summed squared log-ratio: its gradient is NaN on-policy."""
     valid = as_bool(rollout.mask)
-    d = jnp.where(valid, outputs.logprobs - rollout.logprobs, 0.0)
+    d = jnp.where(valid, outputs.logprobs - rollout.behaviour_logprobs, 0.0)
     return jnp.sqrt(jnp.sum(d**2)), {}
 
   with pytest.raises(testing.ConformanceError, match=r"\[finite_gradients\] root_kl") as error:
@@ -108,7 +108,7 @@ def test_readme_extension_example_runs_and_is_short():
 
 def test_readme_composition_example_runs():
   rollout = testing.strategies.make_rollout(np.random.default_rng(1), batch=8, length=6, group_size=4)
-  outputs = jc.PolicyOutputs(logprobs=rollout.logprobs, entropy=rollout.entropy)
+  outputs = jc.PolicyOutputs(logprobs=rollout.behaviour_logprobs, entropy=rollout.entropy)
   namespace = {"rollout": rollout, "outputs": outputs, "step": 3}
   exec(readme_block("jc.losses.combine("), namespace)
   assert np.isfinite(namespace["loss"]) and "kl/value" in namespace["metrics"]
@@ -132,7 +132,7 @@ def test_kit_catches_a_ratio_loss_that_overflows_for_a_stale_behaviour_policy():
   def naive_ppo(outputs, rollout, estimate):
     """PPO-clip with exp of the raw log-ratio: inf ratio, NaN gradient behind a finite clipped loss."""
     valid = as_bool(rollout.mask)
-    log_ratio = jnp.where(valid, outputs.logprobs, 0.0) - jnp.where(valid, rollout.logprobs, 0.0)
+    log_ratio = jnp.where(valid, outputs.logprobs, 0.0) - jnp.where(valid, rollout.behaviour_logprobs, 0.0)
     ratio = jnp.exp(log_ratio)
     adv = jnp.where(valid, estimate.advantages, 0.0)
     tokens = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 0.8, 1.2))

@@ -58,7 +58,7 @@ def test_ktae_and_spo_estimators():
   np.testing.assert_allclose(ktae, grpo + np.where(mask, rollout.extras["ktae_scores"], 0.0), atol=1e-6)
   vine = np.asarray(estimators.get("vineppo")(rollout).advantages)
   spo = np.asarray(estimators.get("spo")(rollout, prob_threshold=0.5).advantages)
-  confident = np.exp(np.asarray(rollout.logprobs)) > 0.5
+  confident = np.exp(np.asarray(rollout.behaviour_logprobs)) > 0.5
   np.testing.assert_allclose(spo, np.where(confident, 0.0, vine), atol=1e-6)
   assert (confident & mask).any() and (~confident & mask & (vine != 0)).any()
 
@@ -72,7 +72,7 @@ def test_implicit_prm_starts_at_the_policy_and_learns_the_outcome(tmp_path):
   sample = generate(model, prompts, np.ones(prompts.shape, bool), jax.random.key(0), max_new_tokens=6,
                     actions=task.actions)
   rewards = task.score(np.asarray(sample.tokens)[:, 4:], np.asarray(sample.mask)[:, 4:], examples)
-  rollout = Rollout(tokens=sample.tokens, mask=sample.mask, rewards=jnp.asarray(rewards), logprobs=sample.logprobs,
+  rollout = Rollout(tokens=sample.tokens, mask=sample.mask, rewards=jnp.asarray(rewards), behaviour_logprobs=sample.logprobs,
                     ref_logprobs=sample.logprobs, group_size=4, positions=sample.positions,
                     token_valid=sample.token_valid)
   prm = implicit_prm.ImplicitPRM(beta=0.5, learning_rate=3e-3)

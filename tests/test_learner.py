@@ -31,7 +31,7 @@ def _rollout(model) -> Rollout:
   rollout = Rollout(tokens=tokens, mask=jnp.asarray(mask), rewards=jnp.asarray([1.0, 0.0, 1.0, 1.0]), group_size=2,
                     positions=jnp.tile(jnp.arange(8), (4, 1)), token_valid=jnp.ones((4, 8), bool))
   behaviour = steps.policy_outputs(model, rollout, 1.0)  # on-policy: every ratio starts at 1
-  return rollout.replace(logprobs=behaviour.logprobs, entropy=behaviour.entropy)
+  return rollout.replace(behaviour_logprobs=behaviour.logprobs, entropy=behaviour.entropy)
 
 
 def test_two_minibatches_equal_two_sequential_updates_and_average_their_metrics():
@@ -91,7 +91,7 @@ def test_epochs_repeat_the_whole_batch_and_a_present_reference_is_kept():
                            objective=losses.from_config({"kl": {"name": "kl", "kind": "k1"}}),
                            settings=learner.Settings(epochs=3))
   # A given reference is used as is: k1 KL to a reference 0.25 below the policy is 0.25 at the first update.
-  shifted = rollout.replace(ref_logprobs=rollout.logprobs - 0.25)
+  shifted = rollout.replace(ref_logprobs=rollout.behaviour_logprobs - 0.25)
   _, metrics = step(state, shifted, None, 0)
   assert float(metrics["kl/value"]) < 0.25  # averaged over 3 updates that each lower the policy's log-probs
   _, once = learner.make_step(graphdef, advantage=estimators.from_config("grpo"),

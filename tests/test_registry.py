@@ -24,7 +24,9 @@ def make_rollout(batch=8, length=10, group_size=4, seed=0, poisoned=True) -> jc.
       tokens=jnp.asarray(rng.integers(0, 32, (batch, length))),
       mask=jnp.asarray(mask),
       rewards=jnp.asarray(rng.integers(0, 2, batch).astype(np.float32)),
-      logprobs=jnp.asarray(logprobs),
+      behaviour_logprobs=jnp.asarray(logprobs),
+      old_logprobs=jnp.asarray(logprobs + fill(0.05 * rng.normal(size=(batch, length)).astype(np.float32))),
+      staleness=jnp.asarray(rng.integers(0, 4, batch)),
       ref_logprobs=jnp.asarray(logprobs + fill(0.1 * rng.normal(size=(batch, length)).astype(np.float32))),
       values=jnp.asarray(token()),
       token_rewards=jnp.asarray(0.1 * token()),
@@ -82,7 +84,7 @@ def test_every_loss_is_finite_with_finite_gradient(name):
   estimate = estimators.get("gae")(rollout)
   nan_outside = lambda x: jnp.where(rollout.mask, x, jnp.nan)
   outputs = jc.PolicyOutputs(
-      logprobs=nan_outside(rollout.logprobs + 0.1),
+      logprobs=nan_outside(rollout.behaviour_logprobs + 0.1),
       entropy=nan_outside(rollout.entropy * 0.9),
       values=nan_outside(rollout.values + 0.1),
   )
@@ -103,11 +105,13 @@ def test_every_loss_is_finite_with_finite_gradient(name):
 def test_loss_adapters_match_their_functions():
   rollout = make_rollout(group_size=2, poisoned=False)
   estimate = estimators.get("rloo")(rollout)
-  outputs = jc.PolicyOutputs(logprobs=rollout.logprobs + 0.05)
-  got, _ = losses.get("ppo_clip")(outputs, rollout, estimate, clip_high=0.28)
-  want, _ = losses.ppo_clip_loss(
-      outputs.logprobs, rollout.logprobs, estimate.advantages, rollout.mask, clip_high=0.28)
-  np.testing.assert_allclose(got, want)
+  outputs = jc.PolicyOutputs(logprobs=rollout.behaviour_logprobs + 0.05)
+  for anchor in (rollout, rollout.replace(old_logprobs=None)):  # proximal, else behaviour
+    got, _ = losses.get("ppo_clip")(outputs, anchor, estimate, clip_high=0.28)
+    want, _ = losses.ppo_clip_loss(outputs.logprobs, anchor.proximal_logprobs(by="test"),
+                                   estimate.advantages, rollout.mask, clip_high=0.28)
+    np.testing.assert_allclose(got, want)
+  assert rollout.proximal_logprobs(by="test") is rollout.old_logprobs
   seq = losses.sequence_advantages(estimate.advantages, rollout.mask)
   has_tokens = np.asarray(rollout.mask).any(1)
   np.testing.assert_allclose(
@@ -122,7 +126,7 @@ def test_loss_adapters_match_their_functions():
 def test_unknown_names_list_known_ones():
   with pytest.raises(ValueError, match="Unknown estimator 'gpro'; known: dr_grpo, gae, gpg, grpo, "):
     estimators.get("gpro")
-  with pytest.raises(ValueError, match="Unknown loss 'ppo'; known: cispo, clip_cov, dpo, entropy, "):
+  with pytest.raises(ValueError, match="Unknown loss 'ppo'; known: cispo, clip_cov, decoupled_ppo, dpo, dppo, entropy, "):
     losses.get("ppo")
 
 
@@ -152,16 +156,16 @@ def test_rollout_validation_names_the_problem():
   with pytest.raises(ValueError, match=r"gae needs rollout.values"):
     estimators.get("gae")(rollout.replace(values=None))
   with pytest.raises(ValueError, match=r"dpo needs pairs: group_size must be 2"):
-    losses.get("dpo")(jc.PolicyOutputs(rollout.logprobs), rollout, estimators.get("grpo")(rollout))
+    losses.get("dpo")(jc.PolicyOutputs(rollout.behaviour_logprobs), rollout, estimators.get("grpo")(rollout))
   with pytest.raises(ValueError, match=r"outputs.logprobs\[8, 9\]"):
-    losses.get("ppo_clip")(jc.PolicyOutputs(rollout.logprobs[:, :9]), rollout,
+    losses.get("ppo_clip")(jc.PolicyOutputs(rollout.behaviour_logprobs[:, :9]), rollout,
                            estimators.get("grpo")(rollout))
 
 
 def test_rollout_is_a_pytree_with_static_group_size():
   rollout = make_rollout()
   leaves, treedef = jax.tree.flatten(rollout)
-  assert len(leaves) == 8 + len(rollout.extras)  # 8 array fields + the extras
+  assert len(leaves) == 10 + len(rollout.extras)  # 10 array fields + the extras
   assert jax.tree.unflatten(treedef, leaves).group_size == 4
   doubled = jax.tree.map(lambda x: x * 2, rollout.replace(token_rewards=None))
   assert doubled.token_rewards is None and doubled.group_size == 4
@@ -169,7 +173,7 @@ def test_rollout_is_a_pytree_with_static_group_size():
 
 def test_readme_examples_run():
   rollout = make_rollout()
-  namespace = {"rollout": rollout, "new_logp": rollout.logprobs}
+  namespace = {"rollout": rollout, "new_logp": rollout.behaviour_logprobs}
   exec(readme_block("jc.losses.get(\"ppo_clip\")"), namespace)
   assert np.isfinite(namespace["loss"])
   try:

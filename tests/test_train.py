@@ -65,7 +65,7 @@ def test_every_experiment_builds_its_advantage_and_objective():
   from jaxcredit import estimators, losses, testing
 
   rollout = testing.strategies.make_rollout(np.random.default_rng(0), batch=8, length=6, group_size=4)
-  outputs = jc.PolicyOutputs(logprobs=rollout.logprobs - 0.01, entropy=rollout.entropy, values=rollout.values)
+  outputs = jc.PolicyOutputs(logprobs=rollout.behaviour_logprobs - 0.01, entropy=rollout.entropy, values=rollout.values)
   for name in EXPERIMENTS:
     config = load_experiment(name)
     advantage = config.advantage if isinstance(config.advantage, str) else config.advantage.to_dict()

@@ -164,9 +164,9 @@ def high_entropy_tokens(*, rho: float = 0.2) -> TokenFn:
 
 
 def surprisal(rollout: Rollout) -> Array:
-  """Token weights: surprisal of rollout.logprobs, mean 1 over valid tokens."""
-  rollout.require("logprobs", by="surprisal")
-  return token_credit.surprisal_weights(rollout.logprobs, rollout.mask)
+  """Token weights: surprisal of rollout.behaviour_logprobs, mean 1 over valid tokens."""
+  rollout.require("behaviour_logprobs", by="surprisal")
+  return token_credit.surprisal_weights(rollout.behaviour_logprobs, rollout.mask)
 
 
 SELECTORS: dict[str, Callable[..., TokenFn]] = {"high_entropy": high_entropy_tokens}

@@ -132,12 +132,12 @@ def _reinforce_pp_baseline(rollout: Rollout):
 
 @register("otb", needs=("sum_pi_squared",))
 def _otb(rollout: Rollout, *, gamma: float = 1.0, eps: float = 1e-8):
-  """Optimal token baseline; needs rollout.logprobs and
+  """Optimal token baseline; needs rollout.behaviour_logprobs and
   rollout.extras["sum_pi_squared"] [B, T] (`logprobs.token_sum_probs_squared`)."""
-  rollout.require("logprobs", by="otb")
+  rollout.require("behaviour_logprobs", by="otb")
   ret = returns.discounted_returns(token_level_rewards(rollout), rollout.mask, gamma=gamma)
   advantages = token_credit.optimal_token_baseline_advantages(
-      ret, rollout.logprobs, rollout.extra("sum_pi_squared", by="otb"), rollout.mask,
+      ret, rollout.behaviour_logprobs, rollout.extra("sum_pi_squared", by="otb"), rollout.mask,
       group_size=rollout.group_size, eps=eps,
   )
   return Estimate(advantages=advantages, returns=ret)
@@ -149,13 +149,13 @@ def _prime(rollout: Rollout, *, beta: float = 0.05, gamma: float = 1.0):
   of implicit process rewards beta (log pi_prm - log pi_ref), each centred by
   the leave-one-out mean of the other responses' per-token implicit reward.
   pi_prm is rollout.extras["prm_logprobs"] when present (the implicit PRM
-  trained in the loop, `jaxcredit.train.implicit_prm`), else rollout.logprobs."""
+  trained in the loop, `jaxcredit.train.implicit_prm`), else rollout.behaviour_logprobs."""
   rollout.require("ref_logprobs", by="prime")
   if "prm_logprobs" in rollout.extras:
     prm_logp = rollout.extra("prm_logprobs", by="prime")
   else:
-    rollout.require("logprobs", by="prime (without extras['prm_logprobs'])")
-    prm_logp = rollout.logprobs
+    rollout.require("behaviour_logprobs", by="prime (without extras['prm_logprobs'])")
+    prm_logp = rollout.behaviour_logprobs
   valid = as_bool(rollout.mask)
   implicit = token_credit.implicit_process_rewards(prm_logp, rollout.ref_logprobs, valid, beta=beta)
   per_token = jnp.sum(implicit, 1) / jnp.maximum(jnp.sum(valid, 1), 1)
@@ -178,9 +178,9 @@ def _grpo_high_entropy(rollout: Rollout, *, rho: float = 0.2, eps: float = 1e-6)
 
 @register("grpo_surprisal")
 def _grpo_surprisal(rollout: Rollout, *, eps: float = 1e-6):
-  """GRPO advantages times surprisal weights (mean 1); needs rollout.logprobs."""
-  rollout.require("logprobs", by="grpo_surprisal")
-  return _grpo(rollout, eps=eps) * token_credit.surprisal_weights(rollout.logprobs, rollout.mask)
+  """GRPO advantages times surprisal weights (mean 1); needs rollout.behaviour_logprobs."""
+  rollout.require("behaviour_logprobs", by="grpo_surprisal")
+  return _grpo(rollout, eps=eps) * token_credit.surprisal_weights(rollout.behaviour_logprobs, rollout.mask)
 
 
 @register("n_step")
@@ -197,10 +197,10 @@ def _n_step(rollout: Rollout, *, n: int = 8, gamma: float = 1.0, method: str | N
 @register("vtrace", needs=("target_logprobs",))
 def _vtrace(rollout: Rollout, *, gamma: float = 1.0, lam: float = 1.0, clip_rho: float = 1.0,
             clip_c: float = 1.0, method: str | None = None):
-  """V-trace for off-policy (asynchronous) batches: rollout.logprobs is the
+  """V-trace for off-policy (asynchronous) batches: rollout.behaviour_logprobs is the
   behaviour policy, rollout.extras["target_logprobs"] the learner policy."""
-  rollout.require("logprobs", "values", by="vtrace")
-  log_rhos = rollout.extra("target_logprobs", by="vtrace") - rollout.logprobs
+  rollout.require("behaviour_logprobs", "values", by="vtrace")
+  log_rhos = rollout.extra("target_logprobs", by="vtrace") - rollout.behaviour_logprobs
   vs, pg_advantages = returns.vtrace(
       token_level_rewards(rollout), rollout.values, rollout.mask, log_rhos,
       gamma=gamma, lam=lam, clip_rho=clip_rho, clip_c=clip_c, method=method,
@@ -255,9 +255,9 @@ def _spo(rollout: Rollout, *, prob_threshold: float = 0.9):
   V(cutpoint) is carried back over its tokens (extras["mc_values"] /
   ["mc_evaluated"], as for vineppo), and the probability mask zeroes the
   credit of confident tokens (pi(y_t) > prob_threshold)."""
-  rollout.require("logprobs", by="spo")
+  rollout.require("behaviour_logprobs", by="spo")
   credit = _vineppo(rollout)
-  confident = jnp.exp(sanitise(rollout.logprobs, as_bool(rollout.mask))) > prob_threshold
+  confident = jnp.exp(sanitise(rollout.behaviour_logprobs, as_bool(rollout.mask))) > prob_threshold
   return jnp.where(confident, 0.0, credit)
 
 

@@ -176,9 +176,11 @@ class ScoringHook:
     rewards = task.score_rows(fresh.tokens, fresh.mask, examples)
     probe = jnp.asarray(np.arange(len(rewards)) % rollout.group_size == 0)
     keep = lambda old, new: jnp.where(probe.reshape((-1,) + (1,) * (jnp.ndim(new) - 1)), old, new)
-    fields = ("tokens", "mask", "logprobs", "entropy", "positions", "token_valid")
+    fields = {"tokens": "tokens", "mask": "mask", "behaviour_logprobs": "logprobs",
+              "entropy": "entropy", "positions": "positions", "token_valid": "token_valid"}
     return rollout.replace(rewards=keep(rollout.rewards, jnp.asarray(rewards)),
-                           **{f: keep(getattr(rollout, f), getattr(fresh, f)) for f in fields})
+                           **{f: keep(getattr(rollout, f), getattr(fresh, g))
+                              for f, g in fields.items()})
 
   def __call__(self, context, rollout):
     if self.critic is None:  # the policy's architecture, with a value head
@@ -242,7 +244,7 @@ class ScoringHook:
         estimators.first_value(check.values, mask)))).max()
     rb = oracle.rb_credit(model, task, tokens, mask, token_valid, examples,
                           jax.random.fold_in(key, RB_CHECK_STREAM), k=k, positions="all",
-                          logprobs=np.asarray(rollout.logprobs)[rows])
+                          logprobs=np.asarray(rollout.behaviour_logprobs)[rows])
     result.update(rb_check(oracle_advantages[rows], rb, mask))
     return {"telescoping_error": float(telescoping), **result}
 

@@ -14,7 +14,7 @@ from jax import Array
 
 from jaxcredit import _checks
 from jaxcredit._masking import as_bool, masked_mean, masked_sum, sanitise
-from jaxcredit.losses import covariance, policy, preference, value
+from jaxcredit.losses import covariance, off_policy, policy, preference, value
 from jaxcredit.losses.aggregation import aggregate
 from jaxcredit.losses.kl import kl_penalty
 from jaxcredit.registry import Registry
@@ -52,12 +52,32 @@ def sequence_advantages(advantages: Array, mask: Array) -> Array:
   return masked_mean(sanitise(advantages, as_bool(mask)), as_bool(mask), axis=1)
 
 
-def _register_ratio_loss(name: str, fn: Callable) -> None:
-  """Registers fn(logp, old_logp, advantages, mask, **hparams) under `name`."""
+def _old_logprobs(rollout: Rollout, name: str) -> Array:
+  """rollout.old_logprobs; a ValueError naming `name` when the learner did not recompute them
+  (never a silent fallback to the behaviour log-probs, which would make w = 1)."""
+  if rollout.old_logprobs is None:
+    raise ValueError(
+        f"{name} needs rollout.old_logprobs, which is None: the learner recomputes them "
+        "before its updates when rl.recompute_old_logprobs = True.")
+  return rollout.old_logprobs
+
+
+def _proximal(rollout: Rollout, name: str) -> tuple[Array]:
+  return (rollout.proximal_logprobs(by=name),)
+
+
+def _proximal_and_behaviour(rollout: Rollout, name: str) -> tuple[Array, Array]:
+  rollout.require("behaviour_logprobs", by=name)
+  return _old_logprobs(rollout, name), rollout.behaviour_logprobs
+
+
+def _register_token_loss(name: str, fn: Callable, logprobs=_proximal) -> None:
+  """Registers fn(logp, *logprobs(rollout, name), advantages, mask, **hparams) under `name`:
+  the current log-probs, then the anchors `logprobs` picks from the rollout."""
 
   def adapter(outputs, rollout, estimate, **hparams):
-    rollout.require("logprobs", by=name)
-    return fn(outputs.logprobs, rollout.logprobs, estimate.advantages, rollout.mask, **hparams)
+    return fn(outputs.logprobs, *logprobs(rollout, name), estimate.advantages, rollout.mask,
+              **hparams)
 
   adapter.__doc__ = fn.__doc__
   register(name)(adapter)
@@ -71,8 +91,51 @@ for _name, _fn in {
     "sapo": policy.sapo_loss,
     "clip_cov": covariance.clip_cov_loss,
     "kl_cov": covariance.kl_cov_loss,
+    "dppo": off_policy.dppo_loss,
 }.items():
-  _register_ratio_loss(_name, _fn)
+  _register_token_loss(_name, _fn)
+
+for _name, _fn in {
+    "tis": off_policy.tis_loss,
+    "masked_is": off_policy.masked_is_loss,
+    "m2po": off_policy.m2po_loss,
+}.items():
+  _register_token_loss(_name, _fn, _proximal_and_behaviour)
+
+
+@register("opsm")
+def _opsm(outputs, rollout, estimate, **hparams):
+  rollout.require("behaviour_logprobs", by="opsm")
+  return off_policy.opsm_loss(outputs.logprobs, rollout.proximal_logprobs(by="opsm"),
+                              rollout.behaviour_logprobs, estimate.advantages, rollout.mask,
+                              **hparams)
+
+
+@register("decoupled_ppo")
+def _decoupled_ppo(outputs, rollout, estimate, *, proximal: str = "recompute", **hparams):
+  rollout.require("behaviour_logprobs", by="decoupled_ppo")
+  if proximal == "loglinear":
+    rollout.require("staleness", by="decoupled_ppo with proximal='loglinear'")
+    old_logprobs = None
+  else:
+    old_logprobs = _old_logprobs(rollout, "decoupled_ppo")
+  return off_policy.decoupled_ppo_loss(
+      outputs.logprobs, old_logprobs, rollout.behaviour_logprobs, estimate.advantages,
+      rollout.mask, staleness=rollout.staleness, proximal=proximal, **hparams)
+
+
+@register("sat")
+def _sat(outputs, rollout, estimate, **hparams):
+  rollout.require("staleness", by="sat")
+  return off_policy.sat_loss(outputs.logprobs, rollout.proximal_logprobs(by="sat"),
+                             estimate.advantages, rollout.mask, rollout.staleness, **hparams)
+
+
+@register("topr")
+def _topr(outputs, rollout, estimate, **hparams):
+  rollout.require("behaviour_logprobs", by="topr")
+  return off_policy.topr_loss(outputs.logprobs, rollout.behaviour_logprobs, estimate.advantages,
+                              rollout.mask, **hparams)
 
 
 @register("pg")
@@ -83,10 +146,10 @@ def _pg(outputs, rollout, estimate, **hparams):
 
 @register("gspo")
 def _gspo(outputs, rollout, estimate, **hparams):
-  rollout.require("logprobs", by="gspo")
   seq_advantages = sequence_advantages(estimate.advantages, rollout.mask)
   return policy.gspo_loss(
-      outputs.logprobs, rollout.logprobs, seq_advantages, rollout.mask, **hparams
+      outputs.logprobs, rollout.proximal_logprobs(by="gspo"), seq_advantages, rollout.mask,
+      **hparams
   )
 
 

@@ -32,7 +32,7 @@ def describe(rollout: Rollout) -> str:
     ]
     lines.append(f"  mask=\n{np.asarray(rollout.mask).astype(int)}")
     lines.append(f"  rewards={np.asarray(rollout.rewards, np.float32)}")
-    for name in ("logprobs", "values"):
+    for name in ("behaviour_logprobs", "values"):
       if getattr(rollout, name) is not None:
         lines.append(f"  {name} dtype={getattr(rollout, name).dtype}")
   return "\n".join(lines)
@@ -94,15 +94,17 @@ def degenerate_rollouts(group_sizes: Sequence[int] = (1, 2, 4)) -> list[tuple[st
       ("bf16 inputs", _replace_token_fields(second, lambda x: x.astype(jnp.bfloat16))
        .replace(rewards=second.rewards.astype(jnp.bfloat16))),
       ("very negative log-probs", first.replace(
-          logprobs=first.logprobs - 60.0, ref_logprobs=first.ref_logprobs - 60.0,
+          behaviour_logprobs=first.behaviour_logprobs - 60.0,
+          old_logprobs=first.old_logprobs - 60.0, ref_logprobs=first.ref_logprobs - 60.0,
           extras={**first.extras, "target_logprobs": first.extras["target_logprobs"] - 60.0})),
       ("near-zero log-probs", second.replace(
-          logprobs=jnp.full_like(second.logprobs, -1e-7),
-          ref_logprobs=jnp.full_like(second.logprobs, -1e-7))),
+          behaviour_logprobs=jnp.full_like(second.behaviour_logprobs, -1e-7),
+          old_logprobs=jnp.full_like(second.behaviour_logprobs, -1e-7),
+          ref_logprobs=jnp.full_like(second.behaviour_logprobs, -1e-7))),
       ("huge rewards", second.replace(rewards=(2.0 * second.rewards - 1.0) * HUGE_REWARD)),
       ("large log-ratios", first.replace(extras={
           **first.extras,
-          "target_logprobs": first.logprobs + _alternating(first.shape, LARGE_LOG_RATIO)})),
+          "target_logprobs": first.behaviour_logprobs + _alternating(first.shape, LARGE_LOG_RATIO)})),
   ]
   if 1 in group_sizes:
     cases.append(("groups of size 1", base(1)))
@@ -255,7 +257,7 @@ def reward_scale(scale: float = HUGE_REWARD) -> Invariance:
 
 def _loss_inputs(rollout: Rollout, estimate_fn) -> tuple[PolicyOutputs, Estimate]:
   outputs = PolicyOutputs(
-      logprobs=rollout.logprobs + 0.05 * jnp.cos(jnp.arange(rollout.shape[1], dtype=jnp.float32)),
+      logprobs=rollout.behaviour_logprobs + 0.05 * jnp.cos(jnp.arange(rollout.shape[1], dtype=jnp.float32)),
       entropy=rollout.entropy,
       values=rollout.values + 0.1,
   )
@@ -266,9 +268,12 @@ def _check_loss_on(name, fn, jitted, gradients, rollout, estimate_fn, atol, on_p
                    log_ratio_shift=0.0):
   outputs, estimate = _loss_inputs(rollout, estimate_fn)
   if on_policy:
-    outputs = outputs._replace(logprobs=rollout.logprobs)
-  if log_ratio_shift:  # policy vs behaviour log-ratio +shift, policy vs reference -shift
-    rollout = rollout.replace(logprobs=rollout.logprobs - log_ratio_shift,
+    outputs = outputs._replace(logprobs=rollout.proximal_logprobs(by=name))
+  if log_ratio_shift:  # log-ratios of +-shift or +-2 shift between the policy and the
+    # behaviour, proximal and reference log-probs
+    rollout = rollout.replace(behaviour_logprobs=rollout.behaviour_logprobs - log_ratio_shift,
+                              old_logprobs=rollout.old_logprobs + log_ratio_shift
+                              if rollout.old_logprobs is not None else None,
                               ref_logprobs=rollout.ref_logprobs + log_ratio_shift)
   loss, metrics = fn(outputs, rollout, estimate)
   if jnp.shape(loss) != () or not np.isfinite(np.asarray(loss, np.float64)):

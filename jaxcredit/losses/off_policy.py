@@ -1,0 +1,359 @@
+"""Off-policy policy losses: three log-probs per token, corrections for stale or
+mismatched samplers.
+
+  behaviour_logp  log mu(y_t)       what the sampler computed while sampling
+  old_logp        log pi_old(y_t)   the learner's recomputation before its updates
+                                    (the proximal policy of decoupled PPO)
+  logp            log pi_theta(y_t) the policy being trained (gradients flow here)
+
+`r_t = pi_theta / pi_old` is the trust-region ratio and `w_t = pi_old / mu` the
+behaviour importance weight. Shapes: [B, T] token arrays, [B] staleness. Masked
+positions are sanitised before any arithmetic and every log-ratio is bounded by
++-LOG_RATIO_BOUND before exp, so any finite log-ratio gives a finite loss and
+gradient. With mu = pi_old = pi_theta every ratio-form loss here equals
+`ppo_clip_loss` and every loss has its gradient (tested).
+"""
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from jaxcredit import _checks
+from jaxcredit._masking import as_bool, masked_mean, masked_sum, safe_divide, sanitise
+from jaxcredit.logprobs import LOG_RATIO_BOUND
+from jaxcredit.losses._ratio import (
+    Metrics,
+    TokenRatios,
+    check_clip,
+    clipped_surrogate,
+    fraction,
+    token_ratio_loss,
+)
+
+IS_LEVELS = ("token", "sequence", "geometric")
+
+
+def behaviour_log_weight(old_logp: Array, behaviour_logp: Array, mask: Array,
+                         level: str = "token") -> Array:
+  """[B, T] log w at `level`, bounded by +-LOG_RATIO_BOUND, 0 at masked positions:
+
+    token      log w_t = log pi_old(y_t) - log mu(y_t)
+    sequence   sum over the row's valid tokens of log w_t (the sequence's ratio)
+    geometric  mean over the row's valid tokens of log w_t (length-normalised)
+  """
+  _checks.check_choice(level, IS_LEVELS, "importance-weight level")
+  _checks.check_same_shape(old_logp=old_logp, behaviour_logp=behaviour_logp, mask=mask)
+  valid = as_bool(mask)
+  log_w = sanitise(old_logp, valid) - sanitise(behaviour_logp, valid)
+  if level == "sequence":
+    log_w = jnp.broadcast_to(masked_sum(log_w, valid, axis=1)[:, None], log_w.shape)
+  elif level == "geometric":
+    log_w = jnp.broadcast_to(masked_mean(log_w, valid, axis=1)[:, None], log_w.shape)
+  return jnp.where(valid, jnp.clip(log_w, -LOG_RATIO_BOUND, LOG_RATIO_BOUND), 0.0)
+
+
+def _weighted_ppo(weight_fn, logp, old_logp, advantages, mask, clip_low, clip_high, aggregation,
+                  dual_clip=None):
+  """aggregate(sg(weight) * ppo_clip token loss); weight_fn(TokenRatios) -> (weight, metrics)."""
+  check_clip(clip_low, clip_high)
+  if dual_clip is not None:
+    _checks.check_in_range(dual_clip, "dual_clip", low=1.0, low_open=True)
+
+  def formula(t: TokenRatios):
+    loss_tok, is_clipped = clipped_surrogate(t.ratio, t.advantages, clip_low, clip_high)
+    if dual_clip is not None:
+      loss_tok = jnp.where(t.advantages < 0, jnp.minimum(loss_tok, -t.advantages * dual_clip),
+                           loss_tok)
+    weight, metrics = weight_fn(t)
+    return jax.lax.stop_gradient(weight) * loss_tok, {
+        **metrics, "clipfrac": fraction(is_clipped, t.valid),
+        "is_weight_mean": masked_mean(weight, t.valid)}
+
+  return token_ratio_loss(formula, logp, old_logp, advantages, mask, aggregation)
+
+
+def tis_loss(logp: Array, old_logp: Array, behaviour_logp: Array, advantages: Array, mask: Array,
+             *, cap: float = 2.0, level: str = "token", clip_low: float = 0.2,
+             clip_high: float = 0.2, aggregation: str = "token-mean") -> tuple[Array, Metrics]:
+  """Truncated importance sampling (Yao et al., 2025, "Your efficient RL framework
+  secretly brings you off-policy RL training"):
+
+    l_t = sg(min(w, cap)) * max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high))
+
+  with w the behaviour weight at `level` ("token": w_t; "sequence": the product of
+  the row's w_t). Checked against verl's rollout correction
+  (verl/trainer/ppo/rollout_corr_helper.py, `rollout_is` token/sequence truncation).
+  Metrics: is_weight_mean (after truncation), is_truncated_fraction, clipfrac,
+  approx_kl and ratio statistics of r.
+  """
+  _checks.check_in_range(cap, "cap", low=0.0, low_open=True)
+  log_w = behaviour_log_weight(old_logp, behaviour_logp, mask, level)
+
+  def weight(t):
+    return jnp.minimum(jnp.exp(log_w), cap), {
+        "is_truncated_fraction": fraction(log_w > jnp.log(cap), t.valid)}
+
+  return _weighted_ppo(weight, logp, old_logp, advantages, mask, clip_low, clip_high, aggregation)
+
+
+def masked_is_loss(logp: Array, old_logp: Array, behaviour_logp: Array, advantages: Array,
+                   mask: Array, *, low: float = 0.5, high: float = 2.0, level: str = "token",
+                   clip_low: float = 0.2, clip_high: float = 0.2,
+                   aggregation: str = "token-mean") -> tuple[Array, Metrics]:
+  """Masked importance sampling (IcePop, Ling Team 2025; MIS): weights outside a band
+  are dropped instead of truncated,
+
+    l_t = sg(w 1[low <= w <= high]) * max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high))
+
+  with w the behaviour weight at `level` ("token": w_t; "sequence": the row's
+  geometric mean exp(mean_t log w_t), which drops or keeps whole responses). Checked
+  against verl's rollout correction (verl/trainer/ppo/rollout_corr_helper.py, the
+  token and "geometric" rejection masks). Metrics: is_masked_fraction,
+  is_weight_mean (after masking), clipfrac, approx_kl and ratio statistics.
+  """
+  _checks.check_in_range(low, "low", low=0.0)
+  _checks.check_in_range(high, "high", low=0.0, low_open=True)
+  if low > high:
+    raise ValueError(f"masked_is needs low <= high, got low={low!r} > high={high!r}.")
+  log_w = behaviour_log_weight(old_logp, behaviour_logp, mask, _row_level(level, "masked_is"))
+
+  def weight(t):
+    w = jnp.exp(log_w)
+    inside = (w >= low) & (w <= high)
+    return jnp.where(inside, w, 0.0), {"is_masked_fraction": fraction(~inside, t.valid)}
+
+  return _weighted_ppo(weight, logp, old_logp, advantages, mask, clip_low, clip_high, aggregation)
+
+
+def loglinear_proximal_logprobs(logp: Array, behaviour_logp: Array, staleness: Array,
+                                mask: Array) -> Array:
+  """[B, T] the proximal policy's log-probs approximated without a forward pass
+  (AReaL's log-linear approximation, A-3PO, arXiv 2512.06547):
+
+    log pi_prox = log mu + alpha (sg[log pi_theta] - log mu),  alpha = (s - 1) / s
+
+  for a sample drawn s >= 1 updates ago (alpha = 0 for s <= 1), the proximal policy
+  being one update behind the current one. Checked against AReaL
+  (areal/trainer/ppo/actor.py, `compute_prox_logp_approximations`).
+  """
+  _checks.check_token_and_seq({"logp": logp, "behaviour_logp": behaviour_logp, "mask": mask},
+                              {"staleness": staleness})
+  valid = as_bool(mask)
+  stale = jnp.asarray(staleness, jnp.float32)[:, None]
+  alpha = jnp.where(stale > 1.0, (stale - 1.0) / jnp.maximum(stale, 1.0), 0.0)
+  behaviour = sanitise(behaviour_logp, valid)
+  return behaviour + alpha * (jax.lax.stop_gradient(sanitise(logp, valid)) - behaviour)
+
+
+def decoupled_ppo_loss(logp: Array, old_logp: Array | None, behaviour_logp: Array,
+                       advantages: Array, mask: Array, *, staleness: Array | None = None,
+                       proximal: str = "recompute", cap: float | None = 5.0,
+                       cap_mode: str = "mask", level: str = "token", clip_low: float = 0.2,
+                       clip_high: float = 0.2, dual_clip: float | None = None,
+                       aggregation: str = "token-mean") -> tuple[Array, Metrics]:
+  """Decoupled PPO (Fu et al., 2025, AReaL, arXiv 2505.24298): the trust region is
+  anchored at the proximal policy, the off-policy correction is the behaviour weight,
+
+    l_t = sg(w~) * max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high))
+    w~  = w if w <= cap else 0   (cap_mode="mask"),  min(w, cap)  (cap_mode="truncate")
+
+  w at `level` ("token", or "sequence": the row's geometric mean); cap=None leaves w
+  whole; dual_clip as in `ppo_clip_loss`. proximal="loglinear" replaces old_logp by
+  `loglinear_proximal_logprobs` (needs staleness [B]). Checked against AReaL
+  (areal/utils/functional.py `ppo_actor_loss_fn`, `compute_behave_imp_weight`).
+  Metrics: is_masked_fraction (weights over the cap), is_weight_mean, clipfrac,
+  approx_kl and ratio statistics.
+  """
+  _checks.check_choice(proximal, ("recompute", "loglinear"), "decoupled_ppo proximal")
+  _checks.check_choice(cap_mode, ("mask", "truncate"), "decoupled_ppo cap_mode")
+  if cap is not None:
+    _checks.check_in_range(cap, "cap", low=0.0, low_open=True)
+  if proximal == "loglinear":
+    if staleness is None:
+      raise ValueError("decoupled_ppo with proximal='loglinear' needs the staleness [B].")
+    old_logp = loglinear_proximal_logprobs(logp, behaviour_logp, staleness, mask)
+  elif old_logp is None:
+    raise ValueError("decoupled_ppo with proximal='recompute' needs old_logp.")
+  log_w = behaviour_log_weight(old_logp, behaviour_logp, mask,
+                               _row_level(level, "decoupled_ppo"))
+
+  def weight(t):
+    w = jnp.exp(log_w)
+    over = jnp.zeros_like(t.valid) if cap is None else w > cap
+    if cap is not None:
+      w = jnp.where(over, 0.0, w) if cap_mode == "mask" else jnp.minimum(w, cap)
+    return w, {"is_masked_fraction": fraction(over, t.valid)}
+
+  return _weighted_ppo(weight, logp, old_logp, advantages, mask, clip_low, clip_high, aggregation,
+                       dual_clip)
+
+
+def opsm_loss(logp: Array, old_logp: Array, behaviour_logp: Array, advantages: Array,
+              mask: Array, *, delta: float = 1e-4, clip_low: float = 0.2, clip_high: float = 0.2,
+              aggregation: str = "token-mean") -> tuple[Array, Metrics]:
+  """Off-policy sequence masking (DeepSeek-V3.2; slime's OPSM): ppo_clip with the
+  tokens of a response dropped where A_t < 0 and the response has drifted,
+
+    KL_i = mean over valid t of (log mu(y_t) - sg[log pi_theta(y_t)]),
+    keep_t = not (A_t < 0 and KL_i > delta).
+
+  Checked against slime (slime/utils/ppo_utils.py, `compute_opsm_mask`). Metrics:
+  opsm_masked_fraction (of valid tokens), seq_kl_mean, clipfrac, approx_kl and ratio
+  statistics.
+  """
+  _checks.check_in_range(delta, "delta", low=0.0)
+  _checks.check_same_shape(logp=logp, behaviour_logp=behaviour_logp)
+  valid = as_bool(mask)
+  seq_kl = masked_mean(sanitise(behaviour_logp, valid)
+                       - jax.lax.stop_gradient(sanitise(logp, valid)), valid, axis=1)
+
+  def weight(t):
+    dropped = (t.advantages < 0) & (seq_kl[:, None] > delta)
+    return jnp.where(dropped, 0.0, 1.0), {
+        "opsm_masked_fraction": fraction(dropped, t.valid),
+        "seq_kl_mean": jnp.mean(jnp.where(jnp.any(valid, axis=1), seq_kl, 0.0))}
+
+  return _weighted_ppo(weight, logp, old_logp, advantages, mask, clip_low, clip_high, aggregation)
+
+
+def dppo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
+              divergence: str = "tv", clip_low: float = 0.2, clip_high: float = 0.2,
+              ratio_cap: float = 20.0, aggregation: str = "token-mean") -> tuple[Array, Metrics]:
+  """Divergence PPO, binary variants (arXiv 2602.04879): tokens are masked by a
+  divergence between the sampled token's probabilities p = pi_theta(y_t) and
+  q = pi_old(y_t) instead of by the ratio,
+
+    l_t = -A_t sg(min(r_t, ratio_cap)) sg(keep_t) log pi_theta(y_t)
+    tv: keep_t = p - q <= clip_high  if A_t > 0,   p - q >= -clip_low  otherwise
+    kl: D = q log(q / p) + (1 - q) log((1 - q + 1e-8) / (1 - p + 1e-8)),
+        keep_t = D <= clip_high or p <= q  if A_t > 0,  D <= clip_low or p >= q  otherwise
+
+  Checked against verl (verl/trainer/ppo/core_algos.py, `dppo_tv`, `dppo_kl`).
+  Metrics: clipfrac (masked tokens), ratio_capped_fraction, approx_kl, ratio statistics.
+  """
+  _checks.check_choice(divergence, ("tv", "kl"), "dppo divergence")
+  _checks.check_in_range(clip_low, "clip_low", low=0.0)
+  _checks.check_in_range(clip_high, "clip_high", low=0.0)
+  _checks.check_in_range(ratio_cap, "ratio_cap", low=0.0, low_open=True)
+
+  def formula(t: TokenRatios):
+    p = jnp.exp(jax.lax.stop_gradient(t.logp))
+    q = jnp.exp(jax.lax.stop_gradient(t.logp - t.log_ratio))
+    if divergence == "tv":
+      keep = jnp.where(t.advantages > 0, p - q <= clip_high, p - q >= -clip_low)
+    else:
+      binary_kl = (q * -jax.lax.stop_gradient(t.log_ratio)
+                   + (1.0 - q) * jnp.log((1.0 - q + 1e-8) / (1.0 - p + 1e-8)))
+      keep = jnp.where(t.advantages > 0, (binary_kl <= clip_high) | (p <= q),
+                       (binary_kl <= clip_low) | (p >= q))
+    weight = jax.lax.stop_gradient(jnp.where(keep, jnp.minimum(t.ratio, ratio_cap), 0.0))
+    return -t.advantages * weight * t.logp, {
+        "clipfrac": fraction(~keep, t.valid),
+        "ratio_capped_fraction": fraction(keep & (t.ratio > ratio_cap), t.valid)}
+
+  return token_ratio_loss(formula, logp, old_logp, advantages, mask, aggregation)
+
+
+def m2po_loss(logp: Array, old_logp: Array, behaviour_logp: Array, advantages: Array,
+              mask: Array, *, threshold: float = 0.04,
+              aggregation: str = "token-mean") -> tuple[Array, Metrics]:
+  """Second-moment trust policy optimisation (Zheng et al., 2025, arXiv 2510.01161):
+  no ratio clipping; instead the tokens with the largest M2_t = (log w_t)^2 are
+  masked, largest first, until the mean M2 of the kept valid tokens is below
+  `threshold` (`m2_keep_mask`), and
+
+    l_t = -A_t r_t keep_t.
+
+  Checked against AReaL (areal/trainer/ppo/actor.py, `_apply_m2po_masking`).
+  Metrics: m2 (before masking), m2_kept, m2_masked_fraction, approx_kl, ratio statistics.
+  """
+  _checks.check_in_range(threshold, "threshold", low=0.0, low_open=True)
+  log_w = behaviour_log_weight(old_logp, behaviour_logp, mask)
+  valid = as_bool(mask)
+  keep = m2_keep_mask(log_w, valid, threshold)
+
+  def formula(t: TokenRatios):
+    m2 = jnp.square(log_w)
+    return -t.advantages * t.ratio * keep, {
+        "m2": masked_mean(m2, t.valid), "m2_kept": masked_mean(m2, keep),
+        "m2_masked_fraction": fraction(~keep, t.valid)}
+
+  return token_ratio_loss(formula, logp, old_logp, advantages, mask, aggregation)
+
+
+def m2_keep_mask(log_w: Array, valid: Array, threshold: float) -> Array:
+  """[B, T] bool: the valid tokens M2PO keeps. With the n valid M2 = log_w^2 sorted
+  descending (ties in row-major order), the k largest are dropped for the smallest k
+  whose remaining mean is below `threshold` (k = n - 1 when none is)."""
+  valid = as_bool(valid)
+  m2 = jnp.where(valid, jnp.square(log_w.astype(jnp.float32)), -1.0).reshape(-1)
+  order = jnp.argsort(-m2, stable=True)
+  sorted_m2 = jnp.maximum(m2[order], 0.0)
+  n = jnp.sum(valid)
+  index = jnp.arange(m2.size)
+  remaining = jnp.sum(sorted_m2) - (jnp.cumsum(sorted_m2) - sorted_m2)
+  below = (safe_divide(remaining, (n - index).astype(jnp.float32)) < threshold) & (index < n)
+  dropped = jnp.where(jnp.any(below), jnp.argmax(below), jnp.maximum(n - 1, 0))
+  rank = jnp.zeros_like(order).at[order].set(index)
+  return (rank.reshape(valid.shape) >= dropped) & valid
+
+
+def sat_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, staleness: Array, *,
+             clip_low: float = 0.2, clip_high: float = 0.2, decay: float = 0.5,
+             aggregation: str = "token-mean") -> tuple[Array, Metrics]:
+  """Staleness-adaptive trust region: ppo_clip whose clip range narrows with the
+  sample's staleness s_i (updates between its sampling parameters and the learner's),
+
+    eps_low(s) = clip_low / (1 + decay s),  eps_high(s) = clip_high / (1 + decay s),
+    l_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low(s_i), 1 + eps_high(s_i))).
+
+  The idea of arXiv 2607.18722 (staleness-adaptive trust regions); its exact schedule
+  could not be checked here, so this is the 1 / (1 + decay s) form, and decay = 0 (or
+  s = 0) is ppo_clip. Metrics: clipfrac, clip_scale_mean (mean 1 / (1 + decay s) over
+  rows), approx_kl and ratio statistics.
+  """
+  check_clip(clip_low, clip_high)
+  _checks.check_in_range(decay, "decay", low=0.0)
+  _checks.check_token_and_seq({"logp": logp, "mask": mask}, {"staleness": staleness})
+  scale = 1.0 / (1.0 + decay * jnp.maximum(jnp.asarray(staleness, jnp.float32), 0.0))[:, None]
+
+  def formula(t: TokenRatios):
+    loss_tok, is_clipped = clipped_surrogate(t.ratio, t.advantages, clip_low * scale,
+                                             clip_high * scale)
+    return loss_tok, {"clipfrac": fraction(is_clipped, t.valid),
+                      "clip_scale_mean": jnp.mean(scale)}
+
+  return token_ratio_loss(formula, logp, old_logp, advantages, mask, aggregation)
+
+
+def topr_loss(logp: Array, behaviour_logp: Array, advantages: Array, mask: Array, *,
+              level: str = "sequence", threshold: float = 0.0,
+              aggregation: str = "token-mean") -> tuple[Array, Metrics]:
+  """Tapered off-policy REINFORCE (Le Roux et al., 2025, arXiv 2503.14286): positive
+  samples are learned from as in SFT, negative ones with a truncated weight,
+
+    alpha_t = clip(pi_theta / mu, 0, 1) if A_t <= threshold else 1,
+    l_t = -sg(alpha_t) A_t log pi_theta(y_t),
+
+  the ratio taken per sequence (`level="sequence"`, the paper's pi(y|x) / mu(y|x))
+  or per token (`level="token"`, as Trinity-RFT's `topr` loss, which this was
+  checked against: trinity/algorithm/policy_loss_fn/topr_policy_loss.py).
+  Metrics: alpha_mean, approx_kl and ratio statistics of pi_theta / mu.
+  """
+  _checks.check_choice(level, ("token", "sequence"), "topr level")
+
+  def formula(t: TokenRatios):
+    log_r = behaviour_log_weight(jax.lax.stop_gradient(t.logp), t.logp - t.log_ratio, t.valid,
+                                 level)
+    alpha = jnp.where(t.advantages <= threshold, jnp.minimum(jnp.exp(log_r), 1.0), 1.0)
+    return -jax.lax.stop_gradient(alpha) * t.advantages * t.logp, {
+        "alpha_mean": masked_mean(alpha, t.valid)}
+
+  return token_ratio_loss(formula, logp, behaviour_logp, advantages, mask, aggregation)
+
+
+def _row_level(level: str, loss: str) -> str:
+  """A loss's "token" | "sequence" weight level as a `behaviour_log_weight` level
+  ("sequence" is the length-normalised geometric mean)."""
+  _checks.check_choice(level, ("token", "sequence"), f"{loss} level")
+  return "geometric" if level == "sequence" else "token"
