@@ -185,9 +185,9 @@ def grpo_rows(ours, theirs, config, *, prompts: int, group: int, prompt: int, re
       ours(tokens, positions=positions, token_valid=valid).logits[:, :-1], tokens[:, 1:])
   behaviour = jnp.pad(behaviour, ((0, 0), (1, 0))) * mask
   # Reference log-probs given (beta = 0: tunix's step has no reference pass either).
-  rollout = Rollout(tokens=tokens, mask=mask, rewards=jnp.asarray(rewards), behaviour_logprobs=behaviour,
-                    ref_logprobs=behaviour, group_size=group, positions=positions,
-                    token_valid=valid)
+  rollout = Rollout(tokens=tokens, mask=mask, rewards=jnp.asarray(rewards),
+                    behaviour_logprobs=behaviour, ref_logprobs=behaviour, group_size=group,
+                    positions=positions, token_valid=valid)
   optimizer = lambda model: nnx.Optimizer(model, optax.adam(1e-6), wrt=nnx.Param)
 
   def jaxcredit_step(model):

@@ -15,8 +15,8 @@ from jax import Array
 from jaxcredit import _checks
 
 _TOKEN_FIELDS = (
-    "tokens", "mask", "behaviour_logprobs", "old_logprobs", "ref_logprobs", "values", "token_rewards", "entropy", "positions",
-    "token_valid",
+    "tokens", "mask", "behaviour_logprobs", "old_logprobs", "ref_logprobs", "values",
+    "token_rewards", "entropy", "positions", "token_valid",
 )
 
 

@@ -180,7 +180,8 @@ def _grpo_high_entropy(rollout: Rollout, *, rho: float = 0.2, eps: float = 1e-6)
 def _grpo_surprisal(rollout: Rollout, *, eps: float = 1e-6):
   """GRPO advantages times surprisal weights (mean 1); needs rollout.behaviour_logprobs."""
   rollout.require("behaviour_logprobs", by="grpo_surprisal")
-  return _grpo(rollout, eps=eps) * token_credit.surprisal_weights(rollout.behaviour_logprobs, rollout.mask)
+  return _grpo(rollout, eps=eps) * token_credit.surprisal_weights(rollout.behaviour_logprobs,
+                                                                  rollout.mask)
 
 
 @register("n_step")

@@ -50,6 +50,7 @@ class SingleTurn:
                       stop_tokens=self.stop_tokens, pad_id=self.pad_id, actions=self.actions)
     rewards = self.score(self.local(sample.tokens), self.local(sample.mask), batch["examples"])
     return Rollout(tokens=sample.tokens, mask=sample.mask,
-                   rewards=self.place(np.asarray(rewards, np.float32)), behaviour_logprobs=sample.logprobs,
+                   rewards=self.place(np.asarray(rewards, np.float32)),
+                   behaviour_logprobs=sample.logprobs,
                    entropy=sample.entropy, truncated=sample.truncated, positions=sample.positions,
                    token_valid=sample.token_valid, group_size=self.group_size)

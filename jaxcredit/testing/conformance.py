@@ -104,7 +104,8 @@ def degenerate_rollouts(group_sizes: Sequence[int] = (1, 2, 4)) -> list[tuple[st
       ("huge rewards", second.replace(rewards=(2.0 * second.rewards - 1.0) * HUGE_REWARD)),
       ("large log-ratios", first.replace(extras={
           **first.extras,
-          "target_logprobs": first.behaviour_logprobs + _alternating(first.shape, LARGE_LOG_RATIO)})),
+          "target_logprobs": first.behaviour_logprobs
+                             + _alternating(first.shape, LARGE_LOG_RATIO)})),
   ]
   if 1 in group_sizes:
     cases.append(("groups of size 1", base(1)))
@@ -257,7 +258,8 @@ def reward_scale(scale: float = HUGE_REWARD) -> Invariance:
 
 def _loss_inputs(rollout: Rollout, estimate_fn) -> tuple[PolicyOutputs, Estimate]:
   outputs = PolicyOutputs(
-      logprobs=rollout.behaviour_logprobs + 0.05 * jnp.cos(jnp.arange(rollout.shape[1], dtype=jnp.float32)),
+      logprobs=rollout.behaviour_logprobs
+      + 0.05 * jnp.cos(jnp.arange(rollout.shape[1], dtype=jnp.float32)),
       entropy=rollout.entropy,
       values=rollout.values + 0.1,
   )

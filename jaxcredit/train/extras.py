@@ -124,7 +124,8 @@ def _monte_carlo_values(settings: Mapping, *, temperature: float) -> Provide:
   def provide(context: Context, rollout: Rollout) -> tuple[dict, dict]:
     credit = monte_carlo.mc_credit(context.model, context.task, rollout.tokens, rollout.mask,
                                    rollout.token_valid, context.examples, context.key, k=k,
-                                   positions=positions, logprobs=np.asarray(rollout.behaviour_logprobs),
+                                   positions=positions,
+                                   logprobs=np.asarray(rollout.behaviour_logprobs),
                                    temperature=temperature)
     return ({"mc_values": credit.values, "mc_evaluated": credit.evaluated},
             {"gen_tokens": credit.cost["gen_tokens"], "mc_rollouts": credit.cost["rollouts"]})

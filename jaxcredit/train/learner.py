@@ -103,7 +103,8 @@ def prepare(models: dict, rollout: Rollout, settings: Settings) -> Rollout:
         ref_logprobs=reference_logprobs(models["reference"], rollout, settings))
   if settings.kl_reward_coef:
     rollout = rollout.replace(token_rewards=losses.kl_reward_shaping(
-        jnp.zeros(rollout.mask.shape), rollout.behaviour_logprobs, rollout.ref_logprobs, rollout.mask,
+        jnp.zeros(rollout.mask.shape), rollout.behaviour_logprobs, rollout.ref_logprobs,
+        rollout.mask,
         coef=settings.kl_reward_coef, kind=settings.kl_reward_kind))
   if settings.critic is not None:
     rollout = rollout.replace(
@@ -115,8 +116,9 @@ def batch_metrics(rollout: Rollout, estimate: Estimate) -> dict:
   """Scalars describing the batch the updates learned from."""
   metrics = {
       "reward_mean": jnp.mean(rollout.rewards),
-      "kl": losses.aggregate(losses.kl_penalty(rollout.behaviour_logprobs, rollout.ref_logprobs, kind="k3"),
-                             rollout.mask, "token-mean"),
+      "kl": losses.aggregate(
+          losses.kl_penalty(rollout.behaviour_logprobs, rollout.ref_logprobs, kind="k3"),
+          rollout.mask, "token-mean"),
       "kl_reward_penalty": 0.0 if rollout.token_rewards is None else -losses.aggregate(
           rollout.token_rewards, rollout.mask, "token-mean"),
   }
