@@ -52,6 +52,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.rl.kl_reward_coef = 0.0  # > 0: r_t -= coef * KL_t (for return-based estimators: gae, reinforce, reinforce_pp)
   config.rl.kl_reward_kind = "k1"  # KL estimator of that penalty: k1 | k2 | k3
   config.rl.eval_every = 20  # steps between greedy evals
+  # True: one extra forward pass per step gives rollout.old_logprobs (the learner's own log-probs
+  # before its updates; the off-policy losses need them) and the mismatch/... metrics.
+  config.rl.recompute_old_logprobs = False
+  # k > 0: update t's rollouts are sampled with the parameters after update t - k ("fixed") or
+  # t - U{0..k} ("uniform"), recorded per sample as rollout.staleness; 0 is synchronous RL.
+  config.rl.max_staleness = 0
+  config.rl.staleness_mode = "fixed"  # fixed | uniform
 
   config.critic = ml_collections.ConfigDict()
   # A separate value model (for gae / n_step / vtrace); None trains no critic.

@@ -65,7 +65,7 @@ def test_shipped_experiment_objective_matches_numpy(step):
   loss, metrics = objective(outputs, rollout, estimate, step)
   mask = np.asarray(rollout.mask)
   policy = reference.aggregate(reference.ppo_clip_tokens(
-      logp, rollout.behaviour_logprobs, estimate.advantages, 0.2, 0.28), mask, "token-mean")
+      logp, rollout.old_logprobs, estimate.advantages, 0.2, 0.28), mask, "token-mean")
   kl = reference.aggregate(reference.kl(logp, rollout.ref_logprobs, "k3"), mask, "token-mean")
   entropy_coef = 1e-3 * max(0.0, 1 - step / 1000)
   entropy = -np.asarray(rollout.entropy, np.float64)[mask].mean()

@@ -98,3 +98,30 @@ def test_epochs_repeat_the_whole_batch_and_a_present_reference_is_kept():
                               objective=losses.from_config({"kl": {"name": "kl", "kind": "k1"}}),
                               settings=learner.Settings(epochs=1))(state, shifted, None, 0)
   np.testing.assert_allclose(once["kl/value"], 0.25, rtol=1e-5)
+
+
+def test_recomputed_old_logprobs_feed_off_policy_losses_and_the_mismatch_metrics():
+  """The sampler's log-probs off by a known gap: the learner recomputes the policy's own
+  (the proximal policy), tis reads both, and mismatch/... measures the gap exactly."""
+  modules = _modules()
+  rollout = _rollout(modules["model"])
+  mask = np.asarray(rollout.mask)
+  gap = np.where(mask, np.random.default_rng(1).normal(0.0, 0.1, mask.shape), 0.0)
+  sampled = rollout.replace(behaviour_logprobs=rollout.behaviour_logprobs + jnp.asarray(gap, jnp.float32))
+  graphdef, state = nnx.split(modules)
+  make = lambda recompute: learner.make_step(
+      graphdef, advantage=estimators.from_config("grpo"),
+      objective=losses.from_config({"policy": {"name": "tis", "cap": 2.0}}),
+      settings=learner.Settings(recompute_old_logprobs=recompute))
+  _, metrics = make(True)(state, sampled, None, 0)
+  np.testing.assert_allclose(metrics["mismatch/abs_logp_diff"], np.abs(gap[mask]).mean(), rtol=1e-4)
+  np.testing.assert_allclose(metrics["mismatch/k3"], (np.expm1(-gap) + gap)[mask].mean(), rtol=1e-3)
+  np.testing.assert_allclose(metrics["mismatch/max_ratio"], np.exp(-gap[mask]).max(), rtol=1e-5)
+  w = np.minimum(np.exp(-gap), 2.0)  # pi_old / mu, truncated
+  np.testing.assert_allclose(metrics["policy/is_weight_mean"], w[mask].mean(), rtol=1e-5)
+  try:
+    make(False)(state, sampled, None, 0)
+  except ValueError as error:
+    assert "tis needs rollout.old_logprobs" in str(error) and "recompute_old_logprobs" in str(error)
+  else:
+    raise AssertionError("tis ran without old_logprobs")

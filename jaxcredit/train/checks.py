@@ -6,11 +6,14 @@ import math
 import numpy as np
 
 from jaxcredit.models import sharding
+from jaxcredit.train import staleness
 
 
 # Settings a resumed run must share with the run that wrote its checkpoints.
 RESUME_FIELDS = ("seed", "task", "model", "critic.preset", "rl.group_size", "rl.prompts_per_step",
-                 "advantage", "objective")
+                 "rl.max_staleness", "rl.staleness_mode", "advantage", "objective")
+# What a config.json written before a field existed meant by its absence.
+RESUME_DEFAULTS = {"rl.max_staleness": 0, "rl.staleness_mode": "fixed"}
 
 
 def check_resumable(saved: dict, config: dict) -> None:
@@ -25,7 +28,7 @@ def check_resumable(saved: dict, config: dict) -> None:
         for k, v in leaves(value, f"{prefix}.{key}".lstrip(".")).items()
     }
 
-  saved, config = leaves(saved), leaves(config)
+  saved, config = ({**RESUME_DEFAULTS, **leaves(tree)} for tree in (saved, config))
   checked = [k for k in sorted(set(saved) | set(config))
              if any(k == field or k.startswith(field + ".") for field in RESUME_FIELDS)]
   differing = [
@@ -76,6 +79,7 @@ def validate_config(config) -> None:
       _number_in(config.task.get("max_dropped_fraction", 0.1), "task.max_dropped_fraction",
                  0.0, 1.0),
   ]
+  staleness.check_settings(rl.get("max_staleness", 0), rl.get("staleness_mode", "fixed"))
   truncated_reward = config.task.get("truncated_reward", 0.0)
   problems.append((isinstance(truncated_reward, (int, float)) and math.isfinite(truncated_reward),
                    f"task.truncated_reward must be a finite number, got {truncated_reward!r}"))

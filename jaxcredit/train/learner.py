@@ -8,7 +8,9 @@
 (`nnx.split` of that dict gives `graphdef` and `state`). One call:
 
   1. log-probs of the rollout under the frozen reference (unless the rollout
-     already has them), the per-token KL reward penalty
+     already has them), with settings.recompute_old_logprobs the policy's own
+     log-probs before its updates (rollout.old_logprobs, the proximal policy),
+     the per-token KL reward penalty
      r_t -= coef * KL_t (settings.kl_reward_coef > 0) and critic values V(s_t);
   2. the advantage estimate, `advantage(rollout)`;
   3. `epochs x minibatches` updates under `lax.scan`: the policy on
@@ -16,7 +18,8 @@
      lambda-returns, each on the rows `orders[u]` (whole groups);
   4. metrics: the update metrics averaged over all updates (`critic/...` for
      the critic), and batch metrics of the rollout (reward mean, entropy, KL
-     to the reference, the KL penalty, signal diagnostics).
+     to the reference, the KL penalty, signal diagnostics, and the sampler-learner
+     mismatch `mismatch/...` when old_logprobs were recomputed).
 """
 
 import dataclasses
@@ -54,6 +57,7 @@ class Settings:
   minibatches: int = 1
   kl_reward_coef: float = 0.0
   kl_reward_kind: str = "k1"
+  recompute_old_logprobs: bool = False  # one forward pass: rollout.old_logprobs
   critic: CriticSettings | None = None
   logits_per_chunk: int = steps.LOGITS_PER_CHUNK  # logits held at a time by the log-prob head
 
@@ -90,17 +94,22 @@ def critic_update(critic, optimizer, rollout: Rollout, settings: CriticSettings,
 
 
 def reference_logprobs(reference, rollout: Rollout, settings: Settings) -> Array:
-  """[B, L] log-probs of the rollout's tokens under the frozen reference policy."""
-  return steps.policy_outputs(reference, rollout, settings.temperature, settings.actions,
-                              settings.logits_per_chunk).logprobs
+  """[B, L] log-probs of the rollout's tokens under a frozen policy (the reference, or the
+  policy itself before its updates)."""
+  return jax.lax.stop_gradient(steps.policy_outputs(
+      reference, rollout, settings.temperature, settings.actions,
+      settings.logits_per_chunk).logprobs)
 
 
 def prepare(models: dict, rollout: Rollout, settings: Settings) -> Rollout:
-  """The rollout with reference log-probs (kept if present), the KL reward
-  penalty as token_rewards (kl_reward_coef > 0) and critic values (with a critic)."""
+  """The rollout with reference log-probs (kept if present), the policy's recomputed
+  old_logprobs (recompute_old_logprobs), the KL reward penalty as token_rewards
+  (kl_reward_coef > 0) and critic values (with a critic)."""
   if rollout.ref_logprobs is None:
     rollout = rollout.replace(
         ref_logprobs=reference_logprobs(models["reference"], rollout, settings))
+  if settings.recompute_old_logprobs:
+    rollout = rollout.replace(old_logprobs=reference_logprobs(models["model"], rollout, settings))
   if settings.kl_reward_coef:
     rollout = rollout.replace(token_rewards=losses.kl_reward_shaping(
         jnp.zeros(rollout.mask.shape), rollout.behaviour_logprobs, rollout.ref_logprobs,
@@ -124,9 +133,27 @@ def batch_metrics(rollout: Rollout, estimate: Estimate) -> dict:
   }
   if rollout.entropy is not None:
     metrics["entropy"] = losses.aggregate(rollout.entropy, rollout.mask, "token-mean")
+  if rollout.old_logprobs is not None and rollout.behaviour_logprobs is not None:
+    metrics.update(mismatch_metrics(rollout.behaviour_logprobs, rollout.old_logprobs,
+                                    rollout.mask))
+  if rollout.staleness is not None:
+    metrics["staleness_mean"] = jnp.mean(rollout.staleness.astype(jnp.float32))
   diagnostics = estimators.signal_diagnostics(rollout.rewards, estimate.advantages, rollout.mask,
                                               group_size=rollout.group_size)
   return {**metrics, **{k: v for k, v in diagnostics.items() if jnp.ndim(v) == 0}}
+
+
+def mismatch_metrics(behaviour_logprobs: Array, old_logprobs: Array, mask: Array) -> dict:
+  """The sampler-learner numerics gap on the sampled tokens (mu: sampler, pi: learner,
+  the same parameters when the run is synchronous): mean |log pi - log mu|, the k3
+  estimate of KL(mu || pi) and the largest ratio pi / mu (log-ratio bounded)."""
+  log_w = losses.behaviour_log_weight(old_logprobs, behaviour_logprobs, mask)
+  valid = jnp.asarray(mask, bool)
+  return {
+      "mismatch/abs_logp_diff": losses.aggregate(jnp.abs(log_w), valid, "token-mean"),
+      "mismatch/k3": losses.aggregate(jnp.expm1(log_w) - log_w, valid, "token-mean"),
+      "mismatch/max_ratio": jnp.max(jnp.where(valid, jnp.exp(log_w), 0.0)),
+  }
 
 
 def minibatch_orders(rows: int, group_size: int, epochs: int, minibatches: int, seed: int,

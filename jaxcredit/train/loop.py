@@ -41,7 +41,7 @@ from jaxcredit.models import Transformer, checkpoint, preset, sharding
 from jaxcredit.rollout import Rollout
 from jaxcredit.rollouts import SingleTurn
 from jaxcredit.tasks import loader
-from jaxcredit.train import (checkpoints, checks, extras, learner, metrics, steps, tasks,
+from jaxcredit.train import (checkpoints, checks, extras, learner, metrics, staleness, steps, tasks,
                              workdir_lock)
 
 RolloutHook = extras.Hook
@@ -91,14 +91,21 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
       t.checkpointer.check()
       step_started = time.perf_counter()
       batch = t.rl_data.rl_batch(rl_step, group_size=rl.group_size)
-      rollout = t.source(t.modules["model"], batch, jax.random.fold_in(key, rl_step))
+      lag = t.stale.lag(rl_step)
+      rollout = t.source(t.stale.sampler(t.modules["model"], lag), batch,
+                         jax.random.fold_in(key, rl_step))
+      if t.stale.max_staleness:
+        local_rows = t.local(rollout.rewards).shape
+        rollout = rollout.replace(staleness=t.place(np.full(local_rows, lag, np.int32)))
       checks.check_rewards(t.local(rollout.rewards), task=config.task.name, rl_step=rl_step + 1)
       rollout, record = _add_extras(t, rollout, batch, rl_step, add_extras)
       orders = learner.minibatch_orders(rollout.tokens.shape[0], rl.group_size, rl.epochs,
                                         rl.minibatches, config.seed, rl_step)
+      before_update = t.stale.capture(t.modules["model"])
       state, update_metrics = t.learner_step(nnx.state(t.modules), rollout, orders, rl_step)
       _check_finite(update_metrics, rl_step, t)
       nnx.update(t.modules, state)
+      t.stale.push(before_update)
       generated = int(jnp.sum(rollout.mask))
       t.counters.update(rl_step=rl_step + 1, step=t.counters["step"] + 1,
                         gen_tokens=t.counters["gen_tokens"] + generated)
@@ -115,7 +122,8 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
                            kl=f"{float(record['train/kl']):.4f}", accuracy=accuracy, refresh=False)
       t.writer.write(t.counters["step"], record)
       if stops or (rl_step + 1) % config.checkpoint.every == 0 or rl_step + 1 == rl.steps:
-        t.checkpointer.save(rl_step + 1, t.modules, dict(t.counters), t.mesh)
+        t.checkpointer.save(rl_step + 1, {**t.modules, **t.stale.snapshots}, dict(t.counters),
+                            t.mesh)
       if stops:
         tqdm.tqdm.write(
             f"{stops[0]}: saved a checkpoint at RL step {rl_step + 1}; rerun to resume.")
@@ -178,6 +186,7 @@ class _Trainer:
   learner_step: Callable
   provide_extras: extras.Hook | None  # what the estimators need (None: nothing)
   reference_logprobs: Callable  # (reference, rollout) -> [B, L] log-probs
+  stale: staleness.StaleParameters  # the parameters stale rollouts are sampled with
   rl_data: loader.Loader
   writer: metrics.MetricsWriter | None = None
 
@@ -249,12 +258,14 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
   provide_extras = extras.hook(advantage, temperature=config.rl.temperature)
   reference_logprobs = nnx.jit(functools.partial(learner.reference_logprobs, settings=settings))
   counters = {"rl_step": 0, "step": 0, "gen_tokens": 0}
+  stale = staleness.StaleParameters(modules["model"], config.rl.get("max_staleness", 0),
+                                    config.rl.get("staleness_mode", "fixed"), config.seed)
   t = _Trainer(config, workdir, checkpointer, resumed, counters, mesh, place, local, task,
                data_counts, lengths["train"][:, 0], eval_batch, source, modules, learner_step,
-               provide_extras, reference_logprobs, None)
+               provide_extras, reference_logprobs, stale, None)
   t.rl_data = t.train_loader(config.rl.prompts_per_step)
   if resumed:
-    t.counters = checkpointer.restore(modules, mesh)
+    t.counters = checkpointer.restore({**modules, **stale.snapshots}, mesh)
     print(f"Resuming RL at step {t.counters['rl_step']} from {workdir / 'checkpoints'}.")
   t.writer = metrics.MetricsWriter(workdir, resume_step=t.counters["step"] if resumed else None,
                                    primary=jax.process_index() == 0)
@@ -296,6 +307,7 @@ def _learner_modules(config, task: tasks.TrainTask, mesh) -> tuple[dict, learner
   settings = learner.Settings(temperature=rl.temperature, actions=task.actions, epochs=rl.epochs,
                               minibatches=rl.minibatches, kl_reward_coef=rl.kl_reward_coef,
                               kl_reward_kind=rl.kl_reward_kind, critic=critic_settings,
+                              recompute_old_logprobs=rl.get("recompute_old_logprobs", False),
                               logits_per_chunk=_logits_per_chunk(config))
   return modules, settings
 
@@ -372,6 +384,7 @@ def _warm_start(t: _Trainer, stops: list) -> tuple[float, bool]:
         t.writer.close()
         return accuracy, True
   nnx.update(t.modules["reference"], nnx.state(model))  # the reference is the post-SFT policy
+  t.stale.reset(model)  # and so are the parameters stale rollouts start from
   return accuracy, False
 
 
