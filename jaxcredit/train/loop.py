@@ -94,10 +94,10 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
       lag = t.stale.lag(rl_step)
       rollout = t.source(t.stale.sampler(t.modules["model"], lag), batch,
                          jax.random.fold_in(key, rl_step))
+      local_rewards = t.local(rollout.rewards)
+      checks.check_rewards(local_rewards, task=config.task.name, rl_step=rl_step + 1)
       if t.stale.max_staleness:
-        local_rows = t.local(rollout.rewards).shape
-        rollout = rollout.replace(staleness=t.place(np.full(local_rows, lag, np.int32)))
-      checks.check_rewards(t.local(rollout.rewards), task=config.task.name, rl_step=rl_step + 1)
+        rollout = rollout.replace(staleness=t.place(np.full(local_rewards.shape, lag, np.int32)))
       rollout, record = _add_extras(t, rollout, batch, rl_step, add_extras)
       orders = learner.minibatch_orders(rollout.tokens.shape[0], rl.group_size, rl.epochs,
                                         rl.minibatches, config.seed, rl_step)
