@@ -21,6 +21,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.mesh = ml_collections.ConfigDict()
   # (data, fsdp, sequence, model) device counts; None puts every device on `data`.
   config.mesh.shape = ml_collections.config_dict.placeholder(tuple)
+  # Overlapped sampling: the sampler's own (data, fsdp, sequence, model) devices, split off
+  # after mesh.shape's; it samples batch t + 1 during update t (jaxcredit.train.overlap).
+  config.mesh.sampler_shape = ml_collections.config_dict.placeholder(tuple)
   config.mesh.distributed = False  # call jax.distributed.initialize() (multi-host TPU/GPU)
   # With distributed: process 0's "host:port", the process count and this process's id
   # (None: detected on TPU pods, SLURM and other clusters jax knows).
@@ -58,7 +61,8 @@ def get_config() -> ml_collections.ConfigDict:
   # k > 0: update t's rollouts are sampled with the parameters after update t - k ("fixed") or
   # t - U{0..k} ("uniform"), recorded per sample as rollout.staleness; 0 is synchronous RL.
   config.rl.max_staleness = 0
-  config.rl.staleness_mode = "fixed"  # fixed | uniform
+  config.rl.staleness_mode = "fixed"  # fixed | uniform | periodic (t - 1 mod k, + 1)
+  config.rl.sync_every = 1  # with mesh.sampler_shape: updates between weight pushes to the sampler
 
   config.critic = ml_collections.ConfigDict()
   # A separate value model (for gae / n_step / vtrace); None trains no critic.

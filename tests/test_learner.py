@@ -57,10 +57,11 @@ def test_two_minibatches_equal_two_sequential_updates_and_average_their_metrics(
   estimate = estimators.from_config("grpo")(scored)
   objective = losses.from_config(OBJECTIVE)
   seen = []
+  value_and_grad = nnx.jit(lambda model, mini, mini_estimate: nnx.value_and_grad(
+      lambda m: objective(steps.policy_outputs(m, mini, 1.0), mini, mini_estimate, 3), has_aux=True)(model))
   for rows in orders:
     mini, mini_estimate = jax.tree.map(lambda x: x[rows], (scored, estimate))
-    (loss, _), grads = nnx.value_and_grad(
-        lambda m: objective(steps.policy_outputs(m, mini, 1.0), mini, mini_estimate, 3), has_aux=True)(model)
+    (loss, _), grads = value_and_grad(model, mini, mini_estimate)
     params = nnx.state(model, nnx.Param)
     nnx.update(model, jax.tree.map(lambda p, g: p - LEARNING_RATE * g, params, nnx.state(grads, nnx.Param)))
     seen.append((float(loss), float(optax.tree.norm(grads))))

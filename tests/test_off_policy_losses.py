@@ -87,7 +87,7 @@ def _hparams(name, index, aggregation):
 class OffPolicyReferenceTest(parameterized.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.product(case=PARAMS, shape=SHAPES[1:],
+  @parameterized.product(case=PARAMS, shape=[SHAPES[1], SHAPES[3]],
                          aggregation=["token-mean", "seq-mean-token-mean"])
   def test_matches_float64_reference(self, case, shape, aggregation):
     name, index = case

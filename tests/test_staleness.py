@@ -39,6 +39,8 @@ def test_the_lag_is_the_mode_clamped_at_the_step_and_depends_only_on_seed_and_st
   assert lags[0] == lags[1] and lags[0] != lags[2]
   assert all(0 <= lag <= min(3, t) for t, lag in enumerate(lags[0]))
   assert set(lags[0][3:]) == {0, 1, 2, 3}
+  periodic = staleness.StaleParameters(_module(0.0), 3, "periodic", seed=0)
+  assert [periodic.lag(t) for t in range(9)] == [0, 1, 2, 3, 1, 2, 3, 1, 2]
   none = staleness.StaleParameters(_module(0.0), 0, "uniform", seed=0)
   assert none.snapshots == {} and none.capture(_module(1.0)) is None
   assert {none.lag(t) for t in range(20)} == {0}
@@ -46,7 +48,7 @@ def test_the_lag_is_the_mode_clamped_at_the_step_and_depends_only_on_seed_and_st
 
 @pytest.mark.parametrize("field, value, message", [
     ("max_staleness", -1, "rl.max_staleness must be an int >= 0, got -1"),
-    ("staleness_mode", "random", "rl.staleness_mode must be one of fixed, uniform, got 'random'"),
+    ("staleness_mode", "random", "rl.staleness_mode must be one of fixed, uniform, periodic, got 'random'"),
 ])
 def test_bad_staleness_settings_name_the_field(field, value, message):
   config = load_experiment("quickstart")

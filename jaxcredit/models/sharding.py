@@ -7,6 +7,7 @@ The `sequence` axis shards teacher-forced rows along their length
 (`jaxcredit.models.context_parallel`); parameters are replicated over it.
 """
 
+import math
 from collections.abc import Mapping
 
 import jax
@@ -28,21 +29,43 @@ DEFAULT_RULES: Mapping[str, str | tuple[str, ...] | None] = {
 }
 
 
-def make_mesh(shape: tuple[int, int, int, int] | None = None) -> Mesh:
+def make_mesh(shape: tuple[int, int, int, int] | None = None, devices=None) -> Mesh:
   """A (data, fsdp, sequence, model) mesh with automatic (GSPMD) sharding propagation.
 
-  shape defaults to (all devices, 1, 1, 1): pure data parallelism. Run the
-  model under `jax.set_mesh(mesh)` for the `sequence` axis to take effect.
+  devices default to the first prod(shape) of all; shape defaults to (len(devices),
+  1, 1, 1): pure data parallelism. Run the model under `jax.set_mesh(mesh)` for the
+  `sequence` axis to take effect.
   """
-  shape = tuple(shape or (jax.device_count(), 1, 1, 1))
+  shape = tuple(shape or (len(jax.devices() if devices is None else devices), 1, 1, 1))
   check_mesh_shape(shape)
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                       devices=devices)
 
 
-def check_mesh_shape(shape) -> None:
+def split_meshes(learner_shape, sampler_shape) -> tuple[Mesh, Mesh]:
+  """(learner mesh, sampler mesh) on disjoint devices: the learner's are the first
+  prod(learner_shape) devices, the sampler's the rest; together they must use every
+  device (`mesh.shape` and `mesh.sampler_shape` name the two in a config). On one
+  process only: a multi-host sampler split needs a per-host split of the devices."""
+  check_mesh_shape(sampler_shape, field="mesh.sampler_shape")
+  devices, sampled = jax.devices(), math.prod(sampler_shape)
+  learner_shape = tuple(learner_shape or (len(devices) - sampled, 1, 1, 1))
+  if jax.process_count() > 1:
+    raise ValueError("mesh.sampler_shape splits one process's devices; it is not supported on "
+                     f"{jax.process_count()} processes.")
+  if min(learner_shape) < 1 or math.prod(learner_shape) + sampled != len(devices):
+    raise ValueError(
+        f"mesh.shape {learner_shape} (learner, {math.prod(learner_shape)} devices) and "
+        f"mesh.sampler_shape {tuple(sampler_shape)} ({sampled} devices) must split the "
+        f"{len(devices)} devices between them.")
+  learned = math.prod(learner_shape)
+  return make_mesh(learner_shape, devices[:learned]), make_mesh(sampler_shape, devices[learned:])
+
+
+def check_mesh_shape(shape, field: str = "mesh.shape") -> None:
   """ValueError unless `shape` gives a positive int size for each of MESH_AXES."""
   if len(shape) != len(MESH_AXES) or not all(isinstance(n, int) and n >= 1 for n in shape):
-    raise ValueError(f"mesh.shape gives the sizes of (data, fsdp, sequence, model), e.g. "
+    raise ValueError(f"{field} gives the sizes of (data, fsdp, sequence, model), e.g. "
                      f"(2, 2, 1, 2); got {tuple(shape)!r}.")
 
 

@@ -6,14 +6,16 @@ import math
 import numpy as np
 
 from jaxcredit.models import sharding
-from jaxcredit.train import staleness
+from jaxcredit.train import overlap, staleness
 
 
 # Settings a resumed run must share with the run that wrote its checkpoints.
 RESUME_FIELDS = ("seed", "task", "model", "critic.preset", "rl.group_size", "rl.prompts_per_step",
-                 "rl.max_staleness", "rl.staleness_mode", "advantage", "objective")
+                 "rl.max_staleness", "rl.staleness_mode", "rl.sync_every", "mesh.sampler_shape",
+                 "advantage", "objective")
 # What a config.json written before a field existed meant by its absence.
-RESUME_DEFAULTS = {"rl.max_staleness": 0, "rl.staleness_mode": "fixed"}
+RESUME_DEFAULTS = {"rl.max_staleness": 0, "rl.staleness_mode": "fixed", "rl.sync_every": 1,
+                   "mesh.sampler_shape": None}
 
 
 def check_resumable(saved: dict, config: dict) -> None:
@@ -85,6 +87,12 @@ def validate_config(config) -> None:
                    f"task.truncated_reward must be a finite number, got {truncated_reward!r}"))
   if config.mesh.shape is not None:
     sharding.check_mesh_shape(config.mesh.shape)
+  overlap.check_settings(rl.get("sync_every", 1))
+  if config.mesh.get("sampler_shape") is not None:
+    sharding.check_mesh_shape(config.mesh.sampler_shape, field="mesh.sampler_shape")
+    problems.append((rl.get("max_staleness", 0) == 0,
+                     "rl.max_staleness must be 0 with mesh.sampler_shape (the sampler's own "
+                     f"devices set the staleness through rl.sync_every), got {rl.max_staleness!r}"))
   if config.critic.preset:
     problems += [
         _number_in(config.critic.learning_rate, "critic.learning_rate", 0.0, low_open=True),

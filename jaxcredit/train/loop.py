@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import os
 import pathlib
 import signal
@@ -41,8 +42,8 @@ from jaxcredit.models import Transformer, checkpoint, preset, sharding
 from jaxcredit.rollout import Rollout
 from jaxcredit.rollouts import SingleTurn
 from jaxcredit.tasks import loader
-from jaxcredit.train import (checkpoints, checks, extras, learner, metrics, staleness, steps, tasks,
-                             workdir_lock)
+from jaxcredit.train import (checkpoints, checks, extras, learner, metrics, overlap, staleness,
+                             steps, tasks, workdir_lock)
 
 RolloutHook = extras.Hook
 """hook(context: extras.Context, rollout) -> (extras, metrics): runs after the
@@ -86,23 +87,22 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
     add_extras = extras.chain(t.provide_extras, rollout_hook)
     progress = tqdm.tqdm(range(t.counters["rl_step"], rl.steps), desc="rl",
                          initial=t.counters["rl_step"], total=rl.steps, mininterval=2.0)
+    sampled = None  # with a sampler of its own: the next update's batch, sampled already
     for rl_step in progress:
       # An asynchronous save that failed stops the run here, not one save later.
       t.checkpointer.check()
       step_started = time.perf_counter()
-      batch = t.rl_data.rl_batch(rl_step, group_size=rl.group_size)
-      lag = t.stale.lag(rl_step)
-      rollout = t.source(t.stale.sampler(t.modules["model"], lag), batch,
-                         jax.random.fold_in(key, rl_step))
-      local_rewards = t.local(rollout.rewards)
-      checks.check_rewards(local_rewards, task=config.task.name, rl_step=rl_step + 1)
-      if t.stale.max_staleness:
-        rollout = rollout.replace(staleness=t.place(np.full(local_rewards.shape, lag, np.int32)))
+      batch, rollout = sampled or t.sample(rl_step, key)
+      if t.sampler is not None and t.sampler.due(rl_step):
+        t.sampler.push(t.modules["model"])
       rollout, record = _add_extras(t, rollout, batch, rl_step, add_extras)
       orders = learner.minibatch_orders(rollout.tokens.shape[0], rl.group_size, rl.epochs,
                                         rl.minibatches, config.seed, rl_step)
       before_update = t.stale.capture(t.modules["model"])
       state, update_metrics = t.learner_step(nnx.state(t.modules), rollout, orders, rl_step)
+      # Dispatched, not finished: the sampler's devices sample the next batch meanwhile.
+      sampled = (t.sample(rl_step + 1, key)
+                 if t.sampler is not None and rl_step + 1 < rl.steps and not stops else None)
       _check_finite(update_metrics, rl_step, t)
       nnx.update(t.modules, state)
       t.stale.push(before_update)
@@ -122,8 +122,7 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
                            kl=f"{float(record['train/kl']):.4f}", accuracy=accuracy, refresh=False)
       t.writer.write(t.counters["step"], record)
       if stops or (rl_step + 1) % config.checkpoint.every == 0 or rl_step + 1 == rl.steps:
-        t.checkpointer.save(rl_step + 1, {**t.modules, **t.stale.snapshots}, dict(t.counters),
-                            t.mesh)
+        t.checkpointer.save(rl_step + 1, t.checkpointed(), dict(t.counters), t.mesh)
       if stops:
         tqdm.tqdm.write(
             f"{stops[0]}: saved a checkpoint at RL step {rl_step + 1}; rerun to resume.")
@@ -187,8 +186,35 @@ class _Trainer:
   provide_extras: extras.Hook | None  # what the estimators need (None: nothing)
   reference_logprobs: Callable  # (reference, rollout) -> [B, L] log-probs
   stale: staleness.StaleParameters  # the parameters stale rollouts are sampled with
+  sampler: overlap.Sampler | None  # the sampler's own devices (mesh.sampler_shape)
   rl_data: loader.Loader
   writer: metrics.MetricsWriter | None = None
+
+  def sample(self, rl_step: int, key: jax.Array) -> tuple[dict, Rollout]:
+    """Update rl_step's prompts and their scored rollout, on the learner's mesh, sampled
+    with the parameters after update rl_step - lag (the lag recorded on every row when
+    it can be nonzero)."""
+    rl = self.config.rl
+    batch, key = self.rl_data.rl_batch(rl_step, group_size=rl.group_size), jax.random.fold_in(
+        key, rl_step)
+    if self.sampler is None:
+      lag = self.stale.lag(rl_step)
+      rollout = self.source(self.stale.sampler(self.modules["model"], lag), batch, key)
+    else:
+      lag = self.sampler.lag(rl_step)
+      rollout = jax.device_put(self.sampler.sample(batch, key),
+                               sharding.batch_sharding(self.mesh))
+    local_rewards = self.local(rollout.rewards)
+    checks.check_rewards(local_rewards, task=self.config.task.name, rl_step=rl_step + 1)
+    if self.stale.max_staleness or self.sampler is not None:
+      rollout = rollout.replace(staleness=self.place(np.full(local_rewards.shape, lag, np.int32)))
+    return batch, rollout
+
+  def checkpointed(self) -> dict:
+    """The modules a checkpoint holds: the learner's, the stale snapshots and the sampler's
+    parameters (those the next batch is sampled with)."""
+    sampler = {} if self.sampler is None else {"sampler": self.sampler.model}
+    return {**self.modules, **self.stale.snapshots, **sampler}
 
   def evaluate(self) -> float:
     """Greedy accuracy (fraction of held-out prompts with reward 1)."""
@@ -220,9 +246,13 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
       print(f"{workdir} is already at RL step {checkpointer.latest_step()} >= rl.steps = "
             f"{config.rl.steps}: nothing to do (config.json left as it was).")
       return None
-  mesh = sharding.make_mesh(config.mesh.shape)
+  sampler_shape = config.mesh.get("sampler_shape")
+  mesh, sampler_mesh = (sharding.split_meshes(config.mesh.shape, sampler_shape) if sampler_shape
+                        else (sharding.make_mesh(config.mesh.shape), None))
   batch_spec = sharding.batch_sharding(mesh).spec
-  checks.check_batch_sizes(config, int(np.prod([mesh.shape[a] for a in batch_spec[0] or ()])))
+  for batch_mesh in filter(None, (mesh, sampler_mesh)):
+    checks.check_batch_sizes(config, math.prod(
+        batch_mesh.shape[a] for a in sharding.batch_sharding(batch_mesh).spec[0] or ()))
   # Every process holds its own rows of a global batch (the loader's slice): these
   # assemble them into one global array and take a process's rows back for scoring.
   place = lambda x: multihost_utils.host_local_array_to_global_array(x, mesh, batch_spec)
@@ -260,12 +290,16 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
   counters = {"rl_step": 0, "step": 0, "gen_tokens": 0}
   stale = staleness.StaleParameters(modules["model"], config.rl.get("max_staleness", 0),
                                     config.rl.get("staleness_mode", "fixed"), config.seed)
+  sampler = None if sampler_mesh is None else overlap.Sampler(
+      modules["model"], sampler_mesh, source, config.rl.get("sync_every", 1))
   t = _Trainer(config, workdir, checkpointer, resumed, counters, mesh, place, local, task,
                data_counts, lengths["train"][:, 0], eval_batch, source, modules, learner_step,
-               provide_extras, reference_logprobs, stale, None)
+               provide_extras, reference_logprobs, stale, sampler, None)
   t.rl_data = t.train_loader(config.rl.prompts_per_step)
   if resumed:
-    t.counters = checkpointer.restore({**modules, **stale.snapshots}, mesh)
+    t.counters = checkpointer.restore(t.checkpointed(), mesh)
+    if sampler is not None:  # restored onto the learner's mesh: back to the sampler's devices
+      sampler.push(sampler.model)
     print(f"Resuming RL at step {t.counters['rl_step']} from {workdir / 'checkpoints'}.")
   t.writer = metrics.MetricsWriter(workdir, resume_step=t.counters["step"] if resumed else None,
                                    primary=jax.process_index() == 0)
@@ -385,6 +419,8 @@ def _warm_start(t: _Trainer, stops: list) -> tuple[float, bool]:
         return accuracy, True
   nnx.update(t.modules["reference"], nnx.state(model))  # the reference is the post-SFT policy
   t.stale.reset(model)  # and so are the parameters stale rollouts start from
+  if t.sampler is not None:
+    t.sampler.push(model)
   return accuracy, False
 
 

@@ -5,6 +5,9 @@ parameters after update t - lag:
 
   fixed    lag = k
   uniform  lag ~ U{0, ..., k}, drawn from (seed, t) alone
+  periodic lag = ((t - 1) mod k) + 1: the lags of a sampler on its own devices that
+           samples batch t + 1 during update t and receives the learner's weights
+           every k updates (`jaxcredit.train.overlap`; 1, 2, ..., k, 1, 2, ...)
 
 clamped at t (before update k the oldest parameters are the ones RL started from).
 The lag used is recorded on every sample (`Rollout.staleness`), the draw depends on
@@ -17,7 +20,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-STALENESS_MODES = ("fixed", "uniform")
+STALENESS_MODES = ("fixed", "uniform", "periodic")
 _LAG_STREAM = 7  # folded into the lag draw's seed: its own random stream
 
 
@@ -28,6 +31,17 @@ def check_settings(max_staleness, mode) -> None:
   if mode not in STALENESS_MODES:
     raise ValueError(f"rl.staleness_mode must be one of {', '.join(STALENESS_MODES)}, "
                      f"got {mode!r}.")
+
+
+def lag(rl_step: int, max_staleness: int, mode: str, seed: int) -> int:
+  """The staleness of update `rl_step`'s batch: the mode's lag, clamped at rl_step."""
+  if mode == "fixed":
+    lag = max_staleness
+  elif mode == "periodic":
+    lag = (rl_step - 1) % max_staleness + 1 if max_staleness else 0
+  else:
+    lag = int(np.random.default_rng([seed, rl_step, _LAG_STREAM]).integers(0, max_staleness + 1))
+  return min(lag, rl_step)
 
 
 class StaleParameters:
@@ -48,13 +62,8 @@ class StaleParameters:
       nnx.update(snapshot, nnx.state(model))
 
   def lag(self, rl_step: int) -> int:
-    """The staleness of update `rl_step`'s batch: the mode's draw, clamped at rl_step."""
-    if self.mode == "fixed":
-      lag = self.max_staleness
-    else:
-      lag = int(np.random.default_rng([self.seed, rl_step, _LAG_STREAM])
-                .integers(0, self.max_staleness + 1))
-    return min(lag, rl_step)
+    """The staleness of update `rl_step`'s batch (`lag`)."""
+    return lag(rl_step, self.max_staleness, self.mode, self.seed)
 
   def sampler(self, model: nnx.Module, lag: int) -> nnx.Module:
     """The module to sample with at staleness `lag`: the policy itself at 0."""
