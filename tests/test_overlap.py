@@ -22,8 +22,8 @@ from tests.test_staleness import _config, _train_records
 
 sampled_on = set()
 sample = overlap.Sampler.sample
-def recording_sample(self, batch, key):
-  rollout = sample(self, batch, key)
+def recording_sample(self, batch, key, rl_step):
+  rollout = sample(self, batch, key, rl_step)
   sampled_on.update(d.id for d in rollout.tokens.devices())
   return rollout
 overlap.Sampler.sample = recording_sample

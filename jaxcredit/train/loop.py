@@ -195,14 +195,14 @@ class _Trainer:
     with the parameters after update rl_step - lag (the lag recorded on every row when
     it can be nonzero)."""
     rl = self.config.rl
-    batch, key = self.rl_data.rl_batch(rl_step, group_size=rl.group_size), jax.random.fold_in(
-        key, rl_step)
+    batch = self.rl_data.rl_batch(rl_step, group_size=rl.group_size)
     if self.sampler is None:
       lag = self.stale.lag(rl_step)
-      rollout = self.source(self.stale.sampler(self.modules["model"], lag), batch, key)
-    else:
+      rollout = self.source(self.stale.sampler(self.modules["model"], lag), batch,
+                            jax.random.fold_in(key, rl_step))
+    else:  # folded by the sampler: here the fold would queue behind the update in flight
       lag = self.sampler.lag(rl_step)
-      rollout = jax.device_put(self.sampler.sample(batch, key),
+      rollout = jax.device_put(self.sampler.sample(batch, key, rl_step),
                                sharding.batch_sharding(self.mesh))
     local_rewards = self.local(rollout.rewards)
     checks.check_rewards(local_rewards, task=self.config.task.name, rl_step=rl_step + 1)

@@ -64,8 +64,11 @@ class Sampler:
     nnx.replace_by_pure_dict(state, params)
     nnx.update(self.model, state)
 
-  def sample(self, batch: dict, key: jax.Array) -> Rollout:
-    """The scored rollout of `batch`, sampled on the sampler's devices (and left there)."""
+  def sample(self, batch: dict, key: jax.Array, rl_step: int) -> Rollout:
+    """Update rl_step's scored rollout of `batch`, sampled with fold_in(key, rl_step) on
+    the sampler's devices (and left there). Everything it computes runs there, the key's
+    folding and generate's tables included: an op on a learner device would wait for the
+    update in flight."""
     key = jax.device_put(key, NamedSharding(self.mesh, PartitionSpec()))
-    with jax.set_mesh(self.mesh):
-      return self.source(self.model, batch, key)
+    with jax.set_mesh(self.mesh), jax.default_device(self.mesh.devices.flat[0]):
+      return self.source(self.model, batch, jax.random.fold_in(key, rl_step))
