@@ -188,3 +188,23 @@ def test_rb_advantages_formula():
                                  jnp.array([0.3, 0.1]), jnp.array([0.4, 0.1]))
   np.testing.assert_allclose(adv, [0.25 * 0.5, 0.0], atol=1e-7)
   np.testing.assert_allclose(se, [0.25 * 0.5, 0.0], atol=1e-7)
+
+
+def test_exact_success_is_the_prompt_value_and_the_mean_sampled_reward(setting):
+  """V(x) against brute-force enumeration, and against the mean reward of 2,048 sampled
+  responses per prompt (within 4.5 standard errors)."""
+  task, model, examples, sample = setting
+  config = key_token.KeyTokenConfig(**OPTIONS)
+  firsts, p = examples[::4], config.prompt_length  # the 4 distinct prompts
+  prompts, targets = (np.stack([e[k] for e in firsts]) for k in ("prompt", "targets"))
+  got = oracle.exact_success(model, config, prompts, targets)
+  head = type("Sample", (), {"tokens": np.asarray(sample.tokens)[::4]})
+  np.testing.assert_allclose(got, _brute_force_values(model, task, firsts, head)[:, p], atol=1e-5)
+  n = 2048
+  drawn = generate(model, np.repeat(prompts, n, 0), np.ones((4 * n, p), bool), jax.random.key(7),
+                   max_new_tokens=config.length, actions=task.actions)
+  rewards = task.score(np.asarray(drawn.tokens)[:, p:], np.asarray(drawn.mask)[:, p:],
+                       [e for e in firsts for _ in range(n)]).reshape(4, n)
+  stderr = np.maximum(np.sqrt(got * (1 - got) / n), 1 / n)
+  assert np.all(np.abs(rewards.mean(1) - got) < 4.5 * stderr), (rewards.mean(1), got)
+  assert got.std() > 0.01  # the prompts differ: a per-prompt value, not one number

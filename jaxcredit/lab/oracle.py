@@ -6,6 +6,7 @@ then N response slots); `mask` marks actions. With gamma = 1 and an outcome
 reward R, A_t = V(s_{t+1}) - V(s_t) and V after the last action is R.
 
   decisive_credit(model, task_config, tokens, mask, targets)   exact (E-DEC, LAB.md 1.1)
+  exact_success(model, task_config, prompts, targets)          exact V(x), J(pi) = its mean
   mc_credit(model, task, tokens, mask, token_valid, examples, key, k=..., positions=...)
                                                                 plain Monte Carlo (VinePPO)
   rb_credit(..., logprobs=...)                                  Rao-Blackwellised Monte Carlo
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax import Array
 
 from jaxcredit.sampling import mask_logits
@@ -31,19 +33,23 @@ from jaxcredit.train.monte_carlo import (Credit, mc_credit, mc_value_stats, retu
 
 TAKEN_STREAM, BANNED_STREAM = 1, 2  # continuation streams of Q(s_t, y_t) and of Q with y_t banned
 
-__all__ = ["Credit", "decisive_credit", "mc_credit", "mc_value_stats", "rb_advantages",
-           "rb_credit", "select_positions"]
+__all__ = ["Credit", "decisive_credit", "exact_success", "mc_credit", "mc_value_stats",
+           "rb_advantages", "rb_credit", "select_positions"]
 
 
 def _teacher_forced_logprobs(model, inputs: np.ndarray, allowed: np.ndarray) -> np.ndarray:
   """[n, L, V] float64: [:, i] is log pi(. | inputs[:, :i + 1]), the distribution
   of token i + 1, restricted to allowed[i + 1] (allowed: [L, V] over row columns)."""
-  positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
-  out = model(jnp.asarray(inputs), positions=positions,
-              token_valid=jnp.ones(inputs.shape, bool))
   allowed_next = np.concatenate([allowed[1:], np.ones_like(allowed[:1])])
-  logits = mask_logits(out.logits.astype(jnp.float32), jnp.asarray(allowed_next))
-  return np.asarray(jax.nn.log_softmax(logits, axis=-1), np.float64)
+  return np.asarray(_masked_log_softmax(model, jnp.asarray(inputs), jnp.asarray(allowed_next)),
+                    np.float64)
+
+
+@nnx.jit
+def _masked_log_softmax(model, inputs: Array, allowed_next: Array) -> Array:
+  positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+  out = model(inputs, positions=positions, token_valid=jnp.ones(inputs.shape, bool))
+  return jax.nn.log_softmax(mask_logits(out.logits.astype(jnp.float32), allowed_next), axis=-1)
 
 
 def decisive_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray, mask: np.ndarray,
@@ -109,6 +115,24 @@ def decisive_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray,
       cost={"passes": passes, "tf_tokens": passes * tokens.shape[1], "rollouts": 0, "gen_tokens": 0,
             "prefill_tokens": 0},
   )
+
+
+def exact_success(model, config: key_token.KeyTokenConfig, prompts: np.ndarray,
+                  targets: np.ndarray) -> np.ndarray:
+  """[n] float64 V^pi(x) = E_pi[R | x] of each prompt at temperature 1, exactly
+  (filler-blind key_token): the value `decisive_credit` backs up to the start of the
+  response. Its mean over held-out prompts is the policy's expected success J(pi),
+  free of the sampling noise of a measured accuracy.
+
+  prompts: [n, K + 2] prompt ids; targets: [n, K] the keys each must copy."""
+  prompts = np.asarray(prompts)
+  response = np.full((len(prompts), config.length), key_token.FILL)  # any valid response: V(x)
+  response[:, config.decisive_positions] = config.keys[0]          # is read before its first token
+  rows = np.concatenate([prompts, response], 1)
+  mask = np.zeros(rows.shape, bool)
+  mask[:, config.prompt_length:] = True
+  credit = decisive_credit(model, config, rows, mask, np.asarray(targets))
+  return np.asarray(credit.values, np.float64)[:, config.prompt_length]
 
 
 def _placed(decisive: Sequence[int], positions: np.ndarray, length: int) -> np.ndarray:

@@ -12,6 +12,7 @@ import platform
 
 import jax
 import numpy as np
+import scipy.stats
 
 METRICS = [("r_pool", "r_pool"), ("ceiling", "√η²"), ("r2_within", "R²_w"),
            ("spearman", "Spearman"), ("sa", "SA"), ("sa_weighted", "SA_w"), ("dm", "DM"),
@@ -45,6 +46,21 @@ def bootstrap_ci(values, rng: np.random.Generator, draws: int) -> tuple[float, f
     return float(values[0]), float(values[0]), float(values[0])
   means = rng.choice(values, (draws, len(values))).mean(axis=1)
   return float(values.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def t_interval(values) -> tuple[float, float | None, float | None]:
+  """Mean and Student-t 95% interval of the mean, mean +- t_{0.975, n-1} s / sqrt(n)
+  (s: the sample standard deviation); no interval (None, None) for one value."""
+  values = np.asarray(values, float)
+  if len(values) < 2:
+    return float(values.mean()), None, None
+  half = scipy.stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
+  return float(values.mean()), float(values.mean() - half), float(values.mean() + half)
+
+
+def fmt_interval(mean, low, high) -> str:
+  """"mean [low, high]", or "mean (n/a)" when there is no interval."""
+  return f"{mean:.3f} (n/a)" if low is None else _fmt(mean, low, high)
 
 
 def summarise(curves: dict, *, steps: int, threshold: float) -> dict:

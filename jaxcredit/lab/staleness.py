@@ -1,0 +1,184 @@
+"""What staleness does to credit: key_token with the exact oracle, rollouts k updates old.
+
+  python -m jaxcredit.lab.staleness --config experiments/staleness_study.py:small --workdir DIR
+
+For every staleness k (rl.max_staleness, "fixed": update t learns from rollouts of
+the parameters after update t - k), estimator, correction (the policy loss that
+handles the off-policy data) and seed, the study trains a policy with
+`jaxcredit.train.loop.run` and measures its exact expected success
+
+  J(pi) = mean over the held-out prompts x of V^pi(x)      (`oracle.exact_success`)
+
+every `measure_every` updates, against the tokens generated so far (VinePPO's
+Monte-Carlo rollouts included; the oracle's passes are not charged). The learner
+recomputes old_logprobs (the proximal policy), so "none" (ppo_clip anchored at
+them) is a plain policy gradient that ignores the staleness, and the corrections
+weight or mask by pi_old / mu. At k = 0 every correction is ppo_clip (behaviour =
+proximal = current, `tests/test_off_policy_losses.py`), so only "none" runs there.
+
+Outputs in DIR: runs/k<k>/<estimator>/<correction>/seed<s>/ (training workdirs;
+wall_seconds.json marks one complete and a rerun skips it), curves.json and
+report.md.
+"""
+
+import json
+import pathlib
+import time
+
+import jax
+import ml_collections
+import numpy as np
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from jaxcredit.lab import oracle, study as credit_study
+from jaxcredit.lab.report import fmt_interval, t_interval
+from jaxcredit.train import extras, loop
+
+SUCCESS_METRIC = "train/hook/exact_success"
+
+
+def success_hook(every: int) -> extras.Hook:
+  """A rollout hook that logs J(pi) of the policy about to be updated (after rl_step
+  updates) when rl_step is a multiple of `every`, over the task's test split."""
+  held_out = {}
+
+  def hook(context: extras.Context, rollout) -> tuple[dict, dict]:
+    del rollout
+    if context.rl_step % every:
+      return {}, {}
+    if not held_out:
+      test = context.task.sources["test"]
+      examples = [test[i] for i in range(len(test))]
+      held_out.update(prompts=np.stack([e["prompt"] for e in examples]),
+                      targets=np.stack([e["targets"] for e in examples]))
+    values = oracle.exact_success(context.model, context.task.config, held_out["prompts"],
+                                  held_out["targets"])
+    return {}, {"exact_success": float(np.mean(values))}
+
+  return hook
+
+
+def train_config(study, k: int, name: str, correction: str, seed: int,
+                 data_dir: str) -> ml_collections.ConfigDict:
+  """One run's training config: the credit study's for (estimator, seed) with staleness k,
+  the correction's objective and the learner's recomputed old log-probs. rl.steps is
+  `updates` + 1: the hook measures before each update, so the last measurement is the
+  policy after `updates` updates."""
+  config = credit_study.train_config(study, "key_token", name, seed, data_dir)
+  config.rl.max_staleness, config.rl.staleness_mode = k, "fixed"
+  config.rl.recompute_old_logprobs = True
+  config.rl.steps = study.updates + 1
+  config.objective = study.corrections[correction].to_dict()
+  return config
+
+
+def read_curve(run_dir: pathlib.Path) -> dict:
+  """{"updates", "success", "gen_tokens"}: J(pi) after that many updates and the tokens
+  generated before them (those of the records before the measuring step)."""
+  records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  rl = [r for r in records if "train/gen_tokens" in r]
+  curve = {"updates": [], "success": [], "gen_tokens": []}
+  for index, record in enumerate(rl):
+    if SUCCESS_METRIC in record:
+      curve["updates"].append(index)
+      curve["success"].append(record[SUCCESS_METRIC])
+      curve["gen_tokens"].append(rl[index - 1]["train/gen_tokens"] if index else 0)
+  return curve
+
+
+def arms(study) -> list[tuple[int, str, str]]:
+  """(k, estimator, correction) of every run; only "none" at k = 0."""
+  return [(k, name, correction) for k in study.staleness for name in study.estimators
+          for correction in (["none"] if k == 0 else list(study.corrections))]
+
+
+def run(study, workdir: str) -> dict:
+  """Trains every (k, estimator, correction, seed), writes curves.json and report.md."""
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "study_config.json").write_text(study.to_json_best_effort(indent=2))
+  curves, started = {}, time.perf_counter()
+  for k, name, correction in arms(study):
+    for seed in study.seeds:
+      run_dir = workdir / "runs" / f"k{k}" / name / correction / f"seed{seed}"
+      finished = run_dir / "wall_seconds.json"
+      if not finished.exists():
+        print(f"[staleness] k={k} {name} {correction} seed {seed} -> {run_dir}", flush=True)
+        run_started = time.perf_counter()
+        loop.run(train_config(study, k, name, correction, seed, str(workdir / "data")),
+                 str(run_dir), rollout_hook=success_hook(study.measure_every))
+        finished.write_text(json.dumps(time.perf_counter() - run_started))
+      curves.setdefault(f"k{k}", {}).setdefault(name, {}).setdefault(correction, {})[seed] = (
+          read_curve(run_dir))
+  (workdir / "curves.json").write_text(json.dumps(curves, indent=1))
+  (workdir / "report.md").write_text(report(study, curves))
+  print(f"[staleness] wrote {workdir / 'report.md'} ({time.perf_counter() - started:.0f} s)",
+        flush=True)
+  return curves
+
+
+def _final(curves: dict, k: int, name: str, correction: str) -> dict[int, float]:
+  """seed -> J(pi) after the last update (k = 0 has "none" only: every correction is it)."""
+  runs = curves[f"k{k}"][name]
+  runs = runs["none"] if k == 0 else runs[correction]
+  return {int(seed): curve["success"][-1] for seed, curve in runs.items()}
+
+
+def report(study, curves: dict) -> str:
+  """The report's section: final J(pi) per arm and k, and the drop from k = 0 of each
+  estimator against GRPO's, paired by seed, with Student-t 95% intervals over seeds."""
+  ks, names, corrections = list(study.staleness), list(study.estimators), list(study.corrections)
+  lines = [
+      "## What staleness does to credit", "",
+      f"key_token {dict(study.train.task.options)}, exact J(pi) = mean V^pi(x) over "
+      f"{study.train.task.test_size} held-out prompts after {study.updates} updates "
+      f"({study.train.rl.prompts_per_step} prompts x {study.train.rl.group_size} samples "
+      f"each); seeds {list(study.seeds)}; intervals: Student-t 95% over seeds (n/a for one "
+      "seed). Rollouts of update t come from the parameters after update t - k.", "",
+      "### Final J(pi)", "",
+      "| estimator | correction | " + " | ".join(f"k = {k}" for k in ks) + " |",
+      "|---|---|" + "---|" * len(ks)]
+  for name in names:
+    for correction in corrections:
+      cells = [fmt_interval(*t_interval(list(_final(curves, k, name, correction).values())))
+               for k in ks]
+      lines.append(f"| {name} | {correction} | " + " | ".join(cells) + " |")
+  lines += ["", "### Drop from k = 0, and against GRPO's drop (paired by seed)", "",
+            "J(k) - J(0) of each arm; `vs grpo`: that drop minus GRPO's drop with the same "
+            "correction (negative: the estimator loses more to staleness than GRPO).", "",
+            "| estimator | correction | k | drop | vs grpo |", "|---|---|---|---|---|"]
+  for k in ks[1:]:
+    for name in names:
+      for correction in corrections:
+        drop = _paired(curves, k, name, correction)
+        versus = ({seed: drop[seed] - grpo for seed, grpo in
+                   _paired(curves, k, "grpo", correction).items() if seed in drop}
+                  if name != "grpo" and "grpo" in names else {})
+        lines.append(f"| {name} | {correction} | {k} | "
+                     f"{fmt_interval(*t_interval(list(drop.values())))} | "
+                     f"{fmt_interval(*t_interval(list(versus.values()))) if versus else ''} |")
+  return "\n".join(lines) + "\n"
+
+
+def _paired(curves: dict, k: int, name: str, correction: str) -> dict[int, float]:
+  """seed -> J(k) - J(0) for the seeds run at both."""
+  stale, fresh = _final(curves, k, name, correction), _final(curves, 0, name, correction)
+  return {seed: stale[seed] - fresh[seed] for seed in stale if seed in fresh}
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  # The runs share their programs (the same shapes): each compiles once, to DIR/jax-cache.
+  jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(_WORKDIR.value) / "jax-cache"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  run(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":  # flags defined here: lab.study, imported above, defines its own
+  _CONFIG = config_flags.DEFINE_config_file(
+      "config", None, "Staleness study config (experiments/staleness_study.py:<preset>).")
+  _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (resumable).")
+  flags.mark_flags_as_required(["config", "workdir"])
+  app.run(main)

@@ -1,0 +1,48 @@
+"""The staleness study: its smoke preset end to end, and the Student-t intervals it reports."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jaxcredit.lab import report, staleness
+from tests.conftest import load_experiment
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("staleness")
+  study = load_experiment("staleness_study", "smoke")
+  return study, workdir, staleness.run(study, str(workdir))
+
+
+def test_smoke_study_measures_exact_success_of_every_arm_and_writes_the_report(smoke):
+  study, workdir, curves = smoke
+  assert sorted(staleness.arms(study)) == [
+      (0, "grpo", "none"), (0, "oracle", "none"), (2, "grpo", "decoupled_ppo"),
+      (2, "grpo", "none"), (2, "oracle", "decoupled_ppo"), (2, "oracle", "none")]
+  runs = [curves[f"k{k}"][name][correction][0] for k, name, correction in staleness.arms(study)]
+  for curve in runs:
+    assert curve["updates"] == [0, 1, 2, 3]
+    assert all(0.0 <= j <= 1.0 for j in curve["success"])
+    assert curve["gen_tokens"][0] == 0 and np.all(np.diff(curve["gen_tokens"]) == 16 * 8)
+  # Same seed, same initial policy: J before any update is one number across the arms.
+  assert len({curve["success"][0] for curve in runs}) == 1
+  assert len({tuple(curve["success"]) for curve in runs}) > 1  # and the arms then differ
+  stale = [json.loads(line) for line in
+           (workdir / "runs/k2/grpo/none/seed0/metrics.jsonl").read_text().splitlines()]
+  assert [r["train/staleness_mean"] for r in stale if "train/loss" in r] == [0, 1, 2, 2]
+  text = (workdir / "report.md").read_text()
+  assert "## What staleness does to credit" in text
+  assert "| oracle | decoupled_ppo | " in text and "(n/a)" in text  # one seed: no interval
+  assert json.loads((workdir / "curves.json").read_text()).keys() == {"k0", "k2"}
+
+
+def test_t_interval_matches_the_student_t_formula():
+  mean, low, high = report.t_interval([1.0, 2.0, 3.0])
+  # t_{0.975, 2} = 4.302653 (tables); s = 1, n = 3.
+  assert mean == 2.0 and high - mean == pytest.approx(4.302653 / np.sqrt(3), rel=1e-6)
+  assert mean - low == pytest.approx(high - mean)
+  assert report.t_interval([0.5]) == (0.5, None, None)
+  assert report.fmt_interval(0.5, None, None) == "0.500 (n/a)"
+  assert report.fmt_interval(*report.t_interval([1.0, 1.0])) == "1.000 [1.000, 1.000]"
