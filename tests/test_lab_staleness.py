@@ -1,19 +1,31 @@
 """The staleness study: its smoke preset end to end, and the Student-t intervals it reports."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from jaxcredit.lab import report, staleness
-from tests.conftest import load_experiment
+from tests.conftest import ROOT, load_experiment
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
+def smoke(tmp_path_factory, cli_env):
+  """The smoke preset through the study's CLI; its curves as run() returns them."""
   workdir = tmp_path_factory.mktemp("staleness")
-  study = load_experiment("staleness_study", "smoke")
-  return study, workdir, staleness.run(study, str(workdir))
+  result = subprocess.run(
+      [sys.executable, "-m", "jaxcredit.lab.staleness", "--config",
+       str(ROOT / "experiments/staleness_study.py:smoke"), "--workdir", str(workdir)],
+      capture_output=True, text=True, cwd=ROOT, env=cli_env, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  curves = json.loads((workdir / "curves.json").read_text())
+  for runs in curves.values():  # JSON keys: seed "0" -> 0
+    for by_correction in runs.values():
+      for correction, by_seed in by_correction.items():
+        by_correction[correction] = {int(seed): curve for seed, curve in by_seed.items()}
+  return load_experiment("staleness_study", "smoke"), workdir, curves
 
 
 def test_smoke_study_measures_exact_success_of_every_arm_and_writes_the_report(smoke):
@@ -35,7 +47,7 @@ def test_smoke_study_measures_exact_success_of_every_arm_and_writes_the_report(s
   text = (workdir / "report.md").read_text()
   assert "## What staleness does to credit" in text
   assert "| oracle | decoupled_ppo | " in text and "(n/a)" in text  # one seed: no interval
-  assert json.loads((workdir / "curves.json").read_text()).keys() == {"k0", "k2"}
+  assert curves.keys() == {"k0", "k2"}
 
 
 def test_t_interval_matches_the_student_t_formula():

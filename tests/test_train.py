@@ -75,11 +75,12 @@ def test_every_experiment_builds_its_advantage_and_objective():
 
 
 # Every shipped training config, trained for two RL steps through the CLI with tiny data and batches
-# (the credit study config runs through its own CLI at its smoke preset in test_lab_study, and
-# gsm8k_grpo, which needs a checkpoint's tokenizer and JSONL files, at its smoke preset in
-# test_gsm8k_train).
+# (the study configs run through their own CLIs at their smoke presets in test_lab_study and
+# test_lab_staleness, and gsm8k_grpo, which needs a checkpoint's tokenizer and JSONL files, at
+# its smoke preset in test_gsm8k_train).
+STUDIES = ("credit_study", "staleness_study")
 SHIPPED = sorted(p.stem for p in (ROOT / "experiments").glob("*.py")
-                 if p.stem not in ("credit_study", "gsm8k_grpo"))
+                 if p.stem not in (*STUDIES, "gsm8k_grpo"))
 SMALL = [  # no SFT (test_multiprocess trains from SFT) but for countdown's noisy demonstrations
     "--config.task.train_size=64", "--config.task.test_size=8", "--config.sft.max_steps=0",
     "--config.rl.steps=2",

@@ -238,7 +238,7 @@ def credit_heatmap(workdir: pathlib.Path) -> list[str]:
           "![credit heatmaps](credit_heatmap.png)"]
 
 
-def _machine() -> str:
+def machine() -> str:
   return (f"{platform.machine()} ({os.cpu_count()} cores, jax {jax.__version__} on "
           f"{jax.default_backend()})")
 
@@ -282,7 +282,7 @@ def write(study, workdir: pathlib.Path, curves: dict, wall: dict) -> None:
       + (", optimistic with fewer than 5 seeds" if len(seeds) < 5 else "")
       + ". Generated tokens count policy samples plus estimator rollouts (VinePPO); the oracle's "
       f"enumeration is not charged. Wall time of all runs {wall.get('total (all runs)', 0):.0f} s "
-      f"on {_machine()}.",
+      f"on {machine()}.",
       "",
   ]
   for task in curves:

@@ -32,7 +32,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from jaxcredit.lab import oracle, study as credit_study
-from jaxcredit.lab.report import fmt_interval, t_interval
+from jaxcredit.lab.report import fmt_interval, machine, t_interval
 from jaxcredit.train import extras, loop
 
 SUCCESS_METRIC = "train/hook/exact_success"
@@ -98,7 +98,7 @@ def run(study, workdir: str) -> dict:
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "study_config.json").write_text(study.to_json_best_effort(indent=2))
-  curves, started = {}, time.perf_counter()
+  curves, wall, started = {}, 0.0, time.perf_counter()
   for k, name, correction in arms(study):
     for seed in study.seeds:
       run_dir = workdir / "runs" / f"k{k}" / name / correction / f"seed{seed}"
@@ -109,62 +109,79 @@ def run(study, workdir: str) -> dict:
         loop.run(train_config(study, k, name, correction, seed, str(workdir / "data")),
                  str(run_dir), rollout_hook=success_hook(study.measure_every))
         finished.write_text(json.dumps(time.perf_counter() - run_started))
+      wall += json.loads(finished.read_text())
       curves.setdefault(f"k{k}", {}).setdefault(name, {}).setdefault(correction, {})[seed] = (
           read_curve(run_dir))
   (workdir / "curves.json").write_text(json.dumps(curves, indent=1))
-  (workdir / "report.md").write_text(report(study, curves))
+  (workdir / "report.md").write_text(report(study, curves, wall))
   print(f"[staleness] wrote {workdir / 'report.md'} ({time.perf_counter() - started:.0f} s)",
         flush=True)
   return curves
 
 
-def _final(curves: dict, k: int, name: str, correction: str) -> dict[int, float]:
-  """seed -> J(pi) after the last update (k = 0 has "none" only: every correction is it)."""
+SUMMARIES = {"final": lambda success: success[-1], "mean": np.mean}  # of a run's J(pi) curve
+
+
+def _per_seed(curves: dict, k: int, name: str, correction: str, summary: str) -> dict[int, float]:
+  """seed -> the summary of the run's J(pi) (k = 0 ran "none" only: every correction is it)."""
   runs = curves[f"k{k}"][name]
   runs = runs["none"] if k == 0 else runs[correction]
-  return {int(seed): curve["success"][-1] for seed, curve in runs.items()}
+  return {int(seed): float(SUMMARIES[summary](curve["success"])) for seed, curve in runs.items()}
 
 
-def report(study, curves: dict) -> str:
-  """The report's section: final J(pi) per arm and k, and the drop from k = 0 of each
-  estimator against GRPO's, paired by seed, with Student-t 95% intervals over seeds."""
+def _paired(curves: dict, k: int, name: str, correction: str, summary: str) -> dict[int, float]:
+  """seed -> its summary at k minus at k = 0, for the seeds run at both."""
+  stale = _per_seed(curves, k, name, correction, summary)
+  fresh = _per_seed(curves, 0, name, correction, summary)
+  return {seed: stale[seed] - fresh[seed] for seed in stale if seed in fresh}
+
+
+def _interval(values: dict) -> str:
+  return fmt_interval(*t_interval(list(values.values()))) if values else ""
+
+
+def report(study, curves: dict, wall_seconds: float) -> str:
+  """The report's section: final and mean J(pi) per arm and k, and each arm's drop from
+  k = 0 against GRPO's with the same correction, paired by seed; Student-t 95% intervals
+  over seeds."""
   ks, names, corrections = list(study.staleness), list(study.estimators), list(study.corrections)
   lines = [
       "## What staleness does to credit", "",
       f"key_token {dict(study.train.task.options)}, exact J(pi) = mean V^pi(x) over "
-      f"{study.train.task.test_size} held-out prompts after {study.updates} updates "
-      f"({study.train.rl.prompts_per_step} prompts x {study.train.rl.group_size} samples "
-      f"each); seeds {list(study.seeds)}; intervals: Student-t 95% over seeds (n/a for one "
-      "seed). Rollouts of update t come from the parameters after update t - k.", "",
-      "### Final J(pi)", "",
-      "| estimator | correction | " + " | ".join(f"k = {k}" for k in ks) + " |",
-      "|---|---|" + "---|" * len(ks)]
-  for name in names:
-    for correction in corrections:
-      cells = [fmt_interval(*t_interval(list(_final(curves, k, name, correction).values())))
-               for k in ks]
-      lines.append(f"| {name} | {correction} | " + " | ".join(cells) + " |")
-  lines += ["", "### Drop from k = 0, and against GRPO's drop (paired by seed)", "",
-            "J(k) - J(0) of each arm; `vs grpo`: that drop minus GRPO's drop with the same "
-            "correction (negative: the estimator loses more to staleness than GRPO).", "",
-            "| estimator | correction | k | drop | vs grpo |", "|---|---|---|---|---|"]
+      f"{study.train.task.test_size} held-out prompts, measured every "
+      f"{study.measure_every} of {study.updates} updates ({study.train.rl.prompts_per_step} "
+      f"prompts x {study.train.rl.group_size} samples each); seeds {list(study.seeds)}; "
+      "intervals: Student-t 95% over seeds (n/a for one seed). Rollouts of update t come "
+      "from the parameters after update t - k. final: J(pi) after the last update; mean: "
+      "J(pi) averaged over the measurements (sample efficiency).", "",
+      f"Written {time.strftime('%Y-%m-%d')} on {machine()}; the runs took "
+      f"{wall_seconds / 60:.0f} min in all.", ""]
+  for summary in SUMMARIES:
+    lines += [f"### {summary.capitalize()} J(pi)", "",
+              "| estimator | correction | " + " | ".join(f"k = {k}" for k in ks) + " |",
+              "|---|---|" + "---|" * len(ks)]
+    for name in names:
+      for correction in corrections:
+        cells = [_interval(_per_seed(curves, k, name, correction, summary)) for k in ks]
+        lines.append(f"| {name} | {correction} | " + " | ".join(cells) + " |")
+    lines.append("")
+  lines += ["### Drop from k = 0, and against GRPO's drop (paired by seed)", "",
+            "J(k) - J(0) of each arm; `vs grpo`: that drop minus GRPO's with the same "
+            "correction (negative: the estimator loses more to staleness than GRPO does).", "",
+            "| estimator | correction | k | final: drop | final: vs grpo | mean: drop | "
+            "mean: vs grpo |", "|---|---|---|---|---|---|---|"]
   for k in ks[1:]:
     for name in names:
       for correction in corrections:
-        drop = _paired(curves, k, name, correction)
-        versus = ({seed: drop[seed] - grpo for seed, grpo in
-                   _paired(curves, k, "grpo", correction).items() if seed in drop}
+        cells = []
+        for summary in SUMMARIES:
+          drop = _paired(curves, k, name, correction, summary)
+          grpo = (_paired(curves, k, "grpo", correction, summary)
                   if name != "grpo" and "grpo" in names else {})
-        lines.append(f"| {name} | {correction} | {k} | "
-                     f"{fmt_interval(*t_interval(list(drop.values())))} | "
-                     f"{fmt_interval(*t_interval(list(versus.values()))) if versus else ''} |")
+          cells += [_interval(drop),
+                    _interval({seed: drop[seed] - grpo[seed] for seed in grpo if seed in drop})]
+        lines.append(f"| {name} | {correction} | {k} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
-
-
-def _paired(curves: dict, k: int, name: str, correction: str) -> dict[int, float]:
-  """seed -> J(k) - J(0) for the seeds run at both."""
-  stale, fresh = _final(curves, k, name, correction), _final(curves, 0, name, correction)
-  return {seed: stale[seed] - fresh[seed] for seed in stale if seed in fresh}
 
 
 def main(argv):
@@ -176,7 +193,7 @@ def main(argv):
   run(_CONFIG.value, _WORKDIR.value)
 
 
-if __name__ == "__main__":  # flags defined here: lab.study, imported above, defines its own
+if __name__ == "__main__":  # flags defined here, so that other runners can import this module
   _CONFIG = config_flags.DEFINE_config_file(
       "config", None, "Staleness study config (experiments/staleness_study.py:<preset>).")
   _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (resumable).")

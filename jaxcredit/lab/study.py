@@ -314,17 +314,15 @@ def run(study, workdir: str) -> dict:
   return curves
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None,
-                                          "Study config (experiments/credit_study.py:<preset>).")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (resumable).")
-
-
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   run(_CONFIG.value, _WORKDIR.value)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # flags defined here, so that other runners can import this module
+  _CONFIG = config_flags.DEFINE_config_file(
+      "config", None, "Study config (experiments/credit_study.py:<preset>).")
+  _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (resumable).")
   flags.mark_flags_as_required(["config", "workdir"])
   app.run(main)
