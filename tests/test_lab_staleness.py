@@ -47,6 +47,7 @@ def test_smoke_study_measures_exact_success_of_every_arm_and_writes_the_report(s
   text = (workdir / "report.md").read_text()
   assert "## What staleness does to credit" in text
   assert "| oracle | decoupled_ppo | " in text and "(n/a)" in text  # one seed: no interval
+  assert "grpo 384; oracle 384." in text  # 3 updates x 16 responses x 8 tokens
   assert curves.keys() == {"k0", "k2"}
 
 

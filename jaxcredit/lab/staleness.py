@@ -156,6 +156,10 @@ def report(study, curves: dict, wall_seconds: float) -> str:
       "J(pi) averaged over the measurements (sample efficiency).", "",
       f"Written {time.strftime('%Y-%m-%d')} on {machine()}; the runs took "
       f"{wall_seconds / 60:.0f} min in all.", ""]
+  tokens = {name: np.mean([curve["gen_tokens"][-1] for runs in curves[f"k{ks[0]}"][name].values()
+                           for curve in runs.values()]) for name in names}
+  lines += ["Generated tokens per run, up to the last measurement (the same at every k): "
+            + "; ".join(f"{name} {count:,.0f}" for name, count in tokens.items()) + ".", ""]
   for summary in SUMMARIES:
     lines += [f"### {summary.capitalize()} J(pi)", "",
               "| estimator | correction | " + " | ".join(f"k = {k}" for k in ks) + " |",
