@@ -62,16 +62,3 @@ def cli_env(tmp_path_factory) -> dict:
   return {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "jax-cache"),
           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
 
-
-# The slowest files first (measured with --durations): `--dist loadfile` hands whole files to
-# the workers in collection order, so a long file collected last would leave one worker
-# running alone at the end.
-SLOW_FIRST = ("test_train.py", "test_cli_faults.py", "test_lab_study.py", "test_sharding.py",
-              "test_multiprocess.py", "test_lab_staleness.py", "test_staleness.py",
-              "test_gsm8k_train.py", "test_off_policy_losses.py", "test_overlap.py",
-              "test_model.py", "test_learner.py", "test_conformance.py")
-
-
-def pytest_collection_modifyitems(items):
-  rank = {name: i for i, name in enumerate(SLOW_FIRST)}
-  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
