@@ -28,8 +28,6 @@ import time
 import jax
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
-from ml_collections import config_flags
 
 from jaxcredit.lab import oracle, study as credit_study
 from jaxcredit.lab.report import fmt_interval, machine, t_interval
@@ -188,18 +186,14 @@ def report(study, curves: dict, wall_seconds: float) -> str:
   return "\n".join(lines) + "\n"
 
 
-def main(argv):
-  del argv
-  logging.set_verbosity(logging.WARNING)
-  # The runs share their programs (the same shapes): each compiles once, to DIR/jax-cache.
-  jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(_WORKDIR.value) / "jax-cache"))
+def _run_sharing_compilations(study, workdir: str) -> dict:
+  """`run`, the runs sharing their compiled programs (the same shapes) through
+  DIR/jax-cache: each compiles once."""
+  jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(workdir) / "jax-cache"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  run(_CONFIG.value, _WORKDIR.value)
+  return run(study, workdir)
 
 
-if __name__ == "__main__":  # flags defined here, so that other runners can import this module
-  _CONFIG = config_flags.DEFINE_config_file(
-      "config", None, "Staleness study config (experiments/staleness_study.py:<preset>).")
-  _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (resumable).")
-  flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main)
+if __name__ == "__main__":
+  credit_study.cli(_run_sharing_compilations,
+                   "Staleness study config (experiments/staleness_study.py:<preset>).")

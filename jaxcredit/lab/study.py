@@ -18,6 +18,7 @@ rewrites the report.
 import json
 import pathlib
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -314,15 +315,20 @@ def run(study, workdir: str) -> dict:
   return curves
 
 
-def main(argv):
-  del argv
-  logging.set_verbosity(logging.WARNING)
-  run(_CONFIG.value, _WORKDIR.value)
-
-
-if __name__ == "__main__":  # flags defined here, so that other runners can import this module
-  _CONFIG = config_flags.DEFINE_config_file(
-      "config", None, "Study config (experiments/credit_study.py:<preset>).")
-  _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (resumable).")
+def cli(run_study: Callable[[ml_collections.ConfigDict, str], object], description: str) -> None:
+  """Runs `run_study(--config, --workdir)` as a program. The flags are defined here, when a
+  runner is run, so that the lab's runners can import one another."""
+  config = config_flags.DEFINE_config_file("config", None, description)
+  workdir = flags.DEFINE_string("workdir", None, "Output directory (resumable).")
   flags.mark_flags_as_required(["config", "workdir"])
+
+  def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    run_study(config.value, workdir.value)
+
   app.run(main)
+
+
+if __name__ == "__main__":
+  cli(run, "Study config (experiments/credit_study.py:<preset>).")

@@ -299,7 +299,7 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
   if resumed:
     t.counters = checkpointer.restore(t.checkpointed(), mesh)
     if sampler is not None:  # restored onto the learner's mesh: back to the sampler's devices
-      sampler.push(sampler.model)
+      sharding.shard_model(sampler.model, sampler.mesh)
     print(f"Resuming RL at step {t.counters['rl_step']} from {workdir / 'checkpoints'}.")
   t.writer = metrics.MetricsWriter(workdir, resume_step=t.counters["step"] if resumed else None,
                                    primary=jax.process_index() == 0)

@@ -43,7 +43,6 @@ class Sampler:
     check_settings(sync_every)
     self.mesh, self.sync_every = mesh, sync_every
     self.model = sharding.shard_model(nnx.clone(model), mesh)
-    self.shardings = sharding.param_shardings(self.model, mesh)
     rows = sharding.batch_sharding(mesh)
     self.source = dataclasses.replace(source, place=lambda x: jax.device_put(x, rows),
                                       local=np.asarray)
@@ -58,11 +57,10 @@ class Sampler:
     return rl_step % self.sync_every == 0
 
   def push(self, model: nnx.Module) -> None:
-    """The sampler's parameters become `model`'s, copied device to device."""
-    params = jax.device_put(nnx.to_pure_dict(nnx.state(model, nnx.Param)), self.shardings)
-    state = nnx.state(self.model, nnx.Param)
-    nnx.replace_by_pure_dict(state, params)
-    nnx.update(self.model, state)
+    """The sampler's parameters become `model`'s, copied device to device onto the
+    sampler's mesh."""
+    nnx.update(self.model, nnx.state(model, nnx.Param))
+    sharding.shard_model(self.model, self.mesh)
 
   def sample(self, batch: dict, key: jax.Array, rl_step: int) -> Rollout:
     """Update rl_step's scored rollout of `batch`, sampled with fold_in(key, rl_step) on
