@@ -25,4 +25,5 @@ def get_config():
   config.rl.learning_rate = 1e-3
   config.rl.steps = 200
   config.advantage = {"name": "grpo"}
+  config.export.compare = ("oracle", "rloo")  # the exact credit beside GRPO's in the export
   return config

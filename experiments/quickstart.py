@@ -78,6 +78,13 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.export = ml_collections.ConfigDict()
   config.export.hf = False  # True: write the final policy to WORKDIR/hf as a transformers checkpoint
+  # Per-token export (jaxcredit.train.export; python -m jaxcredit.view WORKDIR shows it): every
+  # `every` RL steps (0: never), `groups` whole groups of the batch as WORKDIR/tokens/*.parquet,
+  # with the advantages of the `compare` estimators on the same batch ("oracle": key_token's
+  # exact credit).
+  config.export.every = 50
+  config.export.groups = 4
+  config.export.compare = ("rloo",)
 
   config.advantage = {"name": "grpo"}  # estimators.from_config
   config.objective = {"policy": {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2}}  # losses.from_config

@@ -11,7 +11,8 @@ from tests.test_train import ROOT, _train_lines
 STEPS = ["--config.task.train_size=200", "--config.task.test_size=16", "--config.sft.max_steps=4",
          "--config.sft.batch_size=16", "--config.sft.eval_every=4", "--config.rl.prompts_per_step=4",
          "--config.rl.group_size=4", "--config.rl.eval_every=2", "--config.checkpoint.every=1",
-         "--config.task.truncated_reward=-1.0"]  # mixed rewards from the start: non-zero updates
+         "--config.task.truncated_reward=-1.0",  # mixed rewards from the start: non-zero updates
+         "--config.export.every=0"]  # the per-token export is single-process
 
 
 def _command(workdir, *overrides):

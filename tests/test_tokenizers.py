@@ -54,3 +54,32 @@ def test_hf_tokenizer_from_tokenizer_json(tmp_path):
     HFTokenizer(tmp_path, eos_token="<mask>")
   with pytest.raises(ValueError, match="No tokenizer.json"):
     HFTokenizer(tmp_path / "missing")
+
+
+def test_char_tokenizer_token_texts_name_specials():
+  tok = CharTokenizer("ab")
+  assert tok.token_texts([1, 3, 4, 2, 0]) == ["<bos>", "a", "b", "<eos>", "<pad>"]
+
+
+def test_hf_token_texts_are_byte_level_pieces_as_transformers_reads_them(tmp_path):
+  """Each piece's bytes through transformers' own byte-level alphabet; a character split
+  across tokens shows as \\xNN escapes, special tokens by name."""
+  transformers = pytest.importorskip("transformers")
+  from transformers.convert_slow_tokenizer import bytes_to_unicode
+  from tests.hf_tokenizers import save_qwen_style
+
+  directory = save_qwen_style(tmp_path)
+  reference = transformers.AutoTokenizer.from_pretrained(directory)
+  tok = HFTokenizer(directory)
+  text = "Ünïcödé — ✓ 数学 🙂 Ж😀 tabs\tand <script>"  # Ж, 😀: not in the BPE corpus
+  ids = tok.encode(text) + [tok.eos_id]
+  byte_of = {c: b for b, c in bytes_to_unicode().items()}
+  pieces = reference.convert_ids_to_tokens(ids)
+  expected = [bytes(byte_of[c] for c in piece).decode("utf-8", "backslashreplace")
+              for piece in pieces[:-1]] + ["<|im_end|>"]
+  texts = tok.token_texts(ids)
+  assert texts == expected
+  assert any("\\x" in t for t in texts), "the test text must split a character across tokens"
+  assert not any("\ufffd" in t for t in texts)
+  whole = [t for t in texts[:-1] if "\\x" not in t]
+  assert whole == [reference.decode([i]) for i, t in zip(ids, texts[:-1]) if "\\x" not in t]

@@ -88,6 +88,17 @@ class KeyTokenConfig:
     return self.n_decisive + 2
 
 
+def token_names(ids) -> list[str]:
+  """The readable name of each token id: PAD BOS SEP EOS FILL, K0..K7, F0..F15, R29..R31."""
+  specials = ("PAD", "BOS", "SEP", "EOS", "FILL")
+  names = [*specials, *(f"K{i}" for i in range(FILLER0 - KEY0)),
+           *(f"F{i}" for i in range(16)), *(f"R{i}" for i in range(FILLER0 + 16, VOCAB_SIZE))]
+  ids = np.asarray(ids)
+  if ids.size and (ids.min() < 0 or ids.max() >= VOCAB_SIZE):
+    raise ValueError(f"Token ids must be in [0, {VOCAB_SIZE}), got {ids.min()}..{ids.max()}.")
+  return [names[i] for i in ids.tolist()]
+
+
 def allowed(config: KeyTokenConfig) -> np.ndarray:
   """[T, V] bool: the actions allowed at each response position."""
   table = np.zeros((config.length, VOCAB_SIZE), bool)

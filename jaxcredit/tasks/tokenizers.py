@@ -4,10 +4,12 @@ a wrapper over a Hugging Face `tokenizer.json` (the `tokenizers` package,
 
   tokenizer.encode(text, add_bos=False, add_eos=False) -> list[int]
   tokenizer.decode(ids, skip_special=True) -> str
+  tokenizer.token_texts(ids) -> list[str]   # each token alone, readable (specials by name)
   tokenizer.encode_batch(texts, length=L, padding="left") -> (ids [B, L] int32, valid [B, L] bool)
 """
 
 import abc
+import functools
 import json
 import pathlib
 from collections.abc import Sequence
@@ -38,6 +40,10 @@ class Tokenizer(abc.ABC):
   @abc.abstractmethod
   def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
     """The text of `ids`."""
+
+  def token_texts(self, ids: Sequence[int]) -> list[str]:
+    """Each token of `ids` on its own as readable text, special tokens by name."""
+    return [self.decode([i], skip_special=False) for i in ids]
 
   def encode_batch(
       self,
@@ -110,6 +116,18 @@ class CharTokenizer(Tokenizer):
     return "".join(out)
 
 
+def _byte_of_unicode() -> dict[str, int]:
+  """GPT-2's byte-level alphabet inverted: the printable character standing for each byte."""
+  printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+               *range(ord("\u00ae"), ord("\u00ff") + 1)]
+  shifted = [b for b in range(256) if b not in printable]
+  return {**{chr(b): b for b in printable},
+          **{chr(256 + n): b for n, b in enumerate(shifted)}}
+
+
+_BYTE_OF_UNICODE = _byte_of_unicode()
+
+
 class HFTokenizer(Tokenizer):
   """A Hugging Face tokenizer directory (or one `tokenizer.json`), as transformers reads it.
 
@@ -168,6 +186,31 @@ class HFTokenizer(Tokenizer):
 
   def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
     return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+
+  def token_texts(self, ids: Sequence[int]) -> list[str]:
+    """Each token on its own. With a byte-level decoder (GPT-2, Qwen, Llama 3), a piece is its
+    bytes decoded as UTF-8, the bytes of a character split across tokens as \\xNN escapes
+    (never U+FFFD); special tokens and other vocabularies as `decode` gives them."""
+    specials = {i for i, token in self._tokenizer.get_added_tokens_decoder().items()
+                if token.special}
+    texts = []
+    for i in map(int, ids):
+      piece = self._tokenizer.id_to_token(i)
+      if piece is None:
+        raise ValueError(f"Token id {i} is outside the vocabulary of size {self.vocab_size}.")
+      if self._byte_level and i not in specials:
+        texts.append(bytes(map(_BYTE_OF_UNICODE.__getitem__, piece)).decode(
+            "utf-8", "backslashreplace"))
+      else:
+        texts.append(self._tokenizer.decode([i], skip_special_tokens=False))
+    return texts
+
+  @functools.cached_property
+  def _byte_level(self) -> bool:
+    """Whether the tokenizer decodes with GPT-2's byte-level alphabet."""
+    decoder = json.loads(self._tokenizer.to_str()).get("decoder") or {}
+    parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+    return any(part.get("type") == "ByteLevel" for part in parts)
 
   def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = False,
                           tokenize: bool = True, **variables) -> list[int] | str:

@@ -81,6 +81,10 @@ def validate_config(config) -> None:
       _number_in(config.task.get("max_dropped_fraction", 0.1), "task.max_dropped_fraction",
                  0.0, 1.0),
   ]
+  export = config.get("export") or {}
+  if export.get("every", 0):
+    problems += [_positive_int(export.every, "export.every"),
+                 _positive_int(export.get("groups", 2), "export.groups")]
   staleness.check_settings(rl.get("max_staleness", 0), rl.get("staleness_mode", "fixed"))
   truncated_reward = config.task.get("truncated_reward", 0.0)
   problems.append((isinstance(truncated_reward, (int, float)) and math.isfinite(truncated_reward),

@@ -42,8 +42,8 @@ from jaxcredit.models import Transformer, checkpoint, preset, sharding
 from jaxcredit.rollout import Rollout
 from jaxcredit.rollouts import SingleTurn
 from jaxcredit.tasks import loader
-from jaxcredit.train import (checkpoints, checks, extras, learner, metrics, overlap, staleness,
-                             steps, tasks, workdir_lock)
+from jaxcredit.train import (checkpoints, checks, export, extras, learner, metrics, overlap,
+                             staleness, steps, tasks, workdir_lock)
 
 RolloutHook = extras.Hook
 """hook(context: extras.Context, rollout) -> (extras, metrics): runs after the
@@ -100,6 +100,8 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
                                         rl.minibatches, config.seed, rl_step)
       before_update = t.stale.capture(t.modules["model"])
       state, update_metrics = t.learner_step(nnx.state(t.modules), rollout, orders, rl_step)
+      if t.exporter is not None and t.exporter.due(rl_step):  # per-token, off this thread
+        record["train/export_wait_ms"] = _export_tokens(t, rl_step, rollout, batch, state)
       # Dispatched, not finished: the sampler's devices sample the next batch meanwhile.
       sampled = (t.sample(rl_step + 1, key)
                  if t.sampler is not None and rl_step + 1 < rl.steps and not stops else None)
@@ -129,6 +131,8 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
         break
     progress.close()
     t.checkpointer.wait()
+    if t.exporter is not None:
+      t.exporter.close()
     t.writer.close()
     _export_hf(t)
     accuracy = t.evaluate() if accuracy is None else accuracy
@@ -189,6 +193,7 @@ class _Trainer:
   sampler: overlap.Sampler | None  # the sampler's own devices (mesh.sampler_shape)
   rl_data: loader.Loader
   writer: metrics.MetricsWriter | None = None
+  exporter: export.Exporter | None = None  # export.every > 0: per-token Parquet (train.export)
 
   def sample(self, rl_step: int, key: jax.Array) -> tuple[dict, Rollout]:
     """Update rl_step's prompts and their scored rollout, on the learner's mesh, sampled
@@ -278,15 +283,16 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
                       temperature=config.rl.temperature, stop_tokens=task.stop_tokens,
                       pad_id=task.pad_id, actions=task.actions, place=place, local=local)
 
-  modules, settings = _learner_modules(config, task, mesh)
+  modules, learner_settings = _learner_modules(config, task, mesh)
   # Built before any work, so that an unknown estimator, loss or extra fails at once.
   graphdef, _ = nnx.split(modules)
   advantage = estimators.from_config(config.advantage.to_dict())
   learner_step = learner.make_step(graphdef, advantage=advantage,
                                    objective=losses.from_config(config.objective.to_dict()),
-                                   settings=settings)
+                                   settings=learner_settings)
   provide_extras = extras.hook(advantage, temperature=config.rl.temperature)
-  reference_logprobs = nnx.jit(functools.partial(learner.reference_logprobs, settings=settings))
+  reference_logprobs = nnx.jit(functools.partial(learner.reference_logprobs,
+                                                 settings=learner_settings))
   counters = {"rl_step": 0, "step": 0, "gen_tokens": 0}
   stale = staleness.StaleParameters(modules["model"], config.rl.get("max_staleness", 0),
                                     config.rl.get("staleness_mode", "fixed"), config.seed)
@@ -303,6 +309,13 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
     print(f"Resuming RL at step {t.counters['rl_step']} from {workdir / 'checkpoints'}.")
   t.writer = metrics.MetricsWriter(workdir, resume_step=t.counters["step"] if resumed else None,
                                    primary=jax.process_index() == 0)
+  settings = config.get("export") or {}
+  if settings.get("every", 0):
+    t.exporter = export.Exporter(
+        workdir, every=settings.every, groups=settings.get("groups", 2),
+        compare=tuple(settings.get("compare") or ()), graphdef=graphdef, advantage=advantage,
+        advantage_config=config.advantage.to_dict(), settings=learner_settings, task=task,
+        mesh=mesh, temperature=config.rl.temperature, tensorboard=t.writer.tensorboard)
   return t
 
 
@@ -437,6 +450,16 @@ def _add_extras(t: _Trainer, rollout: Rollout, batch: dict, rl_step: int,
   rollout = rollout.replace(extras={**rollout.extras, **more_extras})
   t.counters["gen_tokens"] += int(metrics.get("gen_tokens", 0))
   return rollout, {f"train/hook/{k}": v for k, v in metrics.items()}
+
+
+def _export_tokens(t: _Trainer, rl_step: int, rollout: Rollout, batch: dict, state) -> float:
+  """Queues update rl_step's per-token export (train.export) with the modules' states before
+  (still in t.modules) and after (`state`) the update; the milliseconds this thread waited."""
+  waited = t.exporter.submit(
+      step=t.counters["step"] + 1, rl_step=rl_step, rollout=rollout, examples=batch["examples"],
+      before=staleness.snapshot(nnx.state(t.modules)), after=staleness.snapshot(state),
+      key=jax.random.fold_in(jax.random.key(t.config.seed + 2), rl_step))
+  return 1e3 * waited
 
 
 def _export_hf(t: _Trainer) -> None:

@@ -73,7 +73,7 @@ class StaleParameters:
     """The policy's state by value, before an update (None when k = 0). nnx.state alone
     shares the module's Variables, which the update then overwrites; fresh Variables
     around the same (immutable) arrays do not change, and copy no buffer."""
-    return jax.tree.map(lambda x: x, nnx.state(model)) if self.max_staleness else None
+    return snapshot(nnx.state(model)) if self.max_staleness else None
 
   def push(self, captured: nnx.State | None) -> None:
     """After an update: every snapshot ages by one and stale_1 becomes `captured`."""
@@ -81,3 +81,9 @@ class StaleParameters:
       nnx.update(self.snapshots[f"stale_{j}"], nnx.state(self.snapshots[f"stale_{j - 1}"]))
     if captured is not None:
       nnx.update(self.snapshots["stale_1"], captured)
+
+
+def snapshot(state: nnx.State) -> nnx.State:
+  """`state` by value: fresh Variables around the same (immutable) arrays, which later
+  updates of the modules do not change (no buffer is copied)."""
+  return jax.tree.map(lambda x: x, state)

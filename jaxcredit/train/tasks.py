@@ -5,6 +5,7 @@
   task.score(tokens [B, N], mask [B, N], examples) -> [B] float rewards
   task.score_rows(tokens [B, P + N], mask, examples)  # + the truncation rule
   task.actions                                 # typed actions, filler-blind (sampling.Actions)
+  task.token_texts(ids) -> list[str]           # each token alone, readable (exports, viewer)
 
 Rows are laid out as the sampler lays them out: a prompt left-padded to
 `max_prompt_length`, then `max_response_length` response slots. Text tasks
@@ -56,6 +57,8 @@ class TrainTask:
   # True: a pretrained tokenizer, whose ids the model's own (padded) vocabulary covers;
   # False: the model is built with exactly vocab_size ids.
   pretrained_vocab: bool = False
+  # Each token id on its own as readable text (Tokenizer.token_texts; key_token's names).
+  token_texts: Callable[[Sequence[int]], list[str]] = lambda ids: [str(int(i)) for i in ids]
 
   def truncated(self, tokens, mask) -> np.ndarray:
     """[B] bool: whole [B, P + N] rows whose response holds no stop token
@@ -131,7 +134,7 @@ def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> T
   if name != "key_token":
     return TrainTask(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
                      stop_tokens=(tokenizer.eos_id,), encode=loader.text_encoder(tokenizer),
-                     score=score, **common)
+                     score=score, token_texts=tokenizer.token_texts, **common)
 
   def score_keys(tokens, mask, examples):
     del mask  # every response has exactly T actions
@@ -145,7 +148,8 @@ def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> T
   actions = Actions(allowed=key_token.allowed_in_rows(task_config),
                     hidden=hidden_in_rows if hidden.any() else None, hidden_token=key_token.FILL)
   return TrainTask(vocab_size=key_token.VOCAB_SIZE, pad_id=key_token.PAD, stop_tokens=(),
-                   encode=loader.ids_encoder, score=score_keys, actions=actions, **common)
+                   encode=loader.ids_encoder, score=score_keys, actions=actions,
+                   token_texts=key_token.token_names, **common)
 
 
 def gsm8k_task(config, *, data_dir: str, tokenizer_dir: str | None) -> TrainTask:
@@ -191,6 +195,7 @@ def gsm8k_task(config, *, data_dir: str, tokenizer_dir: str | None) -> TrainTask
                    max_response_length=config.max_response_length,
                    sources=builder.as_data_source(), encode=encode,
                    score=_text_scorer(tokenizer, reward), pretrained_vocab=True,
+                   token_texts=tokenizer.token_texts,
                    truncated_reward=float(config.get("truncated_reward", 0.0)))
 
 
