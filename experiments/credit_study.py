@@ -148,4 +148,8 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
                                           "prime", "entropy80", "ktae", "spo_chain"]
     config.seeds = list(range(10))
     config.score_at = [0.0, 0.25, 0.5, 1.0]
+  for name, spec in config.tasks.items():  # four per-token exports per run (python -m jaxcredit.view)
+    export = spec.train.export
+    export.every, export.groups = max(1, spec.train.rl.steps // 4), 2
+    export.compare = ("oracle",) if name == "key_token" else ()
   return config

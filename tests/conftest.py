@@ -4,6 +4,8 @@ import importlib.util
 import os
 import pathlib
 import re
+import tempfile
+import uuid
 
 import hypothesis
 import numpy as np
@@ -54,11 +56,19 @@ def poison(x: np.ndarray, mask: np.ndarray, value=np.nan) -> np.ndarray:
   return np.where(mask, x, value).astype(x.dtype)
 
 
+def pytest_configure(config):
+  """One persistent JAX compilation cache for the test run, shared by the xdist workers and the
+  CLI subprocesses they start (they inherit the environment): tests that build the same programs
+  (same model and batch shapes) compile them once. Set before any test module imports jax."""
+  run = getattr(config, "workerinput", {}).get("testrunuid") or uuid.uuid4().hex
+  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                        str(pathlib.Path(tempfile.gettempdir()) / f"jaxcredit-jax-cache-{run}"))
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+
+
 @pytest.fixture(scope="session")
-def cli_env(tmp_path_factory) -> dict:
-  """Environment for CLI subprocesses: one persistent JAX compilation cache per
-  test session, so runs that share programs (same model and batch shapes)
-  compile them once."""
-  return {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "jax-cache"),
-          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+def cli_env() -> dict:
+  """Environment for CLI subprocesses: this one, with the run's compilation cache."""
+  return dict(os.environ)
 

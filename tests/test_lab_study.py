@@ -1,6 +1,7 @@
 """The credit study: report helpers, run configs, and a smoke run that writes the report."""
 
 import json
+import re
 import runpy
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from jaxcredit.lab import report, study
+from jaxcredit.view import __main__ as view_cli
 from tests.conftest import ROOT
 
 
@@ -66,6 +68,12 @@ def test_smoke_study_writes_the_report(tmp_path):
     assert (tmp_path / figure).exists(), figure
   curves = json.loads((tmp_path / "curves.json").read_text())["curves"]
   assert set(curves["key_token"]) == {"grpo", "vineppo", "oracle"} and set(curves["arithmetic"]) == {"grpo"}
+  # Each cell's per-token export, linked from the report; the viewer writes the linked pages.
+  links = re.findall(r"\]\((runs/[^)]+/credit\.html)\)", text)
+  assert sorted(links) == [f"runs/{cell}/seed0/credit.html"
+                           for cell in ("arithmetic/grpo", "key_token/grpo", "key_token/oracle", "key_token/vineppo")]
+  assert view_cli.main([str(tmp_path)]) == 0
+  assert all((tmp_path / link).exists() for link in links)
 
 
 def test_read_curve_starts_at_the_policy_rl_starts_from(tmp_path):

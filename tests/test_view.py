@@ -51,6 +51,13 @@ def _synthetic_step(path: pathlib.Path, *, step: int = 1, tokens=("a", "b", "c")
   pq.write_table(table, path)
 
 
+def test_the_viewer_reads_the_files_training_writes():
+  """The viewer imports nothing of training: the directory, schema version and columns are
+  the contract between them."""
+  assert view.export_reader.DIRECTORY == export.DIRECTORY
+  assert view.export_reader.SCHEMA_VERSION == export.SCHEMA_VERSION
+
+
 def test_no_export_cut_off_and_foreign_files_are_named(tmp_path, capsys):
   assert view_cli.main([str(tmp_path)]) == 1
   assert f"No per-token export in {tmp_path / 'tokens'}" in capsys.readouterr().err

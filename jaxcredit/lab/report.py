@@ -14,6 +14,8 @@ import jax
 import numpy as np
 import scipy.stats
 
+from jaxcredit.train import export
+
 METRICS = [("r_pool", "r_pool"), ("ceiling", "√η²"), ("r2_within", "R²_w"),
            ("spearman", "Spearman"), ("sa", "SA"), ("sa_weighted", "SA_w"), ("dm", "DM"),
            ("dm_oracle", "DM oracle"), ("top_k", "top-k"), ("nmse_scale", "NMSE_scale"),
@@ -238,6 +240,30 @@ def credit_heatmap(workdir: pathlib.Path) -> list[str]:
           "![credit heatmaps](credit_heatmap.png)"]
 
 
+def viewer_links(study, workdir: pathlib.Path, curves: dict) -> list[str]:
+  """A section linking each cell's credit viewer page (its first seed's run, where it exported
+  per-token credit); `python -m jaxcredit.view WORKDIR` writes the pages."""
+  seed = list(study.seeds)[0]
+  cells = [(task, name, pathlib.Path("runs", task, name, f"seed{seed}"))
+           for task in curves for name in curves[task]]
+  cells = [(task, name, run) for task, name, run in cells
+           if (workdir / run / export.DIRECTORY).is_dir()]
+  if not cells:
+    return []
+  return [
+      "## Credit viewer",
+      "",
+      f"Each cell's per-token credit (seed {seed}; key_token's with the exact oracle beside it). "
+      "`python -m jaxcredit.view WORKDIR` writes these pages (self-contained HTML).",
+      "",
+      "| task | estimator | page |",
+      "|---|---|---|",
+      *[f"| {task} | {name} | [{run}/credit.html]({run}/credit.html) |"
+        for task, name, run in cells],
+      "",
+  ]
+
+
 def machine() -> str:
   return (f"{platform.machine()} ({os.cpu_count()} cores, jax {jax.__version__} on "
           f"{jax.default_backend()})")
@@ -314,6 +340,7 @@ def write(study, workdir: pathlib.Path, curves: dict, wall: dict) -> None:
       "",
       *mc_table(workdir),
       "",
+      *viewer_links(study, workdir, curves),
       "## Wall time",
       "",
       "| run | seconds |",

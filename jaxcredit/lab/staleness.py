@@ -25,7 +25,6 @@ import json
 import pathlib
 import time
 
-import jax
 import ml_collections
 import numpy as np
 
@@ -186,14 +185,5 @@ def report(study, curves: dict, wall_seconds: float) -> str:
   return "\n".join(lines) + "\n"
 
 
-def _run_sharing_compilations(study, workdir: str) -> dict:
-  """`run`, the runs sharing their compiled programs (the same shapes) through
-  DIR/jax-cache: each compiles once."""
-  jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(workdir) / "jax-cache"))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  return run(study, workdir)
-
-
 if __name__ == "__main__":
-  credit_study.cli(_run_sharing_compilations,
-                   "Staleness study config (experiments/staleness_study.py:<preset>).")
+  credit_study.cli(run, "Staleness study config (experiments/staleness_study.py:<preset>).")

@@ -315,6 +315,14 @@ def run(study, workdir: str) -> dict:
   return curves
 
 
+def share_compilations(workdir: str) -> None:
+  """Runs in this process share their compiled programs (the same shapes) through
+  WORKDIR/jax-cache: a program the study's runs have in common compiles once."""
+  jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(workdir) / "jax-cache"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
 def cli(run_study: Callable[[ml_collections.ConfigDict, str], object], description: str) -> None:
   """Runs `run_study(--config, --workdir)` as a program. The flags are defined here, when a
   runner is run, so that the lab's runners can import one another."""
@@ -325,6 +333,7 @@ def cli(run_study: Callable[[ml_collections.ConfigDict, str], object], descripti
   def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
+    share_compilations(workdir.value)
     run_study(config.value, workdir.value)
 
   app.run(main)

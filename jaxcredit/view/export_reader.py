@@ -1,10 +1,12 @@
 """Reading a run's per-token export (`jaxcredit.train.export`) back, file by file.
 
   steps, problems = read_export(workdir)
+  workdirs = runs_with_exports(study_dir)
 
 Each readable WORKDIR/tokens/step_*.parquet gives one `Step`; a file that cannot be used
 (cut off mid-write, another schema version, columns missing) is skipped with a problem
-naming the file, so the rest still shows.
+naming the file, so the rest still shows. The viewer imports nothing of training: the files
+are the contract (the README's schema; tests check both sides agree).
 """
 
 import dataclasses
@@ -13,8 +15,8 @@ import pathlib
 
 import numpy as np
 
-from jaxcredit.train import export
-
+DIRECTORY = "tokens"  # WORKDIR/tokens/step_<step>.parquet
+SCHEMA_VERSION = 1
 REQUIRED = ("step", "rl_step", "group", "sample", "position", "token_id", "token", "is_action",
             "reward", "behaviour_logprob", "logprob", "entropy", "ratio", "advantage")
 
@@ -45,7 +47,7 @@ class NoExport(FileNotFoundError):
 def read_export(workdir: pathlib.Path) -> tuple[list[Step], list[str]]:
   """The readable steps in step order, and a message for every file skipped.
   Raises NoExport when WORKDIR/tokens holds no step file."""
-  directory = pathlib.Path(workdir) / export.DIRECTORY
+  directory = pathlib.Path(workdir) / DIRECTORY
   paths = sorted(directory.glob("step_*.parquet"))
   if not paths:
     raise NoExport(f"No per-token export in {directory}: train with --config.export.every=N "
@@ -59,6 +61,13 @@ def read_export(workdir: pathlib.Path) -> tuple[list[Step], list[str]]:
   return steps, problems
 
 
+def runs_with_exports(directory: pathlib.Path) -> list[pathlib.Path]:
+  """The run directories at or below `directory` holding an export (a study's runs/...)."""
+  found = {path.parent.parent for path in pathlib.Path(directory).rglob(
+      f"{DIRECTORY}/step_*.parquet")}
+  return sorted(found)
+
+
 def read_step(path: pathlib.Path) -> Step:
   """One export file; ValueError saying what is wrong with it."""
   import pyarrow.parquet as pq  # tensorflow-datasets depends on it; jaxcredit[view] names it
@@ -69,9 +78,9 @@ def read_step(path: pathlib.Path) -> Step:
     raise ValueError(f"not a readable Parquet file (cut off mid-write?): {error}") from None
   metadata = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
   version = metadata.get("jaxcredit.schema")
-  if version != str(export.SCHEMA_VERSION):
+  if version != str(SCHEMA_VERSION):
     raise ValueError(f"export schema {version or 'unknown'}, this viewer reads schema "
-                     f"{export.SCHEMA_VERSION}; re-export with this version of jaxcredit.")
+                     f"{SCHEMA_VERSION}; re-export with this version of jaxcredit.")
   missing = [name for name in REQUIRED if name not in table.column_names]
   if missing:
     raise ValueError(f"columns missing: {', '.join(missing)}.")

@@ -2,7 +2,8 @@
 // jaxcredit's credit viewer: reads the JSON in #data (jaxcredit.view.page) and renders one page
 // of responses at a time. Data reach the DOM only as text nodes and attributes.
 
-const PAGE_SIZE = 20;
+// Responses (or groups) per page: ?page_size=N in the page's address changes it.
+const PAGE_SIZE = Number(new URLSearchParams(location.search).get("page_size")) || 20;
 const POSITIVE = [26, 140, 70];   // credit > 0
 const NEGATIVE = [200, 40, 40];   // credit < 0
 const started = performance.now();
