@@ -96,11 +96,11 @@ def measure(steps: int, sizes: list[int], repeats: int) -> str:
     tmp = pathlib.Path(tmp)
     off, _ = _train(tmp / "off", steps, 0)
     on, waits = _train(tmp / "on", steps, 1)
-    lines += table(["quickstart RL step (32 x 8)", "median step ms", "export wait ms median",
+    lines += [table(["quickstart RL step (32 x 8)", "median step ms", "export wait ms median",
                     "export wait ms max"],
                    [["export off (baseline)", f"{1e3 * off:.0f}", "-", "-"],
                     ["export every step, 4 groups", f"{1e3 * on:.0f}",
-                     f"{np.median(waits):.2f}", f"{np.max(waits):.2f}"]])
+                     f"{np.median(waits):.2f}", f"{np.max(waits):.2f}"]])]
     lines.append("")
     rows = []
     with sync_playwright() as p:
@@ -117,23 +117,32 @@ def measure(steps: int, sizes: list[int], repeats: int) -> str:
         rows.append([f"{responses:,} x {TOKENS_PER_RESPONSE:,}", f"{written:.1f}",
                      f"{path.stat().st_size / 2**20:.0f}", f"{paged:.2f}", f"{everything:.2f}"])
       browser.close()
-    lines += table(["responses x tokens", "write page s", "page MiB",
-                    "load, 20 per page s", "load, all at once s (baseline)"], rows)
+    lines += [table(["responses x tokens", "write page s", "page MiB",
+                    "load, 20 per page s", "load, all at once s (baseline)"], rows)]
   return "\n".join(lines)
 
 
 def screenshot(workdir: pathlib.Path, out: pathlib.Path) -> None:
-  """The viewer of `workdir`'s last exported step, its credit beside the oracle's, the prompt
-  shown, the pointer on a decisive token."""
+  """The viewer of `workdir`'s exported step with the most groups of mixed rewards, its credit
+  beside the oracle's, the prompt shown, the pointer on the token of largest exact credit."""
   from playwright.sync_api import sync_playwright
 
-  from jaxcredit.view import page as view_page
+  from jaxcredit.view import export_reader, page as view_page
   path, _ = view_page.write(workdir)
+  steps, _ = export_reader.read_export(workdir)
+
+  def mixed_groups(step):
+    columns = step.columns
+    return sum(np.ptp(columns["reward"][columns["group"] == g]) > 0
+               for g in np.unique(columns["group"]))
+
+  chosen = max(range(len(steps)), key=lambda i: mixed_groups(steps[i]))
   with sync_playwright() as p:
     browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
     page = browser.new_page(viewport={"width": 1280, "height": 720})
     page.goto(path.resolve().as_uri())
     page.wait_for_selector("body[data-rendered]")
+    page.select_option("#step", str(chosen))
     page.check("#pair")
     page.check("#show_prompt")
     spans = page.query_selector_all(".tokens[data-credit='oracle'] .tok:not(.prompt)")

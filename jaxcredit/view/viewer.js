@@ -49,7 +49,7 @@ function rankCorrelation(a, b) {
 function stepData(index) {
   if (decoded.has(index)) return decoded.get(index);
   const raw = DATA.steps[index];
-  const s = {raw, credits: {}};
+  const s = {raw, credits: {}, scales: {}};
   for (const key of ["reward", "blp", "lp", "ent", "ratio"]) s[key] = decode(raw[key], Float32Array);
   for (const key of ["group", "sample", "pos", "id", "act", "text"]) s[key] = decode(raw[key], Int32Array);
   for (const [name, b64] of Object.entries(raw.credits)) s.credits[name] = decode(b64, Float32Array);
@@ -83,17 +83,20 @@ function colour(value, scale) {
   return `rgb(${c[0]}, ${c[1]}, ${c[2]})`;
 }
 
-function scaleOf(s) {
-  const names = state.pair ? [state.credit, state.other] : [state.credit];
-  let scale = 0;
-  for (const name of names) {
+// Each credit on its own scale, +-max |credit| over the step's actions (estimators differ in
+// scale: GRPO's normalised advantages are O(1), exact advantages often O(0.1)).
+function scaleOf(s, name) {
+  if (!(name in s.scales)) {
     const credit = s.credits[name];
+    let scale = 0;
     for (let k = 0; k < credit.length; k++) if (s.act[k]) scale = Math.max(scale, Math.abs(credit[k]));
+    s.scales[name] = scale;
   }
-  return scale;
+  return s.scales[name];
 }
 
-function tokensElement(s, r, name, scale) {
+function tokensElement(s, r, name) {
+  const scale = scaleOf(s, name);
   const box = document.createElement("div");
   box.className = "tokens";
   box.dataset.credit = name;
@@ -121,7 +124,7 @@ function tokensElement(s, r, name, scale) {
   return box;
 }
 
-function responseElement(s, r, scale) {
+function responseElement(s, r) {
   const row = document.createElement("div");
   row.className = state.pair ? "response pair" : "response";
   row.dataset.group = r.group;
@@ -129,11 +132,11 @@ function responseElement(s, r, scale) {
   const meta = document.createElement("div");
   meta.className = "meta";
   const corr = state.other ? `  \u03c1 ${fmt(r.corr)}` : "";
-  meta.textContent = `g${r.group} s${r.sample}  reward ${fmt(r.reward)}\nentropy ${fmt(r.entropy)}${corr}`;
+  meta.textContent = `g${r.group} s${r.sample}  reward ${fmt(r.reward)}\nmean entropy ${fmt(r.entropy)}${corr}`;
   meta.style.whiteSpace = "pre";
   row.appendChild(meta);
-  row.appendChild(tokensElement(s, r, state.credit, scale));
-  if (state.pair) row.appendChild(tokensElement(s, r, state.other, scale));
+  row.appendChild(tokensElement(s, r, state.credit));
+  if (state.pair) row.appendChild(tokensElement(s, r, state.other));
   return row;
 }
 
@@ -180,9 +183,11 @@ function pager(count) {
 
 function render() {
   const s = stepData(state.step);
-  const scale = scaleOf(s);
+  const scale = scaleOf(s, state.credit);
   $("low").textContent = `\u2212${scale.toPrecision(3)}`;
   $("high").textContent = `+${scale.toPrecision(3)}`;
+  $("other_scale").textContent = state.pair
+    ? `(${state.credit}); ${state.other} \u00b1${scaleOf(s, state.other).toPrecision(3)}` : "";
   const responses = selected(s);
   const list = $("list");
   list.replaceChildren();
@@ -205,7 +210,7 @@ function render() {
       const rewards = members.map((r) => r.reward.toFixed(2)).join(", ");
       title.textContent = `group ${g}  \u2014  rewards ${rewards}  \u2014  prompt: ${promptText(s, members[0])}`;
       box.appendChild(title);
-      for (const r of members) box.appendChild(responseElement(s, r, scale));
+      for (const r of members) box.appendChild(responseElement(s, r));
       list.appendChild(box);
     }
   } else {
@@ -213,13 +218,14 @@ function render() {
     count = responses.length;
     pager(count);
     for (const r of responses.slice(state.page * PAGE_SIZE, (state.page + 1) * PAGE_SIZE)) {
-      list.appendChild(responseElement(s, r, scale));
+      list.appendChild(responseElement(s, r));
     }
   }
   $("summary").textContent =
     `step ${s.raw.step} (RL update ${s.raw.rl_step}, ${s.raw.file}): ${responses.length} of ` +
-    `${s.responses.length} responses, ${s.raw.tokens} tokens; colour: ${state.credit}` +
-    (state.pair ? ` | ${state.other}` : "") + `, scale \u00b1${scale.toPrecision(3)}`;
+    `${s.responses.length} responses, ${s.raw.tokens} tokens; colour: ${state.credit} ` +
+    `\u00b1${scale.toPrecision(3)}` +
+    (state.pair ? ` | ${state.other} \u00b1${scaleOf(s, state.other).toPrecision(3)}` : "");
   document.body.dataset.rendered = String(Number(document.body.dataset.rendered || 0) + 1);
 }
 
