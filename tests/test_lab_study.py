@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from jaxcredit.lab import report, study
+from jaxcredit.lab import exact_metrics, report, study
 from jaxcredit.view import __main__ as view_cli
 from tests.conftest import ROOT
 
@@ -18,11 +18,39 @@ def load_experiment_with_preset(preset):
   return runpy.run_path(str(ROOT / "experiments/credit_study.py"))["get_config"](preset)
 
 
-def test_auc_and_steps_to_threshold():
-  assert report.auc([0, 10, 20], [0.0, 1.0, 1.0], 20) == pytest.approx(0.75)
-  assert report.auc([0, 10], [0.0, 1.0], 20) == pytest.approx(0.75)  # held flat after the last eval
-  assert report.steps_to_threshold([0, 10, 20], [0.0, 0.5, 1.0], 0.9) == pytest.approx(18.0)
-  assert report.steps_to_threshold([0, 10], [0.0, 0.5], 0.9) is None
+def test_pass_at_k_is_the_chance_that_k_samples_hold_a_success():
+  """Against sampling: k Bernoulli(p(x)) draws per prompt, 200,000 times."""
+  rng = np.random.default_rng(0)
+  success = np.array([0.0, 0.05, 0.3, 0.9, 1.0])
+  for k in (1, 4, 16):
+    draws = rng.random((200_000, len(success), k)) < success[:, None]
+    sampled = draws.any(axis=2).mean()
+    se = np.sqrt(sampled * (1 - sampled) / 200_000)
+    assert abs(exact_metrics.pass_at_k(success, k) - sampled) < 5 * se + 1e-12, k
+  assert exact_metrics.pass_at_k(success, 1) == pytest.approx(success.mean())
+
+
+def test_tokens_to_reach_and_auc_over_log_tokens():
+  tokens, success = [0, 100, 1000, 10000], [0.1, 0.2, 0.6, 0.8]
+  # 0.4 lies halfway from 0.2 to 0.6 in log10 tokens: 10^2.5.
+  assert exact_metrics.tokens_to_reach(tokens, success, 0.4) == pytest.approx(10**2.5)
+  assert exact_metrics.tokens_to_reach(tokens, success, 0.1) == 0
+  assert exact_metrics.tokens_to_reach(tokens, success, 0.9) is None
+  assert exact_metrics.auc_log_tokens(tokens, [0.5] * 4, 100, 10000) == pytest.approx(0.5)
+  # Linear in log tokens from (2, 0.2) to (3, 0.6) then (4, 0.8): mean of the two trapezoids.
+  assert exact_metrics.auc_log_tokens(tokens, success, 100, 10000) == pytest.approx(
+      (0.4 + 0.7) / 2, abs=1e-3)
+  # Held at its last value beyond its last measurement.
+  assert exact_metrics.auc_log_tokens([0, 100, 1000], [0, 0.2, 0.6], 100, 10000) == pytest.approx(
+      (0.4 + 0.6) / 2, abs=1e-3)
+
+
+def test_intervals_are_n_a_below_five_seeds():
+  rng = np.random.default_rng(0)
+  assert report.ci_text([0.2, 0.4, 0.6, 0.8], rng, 100) == "0.500 (n/a)"
+  text = report.ci_text([0.2, 0.4, 0.6, 0.8, 0.5], rng, 2000)
+  low, high = map(float, re.findall(r"\[(\S+), (\S+)\]", text)[0])
+  assert text.startswith("0.500 [") and low < 0.5 < high and (low, high) != (0.2, 0.8)
 
 
 def test_bootstrap_ci_contains_the_mean_and_narrows_with_agreement():
@@ -38,7 +66,8 @@ def test_study_run_configs_are_scale_matched_and_seeded():
   assert run.seed == 2 and run.task.data_dir == "/tmp/data"
   assert run.advantage.to_dict() == {"scale": "rms", "of": {"name": "gae", "lam": 0.95}}
   assert run.critic.preset == run.model.preset
-  assert study.train_config(config, "arithmetic", "grpo", 0, "/tmp/data").critic.preset is None
+  assert study.train_config(config, "key_token", "grpo", 0, "/tmp/data").critic.preset is None
+  assert list(config.tasks) == ["key_token"]
   with pytest.raises(ValueError, match="Unknown preset 'huge'"):
     load_experiment_with_preset("huge")
 
@@ -49,9 +78,13 @@ def test_smoke_study_writes_the_report(tmp_path):
        "--workdir", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   text = (tmp_path / "report.md").read_text()
-  for heading in ("## Sample efficiency: key_token", "## Sample efficiency: arithmetic", "## Oracle agreement",
-                  "## Monte-Carlo values vs exact values"):
+  for heading in ("## Sample efficiency: key_token", "## Oracle agreement",
+                  "## Monte-Carlo values vs exact values", "## Credit viewer"):
     assert heading in text
+  assert "arithmetic" not in text  # not part of the study
+  # One seed: every interval is n/a, never a zero-width range.
+  table = [line for line in text.splitlines() if line.startswith("| grpo | ")][0]
+  assert "(n/a)" in table and not re.search(r"\[(\S+), \1\]", text)
   scores = [json.loads(line) for line in (tmp_path / "scores.jsonl").read_text().splitlines()]
   assert {s["estimator"] for s in scores} == {"oracle", "grpo", "vineppo"}
   oracle_rows = [s for s in scores if s["estimator"] == "oracle"]
@@ -64,21 +97,33 @@ def test_smoke_study_writes_the_report(tmp_path):
   assert table[0].startswith("task,step,estimator,gen_tokens,r_pool") and len(table) == len(scores) + 1
   checks = [json.loads(line) for line in (tmp_path / "mc_check.jsonl").read_text().splitlines()]
   assert checks and all(c["telescoping_error"] < 1e-5 for c in checks)
-  for figure in ("learning_curves_key_token.png", "learning_curves_arithmetic.png", "credit_heatmap.png"):
+  for figure in ("learning_curves_key_token.png", "credit_heatmap.png"):
     assert (tmp_path / figure).exists(), figure
   curves = json.loads((tmp_path / "curves.json").read_text())["curves"]
-  assert set(curves["key_token"]) == {"grpo", "vineppo", "oracle"} and set(curves["arithmetic"]) == {"grpo"}
+  assert set(curves) == {"key_token"} and set(curves["key_token"]) == {"grpo", "vineppo", "oracle"}
+  for curve in (c for runs in curves["key_token"].values() for c in runs.values()):
+    # Exact J(pi) before updates 0, 2, 4 (the same initial policy for every estimator), with
+    # pass@k at least J and growing with k.
+    assert curve["updates"] == [0, 2, 4] and curve["gen_tokens"][0] == 0
+    assert curve["success"][0] == curves["key_token"]["grpo"]["0"]["success"][0]
+    passes = [curve["pass@k"][k][-1] for k in ("1", "4", "16", "64")]
+    assert passes[0] == pytest.approx(curve["success"][-1]) and passes == sorted(passes)
+    assert 0 <= curve["zero_variance_groups"] <= 1
   # Each cell's per-token export, linked from the report; the viewer writes the linked pages.
   links = re.findall(r"\]\((runs/[^)]+/credit\.html)\)", text)
   assert sorted(links) == [f"runs/{cell}/seed0/credit.html"
-                           for cell in ("arithmetic/grpo", "key_token/grpo", "key_token/oracle", "key_token/vineppo")]
+                           for cell in ("key_token/grpo", "key_token/oracle", "key_token/vineppo")]
   assert view_cli.main([str(tmp_path)]) == 0
   assert all((tmp_path / link).exists() for link in links)
 
 
-def test_read_curve_starts_at_the_policy_rl_starts_from(tmp_path):
-  lines = [{"step": 0, "eval/accuracy": 0.0}, {"step": 20, "sft/loss": 1.0, "eval/accuracy": 0.3},
-           {"step": 21, "train/reward_mean": 0.2, "train/gen_tokens": 50},
-           {"step": 22, "train/reward_mean": 0.4, "train/gen_tokens": 100, "eval/accuracy": 0.5}]
+def test_read_curve_pairs_each_measurement_with_the_tokens_generated_before_it(tmp_path):
+  hooked = lambda j, p: {"train/hook/exact_success": j, "train/hook/exact_pass@4": p}
+  lines = [{"step": 0, "eval/accuracy": 0.0},
+           {"step": 1, "train/gen_tokens": 50, "train/zero_variance_groups": 0.5, **hooked(0.1, 0.3)},
+           {"step": 2, "train/gen_tokens": 100, "train/zero_variance_groups": 0.25},
+           {"step": 3, "train/gen_tokens": 150, "train/zero_variance_groups": 0.0, **hooked(0.4, 0.7)}]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-  assert study.read_curve(tmp_path) == {"step": [0, 2], "accuracy": [0.3, 0.5], "gen_tokens": [0, 100]}
+  assert exact_metrics.read_curve(tmp_path) == {
+      "updates": [0, 2], "success": [0.1, 0.4], "pass@k": {"4": [0.3, 0.7]}, "gen_tokens": [0, 100],
+      "zero_variance_groups": 0.25}

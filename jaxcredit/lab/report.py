@@ -14,31 +14,13 @@ import jax
 import numpy as np
 import scipy.stats
 
+from jaxcredit.lab import exact_metrics
 from jaxcredit.train import export
 
 METRICS = [("r_pool", "r_pool"), ("ceiling", "√η²"), ("r2_within", "R²_w"),
            ("spearman", "Spearman"), ("sa", "SA"), ("sa_weighted", "SA_w"), ("dm", "DM"),
            ("dm_oracle", "DM oracle"), ("top_k", "top-k"), ("nmse_scale", "NMSE_scale"),
            ("rcn", "RCN"), ("bias_ratio", "bias ratio")]
-
-
-def auc(steps, accuracy, total: int) -> float:
-  """(1 / total) * integral of accuracy over steps (trapezoid, held flat after the last eval)."""
-  steps, accuracy = np.asarray(steps, float), np.asarray(accuracy, float)
-  if steps[-1] < total:
-    steps, accuracy = np.append(steps, total), np.append(accuracy, accuracy[-1])
-  return float(np.sum(np.diff(steps) * (accuracy[1:] + accuracy[:-1]) / 2) / total)
-
-
-def steps_to_threshold(steps, accuracy, threshold: float) -> float | None:
-  """First crossing of `threshold`, linearly interpolated; None if never reached."""
-  for i, value in enumerate(accuracy):
-    if value >= threshold:
-      if i == 0:
-        return float(steps[0])
-      s0, s1, a0 = steps[i - 1], steps[i], accuracy[i - 1]
-      return float(s0 + (threshold - a0) / (value - a0) * (s1 - s0))
-  return None
 
 
 def bootstrap_ci(values, rng: np.random.Generator, draws: int) -> tuple[float, float, float]:
@@ -65,48 +47,72 @@ def fmt_interval(mean, low, high) -> str:
   return f"{mean:.3f} (n/a)" if low is None else _fmt(mean, low, high)
 
 
-def summarise(curves: dict, *, steps: int, threshold: float) -> dict:
-  """{estimator: {seed: final accuracy (mean of the last 3 evals), AUC, steps to
-  threshold, generated tokens}} for one task's {estimator: {seed: curve}}."""
-  total = steps
-  summary = {}
-  for name, runs in curves.items():
-    per_seed = {}
-    for seed, curve in runs.items():
-      per_seed[seed] = {
-          "final": float(np.mean(curve["accuracy"][-3:])),
-          "auc": auc(curve["step"], curve["accuracy"], total),
-          "tau": steps_to_threshold(curve["step"], curve["accuracy"], threshold),
-          "gen_tokens": curve["gen_tokens"][-1] if curve["gen_tokens"] else 0,
-      }
-    summary[name] = per_seed
-  return summary
+MIN_SEEDS_FOR_CI = 5  # fewer seeds: the bootstrap's interval is little more than their range
+
+
+def summarise(curves: dict, *, level: float = 0.9) -> tuple[dict, dict]:
+  """({estimator: {seed: metrics}}, {"low", "high", "level"}) of one cell's
+  {estimator: {seed: exact curve}}
+  (`exact_metrics.read_curve`): final J (mean of the last 3 measurements: the plateau
+  reached), final pass@k, AUC of J over log10 generated tokens on the cell's common range,
+  tokens to reach `level` x the best arm's mean final J, the mean fraction of zero-variance
+  groups and the generated tokens."""
+  runs = [curve for by_seed in curves.values() for curve in by_seed.values()]
+  low = min(t for curve in runs for t in curve["gen_tokens"] if t > 0)
+  high = max(curve["gen_tokens"][-1] for curve in runs)
+  final = lambda values: float(np.mean(values[-3:]))
+  best = max(np.mean([final(c["success"]) for c in by_seed.values()])
+             for by_seed in curves.values())
+  return {name: {seed: {
+      "final": final(curve["success"]),
+      "pass@k": {k: final(values) for k, values in curve["pass@k"].items()},
+      "auc": exact_metrics.auc_log_tokens(curve["gen_tokens"], curve["success"], low, high),
+      "tau": exact_metrics.tokens_to_reach(curve["gen_tokens"], curve["success"], level * best),
+      "zero_variance_groups": curve["zero_variance_groups"],
+      "gen_tokens": curve["gen_tokens"][-1],
+  } for seed, curve in by_seed.items()} for name, by_seed in curves.items()}, {
+      "low": low, "high": high, "level": level * best}
+
+
+def ci_text(values, rng: np.random.Generator, draws: int) -> str:
+  """"mean [95% bootstrap CI]", or "mean (n/a)" below MIN_SEEDS_FOR_CI values."""
+  values = list(values)
+  if len(values) < MIN_SEEDS_FOR_CI:
+    return f"{np.mean(values):.3f} (n/a)"
+  return _fmt(*bootstrap_ci(values, rng, draws))
 
 
 def _fmt(mean, low, high) -> str:
   return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
 
 
-def efficiency_table(summary: dict, rng, draws: int) -> list[str]:
-  lines = ["| estimator | final accuracy [95% CI] | AUC [95% CI] | steps to θ (reached) | "
-           "ΔAUC vs grpo [95% CI] | generated tokens / run | final per seed |",
-           "|---|---|---|---|---|---|---|"]
+def efficiency_table(summary: dict, level: float, rng, draws: int,
+                     pass_k: str = "16") -> list[str]:
+  """One row per estimator: final J, pass@k, AUC over log tokens and its paired difference
+  from GRPO's (same seeds), tokens to `level`, zero-variance groups, tokens per run."""
+  lines = [f"| estimator | final J(π) | pass@{pass_k} | AUC over log₁₀ tokens | "
+           f"ΔAUC vs grpo (paired) | tokens to J = {level:.3f} (reached) | "
+           "zero-variance groups | generated tokens / run | final J per seed |",
+           "|---|---|---|---|---|---|---|---|---|"]
   base = summary.get("grpo")
   for name, per_seed in summary.items():
     seeds = sorted(per_seed)
-    finals = [per_seed[s]["final"] for s in seeds]
-    aucs = [per_seed[s]["auc"] for s in seeds]
-    taus = [per_seed[s]["tau"] for s in seeds]
-    reached = [t for t in taus if t is not None]
-    tau = (f"{np.median(reached):.0f} ({len(reached)}/{len(taus)})" if reached
-           else f"— (0/{len(taus)})")
+    column = lambda key: [per_seed[s][key] for s in seeds]
+    reached = [t for t in column("tau") if t is not None]
+    tau = (f"{np.median(reached):,.0f} ({len(reached)}/{len(seeds)})" if reached
+           else f"— (0/{len(seeds)})")
     delta = "—"
     if base is not None and name != "grpo" and set(base) == set(per_seed):
-      delta = _fmt(*bootstrap_ci([per_seed[s]["auc"] - base[s]["auc"] for s in seeds], rng, draws))
-    tokens = np.mean([per_seed[s]["gen_tokens"] for s in seeds])
-    lines.append(f"| {name} | {_fmt(*bootstrap_ci(finals, rng, draws))} | "
-                 f"{_fmt(*bootstrap_ci(aucs, rng, draws))} | {tau} | {delta} | {tokens:,.0f} | "
-                 f"{', '.join(f'{f:.2f}' for f in finals)} |")
+      delta = ci_text([per_seed[s]["auc"] - base[s]["auc"] for s in seeds], rng, draws)
+    passes = [per_seed[s]["pass@k"].get(pass_k) for s in seeds]
+    zero = [z for z in column("zero_variance_groups") if z is not None]
+    lines.append(
+        f"| {name} | {ci_text(column('final'), rng, draws)} | "
+        + (ci_text(passes, rng, draws) if None not in passes else "—")
+        + f" | {ci_text(column('auc'), rng, draws)} | {delta} | {tau} | "
+        + (f"{np.mean(zero):.2f}" if zero else "—")
+        + f" | {np.mean(column('gen_tokens')):,.0f} | "
+        + ", ".join(f"{f:.2f}" for f in column("final")) + " |")
   return lines
 
 
@@ -176,25 +182,29 @@ def _pyplot():
 
 
 def learning_curves(workdir: pathlib.Path, task: str, curves: dict) -> list[str]:
-  """learning_curves_<task>.png: mean eval accuracy and a 95% bootstrap band over
-  seeds, against RL steps and against generated tokens."""
+  """learning_curves_<task>.png: mean exact J(pi) over seeds (a 95% bootstrap band from 5
+  seeds) against updates and against generated tokens on a log axis."""
   plt = _pyplot()
   if plt is None:
     return ["(figures skipped: matplotlib is not installed; `pip install jaxcredit[plot]`)"]
   rng = np.random.default_rng(0)
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
   for name, runs in curves.items():
-    steps = np.asarray(next(iter(runs.values()))["step"])
-    accuracy = np.asarray([runs[s]["accuracy"] for s in sorted(runs)])
+    updates = np.asarray(next(iter(runs.values()))["updates"])
+    success = np.asarray([runs[s]["success"] for s in sorted(runs)])
     tokens = np.asarray([runs[s]["gen_tokens"] for s in sorted(runs)], float).mean(axis=0)
-    bands = np.asarray([bootstrap_ci(column, rng, 1000) for column in accuracy.T])
-    for ax, x in zip(axes, (steps, tokens)):
-      ax.plot(x, bands[:, 0], label=name)
-      ax.fill_between(x, bands[:, 1], bands[:, 2], alpha=0.2)
-  axes[0].set_xlabel("step (policy samples)")
-  axes[1].set_xlabel("generated tokens (policy samples + estimator rollouts)")
+    mean = success.mean(axis=0)
+    positive = tokens > 0
+    for ax, x, keep in ((axes[0], updates, slice(None)), (axes[1], tokens, positive)):
+      ax.plot(x[keep], mean[keep], label=name)
+      if len(runs) >= MIN_SEEDS_FOR_CI:
+        bands = np.asarray([bootstrap_ci(c, rng, 1000) for c in success.T])
+        ax.fill_between(x[keep], bands[keep, 1], bands[keep, 2], alpha=0.2)
+  axes[0].set_xlabel("updates")
+  axes[1].set_xlabel("generated tokens (policy samples + estimator rollouts; log scale)")
+  axes[1].set_xscale("log")
   for ax in axes:
-    ax.set_ylabel("greedy eval accuracy")
+    ax.set_ylabel("exact J(π) on held-out prompts")
     ax.grid(alpha=0.3)
   axes[0].legend(fontsize=8)
   axes[0].set_title(task)
@@ -272,7 +282,7 @@ def machine() -> str:
 def _task_section(study, workdir: pathlib.Path, task: str, curves: dict, rng) -> list[str]:
   spec = study.tasks[task]
   train = spec.train
-  summary = summarise(curves, steps=train.rl.steps, threshold=spec.threshold)
+  summary, span = summarise(curves)
   sft = (f"SFT warm start (up to {train.sft.max_steps} steps, stopped at greedy accuracy "
          f"{train.sft.target_accuracy}), then " if train.sft.max_steps else "")
   return [
@@ -281,11 +291,14 @@ def _task_section(study, workdir: pathlib.Path, task: str, curves: dict, rng) ->
       f"`{train.task.name}` {dict(train.task.options)}; model `{train.model.preset}` with "
       f"{dict(train.model.overrides)}; {sft}{train.rl.steps} RL steps of "
       f"{train.rl.prompts_per_step} prompts × {train.rl.group_size} samples; Adam "
-      f"{train.rl.learning_rate}. Greedy accuracy on {train.task.test_size} held-out prompts; "
-      "final = mean of the last 3 evaluations; AUC = mean accuracy over training; "
-      f"θ = {spec.threshold}.",
+      f"{train.rl.learning_rate}. J(π): the exact expected success on {train.task.test_size} "
+      f"held-out prompts (mean V^π(x) from the oracle), every {train.rl.eval_every} updates; "
+      "final = mean of the last 3 measurements; pass@k = mean 1 − (1 − V^π(x))^k; AUC = mean J "
+      f"over log₁₀ generated tokens on [{span['low']:,}, {span['high']:,}] (the cell's "
+      "common range); the level is 0.9 × the best arm's mean final J. Intervals: 95% bootstrap "
+      f"over seeds from {MIN_SEEDS_FOR_CI} seeds, n/a below.",
       "",
-      *efficiency_table(summary, rng, study.bootstrap),
+      *efficiency_table(summary, span["level"], rng, study.bootstrap),
       "",
       *learning_curves(workdir, task, curves),
       "",
@@ -304,9 +317,8 @@ def write(study, workdir: pathlib.Path, curves: dict, wall: dict) -> None:
       "Every estimator trains the same policy per seed (initialisation, prompts, evaluation) "
       "with PPO-clip and one gradient step per batch (a plain policy gradient), advantages "
       f"{scale}, no KL or entropy terms. Seeds {seeds}; intervals are 95% percentile bootstraps "
-      "over seeds (paired by seed for ΔAUC)"
-      + (", optimistic with fewer than 5 seeds" if len(seeds) < 5 else "")
-      + ". Generated tokens count policy samples plus estimator rollouts (VinePPO); the oracle's "
+      f"over seeds (paired by seed for ΔAUC), printed as n/a below {MIN_SEEDS_FOR_CI} seeds. "
+      "Generated tokens count policy samples plus estimator rollouts (VinePPO); the oracle's "
       f"enumeration is not charged. Wall time of all runs {wall.get('total (all runs)', 0):.0f} s "
       f"on {machine()}.",
       "",

@@ -7,7 +7,7 @@ the parameters after update t - k), estimator, correction (the policy loss that
 handles the off-policy data) and seed, the study trains a policy with
 `jaxcredit.train.loop.run` and measures its exact expected success
 
-  J(pi) = mean over the held-out prompts x of V^pi(x)      (`oracle.exact_success`)
+  J(pi) = mean over the held-out prompts x of V^pi(x)      (`exact_metrics`)
 
 every `measure_every` updates, against the tokens generated so far (VinePPO's
 Monte-Carlo rollouts included; the oracle's passes are not charged). The learner
@@ -28,33 +28,9 @@ import time
 import ml_collections
 import numpy as np
 
-from jaxcredit.lab import oracle, study as credit_study
+from jaxcredit.lab import exact_metrics, study as credit_study
 from jaxcredit.lab.report import fmt_interval, machine, t_interval
-from jaxcredit.train import extras, loop
-
-SUCCESS_METRIC = "train/hook/exact_success"
-
-
-def success_hook(every: int) -> extras.Hook:
-  """A rollout hook that logs J(pi) of the policy about to be updated (after rl_step
-  updates) when rl_step is a multiple of `every`, over the task's test split."""
-  held_out = {}
-
-  def hook(context: extras.Context, rollout) -> tuple[dict, dict]:
-    del rollout
-    if context.rl_step % every:
-      return {}, {}
-    if not held_out:
-      test = context.task.sources["test"]
-      examples = [test[i] for i in range(len(test))]
-      held_out.update(prompts=np.stack([e["prompt"] for e in examples]),
-                      targets=np.stack([e["targets"] for e in examples]))
-    values = oracle.exact_success(context.model, context.task.config, held_out["prompts"],
-                                  held_out["targets"])
-    return {}, {"exact_success": float(np.mean(values))}
-
-  return hook
-
+from jaxcredit.train import loop
 
 def train_config(study, k: int, name: str, correction: str, seed: int,
                  data_dir: str) -> ml_collections.ConfigDict:
@@ -68,20 +44,6 @@ def train_config(study, k: int, name: str, correction: str, seed: int,
   config.rl.steps = study.updates + 1
   config.objective = study.corrections[correction].to_dict()
   return config
-
-
-def read_curve(run_dir: pathlib.Path) -> dict:
-  """{"updates", "success", "gen_tokens"}: J(pi) after that many updates and the tokens
-  generated before them (those of the records before the measuring step)."""
-  records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-  rl = [r for r in records if "train/gen_tokens" in r]
-  curve = {"updates": [], "success": [], "gen_tokens": []}
-  for index, record in enumerate(rl):
-    if SUCCESS_METRIC in record:
-      curve["updates"].append(index)
-      curve["success"].append(record[SUCCESS_METRIC])
-      curve["gen_tokens"].append(rl[index - 1]["train/gen_tokens"] if index else 0)
-  return curve
 
 
 def arms(study) -> list[tuple[int, str, str]]:
@@ -104,11 +66,11 @@ def run(study, workdir: str) -> dict:
         print(f"[staleness] k={k} {name} {correction} seed {seed} -> {run_dir}", flush=True)
         run_started = time.perf_counter()
         loop.run(train_config(study, k, name, correction, seed, str(workdir / "data")),
-                 str(run_dir), rollout_hook=success_hook(study.measure_every))
+                 str(run_dir), rollout_hook=exact_metrics.hook(study.measure_every, ks=()))
         finished.write_text(json.dumps(time.perf_counter() - run_started))
       wall += json.loads(finished.read_text())
       curves.setdefault(f"k{k}", {}).setdefault(name, {}).setdefault(correction, {})[seed] = (
-          read_curve(run_dir))
+          exact_metrics.read_curve(run_dir))
   (workdir / "curves.json").write_text(json.dumps(curves, indent=1))
   (workdir / "report.md").write_text(report(study, curves, wall))
   print(f"[staleness] wrote {workdir / 'report.md'} ({time.perf_counter() - started:.0f} s)",

@@ -5,7 +5,8 @@
 For every task, estimator and seed the study trains a policy with
 `jaxcredit.train.loop.run` (same initialisation, prompts and evaluation per
 seed; the rollouts or oracle values an estimator needs come from the extras
-providers, `jaxcredit.train.extras` and `lab.providers`). During the first
+providers, `jaxcredit.train.extras` and `lab.providers`) and measures its exact
+expected success J(pi) and pass@k on held-out prompts (`lab.exact_metrics`). During the first
 seed's GRPO run it scores every estimator's credit on the same batches
 against the exact oracle (`lab.scores`) and checks Monte-Carlo values against
 exact ones. Outputs in DIR: runs/<task>/<estimator>/seed<k>/ (each a training
@@ -30,7 +31,7 @@ from flax import nnx
 from ml_collections import config_flags
 
 from jaxcredit import estimators
-from jaxcredit.lab import oracle, report, scores
+from jaxcredit.lab import exact_metrics, oracle, report, scores
 from jaxcredit.models import Transformer
 from jaxcredit.sampling import generate
 from jaxcredit.train import extras, learner, loop, tasks
@@ -261,24 +262,6 @@ def write_scores(workdir: pathlib.Path, task: str, rl_step: int, scored: dict) -
   np.savez_compressed(workdir / f"credit_dump_step{rl_step}.npz", **scored["dump"])
 
 
-def read_curve(run_dir: pathlib.Path) -> dict:
-  """The RL learning curve of a run's metrics.jsonl: {"step": RL steps (0 = the
-  policy RL starts from, after any SFT), "accuracy": eval accuracy,
-  "gen_tokens": generated tokens so far}."""
-  records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-  rl = [r for r in records if "train/reward_mean" in r]
-  # The last evaluation before RL.
-  start = [r for r in records if "eval/accuracy" in r and "train/reward_mean" not in r][-1]
-  offset = start["step"]
-  steps, accuracy, gen_tokens = [0], [start["eval/accuracy"]], [0]
-  for record in rl:
-    if "eval/accuracy" in record:
-      steps.append(record["step"] - offset)
-      accuracy.append(record["eval/accuracy"])
-      gen_tokens.append(record["train/gen_tokens"])
-  return {"step": steps, "accuracy": accuracy, "gen_tokens": gen_tokens}
-
-
 def run(study, workdir: str) -> dict:
   """Trains every (task, estimator, seed), scores credit, writes the report; returns the curves."""
   workdir = pathlib.Path(workdir)
@@ -294,10 +277,11 @@ def run(study, workdir: str) -> dict:
       for seed in study.seeds:
         run_dir = workdir / "runs" / task / name / f"seed{seed}"
         config = train_config(study, task, name, seed, str(workdir / "data"))
-        hook = None
+        hook = exact_metrics.hook(spec.train.rl.eval_every)  # exact J(pi), pass@k
         if spec.scored and name == "grpo" and seed == study.seeds[0] and not already_scored:
-          hook = ScoringHook(study, workdir, list(spec.estimators), score_steps,
-                             critic_learning_rate=spec.train.critic.learning_rate)
+          hook = extras.chain(ScoringHook(study, workdir, list(spec.estimators), score_steps,
+                                          critic_learning_rate=spec.train.critic.learning_rate),
+                              hook)
         finished = run_dir / "wall_seconds.json"  # written when a run completes; rerunning skips it
         if not finished.exists():
           run_started = time.perf_counter()
@@ -305,7 +289,7 @@ def run(study, workdir: str) -> dict:
           loop.run(config, str(run_dir), rollout_hook=hook)
           finished.write_text(json.dumps(time.perf_counter() - run_started))
         wall[f"{task}/{name}/seed{seed}"] = json.loads(finished.read_text())
-        curves.setdefault(task, {}).setdefault(name, {})[seed] = read_curve(run_dir)
+        curves.setdefault(task, {}).setdefault(name, {})[seed] = exact_metrics.read_curve(run_dir)
   wall["this invocation"] = time.perf_counter() - started
   wall["total (all runs)"] = sum(v for k, v in wall.items() if "/" in k)
   curves_json = json.dumps({"curves": curves, "wall_seconds": wall}, indent=1)
