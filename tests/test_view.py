@@ -244,3 +244,21 @@ def test_script_in_a_token_is_shown_not_run(browser, tmp_path):
   texts = [s.text_content() for s in page.query_selector_all(".tok")]
   assert texts == [payload, "\\xe6\\x95"]
   page.close()
+
+
+def test_serve_serves_the_page_on_localhost(tmp_path):
+  import subprocess
+  import sys
+  import urllib.request
+
+  _synthetic_step(tmp_path / "tokens" / export.file_name(1))
+  server = subprocess.Popen([sys.executable, "-m", "jaxcredit.view", str(tmp_path), "--serve", "--port", "0"],
+                            stdout=subprocess.PIPE, text=True)
+  try:
+    lines = [server.stdout.readline() for _ in range(2)]
+    url = re.search(r"Serving (http://127\.0\.0\.1:\d+/credit\.html)", lines[1]).group(1)
+    page = urllib.request.urlopen(url, timeout=30).read().decode()
+    assert page == (tmp_path / "credit.html").read_text(encoding="utf-8")
+  finally:
+    server.terminate()
+    server.wait(timeout=30)

@@ -215,8 +215,9 @@ def learning_curves(workdir: pathlib.Path, task: str, curves: dict) -> list[str]
 
 
 def credit_heatmap(workdir: pathlib.Path) -> list[str]:
-  """credit_heatmap.png: oracle vs estimator credit on 2 successes and 2 failures
-  of the middle scored batch (each row scaled by its max |credit|)."""
+  """credit_heatmap.png: oracle vs estimator credit on 2 successes and 2 failures of the
+  middle scored batch, each estimator's credit divided by its RMS over the batch's actions
+  (the scale the study trains with), on one colour scale with its bar."""
   plt = _pyplot()
   dumps = sorted(workdir.glob("credit_dump_step*.npz"), key=lambda p: int(p.stem.split("step")[1]))
   if plt is None or not dumps:
@@ -227,26 +228,31 @@ def credit_heatmap(workdir: pathlib.Path) -> list[str]:
       if n in dump
   ]
   rewards, mask, decisive = dump["rewards"], dump["mask"], dump["decisive"]
+  valid = np.asarray(mask, bool)
+  rms = {n: max(float(np.sqrt(np.mean(dump[n][valid] ** 2))), 1e-12) for n in names}
   picks = list(np.flatnonzero(rewards > 0.5)[:2]) + list(np.flatnonzero(rewards <= 0.5)[:2])
+  grids = [np.stack([dump[n][row, np.flatnonzero(mask[row])] / rms[n] for n in names])
+           for row in picks]
+  limit = max(float(np.abs(grid).max()) for grid in grids) if grids else 1.0
   fig, axes = plt.subplots(len(picks), 1, figsize=(10, 1.0 + 0.45 * len(names) * len(picks)),
                            squeeze=False)
-  for ax, row in zip(axes[:, 0], picks):
+  for ax, row, grid in zip(axes[:, 0], picks, grids):
     columns = np.flatnonzero(mask[row])
-    grid = np.stack([dump[n][row, columns] for n in names])
-    grid = grid / np.maximum(np.abs(grid).max(axis=1, keepdims=True), 1e-12)
-    ax.imshow(grid, cmap="RdBu", vmin=-1, vmax=1, aspect="auto")
+    image = ax.imshow(grid, cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
     ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.set_xticks(range(len(columns)), [str(i) for i in range(len(columns))], fontsize=6)
     for i, column in enumerate(columns):
       if decisive[row, column]:
         ax.add_patch(plt.Rectangle((i - 0.5, -0.5), 1, len(names), fill=False, lw=1.2, ec="k"))
-    ax.set_title(f"response {row}, R = {rewards[row]:.0f} (decisive positions outlined; "
-                 "each row / its max |·|)", fontsize=8)
+    ax.set_title(f"response {row}, R = {rewards[row]:.0f} (decisive positions outlined)",
+                 fontsize=8)
+    fig.colorbar(image, ax=ax, fraction=0.03, pad=0.01, label="credit / its batch RMS")
   fig.tight_layout()
   fig.savefig(workdir / "credit_heatmap.png", dpi=120)
   plt.close(fig)
   step = dumps[len(dumps) // 2].stem.split("step")[1]
-  return [f"Credit of 4 responses from RL step {step} (blue +, red −):", "",
+  return [f"Credit of 4 responses from RL step {step} (blue +, red −; each estimator's credit "
+          "divided by its RMS over the batch's actions, one colour scale):", "",
           "![credit heatmaps](credit_heatmap.png)"]
 
 
@@ -294,8 +300,10 @@ def _task_section(study, workdir: pathlib.Path, task: str, curves: dict, rng) ->
       f"{train.rl.learning_rate}. J(π): the exact expected success on {train.task.test_size} "
       f"held-out prompts (mean V^π(x) from the oracle), every {train.rl.eval_every} updates; "
       "final = mean of the last 3 measurements; pass@k = mean 1 − (1 − V^π(x))^k; AUC = mean J "
-      f"over log₁₀ generated tokens on [{span['low']:,}, {span['high']:,}] (the cell's "
-      "common range); the level is 0.9 × the best arm's mean final J. Intervals: 95% bootstrap "
+      f"over log₁₀ generated tokens on [{int(span['low']):,}, {int(span['high']):,}] (the "
+      "cell's common range; a run that ends earlier is held at its last value there, which "
+      "understates it if it would have kept learning); the level is 0.9 × the best arm's mean "
+      "final J. Intervals: 95% bootstrap "
       f"over seeds from {MIN_SEEDS_FOR_CI} seeds, n/a below.",
       "",
       *efficiency_table(summary, span["level"], rng, study.bootstrap),
