@@ -15,6 +15,7 @@ credit viewer's load time in headless Chromium.
 """
 
 import argparse
+import json
 import pathlib
 import subprocess
 import sys
@@ -32,7 +33,6 @@ TOKENS_PER_RESPONSE, PROMPT_TOKENS, GROUP_SIZE = 1000, 16, 8
 
 def _train(workdir: pathlib.Path, steps: int, every: int) -> tuple[float, list[float]]:
   """Median step seconds after two steps, and the export waits in ms."""
-  import json
   command = [sys.executable, "-m", "jaxcredit.train", "--config",
              str(ROOT / "experiments/quickstart.py"), "--workdir", str(workdir),
              "--config.sft.max_steps=0", f"--config.rl.steps={steps}",
@@ -74,7 +74,7 @@ def _synthetic_export(workdir: pathlib.Path, responses: int, rng: np.random.Gene
   }
   metadata = {"jaxcredit.schema": str(export.SCHEMA_VERSION), "estimator": '{"name": "grpo"}',
               "compare": '["rloo"]', "task": "synthetic"}
-  export._write_parquet(workdir / export.DIRECTORY / export.file_name(1), columns, metadata)
+  export.write_parquet(workdir / export.DIRECTORY / export.file_name(1), columns, metadata)
 
 
 def _load_seconds(browser, url: str) -> float:

@@ -80,7 +80,7 @@ class Exporter:
     self.metadata = {"jaxcredit.schema": str(SCHEMA_VERSION),
                      "estimator": json.dumps(advantage_config),
                      "compare": json.dumps(list(self.compare)), "task": task.name}
-    self._graphdef, self._settings = graphdef, settings
+    self._graphdef = graphdef
     self._credit = jax.jit(functools.partial(_credit, graphdef, settings, advantage,
                                              self.compare))
     self._logprobs = nnx.jit(functools.partial(learner.reference_logprobs, settings=settings))
@@ -116,18 +116,18 @@ class Exporter:
   def _export(self, step, rl_step, rollout, examples, before, after, key) -> None:
     with jax.set_mesh(self.mesh):
       columns = self.columns(step, rl_step, rollout, examples, before, after, key)
-    _write_parquet(self.directory / file_name(step), columns, self.metadata)
+    write_parquet(self.directory / file_name(step), columns, self.metadata)
     if self.tensorboard is not None:
       self.tensorboard.add_text("tokens/credit", text_summary(columns), step)
       self.tensorboard.flush()
 
   def columns(self, step, rl_step, rollout, examples, before, after, key) -> dict:
     """The export's columns as numpy arrays (module docstring)."""
-    models = nnx.merge(self._graphdef, before)
     missing = any(needed not in rollout.extras for fn in self.compare.values()
                   for component in estimators.components(fn) for needed in component.needs)
     if self.compare_extras is not None and missing:
-      context = extras.Context(self.task, models["model"], examples, key, rl_step)
+      model = nnx.merge(self._graphdef, before)["model"]
+      context = extras.Context(self.task, model, examples, key, rl_step)
       computed, _ = self.compare_extras(context, rollout)
       rollout = rollout.replace(extras={**computed, **rollout.extras})
     credit = self._credit(before, rollout)
@@ -160,7 +160,6 @@ def _token_columns(step: int, rl_step: int, rollout: Rollout, logprobs: np.ndarr
                    credit: dict, token_texts) -> dict:
   """One entry per real token of the rollout's rows (host arrays)."""
   tokens = np.asarray(rollout.tokens)
-  rows, length = tokens.shape
   valid = (np.ones_like(tokens, bool) if rollout.token_valid is None
            else np.asarray(rollout.token_valid, bool))
   row, position = np.nonzero(valid)
@@ -171,7 +170,8 @@ def _token_columns(step: int, rl_step: int, rollout: Rollout, logprobs: np.ndarr
   current = on_action(logprobs)
   entropy = (np.full(len(row), np.nan, np.float32) if rollout.entropy is None
              else on_action(rollout.entropy))
-  texts = dict(zip(np.unique(token_ids).tolist(), token_texts(np.unique(token_ids))))
+  distinct = np.unique(token_ids)
+  texts = dict(zip(distinct.tolist(), token_texts(distinct)))
   return {
       "step": np.full(len(row), step, np.int64),
       "rl_step": np.full(len(row), rl_step + 1, np.int64),
@@ -191,8 +191,9 @@ def _token_columns(step: int, rl_step: int, rollout: Rollout, logprobs: np.ndarr
   }
 
 
-def _write_parquet(path: pathlib.Path, columns: dict, metadata: dict) -> None:
-  """Writes `columns` as one Parquet file, atomically (NaN stored as null)."""
+def write_parquet(path: pathlib.Path, columns: dict, metadata: dict) -> None:
+  """Writes `columns` (name -> values) as one Parquet file with `metadata`, atomically (NaN
+  stored as null)."""
   import pyarrow as pa  # tensorflow-datasets depends on it; jaxcredit[view] names it
   import pyarrow.parquet as pq
 
