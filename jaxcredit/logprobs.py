@@ -80,39 +80,34 @@ def token_entropy(logits: Array) -> Array:
   return jax.nn.logsumexp(logits, axis=-1) - jnp.sum(probs * finite_logits, axis=-1)
 
 
-def _to_chunks(x: Array, chunk_size: int, fill=0) -> Array:
-  """[B, T, ...] -> [n_chunks, B, chunk_size, ...], padding T with `fill`."""
-  b, t = x.shape[:2]
-  n = -(-t // chunk_size)
-  x = jnp.pad(x, [(0, 0), (0, n * chunk_size - t)] + [(0, 0)] * (x.ndim - 2),
-              constant_values=fill)
-  return jnp.swapaxes(x.reshape(b, n, chunk_size, *x.shape[2:]), 0, 1)
-
-
-def _from_chunks(x: Array, t: int) -> Array:
-  """[n_chunks, B, chunk_size, ...] -> [B, T, ...]."""
-  n, b, c = x.shape[:3]
-  return jnp.swapaxes(x, 0, 1).reshape(b, n * c, *x.shape[3:])[:, :t]
-
-
 class _Head(NamedTuple):
   """Static settings of the chunked head (hashable)."""
 
-  chunk_size: int
+  chunk_size: int  # positions per chunk in each block of rows
+  row_blocks: int  # R: blocks of consecutive rows packed apart (the devices the batch spans)
   temperature: float
   vocab_major: bool  # unembed stored [V, D] (a tied embedding table) rather than [D, V]
   with_entropy: bool
+
+
+ACCUMULATOR_SHARE = 4
+"""The backward's d unembed accumulator [D, Vc] holds at most 1 / ACCUMULATOR_SHARE
+as many float32 numbers as a chunk of logits."""
 
 
 def _einsum(spec: str, x, y):
   return jnp.einsum(spec, x, y, preferred_element_type=jnp.float32)
 
 
-def _chunk_logits(hidden_chunk, unembed, allowed_chunk, head: _Head):
-  """float32 [B, c, V] logits / temperature, -inf where not allowed."""
-  spec = "bcd,vd->bcv" if head.vocab_major else "bcd,dv->bcv"
-  logits = _einsum(spec, hidden_chunk, unembed) / head.temperature
-  return logits if allowed_chunk is None else jnp.where(allowed_chunk, logits, -jnp.inf)
+def _rows_logits(hidden_rows, weights, allowed_rows, head: _Head):
+  """float32 [n, Vc] logits / temperature of [n, D] hidden rows, -inf where not allowed.
+
+  Two-dimensional on purpose: XLA:CPU reduces a [1, c, V] array ~20x slower than
+  [c, V] and transposes logits rather than hidden rows for [1, c, ...] matmuls."""
+  spec = "nd,vd->nv" if head.vocab_major else "nd,dv->nv"
+  logits = _einsum(spec, hidden_rows, weights) / head.temperature
+  return (logits if allowed_rows is None
+          else jnp.where(allowed_rows.reshape(logits.shape), logits, -jnp.inf))
 
 
 def _entropy(logits, lse):
@@ -123,89 +118,166 @@ def _entropy(logits, lse):
   return lse - jnp.sum(probs * finite, axis=-1)
 
 
-def _allowed_chunks(allowed, chunk_size: int):
-  """allowed [T, V] or [B, T, V] -> [n, 1 or B, c, V] chunks, padded with True."""
+class _Packing(NamedTuple):
+  """The scored positions of each block of rows, gathered to the front of its flat
+  order: block r holds rows [r * B / R, (r + 1) * B / R) as M = B / R * T positions."""
+
+  order: Array  # [R, P] int32: block positions m = (b mod B / R) * T + t, scored ones first,
+  #               padded with 0 to P = whole chunks
+  count: Array  # [R] int32: how many leading entries of each block's order are scored
+
+  def slot_in_use(self) -> Array:
+    return jnp.arange(self.order.shape[1]) < self.count[:, None]
+
+  def chunks_in_use(self, chunk: int) -> Array:
+    """How many leading chunks of `chunk` slots hold a scored position in some block."""
+    return -(-jnp.max(self.count) // chunk)
+
+
+def _packing(where, shape, blocks: int, chunk: int) -> _Packing:
+  """Each block's scored positions first (in row-major order), padded to whole chunks."""
+  positions = shape[0] * shape[1] // blocks
+  padding = [(0, 0), (0, -(-positions // chunk) * chunk - positions)]
+  if where is None:
+    order = jnp.broadcast_to(jnp.arange(positions, dtype=jnp.int32), (blocks, positions))
+    return _Packing(jnp.pad(order, padding), jnp.full((blocks,), positions, jnp.int32))
+  flat = where.reshape(blocks, positions)
+  order = jnp.argsort(~flat, axis=1, stable=True).astype(jnp.int32)
+  return _Packing(jnp.pad(order, padding), jnp.sum(flat, axis=1, dtype=jnp.int32))
+
+
+def _unpack(packed, packing: _Packing, shape):
+  """[R, P, ...] values in packed order -> [B, T, ...], 0 at positions not scored."""
+  blocks, positions = packing.order.shape[0], shape[0] * shape[1] // packing.order.shape[0]
+  trailing = packed.shape[2:]
+  in_use = packing.slot_in_use()[:, :positions].reshape(blocks, positions, *[1] * len(trailing))
+  values = jnp.where(in_use, packed[:, :positions], 0)
+  scatter = lambda order, v: jnp.zeros((positions, *trailing), packed.dtype).at[order].set(
+      v, unique_indices=True)
+  return jax.vmap(scatter)(packing.order[:, :positions], values).reshape(*shape, *trailing)
+
+
+def _take_rows(x, rows):
+  """x [R, M, ...] at block positions rows [R, c] -> [R, c, ...]."""
+  return jnp.take_along_axis(x, rows.reshape(*rows.shape, *[1] * (x.ndim - 2)), axis=1)
+
+
+def _allowed_rows(allowed, rows, shape, blocks: int):
+  """allowed [1 or B, T, V'] at block positions rows [R, c] -> [R, c, V'] (None stays None)."""
   if allowed is None:
     return None
-  return _to_chunks(allowed[None] if allowed.ndim == 2 else allowed, chunk_size, fill=True)
+  row = (jnp.arange(blocks)[:, None] * (shape[0] // blocks) + rows // shape[1]
+         if allowed.shape[0] > 1 else jnp.zeros_like(rows))
+  return allowed[row, rows % shape[1]]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _chunked_head(hidden, unembed, tokens, allowed, head: _Head):
-  outputs, _ = _chunked_head_fwd(hidden, unembed, tokens, allowed, head)
+def _chunk(x, i, chunk: int):
+  """Chunk i of the packed axis (axis 1) of x [R, P, ...]."""
+  return jax.lax.dynamic_slice_in_dim(x, i * chunk, chunk, axis=1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _chunked_head(hidden, unembed, tokens, allowed, where, head: _Head):
+  outputs, _ = _chunked_head_fwd(hidden, unembed, tokens, allowed, where, head)
   return outputs
 
 
-def _chunked_head_fwd(hidden, unembed, tokens, allowed, head: _Head):
-  def step(_, chunk):
-    hidden_chunk, token_chunk, allowed_chunk = chunk
-    logits = _chunk_logits(hidden_chunk, unembed, allowed_chunk, head)
+def _chunked_head_fwd(hidden, unembed, tokens, allowed, where, head: _Head):
+  shape, chunk, blocks = tokens.shape, head.chunk_size, head.row_blocks
+  packing = _packing(where, shape, blocks, chunk)
+  block_hidden = hidden.reshape(blocks, -1, hidden.shape[-1])
+  block_tokens = tokens.reshape(blocks, -1)
+
+  def step(i, outputs):
+    rows = _chunk(packing.order, i, chunk)
+    logits = _rows_logits(_take_rows(block_hidden, rows).reshape(-1, hidden.shape[-1]), unembed,
+                          _allowed_rows(allowed, rows, shape, blocks), head)  # [R * c, V]
     lse = jax.nn.logsumexp(logits, axis=-1)
     entropy = _entropy(logits, lse) if head.with_entropy else jnp.zeros_like(lse)
-    return None, (_picked_logprob(logits, token_chunk, lse), entropy, lse)
+    logp = _picked_logprob(logits, _take_rows(block_tokens, rows).reshape(-1), lse)
+    return tuple(jax.lax.dynamic_update_slice_in_dim(x, y.reshape(blocks, chunk), i * chunk, 1)
+                 for x, y in zip(outputs, (logp, entropy, lse)))
 
-  chunks = (_to_chunks(hidden, head.chunk_size), _to_chunks(tokens, head.chunk_size),
-            _allowed_chunks(allowed, head.chunk_size))
-  _, outputs = jax.lax.scan(step, None, chunks)
-  logp, entropy, lse = (_from_chunks(x, tokens.shape[1]) for x in outputs)
-  return (logp, entropy), (hidden, unembed, tokens, allowed, lse, entropy)
+  # A loop over the chunks in use only: those past every block's scored positions cost nothing.
+  logp, entropy, lse = jax.lax.fori_loop(  # [R, P] each, packed order
+      0, packing.chunks_in_use(chunk), step, (jnp.zeros(packing.order.shape, jnp.float32),) * 3)
+  residuals = (hidden, unembed, tokens, allowed, packing, lse, entropy)
+  return (_unpack(logp, packing, shape), _unpack(entropy, packing, shape)), residuals
 
 
 def _chunked_head_bwd(head: _Head, residuals, cotangents):
-  """Loops over vocabulary chunks of Vc = ceil(chunk_size * V / T) columns (the
-  forward's logits budget) and recomputes their logits z for every token
-  (scaled by 1 / temperature, masked):
+  """Loops over vocabulary chunks of Vc columns (the d unembed accumulator [D, Vc]
+  holds at most 1 / ACCUMULATOR_SHARE of a logits chunk) and, inside, over the
+  forward's chunks of scored positions, recomputing their logits z (scaled by
+  1 / temperature, masked):
 
     d logp / d z = onehot(token) - p,   d H / d z = -p * (log p + H),
 
   both zero at tokens that are not allowed (p = 0 there) for an allowed token.
-  Each chunk's d unembed columns are final when computed and written in place,
-  so the only float32 accumulator is d hidden [B, T, D] - not a [D, V] one.
-  The last chunk is shifted left to end at V; the columns it repeats are
-  rewritten with the same values and kept out of d hidden."""
-  hidden, unembed, tokens, allowed, lse, entropy = residuals
-  g_logp, g_entropy = (x.astype(jnp.float32) for x in cotangents)
+  Chunks past the scored positions are skipped. Each vocabulary chunk's d unembed
+  columns are final when its inner loop ends and are written in place, so the
+  float32 accumulators are d hidden (packed, [R, P, D]) and one [D, Vc] - not a
+  [D, V] one. The last vocabulary chunk is shifted left to end at V; the columns
+  it repeats are rewritten with the same values and kept out of d hidden."""
+  hidden, unembed, tokens, allowed, packing, lse, entropy = residuals
+  shape, chunk, blocks = tokens.shape, head.chunk_size, head.row_blocks
   vocab_axis = 0 if head.vocab_major else 1
-  vocab, length = unembed.shape[vocab_axis], tokens.shape[1]
-  size = min(vocab, -(-head.chunk_size * vocab // length))
+  vocab, width = unembed.shape[vocab_axis], hidden.shape[-1]
+  size = min(vocab, max(1, blocks * chunk * vocab // (ACCUMULATOR_SHARE * width)))
+  block_hidden = hidden.reshape(blocks, -1, width)
+  tokens = _take_rows(tokens.reshape(blocks, -1), packing.order)
+  g_logp, g_entropy = (
+      jnp.where(packing.slot_in_use(),
+                _take_rows(x.astype(jnp.float32).reshape(blocks, -1), packing.order), 0.0)
+      for x in cotangents)
   # An out-of-vocabulary id's log-prob is NaN and carries no gradient (as autodiff of
   # token_logprobs).
   g_logp = jnp.where(_in_vocab(tokens, vocab), g_logp, 0.0)
+  in_use = packing.slot_in_use()
 
-  def step(carry, j, entropy_terms: bool):
+  def vocab_step(carry, j):
     d_hidden, d_unembed = carry
     start = jnp.minimum(j * size, vocab - size)
     columns = start + jnp.arange(size)
     weights = jax.lax.dynamic_slice_in_dim(unembed, start, size, vocab_axis)
-    allowed_chunk = (None if allowed is None
-                     else jax.lax.dynamic_slice_in_dim(allowed, start, size, allowed.ndim - 1))
-    logits = _chunk_logits(hidden, weights, allowed_chunk, head)  # [B, T, Vc]
-    probs = jnp.exp(logits - lse[..., None])
-    d_logits = g_logp[..., None] * ((tokens[..., None] == columns) - probs)
-    if entropy_terms:
-      log_probs = jnp.where(jnp.isfinite(logits), logits - lse[..., None], 0.0)
-      d_logits -= g_entropy[..., None] * probs * (log_probs + entropy[..., None])
-    d_logits /= head.temperature
-    spec = "btv,vd->btd" if head.vocab_major else "btv,dv->btd"
-    d_hidden += _einsum(spec, jnp.where(columns >= j * size, d_logits, 0.0), weights)
-    d_weights = _einsum("btd,btv->vd" if head.vocab_major else "btd,btv->dv", hidden, d_logits)
+    allowed_columns = (None if allowed is None
+                       else jax.lax.dynamic_slice_in_dim(allowed, start, size, 2))
+
+    def token_step(i, inner):
+      d_hidden, d_weights = inner
+      rows = _chunk(packing.order, i, chunk)
+      at = lambda x: _chunk(x, i, chunk).reshape(-1, 1)  # [R * c, 1]
+      # Slots past a block's scored positions add nothing, even where their hidden state is NaN.
+      hidden_rows = jnp.where(at(in_use), _take_rows(block_hidden, rows).reshape(-1, width), 0.0)
+      logits = _rows_logits(hidden_rows, weights,
+                            _allowed_rows(allowed_columns, rows, shape, blocks), head)
+      # d z = g_logp onehot - p (g_logp + g_H (log p + H)), log p = z - lse: per element a
+      # multiply-add beside the softmax's (a -inf logit has p = 0 and is read as 0).
+      probs = jnp.exp(logits - at(lse))
+      scale = at(g_logp)
+      if head.with_entropy:
+        finite = logits if allowed is None else jnp.where(jnp.isfinite(logits), logits, 0.0)
+        scale = scale + at(g_entropy) * (finite - at(lse) + at(entropy))
+      d_logits = (jnp.where(at(tokens) == columns, at(g_logp), 0.0) - probs * scale)
+      d_logits = jnp.where(at(in_use), d_logits, 0.0) / head.temperature
+      spec = "nv,vd->nd" if head.vocab_major else "nv,dv->nd"
+      d_rows = _chunk(d_hidden, i, chunk) + _einsum(
+          spec, jnp.where(columns >= j * size, d_logits, 0.0), weights).reshape(blocks, chunk, -1)
+      # hidden rows transposed (small) rather than d_logits (a logits chunk).
+      d_weights += _einsum("dn,nv->dv", hidden_rows.T, d_logits)
+      return jax.lax.dynamic_update_slice_in_dim(d_hidden, d_rows, i * chunk, 1), d_weights
+
+    inner = (d_hidden, jnp.zeros((width, size), jnp.float32))  # d weights as [D, Vc]
+    d_hidden, d_weights = jax.lax.fori_loop(0, packing.chunks_in_use(chunk), token_step, inner)
+    d_weights = d_weights.T if head.vocab_major else d_weights
     d_unembed = jax.lax.dynamic_update_slice_in_dim(d_unembed, d_weights.astype(unembed.dtype),
                                                     start, vocab_axis)
     return (d_hidden, d_unembed), None
 
-  def loop(entropy_terms: bool):
-    init = (jnp.zeros(hidden.shape, jnp.float32), jnp.zeros_like(unembed))
-    chunks = jnp.arange(-(-vocab // size))
-    return jax.lax.scan(functools.partial(step, entropy_terms=entropy_terms), init, chunks)[0]
-
-  if head.with_entropy:
-    # A loss without an entropy term gives the entropy a zero cotangent: the
-    # loop without its terms runs then.
-    d_hidden, d_unembed = jax.lax.cond(jnp.any(g_entropy != 0), lambda: loop(True),
-                                       lambda: loop(False))
-  else:
-    d_hidden, d_unembed = loop(False)
-  return d_hidden.astype(hidden.dtype), d_unembed, None, None
+  init = (jnp.zeros((*packing.order.shape, width), jnp.float32), jnp.zeros_like(unembed))
+  d_hidden, d_unembed = jax.lax.scan(vocab_step, init, jnp.arange(-(-vocab // size)))[0]
+  d_hidden = _unpack(d_hidden, packing, shape).astype(hidden.dtype)
+  return d_hidden, d_unembed, None, None, None
 
 
 _chunked_head.defvjp(_chunked_head_fwd, _chunked_head_bwd)
@@ -220,6 +292,8 @@ def chunked_token_logprobs_and_entropy(
     temperature: float = 1.0,
     allowed: Array | None = None,
     vocab_major: bool = False,
+    where: Array | None = None,
+    row_blocks: int = 1,
 ) -> tuple[Array, Array]:
   """(log pi(token), H(pi)) of pi = softmax(mask(hidden @ unembed) / temperature),
   without materialising [B, T, V].
@@ -228,17 +302,27 @@ def chunked_token_logprobs_and_entropy(
   embedding table used in place, no transposed copy); tokens: [B, T];
   allowed: None, [T, V] or [B, T, V] bool (tokens outside it get logit -inf,
   so pi is the renormalised restricted softmax, as `sampling.mask_logits`).
-  The forward cuts the time axis into chunks of `chunk_size` and holds one
-  chunk's logits [B, chunk_size, V] at a time; the backward recomputes the
-  logits a vocabulary chunk [B, T, Vc] at a time (the same number of logits)
-  and writes each chunk's d unembed columns in place, so peak memory is
-  O(B * chunk * V + B * T * D), with no [D, V] accumulator. Matmuls
-  accumulate in float32. Returns float32 [B, T]
-  twice; equals token_logprobs / token_entropy of the full logits, gradients
-  included. Out-of-range ids are handled as in `token_logprobs`.
+  where: None (score every position) or [B, T] bool, the positions whose
+  results are needed (an RL loss's action tokens): the others return 0 with no
+  gradient and cost no logits, so a batch of short responses padded to a long
+  row pays for its real tokens only.
+
+  row_blocks: R, a divisor of B; the rows are packed in R blocks of
+  consecutive rows, each on its own - the number of devices the batch is
+  sharded over, so that packing never moves data between devices.
+
+  Each block's scored positions are gathered to the front of its flat order
+  and cut into chunks of B / R * chunk_size positions; the forward holds one
+  chunk's logits [B * chunk_size, V] at a time and skips chunks past the last
+  scored position. The backward recomputes the logits a vocabulary chunk at a time
+  over the same position chunks and writes each chunk's d unembed columns in
+  place, so peak memory is O(B * chunk * V + B * T * D), with no [D, V]
+  accumulator. Matmuls accumulate in float32. Returns float32 [B, T] twice;
+  equals token_logprobs / token_entropy of the full logits where scored,
+  gradients included. Out-of-range ids are handled as in `token_logprobs`.
   """
-  return _chunked(hidden, unembed, tokens, chunk_size, temperature, allowed, vocab_major,
-                  with_entropy=True)
+  return _chunked(hidden, unembed, tokens, chunk_size, temperature, allowed, vocab_major, where,
+                  row_blocks, with_entropy=True)
 
 
 def chunked_token_logprobs(
@@ -250,19 +334,23 @@ def chunked_token_logprobs(
     temperature: float = 1.0,
     allowed: Array | None = None,
     vocab_major: bool = False,
+    where: Array | None = None,
+    row_blocks: int = 1,
 ) -> Array:
   """token_logprobs(hidden @ unembed, tokens) without materialising [B, T, V].
 
   The log-probs of `chunked_token_logprobs_and_entropy` (same arguments), without
   the entropy's work. hidden: [B, T, D]; unembed: [D, V] ([V, D] with
-  vocab_major); tokens: [B, T]. Returns float32 [B, T].
+  vocab_major); tokens: [B, T]; where: None or [B, T] bool (the positions
+  scored; 0 elsewhere); row_blocks: blocks of rows packed apart. Returns
+  float32 [B, T].
   """
-  return _chunked(hidden, unembed, tokens, chunk_size, temperature, allowed, vocab_major,
-                  with_entropy=False)[0]
+  return _chunked(hidden, unembed, tokens, chunk_size, temperature, allowed, vocab_major, where,
+                  row_blocks, with_entropy=False)[0]
 
 
-def _chunked(hidden, unembed, tokens, chunk_size, temperature, allowed, vocab_major, *,
-             with_entropy):
+def _chunked(hidden, unembed, tokens, chunk_size, temperature, allowed, vocab_major, where,
+             row_blocks, *, with_entropy):
   _checks.check_rank(hidden, 3, "hidden")
   _checks.check_rank(unembed, 2, "unembed")
   _checks.check_rank(tokens, 2, "tokens")
@@ -283,9 +371,21 @@ def _chunked(hidden, unembed, tokens, chunk_size, temperature, allowed, vocab_ma
   _check_token_ids(tokens, vocab)
   if jnp.dtype(hidden.dtype).itemsize < jnp.dtype(unembed.dtype).itemsize:
     unembed = unembed.astype(hidden.dtype)  # the model's own logits matmul runs in hidden's dtype
-  allowed = None if allowed is None else jnp.asarray(allowed, bool)
-  head = _Head(chunk_size, float(temperature), bool(vocab_major), with_entropy)
-  return _chunked_head(hidden, unembed, tokens, allowed, head)
+  if where is not None and jnp.shape(where) != tokens.shape:
+    raise ValueError(f"where must be None or [B, T] = {list(tokens.shape)} like tokens, got "
+                     f"{list(jnp.shape(where))}.")
+  if allowed is not None:  # [1 or B, T, V]
+    allowed = jnp.asarray(allowed, bool)
+    allowed = allowed[None] if allowed.ndim == 2 else allowed
+  where = None if where is None else jnp.asarray(where, bool)
+  hidden, tokens = jnp.asarray(hidden), jnp.asarray(tokens)
+  batch, length = tokens.shape
+  if not isinstance(row_blocks, int) or row_blocks < 1 or batch % row_blocks:
+    raise ValueError(f"row_blocks must be a positive int dividing the batch B = {batch}, got "
+                     f"{row_blocks!r}.")
+  head = _Head(batch // row_blocks * min(chunk_size, length), row_blocks, float(temperature),
+               bool(vocab_major), with_entropy)
+  return _chunked_head(hidden, unembed, tokens, allowed, where, head)
 
 
 LOG_RATIO_BOUND = 20.0

@@ -16,6 +16,19 @@ def _logits(shape, seed=0, scale=3.0):
   return (scale * np.random.default_rng(seed).normal(size=shape)).astype(np.float32)
 
 
+def _head_case(rng, b, t, d, v, allowed_rank):
+  """Random hidden [B, T, D], unembed [D, V], allowed (None, [T, V] or [B, T, V]; `full`
+  is it as [B, T, V]), tokens drawn from the allowed ones, and two [B, T] weights."""
+  hidden = rng.normal(size=(b, t, d)).astype(np.float32)
+  unembed = rng.normal(size=(d, v)).astype(np.float32)
+  allowed = {0: None, 2: rng.random((t, v)) < 0.5, 3: rng.random((b, t, v)) < 0.5}[allowed_rank]
+  full = np.ones((b, t, v), bool) if allowed is None else np.broadcast_to(allowed, (b, t, v)).copy()
+  full[..., 0] = True  # every position allows at least one token
+  allowed = None if allowed is None else (full if allowed_rank == 3 else full[0])
+  tokens = np.stack([[rng.choice(np.flatnonzero(full[i, j])) for j in range(t)] for i in range(b)])
+  return hidden, unembed, allowed, full, tokens, rng.normal(size=(2, b, t)).astype(np.float32)
+
+
 class TokenLogprobsTest(parameterized.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -141,20 +154,16 @@ class ChunkedLogprobsTest(parameterized.TestCase):
     self.assertLess(temp, 0.75 * d * v * 4)
 
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.product(allowed_rank=[0, 2, 3], vocab_major=[False, True], chunk_size=[1, 3, 16],
-                         temperature=[1.0, 0.6])
+  @parameterized.parameters(  # every pair of settings at least once
+      (0, False, 1, 1.0), (0, True, 3, 0.6), (0, False, 16, 0.6), (2, True, 1, 0.6),
+      (2, False, 3, 1.0), (2, True, 16, 1.0), (3, False, 1, 0.6), (3, True, 3, 1.0),
+      (3, True, 16, 0.6), (0, True, 1, 1.0), (2, False, 1, 0.6), (3, False, 3, 0.6))
   def test_logprobs_and_entropy_with_actions_match_dense(self, allowed_rank, vocab_major, chunk_size,
                                                          temperature):
     rng = np.random.default_rng(2)
     b, t, d, v = 2, 7, 8, 24
-    hidden = rng.normal(size=(b, t, d)).astype(np.float32)
-    unembed = rng.normal(size=(d, v)).astype(np.float32)
-    allowed = {0: None, 2: rng.random((t, v)) < 0.5, 3: rng.random((b, t, v)) < 0.5}[allowed_rank]
-    full = np.ones((b, t, v), bool) if allowed is None else np.broadcast_to(allowed, (b, t, v)).copy()
-    full[..., 0] = True  # every position allows at least one token
-    allowed = None if allowed is None else (full if allowed_rank == 3 else full[0])
-    tokens = np.stack([[rng.choice(np.flatnonzero(full[i, j])) for j in range(t)] for i in range(b)])
-    w_logp, w_entropy = rng.normal(size=(2, b, t)).astype(np.float32)
+    hidden, unembed, allowed, full, tokens, (w_logp, w_entropy) = _head_case(rng, b, t, d, v,
+                                                                             allowed_rank)
     stored = unembed.T if vocab_major else unembed
 
     def chunked(h, w):
@@ -205,3 +214,71 @@ class ChunkedLogprobsTest(parameterized.TestCase):
       logprobs.chunked_token_logprobs(jnp.zeros((1, 2, 8)), jnp.zeros((9, 5)), jnp.zeros((1, 2), int), chunk_size=1)
     with pytest.raises(ValueError, match="chunk_size must be a positive int"):
       logprobs.chunked_token_logprobs(jnp.zeros((1, 2, 8)), jnp.zeros((8, 5)), jnp.zeros((1, 2), int), chunk_size=0)
+
+
+class ScoredPositionsTest(parameterized.TestCase):
+  """chunked_token_logprobs(_and_entropy) with `where`: only the scored positions
+  are computed, packed to the front of each block of rows."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters((0, 1, 3, False), (3, 2, 1, True), (0, 2, 16, True),
+                            (3, 1, 16, False), (3, 4, 3, False))
+  def test_scored_positions_match_dense_and_the_rest_is_zero(self, allowed_rank, row_blocks,
+                                                             chunk_size, vocab_major):
+    rng = np.random.default_rng(3)
+    b, t, d, v = 4, 9, 8, 24
+    hidden, unembed, allowed, full, tokens, (w_logp, w_entropy) = _head_case(rng, b, t, d, v,
+                                                                             allowed_rank)
+    where = rng.random((b, t)) < 0.4
+    where[1] = False  # a row with nothing scored
+    where[2] = True  # and one with everything
+    hidden[~where] = np.nan  # unscored positions never reach a scored result or a gradient
+    stored = unembed.T if vocab_major else unembed
+
+    def chunked(h, w):
+      return logprobs.chunked_token_logprobs_and_entropy(
+          h, w, tokens, chunk_size=chunk_size, allowed=allowed, vocab_major=vocab_major,
+          where=where, row_blocks=row_blocks)
+
+    def dense(h, w):
+      h = jnp.where(where[..., None], h, 0.0)
+      logits = jnp.einsum("btd,vd->btv" if vocab_major else "btd,dv->btv", h, w)
+      logits = logits if allowed is None else jnp.where(allowed, logits, -jnp.inf)
+      return logprobs.token_logprobs(logits, tokens), logprobs.token_entropy(logits)
+
+    def objective(fn):
+      return lambda h, w: sum(jnp.sum(jnp.where(where, x * y, 0.0))
+                              for x, y in zip((w_logp, w_entropy), fn(h, w)))
+
+    value, grads = self.variant(jax.value_and_grad(objective(chunked), argnums=(0, 1)))(hidden,
+                                                                                        stored)
+    want_value, want_grads = jax.value_and_grad(objective(dense), argnums=(0, 1))(hidden, stored)
+    np.testing.assert_allclose(value, want_value, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(grads[1], want_grads[1], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(grads[0][where], want_grads[0][where], atol=1e-4, rtol=1e-4)
+    np.testing.assert_array_equal(grads[0][~where], 0.0)
+    logp, entropy = self.variant(chunked)(hidden, stored)
+    logits = np.einsum("btd,dv->btv", np.where(where[..., None], hidden, 0.0).astype(np.float64),
+                       unembed)
+    logits = np.where(full, logits, -np.inf)
+    np.testing.assert_allclose(logp, np.where(where, reference.token_logprobs(logits, tokens), 0.0),
+                               atol=1e-4)
+    np.testing.assert_allclose(entropy, np.where(where, reference.token_entropy(logits), 0.0),
+                               atol=1e-4)
+
+  def test_nothing_scored_gives_zeros_and_zero_gradients(self):
+    hidden, unembed = jnp.ones((2, 5, 4)), jnp.ones((4, 7))
+    tokens, where = jnp.zeros((2, 5), int), jnp.zeros((2, 5), bool)
+    fn = lambda h, w: jnp.sum(logprobs.chunked_token_logprobs(h, w, tokens, chunk_size=2,
+                                                                where=where))
+    value, grads = jax.jit(jax.value_and_grad(fn, argnums=(0, 1)))(hidden, unembed)
+    self.assertEqual(float(value), 0.0)
+    for g in grads:
+      np.testing.assert_array_equal(g, 0.0)
+
+  def test_bad_where_or_row_blocks_raise(self):
+    args = (jnp.zeros((2, 3, 4)), jnp.zeros((4, 5)), jnp.zeros((2, 3), int))
+    with pytest.raises(ValueError, match=r"where must be None or \[B, T\] = \[2, 3\]"):
+      logprobs.chunked_token_logprobs(*args, chunk_size=1, where=jnp.ones((3, 2), bool))
+    with pytest.raises(ValueError, match="row_blocks must be a positive int dividing the batch B = 2"):
+      logprobs.chunked_token_logprobs(*args, chunk_size=1, row_blocks=3)

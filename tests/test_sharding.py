@@ -90,7 +90,8 @@ actions = Actions(allowed=allowed)
 def loss(state, tokens):
   m = nnx.merge(graphdef, state)
   out = m(tokens, positions=prompt_positions(valid), token_valid=valid, logits=False)
-  logp, entropy = steps.shifted_logprobs(m, out.hidden, tokens, temperature, actions)
+  logp, entropy = steps.shifted_logprobs(m, out.hidden, tokens, temperature, actions,
+                                         scored=valid)  # packed per batch shard
   return jnp.sum(jnp.where(valid, logp * advantages, 0.0)) / length, (logp, entropy)
 
 def run(state, tokens):

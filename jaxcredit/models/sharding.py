@@ -129,6 +129,16 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules: Mapping = DEFAULT_RULES) -
   return model
 
 
+def batch_shards(batch: int, rules: Mapping = DEFAULT_RULES) -> int:
+  """How many devices a [batch, ...] array's leading axis spans under the mesh set by
+  `jax.set_mesh` (1 without one, or when the batch rule's axes do not divide it)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return 1
+  shards = math.prod(mesh.shape.get(a, 1) for a in (rules.get("batch") or ()))
+  return shards if batch % shards == 0 else 1
+
+
 def batch_sharding(mesh: Mesh, rules: Mapping = DEFAULT_RULES) -> NamedSharding:
   """Shards the leading (batch) axis over the mesh axes of the `batch` rule."""
   group = tuple(a for a in (rules.get("batch") or ()) if a in mesh.shape)

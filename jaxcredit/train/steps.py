@@ -13,7 +13,7 @@ from jax import Array
 
 from jaxcredit import losses
 from jaxcredit.logprobs import chunked_token_logprobs, chunked_token_logprobs_and_entropy
-from jaxcredit.models import context_parallel
+from jaxcredit.models import context_parallel, sharding
 from jaxcredit.rollout import PolicyOutputs, Rollout
 from jaxcredit.sampling import Actions, prompt_positions
 
@@ -24,9 +24,12 @@ V = 152k, the whole batch at once for a small vocabulary."""
 
 
 def shifted_logprobs(model, hidden, tokens, temperature: float = 1.0, actions: Actions = Actions(),
-                     *, logits_per_chunk: int = LOGITS_PER_CHUNK, entropy: bool = True):
+                     *, logits_per_chunk: int = LOGITS_PER_CHUNK, entropy: bool = True,
+                     scored: Array | None = None):
   """[B, L] log-probs (and entropies, or None) of tokens[:, t] under the model's
   head at hidden[:, t - 1] (restricted to actions.allowed[t]); 0 at t = 0.
+  scored: None (every token) or [B, L] bool, the tokens whose results are
+  needed (a loss's action mask); the others get 0 and cost no logits.
 
   Through `chunked_token_logprobs_and_entropy` with the unembedding as stored
   (a tied embedding in place): the time axis is cut into chunks of
@@ -41,16 +44,19 @@ def shifted_logprobs(model, hidden, tokens, temperature: float = 1.0, actions: A
   chunk = max(1, min(local_length, logits_per_chunk // (batch * model.config.vocab_size)))
   allowed = actions.allowed
   next_tokens = jnp.pad(tokens[:, 1:], [(0, 0), (0, 1)])
+  where = None if scored is None else jnp.pad(jnp.asarray(scored, bool)[:, 1:], [(0, 0), (0, 1)])
   if allowed is not None:  # [L, V] or [B, L, V]: the row of the token scored at t
     end = [(0, 0)] * (allowed.ndim - 2) + [(0, 1), (0, 0)]
     allowed = jnp.pad(allowed[..., 1:, :], end, constant_values=True)
   head = functools.partial(
       chunked_token_logprobs_and_entropy if entropy else chunked_token_logprobs,
-      chunk_size=chunk, temperature=temperature, vocab_major=vocab_major)
+      chunk_size=chunk, temperature=temperature, vocab_major=vocab_major,
+      row_blocks=sharding.batch_shards(batch))
   scores = context_parallel.over_sequence(
-      lambda h, n, a, u: head(h, u, n, allowed=a),
-      in_axes=(1, 1, None if allowed is None else allowed.ndim - 2, None))
-  out = scores(hidden, next_tokens, allowed, unembed)
+      lambda h, n, a, w, u: head(h, u, n, allowed=a, where=w),
+      in_axes=(1, 1, None if allowed is None else allowed.ndim - 2, None if where is None else 1,
+               None))
+  out = scores(hidden, next_tokens, allowed, where, unembed)
   shift = lambda x: jnp.pad(x[:, :-1], [(0, 0), (1, 0)])
   return (shift(out[0]), shift(out[1])) if entropy else (shift(out), None)
 
@@ -66,10 +72,11 @@ def _forward(model, tokens, token_valid, positions, actions: Actions):
 def policy_outputs(model, rollout: Rollout, temperature: float, actions: Actions = Actions(),
                    logits_per_chunk: int = LOGITS_PER_CHUNK) -> PolicyOutputs:
   """The current policy's log-probs, entropies (and values V(s_t), the value
-  head's output at the state before action t) on a rollout's tokens."""
+  head's output at the state before action t) on a rollout's tokens; log-probs
+  and entropies at the action tokens (rollout.mask) only, 0 elsewhere."""
   out = _forward(model, rollout.tokens, rollout.token_valid, rollout.positions, actions)
   logp, entropy = shifted_logprobs(model, out.hidden, rollout.tokens, temperature, actions,
-                                   logits_per_chunk=logits_per_chunk)
+                                   logits_per_chunk=logits_per_chunk, scored=rollout.mask)
   values = None if out.values is None else jnp.pad(out.values[:, :-1], [(0, 0), (1, 0)])
   return PolicyOutputs(logprobs=logp, entropy=entropy, values=values)
 
@@ -83,7 +90,8 @@ def sft_step(actions: Actions = Actions(), logits_per_chunk: int = LOGITS_PER_CH
     def loss_fn(model):
       out = _forward(model, tokens, token_valid, None, actions)
       logp, _ = shifted_logprobs(model, out.hidden, tokens, actions=actions,
-                                 logits_per_chunk=logits_per_chunk, entropy=False)
+                                 logits_per_chunk=logits_per_chunk, entropy=False,
+                                 scored=loss_mask)
       return losses.aggregate(-logp, loss_mask, "token-mean")
 
     loss, grads = nnx.value_and_grad(loss_fn)(model)
