@@ -226,10 +226,9 @@ def _chunked_head_bwd(head: _Head, residuals, cotangents):
   size = min(vocab, max(1, blocks * chunk * vocab // (ACCUMULATOR_SHARE * width)))
   block_hidden = hidden.reshape(blocks, -1, width)
   tokens = _take_rows(tokens.reshape(blocks, -1), packing.order)
-  g_logp, g_entropy = (
-      jnp.where(packing.slot_in_use(),
-                _take_rows(x.astype(jnp.float32).reshape(blocks, -1), packing.order), 0.0)
-      for x in cotangents)
+  # Packed cotangents; slots past the scored positions are masked out of d logits below.
+  g_logp, g_entropy = (_take_rows(x.astype(jnp.float32).reshape(blocks, -1), packing.order)
+                       for x in cotangents)
   # An out-of-vocabulary id's log-prob is NaN and carries no gradient (as autodiff of
   # token_logprobs).
   g_logp = jnp.where(_in_vocab(tokens, vocab), g_logp, 0.0)

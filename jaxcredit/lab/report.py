@@ -231,13 +231,13 @@ def credit_heatmap(workdir: pathlib.Path) -> list[str]:
   valid = np.asarray(mask, bool)
   rms = {n: max(float(np.sqrt(np.mean(dump[n][valid] ** 2))), 1e-12) for n in names}
   picks = list(np.flatnonzero(rewards > 0.5)[:2]) + list(np.flatnonzero(rewards <= 0.5)[:2])
-  grids = [np.stack([dump[n][row, np.flatnonzero(mask[row])] / rms[n] for n in names])
-           for row in picks]
+  columns_of = [np.flatnonzero(mask[row]) for row in picks]  # each response's action positions
+  grids = [np.stack([dump[n][row, columns] / rms[n] for n in names])
+           for row, columns in zip(picks, columns_of)]
   limit = max(float(np.abs(grid).max()) for grid in grids) if grids else 1.0
   fig, axes = plt.subplots(len(picks), 1, figsize=(10, 1.0 + 0.45 * len(names) * len(picks)),
                            squeeze=False)
-  for ax, row, grid in zip(axes[:, 0], picks, grids):
-    columns = np.flatnonzero(mask[row])
+  for ax, row, columns, grid in zip(axes[:, 0], picks, columns_of, grids):
     image = ax.imshow(grid, cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
     ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.set_xticks(range(len(columns)), [str(i) for i in range(len(columns))], fontsize=6)

@@ -135,11 +135,16 @@ def batch_shards(batch: int, rules: Mapping = DEFAULT_RULES) -> int:
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return 1
-  shards = math.prod(mesh.shape.get(a, 1) for a in (rules.get("batch") or ()))
+  shards = math.prod(mesh.shape[a] for a in _batch_axes(mesh, rules))
   return shards if batch % shards == 0 else 1
+
+
+def _batch_axes(mesh, rules: Mapping) -> tuple[str, ...]:
+  """The mesh axes of the `batch` rule that `mesh` has."""
+  return tuple(a for a in (rules.get("batch") or ()) if a in mesh.shape)
 
 
 def batch_sharding(mesh: Mesh, rules: Mapping = DEFAULT_RULES) -> NamedSharding:
   """Shards the leading (batch) axis over the mesh axes of the `batch` rule."""
-  group = tuple(a for a in (rules.get("batch") or ()) if a in mesh.shape)
+  group = _batch_axes(mesh, rules)
   return NamedSharding(mesh, PartitionSpec(group or None))
