@@ -16,7 +16,7 @@ from jaxcredit import _checks
 
 _TOKEN_FIELDS = (
     "tokens", "mask", "behaviour_logprobs", "old_logprobs", "ref_logprobs", "values",
-    "token_rewards", "entropy", "positions", "token_valid",
+    "token_rewards", "entropy", "positions", "token_valid", "turn_ids",
 )
 
 
@@ -47,6 +47,9 @@ class Rollout:
                               pass (None: counted over token_valid from 0).
   token_valid:   [B, T]|None  bool: real tokens, prompt and response (None: all);
                               padding is invisible to attention.
+  turn_ids:      [B, T]|None  int turn of each token in a multi-turn episode: the
+                              turn's actions and the observation answering them
+                              (`rollouts.MultiTurn`); -1 outside any turn.
   extras:        dict         further arrays an estimator needs, by name (e.g.
                               "baseline_rewards" [B] for ReMax,
                               "sum_pi_squared" [B, T] for OTB).
@@ -66,6 +69,7 @@ class Rollout:
   staleness: Array | None = None
   positions: Array | None = None
   token_valid: Array | None = None
+  turn_ids: Array | None = None
   extras: Mapping[str, Array] = dataclasses.field(default_factory=dict)
   group_size: int = dataclasses.field(default=1, metadata=dict(static=True))
 

@@ -154,6 +154,21 @@ def test_a_failed_save_is_raised_at_the_next_step_with_its_cause_in_one_line(tmp
   assert "\n" not in str(error.value)
 
 
+def test_a_save_orbax_declines_is_an_error_not_a_silent_skip(tmp_path):
+  from flax import nnx
+
+  from jaxcredit.models import sharding
+  from jaxcredit.train import checkpoints
+
+  module, mesh = nnx.Linear(2, 3, rngs=nnx.Rngs(0)), sharding.make_mesh()
+  checkpointer = checkpoints.Checkpointer(tmp_path / "checkpoints")
+  counters = {"rl_step": 2, "step": 2, "gen_tokens": 0}
+  checkpointer.save(2, {"model": module}, counters, mesh)
+  checkpointer.wait()
+  with pytest.raises(checkpoints.CheckpointError, match="checkpoint 2 was not saved.*holds step 2"):
+    checkpointer.save(2, {"model": module}, counters, mesh)
+
+
 def test_metrics_resume_drops_a_cut_off_last_line(tmp_path):
   from jaxcredit.train.metrics import MetricsWriter
 
@@ -315,9 +330,11 @@ def test_sigterm_on_a_2x2x2_mesh_saves_and_resumes_exactly(uninterrupted, tmp_pa
   process.send_signal(signal.SIGTERM)
   stdout, stderr = process.communicate(timeout=120)
   assert process.returncode == 0 and "SIGTERM: saved a checkpoint at RL step" in stdout, stderr[-3000:]
+  saved = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
   overrides, env = _on("2x2x2", cli_env)
   result = _train(tmp_path, "--config.rl.steps=4", *overrides, env=env)
   assert result.returncode == 0, result.stderr[-3000:]
+  assert "Resuming RL at step" in result.stdout, (saved, stdout[-2000:], result.stdout[-2000:])
   assert 1 <= _resumed_at(result.stdout) < 4
   _assert_resumed_like(tmp_path, uninterrupted("2x2x2"), after=-1)
 

@@ -7,9 +7,11 @@
 example of each row, for the reward), rows of a group contiguous. A source
 samples from `model`, scores what it sampled and returns the `Rollout` the
 learner reads. `SingleTurn` (one response per row, an outcome reward) is the
-one the training loop uses for reasoning tasks.
+one the training loop uses for reasoning tasks; `MultiTurn` alternates turns
+of the model with a `tasks.environment.Environment`'s observations.
 """
 
+from jaxcredit.rollouts.multi_turn import MultiTurn
 from jaxcredit.rollouts.single_turn import RolloutSource, Scorer, SingleTurn
 
-__all__ = ["RolloutSource", "Scorer", "SingleTurn"]
+__all__ = ["MultiTurn", "RolloutSource", "Scorer", "SingleTurn"]

@@ -89,11 +89,15 @@ class Checkpointer:
     """Saves {name: nnx module or optimizer} and counters asynchronously; orbax
     writes to a temporary directory and renames it when complete. The mesh is
     recorded in the step's metadata. An earlier save that failed is raised
-    here (CheckpointError with its root cause)."""
+    here (CheckpointError with its root cause), and so is a save orbax
+    declines (a step not after the latest)."""
     self.check()
     with _reported(f"saving checkpoint {rl_step} in {self.directory}"):
-      self.manager.save(rl_step, args=ocp.args.StandardSave(self._tree(modules, counters)),
-                        custom_metadata={"mesh": dict(mesh.shape)})
+      tree = ocp.args.StandardSave(self._tree(modules, counters))
+      started = self.manager.save(rl_step, args=tree, custom_metadata={"mesh": dict(mesh.shape)})
+    if not started:  # orbax declines a step at or below its latest
+      raise CheckpointError(f"checkpoint {rl_step} was not saved: {self.directory} already holds "
+                            f"step {self.latest_step()}.")
 
   def check(self) -> None:
     """Raises CheckpointError if a finished asynchronous save failed."""

@@ -123,9 +123,12 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
       progress.set_postfix(reward=f"{record['train/reward_mean']:.3f}",
                            kl=f"{float(record['train/kl']):.4f}", accuracy=accuracy, refresh=False)
       t.writer.write(t.counters["step"], record)
-      if stops or (rl_step + 1) % config.checkpoint.every == 0 or rl_step + 1 == rl.steps:
+      # Read once: a signal arriving between the save and the message waits for the next
+      # step, rather than being reported as saved when the save had already been passed by.
+      stopping = bool(stops)
+      if stopping or (rl_step + 1) % config.checkpoint.every == 0 or rl_step + 1 == rl.steps:
         t.checkpointer.save(rl_step + 1, t.checkpointed(), dict(t.counters), t.mesh)
-      if stops:
+      if stopping:
         tqdm.tqdm.write(
             f"{stops[0]}: saved a checkpoint at RL step {rl_step + 1}; rerun to resume.")
         break

@@ -1,0 +1,199 @@
+"""Multi-turn rollouts: the policy and an environment take turns in one context.
+
+A row is the task prompt, then the episode: the reset observation, and per
+turn k the policy's action tokens (sampled with the KV-cache `generate` from
+the whole context so far, until a turn-end token or `max_turn_tokens`)
+followed by the environment's observation of them:
+
+  [prompt, left-padded to P] [obs_0] [actions_0] [obs_1] [actions_1] [obs_2] ... [pad]
+  mask        0                 0        1           0         1         0
+  turn_ids   -1                -1        0           0         1         1
+
+Observation tokens are in the sequence with mask 0, so every estimator
+carries returns and values across them as across any masked position, and
+the learner conditions on them without training on them. The episode lives
+in `max_episode_tokens` columns after the prompt, right-padded.
+
+What the Rollout carries beyond a single-turn one:
+  turn_ids                 [B, T] int  the turn of each action and of the observation
+                                       answering it; -1 on the prompt, the reset
+                                       observation and padding.
+  rewards                  [B]         the sum of the turn rewards.
+  truncated                [B] bool    the episode did not end (`done`) within
+                                       max_turns, or ran out of context columns.
+  extras["turn_rewards"]   [B, T]      each turn's reward on its last action token.
+  extras["turns"]          [B] int32   turns taken.
+  extras["cut_turns"]      [B] int32   turns cut by max_turn_tokens before a
+                                       turn-end token (the environment still
+                                       steps on what was emitted).
+An episode cut by the context is still scored: its reward is the sum of the
+turn rewards it received. Nothing is dropped silently: cuts are counted.
+"""
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+
+from jaxcredit.rollout import Rollout
+from jaxcredit.sampling import generate, prompt_positions
+from jaxcredit.tasks.environment import Environment, as_observation, as_reward
+
+
+@dataclasses.dataclass
+class _Episodes:
+  """The episode columns of this process's rows, filled on the host turn by turn."""
+
+  tokens: np.ndarray  # [b, E] int32
+  action: np.ndarray  # [b, E] bool
+  logprobs: np.ndarray  # [b, E] float32
+  entropy: np.ndarray  # [b, E] float32
+  turn_ids: np.ndarray  # [b, E] int32
+  turn_rewards: np.ndarray  # [b, E] float32
+  length: np.ndarray  # [b] int: columns used
+  done: np.ndarray  # [b] bool
+  truncated: np.ndarray  # [b] bool
+
+  @classmethod
+  def empty(cls, rows: int, columns: int, pad_id: int) -> "_Episodes":
+    shape = (rows, columns)
+    return cls(np.full(shape, pad_id, np.int32), np.zeros(shape, bool),
+               np.zeros(shape, np.float32), np.zeros(shape, np.float32),
+               np.full(shape, -1, np.int32), np.zeros(shape, np.float32),
+               np.zeros(rows, np.int64), np.zeros(rows, bool), np.zeros(rows, bool))
+
+  def append(self, row: int, tokens: np.ndarray, turn: int, **values: np.ndarray) -> bool:
+    """Writes `tokens` (and per-token `values`: action, logprobs, entropy) after
+    the row's episode; what does not fit is cut and the episode ends truncated.
+    Returns whether everything fitted."""
+    start = self.length[row]
+    fits = min(len(tokens), self.tokens.shape[1] - start)
+    columns = slice(start, start + fits)
+    self.tokens[row, columns] = tokens[:fits]
+    self.turn_ids[row, columns] = turn
+    for name, value in values.items():
+      getattr(self, name)[row, columns] = value[:fits]
+    self.length[row] += fits
+    if fits < len(tokens):
+      self.done[row] = self.truncated[row] = True
+    return fits == len(tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiTurn:
+  """Drives `env` against the model for up to `max_turns` turns per row (module docstring).
+
+  env:                the `tasks.environment.Environment`, run per row on the host.
+  max_turns:          turns per episode; an episode not done after them is truncated.
+  max_turn_tokens:    action tokens sampled per turn at most.
+  max_episode_tokens: context columns after the prompt (observations and actions).
+  turn_end_tokens:    ids that end a turn (kept in it); () makes every turn
+                      exactly max_turn_tokens long.
+  seed:               base of the per-row `np.random.Generator` of env.reset,
+                      combined with the sampling key so that each call differs.
+  place / local:      this process's rows <-> the global batch-sharded array.
+  """
+
+  env: Environment
+  max_turns: int
+  max_turn_tokens: int
+  max_episode_tokens: int
+  turn_end_tokens: tuple[int, ...] = ()
+  group_size: int = 1
+  temperature: float = 1.0
+  pad_id: int = 0
+  place: Callable[[np.ndarray], Array] = jnp.asarray
+  local: Callable[[Array], np.ndarray] = np.asarray
+
+  def __post_init__(self):
+    for name in ("max_turns", "max_turn_tokens", "max_episode_tokens"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(f"MultiTurn.{name} must be a positive int, got {value!r}.")
+
+  def __call__(self, model, batch: Mapping[str, Any], key: Array) -> Rollout:
+    prompts, prompt_valid = np.asarray(batch["prompts"]), np.asarray(batch["prompt_valid"], bool)
+    examples, vocab = batch["examples"], model.config.vocab_size
+    rows = len(prompts)
+    episodes = _Episodes.empty(rows, self.max_episode_tokens, self.pad_id)
+    reset_key, key = jax.random.split(key)
+    seeds = self.local(jax.random.bits(reset_key, (self.place(prompts).shape[0],), jnp.uint32))
+    states = []
+    for row in range(rows):
+      state, observation = self.env.reset(np.random.default_rng(int(seeds[row])), examples[row])
+      states.append(state)
+      episodes.append(row, as_observation(observation, vocab, f"{_name(self.env)}.reset"), -1)
+    rewards = np.zeros(rows, np.float32)
+    turns, cut = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
+    for turn in range(self.max_turns):
+      if episodes.done.all():
+        break
+      sample = self._sample_turn(model, prompts, prompt_valid, episodes,
+                                 jax.random.fold_in(key, turn))
+      for row in np.flatnonzero(~episodes.done):
+        taken = sample["mask"][row]
+        actions = sample["tokens"][row, taken]
+        turns[row] += 1
+        if not episodes.append(row, actions, turn, action=np.ones(len(actions), bool),
+                               logprobs=sample["logprobs"][row, taken],
+                               entropy=sample["entropy"][row, taken]):
+          continue  # the context is full: the episode ends here, scored by what it received
+        cut[row] += sample["truncated"][row]
+        where = f"{_name(self.env)}.step (turn {turn})"
+        states[row], observation, reward, done = self.env.step(states[row], actions)
+        reward = as_reward(reward, where)
+        episodes.turn_rewards[row, episodes.length[row] - 1] = reward
+        rewards[row] += reward
+        episodes.append(row, as_observation(observation, vocab, where), turn)
+        episodes.done[row] |= bool(done)
+    episodes.truncated |= ~episodes.done
+    return self._rollout(prompts, prompt_valid, episodes, rewards, turns, cut)
+
+  def _sample_turn(self, model, prompts, prompt_valid, episodes: _Episodes, key) -> dict:
+    """One turn for every row, from its context (prompt and episode so far),
+    left-padded into P + E columns (one shape, one compilation, every turn)."""
+    rows, width = len(prompts), prompts.shape[1] + self.max_episode_tokens
+    context = np.full((rows, width), self.pad_id, np.int32)
+    valid = np.zeros((rows, width), bool)
+    for row in range(rows):
+      ids = np.concatenate([prompts[row, prompt_valid[row]],
+                            episodes.tokens[row, :episodes.length[row]]])
+      context[row, width - len(ids):], valid[row, width - len(ids):] = ids, True
+    out = generate(model, self.place(context), self.place(valid), key,
+                   max_new_tokens=self.max_turn_tokens, temperature=self.temperature,
+                   stop_tokens=self.turn_end_tokens, pad_id=self.pad_id)
+    response = slice(width, None)
+    return {"tokens": self.local(out.tokens)[:, response],
+            "mask": self.local(out.mask)[:, response].astype(bool),
+            "logprobs": self.local(out.logprobs)[:, response],
+            "entropy": self.local(out.entropy)[:, response],
+            "truncated": self.local(out.truncated)}
+
+  def _rollout(self, prompts, prompt_valid, episodes: _Episodes, rewards, turns, cut) -> Rollout:
+    columns = np.arange(self.max_episode_tokens)[None]
+    token_valid = np.concatenate([prompt_valid, columns < episodes.length[:, None]], axis=1)
+    before = lambda fill, dtype: np.full(prompts.shape, fill, dtype)
+    joined = lambda fill, episode: np.concatenate([before(fill, episode.dtype), episode], axis=1)
+    place = self.place
+    return Rollout(
+        tokens=place(np.concatenate([prompts.astype(np.int32), episodes.tokens], axis=1)),
+        mask=place(joined(False, episodes.action)),
+        rewards=place(rewards),
+        behaviour_logprobs=place(joined(0.0, episodes.logprobs)),
+        entropy=place(joined(0.0, episodes.entropy)),
+        truncated=place(episodes.truncated),
+        positions=prompt_positions(place(token_valid)),
+        token_valid=place(token_valid),
+        turn_ids=place(joined(-1, episodes.turn_ids)),
+        extras={"turn_rewards": place(joined(0.0, episodes.turn_rewards)),
+                "turns": place(turns), "cut_turns": place(cut)},
+        group_size=self.group_size,
+    )
+
+
+def _name(env) -> str:
+  return type(env).__name__

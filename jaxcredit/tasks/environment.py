@@ -1,0 +1,56 @@
+"""Multi-turn environments: the policy acts in turns, the environment answers in tokens.
+
+  state, observation = env.reset(rng, example)
+  state, observation, reward, done = env.step(state, action_tokens)
+
+An environment runs on the host, one episode (one batch row) at a time:
+`example` is the dataset example of the row, `rng` a `np.random.Generator`
+seeded per row, `action_tokens` the 1-D int array of the ids the policy
+emitted in its turn (its turn-end token included, when it emitted one).
+Observations are 1-D integer arrays of token ids (possibly empty) that are
+appended to the context after the turn, with mask 0: the policy conditions
+on them but is not trained on them. `reward` is the turn's reward (a finite
+real number; an outcome-only task returns 0 until the last turn); `done`
+ends the episode. The state is whatever the environment needs (it is
+threaded, so an environment can be pure).
+
+`rollouts.MultiTurn` drives a batch of episodes against a model.
+"""
+
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Environment(Protocol):
+  """What `rollouts.MultiTurn` drives (module docstring)."""
+
+  def reset(self, rng: np.random.Generator, example: Any) -> tuple[Any, np.ndarray]: ...
+
+  def step(self, state: Any, action_tokens: np.ndarray) -> tuple[Any, np.ndarray, float, bool]:
+    ...
+
+
+def as_observation(observation: Any, vocab_size: int, where: str) -> np.ndarray:
+  """`observation` as a 1-D int32 array of ids in [0, vocab_size); TypeError or
+  ValueError naming `where` when it is not one (text, floats, ids out of range)."""
+  array = np.asarray(observation)
+  if array.ndim != 1 or not (np.issubdtype(array.dtype, np.integer) or array.size == 0):
+    raise TypeError(
+        f"{where} returned an observation that is not a 1-D array of token ids: got "
+        f"{type(observation).__name__} with dtype {array.dtype} and shape {array.shape}.")
+  if array.size and (array.min() < 0 or array.max() >= vocab_size):
+    raise ValueError(f"{where} returned observation ids {array.min()}..{array.max()}, outside the "
+                     f"vocabulary [0, {vocab_size}).")
+  return array.astype(np.int32)
+
+
+def as_reward(reward: Any, where: str) -> float:
+  """`reward` as a finite float; TypeError or ValueError naming `where` otherwise."""
+  array = np.asarray(reward)
+  if array.ndim != 0 or array.dtype.kind not in "iuf":
+    raise TypeError(f"{where} returned a reward that is not a real number: {reward!r}.")
+  value = float(array)
+  if not np.isfinite(value):
+    raise ValueError(f"{where} returned a non-finite reward {value}.")
+  return value

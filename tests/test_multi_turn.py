@@ -1,0 +1,193 @@
+"""Multi-turn rollouts: layout, behaviour log-probs against teacher forcing, counted cuts,
+hostile environments, and estimators carrying across observation spans."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxcredit import estimators
+from jaxcredit.models import Transformer, preset
+from jaxcredit.rollouts import MultiTurn
+from jaxcredit.train import steps
+
+CONFIG = preset("tiny", vocab_size=32)
+TURN_END = 5
+
+
+class CountingEnv:
+  """Observes each turn's actions back as [20 + len % 5, 20 + first % 5]; rewards
+  an even first action; done after `turns` turns. Pure: the state is the turn count."""
+
+  def __init__(self, turns=3, reset_length=2):
+    self.turns, self.reset_length = turns, reset_length
+
+  def reset(self, rng, example):
+    return 0, rng.integers(10, 20, self.reset_length) + 0 * example["offset"]
+
+  def observe(self, actions):
+    return np.asarray([20 + len(actions) % 5, 20 + actions[0] % 5])
+
+  def step(self, state, actions):
+    return state + 1, self.observe(actions), float(actions[0] % 2 == 0), state + 1 >= self.turns
+
+
+@pytest.fixture(scope="module")
+def model():
+  model = Transformer(CONFIG, rngs=nnx.Rngs(0))
+  state = nnx.state(model, nnx.Param)
+  rng = np.random.default_rng(0)
+  # Peaked distributions, so that turn-end tokens occur within a few tokens.
+  nnx.update(model, jax.tree.map(lambda x: x * 6 + 0.02 * rng.normal(size=x.shape).astype(x.dtype),
+                                 state))
+  return model
+
+
+def _batch(rows=6, length=4, seed=0):
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(1, length + 1, rows)
+  valid = np.arange(length)[None] >= (length - lengths)[:, None]
+  prompts = np.where(valid, rng.integers(1, CONFIG.vocab_size, (rows, length)), 0)
+  return {"prompts": prompts, "prompt_valid": valid,
+          "examples": [{"offset": i} for i in range(rows)]}
+
+
+def _turns(rollout, row):
+  """[(actions, observation)] of each turn of a row, read back from the layout."""
+  tokens, mask = np.asarray(rollout.tokens[row]), np.asarray(rollout.mask[row])
+  turn_ids, valid = np.asarray(rollout.turn_ids[row]), np.asarray(rollout.token_valid[row])
+  return [(tokens[mask & (turn_ids == k)], tokens[~mask & valid & (turn_ids == k)])
+          for k in range(turn_ids.max() + 1)]
+
+
+def test_layout_rewards_and_behaviour_logprobs(model):
+  env = CountingEnv()
+  source = MultiTurn(env, max_turns=3, max_turn_tokens=4, max_episode_tokens=40,
+                     turn_end_tokens=(TURN_END,))
+  rollout = source(model, _batch(), jax.random.key(0)).check()
+  mask, valid = np.asarray(rollout.mask), np.asarray(rollout.token_valid)
+  assert not (mask & ~valid).any()
+  np.testing.assert_array_equal(np.asarray(rollout.extras["turns"]), 3)
+  assert not np.asarray(rollout.truncated).any()
+  cut = 0
+  for row in range(6):
+    turns = _turns(rollout, row)
+    assert len(turns) == 3
+    rewards = []
+    for actions, observation in turns:
+      ended = actions[-1] == TURN_END
+      assert ended or len(actions) == 4
+      assert TURN_END not in actions[:-1]
+      cut += not ended
+      np.testing.assert_array_equal(observation, env.observe(actions))
+      rewards.append(float(actions[0] % 2 == 0))
+    assert rollout.rewards[row] == sum(rewards)
+    turn_rewards = np.asarray(rollout.extras["turn_rewards"][row])
+    last_actions = [np.flatnonzero(mask[row] & (np.asarray(rollout.turn_ids[row]) == k))[-1]
+                    for k in range(3)]
+    np.testing.assert_array_equal(turn_rewards[last_actions], rewards)
+    assert turn_rewards.sum() == sum(rewards)
+  assert np.asarray(rollout.extras["cut_turns"]).sum() == cut
+  assert 0 < cut < 18, "the test should see turns ended by the token and by the budget"
+  # The learner's teacher-forced pass over the assembled rows reproduces the sampler's numbers.
+  forced = steps.policy_outputs(model, rollout, 1.0)
+  np.testing.assert_allclose(np.asarray(rollout.behaviour_logprobs)[mask],
+                             np.asarray(forced.logprobs)[mask], atol=1e-4)
+  np.testing.assert_allclose(np.asarray(rollout.entropy)[mask], np.asarray(forced.entropy)[mask],
+                             atol=1e-4)
+  np.testing.assert_array_equal(np.asarray(rollout.behaviour_logprobs)[~mask], 0.0)
+
+
+def test_fixed_length_turns_without_turn_end_tokens(model):
+  rollout = MultiTurn(CountingEnv(turns=2), max_turns=2, max_turn_tokens=3,
+                      max_episode_tokens=20)(model, _batch(rows=2), jax.random.key(1))
+  for row in range(2):
+    assert [len(actions) for actions, _ in _turns(rollout, row)] == [3, 3]
+  np.testing.assert_array_equal(np.asarray(rollout.extras["cut_turns"]), 0)
+
+
+def test_context_overflow_is_counted_and_scored(model):
+  # 2 reset tokens + 4 actions + 2 observation tokens = 8 columns per first turn: room for one.
+  source = MultiTurn(CountingEnv(turns=3), max_turns=3, max_turn_tokens=4, max_episode_tokens=9)
+  rollout = source(model, _batch(), jax.random.key(2))
+  assert np.asarray(rollout.truncated).all()
+  assert np.asarray(rollout.token_valid)[:, 4:].sum(axis=1).max() <= 9
+  turn_rewards = np.asarray(rollout.extras["turn_rewards"])
+  np.testing.assert_array_equal(np.asarray(rollout.rewards), turn_rewards.sum(axis=1))
+  assert np.isin(np.asarray(rollout.rewards), [0.0, 1.0]).all()  # the first turn's reward counts
+
+
+def test_an_episode_out_of_turns_is_truncated(model):
+  rollout = MultiTurn(CountingEnv(turns=5), max_turns=2, max_turn_tokens=2,
+                      max_episode_tokens=30)(model, _batch(rows=2), jax.random.key(3))
+  assert np.asarray(rollout.truncated).all()
+  np.testing.assert_array_equal(np.asarray(rollout.extras["turns"]), 2)
+
+
+class _Hostile(CountingEnv):
+  def __init__(self, observation=None, reward=1.0):
+    super().__init__()
+    self.bad_observation, self.bad_reward = observation, reward
+
+  def step(self, state, actions):
+    state, observation, _, done = super().step(state, actions)
+    return state, (observation if self.bad_observation is None else self.bad_observation), \
+        self.bad_reward, done
+
+
+@pytest.mark.parametrize("env,error,match", [
+    (_Hostile(observation="the answer is 4"), TypeError, "not a 1-D array of token ids"),
+    (_Hostile(observation=np.asarray([1.5, 2.0])), TypeError, "not a 1-D array of token ids"),
+    (_Hostile(observation=np.asarray([[1, 2]])), TypeError, "not a 1-D array of token ids"),
+    (_Hostile(observation=np.asarray([3, 32])), ValueError, r"outside the vocabulary \[0, 32\)"),
+    (_Hostile(reward=float("nan")), ValueError, "non-finite reward"),
+    (_Hostile(reward="1"), TypeError, "not a real number"),
+])
+def test_hostile_environments_are_named(model, env, error, match):
+  source = MultiTurn(env, max_turns=2, max_turn_tokens=2, max_episode_tokens=20)
+  with pytest.raises(error, match=match) as raised:
+    source(model, _batch(rows=2), jax.random.key(4))
+  assert "_Hostile.step (turn 0)" in str(raised.value)
+
+
+def test_bad_budgets_are_named():
+  with pytest.raises(ValueError, match="max_turn_tokens must be a positive int"):
+    MultiTurn(CountingEnv(), max_turns=2, max_turn_tokens=0, max_episode_tokens=20)
+
+
+def _compact(x, mask):
+  """Each row's action positions moved to the front (right-padded with 0)."""
+  out = np.zeros_like(x)
+  for row in range(len(x)):
+    picked = x[row][mask[row]]
+    out[row, :len(picked)] = picked
+  return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_returns_and_values_carry_across_observation_spans(seed):
+  """GAE and discounted returns over [actions, observation, actions, ...] rows
+  equal those over the same actions laid out as one response."""
+  rng = np.random.default_rng(seed)
+  batch, length = 4, 48
+  spans = rng.random((batch, length)) < 0.3  # observation tokens
+  mask = ~spans & (np.arange(length)[None] < rng.integers(10, length + 1, (batch, 1)))
+  rewards = rng.normal(size=(batch, length)).astype(np.float32)
+  values = rng.normal(size=(batch, length)).astype(np.float32)
+  rewards[spans], values[spans] = np.nan, np.inf  # what an observation carries never leaks
+  compact_mask = _compact(mask, mask)
+  for method in estimators.GAE_METHODS:
+    advantages, returns = estimators.gae(jnp.asarray(rewards), jnp.asarray(values),
+                                         jnp.asarray(mask), gamma=0.9, lam=0.8, method=method)
+    want_adv, want_ret = estimators.gae(jnp.asarray(_compact(rewards, mask)),
+                                        jnp.asarray(_compact(values, mask)),
+                                        jnp.asarray(compact_mask), gamma=0.9, lam=0.8,
+                                        method=method)
+    np.testing.assert_allclose(_compact(np.asarray(advantages), mask), want_adv, atol=1e-5)
+    np.testing.assert_allclose(_compact(np.asarray(returns), mask), want_ret, atol=1e-5)
+  discounted = estimators.discounted_returns(jnp.asarray(rewards), jnp.asarray(mask), gamma=0.9)
+  want = estimators.discounted_returns(jnp.asarray(_compact(rewards, mask)),
+                                       jnp.asarray(compact_mask), gamma=0.9)
+  np.testing.assert_allclose(_compact(np.asarray(discounted), mask), want, atol=1e-5)
+  assert np.isfinite(np.asarray(discounted)).all()
