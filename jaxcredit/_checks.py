@@ -94,3 +94,10 @@ def check_in_range(
       lower = "-inf" if low is None else format(low, "g")
       bounds = f"in {'(' if low_open else '['}{lower}, {high:g}]"
     raise ValueError(f"{name} must be {bounds}, got {value!r}.")
+
+
+def require(conditions: Iterable[tuple[bool, str]]) -> None:
+  """Raises ValueError(message + ".") for the first (ok, message) that is not ok."""
+  for ok, message in conditions:
+    if not ok:
+      raise ValueError(message + ".")

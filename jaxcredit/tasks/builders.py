@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
-from jaxcredit.tasks import arithmetic, countdown, gsm8k, key_token
+from jaxcredit.tasks import arithmetic, countdown, gsm8k, key_token, key_turns
 
 _SPLIT_IDS = {"train": 0, "test": 1}
 
@@ -120,6 +120,21 @@ class KeyToken(_ProceduralBuilder):
   ]
 
 
+class KeyTurns(_ProceduralBuilder):
+  """Multi-turn credit probe (see `jaxcredit.tasks.key_turns`); ids, not text."""
+
+  make_example = staticmethod(key_turns.make_example)
+  FEATURES = {
+      "prompt": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+      "keys": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+      "completion": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+  }
+  BUILDER_CONFIGS = [
+      ProceduralConfig(name="n4_d2", task=key_turns.KeyTurnsConfig(),
+                       description="4 one-token turns, decisive turns 1 and 3, 3 keys"),
+  ]
+
+
 class Gsm8k(tfds.core.GeneratorBasedBuilder):
   """GSM8K-format JSONL (`train.jsonl`, `test.jsonl`) from a manual directory.
 
@@ -146,7 +161,8 @@ class Gsm8k(tfds.core.GeneratorBasedBuilder):
       yield index, example
 
 
-BUILDERS = {"arithmetic": Arithmetic, "countdown": Countdown, "gsm8k": Gsm8k, "key_token": KeyToken}
+BUILDERS = {"arithmetic": Arithmetic, "countdown": Countdown, "gsm8k": Gsm8k, "key_token": KeyToken,
+            "key_turns": KeyTurns}
 
 
 def get(

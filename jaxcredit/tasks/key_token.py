@@ -21,6 +21,8 @@ import dataclasses
 
 import numpy as np
 
+from jaxcredit import _checks
+
 PAD, BOS, SEP, EOS, FILL = 0, 1, 2, 3, 4
 KEY0, FILLER0 = 5, 13
 VOCAB_SIZE = 32
@@ -59,9 +61,7 @@ class KeyTokenConfig:
         (self.key_fn in ("copy", "shift"), f"Unknown key_fn {self.key_fn!r}; known: copy, shift"),
         (0.0 <= self.noise < 0.5, f"noise must be in [0, 0.5), got {self.noise}"),
     ]
-    for ok, message in checks:
-      if not ok:
-        raise ValueError(message + ".")
+    _checks.require(checks)
 
   @property
   def keys(self) -> np.ndarray:

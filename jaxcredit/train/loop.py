@@ -5,8 +5,9 @@
 Stage 1 (optional) fits task demonstrations (optionally corrupted, so the
 starting policy is imperfect) by cross-entropy until greedy eval accuracy
 reaches `sft.target_accuracy` (stopping by accuracy, not step count).
-Stage 2 repeats: a rollout source (`jaxcredit.rollouts.SingleTurn`) samples
-`group_size` responses per prompt and scores them; the extras providers the
+Stage 2 repeats: a rollout source (`jaxcredit.rollouts.SingleTurn`, or
+`MultiTurn` for a task with an environment) samples `group_size` responses
+(episodes) per prompt and scores them; the extras providers the
 estimators need (`jaxcredit.train.extras`, e.g. Monte-Carlo values for
 `vineppo`) and an optional rollout hook add extras; the learner step
 (`jaxcredit.train.learner`: reference log-probs,
@@ -40,7 +41,7 @@ from jax.experimental import multihost_utils
 from jaxcredit import estimators, losses
 from jaxcredit.models import Transformer, checkpoint, preset, sharding
 from jaxcredit.rollout import Rollout
-from jaxcredit.rollouts import SingleTurn
+from jaxcredit.rollouts import MultiTurn, SingleTurn
 from jaxcredit.tasks import loader
 from jaxcredit.train import (checkpoints, checks, export, extras, learner, metrics, overlap,
                              staleness, steps, tasks, workdir_lock)
@@ -187,7 +188,7 @@ class _Trainer:
   data_counts: dict
   prompt_lengths: np.ndarray  # [n] token counts of the train split's prompts
   eval_batch: dict
-  source: SingleTurn  # prompts -> scored Rollout
+  source: SingleTurn | MultiTurn  # prompts -> scored Rollout
   modules: dict  # model, optimizer, reference[, critic, critic_optimizer]
   learner_step: Callable
   provide_extras: extras.Hook | None  # what the estimators need (None: nothing)
@@ -282,9 +283,7 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
                                       limit=config.task.get("eval_size"))
   data_counts["data/test/evaluated"] = len(eval_batch["examples"])
   print(f"Greedy eval on {len(eval_batch['examples'])} held-out problems.")
-  source = SingleTurn(task.score_rows, task.max_response_length, group_size=config.rl.group_size,
-                      temperature=config.rl.temperature, stop_tokens=task.stop_tokens,
-                      pad_id=task.pad_id, actions=task.actions, place=place, local=local)
+  source = _rollout_source(config, task, place, local)
 
   modules, learner_settings = _learner_modules(config, task, mesh)
   # Built before any work, so that an unknown estimator, loss or extra fails at once.
@@ -320,6 +319,23 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
         advantage_config=config.advantage.to_dict(), settings=learner_settings, task=task,
         mesh=mesh, temperature=config.rl.temperature, tensorboard=t.writer.tensorboard)
   return t
+
+
+def _rollout_source(config, task: tasks.TrainTask, place, local) -> SingleTurn | MultiTurn:
+  """One sampled response per row scored by the task, or multi-turn episodes in the task's
+  environment."""
+  if task.environment is None:
+    return SingleTurn(task.score_rows, task.max_response_length, group_size=config.rl.group_size,
+                      temperature=config.rl.temperature, stop_tokens=task.stop_tokens,
+                      pad_id=task.pad_id, actions=task.actions, place=place, local=local)
+  if config.sft.max_steps:
+    raise ValueError(f"Task {task.name!r} is multi-turn: SFT on its demonstrations would train "
+                     "on the environment's observations; set --config.sft.max_steps=0.")
+  return MultiTurn(task.environment, max_turns=task.max_turns,
+                   max_turn_tokens=task.max_turn_tokens,
+                   max_episode_tokens=task.max_response_length,
+                   turn_end_tokens=task.turn_end_tokens, group_size=config.rl.group_size,
+                   temperature=config.rl.temperature, pad_id=task.pad_id, place=place, local=local)
 
 
 def _process_0_first(make: Callable):

@@ -6,6 +6,7 @@
   task.score_rows(tokens [B, P + N], mask, examples)  # + the truncation rule
   task.actions                                 # typed actions, filler-blind (sampling.Actions)
   task.token_texts(ids) -> list[str]           # each token alone, readable (exports, viewer)
+  task.environment                             # multi-turn tasks: what rollouts.MultiTurn drives
 
 Rows are laid out as the sampler lays them out: a prompt left-padded to
 `max_prompt_length`, then `max_response_length` response slots. Text tasks
@@ -27,7 +28,7 @@ from jaxcredit import _checks
 from jaxcredit.models import checkpoint
 from jaxcredit.sampling import Actions
 from jaxcredit.tasks import (CharTokenizer, HFTokenizer, Tokenizer, arithmetic, builders, countdown,
-                             gsm8k, key_token, loader)
+                             gsm8k, key_token, key_turns, loader)
 
 Scorer = Callable[[np.ndarray, np.ndarray, Sequence[dict]], np.ndarray]
 
@@ -59,6 +60,13 @@ class TrainTask:
   pretrained_vocab: bool = False
   # Each token id on its own as readable text (Tokenizer.token_texts; key_token's names).
   token_texts: Callable[[Sequence[int]], list[str]] = lambda ids: [str(int(i)) for i in ids]
+  # Multi-turn tasks: the `tasks.environment.Environment` that rewards episodes (then
+  # max_response_length is the episode's columns after the prompt), turns per episode,
+  # action tokens per turn and the tokens that end a turn early.
+  environment: Any = None
+  max_turns: int = 0
+  max_turn_tokens: int = 0
+  turn_end_tokens: tuple[int, ...] = ()
 
   def truncated(self, tokens, mask) -> np.ndarray:
     """[B] bool: whole [B, P + N] rows whose response holds no stop token
@@ -100,7 +108,7 @@ def _countdown(options: dict) -> tuple[Any, CharTokenizer, Scorer]:
 
 
 TEXT_TASKS = {"arithmetic": _arithmetic, "countdown": _countdown}
-TASKS = (*TEXT_TASKS, "key_token", "gsm8k")
+TASKS = (*TEXT_TASKS, "key_token", "key_turns", "gsm8k")
 
 
 def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> TrainTask:
@@ -120,6 +128,9 @@ def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> T
   if name == "key_token":
     task_config = key_token.KeyTokenConfig(**options)
     prompt_length, response_length = task_config.prompt_length, task_config.length
+  elif name == "key_turns":
+    task_config = key_turns.KeyTurnsConfig(**options)
+    prompt_length, response_length = 2, task_config.episode_length
   else:
     task_config, tokenizer, score = TEXT_TASKS[name](options)
     prompt_length, response_length = config.max_prompt_length, config.max_response_length
@@ -131,6 +142,13 @@ def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> T
   common = dict(name=name, max_prompt_length=prompt_length, max_response_length=response_length,
                 sources=sources, config=task_config,
                 truncated_reward=float(config.get("truncated_reward", 0.0)))
+  if name == "key_turns":
+    return TrainTask(vocab_size=key_turns.VOCAB_SIZE, pad_id=key_token.PAD, stop_tokens=(),
+                     encode=loader.ids_encoder, score=_environment_rewards(name),
+                     token_texts=key_turns.token_names,
+                     environment=key_turns.KeyTurnsEnv(task_config),
+                     max_turns=task_config.n_turns, max_turn_tokens=task_config.turn_length,
+                     **common)
   if name != "key_token":
     return TrainTask(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
                      stop_tokens=(tokenizer.eos_id,), encode=loader.text_encoder(tokenizer),
@@ -150,6 +168,17 @@ def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> T
   return TrainTask(vocab_size=key_token.VOCAB_SIZE, pad_id=key_token.PAD, stop_tokens=(),
                    encode=loader.ids_encoder, score=score_keys, actions=actions,
                    token_texts=key_token.token_names, **common)
+
+
+def _environment_rewards(name: str) -> Scorer:
+  """The `score` of a multi-turn task: its rewards come from its environment, turn by turn."""
+
+  def score(tokens, mask, examples):
+    raise ValueError(f"Task {name!r} is multi-turn: its rewards come from its environment "
+                     "(rollouts.MultiTurn), so whole responses cannot be scored on their own "
+                     "(e.g. by Monte-Carlo continuations).")
+
+  return score
 
 
 def gsm8k_task(config, *, data_dir: str, tokenizer_dir: str | None) -> TrainTask:

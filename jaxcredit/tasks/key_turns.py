@@ -1,0 +1,119 @@
+"""`key_turns`: multi-turn key_token, where observations reveal what a decisive turn needs.
+
+Token ids are key_token's (V = 32): 0 PAD, 1 BOS, 2 SEP, 3 EOS, 4 FILL, 5-12
+keys K0..K7. An episode has `n_turns` turns; before turn k the environment
+shows [key_k, SEP] when k is decisive and [FILL, SEP] otherwise; in turn k
+the policy emits `turn_length` tokens (no turn-end token: fixed-length
+turns). A decisive turn is right when its first token is key_k. The keys
+are drawn uniformly from the first `n_keys` keys, independently per turn,
+and a key is shown only just before its turn, so the value of a history
+averages over the keys still hidden.
+
+  prompt   [BOS, SEP]
+  episode  [FILL, SEP] a_0 [key_1, SEP] a_1 [FILL, SEP] a_2 [key_3, SEP] a_3    (n_turns = 4,
+                                                                              decisive = 1, 3)
+The key is not the last token before the action: a freshly initialised
+model with tied embeddings tends to repeat its last input, which would
+solve the task without learning anything.
+Rewards (rule "all"): 1 at the last turn iff every decisive turn was right,
+0 on every other turn. With per_turn_rewards, each right decisive turn pays
+1 / |decisive| when it is taken (the sum is the fraction right).
+
+The exact value of every history is computable (`jaxcredit.lab.turn_oracle`):
+only the right key continues a decisive turn, so the tree of reachable
+histories is small.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from jaxcredit import _checks
+from jaxcredit.tasks.key_token import BOS, FILL, KEY0, SEP, VOCAB_SIZE, token_names
+
+__all__ = ["KeyTurnsConfig", "KeyTurnsEnv", "VOCAB_SIZE", "make_example", "token_names"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyTurnsConfig:
+  """n_turns: turns per episode; decisive: the turns whose first token must
+  be the revealed key; n_keys: |C| <= 8; turn_length: tokens per turn;
+  per_turn_rewards: pay each right decisive turn when it is taken."""
+
+  n_turns: int = 4
+  decisive: tuple[int, ...] = (1, 3)
+  n_keys: int = 3
+  turn_length: int = 1
+  per_turn_rewards: bool = False
+
+  def __post_init__(self):
+    object.__setattr__(self, "decisive", tuple(sorted(int(k) for k in self.decisive)))
+    checks = [
+        (1 <= self.n_turns <= 16, f"n_turns must be in [1, 16], got {self.n_turns}"),
+        (len(self.decisive) > 0 and len(set(self.decisive)) == len(self.decisive)
+         and all(0 <= k < self.n_turns for k in self.decisive),
+         f"decisive must be distinct turns in [0, {self.n_turns}), got {self.decisive}"),
+        (2 <= self.n_keys <= 8, f"n_keys must be in [2, 8], got {self.n_keys}"),
+        (self.turn_length >= 1, f"turn_length must be >= 1, got {self.turn_length}"),
+    ]
+    _checks.require(checks)
+
+  @property
+  def keys(self) -> np.ndarray:
+    """Token ids of the key alphabet."""
+    return np.arange(KEY0, KEY0 + self.n_keys)
+
+  @property
+  def episode_length(self) -> int:
+    """Columns an episode takes: 2 observation tokens and turn_length actions per turn."""
+    return self.n_turns * (2 + self.turn_length)
+
+  def observation(self, turn: int, keys) -> np.ndarray:
+    """What the environment shows before `turn` ([] after the last)."""
+    if turn >= self.n_turns:
+      return np.zeros(0, np.int32)
+    return np.asarray([keys[turn] if turn in self.decisive else FILL, SEP], np.int32)
+
+
+def make_example(rng: np.random.Generator, config: KeyTurnsConfig) -> dict:
+  """{"prompt" [BOS, SEP], "keys" [n_turns] key ids (used at decisive turns),
+  "completion" a demonstration episode (observations and right actions) with reward 1}."""
+  keys = (KEY0 + rng.integers(0, config.n_keys, config.n_turns)).astype(np.int32)
+  episode = []
+  for turn in range(config.n_turns):
+    episode += [*config.observation(turn, keys), *[keys[turn]] * config.turn_length]
+  return {"prompt": np.asarray([BOS, SEP], np.int32), "keys": keys,
+          "completion": np.asarray(episode, np.int32)}
+
+
+@dataclasses.dataclass(frozen=True)
+class _State:
+  keys: tuple[int, ...]
+  turn: int
+  right: int  # decisive turns right so far
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyTurnsEnv:
+  """The key_turns environment (`tasks.environment.Environment`); pure: the state is a value."""
+
+  config: KeyTurnsConfig
+
+  def reset(self, rng: np.random.Generator, example) -> tuple[_State, np.ndarray]:
+    del rng  # the keys come with the example
+    keys = tuple(int(k) for k in np.asarray(example["keys"]))
+    if len(keys) != self.config.n_turns:
+      raise ValueError(f"key_turns example has {len(keys)} keys; the config has "
+                       f"{self.config.n_turns} turns.")
+    return _State(keys, 0, 0), self.config.observation(0, keys)
+
+  def step(self, state: _State, actions: np.ndarray):
+    config, turn = self.config, state.turn
+    right = turn in config.decisive and len(actions) > 0 and int(actions[0]) == state.keys[turn]
+    state = _State(state.keys, turn + 1, state.right + right)
+    done = state.turn == config.n_turns
+    if config.per_turn_rewards:
+      reward = right / len(config.decisive)
+    else:
+      reward = float(done and state.right == len(config.decisive))
+    return state, config.observation(state.turn, state.keys), reward, done

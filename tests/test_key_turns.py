@@ -1,0 +1,132 @@
+"""key_turns: the environment's rule, its multi-turn rollouts, and the exact turn-level
+oracle against a closed form (uniform policy) and against sampled episodes."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxcredit.lab import turn_oracle
+from jaxcredit.models import Transformer, preset
+from jaxcredit.rollouts import MultiTurn
+from jaxcredit.tasks import key_turns
+from jaxcredit.tasks.key_token import FILL, SEP
+
+CONFIG = key_turns.KeyTurnsConfig()  # 4 turns, decisive 1 and 3, 3 keys
+MODEL = preset("tiny", vocab_size=key_turns.VOCAB_SIZE, n_layers=1)
+
+
+def _play(config, example, actions):
+  env = key_turns.KeyTurnsEnv(config)
+  state, observation = env.reset(np.random.default_rng(0), example)
+  shown, rewards = [observation], []
+  for turn_actions in actions:
+    state, observation, reward, done = env.step(state, np.asarray(turn_actions))
+    shown.append(observation)
+    rewards.append(reward)
+  return shown, rewards, done
+
+
+def test_the_demonstration_is_rewarded_and_a_wrong_key_is_not():
+  example = key_turns.make_example(np.random.default_rng(3), CONFIG)
+  keys = example["keys"]
+  shown, rewards, done = _play(CONFIG, example, [[k] for k in keys])
+  assert done and rewards == [0, 0, 0, 1]
+  assert [list(o) for o in shown] == [[FILL, SEP], [keys[1], SEP], [FILL, SEP], [keys[3], SEP], []]
+  np.testing.assert_array_equal(np.concatenate(shown[:4] + [np.zeros(0)]).size, 8)
+  wrong = [keys[0], keys[1], keys[2], keys[3] + 1]
+  assert _play(CONFIG, example, [[a] for a in wrong])[1] == [0, 0, 0, 0]
+  # Non-decisive turns do not matter.
+  anything = [7, keys[1], 20, keys[3]]
+  assert _play(CONFIG, example, [[a] for a in anything])[1][-1] == 1
+  per_turn = key_turns.KeyTurnsConfig(per_turn_rewards=True)
+  assert _play(per_turn, example, [[a] for a in wrong])[1] == [0, 0.5, 0, 0]
+  demo = example["completion"]
+  assert len(demo) == CONFIG.episode_length and list(demo[2::3]) == list(keys)
+
+
+@pytest.mark.parametrize("options,match", [
+    ({"decisive": (4,)}, "decisive must be distinct turns in"),
+    ({"decisive": ()}, "decisive must be distinct turns in"),
+    ({"n_keys": 9}, "n_keys must be in"),
+    ({"turn_length": 0}, "turn_length must be"),
+])
+def test_bad_configs_are_named(options, match):
+  with pytest.raises(ValueError, match=match):
+    key_turns.KeyTurnsConfig(**options)
+
+
+def _model(scale):
+  model = Transformer(MODEL, rngs=nnx.Rngs(1))
+  state = nnx.state(model, nnx.Param)
+  nnx.update(model, jax.tree.map(lambda x: x * scale, state))
+  return model
+
+
+def _key_leaning_model():
+  """A random model whose embeddings share one direction, more so for the keys: the
+  next token is most often a key (J near 1/9), with context-dependent odds."""
+  model = _model(1.0)
+  embedding = np.asarray(model.embed_tokens.embedding[...])
+  rng = np.random.default_rng(0)
+  direction = rng.normal(size=embedding.shape[1])
+  direction /= np.linalg.norm(direction)
+  lean = np.full((len(embedding), 1), 0.5)
+  lean[CONFIG.keys] = 1.0
+  model.embed_tokens.embedding[...] = jax.numpy.asarray(0.05 * embedding + lean * direction,
+                                                     embedding.dtype)
+  return model
+
+
+def _episodes(model, rows, seed):
+  examples = [key_turns.make_example(np.random.default_rng([seed, i]), CONFIG)
+              for i in range(rows)]
+  batch = {"prompts": np.stack([e["prompt"] for e in examples]),
+           "prompt_valid": np.ones((rows, 2), bool), "examples": examples}
+  source = MultiTurn(key_turns.KeyTurnsEnv(CONFIG), max_turns=CONFIG.n_turns,
+                     max_turn_tokens=CONFIG.turn_length, max_episode_tokens=CONFIG.episode_length)
+  return source(model, batch, jax.random.key(seed)), examples
+
+
+def test_uniform_policy_values_are_the_closed_form():
+  """Zero weights make every logit 0: pi = 1/V, so an on-tree history at turn k is worth
+  (1/V)^(decisive turns from k on), and J = (1/V)^|decisive|."""
+  model = _model(0.0)
+  rollout, _ = _episodes(model, 8, seed=0)
+  values, credit = turn_oracle.turn_credit(model, CONFIG, rollout.tokens, rollout.token_valid)
+  v = 1 / key_turns.VOCAB_SIZE
+  for row, row_values in enumerate(values):
+    tokens = np.asarray(rollout.tokens[row])[np.asarray(rollout.token_valid[row])]
+    actions = tokens[2 + 2::3]
+    for k in range(CONFIG.n_turns + 1):
+      right_so_far = all(actions[j] == tokens[2 + 3 * j] for j in CONFIG.decisive if j < k)
+      remaining = sum(j >= k for j in CONFIG.decisive)
+      np.testing.assert_allclose(row_values[k], v**remaining if right_so_far else 0.0, rtol=1e-5)
+    np.testing.assert_allclose(row_values[-1], rollout.rewards[row])
+  np.testing.assert_allclose(credit.sum(axis=1), values[:, -1] - values[:, 0], atol=1e-12)
+  np.testing.assert_array_equal(credit[~np.asarray(rollout.mask)], 0.0)
+  np.testing.assert_allclose(turn_oracle.success(model, CONFIG, np.asarray([1, 2])), v**2,
+                             rtol=1e-5)
+
+
+def test_exact_values_match_sampled_episodes():
+  """V is a martingale along sampled episodes: at every turn start the mean of V(h_k)
+  over sampled rows estimates J, and at the end it is the mean reward."""
+  model = _key_leaning_model()
+  rollout, _ = _episodes(model, 512, seed=1)
+  values, _ = turn_oracle.turn_credit(model, CONFIG, rollout.tokens, rollout.token_valid)
+  j = turn_oracle.success(model, CONFIG, np.asarray([1, 2]))
+  assert 0.01 < j < 0.99, j
+  np.testing.assert_array_equal(values[:, -1], np.asarray(rollout.rewards))
+  for k in range(CONFIG.n_turns + 1):
+    stderr = values[:, k].std() / np.sqrt(len(values)) + 1e-12
+    assert abs(values[:, k].mean() - j) < 4.5 * stderr + 1e-9, (k, values[:, k].mean(), j, stderr)
+
+
+def test_the_oracle_refuses_what_it_cannot_enumerate():
+  model = _model(0.0)
+  with pytest.raises(ValueError, match="turn_length = 1"):
+    turn_oracle.value_tree(model, key_turns.KeyTurnsConfig(turn_length=2), np.asarray([1, 2]))
+  with pytest.raises(ValueError, match="too many"):
+    turn_oracle.value_tree(model, key_turns.KeyTurnsConfig(n_turns=8, decisive=(7,)),
+                           np.asarray([1, 2]))
