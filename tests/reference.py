@@ -462,3 +462,74 @@ def topr(logp, beh, adv, mask, level, threshold, mode):
   adv = np.asarray(adv, np.float64)
   alpha = np.where(adv <= threshold, np.minimum(np.exp(log_r), 1.0), 1.0)
   return aggregate(-alpha * adv * np.asarray(logp, np.float64), mask, mode)
+
+
+def _turns(turn_ids, mask):
+  """{turn id: [action positions]} of one row, in order."""
+  turns = {}
+  for t in np.flatnonzero(mask):
+    turns.setdefault(int(turn_ids[t]), []).append(t)
+  return turns
+
+
+def _normalised(values, eps, scale_by_std):
+  values = np.asarray(values, np.float64)
+  if len(values) < 2:
+    return np.zeros_like(values)
+  centred = values - values.mean()
+  if not scale_by_std:
+    return centred
+  std = values.std(ddof=1)
+  return np.zeros_like(values) if std == 0 else centred / (std + eps)
+
+
+def turn_gae(turn_rewards, values, turn_ids, mask, gamma, lam):
+  mask = np.asarray(mask, bool)
+  adv, ret = np.zeros(mask.shape), np.zeros(mask.shape)
+  for b in range(mask.shape[0]):
+    turns = list(_turns(turn_ids[b], mask[b]).values())
+    next_value, next_adv = 0.0, 0.0
+    for positions in reversed(turns):
+      r = float(np.sum(np.asarray(turn_rewards[b], np.float64)[positions]))
+      v = float(values[b][positions[0]])
+      a = r + gamma * next_value - v + gamma * lam * next_adv
+      adv[b, positions], ret[b, positions] = a, a + v
+      next_value, next_adv = v, a
+  return adv, ret
+
+
+def mt_grpo(turn_rewards, rewards, turn_ids, mask, group_size, outcome_coef, eps=1e-6,
+            scale_by_std=True):
+  mask = np.asarray(mask, bool)
+  outcome = grpo(rewards, group_size, eps, scale_by_std)
+  out = np.zeros(mask.shape)
+  for start in range(0, mask.shape[0], group_size):
+    rows = range(start, start + group_size)
+    turns = {b: _turns(turn_ids[b], mask[b]) for b in rows}
+    for k in sorted({k for b in rows for k in turns[b]}):
+      having = [b for b in rows if k in turns[b]]
+      sums = [np.sum(np.asarray(turn_rewards[b], np.float64)[turns[b][k]]) for b in having]
+      for b, a in zip(having, _normalised(sums, eps, scale_by_std)):
+        out[b, turns[b][k]] = a + outcome_coef * outcome[b]
+  return out
+
+
+def gigpo(turn_rewards, rewards, anchors, turn_ids, mask, group_size, step_coef, gamma, eps=1e-6,
+          scale_by_std=True):
+  mask = np.asarray(mask, bool)
+  episode = grpo(rewards, group_size, eps, scale_by_std)
+  out = np.zeros(mask.shape)
+  for start in range(0, mask.shape[0], group_size):
+    steps = []  # (row, positions, anchor, discounted return from the turn)
+    for b in range(start, start + group_size):
+      turns = list(_turns(turn_ids[b], mask[b]).values())
+      rs = [np.sum(np.asarray(turn_rewards[b], np.float64)[p]) for p in turns]
+      for k, positions in enumerate(turns):
+        ret = sum(gamma**(j - k) * rs[j] for j in range(k, len(turns)))
+        steps.append((b, positions, int(anchors[b][positions[0]]), ret))
+    for anchor in {s[2] for s in steps}:
+      same = [s for s in steps if s[2] == anchor]
+      for (b, positions, _, _), a in zip(same, _normalised([s[3] for s in same], eps,
+                                                             scale_by_std)):
+        out[b, positions] = episode[b] + step_coef * a
+  return out

@@ -130,3 +130,42 @@ def test_the_oracle_refuses_what_it_cannot_enumerate():
   with pytest.raises(ValueError, match="too many"):
     turn_oracle.value_tree(model, key_turns.KeyTurnsConfig(n_turns=8, decisive=(7,)),
                            np.asarray([1, 2]))
+
+
+def test_turn_estimators_on_sampled_episodes():
+  """Anchors follow the environment's state; GiGPO, MT-GRPO and turn GAE on real
+  multi-turn rows equal their float64 references."""
+  from jaxcredit import estimators
+  from tests import reference
+
+  model = _key_leaning_model()
+  example = key_turns.make_example(np.random.default_rng(7), CONFIG)
+  batch = {"prompts": np.tile(example["prompt"], (8, 1)), "prompt_valid": np.ones((8, 2), bool),
+           "examples": [example] * 8}
+  config = key_turns.KeyTurnsConfig(per_turn_rewards=True)
+  source = MultiTurn(key_turns.KeyTurnsEnv(config), max_turns=4, max_turn_tokens=1,
+                     max_episode_tokens=config.episode_length, group_size=8)
+  rollout = source(model, batch, jax.random.key(5))
+  mask, turn_ids = np.asarray(rollout.mask), np.asarray(rollout.turn_ids)
+  anchors = np.asarray(rollout.extras["turn_anchors"])
+  tokens = np.asarray(rollout.tokens)
+  for k in range(4):  # same turn and same decisive turns right so far <=> same anchor
+    rows = [np.flatnonzero(mask[b] & (turn_ids[b] == k))[0] for b in range(8)]
+    right = [sum(tokens[b, 2 + 3 * j + 2] == example["keys"][j] for j in config.decisive if j < k)
+             for b in range(8)]
+    for b in range(8):
+      for c in range(8):
+        assert (anchors[b, rows[b]] == anchors[c, rows[c]]) == (right[b] == right[c])
+  turn_rewards = np.asarray(rollout.extras["turn_rewards"])
+  values = np.where(mask, np.random.default_rng(0).normal(size=mask.shape), 0.0).astype(np.float32)
+  rollout = rollout.replace(values=jax.numpy.asarray(values))
+  rewards = np.asarray(rollout.rewards)
+  np.testing.assert_allclose(estimators.get("gigpo")(rollout, gamma=0.9).advantages,
+                             reference.gigpo(turn_rewards, rewards, anchors, turn_ids, mask, 8, 1.0,
+                                             0.9), atol=1e-5)
+  np.testing.assert_allclose(estimators.get("mt_grpo")(rollout).advantages,
+                             reference.mt_grpo(turn_rewards, rewards, turn_ids, mask, 8, 1.0),
+                             atol=1e-5)
+  np.testing.assert_allclose(estimators.get("turn_gae")(rollout, lam=0.9).advantages,
+                             reference.turn_gae(turn_rewards, values, turn_ids, mask, 1.0, 0.9)[0],
+                             atol=1e-5)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jaxcredit as jc
-from jaxcredit import estimators, losses
+from jaxcredit import estimators, losses, testing
 from tests import reference
 from tests.conftest import poison, random_mask, readme_block
 
@@ -31,6 +31,7 @@ def make_rollout(batch=8, length=10, group_size=4, seed=0, poisoned=True) -> jc.
       values=jnp.asarray(token()),
       token_rewards=jnp.asarray(0.1 * token()),
       entropy=jnp.asarray(fill(rng.exponential(1.0, size=(batch, length)).astype(np.float32))),
+      turn_ids=jnp.asarray(testing.strategies.make_turn_ids(rng, batch, length)),
       extras={
           "baseline_rewards": jnp.asarray(rng.integers(0, 2, batch).astype(np.float32)),
           "sum_pi_squared": jnp.asarray(sum_pi_squared),
@@ -40,6 +41,8 @@ def make_rollout(batch=8, length=10, group_size=4, seed=0, poisoned=True) -> jc.
           "oracle_advantages": jnp.asarray(token()),
           "oracle_values": jnp.asarray(token()),
           "ktae_scores": jnp.asarray(token()),
+          "turn_rewards": jnp.asarray(token()),
+          "turn_anchors": jnp.asarray(rng.integers(0, 3, (batch, length))),
       },
       group_size=group_size,
   )
@@ -124,7 +127,7 @@ def test_loss_adapters_match_their_functions():
 
 
 def test_unknown_names_list_known_ones():
-  with pytest.raises(ValueError, match="Unknown estimator 'gpro'; known: dr_grpo, gae, gpg, grpo, "):
+  with pytest.raises(ValueError, match="Unknown estimator 'gpro'; known: dr_grpo, gae, gigpo, gpg, grpo, "):
     estimators.get("gpro")
   with pytest.raises(ValueError, match="Unknown loss 'ppo'; known: cispo, clip_cov, decoupled_ppo, dpo, dppo, entropy, "):
     losses.get("ppo")
@@ -165,7 +168,7 @@ def test_rollout_validation_names_the_problem():
 def test_rollout_is_a_pytree_with_static_group_size():
   rollout = make_rollout()
   leaves, treedef = jax.tree.flatten(rollout)
-  assert len(leaves) == 10 + len(rollout.extras)  # 10 array fields + the extras
+  assert len(leaves) == 11 + len(rollout.extras)  # 11 array fields + the extras
   assert jax.tree.unflatten(treedef, leaves).group_size == 4
   doubled = jax.tree.map(lambda x: x * 2, rollout.replace(token_rewards=None))
   assert doubled.token_rewards is None and doubled.group_size == 4

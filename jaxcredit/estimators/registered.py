@@ -6,7 +6,7 @@ from collections.abc import Callable
 import jax.numpy as jnp
 
 from jaxcredit._masking import as_bool, sanitise
-from jaxcredit.estimators import group, returns, token_credit, value_credit
+from jaxcredit.estimators import group, returns, token_credit, turn_credit, value_credit
 from jaxcredit.registry import Registry
 from jaxcredit.rollout import Estimate, Rollout
 
@@ -272,3 +272,45 @@ def _ktae(rollout: Rollout, *, eps: float = 1e-6):
   scores = rollout.extra("ktae_scores", by="ktae")
   valid = as_bool(rollout.mask)
   return _grpo(rollout, eps=eps) + jnp.where(valid, sanitise(scores, valid), 0.0)
+
+
+def _turns(rollout: Rollout, by: str) -> tuple:
+  """(turn_rewards [B, T], turn_ids [B, T]) of a multi-turn rollout (`rollouts.MultiTurn`)."""
+  rollout.require("turn_ids", by=by)
+  return rollout.extra("turn_rewards", by=by), rollout.turn_ids
+
+
+@register("turn_gae")
+def _turn_gae(rollout: Rollout, *, gamma: float = 1.0, lam: float = 0.95,
+              method: str | None = None):
+  """GAE over turns with a turn critic (`turn_credit.turn_gae`): rollout.values at each
+  turn's first action, extras["turn_rewards"], rollout.turn_ids."""
+  rollout.require("values", by="turn_gae")
+  turn_rewards, turn_ids = _turns(rollout, "turn_gae")
+  advantages, rets = turn_credit.turn_gae(turn_rewards, rollout.values, turn_ids, rollout.mask,
+                                          gamma=gamma, lam=lam, method=method)
+  return Estimate(advantages=advantages, returns=rets)
+
+
+@register("mt_grpo")
+def _mt_grpo(rollout: Rollout, *, outcome_coef: float = 1.0, eps: float = 1e-6,
+             scale_by_std: bool = True):
+  """MT-GRPO (`turn_credit.mt_grpo_advantages`): group-normalised turn rewards
+  (extras["turn_rewards"]) plus outcome_coef times the GRPO advantage of rollout.rewards."""
+  turn_rewards, turn_ids = _turns(rollout, "mt_grpo")
+  return turn_credit.mt_grpo_advantages(turn_rewards, rollout.rewards, turn_ids, rollout.mask,
+                                        group_size=rollout.group_size, outcome_coef=outcome_coef,
+                                        eps=eps, scale_by_std=scale_by_std)
+
+
+@register("gigpo")
+def _gigpo(rollout: Rollout, *, step_coef: float = 1.0, gamma: float = 0.95, eps: float = 1e-6,
+           scale_by_std: bool = True):
+  """GiGPO (`turn_credit.gigpo_advantages`): the episode group's GRPO advantage plus
+  step_coef times the step group's, step groups by extras["turn_anchors"] (the
+  environment state at each turn's start, `rollouts.MultiTurn`)."""
+  turn_rewards, turn_ids = _turns(rollout, "gigpo")
+  return turn_credit.gigpo_advantages(
+      turn_rewards, rollout.rewards, rollout.extra("turn_anchors", by="gigpo"), turn_ids,
+      rollout.mask, group_size=rollout.group_size, step_coef=step_coef, gamma=gamma, eps=eps,
+      scale_by_std=scale_by_std)

@@ -22,6 +22,11 @@ What the Rollout carries beyond a single-turn one:
   truncated                [B] bool    the episode did not end (`done`) within
                                        max_turns, or ran out of context columns.
   extras["turn_rewards"]   [B, T]      each turn's reward on its last action token.
+  extras["turn_anchors"]   [B, T] int32 an id of the state the turn started from, on
+                                       its action tokens: `env.anchor(state)` when the
+                                       environment defines it, else the turn index and
+                                       the observation before the turn (GiGPO's anchor
+                                       states).
   extras["turns"]          [B] int32   turns taken.
   extras["cut_turns"]      [B] int32   turns cut by max_turn_tokens before a
                                        turn-end token (the environment still
@@ -31,6 +36,7 @@ turn rewards it received. Nothing is dropped silently: cuts are counted.
 """
 
 import dataclasses
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -54,6 +60,7 @@ class _Episodes:
   entropy: np.ndarray  # [b, E] float32
   turn_ids: np.ndarray  # [b, E] int32
   turn_rewards: np.ndarray  # [b, E] float32
+  anchors: np.ndarray  # [b, E] int32
   length: np.ndarray  # [b] int: columns used
   done: np.ndarray  # [b] bool
   truncated: np.ndarray  # [b] bool
@@ -64,7 +71,8 @@ class _Episodes:
     return cls(np.full(shape, pad_id, np.int32), np.zeros(shape, bool),
                np.zeros(shape, np.float32), np.zeros(shape, np.float32),
                np.full(shape, -1, np.int32), np.zeros(shape, np.float32),
-               np.zeros(rows, np.int64), np.zeros(rows, bool), np.zeros(rows, bool))
+               np.zeros(shape, np.int32), np.zeros(rows, np.int64), np.zeros(rows, bool),
+               np.zeros(rows, bool))
 
   def append(self, row: int, tokens: np.ndarray, turn: int, **values: np.ndarray) -> bool:
     """Writes `tokens` (and per-token `values`: action, logprobs, entropy) after
@@ -122,11 +130,12 @@ class MultiTurn:
     episodes = _Episodes.empty(rows, self.max_episode_tokens, self.pad_id)
     reset_key, key = jax.random.split(key)
     seeds = self.local(jax.random.bits(reset_key, (self.place(prompts).shape[0],), jnp.uint32))
-    states = []
+    states, observations = [], []
     for row in range(rows):
       state, observation = self.env.reset(np.random.default_rng(int(seeds[row])), examples[row])
       states.append(state)
-      episodes.append(row, as_observation(observation, vocab, f"{_name(self.env)}.reset"), -1)
+      observations.append(as_observation(observation, vocab, f"{_name(self.env)}.reset"))
+      episodes.append(row, observations[row], -1)
     rewards = np.zeros(rows, np.float32)
     turns, cut = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
     for turn in range(self.max_turns):
@@ -138,9 +147,10 @@ class MultiTurn:
         taken = sample["mask"][row]
         actions = sample["tokens"][row, taken]
         turns[row] += 1
+        anchor = np.full(len(actions), self._anchor(states[row], observations[row], turn))
         if not episodes.append(row, actions, turn, action=np.ones(len(actions), bool),
                                logprobs=sample["logprobs"][row, taken],
-                               entropy=sample["entropy"][row, taken]):
+                               entropy=sample["entropy"][row, taken], anchors=anchor):
           continue  # the context is full: the episode ends here, scored by what it received
         cut[row] += sample["truncated"][row]
         where = f"{_name(self.env)}.step (turn {turn})"
@@ -148,10 +158,17 @@ class MultiTurn:
         reward = as_reward(reward, where)
         episodes.turn_rewards[row, episodes.length[row] - 1] = reward
         rewards[row] += reward
-        episodes.append(row, as_observation(observation, vocab, where), turn)
+        observations[row] = as_observation(observation, vocab, where)
+        episodes.append(row, observations[row], turn)
         episodes.done[row] |= bool(done)
     episodes.truncated |= ~episodes.done
     return self._rollout(prompts, prompt_valid, episodes, rewards, turns, cut)
+
+  def _anchor(self, state, observation: np.ndarray, turn: int) -> int:
+    """A 31-bit id of the state a turn starts from (module docstring)."""
+    anchor = getattr(self.env, "anchor", None)
+    key = repr(anchor(state)) if anchor else f"{turn}:{observation.tolist()}"
+    return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
   def _sample_turn(self, model, prompts, prompt_valid, episodes: _Episodes, key) -> dict:
     """One turn for every row, from its context (prompt and episode so far),
@@ -190,6 +207,7 @@ class MultiTurn:
         token_valid=place(token_valid),
         turn_ids=place(joined(-1, episodes.turn_ids)),
         extras={"turn_rewards": place(joined(0.0, episodes.turn_rewards)),
+                "turn_anchors": place(joined(0, episodes.anchors)),
                 "turns": place(turns), "cut_turns": place(cut)},
         group_size=self.group_size,
     )

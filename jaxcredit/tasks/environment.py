@@ -14,6 +14,11 @@ real number; an outcome-only task returns 0 until the last turn); `done`
 ends the episode. The state is whatever the environment needs (it is
 threaded, so an environment can be pure).
 
+An environment may also define `anchor(state) -> hashable`: the identity of
+the state a turn starts from, for estimators that group turns from equal
+states (GiGPO). Without it, the turn index and the observation before the
+turn stand for the state.
+
 `rollouts.MultiTurn` drives a batch of episodes against a model.
 """
 

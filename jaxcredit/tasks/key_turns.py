@@ -107,6 +107,12 @@ class KeyTurnsEnv:
                        f"{self.config.n_turns} turns.")
     return _State(keys, 0, 0), self.config.observation(0, keys)
 
+  def anchor(self, state: _State) -> tuple[int, int, int]:
+    """The state a turn starts from, as GiGPO groups it: (turn, its key or FILL,
+    decisive turns right so far). Rows of a group share the keys."""
+    shown = state.keys[state.turn] if state.turn in self.config.decisive else FILL
+    return state.turn, shown, state.right
+
   def step(self, state: _State, actions: np.ndarray):
     config, turn = self.config, state.turn
     right = turn in config.decisive and len(actions) > 0 and int(actions[0]) == state.keys[turn]

@@ -24,6 +24,11 @@ def make_mask(rng: np.random.Generator, batch: int, length: int, *,
   return mask
 
 
+def make_turn_ids(rng: np.random.Generator, batch: int, length: int) -> np.ndarray:
+  """[B, T] int32 non-decreasing turn ids from 0 (a new turn at ~30% of positions)."""
+  return np.cumsum(rng.random((batch, length)) < 0.3, axis=1).astype(np.int32)
+
+
 def make_rollout(
     rng: np.random.Generator,
     *,
@@ -50,6 +55,7 @@ def make_rollout(
       token_rewards=token(0.1),
       entropy=jnp.asarray(rng.exponential(1.0, (batch, length)), jnp.float32),
       staleness=jnp.asarray(rng.integers(0, 4, batch), jnp.int32),
+      turn_ids=jnp.asarray(make_turn_ids(rng, batch, length)),
       extras={
           "baseline_rewards": jnp.asarray(rng.integers(0, 2, batch), jnp.float32),
           "sum_pi_squared": jnp.asarray(probs**2 + (1 - probs)**2 * rng.random((batch, length)),
@@ -61,6 +67,8 @@ def make_rollout(
           "oracle_advantages": token(0.3),
           "oracle_values": jnp.asarray(rng.random((batch, length)), jnp.float32),
           "ktae_scores": token(0.5),
+          "turn_rewards": token(0.1),
+          "turn_anchors": jnp.asarray(rng.integers(0, 3, (batch, length)), jnp.int32),
       },
       group_size=group_size,
   )
