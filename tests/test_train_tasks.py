@@ -61,7 +61,7 @@ def test_noisy_demonstrations_change_one_allowed_token_per_corrupted_row(tmp_pat
 
 def test_unknown_task_lists_the_known_ones(tmp_path):
   config = ml_collections.ConfigDict({"name": "chess", "options": {}})
-  with pytest.raises(ValueError, match="Unknown task 'chess'; known: arithmetic, countdown, key_token"):
+  with pytest.raises(ValueError, match="Unknown task 'chess'; known: arithmetic, countdown, calculator, key_token, key_turns, gsm8k"):
     tasks.make(config, data_dir=str(tmp_path), seed=0)
 
 

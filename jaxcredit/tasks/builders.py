@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
-from jaxcredit.tasks import arithmetic, countdown, gsm8k, key_token, key_turns
+from jaxcredit.tasks import arithmetic, calculator, countdown, gsm8k, key_token, key_turns
 
 _SPLIT_IDS = {"train": 0, "test": 1}
 
@@ -78,6 +78,21 @@ class Arithmetic(_ProceduralBuilder):
           task=arithmetic.ArithmeticConfig(operation="mul", scratchpad=True),
           description="a*b, 2-3 digits, partial products then reversed answer",
       ),
+  ]
+
+
+class Calculator(_ProceduralBuilder):
+  """Arithmetic with a calculator tool (see `jaxcredit.tasks.calculator`)."""
+
+  make_example = staticmethod(calculator.make_example)
+  FEATURES = {
+      "prompt": tfds.features.Text(),
+      "completion": tfds.features.Text(),
+      "answer": tfds.features.Text(),
+  }
+  BUILDER_CONFIGS = [
+      ProceduralConfig(name="n3", task=calculator.CalculatorConfig(),
+                       description="3 operands of 2-3 digits, + and *"),
   ]
 
 
@@ -161,8 +176,8 @@ class Gsm8k(tfds.core.GeneratorBasedBuilder):
       yield index, example
 
 
-BUILDERS = {"arithmetic": Arithmetic, "countdown": Countdown, "gsm8k": Gsm8k, "key_token": KeyToken,
-            "key_turns": KeyTurns}
+BUILDERS = {"arithmetic": Arithmetic, "calculator": Calculator, "countdown": Countdown,
+            "gsm8k": Gsm8k, "key_token": KeyToken, "key_turns": KeyTurns}
 
 
 def get(

@@ -31,7 +31,8 @@ import numpy as np
 from jaxcredit import _checks
 from jaxcredit.tasks.key_token import BOS, FILL, KEY0, SEP, VOCAB_SIZE, token_names
 
-__all__ = ["KeyTurnsConfig", "KeyTurnsEnv", "VOCAB_SIZE", "make_example", "token_names"]
+__all__ = ["KeyTurnsConfig", "KeyTurnsEnv", "VOCAB_SIZE", "demonstration_actions", "make_example",
+           "token_names"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +85,12 @@ def make_example(rng: np.random.Generator, config: KeyTurnsConfig) -> dict:
     episode += [*config.observation(turn, keys), *[keys[turn]] * config.turn_length]
   return {"prompt": np.asarray([BOS, SEP], np.int32), "keys": keys,
           "completion": np.asarray(episode, np.int32)}
+
+
+def demonstration_actions(completion: np.ndarray, config: KeyTurnsConfig) -> np.ndarray:
+  """[len(completion)] bool: the policy's tokens of a demonstration episode (not the
+  environment's observations)."""
+  return np.arange(len(completion)) % (2 + config.turn_length) >= 2
 
 
 @dataclasses.dataclass(frozen=True)

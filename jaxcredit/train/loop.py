@@ -328,9 +328,6 @@ def _rollout_source(config, task: tasks.TrainTask, place, local) -> SingleTurn |
     return SingleTurn(task.score_rows, task.max_response_length, group_size=config.rl.group_size,
                       temperature=config.rl.temperature, stop_tokens=task.stop_tokens,
                       pad_id=task.pad_id, actions=task.actions, place=place, local=local)
-  if config.sft.max_steps:
-    raise ValueError(f"Task {task.name!r} is multi-turn: SFT on its demonstrations would train "
-                     "on the environment's observations; set --config.sft.max_steps=0.")
   return MultiTurn(task.environment, max_turns=task.max_turns,
                    max_turn_tokens=task.max_turn_tokens,
                    max_episode_tokens=task.max_response_length,
@@ -430,11 +427,12 @@ def _warm_start(t: _Trainer, stops: list) -> tuple[float, bool]:
     for sft_step in tqdm.trange(config.sft.max_steps, desc="sft", mininterval=2.0):
       batch = sft_data.sft_batch(sft_step,
                                  length=t.task.max_prompt_length + t.task.max_response_length)
-      tokens = tasks.noisy_demonstrations(batch["tokens"], batch["loss_mask"],
+      loss_mask = t.task.sft_loss_mask(batch["tokens"], batch["loss_mask"])
+      tokens = tasks.noisy_demonstrations(batch["tokens"], loss_mask,
                                           np.random.default_rng([config.seed, sft_step]),
                                           rate=config.sft.noise, task=t.task)
       loss = sft_update(model, sft_optimizer,
-                        *map(t.place, (tokens, batch["loss_mask"], batch["token_valid"])))
+                        *map(t.place, (tokens, loss_mask, batch["token_valid"])))
       step = t.counters["step"] = sft_step + 1
       if step % config.sft.eval_every == 0:
         accuracy = t.evaluate()

@@ -27,8 +27,8 @@ import tensorflow_datasets as tfds
 from jaxcredit import _checks
 from jaxcredit.models import checkpoint
 from jaxcredit.sampling import Actions
-from jaxcredit.tasks import (CharTokenizer, HFTokenizer, Tokenizer, arithmetic, builders, countdown,
-                             gsm8k, key_token, key_turns, loader)
+from jaxcredit.tasks import (CharTokenizer, HFTokenizer, Tokenizer, arithmetic, builders,
+                             calculator, countdown, gsm8k, key_token, key_turns, loader)
 
 Scorer = Callable[[np.ndarray, np.ndarray, Sequence[dict]], np.ndarray]
 
@@ -67,6 +67,20 @@ class TrainTask:
   max_turns: int = 0
   max_turn_tokens: int = 0
   turn_end_tokens: tuple[int, ...] = ()
+  # Multi-turn tasks: [n] completion ids of a demonstration -> [n] bool, its policy tokens
+  # (not the environment's observations); SFT trains on those only.
+  demonstration_actions: Callable[[np.ndarray], np.ndarray] | None = None
+
+  def sft_loss_mask(self, tokens: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
+    """[B, L] loss_mask of SFT rows, restricted to the policy's tokens of multi-turn
+    demonstrations (unchanged for single-turn tasks)."""
+    if self.demonstration_actions is None:
+      return loss_mask
+    restricted = np.zeros_like(loss_mask)
+    for row, (ids, completion) in enumerate(zip(tokens, loss_mask)):
+      columns = np.flatnonzero(completion)
+      restricted[row, columns] = self.demonstration_actions(ids[columns])
+    return restricted
 
   def truncated(self, tokens, mask) -> np.ndarray:
     """[B] bool: whole [B, P + N] rows whose response holds no stop token
@@ -108,7 +122,7 @@ def _countdown(options: dict) -> tuple[Any, CharTokenizer, Scorer]:
 
 
 TEXT_TASKS = {"arithmetic": _arithmetic, "countdown": _countdown}
-TASKS = (*TEXT_TASKS, "key_token", "key_turns", "gsm8k")
+TASKS = (*TEXT_TASKS, "calculator", "key_token", "key_turns", "gsm8k")
 
 
 def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> TrainTask:
@@ -131,6 +145,9 @@ def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> T
   elif name == "key_turns":
     task_config = key_turns.KeyTurnsConfig(**options)
     prompt_length, response_length = 2, task_config.episode_length
+  elif name == "calculator":
+    task_config = calculator.CalculatorConfig(**options)
+    prompt_length, response_length = config.max_prompt_length, task_config.episode_length
   else:
     task_config, tokenizer, score = TEXT_TASKS[name](options)
     prompt_length, response_length = config.max_prompt_length, config.max_response_length
@@ -148,7 +165,18 @@ def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> T
                      token_texts=key_turns.token_names,
                      environment=key_turns.KeyTurnsEnv(task_config),
                      max_turns=task_config.n_turns, max_turn_tokens=task_config.turn_length,
-                     **common)
+                     demonstration_actions=lambda ids: key_turns.demonstration_actions(
+                         ids, task_config), **common)
+  if name == "calculator":
+    tokenizer = CharTokenizer(calculator.ALPHABET)
+    return TrainTask(
+        vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, stop_tokens=(),
+        encode=loader.text_encoder(tokenizer, eos=False), score=_environment_rewards(name),
+        token_texts=tokenizer.token_texts, environment=calculator.CalculatorEnv(tokenizer),
+        max_turns=task_config.max_turns, max_turn_tokens=task_config.max_turn_tokens,
+        turn_end_tokens=tuple(tokenizer.encode(calculator.TURN_END)),
+        demonstration_actions=lambda ids: calculator.demonstration_actions(tokenizer.decode(ids)),
+        **common)
   if name != "key_token":
     return TrainTask(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
                      stop_tokens=(tokenizer.eos_id,), encode=loader.text_encoder(tokenizer),
