@@ -43,6 +43,7 @@ def make_rollout(batch=8, length=10, group_size=4, seed=0, poisoned=True) -> jc.
           "ktae_scores": jnp.asarray(token()),
           "turn_rewards": jnp.asarray(token()),
           "turn_anchors": jnp.asarray(rng.integers(0, 3, (batch, length))),
+          "turn_baselines": jnp.asarray(token()),
       },
       group_size=group_size,
   )

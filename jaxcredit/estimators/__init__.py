@@ -55,6 +55,7 @@ from jaxcredit.estimators.turn_credit import (
     mt_grpo_advantages,
     spread_over_turns,
     sum_to_starts,
+    turn_baseline_advantages,
     turn_gae,
     turn_starts,
 )
@@ -112,6 +113,7 @@ __all__ = [
     "surprisal",
     "surprisal_weights",
     "token_level_rewards",
+    "turn_baseline_advantages",
     "turn_gae",
     "turn_starts",
     "values_to_advantages",

@@ -314,3 +314,13 @@ def _gigpo(rollout: Rollout, *, step_coef: float = 1.0, gamma: float = 0.95, eps
       turn_rewards, rollout.rewards, rollout.extra("turn_anchors", by="gigpo"), turn_ids,
       rollout.mask, group_size=rollout.group_size, step_coef=step_coef, gamma=gamma, eps=eps,
       scale_by_std=scale_by_std)
+
+
+@register("turn_baseline", needs=("turn_baselines",), settings={"k": 4})
+def _turn_baseline(rollout: Rollout):
+  """The rewards from each turn on minus extras["turn_baselines"]: the mean of `k`
+  continuations branched from the turn's start (`turn_credit.turn_baseline_advantages`,
+  `rollouts.MultiTurn.returns_to_go`), an unbiased per-turn baseline."""
+  turn_rewards, turn_ids = _turns(rollout, "turn_baseline")
+  return turn_credit.turn_baseline_advantages(
+      turn_rewards, rollout.extra("turn_baselines", by="turn_baseline"), turn_ids, rollout.mask)

@@ -12,6 +12,10 @@ advantage is given to every one of its action tokens. Observation tokens
                       (MT-GRPO, arXiv 2505.11821).
   gigpo_advantages    episode groups plus step groups of identical anchor states
                       (GiGPO, arXiv 2505.10978).
+  turn_baseline_advantages
+                      the rewards from turn k on minus a baseline of turn k that
+                      depends only on the history before it (the mean of
+                      continuations branched from the turn's start): unbiased.
 
 turn_rewards [B, T] holds each turn's reward on its tokens (`MultiTurn` puts
 it on the turn's last action; what matters is the sum over the turn).
@@ -162,3 +166,19 @@ def _step_group_normalised(values: Array, starts: Array, anchors: Array, group_s
     normalised = centred * scale
   normalised = jnp.where(present & (count > 1), normalised, 0.0)
   return jnp.zeros(n, jnp.float32).at[order].set(normalised).reshape(batch, length)
+
+
+def turn_baseline_advantages(turn_rewards: Array, baselines: Array, turn_ids: Array,
+                             mask: Array) -> Array:
+  """A_k = G_k - b_k on every token of turn k, G_k = sum_(j >= k) r_j the rewards from
+  turn k on and b_k = baselines at turn k's first action token. When b_k is a function
+  of the history before turn k only (e.g. the mean return of continuations branched
+  from the turn's start, `rollouts.MultiTurn.returns_to_go`), E[A_k | history] = 0:
+  the baseline adds no bias, for any number of turns. All [B, T]; float32 [B, T]."""
+  _check({"turn_rewards": turn_rewards, "baselines": baselines, "turn_ids": turn_ids,
+          "mask": mask}, {})
+  valid = as_bool(mask)
+  starts = turn_starts(turn_ids, valid)
+  to_go = returns.discounted_returns(sum_to_starts(turn_rewards, starts, valid), starts, gamma=1.0)
+  return spread_over_turns(jnp.where(starts, to_go - jnp.where(starts, baselines, 0.0), 0.0),
+                           starts, valid)

@@ -31,10 +31,14 @@ What the Rollout carries beyond a single-turn one:
   extras["cut_turns"]      [B] int32   turns cut by max_turn_tokens before a
                                        turn-end token (the environment still
                                        steps on what was emitted).
+  extras["env_seeds"]      [B] uint32  the seed of each row's env.reset generator:
+                                       with the recorded actions it replays the
+                                       environment to any turn (`returns_to_go`).
 An episode cut by the context is still scored: its reward is the sum of the
 turn rewards it received. Nothing is dropped silently: cuts are counted.
 """
 
+import copy
 import dataclasses
 import zlib
 from collections.abc import Callable, Mapping
@@ -101,8 +105,6 @@ class MultiTurn:
   max_episode_tokens: context columns after the prompt (observations and actions).
   turn_end_tokens:    ids that end a turn (kept in it); () makes every turn
                       exactly max_turn_tokens long.
-  seed:               base of the per-row `np.random.Generator` of env.reset,
-                      combined with the sampling key so that each call differs.
   place / local:      this process's rows <-> the global batch-sharded array.
   """
 
@@ -136,14 +138,25 @@ class MultiTurn:
       states.append(state)
       observations.append(as_observation(observation, vocab, f"{_name(self.env)}.reset"))
       episodes.append(row, observations[row], -1)
+    rewards, turns, cut = self._play(model, prompts, prompt_valid, episodes, states, observations,
+                                     np.zeros(rows, np.int64), key)
+    return self._rollout(prompts, prompt_valid, episodes, rewards, turns, cut, seeds)
+
+  def _play(self, model, prompts, prompt_valid, episodes: _Episodes, states: list,
+            observations: list, first_turn: np.ndarray, key: Array):
+    """Plays every row's episode on from turn first_turn[row] (its context: the prompt and
+    the episode columns so far; states and observations: the environment's) until done,
+    out of turns or out of columns. Returns (rewards received, turns taken, turns cut)."""
+    rows, vocab = len(prompts), model.config.vocab_size
     rewards = np.zeros(rows, np.float32)
     turns, cut = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
-    for turn in range(self.max_turns):
+    for step in range(self.max_turns):
       if episodes.done.all():
         break
       sample = self._sample_turn(model, prompts, prompt_valid, episodes,
-                                 jax.random.fold_in(key, turn))
+                                 jax.random.fold_in(key, step))
       for row in np.flatnonzero(~episodes.done):
+        turn = int(first_turn[row]) + step
         taken = sample["mask"][row]
         actions = sample["tokens"][row, taken]
         turns[row] += 1
@@ -160,9 +173,48 @@ class MultiTurn:
         rewards[row] += reward
         observations[row] = as_observation(observation, vocab, where)
         episodes.append(row, observations[row], turn)
-        episodes.done[row] |= bool(done)
-    episodes.truncated |= ~episodes.done
-    return self._rollout(prompts, prompt_valid, episodes, rewards, turns, cut)
+        if done:
+          episodes.done[row] = True
+        elif turn + 1 >= self.max_turns:  # out of turns
+          episodes.done[row] = episodes.truncated[row] = True
+    return rewards, turns, cut
+
+  def returns_to_go(self, model, rollout: Rollout, examples, *, samples: int,
+                    key: Array) -> tuple[np.ndarray, int]:
+    """(baselines [B, T], actions generated): at each turn's first action token, the mean
+    reward from that turn on of `samples` continuations branched from the turn's start
+    (the same context; the environment's state replayed from the row's reset seed and
+    its earlier turns), 0 elsewhere. It depends only on the history before the turn, so
+    R_(>=k) - baseline_k has expectation 0 given that history."""
+    tokens, valid = np.asarray(rollout.tokens), np.asarray(rollout.token_valid, bool)
+    mask, turn_ids = np.asarray(rollout.mask, bool), np.asarray(rollout.turn_ids)
+    seeds = np.asarray(rollout.extra("env_seeds", by="returns_to_go", per="sequence"))
+    prompt_width = tokens.shape[1] - self.max_episode_tokens
+    vocab = model.config.vocab_size
+    branches = []  # (row, start column, context length, state, observation, turn)
+    for row in range(len(tokens)):
+      state, observation = self.env.reset(np.random.default_rng(int(seeds[row])), examples[row])
+      for turn in range(turn_ids[row].max() + 1):
+        columns = np.flatnonzero(mask[row] & (turn_ids[row] == turn))
+        if not len(columns):
+          break
+        branches += [(row, columns[0], state, observation, turn)] * samples
+        state, observation, _, _ = self.env.step(copy.deepcopy(state), tokens[row, columns])
+        observation = as_observation(observation, vocab, f"{_name(self.env)}.step (replay)")
+    episodes = _Episodes.empty(len(branches), self.max_episode_tokens, self.pad_id)
+    for i, (row, start, *_) in enumerate(branches):
+      history = tokens[row, prompt_width:start]
+      episodes.tokens[i, :len(history)], episodes.length[i] = history, len(history)
+    rows = [b[0] for b in branches]
+    rewards, _, _ = self._play(model, tokens[rows, :prompt_width], valid[rows, :prompt_width],
+                               episodes, [copy.deepcopy(b[2]) for b in branches],
+                               [b[3] for b in branches], np.asarray([b[4] for b in branches]), key)
+    baselines = np.zeros(tokens.shape, np.float32)
+    for i in range(0, len(branches), samples):
+      row, start = branches[i][:2]
+      baselines[row, start] = rewards[i:i + samples].mean()
+    generated = int(episodes.action.sum())
+    return baselines, generated
 
   def _anchor(self, state, observation: np.ndarray, turn: int) -> int:
     """A 31-bit id of the state a turn starts from (module docstring)."""
@@ -190,7 +242,8 @@ class MultiTurn:
             "entropy": self.local(out.entropy)[:, response],
             "truncated": self.local(out.truncated)}
 
-  def _rollout(self, prompts, prompt_valid, episodes: _Episodes, rewards, turns, cut) -> Rollout:
+  def _rollout(self, prompts, prompt_valid, episodes: _Episodes, rewards, turns, cut,
+               seeds) -> Rollout:
     columns = np.arange(self.max_episode_tokens)[None]
     token_valid = np.concatenate([prompt_valid, columns < episodes.length[:, None]], axis=1)
     before = lambda fill, dtype: np.full(prompts.shape, fill, dtype)
@@ -208,7 +261,8 @@ class MultiTurn:
         turn_ids=place(joined(-1, episodes.turn_ids)),
         extras={"turn_rewards": place(joined(0.0, episodes.turn_rewards)),
                 "turn_anchors": place(joined(0, episodes.anchors)),
-                "turns": place(turns), "cut_turns": place(cut)},
+                "turns": place(turns), "cut_turns": place(cut),
+                "env_seeds": place(np.asarray(seeds, np.uint32))},
         group_size=self.group_size,
     )
 

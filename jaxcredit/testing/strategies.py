@@ -69,6 +69,7 @@ def make_rollout(
           "ktae_scores": token(0.5),
           "turn_rewards": token(0.1),
           "turn_anchors": jnp.asarray(rng.integers(0, 3, (batch, length)), jnp.int32),
+          "turn_baselines": jnp.asarray(rng.random((batch, length)), jnp.float32),
       },
       group_size=group_size,
   )

@@ -11,11 +11,12 @@ settings of the estimator that needs it (`estimators.Component.settings`):
       return {"ktae_scores": ...}, {}
     return provide
 
-Built in: Monte-Carlo values (vineppo, spo), the implicit PRM (prime) and
-KTAE's key-token scores. Providers defined elsewhere (the lab's exact oracle)
-register themselves when their module is imported; modules named in the
-"jaxcredit.extras" entry-point group are imported when a needed key has no
-provider yet. A "gen_tokens" metric is charged to the run's generated tokens.
+Built in: Monte-Carlo values (vineppo, spo), the implicit PRM (prime),
+KTAE's key-token scores and multi-turn per-turn baselines (turn_baseline).
+Providers defined elsewhere (the lab's exact oracle) register themselves
+when their module is imported; modules named in the "jaxcredit.extras"
+entry-point group are imported when a needed key has no provider yet. A
+"gen_tokens" metric is charged to the run's generated tokens.
 """
 
 import importlib.metadata
@@ -29,7 +30,7 @@ from jax import Array
 from jaxcredit import estimators
 from jaxcredit.registry import Registry
 from jaxcredit.rollout import Rollout
-from jaxcredit.train import implicit_prm, monte_carlo, token_statistics
+from jaxcredit.train import implicit_prm, monte_carlo, tasks, token_statistics
 
 ENTRY_POINTS = "jaxcredit.extras"
 
@@ -149,3 +150,18 @@ def _ktae_scores(context: Context, rollout: Rollout) -> tuple[dict, dict]:
 
 
 register("ktae_scores")(lambda settings, *, temperature: _ktae_scores)
+
+
+@register("turn_baselines")
+def _turn_baselines(settings: Mapping, *, temperature: float) -> Provide:
+  """Per-turn baselines of a multi-turn task: the mean reward of `k` continuations
+  branched from each turn's start (`rollouts.MultiTurn.returns_to_go`)."""
+  samples = int(settings["k"])
+
+  def provide(context: Context, rollout: Rollout) -> tuple[dict, dict]:
+    source = tasks.multi_turn_source(context.task, temperature=temperature)
+    baselines, generated = source.returns_to_go(context.model, rollout, context.examples,
+                                                samples=samples, key=context.key)
+    return {"turn_baselines": jnp.asarray(baselines)}, {"gen_tokens": generated}
+
+  return provide

@@ -328,11 +328,8 @@ def _rollout_source(config, task: tasks.TrainTask, place, local) -> SingleTurn |
     return SingleTurn(task.score_rows, task.max_response_length, group_size=config.rl.group_size,
                       temperature=config.rl.temperature, stop_tokens=task.stop_tokens,
                       pad_id=task.pad_id, actions=task.actions, place=place, local=local)
-  return MultiTurn(task.environment, max_turns=task.max_turns,
-                   max_turn_tokens=task.max_turn_tokens,
-                   max_episode_tokens=task.max_response_length,
-                   turn_end_tokens=task.turn_end_tokens, group_size=config.rl.group_size,
-                   temperature=config.rl.temperature, pad_id=task.pad_id, place=place, local=local)
+  return tasks.multi_turn_source(task, group_size=config.rl.group_size,
+                                 temperature=config.rl.temperature, place=place, local=local)
 
 
 def _process_0_first(make: Callable):

@@ -26,6 +26,7 @@ import tensorflow_datasets as tfds
 
 from jaxcredit import _checks
 from jaxcredit.models import checkpoint
+from jaxcredit.rollouts import MultiTurn
 from jaxcredit.sampling import Actions
 from jaxcredit.tasks import (CharTokenizer, HFTokenizer, Tokenizer, arithmetic, builders,
                              calculator, countdown, gsm8k, key_token, key_turns, loader)
@@ -348,3 +349,16 @@ def batch_chunks(batch: dict, size: int | None):
     take = np.concatenate([np.arange(start, start + rows), np.full(size - rows, start)])
     yield {"prompts": batch["prompts"][take], "prompt_valid": batch["prompt_valid"][take],
            "examples": [batch["examples"][i] for i in take]}, rows
+
+
+def multi_turn_source(task: TrainTask, *, group_size: int = 1, temperature: float = 1.0,
+                      place=None, local=None) -> MultiTurn:
+  """The rollout source of a task with an environment (ValueError for one without)."""
+  if task.environment is None:
+    raise ValueError(f"Task {task.name!r} has no environment: it is not multi-turn.")
+  placement = {} if place is None else {"place": place, "local": local}
+  return MultiTurn(task.environment, max_turns=task.max_turns,
+                   max_turn_tokens=task.max_turn_tokens,
+                   max_episode_tokens=task.max_response_length,
+                   turn_end_tokens=task.turn_end_tokens, group_size=group_size,
+                   temperature=temperature, pad_id=task.pad_id, **placement)
