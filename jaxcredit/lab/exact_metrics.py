@@ -1,4 +1,5 @@
-"""Exact policy metrics on held-out prompts, from the oracle's V^pi(x) (key_token).
+"""Exact policy metrics on held-out prompts, from the oracle's V^pi(x) (key_token; on
+key_turns, whose prompts are all alike, J(pi) from `turn_oracle.success` only).
 
   hook = exact_metrics.hook(every=10)            # a rollout hook for jaxcredit.train.loop.run
   curve = exact_metrics.read_curve(run_dir)      # what it logged, against generated tokens
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxcredit.lab import oracle
+from jaxcredit.lab import oracle, turn_oracle
 from jaxcredit.train import extras
 
 PASS_AT = (1, 4, 16, 64)
@@ -41,6 +42,9 @@ def hook(every: int, ks: Sequence[int] = PASS_AT) -> extras.Hook:
     del rollout
     if context.rl_step % every:
       return {}, {}
+    if context.task.name == "key_turns":  # every prompt is [BOS, SEP]; the keys are hidden
+      prompt = np.asarray(context.task.sources["test"][0]["prompt"])
+      return {}, {"exact_success": turn_oracle.success(context.model, context.task.config, prompt)}
     if not held_out:
       test = context.task.sources["test"]
       examples = [test[i] for i in range(len(test))]

@@ -10,23 +10,35 @@ generated tokens: it is an upper bound on information (LAB.md 4.3).
 
 import numpy as np
 
-from jaxcredit.lab import oracle
+from jaxcredit.lab import oracle, turn_oracle
 from jaxcredit.train import extras, tasks
 
 
-def exact_credit(model, task: tasks.TrainTask, tokens, mask, examples) -> oracle.Credit:
-  """The exact oracle for `task` (filler-blind key_token)."""
+def exact_credit(model, task: tasks.TrainTask, rollout, examples) -> tuple[dict, dict]:
+  """({"oracle_advantages", "oracle_values"}, metrics) of the exact oracle for `task`:
+  filler-blind key_token (token credit), or key_turns (turn credit A_k = V(h_(k+1)) -
+  V(h_k) on each turn's action, V(h_k) there as the value)."""
+  if task.name == "key_turns":
+    values, credit = turn_oracle.turn_credit(model, task.config, rollout.tokens,
+                                             rollout.token_valid)
+    before = np.zeros(credit.shape, np.float32)  # V(h_k) on turn k's action (one per turn)
+    mask = np.asarray(rollout.mask, bool)
+    for row in range(len(mask)):
+      before[row, np.flatnonzero(mask[row])] = values[row, :mask[row].sum()]
+    return ({"oracle_advantages": credit.astype(np.float32), "oracle_values": before},
+            {"oracle_passes": 1})
   if task.name != "key_token":
-    raise ValueError(
-        f"An exact oracle exists for key_token only, not {task.name!r}; use vineppo (Monte Carlo).")
+    raise ValueError(f"An exact oracle exists for key_token and key_turns only, not "
+                     f"{task.name!r}; use vineppo (Monte Carlo).")
   targets = np.stack([np.asarray(e["targets"]) for e in examples])
-  return oracle.decisive_credit(model, task.config, np.asarray(tokens), np.asarray(mask), targets)
+  credit = oracle.decisive_credit(model, task.config, np.asarray(rollout.tokens),
+                                  np.asarray(rollout.mask), targets)
+  return ({"oracle_advantages": credit.advantages, "oracle_values": credit.values},
+          {"oracle_passes": credit.cost["passes"]})
 
 
 def _exact_oracle(context: extras.Context, rollout) -> tuple[dict, dict]:
-  credit = exact_credit(context.model, context.task, rollout.tokens, rollout.mask, context.examples)
-  return ({"oracle_advantages": credit.advantages, "oracle_values": credit.values},
-          {"oracle_passes": credit.cost["passes"]})
+  return exact_credit(context.model, context.task, rollout, context.examples)
 
 
 def _at_temperature_one(temperature: float) -> extras.Provide:

@@ -1,0 +1,53 @@
+"""Does turn-level credit matter? (jaxcredit.lab.turn_study)
+
+  python -m jaxcredit.lab.turn_study --config experiments/turn_study.py:smoke --workdir DIR  # CI's check
+  python -m jaxcredit.lab.turn_study --config experiments/turn_study.py:small --workdir DIR  # 2 CPU cores
+
+key_turns (4 one-token turns, decisive turns 1 and 3, outcome reward), trained from the
+random policy; arms: trajectory-level grpo, the turn-level mt_grpo, gigpo and the unbiased
+per-turn baseline (4 continuations per turn, charged), the exact turn oracle and its
+sequence-level control oracle_seq; exact J(pi) against generated tokens.
+"""
+
+import pathlib
+import runpy
+
+import ml_collections
+
+_key_turns = runpy.run_path(str(pathlib.Path(__file__).with_name("key_turns_grpo.py")))["get_config"]
+
+PRESETS = ("smoke", "small")
+ESTIMATORS = {
+    "grpo": {"name": "grpo"},
+    "mt_grpo": {"name": "mt_grpo"},
+    "gigpo": {"name": "gigpo"},
+    "turn_baseline": {"name": "turn_baseline", "k": 4},
+    "oracle": {"name": "oracle"},
+    "oracle_seq": {"name": "oracle_seq"},
+}
+
+
+def get_config(preset: str = "small") -> ml_collections.ConfigDict:
+  if preset not in PRESETS:
+    raise ValueError(f"Unknown preset {preset!r}; known: {', '.join(PRESETS)}.")
+  config = ml_collections.ConfigDict()
+  config.preset = preset
+  train = _key_turns()
+  train.model.overrides = {"n_layers": 1, "d_model": 64, "n_heads": 4, "n_kv_heads": 4,
+                           "d_ff": 128}
+  train.rl.prompts_per_step, train.rl.group_size = 16, 8
+  train.rl.eval_every = 10**6  # J(pi) replaces the greedy evaluation (run once, at the end)
+  train.export.every = 0
+  train.task.test_size = 16
+  config.estimators = ESTIMATORS
+  config.seeds = [0, 1, 2, 3, 4]
+  config.updates = 60  # J(pi) after 0, measure_every, ..., updates updates
+  config.measure_every = 10
+  if preset == "smoke":
+    train.task.train_size = 64
+    train.rl.prompts_per_step, train.rl.group_size = 2, 4
+    config.estimators = {name: ESTIMATORS[name] for name in ("grpo", "turn_baseline", "oracle")}
+    config.seeds = [0]
+    config.updates, config.measure_every = 2, 1
+  config.train = train
+  return config

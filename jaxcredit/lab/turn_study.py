@@ -1,0 +1,130 @@
+"""Does turn-level credit matter? Trajectory GRPO, turn-level estimators and the exact
+turn oracle on key_turns, at equal generated tokens.
+
+  python -m jaxcredit.lab.turn_study --config experiments/turn_study.py:small --workdir DIR
+
+Every (estimator, seed) run trains with `jaxcredit.train.loop.run` (same initialisation and
+prompts per seed) and logs the exact J(pi) (`turn_oracle.success`) every `measure_every`
+updates against the tokens generated so far, continuations of the per-turn baseline
+included. The report compares the arms at the largest token budget every run reached
+(J interpolated in log tokens) and by the mean J over log tokens on a common range, each as
+a difference from GRPO paired by seed. Outputs in DIR: runs/<estimator>/seed<k>/ (resumable
+training workdirs; wall_seconds.json marks one complete), curves.json, report.md.
+"""
+
+import json
+import pathlib
+import time
+
+import ml_collections
+import numpy as np
+
+from jaxcredit.lab import exact_metrics, study as credit_study
+from jaxcredit.lab.report import fmt_interval, machine, t_interval
+from jaxcredit.train import loop
+
+
+def train_config(study, name: str, seed: int, data_dir: str) -> ml_collections.ConfigDict:
+  """The training config of one (estimator, seed) run."""
+  config = ml_collections.ConfigDict(study.train.to_dict())
+  config.seed = seed
+  config.task.data_dir = data_dir
+  config.advantage = study.estimators[name].to_dict()
+  config.rl.steps = study.updates + 1  # J is measured before update `updates` + 1
+  return config
+
+
+def run(study, workdir: str) -> dict:
+  """Trains every (estimator, seed) not yet finished; writes curves.json and report.md."""
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "study_config.json").write_text(study.to_json_best_effort(indent=2))
+  curves, wall = {}, 0.0
+  for name in study.estimators:
+    for seed in study.seeds:
+      run_dir = workdir / "runs" / name / f"seed{seed}"
+      finished = run_dir / "wall_seconds.json"
+      if not finished.exists():
+        print(f"[turn study] {name} seed {seed} -> {run_dir}", flush=True)
+        started = time.perf_counter()
+        loop.run(train_config(study, name, seed, str(workdir / "data")), str(run_dir),
+                 rollout_hook=exact_metrics.hook(study.measure_every, ks=()))
+        finished.write_text(json.dumps(time.perf_counter() - started))
+      wall += json.loads(finished.read_text())
+      curves.setdefault(name, {})[seed] = exact_metrics.read_curve(run_dir)
+  (workdir / "curves.json").write_text(json.dumps(curves, indent=1))
+  (workdir / "report.md").write_text(report(study, curves, wall))
+  print(f"[turn study] wrote {workdir / 'report.md'}", flush=True)
+  return curves
+
+
+def _from(curve: dict, low: float) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens, J) of a run's measurements after 0 tokens, starting at `low`: a run whose
+  first such measurement comes later holds its initial J until then (its extra tokens
+  per update, e.g. continuations, are not credited early)."""
+  tokens, success = np.asarray(curve["gen_tokens"], float), np.asarray(curve["success"], float)
+  positive = tokens > 0
+  tokens, later = tokens[positive], success[positive]
+  if tokens[0] > low:
+    tokens, later = np.concatenate([[low], tokens]), np.concatenate([[success[0]], later])
+  return tokens, later
+
+
+def summaries(curves: dict) -> tuple[dict, float, float]:
+  """({summary: {estimator: {seed: value}}}, budget, low): J at the largest token budget
+  every run reached (interpolated in log10 tokens), and the mean J over log10 tokens on
+  [low, budget], low the earliest measurement after 0 tokens of any run."""
+  runs = [curve for seeds in curves.values() for curve in seeds.values()]
+  budget = min(curve["gen_tokens"][-1] for curve in runs)
+  low = min(min(t for t in curve["gen_tokens"] if t > 0) for curve in runs)
+
+  def at_budget(curve):
+    tokens, success = _from(curve, low)
+    return float(np.interp(np.log10(budget), np.log10(tokens), success))
+
+  def mean_over_log_tokens(curve):
+    return exact_metrics.auc_log_tokens(*_from(curve, low), low, budget)
+
+  per = {"J at the budget": at_budget, "mean J over log tokens": mean_over_log_tokens}
+  return ({summary: {name: {int(seed): fn(curve) for seed, curve in seeds.items()}
+                     for name, seeds in curves.items()} for summary, fn in per.items()},
+          budget, low)
+
+
+def _interval(values) -> str:
+  return fmt_interval(*t_interval(list(values))) if len(values) else ""
+
+
+def report(study, curves: dict, wall_seconds: float) -> str:
+  """The arms' J at equal generated tokens, and their paired differences from GRPO."""
+  table, budget, low = summaries(curves)
+  names = list(curves)
+  lines = [
+      "# Does turn-level credit matter? (key_turns)", "",
+      f"key_turns {dict(study.train.task.options)}: exact J(pi) (the oracle's value of the "
+      f"episode's start) every {study.measure_every} of {study.updates} updates "
+      f"({study.train.rl.prompts_per_step} prompts x {study.train.rl.group_size} episodes); "
+      f"seeds {list(study.seeds)}; intervals: Student-t 95% over seeds (n/a for one seed). "
+      f"Arms are compared at equal generated tokens: the budget {budget:,.0f} is the largest "
+      "every run reached (the per-turn baseline's continuations count), and the mean J is "
+      f"taken over log10 tokens on [{low:,.0f}, {budget:,.0f}] (a run holds its initial J "
+      "until its first measurement).", "",
+      f"Written {time.strftime('%Y-%m-%d')} on {machine()}; the runs took "
+      f"{wall_seconds / 60:.0f} min in all.", "",
+      "Generated tokens per run at its last measurement: " + "; ".join(
+          f"{name} {np.mean([c['gen_tokens'][-1] for c in curves[name].values()]):,.0f}"
+          for name in names) + ".", "",
+      "| estimator | " + " | ".join(f"{s} | {s}: minus grpo" for s in table) + " |",
+      "|---|" + "---|---|" * len(table)]
+  for name in names:
+    cells = []
+    for values in table.values():
+      mine, grpo = values[name], values.get("grpo", {})
+      paired = [mine[seed] - grpo[seed] for seed in mine if seed in grpo]
+      cells += [_interval(list(mine.values())), "" if name == "grpo" else _interval(paired)]
+    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+  credit_study.cli(run, "Turn study config (experiments/turn_study.py:<preset>).")
