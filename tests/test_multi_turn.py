@@ -191,3 +191,27 @@ def test_returns_and_values_carry_across_observation_spans(seed):
                                        jnp.asarray(compact_mask), gamma=0.9)
   np.testing.assert_allclose(_compact(np.asarray(discounted), mask), want, atol=1e-5)
   assert np.isfinite(np.asarray(discounted)).all()
+
+
+class _Forgetful(CountingEnv):
+  """Observes a counter that lives outside the state: a replay sees other observations."""
+
+  calls = 0
+
+  def step(self, state, actions):
+    _Forgetful.calls += 1
+    state, _, reward, done = super().step(state, actions)
+    return state, np.asarray([20 + _Forgetful.calls % 5]), reward, done
+
+
+def test_per_turn_baselines_refuse_an_environment_that_does_not_replay(model):
+  source = MultiTurn(_Forgetful(), max_turns=3, max_turn_tokens=2, max_episode_tokens=30)
+  batch = _batch(rows=2)
+  rollout = source(model, batch, jax.random.key(6))
+  with pytest.raises(ValueError, match="_Forgetful replayed turn 0 of row 0"):
+    source.returns_to_go(model, rollout, batch["examples"], samples=2, key=jax.random.key(7))
+  counting = MultiTurn(CountingEnv(), max_turns=3, max_turn_tokens=2, max_episode_tokens=30)
+  rollout = counting(model, batch, jax.random.key(6))
+  baselines, _ = counting.returns_to_go(model, rollout, batch["examples"], samples=2,
+                                        key=jax.random.key(7))
+  assert np.isfinite(baselines).all() and (np.asarray(rollout.mask) | (baselines == 0)).all()

@@ -191,16 +191,23 @@ class MultiTurn:
     seeds = np.asarray(rollout.extra("env_seeds", by="returns_to_go", per="sequence"))
     prompt_width = tokens.shape[1] - self.max_episode_tokens
     vocab = model.config.vocab_size
-    branches = []  # (row, start column, context length, state, observation, turn)
+    branches = []  # (row, first action column, state, observation, turn)
     for row in range(len(tokens)):
       state, observation = self.env.reset(np.random.default_rng(int(seeds[row])), examples[row])
       for turn in range(turn_ids[row].max() + 1):
-        columns = np.flatnonzero(mask[row] & (turn_ids[row] == turn))
+        in_turn = turn_ids[row] == turn
+        columns = np.flatnonzero(mask[row] & in_turn)
         if not len(columns):
           break
         branches += [(row, columns[0], state, observation, turn)] * samples
         state, observation, _, _ = self.env.step(copy.deepcopy(state), tokens[row, columns])
         observation = as_observation(observation, vocab, f"{_name(self.env)}.step (replay)")
+        recorded = tokens[row, valid[row] & ~mask[row] & in_turn]
+        if not np.array_equal(observation[:len(recorded)], recorded):
+          raise ValueError(
+              f"{_name(self.env)} replayed turn {turn} of row {row} to another observation "
+              f"than it gave while sampling ({observation.tolist()} vs {recorded.tolist()}): "
+              "per-turn baselines need step() to be a function of the state and the actions.")
     episodes = _Episodes.empty(len(branches), self.max_episode_tokens, self.pad_id)
     for i, (row, start, *_) in enumerate(branches):
       history = tokens[row, prompt_width:start]
