@@ -46,7 +46,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   if preset == "smoke":
     train.task.train_size = 64
     train.rl.prompts_per_step, train.rl.group_size = 2, 4
-    config.estimators = {name: ESTIMATORS[name] for name in ("grpo", "turn_baseline", "oracle")}
+    config.estimators = {name: ESTIMATORS[name] for name in ("grpo", "turn_baseline")}
     config.seeds = [0]
     config.updates, config.measure_every = 2, 1
   config.train = train
