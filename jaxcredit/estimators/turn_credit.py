@@ -58,10 +58,6 @@ def spread_over_turns(at_starts: Array, starts: Array, valid: Array) -> Array:
   return jnp.where(valid, jnp.take_along_axis(at_starts, _start_of(starts), axis=1), 0.0)
 
 
-def _check(arrays: dict, sequences: dict) -> None:
-  _checks.check_token_and_seq(arrays, sequences)
-
-
 def turn_gae(turn_rewards: Array, values: Array, turn_ids: Array, mask: Array, *, gamma: float,
              lam: float, method: str | None = None) -> tuple[Array, Array]:
   """GAE over turns (one step per turn) with a turn critic.
@@ -72,7 +68,8 @@ def turn_gae(turn_rewards: Array, values: Array, turn_ids: Array, mask: Array, *
   value target A_k + V_k. All inputs [B, T]; returns (advantages, returns)
   float32 [B, T], 0 off the action tokens.
   """
-  _check({"turn_rewards": turn_rewards, "values": values, "turn_ids": turn_ids, "mask": mask}, {})
+  _checks.check_token_and_seq(
+      {"turn_rewards": turn_rewards, "values": values, "turn_ids": turn_ids, "mask": mask}, {})
   valid = as_bool(mask)
   starts = turn_starts(turn_ids, valid)
   advantages, targets = returns.gae(sum_to_starts(turn_rewards, starts, valid), values, starts,
@@ -92,7 +89,8 @@ def mt_grpo_advantages(turn_rewards: Array, rewards: Array, turn_ids: Array, mas
   equal). With two turns and no reward on the last this is the paper's
   A_1 = A^T + lambda A^O, A_2 = A^O. Returns float32 [B, T].
   """
-  _check({"turn_rewards": turn_rewards, "turn_ids": turn_ids, "mask": mask}, {"rewards": rewards})
+  _checks.check_token_and_seq({"turn_rewards": turn_rewards, "turn_ids": turn_ids, "mask": mask},
+                              {"rewards": rewards})
   valid = as_bool(mask)
   _checks.check_group_size(mask.shape[0], group_size)
   starts = turn_starts(turn_ids, valid)
@@ -117,8 +115,9 @@ def gigpo_advantages(turn_rewards: Array, rewards: Array, anchors: Array, turn_i
   R_k = sum_(j >= k) gamma^(j - k) r_j, is normalised like GRPO (0 for a step
   group of one, or of equal returns). Returns float32 [B, T].
   """
-  _check({"turn_rewards": turn_rewards, "anchors": anchors, "turn_ids": turn_ids, "mask": mask},
-         {"rewards": rewards})
+  _checks.check_token_and_seq(
+      {"turn_rewards": turn_rewards, "anchors": anchors, "turn_ids": turn_ids, "mask": mask},
+      {"rewards": rewards})
   valid = as_bool(mask)
   batch, length = mask.shape
   _checks.check_group_size(batch, group_size)
@@ -175,8 +174,9 @@ def turn_baseline_advantages(turn_rewards: Array, baselines: Array, turn_ids: Ar
   of the history before turn k only (e.g. the mean return of continuations branched
   from the turn's start, `rollouts.MultiTurn.returns_to_go`), E[A_k | history] = 0:
   the baseline adds no bias, for any number of turns. All [B, T]; float32 [B, T]."""
-  _check({"turn_rewards": turn_rewards, "baselines": baselines, "turn_ids": turn_ids,
-          "mask": mask}, {})
+  _checks.check_token_and_seq(
+      {"turn_rewards": turn_rewards, "baselines": baselines, "turn_ids": turn_ids, "mask": mask},
+      {})
   valid = as_bool(mask)
   starts = turn_starts(turn_ids, valid)
   to_go = returns.discounted_returns(sum_to_starts(turn_rewards, starts, valid), starts, gamma=1.0)

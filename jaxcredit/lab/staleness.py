@@ -30,7 +30,6 @@ import numpy as np
 
 from jaxcredit.lab import exact_metrics, study as credit_study
 from jaxcredit.lab.report import fmt_interval, machine, t_interval
-from jaxcredit.train import loop
 
 def train_config(study, k: int, name: str, correction: str, seed: int,
                  data_dir: str) -> ml_collections.ConfigDict:
@@ -61,14 +60,10 @@ def run(study, workdir: str) -> dict:
   for k, name, correction in arms(study):
     for seed in study.seeds:
       run_dir = workdir / "runs" / f"k{k}" / name / correction / f"seed{seed}"
-      finished = run_dir / "wall_seconds.json"
-      if not finished.exists():
-        print(f"[staleness] k={k} {name} {correction} seed {seed} -> {run_dir}", flush=True)
-        run_started = time.perf_counter()
-        loop.run(train_config(study, k, name, correction, seed, str(workdir / "data")),
-                 str(run_dir), rollout_hook=exact_metrics.hook(study.measure_every, ks=()))
-        finished.write_text(json.dumps(time.perf_counter() - run_started))
-      wall += json.loads(finished.read_text())
+      wall += credit_study.train_once(
+          train_config(study, k, name, correction, seed, str(workdir / "data")), run_dir,
+          exact_metrics.hook(study.measure_every, ks=()),
+          f"[staleness] k={k} {name} {correction} seed {seed}")
       curves.setdefault(f"k{k}", {}).setdefault(name, {}).setdefault(correction, {})[seed] = (
           exact_metrics.read_curve(run_dir))
   (workdir / "curves.json").write_text(json.dumps(curves, indent=1))

@@ -262,6 +262,19 @@ def write_scores(workdir: pathlib.Path, task: str, rl_step: int, scored: dict) -
   np.savez_compressed(workdir / f"credit_dump_step{rl_step}.npz", **scored["dump"])
 
 
+def train_once(config, run_dir: pathlib.Path, hook, label: str) -> float:
+  """Trains `config` in `run_dir` with the rollout `hook` (printing `label`) unless an
+  earlier call finished it: wall_seconds.json, written when a run completes, marks that
+  and a rerun skips it. Returns the run's wall seconds."""
+  finished = run_dir / "wall_seconds.json"
+  if not finished.exists():
+    print(f"{label} -> {run_dir}", flush=True)
+    started = time.perf_counter()
+    loop.run(config, str(run_dir), rollout_hook=hook)
+    finished.write_text(json.dumps(time.perf_counter() - started))
+  return json.loads(finished.read_text())
+
+
 def run(study, workdir: str) -> dict:
   """Trains every (task, estimator, seed), scores credit, writes the report; returns the curves."""
   workdir = pathlib.Path(workdir)
@@ -282,13 +295,8 @@ def run(study, workdir: str) -> dict:
           hook = extras.chain(ScoringHook(study, workdir, list(spec.estimators), score_steps,
                                           critic_learning_rate=spec.train.critic.learning_rate),
                               hook)
-        finished = run_dir / "wall_seconds.json"  # written when a run completes; rerunning skips it
-        if not finished.exists():
-          run_started = time.perf_counter()
-          print(f"[study] {task}: {name} seed {seed} -> {run_dir}", flush=True)
-          loop.run(config, str(run_dir), rollout_hook=hook)
-          finished.write_text(json.dumps(time.perf_counter() - run_started))
-        wall[f"{task}/{name}/seed{seed}"] = json.loads(finished.read_text())
+        wall[f"{task}/{name}/seed{seed}"] = train_once(config, run_dir, hook,
+                                                       f"[study] {task}: {name} seed {seed}")
         curves.setdefault(task, {}).setdefault(name, {})[seed] = exact_metrics.read_curve(run_dir)
   wall["this invocation"] = time.perf_counter() - started
   wall["total (all runs)"] = sum(v for k, v in wall.items() if "/" in k)

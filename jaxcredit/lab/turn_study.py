@@ -21,7 +21,6 @@ import numpy as np
 
 from jaxcredit.lab import exact_metrics, study as credit_study
 from jaxcredit.lab.report import fmt_interval, machine, t_interval
-from jaxcredit.train import loop
 
 
 def train_config(study, name: str, seed: int, data_dir: str) -> ml_collections.ConfigDict:
@@ -43,14 +42,9 @@ def run(study, workdir: str) -> dict:
   for name in study.estimators:
     for seed in study.seeds:
       run_dir = workdir / "runs" / name / f"seed{seed}"
-      finished = run_dir / "wall_seconds.json"
-      if not finished.exists():
-        print(f"[turn study] {name} seed {seed} -> {run_dir}", flush=True)
-        started = time.perf_counter()
-        loop.run(train_config(study, name, seed, str(workdir / "data")), str(run_dir),
-                 rollout_hook=exact_metrics.hook(study.measure_every, ks=()))
-        finished.write_text(json.dumps(time.perf_counter() - started))
-      wall += json.loads(finished.read_text())
+      wall += credit_study.train_once(train_config(study, name, seed, str(workdir / "data")),
+                                      run_dir, exact_metrics.hook(study.measure_every, ks=()),
+                                      f"[turn study] {name} seed {seed}")
       curves.setdefault(name, {})[seed] = exact_metrics.read_curve(run_dir)
   (workdir / "curves.json").write_text(json.dumps(curves, indent=1))
   (workdir / "report.md").write_text(report(study, curves, wall))

@@ -79,7 +79,7 @@ class _Episodes:
                np.zeros(rows, bool))
 
   def append(self, row: int, tokens: np.ndarray, turn: int, **values: np.ndarray) -> bool:
-    """Writes `tokens` (and per-token `values`: action, logprobs, entropy) after
+    """Writes `tokens` (and per-token `values`: action, logprobs, entropy, anchors) after
     the row's episode; what does not fit is cut and the episode ends truncated.
     Returns whether everything fitted."""
     start = self.length[row]

@@ -21,6 +21,7 @@ import pathlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 import tensorflow_datasets as tfds
 
@@ -352,13 +353,12 @@ def batch_chunks(batch: dict, size: int | None):
 
 
 def multi_turn_source(task: TrainTask, *, group_size: int = 1, temperature: float = 1.0,
-                      place=None, local=None) -> MultiTurn:
+                      place: Callable = jnp.asarray, local: Callable = np.asarray) -> MultiTurn:
   """The rollout source of a task with an environment (ValueError for one without)."""
   if task.environment is None:
     raise ValueError(f"Task {task.name!r} has no environment: it is not multi-turn.")
-  placement = {} if place is None else {"place": place, "local": local}
   return MultiTurn(task.environment, max_turns=task.max_turns,
                    max_turn_tokens=task.max_turn_tokens,
                    max_episode_tokens=task.max_response_length,
                    turn_end_tokens=task.turn_end_tokens, group_size=group_size,
-                   temperature=temperature, pad_id=task.pad_id, **placement)
+                   temperature=temperature, pad_id=task.pad_id, place=place, local=local)
