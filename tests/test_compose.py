@@ -29,6 +29,9 @@ def test_weighted_sum_masked_and_reweighted_match_numpy():
   keep = mask & (entropy >= np.sort(entropy[mask])[::-1][n_keep - 1])
   focused = jax.jit(estimators.masked("grpo", estimators.high_entropy_tokens(rho=0.3)))
   np.testing.assert_allclose(focused(rollout).advantages, np.where(keep, grpo, 0.0), atol=1e-5)
+  control = jax.jit(estimators.from_config({"mask": "low_entropy", "rho": 0.3, "of": "grpo"}))
+  np.testing.assert_allclose(control(rollout).advantages, np.where(mask & ~keep, grpo, 0.0),
+                             atol=1e-5)
   surprisal = -np.asarray(rollout.behaviour_logprobs, np.float64)
   weights = np.where(mask, surprisal / surprisal[mask].mean(), 0.0)
   weighted = jax.jit(estimators.reweighted("grpo", estimators.surprisal))
@@ -95,8 +98,8 @@ def test_factories_match_config():
 def test_bad_configs_raise():
   with pytest.raises(ValueError, match="needs one of 'name', 'sum', 'mask', 'reweight'"):
     estimators.from_config({"weight": 1.0})
-  with pytest.raises(ValueError, match="Unknown token selector 'low_entropy'"):
-    estimators.from_config({"mask": "low_entropy", "of": "grpo"})
+  with pytest.raises(ValueError, match="Unknown token selector 'top_entropy'"):
+    estimators.from_config({"mask": "top_entropy", "of": "grpo"})
   with pytest.raises(ValueError, match="Unknown estimator 'grop'"):
     estimators.from_config({"name": "grop"})
   with pytest.raises(ValueError, match="needs a 'name'"):

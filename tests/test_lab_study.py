@@ -53,13 +53,6 @@ def test_intervals_are_n_a_below_five_seeds():
   assert text.startswith("0.500 [") and low < 0.5 < high and (low, high) != (0.2, 0.8)
 
 
-def test_bootstrap_ci_contains_the_mean_and_narrows_with_agreement():
-  rng = np.random.default_rng(0)
-  mean, low, high = report.bootstrap_ci([0.2, 0.4, 0.6, 0.8], rng, 2000)
-  assert mean == pytest.approx(0.5) and low < mean < high
-  assert report.bootstrap_ci([0.5, 0.5, 0.5], rng, 100) == (0.5, 0.5, 0.5)
-
-
 def test_study_run_configs_are_scale_matched_and_seeded():
   config = load_experiment_with_preset("small")
   run = study.train_config(config, "key_token", "ppo_gae", 2, "/tmp/data")

@@ -40,6 +40,7 @@ def make_rollout(batch=8, length=10, group_size=4, seed=0, poisoned=True) -> jc.
           "mc_evaluated": jnp.asarray(rng.random((batch, length)) < 0.5),
           "oracle_advantages": jnp.asarray(token()),
           "oracle_values": jnp.asarray(token()),
+          "shuffle_priorities": jnp.asarray(rng.random((batch, length)), jnp.float32),
           "ktae_scores": jnp.asarray(token()),
           "turn_rewards": jnp.asarray(token()),
           "turn_anchors": jnp.asarray(rng.integers(0, 3, (batch, length))),

@@ -163,13 +163,27 @@ def high_entropy_tokens(*, rho: float = 0.2) -> TokenFn:
   return select
 
 
+def low_entropy_tokens(*, rho: float = 0.2) -> TokenFn:
+  """Token selector: the valid tokens outside the top-rho by rollout.entropy (the bottom
+  1 - rho: the control of `high_entropy_tokens` in the 80/20 ablation of Wang et al., 2025,
+  arXiv 2506.01939)."""
+
+  def select(rollout: Rollout) -> Array:
+    rollout.require("entropy", by="low_entropy_tokens")
+    top = token_credit.high_entropy_mask(rollout.entropy, rollout.mask, rho=rho)
+    return as_bool(rollout.mask) & ~as_bool(top)
+
+  return select
+
+
 def surprisal(rollout: Rollout) -> Array:
   """Token weights: surprisal of rollout.behaviour_logprobs, mean 1 over valid tokens."""
   rollout.require("behaviour_logprobs", by="surprisal")
   return token_credit.surprisal_weights(rollout.behaviour_logprobs, rollout.mask)
 
 
-SELECTORS: dict[str, Callable[..., TokenFn]] = {"high_entropy": high_entropy_tokens}
+SELECTORS: dict[str, Callable[..., TokenFn]] = {"high_entropy": high_entropy_tokens,
+                                                "low_entropy": low_entropy_tokens}
 WEIGHTS: dict[str, TokenFn] = {"surprisal": surprisal}
 
 

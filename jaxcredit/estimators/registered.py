@@ -241,6 +241,23 @@ def _oracle(rollout: Rollout):
   return jnp.where(as_bool(rollout.mask), rollout.extra("oracle_advantages", by="oracle"), 0.0)
 
 
+@register("oracle_shuffled", needs=("oracle_advantages", "shuffle_priorities"))
+def _oracle_shuffled(rollout: Rollout):
+  """The exact token credit of each response permuted at random over its own actions
+  (the lab's control of `oracle`: the same magnitudes and sum per response, no
+  localisation). extras["shuffle_priorities"] [B, T] in [0, 1) draws the permutation:
+  the i-th action in position order receives the credit of the action with the i-th
+  smallest priority."""
+  valid = as_bool(rollout.mask)
+  credit = jnp.where(valid, rollout.extra("oracle_advantages", by="oracle_shuffled"), 0.0)
+  priorities = rollout.extra("shuffle_priorities", by="oracle_shuffled")
+  columns = jnp.arange(valid.shape[1])
+  source = jnp.argsort(jnp.where(valid, priorities, 2.0), axis=1)  # actions first, shuffled
+  target = jnp.argsort(jnp.where(valid, columns, valid.shape[1] + columns), axis=1)  # in order
+  rows = jnp.arange(valid.shape[0])[:, None]
+  return jnp.zeros_like(credit).at[rows, target].set(jnp.take_along_axis(credit, source, 1))
+
+
 @register("oracle_seq", needs=("oracle_values",))
 def _oracle_seq(rollout: Rollout):
   """R - V(x) on every token, V from extras["oracle_values"]: the exact

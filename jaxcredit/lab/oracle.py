@@ -7,6 +7,7 @@ reward R, A_t = V(s_{t+1}) - V(s_t) and V after the last action is R.
 
   decisive_credit(model, task_config, tokens, mask, targets)   exact (E-DEC, LAB.md 1.1)
   exact_success(model, task_config, prompts, targets)          exact V(x), J(pi) = its mean
+  decisive_values / credit_from_values                         the same, traceable (jit, vmap)
   mc_credit(model, task, tokens, mask, token_valid, examples, key, k=..., positions=...)
                                                                 plain Monte Carlo (VinePPO)
   rb_credit(..., logprobs=...)                                  Rao-Blackwellised Monte Carlo
@@ -16,7 +17,6 @@ lives in `jaxcredit.train.monte_carlo`, where VinePPO training uses it.
 """
 
 import itertools
-import math
 from collections.abc import Sequence
 
 import jax
@@ -33,82 +33,110 @@ from jaxcredit.train.monte_carlo import (Credit, mc_credit, mc_value_stats, retu
 
 TAKEN_STREAM, BANNED_STREAM = 1, 2  # continuation streams of Q(s_t, y_t) and of Q with y_t banned
 
-__all__ = ["Credit", "decisive_credit", "exact_success", "mc_credit", "mc_value_stats",
-           "rb_advantages", "rb_credit", "select_positions"]
+__all__ = ["Credit", "credit_from_values", "decisive_credit", "decisive_values", "exact_success",
+           "mc_credit", "mc_value_stats", "rb_advantages", "rb_credit", "select_positions"]
 
 
 def _teacher_forced_logprobs(model, inputs: np.ndarray, allowed: np.ndarray) -> np.ndarray:
   """[n, L, V] float64: [:, i] is log pi(. | inputs[:, :i + 1]), the distribution
   of token i + 1, restricted to allowed[i + 1] (allowed: [L, V] over row columns)."""
   allowed_next = np.concatenate([allowed[1:], np.ones_like(allowed[:1])])
-  return np.asarray(_masked_log_softmax(model, jnp.asarray(inputs), jnp.asarray(allowed_next)),
+  return np.asarray(_jitted_log_softmax(model, jnp.asarray(inputs), jnp.asarray(allowed_next)),
                     np.float64)
 
 
-@nnx.jit
 def _masked_log_softmax(model, inputs: Array, allowed_next: Array) -> Array:
   positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
   out = model(inputs, positions=positions, token_valid=jnp.ones(inputs.shape, bool))
   return jax.nn.log_softmax(mask_logits(out.logits.astype(jnp.float32), allowed_next), axis=-1)
 
 
+_jitted_log_softmax = nnx.jit(_masked_log_softmax)
+
+
+def decisive_values(model, config: key_token.KeyTokenConfig, prompts: Array,
+                    targets: Array) -> list[Array]:
+  """The exact value tree of filler-blind key_token (E-DEC, LAB.md 1.1) at temperature 1;
+  traceable (jit, vmap over seeds).
+
+  prompts: [n, K + 2] prompt ids; targets: [n, K] the key ids each must copy. Returns
+  [W_0, ..., W_K], W_k: [n, |C|^k] float32, W_k[i, u] = E[R | x_i, the first k decisive
+  tokens are u], u a lexicographic index over C (key index = id - KEY0). The policy's
+  conditional at decisive position p_k depends only on the prompt and the decisive tokens
+  before it (filler is hidden), so one teacher-forced pass over |C|^(K-1) rows per prompt
+  (decisive prefixes, FILL elsewhere) gives every conditional pi(c | x, u_<k); then
+  W_K(u) = R(u) (the rule) and W_k(u) = sum_c pi(c | x, u) W_(k+1)(u c).
+  """
+  _check_exact(config)
+  n_keys, n_decisive, prompt_len = config.n_keys, config.n_decisive, config.prompt_length
+  positions = config.decisive_positions
+  prefixes = np.asarray(list(itertools.product(range(n_keys), repeat=n_decisive - 1)),
+                        np.int32).reshape(-1, n_decisive - 1)  # [M, K - 1], M = |C|^(K-1)
+  response = np.full((len(prefixes), config.length), key_token.FILL, np.int32)
+  response[:, positions[:-1]] = key_token.KEY0 + prefixes
+  response[:, positions[-1]] = key_token.KEY0
+  n = prompts.shape[0]
+  rows = jnp.concatenate([jnp.repeat(jnp.asarray(prompts, jnp.int32), len(prefixes), axis=0),
+                          jnp.tile(jnp.asarray(response), (n, 1))], axis=1)
+  allowed = key_token.allowed_in_rows(config)
+  logp = _masked_log_softmax(model, rows, np.concatenate([allowed[1:], np.ones_like(allowed[:1])]))
+  # [n, M, K, |C|]: pi(. | x, prefix) at each decisive position.
+  probs = jnp.exp(logp[:, prompt_len + positions - 1][..., config.keys]).reshape(
+      n, len(prefixes), n_decisive, n_keys)
+  leaves = np.asarray(list(itertools.product(range(n_keys), repeat=n_decisive)), np.int32)
+  tree = [key_token.rule_reward(key_token.KEY0 + jnp.asarray(leaves)[None],
+                                jnp.asarray(targets)[:, None], config)]
+  for k in reversed(range(n_decisive)):
+    # The row whose first k decisive tokens are u (index j) and whose others are C[0]: j C^(K-1-k).
+    conditional = probs[:, np.arange(n_keys**k) * n_keys**(n_decisive - 1 - k), k]
+    tree.insert(0, jnp.sum(conditional * tree[0].reshape(n, n_keys**k, n_keys), axis=-1))
+  return tree
+
+
+def credit_from_values(tree: Sequence[Array], decided: Array,
+                       config: key_token.KeyTokenConfig) -> tuple[Array, Array]:
+  """Exact (values, advantages) [B, T] over the response positions of B responses whose
+  decisive tokens are `decided` [B, K] (ids), from each row's value tree `tree` (W_k [B,
+  |C|^k], `decisive_values` gathered per row): V(s_t) = W_k(t)(d_<k(t)) with k(t) = #{p < t};
+  A = W_(k+1)(d_<=k) - W_k(d_<k) at p_k and 0 on filler. Traceable."""
+  n_keys, n_decisive = config.n_keys, config.n_decisive
+  index, after = jnp.zeros(decided.shape[0], jnp.int32), [tree[0][:, 0]]
+  for k in range(n_decisive):
+    index = index * n_keys + (decided[:, k] - key_token.KEY0)
+    after.append(jnp.take_along_axis(tree[k + 1], index[:, None], axis=1)[:, 0])
+  after = jnp.stack(after, axis=1)  # [B, K + 1]: the value after the first k decisive tokens
+  decided_before = np.searchsorted(config.decisive_positions, np.arange(config.length), "left")
+  advantages = jnp.zeros((decided.shape[0], config.length), after.dtype).at[
+      :, config.decisive_positions].set(after[:, 1:] - after[:, :-1])
+  return after[:, decided_before], advantages
+
+
 def decisive_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray, mask: np.ndarray,
                     targets: np.ndarray) -> Credit:
-  """Exact credit on filler-blind key_token (E-DEC, LAB.md 1.1), temperature 1.
+  """Exact credit on filler-blind key_token (E-DEC, LAB.md 1.1), temperature 1: the value
+  tree of each distinct prompt (`decisive_values`, one batched pass) read along each row's
+  decisive tokens (`credit_from_values`).
 
-  tokens, mask: [B, L] rows (prompt K + 2 ids, then the T response ids);
-  targets: [B, K] the keys each row must copy. The policy's conditional at
-  decisive position p_k depends only on the prompt and the decisive tokens
-  before it (filler is hidden), so one teacher-forced pass per prefix
-  u in C^(K-1) per distinct prompt gives every conditional; values are backed
-  up in float64: W(u) = sum_c pi(c | x, u) W(u + c), leaves W = R.
-  V(s_t) = W(d_1..d_k(t)); A = W(d_<=k) - W(d_<k) at p_k and 0 on filler.
+  tokens, mask: [B, L] rows (prompt K + 2 ids, then the T response ids); targets: [B, K]
+  the keys each row must copy. Values and advantages are 0 off `mask`.
   """
-  if not config.filler_blind:
-    raise ValueError("decisive_credit is exact only for filler_blind key_token; use mc_credit.")
+  _check_exact(config)
   tokens, mask = np.asarray(tokens), np.asarray(mask, bool)
-  prompt_len, length = config.prompt_length, config.length
-  if tokens.shape[1] != prompt_len + length:
-    raise ValueError(f"Expected rows of {prompt_len} + {length} tokens, got {tokens.shape}.")
-  positions = config.decisive_positions
-  keys = [int(c) for c in config.keys]
-  allowed = key_token.allowed_in_rows(config)
-  prefixes = list(itertools.product(keys, repeat=config.n_decisive - 1))
-  values = np.zeros(tokens.shape)
-  advantages = np.zeros(tokens.shape)
-  prompts, inverse = np.unique(tokens[:, :prompt_len], axis=0, return_inverse=True)
-  passes = 0
-  for p, prompt in enumerate(prompts):
-    rows = np.flatnonzero(inverse.reshape(-1) == p)
-    response = np.full((len(prefixes), length), key_token.FILL)
-    for i, u in enumerate(prefixes):
-      response[i, positions] = [*u, keys[0]]
-    logp = _teacher_forced_logprobs(
-        model, np.concatenate([np.tile(prompt, (len(prefixes), 1)), response], 1), allowed)
-    passes += len(prefixes)
-    # pi(c | x, u_<k) for every prefix u_<k of length k < K.
-    conditional = {}
-    for i, u in enumerate(prefixes):
-      for k in range(config.n_decisive):
-        column = prompt_len + positions[k] - 1
-        conditional[tuple(u[:k])] = {c: math.exp(logp[i, column, c]) for c in keys}
-    target = targets[rows[0]][None]
-    leaf = lambda d: float(key_token.reward(_placed(d, positions, length)[None], target, config)[0])
-    memo = {}
-
-    def value(u: tuple) -> float:
-      if u not in memo:
-        memo[u] = leaf(u) if len(u) == config.n_decisive else sum(
-            prob * value(u + (c,)) for c, prob in conditional[u].items())
-      return memo[u]
-
-    for row in rows:
-      decided = [int(tokens[row, prompt_len + q]) for q in positions]
-      counts = np.searchsorted(positions, np.arange(length), side="left")  # k(t) = #{p < t}
-      values[row, prompt_len:] = [value(tuple(decided[:k])) for k in counts]
-      for k, q in enumerate(positions):
-        advantages[row, prompt_len + q] = value(tuple(decided[:k + 1])) - value(tuple(decided[:k]))
+  prompt_len = config.prompt_length
+  if tokens.shape[1] != prompt_len + config.length:
+    raise ValueError(f"Expected rows of {prompt_len} + {config.length} tokens, got "
+                     f"{tokens.shape}.")
+  prompts, first, inverse = np.unique(tokens[:, :prompt_len], axis=0, return_index=True,
+                                      return_inverse=True)
+  tree = _jitted_values(model, config, prompts, np.asarray(targets)[first])
+  tree = [w[inverse.reshape(-1)] for w in tree]
+  response = tokens[:, prompt_len:]
+  values, advantages = (
+      np.concatenate([np.zeros((len(tokens), prompt_len)), np.asarray(x, np.float64)], 1)
+      for x in credit_from_values(tree, jnp.asarray(response[:, config.decisive_positions]),
+                                  config))
   values, advantages = np.where(mask, values, 0.0), np.where(mask, advantages, 0.0)
+  passes = len(prompts) * config.n_keys**(config.n_decisive - 1)
   return Credit(
       advantages=jnp.asarray(advantages, jnp.float32), values=jnp.asarray(values, jnp.float32),
       adv_stderr=jnp.zeros(tokens.shape, jnp.float32), evaluated=jnp.asarray(mask),
@@ -120,26 +148,22 @@ def decisive_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray,
 def exact_success(model, config: key_token.KeyTokenConfig, prompts: np.ndarray,
                   targets: np.ndarray) -> np.ndarray:
   """[n] float64 V^pi(x) = E_pi[R | x] of each prompt at temperature 1, exactly
-  (filler-blind key_token): the value `decisive_credit` backs up to the start of the
-  response. Its mean over held-out prompts is the policy's expected success J(pi),
-  free of the sampling noise of a measured accuracy.
+  (filler-blind key_token): the root of its value tree (`decisive_values`). Its mean over
+  held-out prompts is the policy's expected success J(pi), free of the sampling noise of a
+  measured accuracy.
 
   prompts: [n, K + 2] prompt ids; targets: [n, K] the keys each must copy."""
-  prompts = np.asarray(prompts)
-  response = np.full((len(prompts), config.length), key_token.FILL)  # any valid response: V(x)
-  response[:, config.decisive_positions] = config.keys[0]          # is read before its first token
-  rows = np.concatenate([prompts, response], 1)
-  mask = np.zeros(rows.shape, bool)
-  mask[:, config.prompt_length:] = True
-  credit = decisive_credit(model, config, rows, mask, np.asarray(targets))
-  return np.asarray(credit.values, np.float64)[:, config.prompt_length]
+  tree = _jitted_values(model, config, np.asarray(prompts), np.asarray(targets))
+  return np.asarray(tree[0][:, 0], np.float64)
 
 
-def _placed(decisive: Sequence[int], positions: np.ndarray, length: int) -> np.ndarray:
-  """A [T] response (zeros off P) holding `decisive` at the decisive positions."""
-  response = np.zeros(length, np.int64)
-  response[positions] = decisive
-  return response
+def _check_exact(config: key_token.KeyTokenConfig) -> None:
+  if not (config.filler_blind and config.constrained):
+    raise ValueError("The exact oracle (E-DEC) needs filler_blind and constrained key_token "
+                     "(decisive positions emit keys only); use mc_credit.")
+
+
+_jitted_values = nnx.jit(decisive_values, static_argnames="config")
 
 
 def rb_advantages(q_taken: Array, q_others: Array, p_taken: Array, se_taken: Array,

@@ -1,13 +1,15 @@
 """The lab's exact oracle as an extras provider of the training loop.
 
-Importing this module registers the provider of rollout.extras
-["oracle_advantages"] and ["oracle_values"] (read by the `oracle` and
-`oracle_seq` estimators) with `jaxcredit.train.extras`; the training loop
-finds it through the "jaxcredit.extras" entry point, so `train` never imports
-the lab. The oracle's teacher-forced passes are not charged to the run's
-generated tokens: it is an upper bound on information (LAB.md 4.3).
+Importing this module registers the providers of rollout.extras
+["oracle_advantages"] and ["oracle_values"] (read by the `oracle`, `oracle_seq`
+and `oracle_shuffled` estimators) and ["shuffle_priorities"] (`oracle_shuffled`)
+with `jaxcredit.train.extras`; the training loop finds them through the
+"jaxcredit.extras" entry point, so `train` never imports the lab. The oracle's
+teacher-forced passes are not charged to the run's generated tokens: it is an
+upper bound on information (LAB.md 4.3).
 """
 
+import jax
 import numpy as np
 
 from jaxcredit.lab import oracle, turn_oracle
@@ -50,3 +52,11 @@ def _at_temperature_one(temperature: float) -> extras.Provide:
 
 extras.register("oracle_advantages", "oracle_values")(
     lambda settings, *, temperature: _at_temperature_one(temperature))
+
+
+@extras.register("shuffle_priorities")
+def _shuffle(settings, *, temperature: float) -> extras.Provide:
+  """[B, T] uniform draws in [0, 1) that permute the oracle's credit (`oracle_shuffled`)."""
+  del settings, temperature
+  return lambda context, rollout: (
+      {"shuffle_priorities": jax.random.uniform(context.key, rollout.mask.shape)}, {})

@@ -15,21 +15,13 @@ import numpy as np
 import scipy.stats
 
 from jaxcredit.lab import exact_metrics
+from jaxcredit.lab.statistics import MIN_SEEDS, bootstrap_ci
 from jaxcredit.train import export
 
 METRICS = [("r_pool", "r_pool"), ("ceiling", "√η²"), ("r2_within", "R²_w"),
            ("spearman", "Spearman"), ("sa", "SA"), ("sa_weighted", "SA_w"), ("dm", "DM"),
            ("dm_oracle", "DM oracle"), ("top_k", "top-k"), ("nmse_scale", "NMSE_scale"),
            ("rcn", "RCN"), ("bias_ratio", "bias ratio")]
-
-
-def bootstrap_ci(values, rng: np.random.Generator, draws: int) -> tuple[float, float, float]:
-  """Mean and 95% percentile-bootstrap interval of the mean."""
-  values = np.asarray(values, float)
-  if len(values) == 1:
-    return float(values[0]), float(values[0]), float(values[0])
-  means = rng.choice(values, (draws, len(values))).mean(axis=1)
-  return float(values.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
 def t_interval(values) -> tuple[float, float | None, float | None]:
@@ -45,9 +37,6 @@ def t_interval(values) -> tuple[float, float | None, float | None]:
 def fmt_interval(mean, low, high) -> str:
   """"mean [low, high]", or "mean (n/a)" when there is no interval."""
   return f"{mean:.3f} (n/a)" if low is None else _fmt(mean, low, high)
-
-
-MIN_SEEDS_FOR_CI = 5  # fewer seeds: the bootstrap's interval is little more than their range
 
 
 def summarise(curves: dict, *, level: float = 0.9) -> tuple[dict, dict]:
@@ -75,9 +64,9 @@ def summarise(curves: dict, *, level: float = 0.9) -> tuple[dict, dict]:
 
 
 def ci_text(values, rng: np.random.Generator, draws: int) -> str:
-  """"mean [95% bootstrap CI]", or "mean (n/a)" below MIN_SEEDS_FOR_CI values."""
+  """"mean [95% bootstrap CI]", or "mean (n/a)" below MIN_SEEDS values."""
   values = list(values)
-  if len(values) < MIN_SEEDS_FOR_CI:
+  if len(values) < MIN_SEEDS:
     return f"{np.mean(values):.3f} (n/a)"
   return _fmt(*bootstrap_ci(values, rng, draws))
 
@@ -197,7 +186,7 @@ def learning_curves(workdir: pathlib.Path, task: str, curves: dict) -> list[str]
     positive = tokens > 0
     for ax, x, keep in ((axes[0], updates, slice(None)), (axes[1], tokens, positive)):
       ax.plot(x[keep], mean[keep], label=name)
-      if len(runs) >= MIN_SEEDS_FOR_CI:
+      if len(runs) >= MIN_SEEDS:
         bands = np.asarray([bootstrap_ci(c, rng, 1000) for c in success.T])
         ax.fill_between(x[keep], bands[keep, 1], bands[keep, 2], alpha=0.2)
   axes[0].set_xlabel("updates")
@@ -304,7 +293,7 @@ def _task_section(study, workdir: pathlib.Path, task: str, curves: dict, rng) ->
       "cell's common range; a run that ends earlier is held at its last value there, which "
       "understates it if it would have kept learning); the level is 0.9 × the best arm's mean "
       "final J. Intervals: 95% bootstrap "
-      f"over seeds from {MIN_SEEDS_FOR_CI} seeds, n/a below.",
+      f"over seeds from {MIN_SEEDS} seeds, n/a below.",
       "",
       *efficiency_table(summary, span["level"], rng, study.bootstrap),
       "",
@@ -325,7 +314,7 @@ def write(study, workdir: pathlib.Path, curves: dict, wall: dict) -> None:
       "Every estimator trains the same policy per seed (initialisation, prompts, evaluation) "
       "with PPO-clip and one gradient step per batch (a plain policy gradient), advantages "
       f"{scale}, no KL or entropy terms. Seeds {seeds}; intervals are 95% percentile bootstraps "
-      f"over seeds (paired by seed for ΔAUC), printed as n/a below {MIN_SEEDS_FOR_CI} seeds. "
+      f"over seeds (paired by seed for ΔAUC), printed as n/a below {MIN_SEEDS} seeds. "
       "Generated tokens count policy samples plus estimator rollouts (VinePPO); the oracle's "
       f"enumeration is not charged. Wall time of all runs {wall.get('total (all runs)', 0):.0f} s "
       f"on {machine()}.",

@@ -151,14 +151,19 @@ def reward(responses: np.ndarray, targets: np.ndarray, config: KeyTokenConfig) -
         f"Expected responses [B, {config.length}] and targets [B, {config.n_decisive}], got "
         f"{responses.shape} and {targets.shape}."
     )
-  picked = responses[:, config.decisive_positions]
+  return rule_reward(responses[:, config.decisive_positions], targets, config)
+
+
+def rule_reward(picked, targets, config: KeyTokenConfig):
+  """The rule's reward of the decisive tokens `picked` [..., K] against the target key ids
+  [..., K]; float32 [...]. NumPy or JAX arrays (traceable)."""
   hits = picked == targets
   if config.rule == "all":
-    return hits.all(axis=1).astype(np.float32)
+    return hits.all(axis=-1).astype(np.float32)
   if config.rule == "count":
-    return hits.mean(axis=1).astype(np.float32)
-  offsets = (picked - targets).sum(axis=1) % config.n_keys
-  valid_keys = np.isin(picked, config.keys).all(axis=1)
+    return hits.mean(axis=-1).astype(np.float32)
+  offsets = (picked - targets).sum(axis=-1) % config.n_keys
+  valid_keys = ((picked >= KEY0) & (picked < KEY0 + config.n_keys)).all(axis=-1)
   return ((offsets == 0) & valid_keys).astype(np.float32)
 
 

@@ -66,6 +66,9 @@ def make_rollout(
           "mc_evaluated": jnp.asarray(rng.random((batch, length)) < 0.5),
           "oracle_advantages": token(0.3),
           "oracle_values": jnp.asarray(rng.random((batch, length)), jnp.float32),
+          # Its own stream: the other fields' draws are those of the rollouts before it existed.
+          "shuffle_priorities": jnp.asarray(
+              np.random.default_rng([batch, length]).random((batch, length)), jnp.float32),
           "ktae_scores": token(0.5),
           "turn_rewards": token(0.1),
           "turn_anchors": jnp.asarray(rng.integers(0, 3, (batch, length)), jnp.int32),

@@ -189,15 +189,20 @@ def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> T
     targets = np.stack([np.asarray(e["targets"]) for e in examples])
     return key_token.reward(tokens, targets, task_config)
 
-  hidden = np.asarray(
-      key_token.observe(np.zeros(response_length, np.int32), task_config) == key_token.FILL)
-  # The prompt is always seen.
-  hidden_in_rows = np.concatenate([np.zeros(prompt_length, bool), hidden])
-  actions = Actions(allowed=key_token.allowed_in_rows(task_config),
-                    hidden=hidden_in_rows if hidden.any() else None, hidden_token=key_token.FILL)
   return TrainTask(vocab_size=key_token.VOCAB_SIZE, pad_id=key_token.PAD, stop_tokens=(),
-                   encode=loader.ids_encoder, score=score_keys, actions=actions,
+                   encode=loader.ids_encoder, score=score_keys,
+                   actions=key_token_actions(task_config),
                    token_texts=key_token.token_names, **common)
+
+
+def key_token_actions(config: key_token.KeyTokenConfig) -> Actions:
+  """key_token's typed actions over whole rows: keys at the decisive positions, filler
+  elsewhere (`key_token.allowed`), filler hidden from later inputs when filler_blind; the
+  prompt is always seen."""
+  hidden = key_token.observe(np.zeros(config.length, np.int32), config) == key_token.FILL
+  hidden_in_rows = np.concatenate([np.zeros(config.prompt_length, bool), hidden])
+  return Actions(allowed=key_token.allowed_in_rows(config),
+                 hidden=hidden_in_rows if hidden.any() else None, hidden_token=key_token.FILL)
 
 
 def _environment_rewards(name: str) -> Scorer:

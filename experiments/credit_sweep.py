@@ -1,0 +1,70 @@
+"""The credit study's sweep on key_token (jaxcredit.lab.sweep): G x arms at equal tokens.
+
+  python -m jaxcredit.lab.sweep --config experiments/credit_sweep.py:smoke --workdir DIR  # CI
+  python -m jaxcredit.lab.sweep --config experiments/credit_sweep.py:small --workdir DIR
+
+Every arm trains the same policies (per seed: initialisation, prompt draws, sampling keys)
+from the random policy, with RMS-scaled advantages and one plain policy-gradient step per
+batch; its learning rate is tuned per cell on seeds excluded from the report. The arms:
+  grpo, dr_grpo, rloo        sequence-level credit (broadcast to every token)
+  oracle                     the exact A(s_t, y_t) (uncharged: an upper bound)
+  oracle_seq                 R - V(x): the exact baseline, no localisation
+  oracle_shuffled            the exact credit permuted within each response
+  entropy80 / entropy80_low  GRPO on the top-20% entropy tokens / on the other 80%
+"""
+
+import ml_collections
+
+PRESETS = ("smoke", "small")
+
+ARMS = {
+    "grpo": "grpo",
+    "dr_grpo": "dr_grpo",
+    "rloo": "rloo",
+    "oracle": "oracle",
+    "oracle_seq": "oracle_seq",
+    "oracle_shuffled": "oracle_shuffled",
+    "entropy80": {"mask": "high_entropy", "rho": 0.2, "of": "grpo"},
+    "entropy80_low": {"mask": "low_entropy", "rho": 0.2, "of": "grpo"},
+}
+
+
+def get_config(preset: str = "small") -> ml_collections.ConfigDict:
+  if preset not in PRESETS:
+    raise ValueError(f"Unknown preset {preset!r}; known: {', '.join(PRESETS)}.")
+  config = ml_collections.ConfigDict()
+  config.preset = preset
+  config.regimes = {
+      # Two decisive positions (8 and 16) in 24 tokens; |C| = 4: chance success 1/16.
+      "uniform_filler": {"task": {"length": 24, "n_decisive": 2, "n_keys": 4, "n_fillers": 4,
+                                  "rule": "all", "filler_blind": True}},
+  }
+  config.model = {"preset": "tiny",
+                  "overrides": {"n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 4,
+                                "d_ff": 256}}
+  config.group_sizes = [4, 8, 16, 32]
+  config.prompts_per_step = 8
+  # Generated tokens per run, by G (the same for every arm of a cell).
+  config.token_budget = {str(g): 1_000_000 for g in config.group_sizes}
+  config.eval_points = 20  # exact J measured this many times (and at the start)
+  config.eval_prompts = 256  # every prompt when |C|^K is at most this
+  config.arms = ARMS
+  config.learning_rates = [3e-4, 1e-3, 3e-3, 1e-2]
+  config.tuning_seeds = [100, 101]  # choose the learning rate; excluded from the report
+  config.seeds = list(range(10))
+  config.margin = 0.05  # TOST equivalence margin on J
+
+  if preset == "smoke":
+    config.regimes = {"uniform_filler": {"task": {"length": 6, "n_decisive": 2, "n_keys": 3,
+                                                  "n_fillers": 2, "filler_blind": True}}}
+    config.model.overrides = {"n_layers": 1, "d_model": 32, "n_heads": 2, "n_kv_heads": 2,
+                              "d_ff": 64}
+    config.group_sizes = [2, 4]
+    config.prompts_per_step = 4
+    config.token_budget = {"2": 960, "4": 960}
+    config.eval_points = 2
+    config.arms = {name: ARMS[name] for name in ("grpo", "oracle", "oracle_seq")}
+    config.learning_rates = [1e-3, 1e-2]
+    config.tuning_seeds = [100]
+    config.seeds = [0, 1]
+  return config

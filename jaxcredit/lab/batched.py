@@ -1,0 +1,243 @@
+"""Study cells with the seeds vmapped inside one jit: key_token runs as pure functions.
+
+  cell = batched.Cell(task=key_token.KeyTokenConfig(...), model=preset("tiny", ...),
+                      arms=({"scale": "rms", "of": "grpo"}, {"scale": "rms", "of": "oracle"}),
+                      group_size=8, prompts_per_step=8, updates=100, eval_every=10)
+  runner = batched.Runner(cell)
+  result = runner.train([(arm, learning_rate, seed), ...])   # every run in one program
+
+One run is a pure function of its arm (an index into cell.arms), learning rate and seed:
+  - the policy `Transformer(cell.model, rngs=nnx.Rngs(seed))` with Adam (the learning rate
+    in its state: `optax.inject_hyperparams`) after global-norm clipping;
+  - each update u draws `prompts_per_step` prompts uniformly from the task's |C|^K prompts
+    and samples `group_size` responses to each with the KV-cache sampler at temperature 1
+    (keys folded from `jax.random.key(seed)` and u); the rule scores them;
+  - the extras the estimator needs: the exact oracle's credit and values
+    (`oracle.decisive_values` under the sampling policy) and the permutation draws of
+    `oracle_shuffled`;
+  - one learner step (`learner.make_step`: `cell.objective` on the whole batch, the arm's
+    estimator chosen by `lax.switch`);
+  - exact J(pi) = mean_x V^pi(x) and pass@k on the evaluation prompts (every prompt when
+    there are at most `eval_prompts`, else a fixed sample) before updates 0, E, 2E, ...
+    and after the last.
+A `Runner` compiles one program for all its runs: `jax.vmap` over them of a `lax.scan` over
+evaluation blocks, each a `lax.scan` over E updates (under vmap every arm's estimator is
+computed for every run and the run's own selected: estimators are cheap next to sampling).
+Calls with the same number of runs (`width`) reuse the compiled program. Generated tokens
+are the policy's samples only (every arm here generates B T tokens per update; the oracle
+is uncharged).
+"""
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxcredit import estimators, losses
+from jaxcredit.lab import oracle
+from jaxcredit.models import Transformer, TransformerConfig
+from jaxcredit.rollout import Estimate, Rollout
+from jaxcredit.sampling import generate
+from jaxcredit.tasks import key_token
+from jaxcredit.train import learner, tasks
+
+PROMPT_STREAM, SAMPLE_STREAM, EXTRAS_STREAM, NOISE_STREAM = 0, 1, 2, 3
+EXTRAS = ("oracle_advantages", "oracle_values", "shuffle_priorities")  # what a cell can compute
+UPDATE_METRICS = ("reward_mean", "zero_variance_groups", "entropy", "grad_norm")
+DEFAULT_OBJECTIVE = {"policy": {"name": "ppo_clip", "aggregation": "seq-mean-token-sum-norm"}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One study cell: the task, the policy architecture, the arms (`estimators.from_config`
+  specs) and the training settings its runs share."""
+
+  task: key_token.KeyTokenConfig
+  model: TransformerConfig
+  arms: tuple[str | Mapping, ...]
+  group_size: int
+  prompts_per_step: int
+  updates: int
+  eval_every: int
+  max_grad_norm: float = 1.0
+  objective: Mapping = dataclasses.field(default_factory=lambda: DEFAULT_OBJECTIVE)
+  eval_prompts: int = 256
+  pass_at: tuple[int, ...] = (1, 4, 16, 64)
+
+  def __post_init__(self):
+    if self.updates < 1 or self.eval_every < 1 or self.updates % self.eval_every:
+      raise ValueError(f"updates ({self.updates}) must be a positive multiple of eval_every "
+                       f"({self.eval_every}).")
+    if self.group_size < 1 or self.prompts_per_step < 1:
+      raise ValueError(f"group_size and prompts_per_step must be >= 1, got {self.group_size} "
+                       f"and {self.prompts_per_step}.")
+    if not (self.task.filler_blind and self.task.constrained):
+      raise ValueError("Batched cells measure J(pi) with the exact oracle: key_token must be "
+                       "filler_blind and constrained.")
+
+  @property
+  def tokens_per_update(self) -> int:
+    return self.prompts_per_step * self.group_size * self.task.length
+
+
+def prompts_of(symbols, config: key_token.KeyTokenConfig):
+  """([..., K + 2] prompt ids, [..., K] target key ids) of key symbols [..., K] (indices
+  into C), as `key_token.make_example` lays them out. Traceable."""
+  symbols = jnp.asarray(symbols, jnp.int32)
+  targets = symbols if config.key_fn == "copy" else (
+      symbols + jnp.arange(1, config.n_decisive + 1)) % config.n_keys
+  ends = lambda token: jnp.full(symbols.shape[:-1] + (1,), token, jnp.int32)
+  prompts = jnp.concatenate([ends(key_token.BOS), key_token.KEY0 + symbols, ends(key_token.SEP)],
+                            axis=-1)
+  return prompts, key_token.KEY0 + targets
+
+
+def evaluation_symbols(config: key_token.KeyTokenConfig, limit: int) -> np.ndarray:
+  """[n, K] key symbols of the evaluation prompts: all |C|^K when that is at most `limit`,
+  else `limit` drawn uniformly (a fixed stream, the same for every seed and cell)."""
+  if config.n_keys**config.n_decisive <= limit:
+    return np.asarray(list(itertools.product(range(config.n_keys), repeat=config.n_decisive)))
+  return np.random.default_rng(0).integers(0, config.n_keys, (limit, config.n_decisive))
+
+
+def _needs(advantages) -> set[str]:
+  needs = {key for advantage in advantages for component in estimators.components(advantage)
+           for key in component.needs}
+  missing = needs - set(EXTRAS)
+  if missing:
+    raise ValueError(f"Batched cells compute the extras {', '.join(EXTRAS)}; the estimator "
+                     f"needs {', '.join(sorted(missing))} too (train it with lab.study).")
+  return needs
+
+
+def _modules(cell: Cell, seed, learning_rate) -> dict:
+  model = Transformer(cell.model, rngs=nnx.Rngs(jax.random.key(seed)))  # = nnx.Rngs(seed)
+  adam = optax.chain(optax.clip_by_global_norm(cell.max_grad_norm),
+                     optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate))
+  return {"model": model, "optimizer": nnx.Optimizer(model, adam, wrt=nnx.Param)}
+
+
+def make_run(cell: Cell):
+  """The pure function (arm, learning_rate, seed) -> ({"success": [n_evals], "pass@k":
+  [n_evals, len(pass_at)]}, {metric: [updates]}) of one run (module docstring); vmap it."""
+  config, group = cell.task, cell.group_size
+  branches = [estimators.from_config(arm) for arm in cell.arms]
+  needs = _needs(branches)
+  actions = tasks.key_token_actions(config)
+  prompt_len, decisive = config.prompt_length, config.prompt_length + config.decisive_positions
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: _modules(cell, 0, 1.0)))
+  objective, settings = losses.from_config(cell.objective), learner.Settings(actions=actions)
+  eval_prompts, eval_targets = prompts_of(evaluation_symbols(config, cell.eval_prompts), config)
+  ks = jnp.asarray(cell.pass_at, jnp.float32)
+
+  def evaluate(state):
+    success = oracle.decisive_values(nnx.merge(graphdef, state)["model"], config, eval_prompts,
+                                     eval_targets)[0][:, 0]
+    return {"success": jnp.mean(success),
+            "pass@k": jnp.mean(1.0 - (1.0 - success[:, None]) ** ks, axis=0)}
+
+  def rollout(model, key):
+    symbols = jax.random.randint(jax.random.fold_in(key, PROMPT_STREAM),
+                                 (cell.prompts_per_step, config.n_decisive), 0, config.n_keys)
+    prompts, targets = prompts_of(symbols, config)
+    sample = generate(model, jnp.repeat(prompts, group, axis=0),
+                      jnp.ones((prompts.shape[0] * group, prompt_len), bool),
+                      jax.random.fold_in(key, SAMPLE_STREAM), max_new_tokens=config.length,
+                      actions=actions)
+    rewards = key_token.rule_reward(sample.tokens[:, decisive], jnp.repeat(targets, group, 0),
+                                    config)
+    if config.noise:
+      flip = jax.random.uniform(jax.random.fold_in(key, NOISE_STREAM), rewards.shape) < config.noise
+      rewards = jnp.where(flip, 1.0 - rewards, rewards)
+    mask = sample.mask
+    extras = {}
+    if needs & {"oracle_advantages", "oracle_values"}:
+      tree = [jnp.repeat(w, group, axis=0)
+              for w in oracle.decisive_values(model, config, prompts, targets)]
+      values, credit = oracle.credit_from_values(tree, sample.tokens[:, decisive], config)
+      in_rows = lambda x: jnp.where(mask, jnp.pad(x, [(0, 0), (prompt_len, 0)]), 0.0)
+      extras.update(oracle_values=in_rows(values), oracle_advantages=in_rows(credit))
+    if "shuffle_priorities" in needs:
+      extras["shuffle_priorities"] = jax.random.uniform(jax.random.fold_in(key, EXTRAS_STREAM),
+                                                        mask.shape)
+    return Rollout(tokens=sample.tokens, mask=mask, rewards=rewards,
+                   behaviour_logprobs=sample.logprobs, ref_logprobs=sample.logprobs,
+                   entropy=sample.entropy, truncated=sample.truncated, positions=sample.positions,
+                   token_valid=sample.token_valid, extras=extras, group_size=group)
+
+  def run(arm, learning_rate, seed):
+    state = nnx.state(_modules(cell, seed, learning_rate))
+    key = jax.random.key(seed)
+    advantage = lambda rollout: Estimate(advantages=jax.lax.switch(
+        arm, [lambda r, f=f: f(r).advantages for f in branches], rollout))
+    step = learner.make_step(graphdef, advantage=advantage, objective=objective,
+                             settings=settings)
+
+    def update(state, u):
+      batch = rollout(nnx.merge(graphdef, state)["model"], jax.random.fold_in(key, u))
+      state, metrics = step(state, batch, None, u)
+      return state, {name: metrics[name] for name in UPDATE_METRICS}
+
+    def block(state, start):
+      measured = evaluate(state)
+      state, metrics = jax.lax.scan(update, state, start + jnp.arange(cell.eval_every))
+      return state, (measured, metrics)
+
+    starts = jnp.arange(0, cell.updates, cell.eval_every)
+    state, (measured, metrics) = jax.lax.scan(block, state, starts)
+    measured = jax.tree.map(lambda m, last: jnp.concatenate([m, last[None]]), measured,
+                            evaluate(state))
+    return measured, jax.tree.map(lambda m: m.reshape(-1), metrics)
+
+  return run
+
+
+class Runner:
+  """The compiled program of a cell's runs (module docstring)."""
+
+  def __init__(self, cell: Cell):
+    self.cell = cell
+    self._program = jax.jit(jax.vmap(make_run(cell)))
+    self._compiled = {}  # width -> executable
+
+  def train(self, runs: Sequence[tuple[int, float, int]], width: int | None = None) -> dict:
+    """Trains `runs` [(arm index, learning rate, seed), ...] together, padded to `width`
+    runs (repeating the last; the same width reuses the compiled program). Returns numpy
+    arrays over the runs: "success" [N, n_evals] (exact J), "pass@k" {k: [N, n_evals]},
+    the per-update metrics [N, updates]; "updates" and "gen_tokens" [n_evals] (before each
+    measurement); "compile_seconds" (0 when reused) and "run_seconds"."""
+    runs = [(int(a), float(r), int(s)) for a, r, s in runs]
+    if not runs or any(not 0 <= a < len(self.cell.arms) for a, _, _ in runs):
+      raise ValueError(f"Expected runs (arm index in [0, {len(self.cell.arms)}), learning "
+                       f"rate, seed), got {runs}.")
+    width = max(width or len(runs), len(runs))
+    padded = runs + [runs[-1]] * (width - len(runs))
+    arguments = (jnp.asarray([a for a, _, _ in padded], jnp.int32),
+                 jnp.asarray([r for _, r, _ in padded], jnp.float32),
+                 jnp.asarray([s for _, _, s in padded], jnp.int32))
+    compile_seconds = 0.0
+    if width not in self._compiled:
+      started = time.perf_counter()
+      self._compiled[width] = self._program.lower(*arguments).compile()
+      compile_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    measured, metrics = jax.block_until_ready(self._compiled[width](*arguments))
+    run_seconds = time.perf_counter() - started
+    kept = lambda x: np.asarray(x, np.float64)[:len(runs)]
+    updates = np.arange(0, self.cell.updates + 1, self.cell.eval_every)
+    pass_at = kept(measured["pass@k"])
+    return {
+        "success": kept(measured["success"]),
+        "pass@k": {k: pass_at[..., i] for i, k in enumerate(self.cell.pass_at)},
+        "updates": updates,
+        "gen_tokens": updates * self.cell.tokens_per_update,
+        **{name: kept(value) for name, value in metrics.items()},
+        "compile_seconds": compile_seconds,
+        "run_seconds": run_seconds,
+    }

@@ -1,0 +1,219 @@
+"""The credit study's sweep: regimes x samples per prompt (G) x arms at equal generated
+tokens, learning rates tuned on excluded seeds, paired statistics against GRPO.
+
+  python -m jaxcredit.lab.sweep --config experiments/credit_sweep.py:small --workdir DIR
+
+For every regime (a key_token configuration) and G, one batched program (`lab.batched`:
+arms, learning rates and seeds vmapped) trains every arm at every learning rate of the
+grid on the tuning seeds; per arm, the rate with the best mean AUC (exact J over log10
+generated tokens) is chosen, and the same program trains the reported seeds at it. Every
+arm of a cell runs the same number of updates of the same batch shape, so the runs compare
+at equal generated tokens (the cell's budget). Each finished cell is written once to
+DIR/cells/<regime>/G<g>.json and skipped on a rerun (resumable).
+
+The report (DIR/report.md, figures) holds, per cell: each arm's final J, pass@k, AUC and
+tokens to 0.9 of the best plateau; differences from GRPO paired by seed with bootstrap
+intervals (n/a below 5 seeds), sign-flip p-values Holm-adjusted across the arms, and TOST
+equivalence within +-margin; and the localisation gain Delta_loc = oracle - oracle_seq
+against G.
+"""
+
+import json
+import os
+import pathlib
+import time
+
+import numpy as np
+import scipy.stats
+
+from jaxcredit.lab import batched, exact_metrics, report, statistics
+from jaxcredit.models import preset
+from jaxcredit.tasks import key_token
+
+VERDICT_ALPHA = 0.05
+
+
+def cell_of(study, regime: str, group_size: int) -> batched.Cell:
+  """The batched cell of (regime, G) with every arm: the budget's updates, eval points
+  spread evenly."""
+  task = key_token.KeyTokenConfig(**study.regimes[regime].task)
+  tokens_per_update = study.prompts_per_step * group_size * task.length
+  blocks = study.eval_points
+  updates = max(1, round(study.token_budget[str(group_size)] / tokens_per_update / blocks))
+  plain = lambda spec: spec.to_dict() if hasattr(spec, "to_dict") else spec
+  return batched.Cell(
+      task=task, model=preset(study.model.preset, vocab_size=key_token.VOCAB_SIZE,
+                              **study.model.overrides),
+      arms=tuple({"scale": "rms", "of": plain(spec)} for spec in study.arms.values()),
+      group_size=group_size, prompts_per_step=study.prompts_per_step,
+      updates=updates * blocks, eval_every=updates, eval_prompts=study.eval_prompts)
+
+
+def _curve(result: dict, row: int) -> dict:
+  """One run's exact curve, in `exact_metrics.read_curve`'s layout."""
+  return {"updates": result["updates"].tolist(), "success": result["success"][row].tolist(),
+          "pass@k": {str(k): v[row].tolist() for k, v in result["pass@k"].items()},
+          "gen_tokens": result["gen_tokens"].tolist(),
+          "zero_variance_groups": float(result["zero_variance_groups"][row].mean())}
+
+
+def _auc(curve: dict) -> float:
+  tokens = curve["gen_tokens"]
+  return exact_metrics.auc_log_tokens(tokens, curve["success"], tokens[1], tokens[-1])
+
+
+def run_cell(study, regime: str, group_size: int, path: pathlib.Path) -> dict:
+  """Tunes and trains every arm of a (regime, G) cell (module docstring), or reads it back
+  from `path`. Returns {arm: {"curves": {seed: curve}, "learning_rate", "tuning_auc"
+  {rate: AUC}}} and "seconds", "compile_seconds"."""
+  if path.exists():
+    return json.loads(path.read_text())
+  cell = cell_of(study, regime, group_size)
+  arms, rates = list(study.arms), list(study.learning_rates)
+  print(f"[sweep] {regime} G={group_size}: {len(arms)} arms, {cell.updates} updates", flush=True)
+  runner = batched.Runner(cell)
+  tuning_runs = [(a, r, s) for a in range(len(arms)) for r in rates for s in study.tuning_seeds]
+  reported_runs = len(arms) * len(study.seeds)
+  width = max(len(tuning_runs), reported_runs)
+  started = time.perf_counter()
+  tuning = runner.train(tuning_runs, width)
+  auc = {}
+  for row, (a, rate, _) in enumerate(tuning_runs):
+    auc.setdefault(a, {}).setdefault(rate, []).append(_auc(_curve(tuning, row)))
+  chosen = {a: max(by_rate, key=lambda r: np.mean(by_rate[r])) for a, by_rate in auc.items()}
+  runs = [(a, chosen[a], s) for a in range(len(arms)) for s in study.seeds]
+  reported = runner.train(runs, width)
+  result = {name: {"curves": {}, "learning_rate": chosen[a],
+                   "tuning_auc": {str(r): float(np.mean(v)) for r, v in auc[a].items()}}
+            for a, name in enumerate(arms)}
+  for row, (a, _, seed) in enumerate(runs):
+    result[arms[a]]["curves"][str(seed)] = _curve(reported, row)
+  result["seconds"] = time.perf_counter() - started
+  result["compile_seconds"] = tuning["compile_seconds"] + reported["compile_seconds"]
+  path.parent.mkdir(parents=True, exist_ok=True)
+  partial = path.with_suffix(".partial")
+  partial.write_text(json.dumps(result))
+  os.replace(partial, path)  # written once, whole
+  return json.loads(path.read_text())  # the same types as a resumed read
+
+
+def compare(summary: dict, metric: str, margin: float, rng) -> dict:
+  """{arm: {"delta": (mean, low, high), "p", "p_holm", "p_tost", "verdict"}} of each arm's
+  per-seed `metric` minus GRPO's on the same seeds; Holm across the arms."""
+  base = summary["grpo"]
+  out = {}
+  for arm, per_seed in summary.items():
+    if arm == "grpo":
+      continue
+    seeds = sorted(set(per_seed) & set(base))
+    d = np.asarray([per_seed[s][metric] - base[s][metric] for s in seeds])
+    mean, low, high = statistics.bootstrap_ci(d, rng, 10000)
+    ci = (mean, low, high) if len(d) >= statistics.MIN_SEEDS else (mean, None, None)
+    out[arm] = {"delta": ci, "p": statistics.sign_flip_p(d, rng),
+                "p_tost": statistics.tost(d, margin)}
+  for arm, p in zip(out, statistics.holm([c["p"] for c in out.values()])):
+    c = out[arm]
+    c["p_holm"] = float(p)
+    c["verdict"] = ("higher" if p <= VERDICT_ALPHA and c["delta"][0] > 0 else
+                    "lower" if p <= VERDICT_ALPHA else
+                    f"equivalent (±{margin})" if c["p_tost"] <= VERDICT_ALPHA else "inconclusive")
+  return out
+
+
+def comparison_table(comparisons: dict, metric: str) -> list[str]:
+  lines = [f"| arm | Δ {metric} vs grpo [95% CI] | p (sign-flip) | p (Holm) | p (TOST) | "
+           "verdict |", "|---|---|---|---|---|---|"]
+  for arm, c in comparisons.items():
+    lines.append(f"| {arm} | {report.fmt_interval(*c['delta'])} | {c['p']:.4f} | "
+                 f"{c['p_holm']:.4f} | {c['p_tost']:.4f} | {c['verdict']} |")
+  return lines
+
+
+def localisation(summaries: dict, rng) -> tuple[list[str], dict]:
+  """Delta_loc = oracle - oracle_seq (final J, paired by seed) per (regime, G), and its OLS
+  slope on log2 G with a bootstrap interval over seeds."""
+  lines = ["| regime | G | Δ_loc = oracle − oracle_seq (final J) [95% CI] | p (sign-flip) |",
+           "|---|---|---|---|"]
+  slopes = {}
+  for regime, by_g in summaries.items():
+    per_g = {}
+    for g, summary in sorted(by_g.items()):
+      if {"oracle", "oracle_seq"} <= set(summary):
+        seeds = sorted(set(summary["oracle"]) & set(summary["oracle_seq"]))
+        per_g[g] = np.asarray([summary["oracle"][s]["final"] - summary["oracle_seq"][s]["final"]
+                               for s in seeds])
+        mean, low, high = statistics.bootstrap_ci(per_g[g], rng, 10000)
+        interval = report.fmt_interval(
+            *((mean, low, high) if len(seeds) >= statistics.MIN_SEEDS else (mean, None, None)))
+        lines.append(f"| {regime} | {g} | {interval} | "
+                     f"{statistics.sign_flip_p(per_g[g], rng):.4f} |")
+    if len(per_g) >= 2:
+      x = np.concatenate([np.full(len(d), np.log2(g)) for g, d in per_g.items()])
+      y = np.concatenate(list(per_g.values()))
+      fit = scipy.stats.linregress(x, y)
+      draws = [scipy.stats.linregress(x[i], y[i]).slope
+               for i in (rng.integers(0, len(x), len(x)) for _ in range(2000))
+               if np.ptp(x[i]) > 0]
+      slopes[regime] = (float(fit.slope), *map(float, np.quantile(draws, [0.025, 0.975])))
+  return lines, slopes
+
+
+def run(study, workdir: str) -> dict:
+  """Runs (or resumes) every (regime, G, arm) and writes the report; returns the summaries."""
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "sweep_config.json").write_text(study.to_json_best_effort(indent=2))
+  results = {regime: {g: run_cell(study, regime, g, workdir / "cells" / regime / f"G{g}.json")
+                      for g in study.group_sizes} for regime in study.regimes}
+  summaries = write_report(study, workdir, results)
+  print(f"[sweep] wrote {workdir / 'report.md'}", flush=True)
+  return summaries
+
+
+def write_report(study, workdir: pathlib.Path, results: dict) -> dict:
+  rng = np.random.default_rng(0)
+  seconds = sum(cell["seconds"] for by_g in results.values() for cell in by_g.values())
+  compile_seconds = sum(cell["compile_seconds"] for by_g in results.values()
+                        for cell in by_g.values())
+  lines = [
+      f"# Credit sweep: {study.preset} preset", "",
+      f"key_token regimes × G ∈ {list(study.group_sizes)} × {len(study.arms)} arms; "
+      f"{study.prompts_per_step} prompts per update; reported seeds {list(study.seeds)}, "
+      f"learning rate per arm and cell from {list(study.learning_rates)} by mean AUC on "
+      f"seeds {list(study.tuning_seeds)} (excluded from every number below). Advantages are "
+      "RMS-scaled; one PPO-clip step per batch (a plain policy gradient). J(π): exact "
+      "expected success over the evaluation prompts. Paired differences from GRPO by seed: "
+      "95% bootstrap intervals (n/a below 5 seeds), sign-flip permutation p-values, "
+      f"Holm-adjusted across the arms of a cell; TOST at ±{study.margin}. Verdicts at "
+      f"α = {VERDICT_ALPHA}. Wall time {seconds:.0f} s ({compile_seconds:.0f} s of it compiling) "
+      f"on {report.machine()}.", ""]
+  summaries = {}
+  for regime, by_g in results.items():
+    lines += [f"## Regime `{regime}`: {dict(study.regimes[regime].task)}", ""]
+    for g, cell in by_g.items():
+      by_arm = {arm: cell[arm] for arm in study.arms}
+      curves = {arm: {int(s): c for s, c in r["curves"].items()} for arm, r in by_arm.items()}
+      summary, bounds = report.summarise(curves)
+      summaries.setdefault(regime, {})[g] = summary
+      tokens = next(iter(next(iter(curves.values())).values()))["gen_tokens"][-1]
+      lines += [f"### G = {g} ({tokens:,} generated tokens per run)", "",
+                "Learning rates: " + ", ".join(f"{arm} {r['learning_rate']:g}"
+                                               for arm, r in by_arm.items()), ""]
+      lines += report.efficiency_table(summary, bounds["level"], rng, 10000)
+      for metric in ("final", "auc"):
+        if "grpo" in summary:
+          lines += [""] + comparison_table(compare(summary, metric, study.margin, rng), metric)
+      lines += [""] + report.learning_curves(workdir, f"{regime}_G{g}", curves) + [""]
+  table, slopes = localisation(summaries, rng)
+  lines += ["## Localisation gain against G", ""] + table + [""]
+  for regime, (slope, low, high) in slopes.items():
+    lines.append(f"- `{regime}`: slope of Δ_loc on log₂ G = {slope:+.3f} [{low:+.3f}, "
+                 f"{high:+.3f}] (OLS, 95% bootstrap over runs).")
+  (workdir / "report.md").write_text("\n".join(lines) + "\n")
+  return summaries
+
+
+if __name__ == "__main__":
+  from jaxcredit.lab import study as study_module
+
+  study_module.cli(run, "Sweep config (experiments/credit_sweep.py:<preset>).")

@@ -1,0 +1,142 @@
+"""Seeds vmapped inside one jit (lab.batched), the traceable exact oracle it uses, and the
+oracle_shuffled control."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxcredit import estimators
+from jaxcredit.lab import batched, oracle
+from jaxcredit.models import Transformer, preset
+from jaxcredit.tasks import key_token
+from jaxcredit.testing import strategies
+
+TASK = key_token.KeyTokenConfig(length=6, n_decisive=2, n_keys=3, n_fillers=2, filler_blind=True)
+MODEL = preset("tiny", vocab_size=key_token.VOCAB_SIZE, n_layers=1, d_model=32, n_heads=2,
+               n_kv_heads=2, d_ff=64)
+
+
+def _shuffled_reference(credit, mask, priorities):
+  """float64 loop: the i-th action in position order gets the credit of the action with the
+  i-th smallest priority."""
+  credit, mask = np.asarray(credit, np.float64), np.asarray(mask, bool)
+  out = np.zeros(credit.shape)
+  for row in range(len(credit)):
+    actions = np.flatnonzero(mask[row])
+    by_priority = actions[np.argsort(np.asarray(priorities)[row, actions], kind="stable")]
+    out[row, actions] = credit[row, by_priority]
+  return out
+
+
+class OracleShuffledTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_against_a_float64_loop_and_keeps_each_responses_credit(self):
+    rng = np.random.default_rng(0)
+    for group_size in (1, 2, 4):
+      rollout = strategies.make_rollout(rng, batch=8, length=9, group_size=group_size)
+      shuffled = estimators.get("oracle_shuffled")
+      got = np.asarray(self.variant(lambda r: shuffled(r).advantages)(rollout))
+      mask = np.asarray(rollout.mask, bool)
+      credit = np.where(mask, np.asarray(rollout.extras["oracle_advantages"]), 0.0)
+      want = _shuffled_reference(credit, mask, rollout.extras["shuffle_priorities"])
+      np.testing.assert_allclose(got, want, atol=1e-6)
+      for row in range(8):  # a permutation of the row's own action credit
+        np.testing.assert_allclose(np.sort(got[row][mask[row]]), np.sort(credit[row][mask[row]]),
+                                   atol=1e-6)
+      assert np.all(got[~mask] == 0)
+
+  def test_over_draws_every_action_gets_the_mean_credit_of_its_response(self):
+    rollout = strategies.make_rollout(np.random.default_rng(1), batch=4, length=7, group_size=1)
+    keys = jax.random.split(jax.random.key(0), 4000)
+    draw = jax.jit(jax.vmap(lambda k: estimators.get("oracle_shuffled")(rollout.replace(
+        extras={**rollout.extras, "shuffle_priorities": jax.random.uniform(k, (4, 7))}))
+        .advantages))
+    mean = np.asarray(draw(keys), np.float64).mean(0)
+    mask = np.asarray(rollout.mask, bool)
+    credit = np.where(mask, np.asarray(rollout.extras["oracle_advantages"]), 0.0)
+    for row in range(4):
+      if mask[row].any():
+        spread = credit[row][mask[row]]
+        np.testing.assert_allclose(mean[row][mask[row]], spread.mean(),
+                                   atol=5 * spread.std() / np.sqrt(4000) + 1e-5)
+
+
+def test_the_exact_oracle_traces_under_vmap_over_policies():
+  """decisive_values under jit and vmap over two policies equals each policy's host oracle
+  (itself checked against brute-force enumeration in test_lab_oracle)."""
+  symbols = np.array([[0, 1], [2, 2], [1, 0]])
+  prompts, targets = batched.prompts_of(symbols, TASK)
+  graphdef, _ = nnx.split(Transformer(MODEL, rngs=nnx.Rngs(0)))
+  states = [nnx.state(Transformer(MODEL, rngs=nnx.Rngs(seed))) for seed in (0, 1)]
+  stacked = jax.tree.map(lambda *x: jnp.stack(x), *states)
+  roots = jax.jit(jax.vmap(lambda s: oracle.decisive_values(
+      nnx.merge(graphdef, s), TASK, prompts, targets)[0][:, 0]))(stacked)
+  for seed, state in enumerate(states):
+    host = oracle.exact_success(nnx.merge(graphdef, state), TASK, np.asarray(prompts),
+                                np.asarray(targets))
+    np.testing.assert_allclose(np.asarray(roots[seed]), host, atol=1e-6)
+
+
+@pytest.mark.parametrize("key_fn", ["copy", "shift"])
+def test_prompts_are_laid_out_as_the_task_builds_them(key_fn):
+  config = key_token.KeyTokenConfig(n_decisive=3, n_keys=5, key_fn=key_fn)
+  rng = np.random.default_rng(0)
+  for _ in range(20):
+    example = key_token.make_example(rng, config)
+    prompt, targets = batched.prompts_of(example["prompt"][1:-1] - key_token.KEY0, config)
+    np.testing.assert_array_equal(prompt, example["prompt"])
+    np.testing.assert_array_equal(targets, example["targets"])
+
+
+def _cell(*arms, **changes):
+  settings = dict(task=TASK, model=MODEL, arms=tuple({"scale": "rms", "of": a} for a in arms),
+                  group_size=4, prompts_per_step=3, updates=6, eval_every=3)
+  return batched.Cell(**{**settings, **changes})
+
+
+def test_vmapped_runs_equal_their_runs_alone_and_start_at_the_policys_exact_success():
+  """Runs of two arms, two learning rates and two seeds in one program: each equals the
+  same run among other company (reordered, another program width), starts at its policy's
+  exact J, and follows its own arm and learning rate."""
+  cell = _cell("grpo", "oracle")
+  runner = batched.Runner(cell)
+  runs = [(arm, rate, seed) for arm in (0, 1) for rate in (1e-3, 1e-2) for seed in (3, 5)]
+  grid = runner.train(runs)
+  alone = runner.train([runs[-1], runs[0]], width=3)
+  for key in ("success", "reward_mean", "zero_variance_groups", "grad_norm"):
+    np.testing.assert_allclose(grid[key][[-1, 0]], alone[key], rtol=1e-5, atol=1e-6)
+  assert grid["success"].shape == (8, 3) and list(grid["gen_tokens"]) == [0, 216, 432]
+  assert alone["compile_seconds"] > 0 and runner.train(runs[:2], width=3)["compile_seconds"] == 0
+  # Same seed: the same first batch whatever the arm and rate; then they part.
+  first = grid["reward_mean"][:, 0].reshape(4, 2)
+  np.testing.assert_array_equal(first, np.broadcast_to(first[:1], first.shape))
+  finals = grid["success"][:, -1].reshape(2, 2, 2)
+  assert np.all(finals[0] != finals[1]) and np.all(finals[:, 0] != finals[:, 1])
+  # Before any update: the exact J of the freshly initialised policy of that seed.
+  symbols = batched.evaluation_symbols(TASK, cell.eval_prompts)
+  assert len(symbols) == 9  # every prompt of |C|^K = 9
+  prompts, targets = batched.prompts_of(symbols, TASK)
+  for row, seed in enumerate((3, 5)):
+    start = oracle.exact_success(Transformer(MODEL, rngs=nnx.Rngs(seed)), TASK,
+                                 np.asarray(prompts), np.asarray(targets))
+    np.testing.assert_allclose(grid["success"][row, 0], start.mean(), atol=1e-6)
+    for k in cell.pass_at:
+      np.testing.assert_allclose(grid["pass@k"][k][row, 0], np.mean(1 - (1 - start) ** k),
+                                 atol=1e-6)
+  # (A batch whose groups all have equal rewards gives GRPO no gradient.)
+  assert np.all(np.isfinite(grid["grad_norm"])) and np.all(np.any(grid["grad_norm"] > 0, axis=1))
+
+
+def test_bad_cells_and_runs_are_refused_naming_the_problem():
+  with pytest.raises(ValueError, match="multiple of eval_every"):
+    _cell("grpo", updates=7)
+  with pytest.raises(ValueError, match="filler_blind"):
+    _cell("grpo", task=key_token.KeyTokenConfig())
+  with pytest.raises(ValueError, match="mc_evaluated, mc_values"):
+    batched.make_run(_cell("grpo", {"name": "vineppo"}))
+  with pytest.raises(ValueError, match=r"arm index in \[0, 1\)"):
+    batched.Runner(_cell("grpo")).train([(1, 1e-3, 0)])

@@ -1,0 +1,59 @@
+"""The credit sweep: tuned, paired, resumable cells and the verdicts of its comparisons."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jaxcredit.lab import batched, statistics, sweep
+from tests.conftest import load_experiment
+
+
+def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_path,
+                                                                            monkeypatch):
+  study = load_experiment("credit_sweep", "smoke")
+  summaries = sweep.run(study, str(tmp_path))
+  for g in study.group_sizes:
+    cell = json.loads((tmp_path / "cells" / "uniform_filler" / f"G{g}.json").read_text())
+    for arm in study.arms:
+      assert cell[arm]["learning_rate"] in study.learning_rates
+      assert sorted(cell[arm]["tuning_auc"]) == sorted(str(r) for r in study.learning_rates)
+      assert sorted(cell[arm]["curves"]) == ["0", "1"]
+      tokens = cell[arm]["curves"]["0"]["gen_tokens"]
+      assert len(tokens) == study.eval_points + 1 and tokens[-1] == pytest.approx(
+          study.token_budget[str(g)], rel=0.5)
+    # Paired by seed: every arm's run of a seed starts from the same policy.
+    starts = {arm: cell[arm]["curves"]["1"]["success"][0] for arm in study.arms}
+    assert len(set(starts.values())) == 1, starts
+    assert set(summaries["uniform_filler"][g]) == set(study.arms)
+  text = (tmp_path / "report.md").read_text()
+  for g in study.group_sizes:
+    assert f"### G = {g}" in text and f"| uniform_filler | {g} |" in text
+  assert "n/a" in text and "slope of Δ_loc on log₂ G" in text
+  assert (tmp_path / "learning_curves_uniform_filler_G2.png").exists()
+  # A rerun reads every finished cell back instead of training it.
+  monkeypatch.setattr(batched.Runner, "train", lambda *a, **k: pytest.fail("retrained"))
+  assert sweep.run(study, str(tmp_path)) == summaries
+
+
+def _summary(deltas: dict, seeds: int = 10) -> dict:
+  rng = np.random.default_rng(0)
+  base = rng.uniform(0.2, 0.4, seeds)
+  make = lambda values: {s: {"final": float(v)} for s, v in enumerate(values)}
+  return {"grpo": make(base), **{arm: make(base + d + rng.normal(0, noise, seeds))
+                                 for arm, (d, noise) in deltas.items()}}
+
+
+def test_comparisons_call_higher_lower_equivalent_or_inconclusive_after_holm():
+  summary = _summary({"better": (0.2, 0.02), "worse": (-0.2, 0.02), "same": (0.0, 0.005),
+                      "noisy": (0.0, 0.3)})
+  out = sweep.compare(summary, "final", 0.05, np.random.default_rng(0))
+  assert [out[a]["verdict"] for a in ("better", "worse", "same", "noisy")] == [
+      "higher", "lower", "equivalent (±0.05)", "inconclusive"]
+  np.testing.assert_allclose([out[a]["p_holm"] for a in out],
+                             statistics.holm([out[a]["p"] for a in out]))
+  low, high = out["better"]["delta"][1:]
+  assert low < 0.2 < high
+  few = sweep.compare(_summary({"better": (0.2, 0.02)}, seeds=3), "final", 0.05,
+                      np.random.default_rng(0))
+  assert few["better"]["delta"][1:] == (None, None)  # n/a below 5 seeds, never a range
