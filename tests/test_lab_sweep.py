@@ -13,11 +13,15 @@ def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_
                                                                             monkeypatch):
   study = load_experiment("credit_sweep", "smoke")
   summaries = sweep.run(study, str(tmp_path))
+  tuned = json.loads((tmp_path / "cells" / "uniform_filler" / "tuning.json").read_text())
+  for arm in study.arms:
+    auc = tuned[arm]["tuning_auc"]
+    assert sorted(auc) == sorted(str(r) for r in study.learning_rates)
+    assert auc[str(tuned[arm]["learning_rate"])] == max(auc.values())
   for g in study.group_sizes:
     cell = json.loads((tmp_path / "cells" / "uniform_filler" / f"G{g}.json").read_text())
     for arm in study.arms:
-      assert cell[arm]["learning_rate"] in study.learning_rates
-      assert sorted(cell[arm]["tuning_auc"]) == sorted(str(r) for r in study.learning_rates)
+      assert cell[arm]["learning_rate"] == tuned[arm]["learning_rate"]
       assert sorted(cell[arm]["curves"]) == ["0", "1"]
       tokens = cell[arm]["curves"]["0"]["gen_tokens"]
       assert len(tokens) == study.eval_points + 1 and tokens[-1] == pytest.approx(
@@ -57,3 +61,4 @@ def test_comparisons_call_higher_lower_equivalent_or_inconclusive_after_holm():
   few = sweep.compare(_summary({"better": (0.2, 0.02)}, seeds=3), "final", 0.05,
                       np.random.default_rng(0))
   assert few["better"]["delta"][1:] == (None, None)  # n/a below 5 seeds, never a range
+  assert few["better"]["verdict"] == "n/a (below 5 seeds)"

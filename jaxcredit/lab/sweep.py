@@ -3,13 +3,14 @@ tokens, learning rates tuned on excluded seeds, paired statistics against GRPO.
 
   python -m jaxcredit.lab.sweep --config experiments/credit_sweep.py:small --workdir DIR
 
-For every regime (a key_token configuration) and G, one batched program (`lab.batched`:
-arms, learning rates and seeds vmapped) trains every arm at every learning rate of the
-grid on the tuning seeds; per arm, the rate with the best mean AUC (exact J over log10
-generated tokens) is chosen, and the same program trains the reported seeds at it. Every
-arm of a cell runs the same number of updates of the same batch shape, so the runs compare
-at equal generated tokens (the cell's budget). Each finished cell is written once to
-DIR/cells/<regime>/G<g>.json and skipped on a rerun (resumable).
+Per regime (a key_token configuration), one batched program (`lab.batched`: arms,
+learning rates and seeds vmapped) trains every arm at every learning rate of the grid on
+the tuning seeds at G = tuning_group_size; per arm, the rate with the best mean AUC (exact
+J over log10 generated tokens) is chosen for every G. Then, per G, one program trains
+every arm on the reported seeds at its rate. Every arm of a (regime, G) cell runs the
+same number of updates of the same batch shape, so the runs compare at equal generated
+tokens (the cell's budget). The tuning and each finished cell are written once to
+DIR/cells/<regime>/{tuning,G<g>}.json and skipped on a rerun (resumable).
 
 The report (DIR/report.md, figures) holds, per cell: each arm's final J, pass@k, AUC and
 tokens to 0.9 of the best plateau; differences from GRPO paired by seed with bootstrap
@@ -62,39 +63,63 @@ def _auc(curve: dict) -> float:
   return exact_metrics.auc_log_tokens(tokens, curve["success"], tokens[1], tokens[-1])
 
 
-def run_cell(study, regime: str, group_size: int, path: pathlib.Path) -> dict:
-  """Tunes and trains every arm of a (regime, G) cell (module docstring), or reads it back
-  from `path`. Returns {arm: {"curves": {seed: curve}, "learning_rate", "tuning_auc"
-  {rate: AUC}}} and "seconds", "compile_seconds"."""
-  if path.exists():
-    return json.loads(path.read_text())
-  cell = cell_of(study, regime, group_size)
-  arms, rates = list(study.arms), list(study.learning_rates)
-  print(f"[sweep] {regime} G={group_size}: {len(arms)} arms, {cell.updates} updates", flush=True)
-  runner = batched.Runner(cell)
-  tuning_runs = [(a, r, s) for a in range(len(arms)) for r in rates for s in study.tuning_seeds]
-  reported_runs = len(arms) * len(study.seeds)
-  width = max(len(tuning_runs), reported_runs)
-  started = time.perf_counter()
-  tuning = runner.train(tuning_runs, width)
-  auc = {}
-  for row, (a, rate, _) in enumerate(tuning_runs):
-    auc.setdefault(a, {}).setdefault(rate, []).append(_auc(_curve(tuning, row)))
-  chosen = {a: max(by_rate, key=lambda r: np.mean(by_rate[r])) for a, by_rate in auc.items()}
-  runs = [(a, chosen[a], s) for a in range(len(arms)) for s in study.seeds]
-  reported = runner.train(runs, width)
-  result = {name: {"curves": {}, "learning_rate": chosen[a],
-                   "tuning_auc": {str(r): float(np.mean(v)) for r, v in auc[a].items()}}
-            for a, name in enumerate(arms)}
-  for row, (a, _, seed) in enumerate(runs):
-    result[arms[a]]["curves"][str(seed)] = _curve(reported, row)
-  result["seconds"] = time.perf_counter() - started
-  result["compile_seconds"] = tuning["compile_seconds"] + reported["compile_seconds"]
+def _write_once(path: pathlib.Path, result: dict) -> dict:
   path.parent.mkdir(parents=True, exist_ok=True)
   partial = path.with_suffix(".partial")
   partial.write_text(json.dumps(result))
-  os.replace(partial, path)  # written once, whole
+  os.replace(partial, path)  # written whole, or not at all
   return json.loads(path.read_text())  # the same types as a resumed read
+
+
+def _width(study) -> int:
+  """Runs per program: the tuning grid and a cell's reported runs share the compiled
+  program at the tuning G."""
+  tuning = len(study.arms) * len(study.learning_rates) * len(study.tuning_seeds)
+  return max(tuning, len(study.arms) * len(study.seeds))
+
+
+def tune(study, regime: str, runners: dict, path: pathlib.Path) -> dict:
+  """{arm: {"learning_rate", "tuning_auc" {rate: mean AUC}}}: every arm at every rate of the
+  grid on the tuning seeds at G = study.tuning_group_size; the rate of the best mean AUC
+  is chosen (module docstring), or read back from `path`."""
+  if path.exists():
+    return json.loads(path.read_text())
+  arms, g = list(study.arms), study.tuning_group_size
+  runner = runners.setdefault(g, batched.Runner(cell_of(study, regime, g)))
+  print(f"[sweep] {regime}: tuning {len(arms)} arms at G={g}", flush=True)
+  runs = [(a, r, s) for a in range(len(arms)) for r in study.learning_rates
+          for s in study.tuning_seeds]
+  started = time.perf_counter()
+  tuning = runner.train(runs, _width(study))
+  auc = {}
+  for row, (a, rate, _) in enumerate(runs):
+    auc.setdefault(arms[a], {}).setdefault(rate, []).append(_auc(_curve(tuning, row)))
+  result = {arm: {"learning_rate": max(by_rate, key=lambda r: np.mean(by_rate[r])),
+                  "tuning_auc": {str(r): float(np.mean(v)) for r, v in by_rate.items()}}
+            for arm, by_rate in auc.items()}
+  return _write_once(path, {**result, "seconds": time.perf_counter() - started,
+                            "compile_seconds": tuning["compile_seconds"]})
+
+
+def run_cell(study, regime: str, group_size: int, rates: dict, runners: dict,
+             path: pathlib.Path) -> dict:
+  """Trains every arm of a (regime, G) cell on the reported seeds at its chosen learning
+  rate (`tune`), or reads it back from `path`. Returns {arm: {"curves": {seed: curve},
+  "learning_rate"}}, "seconds" and "compile_seconds"."""
+  if path.exists():
+    return json.loads(path.read_text())
+  arms = list(study.arms)
+  runner = runners.setdefault(group_size, batched.Runner(cell_of(study, regime, group_size)))
+  print(f"[sweep] {regime} G={group_size}: {len(arms)} arms x {len(study.seeds)} seeds, "
+        f"{runner.cell.updates} updates", flush=True)
+  runs = [(a, rates[arm]["learning_rate"], s) for a, arm in enumerate(arms) for s in study.seeds]
+  started = time.perf_counter()
+  reported = runner.train(runs, _width(study))
+  result = {arm: {"curves": {}, "learning_rate": rates[arm]["learning_rate"]} for arm in arms}
+  for row, (a, _, seed) in enumerate(runs):
+    result[arms[a]]["curves"][str(seed)] = _curve(reported, row)
+  return _write_once(path, {**result, "seconds": time.perf_counter() - started,
+                            "compile_seconds": reported["compile_seconds"]})
 
 
 def compare(summary: dict, metric: str, margin: float, rng) -> dict:
@@ -114,7 +139,8 @@ def compare(summary: dict, metric: str, margin: float, rng) -> dict:
   for arm, p in zip(out, statistics.holm([c["p"] for c in out.values()])):
     c = out[arm]
     c["p_holm"] = float(p)
-    c["verdict"] = ("higher" if p <= VERDICT_ALPHA and c["delta"][0] > 0 else
+    c["verdict"] = (f"n/a (below {statistics.MIN_SEEDS} seeds)" if c["delta"][1] is None else
+                    "higher" if p <= VERDICT_ALPHA and c["delta"][0] > 0 else
                     "lower" if p <= VERDICT_ALPHA else
                     f"equivalent (±{margin})" if c["p_tost"] <= VERDICT_ALPHA else "inconclusive")
   return out
@@ -163,24 +189,30 @@ def run(study, workdir: str) -> dict:
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "sweep_config.json").write_text(study.to_json_best_effort(indent=2))
-  results = {regime: {g: run_cell(study, regime, g, workdir / "cells" / regime / f"G{g}.json")
-                      for g in study.group_sizes} for regime in study.regimes}
-  summaries = write_report(study, workdir, results)
+  results, tuned = {}, {}
+  for regime in study.regimes:
+    runners = {}  # G -> the compiled program of this regime's cells
+    tuned[regime] = tune(study, regime, runners, workdir / "cells" / regime / "tuning.json")
+    results[regime] = {
+        g: run_cell(study, regime, g, tuned[regime], runners,
+                    workdir / "cells" / regime / f"G{g}.json") for g in study.group_sizes}
+  summaries = write_report(study, workdir, results, tuned)
   print(f"[sweep] wrote {workdir / 'report.md'}", flush=True)
   return summaries
 
 
-def write_report(study, workdir: pathlib.Path, results: dict) -> dict:
+def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> dict:
   rng = np.random.default_rng(0)
-  seconds = sum(cell["seconds"] for by_g in results.values() for cell in by_g.values())
-  compile_seconds = sum(cell["compile_seconds"] for by_g in results.values()
-                        for cell in by_g.values())
+  timed = [*tuned.values(), *(cell for by_g in results.values() for cell in by_g.values())]
+  seconds = sum(part["seconds"] for part in timed)
+  compile_seconds = sum(part["compile_seconds"] for part in timed)
   lines = [
       f"# Credit sweep: {study.preset} preset", "",
       f"key_token regimes × G ∈ {list(study.group_sizes)} × {len(study.arms)} arms; "
       f"{study.prompts_per_step} prompts per update; reported seeds {list(study.seeds)}, "
-      f"learning rate per arm and cell from {list(study.learning_rates)} by mean AUC on "
-      f"seeds {list(study.tuning_seeds)} (excluded from every number below). Advantages are "
+      f"learning rate per arm and regime from {list(study.learning_rates)} by mean AUC at "
+      f"G = {study.tuning_group_size} on seeds {list(study.tuning_seeds)} (excluded from "
+      "every number below). Advantages are "
       "RMS-scaled; one PPO-clip step per batch (a plain policy gradient). J(π): exact "
       "expected success over the evaluation prompts. Paired differences from GRPO by seed: "
       "95% bootstrap intervals (n/a below 5 seeds), sign-flip permutation p-values, "
@@ -189,16 +221,18 @@ def write_report(study, workdir: pathlib.Path, results: dict) -> dict:
       f"on {report.machine()}.", ""]
   summaries = {}
   for regime, by_g in results.items():
-    lines += [f"## Regime `{regime}`: {dict(study.regimes[regime].task)}", ""]
+    lines += [f"## Regime `{regime}`: {dict(study.regimes[regime].task)}", "",
+              "Learning rates chosen (mean AUC of the tuning seeds at each rate): " + "; ".join(
+                  f"{arm} {t['learning_rate']:g} ("
+                  + ", ".join(f"{float(r):g}: {a:.3f}" for r, a in t["tuning_auc"].items()) + ")"
+                  for arm, t in tuned[regime].items() if arm in study.arms), ""]
     for g, cell in by_g.items():
       by_arm = {arm: cell[arm] for arm in study.arms}
       curves = {arm: {int(s): c for s, c in r["curves"].items()} for arm, r in by_arm.items()}
       summary, bounds = report.summarise(curves)
       summaries.setdefault(regime, {})[g] = summary
       tokens = next(iter(next(iter(curves.values())).values()))["gen_tokens"][-1]
-      lines += [f"### G = {g} ({tokens:,} generated tokens per run)", "",
-                "Learning rates: " + ", ".join(f"{arm} {r['learning_rate']:g}"
-                                               for arm, r in by_arm.items()), ""]
+      lines += [f"### G = {g} ({tokens:,} generated tokens per run)", ""]
       lines += report.efficiency_table(summary, bounds["level"], rng, 10000)
       for metric in ("final", "auc"):
         if "grpo" in summary:
