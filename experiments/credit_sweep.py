@@ -4,8 +4,9 @@
   python -m jaxcredit.lab.sweep --config experiments/credit_sweep.py:small --workdir DIR
 
 Every arm trains the same policies (per seed: initialisation, prompt draws, sampling keys)
-from the random policy, with RMS-scaled advantages and one plain policy-gradient step per
-batch; its learning rate is tuned per cell on seeds excluded from the report. The arms:
+from the random policy (or after a short SFT that sets the regime), with RMS-scaled
+advantages and one plain policy-gradient step per batch; its learning rate is tuned per
+regime on seeds excluded from the report. The arms:
   grpo, dr_grpo, rloo        sequence-level credit (broadcast to every token)
   oracle                     the exact A(s_t, y_t) (uncharged: an upper bound)
   oracle_seq                 R - V(x): the exact baseline, no localisation
@@ -34,10 +35,16 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     raise ValueError(f"Unknown preset {preset!r}; known: {', '.join(PRESETS)}.")
   config = ml_collections.ConfigDict()
   config.preset = preset
+  # Two decisive positions (8 and 16) in 24 tokens; |C| = 4: chance success 1/16.
+  task = {"length": 24, "n_decisive": 2, "n_keys": 4, "n_fillers": 4, "rule": "all",
+          "filler_blind": True}
   config.regimes = {
-      # Two decisive positions (8 and 16) in 24 tokens; |C| = 4: chance success 1/16.
-      "uniform_filler": {"task": {"length": 24, "n_decisive": 2, "n_keys": 4, "n_fillers": 4,
-                                  "rule": "all", "filler_blind": True}},
+      "uniform_filler": {"task": task},  # the random policy: filler near ln 4 = 1.39 nats
+      # A short SFT on filler drawn 99.75% as F0 (0.02 nats) and uniform keys: confident
+      # filler, success still at chance.
+      "peaked_filler": {"task": task,
+                        "warmup": {"steps": 300, "filler_probs": [0.9975] + [0.0025 / 3] * 3,
+                                   "key_accuracy": 0.0}},
   }
   # One layer, d = 32 (about 17k parameters): it learns to copy the keys within the budget.
   config.model = {"preset": "tiny",

@@ -100,17 +100,17 @@ def _cell(*arms, **changes):
 
 def test_vmapped_runs_equal_their_runs_alone_and_start_at_the_policys_exact_success():
   """Runs of two arms, two learning rates and two seeds in one program: each equals the
-  same run among other company (reordered, another program width), starts at its policy's
+  same run among other company (reordered, padded with copies), starts at its policy's
   exact J, and follows its own arm and learning rate."""
   cell = _cell("grpo", "oracle")
   runner = batched.Runner(cell)
   runs = [(arm, rate, seed) for arm in (0, 1) for rate in (1e-3, 1e-2) for seed in (3, 5)]
   grid = runner.train(runs)
-  alone = runner.train([runs[-1], runs[0]], width=3)
-  for key in ("success", "reward_mean", "zero_variance_groups", "grad_norm"):
+  alone = runner.train([runs[-1], runs[0]], width=len(runs))  # padded with copies of runs[0]
+  for key in ("success", "reward_mean", "zero_variance_groups", "grad_norm", "filler_entropy"):
     np.testing.assert_allclose(grid[key][[-1, 0]], alone[key], rtol=1e-5, atol=1e-6)
   assert grid["success"].shape == (8, 3) and list(grid["gen_tokens"]) == [0, 216, 432]
-  assert alone["compile_seconds"] > 0 and runner.train(runs[:2], width=3)["compile_seconds"] == 0
+  assert grid["compile_seconds"] > 0 and alone["compile_seconds"] == 0  # the same program
   # Same seed: the same first batch whatever the arm and rate; then they part.
   first = grid["reward_mean"][:, 0].reshape(4, 2)
   np.testing.assert_array_equal(first, np.broadcast_to(first[:1], first.shape))
@@ -131,6 +131,16 @@ def test_vmapped_runs_equal_their_runs_alone_and_start_at_the_policys_exact_succ
   assert np.all(np.isfinite(grid["grad_norm"])) and np.all(np.any(grid["grad_norm"] > 0, axis=1))
 
 
+def test_a_warm_start_sets_the_regime_confident_filler_and_a_starting_success():
+  """SFT on demonstrations with filler F0 99% of the time and the right keys half the time:
+  the filler entropy falls far below a fresh policy's, and J starts near the
+  demonstrations' success (1/2 + 1/2 * 1/3 per key, two keys: 0.44), not at chance (1/9)."""
+  warmup = batched.Warmup(steps=150, filler_probs=(0.99, 0.01), key_accuracy=0.5)
+  result = batched.Runner(_cell("grpo", warmup=warmup)).train([(0, 1e-3, 0), (0, 1e-3, 1)])
+  assert np.all(result["filler_entropy"][:, 0] < 0.15), result["filler_entropy"][:, 0]
+  assert np.all(np.abs(result["success"][:, 0] - (2 / 3) ** 2) < 0.08), result["success"][:, 0]
+
+
 def test_bad_cells_and_runs_are_refused_naming_the_problem():
   with pytest.raises(ValueError, match="multiple of eval_every"):
     _cell("grpo", updates=7)
@@ -138,5 +148,7 @@ def test_bad_cells_and_runs_are_refused_naming_the_problem():
     _cell("grpo", task=key_token.KeyTokenConfig())
   with pytest.raises(ValueError, match="mc_evaluated, mc_values"):
     batched.make_run(_cell("grpo", {"name": "vineppo"}))
+  with pytest.raises(ValueError, match="warmup.filler_probs must be 2 probabilities"):
+    _cell("grpo", warmup=batched.Warmup(steps=1, filler_probs=(0.5, 0.4)))
   with pytest.raises(ValueError, match=r"arm index in \[0, 1\)"):
     batched.Runner(_cell("grpo")).train([(1, 1e-3, 0)])

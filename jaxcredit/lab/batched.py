@@ -7,8 +7,10 @@
   result = runner.train([(arm, learning_rate, seed), ...])   # every run in one program
 
 One run is a pure function of its arm (an index into cell.arms), learning rate and seed:
-  - the policy `Transformer(cell.model, rngs=nnx.Rngs(seed))` with Adam (the learning rate
-    in its state: `optax.inject_hyperparams`) after global-norm clipping;
+  - the policy `Transformer(cell.model, rngs=nnx.Rngs(seed))`, warm-started by a short SFT
+    when the cell has a `Warmup` (the regime: confident filler, a starting success), with
+    Adam (the learning rate in its state: `optax.inject_hyperparams`) after global-norm
+    clipping;
   - each update u draws `prompts_per_step` prompts uniformly from the task's |C|^K prompts
     and samples `group_size` responses to each with the KV-cache sampler at temperature 1
     (keys folded from `jax.random.key(seed)` and u); the rule scores them;
@@ -46,11 +48,28 @@ from jaxcredit.rollout import Estimate, Rollout
 from jaxcredit.sampling import generate
 from jaxcredit.tasks import key_token
 from jaxcredit.train import learner, tasks
+from jaxcredit.train import steps as train_steps
 
 PROMPT_STREAM, SAMPLE_STREAM, EXTRAS_STREAM, NOISE_STREAM = 0, 1, 2, 3
 EXTRAS = ("oracle_advantages", "oracle_values", "shuffle_priorities")  # what a cell can compute
 UPDATE_METRICS = ("reward_mean", "zero_variance_groups", "entropy", "grad_norm")
+WARMUP_STREAM = 4
 DEFAULT_OBJECTIVE = {"policy": {"name": "ppo_clip", "aggregation": "seq-mean-token-sum-norm"}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Warmup:
+  """A short SFT of the initial policy before RL (its own Adam), which sets the regime the
+  run starts in: demonstrations whose filler is drawn from `filler_probs` (over the task's
+  filler alphabet F: a peaked distribution gives confident filler) and whose decisive
+  tokens are the right key with probability `key_accuracy`, else a uniform key (0: success
+  stays at chance). The loss is the mean negative log-likelihood of the response tokens."""
+
+  steps: int
+  filler_probs: tuple[float, ...]
+  key_accuracy: float = 0.0
+  batch_size: int = 64
+  learning_rate: float = 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +88,7 @@ class Cell:
   objective: Mapping = dataclasses.field(default_factory=lambda: DEFAULT_OBJECTIVE)
   eval_prompts: int = 256
   pass_at: tuple[int, ...] = (1, 4, 16, 64)
+  warmup: Warmup | None = None
 
   def __post_init__(self):
     if self.updates < 1 or self.eval_every < 1 or self.updates % self.eval_every:
@@ -80,6 +100,12 @@ class Cell:
     if not (self.task.filler_blind and self.task.constrained):
       raise ValueError("Batched cells measure J(pi) with the exact oracle: key_token must be "
                        "filler_blind and constrained.")
+    if self.warmup is not None and (
+        len(self.warmup.filler_probs) != self.task.n_fillers
+        or not np.isclose(sum(self.warmup.filler_probs), 1.0)
+        or min(self.warmup.filler_probs) < 0 or not 0 <= self.warmup.key_accuracy <= 1):
+      raise ValueError(f"warmup.filler_probs must be {self.task.n_fillers} probabilities "
+                       f"summing to 1 and key_accuracy in [0, 1]; got {self.warmup}.")
 
   @property
   def tokens_per_update(self) -> int:
@@ -116,11 +142,15 @@ def _needs(advantages) -> set[str]:
   return needs
 
 
-def _modules(cell: Cell, seed, learning_rate) -> dict:
-  model = Transformer(cell.model, rngs=nnx.Rngs(jax.random.key(seed)))  # = nnx.Rngs(seed)
+def _optimizer(cell: Cell, model, learning_rate) -> nnx.Optimizer:
   adam = optax.chain(optax.clip_by_global_norm(cell.max_grad_norm),
                      optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate))
-  return {"model": model, "optimizer": nnx.Optimizer(model, adam, wrt=nnx.Param)}
+  return nnx.Optimizer(model, adam, wrt=nnx.Param)
+
+
+def _modules(cell: Cell, seed, learning_rate) -> dict:
+  model = Transformer(cell.model, rngs=nnx.Rngs(jax.random.key(seed)))  # = nnx.Rngs(seed)
+  return {"model": model, "optimizer": _optimizer(cell, model, learning_rate)}
 
 
 def make_run(cell: Cell):
@@ -171,9 +201,48 @@ def make_run(cell: Cell):
                    entropy=sample.entropy, truncated=sample.truncated, positions=sample.positions,
                    token_valid=sample.token_valid, extras=extras, group_size=group)
 
+  filler_columns = np.ones(prompt_len + config.length, bool)
+  filler_columns[:prompt_len] = False
+  filler_columns[decisive] = False
+
+  def demonstrations(key):
+    """[N, P + T] SFT rows (`Warmup`) and their response mask."""
+    warmup, n = cell.warmup, cell.warmup.batch_size
+    keys = jax.random.split(key, 4)
+    prompts, targets = prompts_of(
+        jax.random.randint(keys[0], (n, config.n_decisive), 0, config.n_keys), config)
+    filler = jnp.asarray(config.fillers)[jax.random.categorical(
+        keys[1], jnp.log(jnp.asarray(warmup.filler_probs)), shape=(n, config.length))]
+    guess = key_token.KEY0 + jax.random.randint(keys[2], targets.shape, 0, config.n_keys)
+    right = jax.random.uniform(keys[3], targets.shape) < warmup.key_accuracy
+    response = filler.at[:, config.decisive_positions].set(jnp.where(right, targets, guess))
+    tokens = jnp.concatenate([prompts, response], axis=1)
+    return tokens, jnp.broadcast_to(jnp.arange(tokens.shape[1]) >= prompt_len, tokens.shape)
+
+  def warm_start(model, key):
+    """The policy after `cell.warmup` (module docstring), in place."""
+    adam = nnx.Optimizer(model, optax.adam(cell.warmup.learning_rate), wrt=nnx.Param)
+    sft_graphdef, sft_state = nnx.split((model, adam))
+
+    def sft_step(sft_state, step):
+      model, adam = nnx.merge(sft_graphdef, sft_state)
+      tokens, mask = demonstrations(jax.random.fold_in(key, step))
+      demo = Rollout(tokens=tokens, mask=mask, rewards=jnp.zeros(tokens.shape[0]))
+      nll = lambda m: losses.aggregate(
+          -train_steps.policy_outputs(m, demo, 1.0, actions).logprobs, mask, "token-mean")
+      adam.update(model, nnx.grad(nll)(model))
+      return nnx.state((model, adam)), None
+
+    sft_state, _ = jax.lax.scan(sft_step, sft_state, jnp.arange(cell.warmup.steps))
+    nnx.update(model, nnx.state(nnx.merge(sft_graphdef, sft_state)[0]))
+
   def run(arm, learning_rate, seed):
-    state = nnx.state(_modules(cell, seed, learning_rate))
     key = jax.random.key(seed)
+    modules = _modules(cell, seed, learning_rate)
+    if cell.warmup is not None:
+      warm_start(modules["model"], jax.random.fold_in(key, WARMUP_STREAM))
+      modules["optimizer"] = _optimizer(cell, modules["model"], learning_rate)
+    state = nnx.state(modules)
     advantage = lambda rollout: Estimate(advantages=jax.lax.switch(
         arm, [lambda r, f=f: f(r).advantages for f in branches], rollout))
     step = learner.make_step(graphdef, advantage=advantage, objective=objective,
@@ -182,7 +251,8 @@ def make_run(cell: Cell):
     def update(state, u):
       batch = rollout(nnx.merge(graphdef, state)["model"], jax.random.fold_in(key, u))
       state, metrics = step(state, batch, None, u)
-      return state, {name: metrics[name] for name in UPDATE_METRICS}
+      filler = jnp.mean(batch.entropy[:, filler_columns])  # every response has T actions
+      return state, {"filler_entropy": filler, **{name: metrics[name] for name in UPDATE_METRICS}}
 
     def block(state, start):
       measured = evaluate(state)

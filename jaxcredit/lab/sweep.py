@@ -42,12 +42,16 @@ def cell_of(study, regime: str, group_size: int) -> batched.Cell:
   blocks = study.eval_points
   updates = max(1, round(study.token_budget[str(group_size)] / tokens_per_update / blocks))
   plain = lambda spec: spec.to_dict() if hasattr(spec, "to_dict") else spec
+  warmup = plain(study.regimes[regime].get("warmup"))
+  if warmup is not None:
+    warmup = batched.Warmup(**{**warmup, "filler_probs": tuple(warmup["filler_probs"])})
   return batched.Cell(
       task=task, model=preset(study.model.preset, vocab_size=key_token.VOCAB_SIZE,
                               **study.model.overrides),
       arms=tuple({"scale": "rms", "of": plain(spec)} for spec in study.arms.values()),
       group_size=group_size, prompts_per_step=study.prompts_per_step,
-      updates=updates * blocks, eval_every=updates, eval_prompts=study.eval_prompts)
+      updates=updates * blocks, eval_every=updates, eval_prompts=study.eval_prompts,
+      warmup=warmup)
 
 
 def _curve(result: dict, row: int) -> dict:
@@ -55,7 +59,8 @@ def _curve(result: dict, row: int) -> dict:
   return {"updates": result["updates"].tolist(), "success": result["success"][row].tolist(),
           "pass@k": {str(k): v[row].tolist() for k, v in result["pass@k"].items()},
           "gen_tokens": result["gen_tokens"].tolist(),
-          "zero_variance_groups": float(result["zero_variance_groups"][row].mean())}
+          "zero_variance_groups": float(result["zero_variance_groups"][row].mean()),
+          "filler_entropy": float(result["filler_entropy"][row, 0])}
 
 
 def _auc(curve: dict) -> float:
@@ -201,6 +206,15 @@ def run(study, workdir: str) -> dict:
   return summaries
 
 
+def _filler_entropy(by_g: dict) -> str:
+  """The mean entropy of the policy on filler tokens in the first batch of each run."""
+  first = [curve["filler_entropy"] for cell in by_g.values() for arm, result in cell.items()
+           if isinstance(result, dict) for curve in result["curves"].values()
+           if "filler_entropy" in curve]
+  return (f"Filler entropy of the starting policy: {np.mean(first):.3f} nats (mean over runs; "
+          f"ln |F| is uniform)." if first else "")
+
+
 def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> dict:
   rng = np.random.default_rng(0)
   timed = [*tuned.values(), *(cell for by_g in results.values() for cell in by_g.values())]
@@ -221,7 +235,10 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
       f"on {report.machine()}.", ""]
   summaries = {}
   for regime, by_g in results.items():
-    lines += [f"## Regime `{regime}`: {dict(study.regimes[regime].task)}", "",
+    spec = study.regimes[regime]
+    lines += [f"## Regime `{regime}`: {dict(spec.task)}"
+              + (f", warm start {dict(spec.warmup)}" if spec.get("warmup") else ""), "",
+              _filler_entropy(by_g), "",
               "Learning rates chosen (mean AUC of the tuning seeds at each rate): " + "; ".join(
                   f"{arm} {t['learning_rate']:g} ("
                   + ", ".join(f"{float(r):g}: {a:.3f}" for r, a in t["tuning_auc"].items()) + ")"

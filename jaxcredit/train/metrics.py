@@ -4,10 +4,24 @@ always with `step`) mirrored to TensorBoard event files."""
 import json
 import math
 import pathlib
-
-from tensorboardX import SummaryWriter
+import sys
 
 from jaxcredit.models import checkpoint
+
+
+def _summary_writer_class():
+  """tensorboardX's SummaryWriter, imported without torch: its module imports torch, when
+  installed, only to accept torch tensors (jaxcredit passes floats), which costs seconds in
+  every training process. A torch already imported is used as is."""
+  if "torch" in sys.modules:
+    from tensorboardX import SummaryWriter
+    return SummaryWriter
+  sys.modules["torch"] = None  # `import torch` raises ImportError while this is set
+  try:
+    from tensorboardX import SummaryWriter
+  finally:
+    del sys.modules["torch"]
+  return SummaryWriter
 
 
 class MetricsWriter:
@@ -27,7 +41,7 @@ class MetricsWriter:
       return
     self.path = workdir / "metrics.jsonl"
     # On resume, TensorBoard drops the events logged after the checkpoint (they are logged again).
-    self.tensorboard = SummaryWriter(str(workdir / "tensorboard"),
+    self.tensorboard = _summary_writer_class()(str(workdir / "tensorboard"),
                                      purge_step=None if resume_step is None else resume_step + 1)
     if not self.path.exists():
       return
