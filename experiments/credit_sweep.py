@@ -2,6 +2,7 @@
 
   python -m jaxcredit.lab.sweep --config experiments/credit_sweep.py:smoke --workdir DIR  # CI
   python -m jaxcredit.lab.sweep --config experiments/credit_sweep.py:small --workdir DIR
+  ... --config.run_regimes="('uniform_filler',)"   # one regime now, the others later
 
 Every arm trains the same policies (per seed: initialisation, prompt draws, sampling keys)
 from the random policy (or after a short SFT that sets the regime), with RMS-scaled
@@ -63,6 +64,9 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   config.tuning_seeds = [100, 101]  # choose the learning rate; excluded from the report
   config.seeds = list(range(10))
   config.margin = 0.05  # TOST equivalence margin on J
+  # Regimes to run now (None: all); the others are listed as not run. A later run with more
+  # resumes the finished ones.
+  config.run_regimes = ml_collections.config_dict.placeholder(tuple)
 
   if preset == "smoke":
     config.regimes = {"uniform_filler": {"task": {"length": 6, "n_decisive": 2, "n_keys": 3,

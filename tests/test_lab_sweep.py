@@ -62,3 +62,11 @@ def test_comparisons_call_higher_lower_equivalent_or_inconclusive_after_holm():
                       np.random.default_rng(0))
   assert few["better"]["delta"][1:] == (None, None)  # n/a below 5 seeds, never a range
   assert few["better"]["verdict"] == "n/a (below 5 seeds)"
+
+
+def test_an_unknown_regime_to_run_is_refused(tmp_path):
+  study = load_experiment("credit_sweep", "smoke")
+  study.run_regimes = ("uniform", "uniform_filler")
+  with pytest.raises(ValueError, match="Unknown regime 'uniform' in run_regimes; known: "
+                                       "uniform_filler"):
+    sweep.run(study, str(tmp_path))

@@ -22,6 +22,7 @@ against G.
 import json
 import os
 import pathlib
+import subprocess
 import time
 
 import numpy as np
@@ -195,7 +196,10 @@ def run(study, workdir: str) -> dict:
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "sweep_config.json").write_text(study.to_json_best_effort(indent=2))
   results, tuned = {}, {}
-  for regime in study.regimes:
+  for regime in study.get("run_regimes") or study.regimes:
+    if regime not in study.regimes:
+      raise ValueError(f"Unknown regime {regime!r} in run_regimes; known: "
+                       f"{', '.join(study.regimes)}.")
     runners = {}  # G -> the compiled program of this regime's cells
     tuned[regime] = tune(study, regime, runners, workdir / "cells" / regime / "tuning.json")
     results[regime] = {
@@ -204,6 +208,16 @@ def run(study, workdir: str) -> dict:
   summaries = write_report(study, workdir, results, tuned)
   print(f"[sweep] wrote {workdir / 'report.md'}", flush=True)
   return summaries
+
+
+def _commit() -> str:
+  """The git commit of this checkout (with "+changes" when it has uncommitted ones)."""
+  root = pathlib.Path(__file__).resolve().parents[2]
+  git = lambda *args: subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                                     check=False).stdout.strip()
+  commit = git("rev-parse", "--short", "HEAD")
+  return "commit unknown" if not commit else commit + (
+      "+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def _filler_entropy(by_g: dict) -> str:
@@ -232,7 +246,10 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
       "95% bootstrap intervals (n/a below 5 seeds), sign-flip permutation p-values, "
       f"Holm-adjusted across the arms of a cell; TOST at ±{study.margin}. Verdicts at "
       f"α = {VERDICT_ALPHA}. Wall time {seconds:.0f} s ({compile_seconds:.0f} s of it compiling) "
-      f"on {report.machine()}.", ""]
+      f"on {report.machine()}; jaxcredit {_commit()}.", ""]
+  missing = [regime for regime in study.regimes if regime not in results]
+  if missing:
+    lines += [f"Regimes of the preset not run here: {', '.join(missing)} (`run_regimes`).", ""]
   summaries = {}
   for regime, by_g in results.items():
     spec = study.regimes[regime]
