@@ -102,12 +102,13 @@ def test_vmapped_runs_equal_their_runs_alone_and_start_at_the_policys_exact_succ
   """Runs of two arms, two learning rates and two seeds in one program: each equals the
   same run among other company (reordered, padded with copies), starts at its policy's
   exact J, and follows its own arm and learning rate."""
-  cell = _cell("grpo", "oracle")
+  cell = _cell("grpo", "oracle", mechanism_batches=2)
   runner = batched.Runner(cell)
   runs = [(arm, rate, seed) for arm in (0, 1) for rate in (1e-3, 1e-2) for seed in (3, 5)]
   grid = runner.train(runs)
   alone = runner.train([runs[-1], runs[0]], width=len(runs))  # padded with copies of runs[0]
-  for key in ("success", "reward_mean", "zero_variance_groups", "grad_norm", "filler_entropy"):
+  for key in ("success", "reward_mean", "zero_variance_groups", "grad_norm", "filler_entropy",
+              *batched.MECHANISM):
     np.testing.assert_allclose(grid[key][[-1, 0]], alone[key], rtol=1e-5, atol=1e-6)
   assert grid["success"].shape == (8, 3) and list(grid["gen_tokens"]) == [0, 216, 432]
   assert grid["compile_seconds"] > 0 and alone["compile_seconds"] == 0  # the same program
@@ -127,6 +128,15 @@ def test_vmapped_runs_equal_their_runs_alone_and_start_at_the_policys_exact_succ
     for k in cell.pass_at:
       np.testing.assert_allclose(grid["pass@k"][k][row, 0], np.mean(1 - (1 - start) ** k),
                                  atol=1e-6)
+  # The gradient measurements: the exact credit's gradient is its own (cosine 1) and has
+  # no filler part; GRPO's has one and points elsewhere.
+  oracle_runs, grpo_runs = slice(4, 8), slice(0, 4)
+  np.testing.assert_allclose(grid["cosine_to_exact"][oracle_runs], 1.0, atol=1e-5)
+  np.testing.assert_allclose(grid["filler_norm"][oracle_runs], 0.0, atol=1e-7)
+  # (2 batches whose groups all have equal rewards give GRPO no gradient: 0, not NaN.)
+  assert np.all(np.any(grid["filler_norm"][grpo_runs] > 0, axis=1))
+  assert np.all(np.abs(grid["cosine_to_exact"][grpo_runs]) < 0.999)
+  assert np.all((grid["signal_fraction"] >= 0) & (grid["signal_fraction"] <= 1 + 1e-6))
   # (A batch whose groups all have equal rewards gives GRPO no gradient.)
   assert np.all(np.isfinite(grid["grad_norm"])) and np.all(np.any(grid["grad_norm"] > 0, axis=1))
 

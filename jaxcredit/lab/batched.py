@@ -36,6 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -53,7 +54,8 @@ from jaxcredit.train import steps as train_steps
 PROMPT_STREAM, SAMPLE_STREAM, EXTRAS_STREAM, NOISE_STREAM = 0, 1, 2, 3
 EXTRAS = ("oracle_advantages", "oracle_values", "shuffle_priorities")  # what a cell can compute
 UPDATE_METRICS = ("reward_mean", "zero_variance_groups", "entropy", "grad_norm")
-WARMUP_STREAM = 4
+WARMUP_STREAM, MECHANISM_STREAM = 4, 5
+MECHANISM = ("cosine_to_exact", "signal_fraction", "decisive_norm", "filler_norm")
 DEFAULT_OBJECTIVE = {"policy": {"name": "ppo_clip", "aggregation": "seq-mean-token-sum-norm"}}
 
 
@@ -89,6 +91,7 @@ class Cell:
   eval_prompts: int = 256
   pass_at: tuple[int, ...] = (1, 4, 16, 64)
   warmup: Warmup | None = None
+  mechanism_batches: int = 0  # > 1: the gradient measurements at every evaluation (below)
 
   def __post_init__(self):
     if self.updates < 1 or self.eval_every < 1 or self.updates % self.eval_every:
@@ -172,7 +175,7 @@ def make_run(cell: Cell):
     return {"success": jnp.mean(success),
             "pass@k": jnp.mean(1.0 - (1.0 - success[:, None]) ** ks, axis=0)}
 
-  def rollout(model, key):
+  def rollout(model, key, oracle_extras=False):
     symbols = jax.random.randint(jax.random.fold_in(key, PROMPT_STREAM),
                                  (cell.prompts_per_step, config.n_decisive), 0, config.n_keys)
     prompts, targets = prompts_of(symbols, config)
@@ -187,13 +190,13 @@ def make_run(cell: Cell):
       rewards = jnp.where(flip, 1.0 - rewards, rewards)
     mask = sample.mask
     extras = {}
-    if needs & {"oracle_advantages", "oracle_values"}:
+    if oracle_extras or needs & {"oracle_advantages", "oracle_values"}:
       tree = [jnp.repeat(w, group, axis=0)
               for w in oracle.decisive_values(model, config, prompts, targets)]
       values, credit = oracle.credit_from_values(tree, sample.tokens[:, decisive], config)
       in_rows = lambda x: jnp.where(mask, jnp.pad(x, [(0, 0), (prompt_len, 0)]), 0.0)
       extras.update(oracle_values=in_rows(values), oracle_advantages=in_rows(credit))
-    if "shuffle_priorities" in needs:
+    if oracle_extras or "shuffle_priorities" in needs:
       extras["shuffle_priorities"] = jax.random.uniform(jax.random.fold_in(key, EXTRAS_STREAM),
                                                         mask.shape)
     return Rollout(tokens=sample.tokens, mask=mask, rewards=rewards,
@@ -201,9 +204,10 @@ def make_run(cell: Cell):
                    entropy=sample.entropy, truncated=sample.truncated, positions=sample.positions,
                    token_valid=sample.token_valid, extras=extras, group_size=group)
 
-  filler_columns = np.ones(prompt_len + config.length, bool)
+  decisive_columns = np.zeros(prompt_len + config.length, bool)
+  decisive_columns[decisive] = True
+  filler_columns = ~decisive_columns
   filler_columns[:prompt_len] = False
-  filler_columns[decisive] = False
 
   def demonstrations(key):
     """[N, P + T] SFT rows (`Warmup`) and their response mask."""
@@ -236,6 +240,41 @@ def make_run(cell: Cell):
     sft_state, _ = jax.lax.scan(sft_step, sft_state, jnp.arange(cell.warmup.steps))
     nnx.update(model, nnx.state(nnx.merge(sft_graphdef, sft_state)[0]))
 
+  def gradient(model, batch, advantages):
+    """The objective's gradient [P] (flattened) for these token advantages."""
+    loss = lambda m: objective(train_steps.policy_outputs(m, batch, 1.0, actions), batch,
+                               Estimate(advantages=advantages))[0]
+    return jax.flatten_util.ravel_pytree(nnx.grad(loss)(model))[0]
+
+  def mechanism(model, advantage, key):
+    """Over `cell.mechanism_batches` fresh batches from the current policy: the cosine of
+    the arm's policy gradient with the exact-credit gradient on the same batch (the oracle's
+    A, RMS-scaled like every arm's), the arm's signal fraction |mean g|^2 / mean |g|^2
+    (1: every batch agrees; 1/R: pure noise over R batches), and the norms of its gradient
+    restricted to the decisive and to the filler tokens (the gradient is linear in the
+    advantages: the two parts sum to it)."""
+    exact = estimators.from_config({"scale": "rms", "of": "oracle"})
+
+    model_graphdef, model_state = nnx.split(model)
+
+    def measure(model_state, key):
+      model = nnx.merge(model_graphdef, model_state)  # in this trace (nnx modules are not
+      batch = rollout(model, key, oracle_extras=True)  # shared across trace levels)
+      credit = advantage(batch).advantages
+      g, g_exact = gradient(model, batch, credit), gradient(model, batch, exact(batch).advantages)
+      on_decisive = gradient(model, batch, jnp.where(decisive_columns, credit, 0.0))
+      cosine = g @ g_exact / jnp.maximum(jnp.linalg.norm(g) * jnp.linalg.norm(g_exact), 1e-30)
+      return g, cosine, jnp.linalg.norm(on_decisive), jnp.linalg.norm(g - on_decisive)
+
+    keys = jax.random.split(key, cell.mechanism_batches)
+    g, cosine, decisive_norm, filler_norm = jax.vmap(measure, in_axes=(None, 0))(model_state,
+                                                                                  keys)
+    power = jnp.mean(jnp.sum(g**2, axis=1))
+    mean_power = jnp.sum(jnp.mean(g, axis=0) ** 2)
+    signal = jnp.where(power > 0, mean_power / jnp.where(power > 0, power, 1.0), 0.0)
+    return {"cosine_to_exact": jnp.mean(cosine), "signal_fraction": signal,
+            "decisive_norm": jnp.mean(decisive_norm), "filler_norm": jnp.mean(filler_norm)}
+
   def run(arm, learning_rate, seed):
     key = jax.random.key(seed)
     modules = _modules(cell, seed, learning_rate)
@@ -254,15 +293,24 @@ def make_run(cell: Cell):
       filler = jnp.mean(batch.entropy[:, filler_columns])  # every response has T actions
       return state, {"filler_entropy": filler, **{name: metrics[name] for name in UPDATE_METRICS}}
 
-    def block(state, start):
+    def measure(state, start):
       measured = evaluate(state)
+      if cell.mechanism_batches:
+        model = nnx.merge(graphdef, state)["model"]
+        measured.update(mechanism(model, advantage,
+                                  jax.random.fold_in(jax.random.fold_in(key, MECHANISM_STREAM),
+                                                     start)))
+      return measured
+
+    def block(state, start):
+      measured = measure(state, start)
       state, metrics = jax.lax.scan(update, state, start + jnp.arange(cell.eval_every))
       return state, (measured, metrics)
 
     starts = jnp.arange(0, cell.updates, cell.eval_every)
     state, (measured, metrics) = jax.lax.scan(block, state, starts)
     measured = jax.tree.map(lambda m, last: jnp.concatenate([m, last[None]]), measured,
-                            evaluate(state))
+                            measure(state, cell.updates))
     return measured, jax.tree.map(lambda m: m.reshape(-1), metrics)
 
   return run
@@ -279,8 +327,9 @@ class Runner:
   def train(self, runs: Sequence[tuple[int, float, int]], width: int | None = None) -> dict:
     """Trains `runs` [(arm index, learning rate, seed), ...] together, padded to `width`
     runs (repeating the last; the same width reuses the compiled program). Returns numpy
-    arrays over the runs: "success" [N, n_evals] (exact J), "pass@k" {k: [N, n_evals]},
-    the per-update metrics [N, updates]; "updates" and "gen_tokens" [n_evals] (before each
+    arrays over the runs: "success" [N, n_evals] (exact J), "pass@k" {k: [N, n_evals]}, the
+    MECHANISM measurements [N, n_evals] (with cell.mechanism_batches), the per-update
+    metrics [N, updates]; "updates" and "gen_tokens" [n_evals] (before each
     measurement); "compile_seconds" (0 when reused) and "run_seconds"."""
     runs = [(int(a), float(r), int(s)) for a, r, s in runs]
     if not runs or any(not 0 <= a < len(self.cell.arms) for a, _, _ in runs):
@@ -303,7 +352,7 @@ class Runner:
     updates = np.arange(0, self.cell.updates + 1, self.cell.eval_every)
     pass_at = kept(measured["pass@k"])
     return {
-        "success": kept(measured["success"]),
+        **{name: kept(value) for name, value in measured.items() if name != "pass@k"},
         "pass@k": {k: pass_at[..., i] for i, k in enumerate(self.cell.pass_at)},
         "updates": updates,
         "gen_tokens": updates * self.cell.tokens_per_update,
