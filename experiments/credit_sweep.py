@@ -64,6 +64,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   config.tuning_seeds = [100, 101]  # choose the learning rate; excluded from the report
   config.seeds = list(range(10))
   config.margin = 0.05  # TOST equivalence margin on J
+  config.mechanism_batches = 4  # fresh batches per evaluation for the gradient measurements
   # Regimes to run now (None: all); the others are listed as not run. A later run with more
   # resumes the finished ones.
   config.run_regimes = ml_collections.config_dict.placeholder(tuple)
@@ -82,4 +83,5 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.learning_rates = [1e-3, 1e-2]
     config.tuning_seeds = [100]
     config.seeds = [0, 1]
+    config.mechanism_batches = 2
   return config

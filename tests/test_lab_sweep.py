@@ -34,6 +34,9 @@ def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_
   for g in study.group_sizes:
     assert f"### G = {g}" in text and f"| uniform_filler | {g} |" in text
   assert "n/a" in text and "slope of Δ_loc on log₂ G" in text
+  oracle_row = [line for line in text.splitlines() if line.startswith("| oracle | 1.00 / ")]
+  assert "| arm | cosine to exact | signal fraction | filler share |" in text and oracle_row
+  assert oracle_row[0].endswith("| 0.00 / 0.00 / 0.00 |")  # exact credit: no filler gradient
   assert (tmp_path / "learning_curves_uniform_filler_G2.png").exists()
   # A rerun reads every finished cell back instead of training it.
   monkeypatch.setattr(batched.Runner, "train", lambda *a, **k: pytest.fail("retrained"))

@@ -52,7 +52,7 @@ def cell_of(study, regime: str, group_size: int) -> batched.Cell:
       arms=tuple({"scale": "rms", "of": plain(spec)} for spec in study.arms.values()),
       group_size=group_size, prompts_per_step=study.prompts_per_step,
       updates=updates * blocks, eval_every=updates, eval_prompts=study.eval_prompts,
-      warmup=warmup)
+      warmup=warmup, mechanism_batches=study.get("mechanism_batches", 0))
 
 
 def _curve(result: dict, row: int) -> dict:
@@ -61,7 +61,8 @@ def _curve(result: dict, row: int) -> dict:
           "pass@k": {str(k): v[row].tolist() for k, v in result["pass@k"].items()},
           "gen_tokens": result["gen_tokens"].tolist(),
           "zero_variance_groups": float(result["zero_variance_groups"][row].mean()),
-          "filler_entropy": float(result["filler_entropy"][row, 0])}
+          "filler_entropy": float(result["filler_entropy"][row, 0]),
+          **{name: result[name][row].tolist() for name in batched.MECHANISM if name in result}}
 
 
 def _auc(curve: dict) -> float:
@@ -229,6 +230,30 @@ def _filler_entropy(by_g: dict) -> str:
           f"ln |F| is uniform)." if first else "")
 
 
+def mechanism_table(curves: dict) -> list[str]:
+  """Each arm's gradient measurements (`batched.mechanism`) at the start, middle and end of
+  training, means over seeds: cosine with the exact-credit gradient, signal fraction, and
+  the filler share |g_filler| / (|g_filler| + |g_decisive|)."""
+  runs = {arm: list(by_seed.values()) for arm, by_seed in curves.items()}
+  if not all("cosine_to_exact" in run for by_arm in runs.values() for run in by_arm):
+    return []
+  at = lambda values: [values[0], values[len(values) // 2], values[-1]]
+  mean = lambda arm, f: np.mean([at(f(run)) for run in runs[arm]], axis=0)
+  share = lambda run: np.asarray(run["filler_norm"]) / np.maximum(
+      np.asarray(run["filler_norm"]) + np.asarray(run["decisive_norm"]), 1e-30)
+  cell = lambda values: " / ".join(f"{v:.2f}" for v in values)
+  lines = ["Gradient measurements at the start / middle / end of training (means over seeds; "
+           "`lab.batched`): cosine of the arm's policy gradient with the exact-credit "
+           "gradient on the same batch; signal fraction |mean g|² / mean |g|² over fresh "
+           "batches; filler share of the gradient |g_filler| / (|g_filler| + |g_decisive|).", "",
+           "| arm | cosine to exact | signal fraction | filler share |", "|---|---|---|---|"]
+  for arm in runs:
+    lines.append(f"| {arm} | {cell(mean(arm, lambda r: r['cosine_to_exact']))} | "
+                 f"{cell(mean(arm, lambda r: r['signal_fraction']))} | "
+                 f"{cell(mean(arm, share))} |")
+  return lines
+
+
 def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> dict:
   rng = np.random.default_rng(0)
   timed = [*tuned.values(), *(cell for by_g in results.values() for cell in by_g.values())]
@@ -271,6 +296,7 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
       for metric in ("final", "auc"):
         if "grpo" in summary:
           lines += [""] + comparison_table(compare(summary, metric, study.margin, rng), metric)
+      lines += [""] + mechanism_table(curves)
       lines += [""] + report.learning_curves(workdir, f"{regime}_G{g}", curves) + [""]
   table, slopes = localisation(summaries, rng)
   lines += ["## Localisation gain against G", ""] + table + [""]
