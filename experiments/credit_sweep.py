@@ -51,7 +51,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   config.model = {"preset": "tiny",
                   "overrides": {"n_layers": 1, "d_model": 32, "n_heads": 4, "n_kv_heads": 4,
                                 "d_ff": 128}}
-  config.group_sizes = [4, 8, 16, 32]
+  config.group_sizes = (4, 8, 16, 32)  # a tuple: --config.group_sizes='(4, 8)' runs some
   config.prompts_per_step = 8
   # Generated tokens per run, by G (the same for every arm of a cell): about 3x what GRPO
   # needs at G = 8 to reach J = 0.9 (~370k tokens at its tuned rate in a first measurement).
@@ -74,7 +74,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
                                                   "n_fillers": 2, "filler_blind": True}}}
     config.model.overrides = {"n_layers": 1, "d_model": 32, "n_heads": 2, "n_kv_heads": 2,
                               "d_ff": 64}
-    config.group_sizes = [2, 4]
+    config.group_sizes = (2, 4)
     config.tuning_group_size = 2
     config.prompts_per_step = 4
     config.token_budget = {"2": 960, "4": 960}
