@@ -279,8 +279,9 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
   for regime, by_g in results.items():
     spec = study.regimes[regime]
     lines += [f"## Regime `{regime}`: {dict(spec.task)}"
-              + (f", warm start {dict(spec.warmup)}" if spec.get("warmup") else ""), "",
-              _filler_entropy(by_g), "",
+              + (f", warm start {dict(spec.warmup)}" if spec.get("warmup") else ""), ""]
+    entropy = _filler_entropy(by_g)
+    lines += ([entropy, ""] if entropy else []) + [
               "Learning rates chosen (mean AUC of the tuning seeds at each rate): " + "; ".join(
                   f"{arm} {t['learning_rate']:g} ("
                   + ", ".join(f"{float(r):g}: {a:.3f}" for r, a in t["tuning_auc"].items()) + ")"
