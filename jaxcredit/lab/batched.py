@@ -91,7 +91,7 @@ class Cell:
   eval_prompts: int = 256
   pass_at: tuple[int, ...] = (1, 4, 16, 64)
   warmup: Warmup | None = None
-  mechanism_batches: int = 0  # > 1: the gradient measurements at every evaluation (below)
+  mechanism_batches: int = 0  # > 0: the gradient measurements at every evaluation (below)
 
   def __post_init__(self):
     if self.updates < 1 or self.eval_every < 1 or self.updates % self.eval_every:
@@ -151,9 +151,12 @@ def _optimizer(cell: Cell, model, learning_rate) -> nnx.Optimizer:
   return nnx.Optimizer(model, adam, wrt=nnx.Param)
 
 
-def _modules(cell: Cell, seed, learning_rate) -> dict:
-  model = Transformer(cell.model, rngs=nnx.Rngs(jax.random.key(seed)))  # = nnx.Rngs(seed)
+def _modules(model, cell: Cell, learning_rate) -> dict:
   return {"model": model, "optimizer": _optimizer(cell, model, learning_rate)}
+
+
+def _policy(cell: Cell, seed) -> Transformer:
+  return Transformer(cell.model, rngs=nnx.Rngs(jax.random.key(seed)))  # = nnx.Rngs(seed)
 
 
 def make_run(cell: Cell):
@@ -164,7 +167,7 @@ def make_run(cell: Cell):
   needs = _needs(branches)
   actions = tasks.key_token_actions(config)
   prompt_len, decisive = config.prompt_length, config.prompt_length + config.decisive_positions
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: _modules(cell, 0, 1.0)))
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: _modules(_policy(cell, 0), cell, 1.0)))
   objective, settings = losses.from_config(cell.objective), learner.Settings(actions=actions)
   eval_prompts, eval_targets = prompts_of(evaluation_symbols(config, cell.eval_prompts), config)
   ks = jnp.asarray(cell.pass_at, jnp.float32)
@@ -199,6 +202,7 @@ def make_run(cell: Cell):
     if oracle_extras or "shuffle_priorities" in needs:
       extras["shuffle_priorities"] = jax.random.uniform(jax.random.fold_in(key, EXTRAS_STREAM),
                                                         mask.shape)
+    # No KL term: the sampler's log-probs stand in for the reference's (no reference pass).
     return Rollout(tokens=sample.tokens, mask=mask, rewards=rewards,
                    behaviour_logprobs=sample.logprobs, ref_logprobs=sample.logprobs,
                    entropy=sample.entropy, truncated=sample.truncated, positions=sample.positions,
@@ -257,7 +261,7 @@ def make_run(cell: Cell):
 
     model_graphdef, model_state = nnx.split(model)
 
-    def measure(model_state, key):
+    def on_batch(model_state, key):
       model = nnx.merge(model_graphdef, model_state)  # in this trace (nnx modules are not
       batch = rollout(model, key, oracle_extras=True)  # shared across trace levels)
       credit = advantage(batch).advantages
@@ -267,8 +271,8 @@ def make_run(cell: Cell):
       return g, cosine, jnp.linalg.norm(on_decisive), jnp.linalg.norm(g - on_decisive)
 
     keys = jax.random.split(key, cell.mechanism_batches)
-    g, cosine, decisive_norm, filler_norm = jax.vmap(measure, in_axes=(None, 0))(model_state,
-                                                                                  keys)
+    g, cosine, decisive_norm, filler_norm = jax.vmap(on_batch, in_axes=(None, 0))(model_state,
+                                                                                   keys)
     power = jnp.mean(jnp.sum(g**2, axis=1))
     mean_power = jnp.sum(jnp.mean(g, axis=0) ** 2)
     signal = jnp.where(power > 0, mean_power / jnp.where(power > 0, power, 1.0), 0.0)
@@ -277,11 +281,10 @@ def make_run(cell: Cell):
 
   def run(arm, learning_rate, seed):
     key = jax.random.key(seed)
-    modules = _modules(cell, seed, learning_rate)
+    model = _policy(cell, seed)
     if cell.warmup is not None:
-      warm_start(modules["model"], jax.random.fold_in(key, WARMUP_STREAM))
-      modules["optimizer"] = _optimizer(cell, modules["model"], learning_rate)
-    state = nnx.state(modules)
+      warm_start(model, jax.random.fold_in(key, WARMUP_STREAM))
+    state = nnx.state(_modules(model, cell, learning_rate))
     advantage = lambda rollout: Estimate(advantages=jax.lax.switch(
         arm, [lambda r, f=f: f(r).advantages for f in branches], rollout))
     step = learner.make_step(graphdef, advantage=advantage, objective=objective,

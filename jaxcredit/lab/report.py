@@ -15,7 +15,7 @@ import numpy as np
 import scipy.stats
 
 from jaxcredit.lab import exact_metrics
-from jaxcredit.lab.statistics import MIN_SEEDS, bootstrap_ci
+from jaxcredit.lab.statistics import MIN_SEEDS, bootstrap_ci, reported_ci
 from jaxcredit.train import export
 
 METRICS = [("r_pool", "r_pool"), ("ceiling", "√η²"), ("r2_within", "R²_w"),
@@ -65,10 +65,7 @@ def summarise(curves: dict, *, level: float = 0.9) -> tuple[dict, dict]:
 
 def ci_text(values, rng: np.random.Generator, draws: int) -> str:
   """"mean [95% bootstrap CI]", or "mean (n/a)" below MIN_SEEDS values."""
-  values = list(values)
-  if len(values) < MIN_SEEDS:
-    return f"{np.mean(values):.3f} (n/a)"
-  return _fmt(*bootstrap_ci(values, rng, draws))
+  return fmt_interval(*reported_ci(list(values), rng, draws))
 
 
 def _fmt(mean, low, high) -> str:

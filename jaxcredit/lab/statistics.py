@@ -4,6 +4,7 @@
   holm(p_values)                      Holm step-down adjusted p-values (family-wise error)
   tost(differences, margin)           two one-sided t-tests: equivalence within +-margin
   bootstrap_ci(values, rng, draws)    mean and 95% percentile-bootstrap interval
+  reported_ci(values, rng, draws)     the same, or no interval below MIN_SEEDS values
 
 Every difference is paired by seed (the same initialisation, prompts and sampling keys), so
 the tests are one-sample tests of the per-seed differences.
@@ -70,6 +71,15 @@ def bootstrap_ci(values, rng: np.random.Generator, draws: int) -> tuple[float, f
     return float(values[0]), float(values[0]), float(values[0])
   means = rng.choice(values, (draws, len(values))).mean(axis=1)
   return float(values.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def reported_ci(values, rng: np.random.Generator,
+                draws: int) -> tuple[float, float | None, float | None]:
+  """`bootstrap_ci`, or (mean, None, None) below MIN_SEEDS values: no interval is reported
+  there (it would be about their range)."""
+  if len(values) < MIN_SEEDS:
+    return float(np.mean(values)), None, None
+  return bootstrap_ci(values, rng, draws)
 
 
 def _nonempty(differences) -> np.ndarray:

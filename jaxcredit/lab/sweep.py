@@ -20,7 +20,6 @@ against G.
 """
 
 import json
-import os
 import pathlib
 import subprocess
 import time
@@ -29,7 +28,7 @@ import numpy as np
 import scipy.stats
 
 from jaxcredit.lab import batched, exact_metrics, report, statistics
-from jaxcredit.models import preset
+from jaxcredit.models import checkpoint, preset
 from jaxcredit.tasks import key_token
 
 VERDICT_ALPHA = 0.05
@@ -72,9 +71,7 @@ def _auc(curve: dict) -> float:
 
 def _write_once(path: pathlib.Path, result: dict) -> dict:
   path.parent.mkdir(parents=True, exist_ok=True)
-  partial = path.with_suffix(".partial")
-  partial.write_text(json.dumps(result))
-  os.replace(partial, path)  # written whole, or not at all
+  checkpoint.write_atomically(path, lambda tmp: tmp.write_text(json.dumps(result)))
   return json.loads(path.read_text())  # the same types as a resumed read
 
 
@@ -85,6 +82,13 @@ def _width(study) -> int:
   return max(tuning, len(study.arms) * len(study.seeds))
 
 
+def _runner(study, regime: str, group_size: int, runners: dict) -> batched.Runner:
+  """The regime's runner at this G, built once (`runners`: G -> Runner)."""
+  if group_size not in runners:
+    runners[group_size] = batched.Runner(cell_of(study, regime, group_size))
+  return runners[group_size]
+
+
 def tune(study, regime: str, runners: dict, path: pathlib.Path) -> dict:
   """{arm: {"learning_rate", "tuning_auc" {rate: mean AUC}}}: every arm at every rate of the
   grid on the tuning seeds at G = study.tuning_group_size; the rate of the best mean AUC
@@ -92,7 +96,7 @@ def tune(study, regime: str, runners: dict, path: pathlib.Path) -> dict:
   if path.exists():
     return json.loads(path.read_text())
   arms, g = list(study.arms), study.tuning_group_size
-  runner = runners.setdefault(g, batched.Runner(cell_of(study, regime, g)))
+  runner = _runner(study, regime, g, runners)
   print(f"[sweep] {regime}: tuning {len(arms)} arms at G={g}", flush=True)
   runs = [(a, r, s) for a in range(len(arms)) for r in study.learning_rates
           for s in study.tuning_seeds]
@@ -116,7 +120,7 @@ def run_cell(study, regime: str, group_size: int, rates: dict, runners: dict,
   if path.exists():
     return json.loads(path.read_text())
   arms = list(study.arms)
-  runner = runners.setdefault(group_size, batched.Runner(cell_of(study, regime, group_size)))
+  runner = _runner(study, regime, group_size, runners)
   print(f"[sweep] {regime} G={group_size}: {len(arms)} arms x {len(study.seeds)} seeds, "
         f"{runner.cell.updates} updates", flush=True)
   runs = [(a, rates[arm]["learning_rate"], s) for a, arm in enumerate(arms) for s in study.seeds]
@@ -139,9 +143,8 @@ def compare(summary: dict, metric: str, margin: float, rng) -> dict:
       continue
     seeds = sorted(set(per_seed) & set(base))
     d = np.asarray([per_seed[s][metric] - base[s][metric] for s in seeds])
-    mean, low, high = statistics.bootstrap_ci(d, rng, 10000)
-    ci = (mean, low, high) if len(d) >= statistics.MIN_SEEDS else (mean, None, None)
-    out[arm] = {"delta": ci, "p": statistics.sign_flip_p(d, rng),
+    out[arm] = {"delta": statistics.reported_ci(d, rng, 10000),
+                "p": statistics.sign_flip_p(d, rng),
                 "p_tost": statistics.tost(d, margin)}
   for arm, p in zip(out, statistics.holm([c["p"] for c in out.values()])):
     c = out[arm]
@@ -175,9 +178,7 @@ def localisation(summaries: dict, rng) -> tuple[list[str], dict]:
         seeds = sorted(set(summary["oracle"]) & set(summary["oracle_seq"]))
         per_g[g] = np.asarray([summary["oracle"][s]["final"] - summary["oracle_seq"][s]["final"]
                                for s in seeds])
-        mean, low, high = statistics.bootstrap_ci(per_g[g], rng, 10000)
-        interval = report.fmt_interval(
-            *((mean, low, high) if len(seeds) >= statistics.MIN_SEEDS else (mean, None, None)))
+        interval = report.fmt_interval(*statistics.reported_ci(per_g[g], rng, 10000))
         lines.append(f"| {regime} | {g} | {interval} | "
                      f"{statistics.sign_flip_p(per_g[g], rng):.4f} |")
     if len(per_g) >= 2:
@@ -196,11 +197,13 @@ def run(study, workdir: str) -> dict:
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "sweep_config.json").write_text(study.to_json_best_effort(indent=2))
+  regimes = list(study.get("run_regimes") or study.regimes)
+  unknown = [regime for regime in regimes if regime not in study.regimes]
+  if unknown:  # before any training
+    raise ValueError(f"Unknown regime {unknown[0]!r} in run_regimes; known: "
+                     f"{', '.join(study.regimes)}.")
   results, tuned = {}, {}
-  for regime in study.get("run_regimes") or study.regimes:
-    if regime not in study.regimes:
-      raise ValueError(f"Unknown regime {regime!r} in run_regimes; known: "
-                       f"{', '.join(study.regimes)}.")
+  for regime in regimes:
     runners = {}  # G -> the compiled program of this regime's cells
     tuned[regime] = tune(study, regime, runners, workdir / "cells" / regime / "tuning.json")
     results[regime] = {
