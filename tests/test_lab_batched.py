@@ -1,6 +1,8 @@
 """Seeds vmapped inside one jit (lab.batched), the traceable exact oracle it uses, and the
 oracle_shuffled control."""
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -139,6 +141,12 @@ def test_vmapped_runs_equal_their_runs_alone_and_start_at_the_policys_exact_succ
   assert np.all((grid["signal_fraction"] >= 0) & (grid["signal_fraction"] <= 1 + 1e-6))
   # (A batch whose groups all have equal rewards gives GRPO no gradient.)
   assert np.all(np.isfinite(grid["grad_norm"])) and np.all(np.any(grid["grad_norm"] > 0, axis=1))
+  # Measured at chosen evaluations only: the same numbers there, nothing else changed.
+  chosen = batched.Runner(dataclasses.replace(cell, mechanism_evals=(0, 2))).train(runs)
+  for key in batched.MECHANISM:
+    np.testing.assert_allclose(chosen[key], grid[key][:, [0, 2]], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(chosen["success"], grid["success"], rtol=1e-5, atol=1e-6)
+  assert list(chosen["mechanism_gen_tokens"]) == [0, 432]
 
 
 def test_a_warm_start_sets_the_regime_confident_filler_and_a_starting_success():
@@ -160,5 +168,9 @@ def test_bad_cells_and_runs_are_refused_naming_the_problem():
     batched.make_run(_cell("grpo", {"name": "vineppo"}))
   with pytest.raises(ValueError, match="warmup.filler_probs must be 2 probabilities"):
     _cell("grpo", warmup=batched.Warmup(steps=1, filler_probs=(0.5, 0.4)))
+  for evals in ((), (1, 0), (0, 3)):
+    with pytest.raises(ValueError, match=r"mechanism_evals must be increasing evaluation "
+                                         r"indices in \[0, 3\)"):
+      _cell("grpo", mechanism_batches=1, mechanism_evals=evals)
   with pytest.raises(ValueError, match=r"arm index in \[0, 1\)"):
     batched.Runner(_cell("grpo")).train([(1, 1e-3, 0)])

@@ -39,8 +39,30 @@ def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_
   assert oracle_row[0].endswith("| 0.00 / 0.00 / 0.00 |")  # exact credit: no filler gradient
   assert (tmp_path / "learning_curves_uniform_filler_G2.png").exists()
   # A rerun reads every finished cell back instead of training it.
-  monkeypatch.setattr(batched.Runner, "train", lambda *a, **k: pytest.fail("retrained"))
-  assert sweep.run(study, str(tmp_path)) == summaries
+  with monkeypatch.context() as patched:
+    patched.setattr(batched.Runner, "train", lambda *a, **k: pytest.fail("retrained"))
+    assert sweep.run(study, str(tmp_path)) == summaries
+  # In two worker processes, one core each: the same cells (up to the float rounding of
+  # another thread count).
+  study.workers, study.group_sizes = 2, (2,)
+  in_workers = sweep.run(study, str(tmp_path / "workers"))
+  for g, summary in summaries["uniform_filler"].items():
+    if g not in study.group_sizes:
+      continue
+    for arm, by_seed in summary.items():
+      for seed, measured in by_seed.items():
+        got = in_workers["uniform_filler"][g][arm][seed]
+        np.testing.assert_allclose([got[m] for m in ("final", "auc")],
+                                   [measured[m] for m in ("final", "auc")], atol=1e-4)
+
+
+def test_more_workers_than_cores_are_refused(tmp_path, monkeypatch):
+  study = load_experiment("credit_sweep", "smoke")
+  study.workers = 3
+  monkeypatch.setattr(sweep.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+  with pytest.raises(ValueError, match=r"workers \(3\) must be at most the CPU cores "
+                                       r"available \(2\)"):
+    sweep.run(study, str(tmp_path))
 
 
 def _summary(deltas: dict, seeds: int = 10) -> dict:

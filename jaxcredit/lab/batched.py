@@ -91,7 +91,8 @@ class Cell:
   eval_prompts: int = 256
   pass_at: tuple[int, ...] = (1, 4, 16, 64)
   warmup: Warmup | None = None
-  mechanism_batches: int = 0  # > 0: the gradient measurements at every evaluation (below)
+  mechanism_batches: int = 0  # > 0: the gradient measurements (below) at...
+  mechanism_evals: tuple[int, ...] | None = None  # ...these evaluations (None: every one)
 
   def __post_init__(self):
     if self.updates < 1 or self.eval_every < 1 or self.updates % self.eval_every:
@@ -109,6 +110,20 @@ class Cell:
         or min(self.warmup.filler_probs) < 0 or not 0 <= self.warmup.key_accuracy <= 1):
       raise ValueError(f"warmup.filler_probs must be {self.task.n_fillers} probabilities "
                        f"summing to 1 and key_accuracy in [0, 1]; got {self.warmup}.")
+    n_evals = self.updates // self.eval_every + 1
+    if self.mechanism_evals is not None and (
+        not self.mechanism_evals or sorted(set(self.mechanism_evals)) != list(self.mechanism_evals)
+        or not 0 <= self.mechanism_evals[0] <= self.mechanism_evals[-1] < n_evals):
+      raise ValueError(f"mechanism_evals must be increasing evaluation indices in [0, "
+                       f"{n_evals}), got {self.mechanism_evals}.")
+
+  @property
+  def measured_evals(self) -> tuple[int, ...]:
+    """The evaluations (indices) at which the gradient measurements are taken."""
+    if not self.mechanism_batches:
+      return ()
+    n_evals = self.updates // self.eval_every + 1
+    return tuple(range(n_evals)) if self.mechanism_evals is None else self.mechanism_evals
 
   @property
   def tokens_per_update(self) -> int:
@@ -299,10 +314,14 @@ def make_run(cell: Cell):
     def measure(state, start):
       measured = evaluate(state)
       if cell.mechanism_batches:
-        model = nnx.merge(graphdef, state)["model"]
-        measured.update(mechanism(model, advantage,
-                                  jax.random.fold_in(jax.random.fold_in(key, MECHANISM_STREAM),
-                                                     start)))
+        measure_key = jax.random.fold_in(jax.random.fold_in(key, MECHANISM_STREAM), start)
+        gradients = lambda: mechanism(nnx.merge(graphdef, state)["model"], advantage,
+                                      measure_key)
+        # `start` is the same for every run: under vmap this stays a branch, so the
+        # evaluations without measurements cost nothing.
+        measured.update(jax.lax.cond(
+            jnp.isin(start // cell.eval_every, jnp.asarray(cell.measured_evals)), gradients,
+            lambda: {name: jnp.zeros(()) for name in MECHANISM}))
       return measured
 
     def block(state, start):
@@ -331,9 +350,9 @@ class Runner:
     """Trains `runs` [(arm index, learning rate, seed), ...] together, padded to `width`
     runs (repeating the last; the same width reuses the compiled program). Returns numpy
     arrays over the runs: "success" [N, n_evals] (exact J), "pass@k" {k: [N, n_evals]}, the
-    MECHANISM measurements [N, n_evals] (with cell.mechanism_batches), the per-update
-    metrics [N, updates]; "updates" and "gen_tokens" [n_evals] (before each
-    measurement); "compile_seconds" (0 when reused) and "run_seconds"."""
+    per-update metrics [N, updates]; "updates" and "gen_tokens" [n_evals] (before each
+    measurement); the MECHANISM measurements [N, len(cell.measured_evals)] and their
+    "mechanism_gen_tokens"; "compile_seconds" (0 when reused) and "run_seconds"."""
     runs = [(int(a), float(r), int(s)) for a, r, s in runs]
     if not runs or any(not 0 <= a < len(self.cell.arms) for a, _, _ in runs):
       raise ValueError(f"Expected runs (arm index in [0, {len(self.cell.arms)}), learning "
@@ -354,11 +373,15 @@ class Runner:
     kept = lambda x: np.asarray(x, np.float64)[:len(runs)]
     updates = np.arange(0, self.cell.updates + 1, self.cell.eval_every)
     pass_at = kept(measured["pass@k"])
+    evals = list(self.cell.measured_evals)
     return {
-        **{name: kept(value) for name, value in measured.items() if name != "pass@k"},
+        "success": kept(measured["success"]),
         "pass@k": {k: pass_at[..., i] for i, k in enumerate(self.cell.pass_at)},
+        **{name: kept(measured[name])[:, evals] for name in MECHANISM if evals},
         "updates": updates,
         "gen_tokens": updates * self.cell.tokens_per_update,
+        **({"mechanism_gen_tokens": updates[evals] * self.cell.tokens_per_update}
+           if evals else {}),
         **{name: kept(value) for name, value in metrics.items()},
         "compile_seconds": compile_seconds,
         "run_seconds": run_seconds,

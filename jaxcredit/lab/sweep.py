@@ -20,9 +20,12 @@ against G.
 """
 
 import json
+import multiprocessing
+import os
 import pathlib
 import subprocess
 import time
+from concurrent import futures
 
 import numpy as np
 import scipy.stats
@@ -51,7 +54,8 @@ def cell_of(study, regime: str, group_size: int) -> batched.Cell:
       arms=tuple({"scale": "rms", "of": plain(spec)} for spec in study.arms.values()),
       group_size=group_size, prompts_per_step=study.prompts_per_step,
       updates=updates * blocks, eval_every=updates, eval_prompts=study.eval_prompts,
-      warmup=warmup, mechanism_batches=study.get("mechanism_batches", 0))
+      warmup=warmup, mechanism_batches=study.get("mechanism_batches", 0),
+      mechanism_evals=tuple(study.mechanism_evals) if study.get("mechanism_evals") else None)
 
 
 def _curve(result: dict, row: int) -> dict:
@@ -61,7 +65,9 @@ def _curve(result: dict, row: int) -> dict:
           "gen_tokens": result["gen_tokens"].tolist(),
           "zero_variance_groups": float(result["zero_variance_groups"][row].mean()),
           "filler_entropy": float(result["filler_entropy"][row, 0]),
-          **{name: result[name][row].tolist() for name in batched.MECHANISM if name in result}}
+          **{name: result[name][row].tolist() for name in batched.MECHANISM if name in result},
+          **({"mechanism_gen_tokens": result["mechanism_gen_tokens"].tolist()}
+             if "mechanism_gen_tokens" in result else {})}
 
 
 def _auc(curve: dict) -> float:
@@ -73,13 +79,6 @@ def _write_once(path: pathlib.Path, result: dict) -> dict:
   path.parent.mkdir(parents=True, exist_ok=True)
   checkpoint.write_atomically(path, lambda tmp: tmp.write_text(json.dumps(result)))
   return json.loads(path.read_text())  # the same types as a resumed read
-
-
-def _width(study) -> int:
-  """Runs per program: the tuning grid and a cell's reported runs share the compiled
-  program at the tuning G."""
-  tuning = len(study.arms) * len(study.learning_rates) * len(study.tuning_seeds)
-  return max(tuning, len(study.arms) * len(study.seeds))
 
 
 def _runner(study, regime: str, group_size: int, runners: dict) -> batched.Runner:
@@ -101,7 +100,7 @@ def tune(study, regime: str, runners: dict, path: pathlib.Path) -> dict:
   runs = [(a, r, s) for a in range(len(arms)) for r in study.learning_rates
           for s in study.tuning_seeds]
   started = time.perf_counter()
-  tuning = runner.train(runs, _width(study))
+  tuning = runner.train(runs)
   auc = {}
   for row, (a, rate, _) in enumerate(runs):
     auc.setdefault(arms[a], {}).setdefault(rate, []).append(_auc(_curve(tuning, row)))
@@ -125,7 +124,7 @@ def run_cell(study, regime: str, group_size: int, rates: dict, runners: dict,
         f"{runner.cell.updates} updates", flush=True)
   runs = [(a, rates[arm]["learning_rate"], s) for a, arm in enumerate(arms) for s in study.seeds]
   started = time.perf_counter()
-  reported = runner.train(runs, _width(study))
+  reported = runner.train(runs)
   result = {arm: {"curves": {}, "learning_rate": rates[arm]["learning_rate"]} for arm in arms}
   for row, (a, _, seed) in enumerate(runs):
     result[arms[a]]["curves"][str(seed)] = _curve(reported, row)
@@ -192,8 +191,56 @@ def localisation(summaries: dict, rng) -> tuple[list[str], dict]:
   return lines, slopes
 
 
+def _pin(cores) -> None:
+  """A worker's initialiser: run on its own CPU cores (XLA's threads inherit them; where
+  the OS cannot pin, e.g. macOS, the workers share the cores)."""
+  share = cores.get()
+  if hasattr(os, "sched_setaffinity"):
+    os.sched_setaffinity(0, share)
+
+
+_WORKER_RUNNERS: dict[str, dict] = {}  # in a worker: regime -> {G: Runner}
+
+
+def _piece(study, workdir: pathlib.Path, regime: str, group_size: int | None) -> None:
+  """One piece of the sweep in a worker: the regime's tuning (read back when done), then the
+  (regime, G) cell unless `group_size` is None."""
+  runners = _WORKER_RUNNERS.setdefault(regime, {})
+  rates = tune(study, regime, runners, workdir / "cells" / regime / "tuning.json")
+  if group_size is not None:
+    run_cell(study, regime, group_size, rates, runners,
+             workdir / "cells" / regime / f"G{group_size}.json")
+
+
+def _run_in_workers(study, workdir: pathlib.Path, regimes: list[str]) -> None:
+  """The pieces in `study.workers` processes, each pinned to its share of this process's
+  CPU cores: on a CPU, independent programs side by side use the cores better than one
+  program's threads (small ops leave them idle). A regime's cells start once its tuning is
+  written."""
+  cores = sorted(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity")
+                 else range(os.cpu_count() or 1))
+  if study.workers > len(cores):
+    raise ValueError(f"workers ({study.workers}) must be at most the CPU cores available "
+                     f"({len(cores)}).")
+  context = multiprocessing.get_context("spawn")  # no fork of a process that runs XLA
+  shares = context.Queue()
+  for i in range(study.workers):
+    shares.put(set(cores[i::study.workers]))
+  with futures.ProcessPoolExecutor(study.workers, mp_context=context, initializer=_pin,
+                                   initargs=(shares,)) as pool:
+    tunings = {pool.submit(_piece, study, workdir, regime, None): regime for regime in regimes}
+    cells = []
+    for done in futures.as_completed(tunings):
+      done.result()
+      cells += [pool.submit(_piece, study, workdir, tunings[done], g)
+                for g in study.group_sizes]
+    for cell in cells:
+      cell.result()
+
+
 def run(study, workdir: str) -> dict:
-  """Runs (or resumes) every (regime, G, arm) and writes the report; returns the summaries."""
+  """Runs (or resumes) every (regime, G, arm) and writes the report; returns the summaries.
+  With `study.workers` > 1 the pieces run in that many processes (`_run_in_workers`)."""
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "sweep_config.json").write_text(study.to_json_best_effort(indent=2))
@@ -202,6 +249,8 @@ def run(study, workdir: str) -> dict:
   if unknown:  # before any training
     raise ValueError(f"Unknown regime {unknown[0]!r} in run_regimes; known: "
                      f"{', '.join(study.regimes)}.")
+  if study.get("workers", 1) > 1:
+    _run_in_workers(study, workdir, regimes)  # then read back below
   results, tuned = {}, {}
   for regime in regimes:
     runners = {}  # G -> the compiled program of this regime's cells
@@ -234,18 +283,20 @@ def _filler_entropy(by_g: dict) -> str:
 
 
 def mechanism_table(curves: dict) -> list[str]:
-  """Each arm's gradient measurements (`batched.mechanism`) at the start, middle and end of
-  training, means over seeds: cosine with the exact-credit gradient, signal fraction, and
-  the filler share |g_filler| / (|g_filler| + |g_decisive|)."""
+  """Each arm's gradient measurements (`batched.mechanism`) at the measured checkpoints,
+  means over seeds: cosine with the exact-credit gradient, signal fraction, and the filler
+  share |g_filler| / (|g_filler| + |g_decisive|)."""
   runs = {arm: list(by_seed.values()) for arm, by_seed in curves.items()}
   if not all("cosine_to_exact" in run for by_arm in runs.values() for run in by_arm):
     return []
-  at = lambda values: [values[0], values[len(values) // 2], values[-1]]
-  mean = lambda arm, f: np.mean([at(f(run)) for run in runs[arm]], axis=0)
+  first = runs[next(iter(runs))][0]
+  tokens = first.get("mechanism_gen_tokens", first["gen_tokens"])  # (every evaluation)
+  mean = lambda arm, f: np.mean([f(run) for run in runs[arm]], axis=0)
   share = lambda run: np.asarray(run["filler_norm"]) / np.maximum(
       np.asarray(run["filler_norm"]) + np.asarray(run["decisive_norm"]), 1e-30)
   cell = lambda values: " / ".join(f"{v:.2f}" for v in values)
-  lines = ["Gradient measurements at the start / middle / end of training (means over seeds; "
+  at = " / ".join(f"{t / 1e3:,.0f}k" for t in tokens)
+  lines = [f"Gradient measurements after {at} generated tokens (means over seeds; "
            "`lab.batched`): cosine of the arm's policy gradient with the exact-credit "
            "gradient on the same batch; signal fraction |mean g|² / mean |g|² over fresh "
            "batches; filler share of the gradient |g_filler| / (|g_filler| + |g_decisive|).", "",
@@ -273,7 +324,8 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
       "expected success over the evaluation prompts. Paired differences from GRPO by seed: "
       "95% bootstrap intervals (n/a below 5 seeds), sign-flip permutation p-values, "
       f"Holm-adjusted across the arms of a cell; TOST at ±{study.margin}. Verdicts at "
-      f"α = {VERDICT_ALPHA}. Wall time {seconds:.0f} s ({compile_seconds:.0f} s of it compiling) "
+      f"α = {VERDICT_ALPHA}. Wall time {seconds:.0f} s summed over the pieces (tuning and "
+      f"cells; {compile_seconds:.0f} s of it compiling), {study.get('workers', 1)} at a time, "
       f"on {report.machine()}; jaxcredit {_commit()}.", ""]
   missing = [regime for regime in study.regimes if regime not in results]
   if missing:
