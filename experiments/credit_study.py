@@ -1,84 +1,40 @@
-"""Does token-level credit matter? The credit study on key_token (LAB.md section 4).
+"""Does token-level credit matter? The credit study on key_token (jaxcredit.lab.sweep):
+regimes x samples per prompt G x arms at equal generated tokens.
 
-  python -m jaxcredit.lab.study --config experiments/credit_study.py:smoke --workdir DIR   # CI's check: about a minute
-  python -m jaxcredit.lab.study --config experiments/credit_study.py:small --workdir DIR   # ~30 min, 2 CPU cores
-  python -m jaxcredit.lab.study --config experiments/credit_study.py:full --workdir DIR    # one accelerator
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:smoke --workdir DIR  # CI
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:small --workdir DIR
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:full --workdir DIR
+  ... --config.run_regimes="('uniform_filler',)"   # some regimes now, the others later
 
-key_token (exact credit known: a filler-blind policy, two decisive positions in
-24 tokens, trained from the random policy), measured by its exact expected
-success J(pi) on held-out prompts. (Arithmetic, where every one of <= 4
-response tokens decides the reward, is a task but not part of the study: it
-cannot tell credit methods apart.) Every estimator trains the
-same policy (same initialisation, prompts and evaluation per seed) with the
-same loss: PPO-clip with one gradient step per batch (ratio 1: a plain policy
-gradient with the estimator's credit), no KL, no entropy bonus, temperature 1,
-advantages divided by their batch RMS so one learning rate serves all
-("scale-matched"). During the first seed's GRPO run on key_token the study
-scores every estimator's credit on the same batches against the exact oracle.
+(experiments/credit_study_v1.py is the first design: one learning rate, 3 seeds, a step
+count, the full trainer; docs/credit_study_v1.)
+
+Every arm trains the same policies (per seed: initialisation, prompt draws, sampling keys)
+from the random policy (or after a short SFT that sets the regime), with RMS-scaled
+advantages and one plain policy-gradient step per batch; its learning rate is tuned per
+regime on seeds excluded from the report. The arms:
+  grpo, dr_grpo              sequence-level credit (broadcast to every token); rloo is
+                             dr_grpo times G / (G - 1): the same arm once advantages are
+                             RMS-scaled (every response has T tokens), so it is not run
+  oracle                     the exact A(s_t, y_t) (uncharged: an upper bound)
+  oracle_seq                 R - V(x): the exact baseline, no localisation
+  oracle_shuffled            the exact credit permuted within each response
+  entropy80 / entropy80_low  GRPO on the top-20% entropy tokens / on the other 80%
 """
-
-import pathlib
-import runpy
 
 import ml_collections
 
-# The quickstart training config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))["get_config"]
-
 PRESETS = ("smoke", "small", "full")
 
-
-def _estimators(vine_k: int) -> dict:
-  """name -> advantage config (see estimators.from_config); `critic: True` trains a
-  value model (scored on the shared batches with a shadow critic); `learned:
-  True` marks credit from another model trained along the run (not scored)."""
-  return {
-      "grpo": {"advantage": {"name": "grpo"}},  # (R - mean_g) / std_g on every token
-      "dr_grpo": {"advantage": {"name": "dr_grpo"}},  # R - mean_g
-      "rloo": {"advantage": {"name": "rloo"}},  # R - mean of the other G - 1
-      "ppo_gae": {"advantage": {"name": "gae", "lam": 0.95}, "critic": True},  # learned critic
-      "vineppo": {"advantage": {"name": "vineppo", "k": vine_k, "positions": "stride:4"}},  # MC values
-      "prime": {"advantage": {"name": "prime", "beta": 0.05}, "learned": True},  # implicit PRM
-      "entropy80": {"advantage": {"mask": "high_entropy", "rho": 0.2, "of": "grpo"}},  # top-20% entropy tokens
-      "ktae": {"advantage": {"name": "ktae"}},  # GRPO + per-group key-token scores
-      "oracle": {"advantage": {"name": "oracle"}},  # exact A(s_t, y_t) (uncharged upper bound)
-      "oracle_seq": {"advantage": {"name": "oracle_seq"}},  # R - V(x): exact baseline, no localisation
-  }
-
-
-def _shared_rl(train: ml_collections.ConfigDict) -> None:
-  """What every estimator shares: the loss, the optimizer and the sampling."""
-  train.rl.group_size = 8  # 8 samples per prompt
-  train.rl.learning_rate = 1e-3  # one rate for all (advantages are RMS-scaled)
-  train.rl.max_grad_norm = 1.0
-  train.rl.epochs = 1  # one gradient step per batch: ratio 1, clipping inactive
-  train.rl.minibatches = 1
-  train.rl.temperature = 1.0
-  train.critic.learning_rate = 1e-3  # ppo_gae's critic (same architecture, scalar head)
-  train.checkpoint.every = 50
-  train.objective = {"policy": {"name": "ppo_clip", "aggregation": "seq-mean-token-sum-norm"}}
-
-
-def _key_token() -> ml_collections.ConfigDict:
-  train = quickstart_config()
-  train.task.name = "key_token"
-  train.task.options = {
-      "length": 24,  # T response tokens
-      "n_decisive": 2,  # K decisive positions (spread: 8 and 16)
-      "n_keys": 4,  # |C|: chance success 1/16
-      "n_fillers": 4,  # |F| filler symbols
-      "rule": "all",  # R = 1 iff both decisive tokens copy their keys
-      "filler_blind": True,  # filler never enters a later input: the exact oracle E-DEC applies
-  }
-  train.task.train_size = 4096
-  train.task.test_size = 64  # greedy evaluation prompts
-  train.model.overrides = {"n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 4, "d_ff": 256}  # ~0.1M
-  train.sft.max_steps = 0  # start from the random (near-uniform) policy
-  _shared_rl(train)
-  train.rl.steps = 100
-  train.rl.prompts_per_step = 8  # 64 responses per step
-  train.rl.eval_every = 10
-  return train
+ARMS = {
+    "grpo": "grpo",
+    "dr_grpo": "dr_grpo",
+    "oracle": "oracle",
+    "oracle_seq": "oracle_seq",
+    "oracle_shuffled": "oracle_shuffled",
+    "entropy80": {"mask": "high_entropy", "rho": 0.2, "of": "grpo"},
+    "entropy80_low": {"mask": "low_entropy", "rho": 0.2, "of": "grpo"},
+}
 
 
 def get_config(preset: str = "small") -> ml_collections.ConfigDict:
@@ -86,45 +42,76 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     raise ValueError(f"Unknown preset {preset!r}; known: {', '.join(PRESETS)}.")
   config = ml_collections.ConfigDict()
   config.preset = preset
-  config.estimators = _estimators(vine_k=4)
-  # Per task: its training config, the estimators run on it, and whether credit is scored
-  # against the exact oracle.
-  config.tasks = {
-      "key_token": {"train": _key_token(), "scored": True,
-                    "estimators": ["grpo", "dr_grpo", "rloo", "ppo_gae", "vineppo", "prime", "entropy80", "ktae",
-                                   "oracle", "oracle_seq"]},
+  # Two decisive positions (8 and 16) in 24 tokens; |C| = 4: chance success 1/16.
+  task = {"length": 24, "n_decisive": 2, "n_keys": 4, "n_fillers": 4, "rule": "all",
+          "filler_blind": True}
+  config.regimes = {
+      "uniform_filler": {"task": task},  # the random policy: filler near ln 4 = 1.39 nats
+      # A short SFT on filler drawn 99.75% as F0 (0.02 nats) and uniform keys: confident
+      # filler, success still at chance.
+      "peaked_filler": {"task": task,
+                        "warmup": {"steps": 300, "filler_probs": [0.9975] + [0.0025 / 3] * 3,
+                                   "key_accuracy": 0.0}},
   }
-  config.seeds = [0, 1, 2]  # the unit of replication (init, prompts, sampling)
-  config.scale = "rms"  # "rms": scale-matched credit; "native": as the estimator gives it
-  config.score_at = [0.0, 0.5, 1.0]  # fractions of training at which the first GRPO run is scored
-  config.mc_check_k = 64  # continuations per state for the Monte-Carlo vs exact check
-  config.mc_check_rows = 16  # responses in that check
-  config.resamples = 8  # fresh groups around fixed probe responses, for credit stability (RCN)
-  config.bootstrap = 10000  # resamples for confidence intervals over seeds
+  # One layer, d = 32 (about 17k parameters): it learns to copy the keys within the budget.
+  config.model = {"preset": "tiny",
+                  "overrides": {"n_layers": 1, "d_model": 32, "n_heads": 4, "n_kv_heads": 4,
+                                "d_ff": 128}}
+  config.group_sizes = (4, 8, 16, 32)  # a tuple: --config.group_sizes='(4, 8)' runs some
+  config.prompts_per_step = 8
+  # Generated tokens per run, by G (the same for every arm of a cell): 2.6-3.2x what GRPO
+  # needed at G = 4 and 8 to reach 0.9 x the best plateau in a first measurement (316k and
+  # 382k tokens); the report checks it per cell.
+  config.token_budget = {str(g): 1_000_000 for g in config.group_sizes}
+  config.tuning_group_size = 8  # each arm's learning rate is chosen here, per regime
+  config.eval_points = 20  # exact J measured this many times (and at the start)
+  config.eval_prompts = 256  # every prompt when |C|^K is at most this
+  config.arms = ARMS
+  config.learning_rates = [3e-4, 1e-3, 3e-3, 1e-2]
+  config.tuning_seeds = [100, 101]  # choose the learning rate; excluded from the report
+  config.seeds = list(range(10))
+  config.margin = 0.05  # TOST equivalence margin on J
+  config.mechanism_batches = 4  # fresh batches per measurement of the gradients, taken...
+  config.mechanism_evals = (0, 3, 20)  # ...at these evaluations: start, 15% of Z, end
+  # Pieces (tuning, cells) run side by side in this many processes, one CPU core each: on
+  # this 2-core CPU 1.4x the tokens/s of one process on both cores. 1 on an accelerator.
+  config.workers = 2
+  # Regimes to run now (None: all); the others are listed as not run. A later run with more
+  # resumes the finished ones.
+  config.run_regimes = ml_collections.config_dict.placeholder(tuple)
 
-  key_token = config.tasks.key_token.train
-  if preset == "smoke":
-    key_token.task.options = {"length": 8, "n_decisive": 2, "n_keys": 3, "n_fillers": 2, "filler_blind": True}
-    key_token.task.train_size, key_token.task.test_size = 64, 9
-    key_token.model.overrides = {"n_layers": 1, "d_model": 32, "n_heads": 2, "n_kv_heads": 2, "d_ff": 64}
-    key_token.rl.steps, key_token.rl.prompts_per_step, key_token.rl.group_size = 5, 4, 4
-    key_token.rl.eval_every, key_token.rl.learning_rate = 2, 3e-3
-    config.estimators = _estimators(vine_k=2)
-    config.tasks.key_token.estimators = ["grpo", "vineppo", "oracle"]
-    config.seeds = [0]
-    config.score_at = [0.0, 1.0]
-    config.mc_check_k, config.mc_check_rows, config.bootstrap, config.resamples = 32, 8, 1000, 2
-  elif preset == "full":
-    key_token.model.overrides = {"n_layers": 4, "d_model": 256, "n_heads": 8, "n_kv_heads": 8, "d_ff": 1024}
-    key_token.task.options = {**key_token.task.options, "length": 64, "n_decisive": 4}
-    key_token.rl.steps, key_token.rl.prompts_per_step, key_token.rl.group_size = 2000, 32, 16
-    config.estimators = {**_estimators(vine_k=9),
-                         "spo_chain": {"advantage": {"name": "spo", "k": 9, "positions": "cutpoints:0.9"}}}
-    config.tasks.key_token.estimators = [*config.tasks.key_token.estimators, "spo_chain"]
-    config.seeds = list(range(10))
-    config.score_at = [0.0, 0.25, 0.5, 1.0]
-  for name, spec in config.tasks.items():  # four per-token exports per run (python -m jaxcredit.view)
-    export = spec.train.export
-    export.every, export.groups = max(1, spec.train.rl.steps // 4), 2
-    export.compare = ("oracle",) if name == "key_token" else ()
+  if preset == "full":
+    # T in {24, 96, 384} x filler {uniform, peaked}, and a start at J = 0.3 (keys right
+    # 40% of the time after the SFT: (0.4 + 0.6 / 4)^2 = 0.30); the budget scales with T
+    # (the same number of updates). ~14 billion generated tokens: 30 hours or more on
+    # a 2-core CPU at the small preset's rate, so one accelerator (workers = 1), in pieces
+    # (run_regimes).
+    # (T = 24: the small preset's regimes, under their names: a full run resumes its cells.)
+    regimes = config.regimes.to_dict()
+    for length in (96, 384):
+      long_task = {**task, "length": length}
+      regimes[f"uniform_filler_T{length}"] = {"task": long_task, "budget_scale": length / 24}
+      regimes[f"peaked_filler_T{length}"] = {**regimes["peaked_filler"], "task": long_task,
+                                             "budget_scale": length / 24}
+    regimes["start_at_0_3"] = {"task": task, "warmup": {
+        "steps": 300, "filler_probs": [0.25] * 4, "key_accuracy": 0.4}}
+    config.regimes = regimes
+    config.workers = 1
+  elif preset == "smoke":
+    config.regimes = {"uniform_filler": {"task": {"length": 6, "n_decisive": 2, "n_keys": 3,
+                                                  "n_fillers": 2, "filler_blind": True}}}
+    config.model.overrides = {"n_layers": 1, "d_model": 32, "n_heads": 2, "n_kv_heads": 2,
+                              "d_ff": 64}
+    config.group_sizes = (2, 4)
+    config.tuning_group_size = 2
+    config.prompts_per_step = 4
+    config.token_budget = {"2": 960, "4": 960}
+    config.eval_points = 2
+    config.arms = {name: ARMS[name] for name in ("grpo", "oracle", "oracle_seq")}
+    config.learning_rates = [1e-3, 1e-2]
+    config.tuning_seeds = [100]
+    config.seeds = [0, 1]
+    config.mechanism_batches = 2
+    config.mechanism_evals = None  # every evaluation
+    config.workers = 1
   return config

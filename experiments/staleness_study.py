@@ -15,7 +15,7 @@ import runpy
 
 import ml_collections
 
-_credit_study = runpy.run_path(str(pathlib.Path(__file__).with_name("credit_study.py")))
+_credit_study = runpy.run_path(str(pathlib.Path(__file__).with_name("credit_study_v1.py")))
 
 PRESETS = ("smoke", "small", "full")
 ESTIMATORS = ("grpo", "ppo_gae", "vineppo", "oracle")

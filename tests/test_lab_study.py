@@ -15,7 +15,7 @@ from tests.conftest import ROOT
 
 
 def load_experiment_with_preset(preset):
-  return runpy.run_path(str(ROOT / "experiments/credit_study.py"))["get_config"](preset)
+  return runpy.run_path(str(ROOT / "experiments/credit_study_v1.py"))["get_config"](preset)
 
 
 def test_pass_at_k_is_the_chance_that_k_samples_hold_a_success():
@@ -53,6 +53,18 @@ def test_intervals_are_n_a_below_five_seeds():
   assert text.startswith("0.500 [") and low < 0.5 < high and (low, high) != (0.2, 0.8)
 
 
+def test_the_efficiency_table_gives_the_interquartile_mean_of_the_finals():
+  """IQM: the mean of the middle half of the sorted per-seed finals (two stalled seeds of
+  ten barely move it)."""
+  finals = np.random.default_rng(1).uniform(0.8, 1.0, 10)
+  finals[[2, 7]] = 0.06
+  curve = lambda f: {"final": f, "pass@k": {"16": f}, "auc": f, "tau": None,
+                     "zero_variance_groups": 0.0, "gen_tokens": 100}
+  summary = {"grpo": {seed: curve(f) for seed, f in enumerate(finals)}}
+  row = report.efficiency_table(summary, 0.9, np.random.default_rng(0), 100)[2].split(" | ")
+  assert float(row[2]) == pytest.approx(np.mean(np.sort(finals)[2:8]), abs=5e-4)
+
+
 def test_study_run_configs_are_scale_matched_and_seeded():
   config = load_experiment_with_preset("small")
   run = study.train_config(config, "key_token", "ppo_gae", 2, "/tmp/data")
@@ -67,7 +79,7 @@ def test_study_run_configs_are_scale_matched_and_seeded():
 
 def test_smoke_study_writes_the_report(tmp_path):
   result = subprocess.run(
-      [sys.executable, "-m", "jaxcredit.lab.study", "--config", str(ROOT / "experiments/credit_study.py:smoke"),
+      [sys.executable, "-m", "jaxcredit.lab.study", "--config", str(ROOT / "experiments/credit_study_v1.py:smoke"),
        "--workdir", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   text = (tmp_path / "report.md").read_text()

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 from jaxcredit.lab import batched, statistics, sweep
+from jaxcredit.lab import study as study_module
 from tests.conftest import load_experiment
 
 
 def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_path,
                                                                             monkeypatch):
-  study = load_experiment("credit_sweep", "smoke")
+  study = load_experiment("credit_study", "smoke")
   summaries = sweep.run(study, str(tmp_path))
   tuned = json.loads((tmp_path / "cells" / "uniform_filler" / "tuning.json").read_text())
   for arm in study.arms:
@@ -34,6 +35,7 @@ def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_
   for g in study.group_sizes:
     assert f"### G = {g}" in text and f"| uniform_filler | {g} |" in text
   assert "n/a" in text and "slope of Δ_loc on log₂ G" in text
+  assert text.count("Budget: GRPO ") == len(study.group_sizes)
   oracle_row = [line for line in text.splitlines() if line.startswith("| oracle | 1.00 / ")]
   assert "| arm | cosine to exact | signal fraction | filler share |" in text and oracle_row
   assert oracle_row[0].endswith("| 0.00 / 0.00 / 0.00 |")  # exact credit: no filler gradient
@@ -57,7 +59,7 @@ def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_
 
 
 def test_more_workers_than_cores_are_refused(tmp_path, monkeypatch):
-  study = load_experiment("credit_sweep", "smoke")
+  study = load_experiment("credit_study", "smoke")
   study.workers = 3
   monkeypatch.setattr(sweep.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
   with pytest.raises(ValueError, match=r"workers \(3\) must be at most the CPU cores "
@@ -90,8 +92,37 @@ def test_comparisons_call_higher_lower_equivalent_or_inconclusive_after_holm():
 
 
 def test_an_unknown_regime_to_run_is_refused(tmp_path):
-  study = load_experiment("credit_sweep", "smoke")
+  study = load_experiment("credit_study", "smoke")
   study.run_regimes = ("uniform", "uniform_filler")
   with pytest.raises(ValueError, match="Unknown regime 'uniform' in run_regimes; known: "
                                        "uniform_filler"):
     sweep.run(study, str(tmp_path))
+
+
+def test_the_budget_check_compares_z_with_grpos_median_tokens_to_the_level():
+  summary = {"grpo": {s: {"tau": t} for s, t in enumerate([100, 300, None, 200])}}
+  text = sweep.budget_check(summary, 0.85, 600)
+  assert "after 200 tokens (median of the 3/4 seeds that do): Z = 3.0 ×" in text
+  summary = {"grpo": {0: {"tau": None}}}
+  assert sweep.budget_check(summary, 0.85, 600) == (
+      "Budget: GRPO did not reach J = 0.850 within Z = 600 tokens.")
+
+
+def test_the_study_entry_point_runs_the_sweep_for_a_config_with_regimes(monkeypatch):
+  calls = []
+  monkeypatch.setattr(sweep, "run", lambda study, workdir: calls.append(("sweep", workdir)))
+  monkeypatch.setattr(study_module, "run", lambda study, workdir: calls.append(("v1", workdir)))
+  study_module.run_any(load_experiment("credit_study", "smoke"), "a")
+  study_module.run_any(load_experiment("credit_study_v1", "smoke"), "b")
+  assert calls == [("sweep", "a"), ("v1", "b")]
+
+
+def test_the_full_preset_scales_the_budget_with_t_and_keeps_the_small_cells():
+  full, small = load_experiment("credit_study", "full"), load_experiment("credit_study", "small")
+  assert set(small.regimes) < set(full.regimes)  # a full run resumes the small one's cells
+  short, long = (sweep.cell_of(full, regime, 8) for regime in ("uniform_filler",
+                                                               "uniform_filler_T384"))
+  assert short == sweep.cell_of(small, "uniform_filler", 8)
+  assert long.task.length == 384 and long.updates == short.updates  # 16x the tokens
+  peaked = sweep.cell_of(full, "peaked_filler_T96", 8)
+  assert peaked.warmup == sweep.cell_of(small, "peaked_filler", 8).warmup is not None

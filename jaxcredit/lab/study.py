@@ -1,6 +1,12 @@
-"""The credit study: estimators x seeds trained on one task, credit scored against the oracle.
+"""The credit study's entry point, and its first design: estimators x seeds trained on one
+task, credit scored against the oracle.
 
   python -m jaxcredit.lab.study --config experiments/credit_study.py:small --workdir DIR
+  python -m jaxcredit.lab.study --config experiments/credit_study_v1.py:small --workdir DIR
+
+A config with `regimes` is the sweep (`lab.sweep`: regimes x G x arms at equal tokens,
+learning rates tuned, paired seeds vmapped in one program); a config with `tasks` is the
+first design, below.
 
 For every task, estimator and seed the study trains a policy with
 `jaxcredit.train.loop.run` (same initialisation, prompts and evaluation per
@@ -31,7 +37,7 @@ from flax import nnx
 from ml_collections import config_flags
 
 from jaxcredit import estimators
-from jaxcredit.lab import exact_metrics, oracle, report, scores
+from jaxcredit.lab import exact_metrics, oracle, report, scores, sweep
 from jaxcredit.models import Transformer
 from jaxcredit.sampling import generate
 from jaxcredit.train import extras, learner, loop, tasks
@@ -331,5 +337,13 @@ def cli(run_study: Callable[[ml_collections.ConfigDict, str], object], descripti
   app.run(main)
 
 
+def run_any(study, workdir: str):
+  """The sweep for a config with `regimes`, else the first design's `run`."""
+  if "regimes" in study:
+    return sweep.run(study, workdir)
+  return run(study, workdir)
+
+
 if __name__ == "__main__":
-  cli(run, "Study config (experiments/credit_study.py:<preset>).")
+  cli(run_any, "Study config (experiments/credit_study.py:<preset>, or "
+      "experiments/credit_study_v1.py:<preset>).")

@@ -1,7 +1,7 @@
 """The credit study's sweep: regimes x samples per prompt (G) x arms at equal generated
 tokens, learning rates tuned on excluded seeds, paired statistics against GRPO.
 
-  python -m jaxcredit.lab.sweep --config experiments/credit_sweep.py:small --workdir DIR
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:small --workdir DIR
 
 Per regime (a key_token configuration), one batched program (`lab.batched`: arms,
 learning rates and seeds vmapped) trains every arm at every learning rate of the grid on
@@ -38,12 +38,14 @@ VERDICT_ALPHA = 0.05
 
 
 def cell_of(study, regime: str, group_size: int) -> batched.Cell:
-  """The batched cell of (regime, G) with every arm: the budget's updates, eval points
-  spread evenly."""
+  """The batched cell of (regime, G) with every arm: the budget's updates (the G's
+  token_budget times the regime's budget_scale, 1 unless given), eval points spread
+  evenly."""
   task = key_token.KeyTokenConfig(**study.regimes[regime].task)
   tokens_per_update = study.prompts_per_step * group_size * task.length
   blocks = study.eval_points
-  updates = max(1, round(study.token_budget[str(group_size)] / tokens_per_update / blocks))
+  budget = study.token_budget[str(group_size)] * study.regimes[regime].get("budget_scale", 1)
+  updates = max(1, round(budget / tokens_per_update / blocks))
   plain = lambda spec: spec.to_dict() if hasattr(spec, "to_dict") else spec
   warmup = plain(study.regimes[regime].get("warmup"))
   if warmup is not None:
@@ -282,6 +284,19 @@ def _filler_entropy(by_g: dict) -> str:
           f"ln |F| is uniform)." if first else "")
 
 
+def budget_check(summary: dict, level: float, budget: int) -> str:
+  """Whether the cell's budget Z gave GRPO room to plateau: Z over GRPO's median tokens to
+  J = level (0.9 x the best arm's plateau) on the seeds that reach it; the protocol asks
+  for at least 3."""
+  reached = [m["tau"] for m in summary["grpo"].values() if m["tau"] is not None]
+  if not reached:
+    return f"Budget: GRPO did not reach J = {level:.3f} within Z = {budget:,} tokens."
+  tau = float(np.median(reached))
+  return (f"Budget: GRPO reaches J = {level:.3f} (0.9 × the best plateau) after {tau:,.0f} "
+          f"tokens (median of the {len(reached)}/{len(summary['grpo'])} seeds that do): "
+          f"Z = {budget / max(tau, 1.0):.1f} × that (the protocol asks ≥ 3).")
+
+
 def mechanism_table(curves: dict) -> list[str]:
   """Each arm's gradient measurements (`batched.mechanism`) at the measured checkpoints,
   means over seeds: cosine with the exact-credit gradient, signal fraction, and the filler
@@ -348,6 +363,7 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
       summaries.setdefault(regime, {})[g] = summary
       tokens = next(iter(next(iter(curves.values())).values()))["gen_tokens"][-1]
       lines += [f"### G = {g} ({tokens:,} generated tokens per run)", ""]
+      lines += [budget_check(summary, bounds["level"], tokens), ""] if "grpo" in summary else []
       lines += report.efficiency_table(summary, bounds["level"], rng, 10000)
       for metric in ("final", "auc"):
         if "grpo" in summary:
@@ -362,8 +378,3 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
   (workdir / "report.md").write_text("\n".join(lines) + "\n")
   return summaries
 
-
-if __name__ == "__main__":
-  from jaxcredit.lab import study as study_module
-
-  study_module.cli(run, "Sweep config (experiments/credit_sweep.py:<preset>).")
