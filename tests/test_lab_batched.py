@@ -141,12 +141,58 @@ def test_vmapped_runs_equal_their_runs_alone_and_start_at_the_policys_exact_succ
   assert np.all((grid["signal_fraction"] >= 0) & (grid["signal_fraction"] <= 1 + 1e-6))
   # (A batch whose groups all have equal rewards gives GRPO no gradient.)
   assert np.all(np.isfinite(grid["grad_norm"])) and np.all(np.any(grid["grad_norm"] > 0, axis=1))
+  # Credit on filler: none for the exact credit; GRPO's broadcast puts weight 1 on each of
+  # the T - K = 4 fillers (0 for a batch without credit).
+  np.testing.assert_allclose(grid["noisy_tokens"][oracle_runs], 0.0, atol=1e-6)
+  # The exact credit is a function of (state, token): sharing leaves it as it is.
+  np.testing.assert_allclose(grid["credit_cosine"][oracle_runs], 1.0, atol=1e-5)
+  np.testing.assert_allclose(grid["implicit_credit_cosine"][oracle_runs], 1.0, atol=1e-5)
+  assert set(np.round(grid["noisy_tokens"][grpo_runs].ravel(), 5)) <= {0.0, 4.0}
   # Measured at chosen evaluations only: the same numbers there, nothing else changed.
   chosen = batched.Runner(dataclasses.replace(cell, mechanism_evals=(0, 2))).train(runs)
   for key in batched.MECHANISM:
     np.testing.assert_allclose(chosen[key], grid[key][:, [0, 2]], rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(chosen["success"], grid["success"], rtol=1e-5, atol=1e-6)
   assert list(chosen["mechanism_gen_tokens"]) == [0, 432]
+
+
+def test_noisy_tokens_against_a_float64_loop():
+  rng = np.random.default_rng(0)
+  advantages = rng.normal(size=(6, 9)) * (rng.uniform(size=(6, 9)) < 0.7)
+  mask = rng.uniform(size=(6, 9)) < 0.8
+  advantages[2], mask[4] = 0.0, False  # a row without credit, a row without tokens
+  decisive = rng.uniform(size=9) < 0.3
+  rows = []
+  for a, m in zip(advantages, mask):
+    weight = np.where(m, np.abs(a), 0.0)
+    if weight.max() > 0:
+      rows.append(sum(weight[t] / weight.max() for t in range(9) if not decisive[t]))
+  for fn in (batched.noisy_tokens, jax.jit(batched.noisy_tokens)):
+    np.testing.assert_allclose(fn(jnp.asarray(advantages, jnp.float32), mask, decisive),
+                               np.mean(rows), rtol=1e-5)
+  assert batched.noisy_tokens(jnp.zeros((2, 3)), jnp.ones((2, 3), bool), decisive[:3]) == 0.0
+
+
+def test_implicit_credit_against_a_loop_over_shared_states():
+  """Row i's credit at t: the mean over rows j of its group with the same token at t and
+  the same decisive tokens before t."""
+  rng = np.random.default_rng(0)
+  group, length = 4, 7
+  tokens = rng.integers(0, 2, (3 * group, length))
+  credit = rng.normal(size=tokens.shape)
+  decisive = np.zeros(length, bool)
+  decisive[[2, 5]] = True
+  expected = np.zeros_like(credit)
+  for i in range(len(tokens)):
+    for t in range(length):
+      same = [j for j in range(i // group * group, (i // group + 1) * group)
+              if tokens[j, t] == tokens[i, t]
+              and all(tokens[j, d] == tokens[i, d] for d in range(t) if decisive[d])]
+      expected[i, t] = credit[same, t].mean()
+  got = jax.jit(batched.implicit_credit, static_argnums=3)(jnp.asarray(credit, jnp.float32),
+                                                          tokens, decisive, group)
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(batched.implicit_credit(credit, tokens, decisive, 1), credit)
 
 
 def test_a_warm_start_sets_the_regime_confident_filler_and_a_starting_success():

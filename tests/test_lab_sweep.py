@@ -38,7 +38,12 @@ def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_
   assert text.count("Budget: GRPO ") == len(study.group_sizes)
   oracle_row = [line for line in text.splitlines() if line.startswith("| oracle | 1.00 / ")]
   assert "| arm | cosine to exact | signal fraction | filler share |" in text and oracle_row
-  assert oracle_row[0].endswith("| 0.00 / 0.00 / 0.00 |")  # exact credit: no filler gradient
+  # Exact credit: no filler gradient, no credit on filler; GRPO's on all T - K = 4 fillers
+  # (a batch without credit counts 0).
+  assert oracle_row[0].endswith("| 0.00 / 0.00 / 0.00 | 1.00 / 1.00 / 1.00 | "
+                                "1.00 / 1.00 / 1.00 | 0.0 |")
+  grpo_row = [line for line in text.splitlines() if line.startswith("| grpo | ") and " / " in line]
+  assert 0 < float(grpo_row[0].split("|")[-2]) <= 4.0
   assert (tmp_path / "learning_curves_uniform_filler_G2.png").exists()
   # A rerun reads every finished cell back instead of training it.
   with monkeypatch.context() as patched:

@@ -55,7 +55,8 @@ PROMPT_STREAM, SAMPLE_STREAM, EXTRAS_STREAM, NOISE_STREAM = 0, 1, 2, 3
 EXTRAS = ("oracle_advantages", "oracle_values", "shuffle_priorities")  # what a cell can compute
 UPDATE_METRICS = ("reward_mean", "zero_variance_groups", "entropy", "grad_norm")
 WARMUP_STREAM, MECHANISM_STREAM = 4, 5
-MECHANISM = ("cosine_to_exact", "signal_fraction", "decisive_norm", "filler_norm")
+MECHANISM = ("cosine_to_exact", "signal_fraction", "decisive_norm", "filler_norm",
+             "credit_cosine", "implicit_credit_cosine")
 DEFAULT_OBJECTIVE = {"policy": {"name": "ppo_clip", "aggregation": "seq-mean-token-sum-norm"}}
 
 
@@ -148,6 +149,44 @@ def evaluation_symbols(config: key_token.KeyTokenConfig, limit: int) -> np.ndarr
   if config.n_keys**config.n_decisive <= limit:
     return np.asarray(list(itertools.product(range(config.n_keys), repeat=config.n_decisive)))
   return np.random.default_rng(0).integers(0, config.n_keys, (limit, config.n_decisive))
+
+
+def noisy_tokens(advantages, mask, decisive):
+  """The effective number of noisy tokens of a batch of credit: over the responses with any
+  credit, the mean of sum_{t not in P} w_t, where w_t = |A_t| / max_t' |A_t'| is token t's
+  credit weight within its response (broadcast credit: T - K; exact credit on filler-blind
+  key_token: 0). advantages, mask [B, L]; decisive [L] or [B, L] bool (P). A scalar; 0 when
+  no response has credit. Traceable."""
+  weight = jnp.where(mask, jnp.abs(advantages), 0.0)
+  top = jnp.max(weight, axis=-1, keepdims=True)
+  per_row = jnp.sum(jnp.where(decisive, 0.0, weight / jnp.where(top > 0, top, 1.0)), axis=-1)
+  credited = top[:, 0] > 0
+  return jnp.sum(jnp.where(credited, per_row, 0.0)) / jnp.maximum(jnp.sum(credited), 1)
+
+
+def implicit_credit(credit, tokens, decisive, group_size: int):
+  """[B, L]: each token's credit averaged over the responses of its group that reach the
+  same state and take the same token there. On filler-blind key_token a state is the
+  prompt, the position and the decisive tokens before it (filler is hidden from later
+  inputs), so identical (state, token) pairs share one policy-gradient term: this is the
+  credit the gradient sees, GRPO's implicit process reward (arXiv 2509.21154) where
+  responses share states. credit, tokens [B, L] (groups of `group_size` consecutive rows,
+  one prompt each); decisive [L] bool. Traceable."""
+  b, length = tokens.shape
+  tokens = tokens.reshape(b // group_size, group_size, 1, length)
+  credit = credit.reshape(b // group_size, 1, group_size, length)
+  pairs = lambda x: x != jnp.swapaxes(x, 1, 2)  # [n, G, G, L]: row i vs row j
+  differs = pairs(jnp.where(decisive, tokens, 0)).astype(jnp.int32)
+  apart_before = jnp.cumsum(differs, axis=-1) - differs > 0  # a decisive choice earlier
+  shared = ~pairs(tokens) & ~apart_before
+  return (jnp.sum(jnp.where(shared, credit, 0.0), axis=2) / jnp.sum(shared, axis=2)).reshape(
+      b, length)
+
+
+def _cosine(x, y, mask):
+  """sum m x y / sqrt(sum m x^2 sum m y^2); 0 when either is 0."""
+  x, y = jnp.where(mask, x, 0.0), jnp.where(mask, y, 0.0)
+  return jnp.sum(x * y) / jnp.maximum(jnp.linalg.norm(x) * jnp.linalg.norm(y), 1e-30)
 
 
 def _needs(advantages) -> set[str]:
@@ -271,7 +310,8 @@ def make_run(cell: Cell):
     A, RMS-scaled like every arm's), the arm's signal fraction |mean g|^2 / mean |g|^2
     (1: every batch agrees; 1/R: pure noise over R batches), and the norms of its gradient
     restricted to the decisive and to the filler tokens (the gradient is linear in the
-    advantages: the two parts sum to it)."""
+    advantages: the two parts sum to it); and over tokens, the cosine of the arm's credit
+    with the exact credit, raw and as the gradient sees it (`implicit_credit`)."""
     exact = estimators.from_config({"scale": "rms", "of": "oracle"})
 
     model_graphdef, model_state = nnx.split(model)
@@ -283,16 +323,22 @@ def make_run(cell: Cell):
       g, g_exact = gradient(model, batch, credit), gradient(model, batch, exact(batch).advantages)
       on_decisive = gradient(model, batch, jnp.where(decisive_columns, credit, 0.0))
       cosine = g @ g_exact / jnp.maximum(jnp.linalg.norm(g) * jnp.linalg.norm(g_exact), 1e-30)
-      return g, cosine, jnp.linalg.norm(on_decisive), jnp.linalg.norm(g - on_decisive)
+      implicit = implicit_credit(credit, batch.tokens, decisive_columns, group)
+      credit_cosines = (_cosine(credit, batch.extras["oracle_advantages"], batch.mask),
+                        _cosine(implicit, batch.extras["oracle_advantages"], batch.mask))
+      return (g, cosine, jnp.linalg.norm(on_decisive), jnp.linalg.norm(g - on_decisive),
+              *credit_cosines)
 
     keys = jax.random.split(key, cell.mechanism_batches)
-    g, cosine, decisive_norm, filler_norm = jax.vmap(on_batch, in_axes=(None, 0))(model_state,
-                                                                                   keys)
+    g, cosine, decisive_norm, filler_norm, credit_cosine, implicit_cosine = jax.vmap(
+        on_batch, in_axes=(None, 0))(model_state, keys)
     power = jnp.mean(jnp.sum(g**2, axis=1))
     mean_power = jnp.sum(jnp.mean(g, axis=0) ** 2)
     signal = jnp.where(power > 0, mean_power / jnp.where(power > 0, power, 1.0), 0.0)
     return {"cosine_to_exact": jnp.mean(cosine), "signal_fraction": signal,
-            "decisive_norm": jnp.mean(decisive_norm), "filler_norm": jnp.mean(filler_norm)}
+            "decisive_norm": jnp.mean(decisive_norm), "filler_norm": jnp.mean(filler_norm),
+            "credit_cosine": jnp.mean(credit_cosine),
+            "implicit_credit_cosine": jnp.mean(implicit_cosine)}
 
   def run(arm, learning_rate, seed):
     key = jax.random.key(seed)
@@ -309,7 +355,9 @@ def make_run(cell: Cell):
       batch = rollout(nnx.merge(graphdef, state)["model"], jax.random.fold_in(key, u))
       state, metrics = step(state, batch, None, u)
       filler = jnp.mean(batch.entropy[:, filler_columns])  # every response has T actions
-      return state, {"filler_entropy": filler, **{name: metrics[name] for name in UPDATE_METRICS}}
+      noisy = noisy_tokens(advantage(batch).advantages, batch.mask, decisive_columns)
+      return state, {"filler_entropy": filler, "noisy_tokens": noisy,
+                     **{name: metrics[name] for name in UPDATE_METRICS}}
 
     def measure(state, start):
       measured = evaluate(state)

@@ -67,6 +67,7 @@ def _curve(result: dict, row: int) -> dict:
           "gen_tokens": result["gen_tokens"].tolist(),
           "zero_variance_groups": float(result["zero_variance_groups"][row].mean()),
           "filler_entropy": float(result["filler_entropy"][row, 0]),
+          "noisy_tokens": float(result["noisy_tokens"][row].mean()),
           **{name: result[name][row].tolist() for name in batched.MECHANISM if name in result},
           **({"mechanism_gen_tokens": result["mechanism_gen_tokens"].tolist()}
              if "mechanism_gen_tokens" in result else {})}
@@ -310,16 +311,35 @@ def mechanism_table(curves: dict) -> list[str]:
   share = lambda run: np.asarray(run["filler_norm"]) / np.maximum(
       np.asarray(run["filler_norm"]) + np.asarray(run["decisive_norm"]), 1e-30)
   cell = lambda values: " / ".join(f"{v:.2f}" for v in values)
+  everywhere = lambda name: all(name in run for by_arm in runs.values() for run in by_arm)
+  noisy_header = " effective noisy tokens (mean over updates) |" if everywhere(
+      "noisy_tokens") else ""
+  implicit_header = (" credit cosine to exact, raw | ... as the gradient sees it |"
+                     if everywhere("implicit_credit_cosine") else "")
   at = " / ".join(f"{t / 1e3:,.0f}k" for t in tokens)
   lines = [f"Gradient measurements after {at} generated tokens (means over seeds; "
            "`lab.batched`): cosine of the arm's policy gradient with the exact-credit "
            "gradient on the same batch; signal fraction |mean g|² / mean |g|² over fresh "
-           "batches; filler share of the gradient |g_filler| / (|g_filler| + |g_decisive|).", "",
-           "| arm | cosine to exact | signal fraction | filler share |", "|---|---|---|---|"]
+           "batches; filler share of the gradient |g_filler| / (|g_filler| + |g_decisive|)"
+           + ("; effective noisy tokens: the credit weight |A_t| / max |A| summed over a "
+              "response's non-decisive tokens (broadcast: T − K; a batch without credit counts 0)"
+              if noisy_header else "")
+           + ("; the cosine over tokens of the arm's credit with the exact credit, raw and "
+              "averaged over the responses of a group that share the token's state and take "
+              "it (identical state-action pairs share one gradient term: GRPO's implicit "
+              "process reward, arXiv 2509.21154)" if implicit_header else "") + ".",
+           "",
+           "| arm | cosine to exact | signal fraction | filler share |" + implicit_header
+           + noisy_header,
+           "|---|---|---|---|" + "---|" * (2 * bool(implicit_header) + bool(noisy_header))]
   for arm in runs:
     lines.append(f"| {arm} | {cell(mean(arm, lambda r: r['cosine_to_exact']))} | "
                  f"{cell(mean(arm, lambda r: r['signal_fraction']))} | "
-                 f"{cell(mean(arm, share))} |")
+                 f"{cell(mean(arm, share))} |"
+                 + (f" {cell(mean(arm, lambda r: r['credit_cosine']))} | "
+                    f"{cell(mean(arm, lambda r: r['implicit_credit_cosine']))} |"
+                    if implicit_header else "")
+                 + (f" {mean(arm, lambda r: r['noisy_tokens']):.1f} |" if noisy_header else ""))
   return lines
 
 
