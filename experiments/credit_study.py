@@ -76,6 +76,9 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   # Pieces (tuning, cells) run side by side in this many processes, one CPU core each: on
   # this 2-core CPU 1.4x the tokens/s of one process on both cores. 1 on an accelerator.
   config.workers = 2
+  # Runs per compiled program (None: a cell's runs in one): 35 keeps a G = 32 cell's program
+  # at 4.4 GiB of XLA temporaries, two side by side within 24 GiB.
+  config.runs_per_program = 35
   # Regimes to run now (None: all); the others are listed as not run. A later run with more
   # resumes the finished ones.
   config.run_regimes = ml_collections.config_dict.placeholder(tuple)
@@ -114,4 +117,5 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.mechanism_batches = 2
     config.mechanism_evals = None  # every evaluation
     config.workers = 1
+    config.runs_per_program = None
   return config

@@ -131,3 +131,24 @@ def test_the_full_preset_scales_the_budget_with_t_and_keeps_the_small_cells():
   assert long.task.length == 384 and long.updates == short.updates  # 16x the tokens
   peaked = sweep.cell_of(full, "peaked_filler_T96", 8)
   assert peaked.warmup == sweep.cell_of(small, "peaked_filler", 8).warmup is not None
+
+
+def test_runs_split_over_programs_join_back_in_order():
+  class Runner:  # each run's rows carry its seed; pads to the width like batched.Runner
+    widths = []
+
+    def train(self, runs, width):
+      self.widths.append(width)
+      seeds = np.asarray([s for _, _, s in runs], float)
+      return {"success": np.stack([seeds, seeds + 1], 1), "pass@k": {4: seeds[:, None]},
+              "gen_tokens": np.arange(2), "compile_seconds": 1.0, "run_seconds": 2.0}
+
+  study = load_experiment("credit_study", "smoke")
+  runs = [(0, 1e-3, seed) for seed in range(5)]
+  study.runs_per_program = 2
+  joined = sweep._train(study, Runner(), runs)
+  assert Runner.widths == [2, 2, 2]
+  np.testing.assert_array_equal(joined["success"][:, 0], np.arange(5))
+  np.testing.assert_array_equal(joined["pass@k"][4][:, 0], np.arange(5))
+  np.testing.assert_array_equal(joined["gen_tokens"], [0, 1])
+  assert (joined["compile_seconds"], joined["run_seconds"]) == (3.0, 6.0)

@@ -27,6 +27,7 @@ import subprocess
 import time
 from concurrent import futures
 
+import jax
 import numpy as np
 import scipy.stats
 
@@ -91,6 +92,19 @@ def _runner(study, regime: str, group_size: int, runners: dict) -> batched.Runne
   return runners[group_size]
 
 
+def _train(study, runner: batched.Runner, runs: list) -> dict:
+  """`runner.train(runs)` in programs of at most `study.runs_per_program` runs (all when
+  unset; every program but the last has that width, and a run does not depend on its
+  company), the results joined over the runs."""
+  width = study.get("runs_per_program") or len(runs)
+  parts = [runner.train(runs[i:i + width], width) for i in range(0, len(runs), width)]
+  join = lambda *x: np.concatenate(x) if np.ndim(x[0]) == 2 else x[0]
+  timed = ("compile_seconds", "run_seconds")
+  return {**jax.tree.map(join, *[{k: v for k, v in part.items() if k not in timed}
+                                 for part in parts]),
+          **{k: sum(part[k] for part in parts) for k in timed}}
+
+
 def tune(study, regime: str, runners: dict, path: pathlib.Path) -> dict:
   """{arm: {"learning_rate", "tuning_auc" {rate: mean AUC}}}: every arm at every rate of the
   grid on the tuning seeds at G = study.tuning_group_size; the rate of the best mean AUC
@@ -103,7 +117,7 @@ def tune(study, regime: str, runners: dict, path: pathlib.Path) -> dict:
   runs = [(a, r, s) for a in range(len(arms)) for r in study.learning_rates
           for s in study.tuning_seeds]
   started = time.perf_counter()
-  tuning = runner.train(runs)
+  tuning = _train(study, runner, runs)
   auc = {}
   for row, (a, rate, _) in enumerate(runs):
     auc.setdefault(arms[a], {}).setdefault(rate, []).append(_auc(_curve(tuning, row)))
@@ -127,7 +141,7 @@ def run_cell(study, regime: str, group_size: int, rates: dict, runners: dict,
         f"{runner.cell.updates} updates", flush=True)
   runs = [(a, rates[arm]["learning_rate"], s) for a, arm in enumerate(arms) for s in study.seeds]
   started = time.perf_counter()
-  reported = runner.train(runs)
+  reported = _train(study, runner, runs)
   result = {arm: {"curves": {}, "learning_rate": rates[arm]["learning_rate"]} for arm in arms}
   for row, (a, _, seed) in enumerate(runs):
     result[arms[a]]["curves"][str(seed)] = _curve(reported, row)
