@@ -1,5 +1,6 @@
 """The credit sweep: tuned, paired, resumable cells and the verdicts of its comparisons."""
 
+import contextlib
 import json
 
 import numpy as np
@@ -8,6 +9,14 @@ import pytest
 from jaxcredit.lab import batched, statistics, sweep
 from jaxcredit.lab import study as study_module
 from tests.conftest import load_experiment
+
+
+@contextlib.contextmanager
+def patched_train(monkeypatch):
+  """No training allowed: every cell must be read back."""
+  with monkeypatch.context() as patched:
+    patched.setattr(batched.Runner, "train", lambda *a, **k: pytest.fail("retrained"))
+    yield
 
 
 def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_path,
@@ -46,13 +55,20 @@ def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_
   assert 0 < float(grpo_row[0].split("|")[-2]) <= 4.0
   assert (tmp_path / "learning_curves_uniform_filler_G2.png").exists()
   # A rerun reads every finished cell back instead of training it.
-  with monkeypatch.context() as patched:
-    patched.setattr(batched.Runner, "train", lambda *a, **k: pytest.fail("retrained"))
+  with patched_train(monkeypatch):
     assert sweep.run(study, str(tmp_path)) == summaries
   # In two worker processes, one core each: the same cells (up to the float rounding of
   # another thread count).
+  # A piece that fails (a regime whose warm start is invalid) stops no other piece.
   study.workers, study.group_sizes = 2, (2,)
-  in_workers = sweep.run(study, str(tmp_path / "workers"))
+  study.regimes["broken"] = {**study.regimes["uniform_filler"].to_dict(),
+                             "warmup": {"steps": 1, "filler_probs": [0.5, 0.4]}}
+  with pytest.raises(RuntimeError, match=r"Pieces of the sweep failed .*: broken tuning: "
+                                         r"ValueError\('warmup.filler_probs must be"):
+    sweep.run(study, str(tmp_path / "workers"))
+  study.run_regimes, study.workers = ("uniform_filler",), 1  # its cells are written
+  with patched_train(monkeypatch):
+    in_workers = sweep.run(study, str(tmp_path / "workers"))
   for g, summary in summaries["uniform_filler"].items():
     if g not in study.group_sizes:
       continue

@@ -233,7 +233,8 @@ def _run_in_workers(study, workdir: pathlib.Path, regimes: list[str]) -> None:
   """The pieces in `study.workers` processes, each pinned to its share of this process's
   CPU cores: on a CPU, independent programs side by side use the cores better than one
   program's threads (small ops leave them idle). A regime's cells start once its tuning is
-  written."""
+  written. A piece that fails does not stop the others: the failures are raised together
+  once every other piece is written."""
   cores = sorted(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity")
                  else range(os.cpu_count() or 1))
   if study.workers > len(cores):
@@ -243,16 +244,27 @@ def _run_in_workers(study, workdir: pathlib.Path, regimes: list[str]) -> None:
   shares = context.Queue()
   for i in range(study.workers):
     shares.put(set(cores[i::study.workers]))
+  failed = []
+
+  def settled(future, piece: str) -> bool:
+    if future.exception() is not None:  # the other pieces go on and are written
+      failed.append(f"{piece}: {future.exception()!r}")
+    return future.exception() is None
+
   with futures.ProcessPoolExecutor(study.workers, mp_context=context, initializer=_pin,
                                    initargs=(shares,)) as pool:
     tunings = {pool.submit(_piece, study, workdir, regime, None): regime for regime in regimes}
-    cells = []
+    cells = {}
     for done in futures.as_completed(tunings):
-      done.result()
-      cells += [pool.submit(_piece, study, workdir, tunings[done], g)
-                for g in study.group_sizes]
-    for cell in cells:
-      cell.result()
+      if settled(done, f"{tunings[done]} tuning"):
+        regime = tunings[done]
+        cells.update({pool.submit(_piece, study, workdir, regime, g): f"{regime} G={g}"
+                      for g in study.group_sizes})
+    for done in futures.as_completed(cells):
+      settled(done, cells[done])
+  if failed:
+    raise RuntimeError("Pieces of the sweep failed (the others are written; a rerun resumes "
+                       "them): " + "; ".join(failed))
 
 
 def run(study, workdir: str) -> dict:
