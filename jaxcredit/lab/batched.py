@@ -111,20 +111,23 @@ class Cell:
         or min(self.warmup.filler_probs) < 0 or not 0 <= self.warmup.key_accuracy <= 1):
       raise ValueError(f"warmup.filler_probs must be {self.task.n_fillers} probabilities "
                        f"summing to 1 and key_accuracy in [0, 1]; got {self.warmup}.")
-    n_evals = self.updates // self.eval_every + 1
     if self.mechanism_evals is not None and (
         not self.mechanism_evals or sorted(set(self.mechanism_evals)) != list(self.mechanism_evals)
-        or not 0 <= self.mechanism_evals[0] <= self.mechanism_evals[-1] < n_evals):
+        or not 0 <= self.mechanism_evals[0] <= self.mechanism_evals[-1] < self.n_evals):
       raise ValueError(f"mechanism_evals must be increasing evaluation indices in [0, "
-                       f"{n_evals}), got {self.mechanism_evals}.")
+                       f"{self.n_evals}), got {self.mechanism_evals}.")
+
+  @property
+  def n_evals(self) -> int:
+    """Evaluations of a run: before updates 0, E, 2E, ... and after the last."""
+    return self.updates // self.eval_every + 1
 
   @property
   def measured_evals(self) -> tuple[int, ...]:
     """The evaluations (indices) at which the gradient measurements are taken."""
     if not self.mechanism_batches:
       return ()
-    n_evals = self.updates // self.eval_every + 1
-    return tuple(range(n_evals)) if self.mechanism_evals is None else self.mechanism_evals
+    return tuple(range(self.n_evals)) if self.mechanism_evals is None else self.mechanism_evals
 
   @property
   def tokens_per_update(self) -> int:
@@ -184,7 +187,7 @@ def implicit_credit(credit, tokens, decisive, group_size: int):
 
 
 def _cosine(x, y, mask):
-  """sum m x y / sqrt(sum m x^2 sum m y^2); 0 when either is 0."""
+  """sum m x y / sqrt(sum m x^2 sum m y^2) (m: a mask, or True); 0 when either is 0."""
   x, y = jnp.where(mask, x, 0.0), jnp.where(mask, y, 0.0)
   return jnp.sum(x * y) / jnp.maximum(jnp.linalg.norm(x) * jnp.linalg.norm(y), 1e-30)
 
@@ -322,7 +325,7 @@ def make_run(cell: Cell):
       credit = advantage(batch).advantages
       g, g_exact = gradient(model, batch, credit), gradient(model, batch, exact(batch).advantages)
       on_decisive = gradient(model, batch, jnp.where(decisive_columns, credit, 0.0))
-      cosine = g @ g_exact / jnp.maximum(jnp.linalg.norm(g) * jnp.linalg.norm(g_exact), 1e-30)
+      cosine = _cosine(g, g_exact, True)
       implicit = implicit_credit(credit, batch.tokens, decisive_columns, group)
       credit_cosines = (_cosine(credit, batch.extras["oracle_advantages"], batch.mask),
                         _cosine(implicit, batch.extras["oracle_advantages"], batch.mask))

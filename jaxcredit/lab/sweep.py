@@ -247,9 +247,10 @@ def _run_in_workers(study, workdir: pathlib.Path, regimes: list[str]) -> None:
   failed = []
 
   def settled(future, piece: str) -> bool:
-    if future.exception() is not None:  # the other pieces go on and are written
-      failed.append(f"{piece}: {future.exception()!r}")
-    return future.exception() is None
+    error = future.exception()
+    if error is not None:  # the other pieces go on and are written
+      failed.append(f"{piece}: {error!r}")
+    return error is None
 
   with futures.ProcessPoolExecutor(study.workers, mp_context=context, initializer=_pin,
                                    initargs=(shares,)) as pool:
@@ -423,4 +424,3 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
                  f"{high:+.3f}] (OLS, 95% bootstrap over runs).")
   (workdir / "report.md").write_text("\n".join(lines) + "\n")
   return summaries
-
