@@ -20,6 +20,9 @@ regime on seeds excluded from the report. The arms:
   oracle_seq                 R - V(x): the exact baseline, no localisation
   oracle_shuffled            the exact credit permuted within each response
   entropy80 / entropy80_low  GRPO on the top-20% entropy tokens / on the other 80%
+The small preset runs the core arms (CORE: broadcast credit, exact credit, the exact baseline
+without localisation, and localisation destroyed); the full preset adds the others (a full
+run trains the arms a small run's cells lack and reads the rest back).
 """
 
 import ml_collections
@@ -35,6 +38,7 @@ ARMS = {
     "entropy80": {"mask": "high_entropy", "rho": 0.2, "of": "grpo"},
     "entropy80_low": {"mask": "low_entropy", "rho": 0.2, "of": "grpo"},
 }
+CORE = ("grpo", "oracle", "oracle_seq", "oracle_shuffled")
 
 
 def get_config(preset: str = "small") -> ml_collections.ConfigDict:
@@ -59,14 +63,15 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
                                 "d_ff": 128}}
   config.group_sizes = (4, 8, 16, 32)  # a tuple: --config.group_sizes='(4, 8)' runs some
   config.prompts_per_step = 8
-  # Generated tokens per run, by G (the same for every arm of a cell): 2.6-3.2x what GRPO
-  # needed at G = 4 and 8 to reach 0.9 x the best plateau in a first measurement (316k and
-  # 382k tokens); the report checks it per cell.
-  config.token_budget = {str(g): 1_000_000 for g in config.group_sizes}
-  config.tuning_group_size = 8  # each arm's learning rate is chosen here, per regime
+  # Generated tokens per run, by G (the same for every arm of a cell): about 3x what GRPO
+  # needed to reach 0.9 x the best plateau in a first measurement on uniform filler (343k,
+  # 382k and 528k tokens at G = 4, 8, 16; G = 32 extrapolated); the report checks it per cell.
+  config.token_budget = {"4": 1_100_000, "8": 1_200_000, "16": 1_600_000, "32": 2_400_000}
+  config.tuning_group_size = 8  # each arm's learning rate is chosen here, per regime, ...
+  config.tuning_token_budget = 600_000  # ...at this budget (GRPO reaches 0.9 x in ~400k)
   config.eval_points = 20  # exact J measured this many times (and at the start)
   config.eval_prompts = 256  # every prompt when |C|^K is at most this
-  config.arms = ARMS
+  config.arms = {name: ARMS[name] for name in CORE}
   config.learning_rates = [3e-4, 1e-3, 3e-3, 1e-2]
   config.tuning_seeds = [100, 101]  # choose the learning rate; excluded from the report
   config.seeds = list(range(10))
@@ -76,9 +81,10 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   # Pieces (tuning, cells) run side by side in this many processes, one CPU core each: on
   # this 2-core CPU 1.4x the tokens/s of one process on both cores. 1 on an accelerator.
   config.workers = 2
-  # Runs per compiled program (None: a cell's runs in one): 35 keeps a G = 32 cell's program
-  # at 4.4 GiB of XLA temporaries, two side by side within 24 GiB.
-  config.runs_per_program = 35
+  # Runs per compiled program (None: a piece's runs in one): at 35, a G = 32 cell's program
+  # took 4.4 GiB of XLA temporaries (70 runs: 24.5 GiB); 40 holds a small cell (4 arms x 10
+  # seeds) and two side by side fit in 24 GiB.
+  config.runs_per_program = 40
   # Regimes to run now (None: all); the others are listed as not run. A later run with more
   # resumes the finished ones.
   config.run_regimes = ml_collections.config_dict.placeholder(tuple)
@@ -99,6 +105,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     regimes["start_at_0_3"] = {"task": task, "warmup": {
         "steps": 300, "filler_probs": [0.25] * 4, "key_accuracy": 0.4}}
     config.regimes = regimes
+    config.arms = ARMS
     config.workers = 1
   elif preset == "smoke":
     config.regimes = {"uniform_filler": {"task": {"length": 6, "n_decisive": 2, "n_keys": 3,
@@ -109,6 +116,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.tuning_group_size = 2
     config.prompts_per_step = 4
     config.token_budget = {"2": 960, "4": 960}
+    config.tuning_token_budget = None  # G = 2's budget
     config.eval_points = 2
     config.arms = {name: ARMS[name] for name in ("grpo", "oracle", "oracle_seq")}
     config.learning_rates = [1e-3, 1e-2]

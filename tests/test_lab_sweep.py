@@ -1,6 +1,7 @@
 """The credit sweep: tuned, paired, resumable cells and the verdicts of its comparisons."""
 
 import contextlib
+import dataclasses
 import json
 
 import numpy as np
@@ -22,22 +23,32 @@ def patched_train(monkeypatch):
 def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_path,
                                                                             monkeypatch):
   study = load_experiment("credit_study", "smoke")
+  # First without the oracle; a rerun with it trains that arm only (pieces resume by arm).
+  all_arms, study.arms = study.arms, {k: v for k, v in study.arms.items() if k != "oracle"}
+  sweep.run(study, str(tmp_path))
+  study.arms, trained = all_arms, []
+  train = batched.Runner.train
+  monkeypatch.setattr(batched.Runner, "train", lambda self, runs, width=None: (
+      trained.extend(a for a, _, _ in runs), train(self, runs, width))[1])
   summaries = sweep.run(study, str(tmp_path))
+  monkeypatch.undo()
+  assert set(trained) == {list(study.arms).index("oracle")}
   tuned = json.loads((tmp_path / "cells" / "uniform_filler" / "tuning.json").read_text())
   for arm in study.arms:
-    auc = tuned[arm]["tuning_auc"]
+    auc = tuned["arms"][arm]["tuning_auc"]
     assert sorted(auc) == sorted(str(r) for r in study.learning_rates)
-    assert auc[str(tuned[arm]["learning_rate"])] == max(auc.values())
+    assert auc[str(tuned["arms"][arm]["learning_rate"])] == max(auc.values())
+  assert len(tuned["spans"]) == 2
   for g in study.group_sizes:
     cell = json.loads((tmp_path / "cells" / "uniform_filler" / f"G{g}.json").read_text())
     for arm in study.arms:
-      assert cell[arm]["learning_rate"] == tuned[arm]["learning_rate"]
-      assert sorted(cell[arm]["curves"]) == ["0", "1"]
-      tokens = cell[arm]["curves"]["0"]["gen_tokens"]
+      assert cell["arms"][arm]["learning_rate"] == tuned["arms"][arm]["learning_rate"]
+      assert sorted(cell["arms"][arm]["curves"]) == ["0", "1"]
+      tokens = cell["arms"][arm]["curves"]["0"]["gen_tokens"]
       assert len(tokens) == study.eval_points + 1 and tokens[-1] == pytest.approx(
           study.token_budget[str(g)], rel=0.5)
     # Paired by seed: every arm's run of a seed starts from the same policy.
-    starts = {arm: cell[arm]["curves"]["1"]["success"][0] for arm in study.arms}
+    starts = {arm: cell["arms"][arm]["curves"]["1"]["success"][0] for arm in study.arms}
     assert len(set(starts.values())) == 1, starts
     assert set(summaries["uniform_filler"][g]) == set(study.arms)
   text = (tmp_path / "report.md").read_text()
@@ -57,6 +68,22 @@ def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_
   # A rerun reads every finished cell back instead of training it.
   with patched_train(monkeypatch):
     assert sweep.run(study, str(tmp_path)) == summaries
+  assert " min from the first piece's start to the last one's end" in text
+  # A piece written under other settings is refused, not mixed with new runs.
+  study.token_budget = {**study.token_budget, "2": 1920}
+  with patched_train(monkeypatch), pytest.raises(
+      ValueError, match=r"tuning.json was written under other settings \(cell.eval_every, "
+                        r"cell.updates differ\); move it away"):
+    sweep.run(study, str(tmp_path))
+  study.token_budget = {**study.token_budget, "2": 960}
+  tuning = tmp_path / "cells" / "uniform_filler" / "tuning.json"
+  piece = json.loads(tuning.read_text())
+  rate = piece["arms"]["grpo"]["learning_rate"]
+  piece["arms"]["grpo"]["learning_rate"] = next(r for r in study.learning_rates if r != rate)
+  tuning.write_text(json.dumps(piece))
+  with patched_train(monkeypatch), pytest.raises(
+      ValueError, match=r"G2.json holds grpo at other learning rates than the tuning's"):
+    sweep.run(study, str(tmp_path))
   # In two worker processes, one core each: the same cells (up to the float rounding of
   # another thread count).
   # A piece that fails (a regime whose warm start is invalid) stops no other piece.
@@ -143,7 +170,8 @@ def test_the_full_preset_scales_the_budget_with_t_and_keeps_the_small_cells():
   assert set(small.regimes) < set(full.regimes)  # a full run resumes the small one's cells
   short, long = (sweep.cell_of(full, regime, 8) for regime in ("uniform_filler",
                                                                "uniform_filler_T384"))
-  assert short == sweep.cell_of(small, "uniform_filler", 8)
+  same_arms = lambda cell: dataclasses.replace(cell, arms=())  # the full preset adds arms
+  assert same_arms(short) == same_arms(sweep.cell_of(small, "uniform_filler", 8))
   assert long.task.length == 384 and long.updates == short.updates  # 16x the tokens
   peaked = sweep.cell_of(full, "peaked_filler_T96", 8)
   assert peaked.warmup == sweep.cell_of(small, "peaked_filler", 8).warmup is not None

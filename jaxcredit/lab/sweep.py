@@ -19,6 +19,7 @@ equivalence within +-margin; and the localisation gain Delta_loc = oracle - orac
 against G.
 """
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -38,14 +39,15 @@ from jaxcredit.tasks import key_token
 VERDICT_ALPHA = 0.05
 
 
-def cell_of(study, regime: str, group_size: int) -> batched.Cell:
-  """The batched cell of (regime, G) with every arm: the budget's updates (the G's
-  token_budget times the regime's budget_scale, 1 unless given), eval points spread
+def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> batched.Cell:
+  """The batched cell of (regime, G) with every arm: the budget's updates (`budget`, else the
+  G's token_budget, times the regime's budget_scale, 1 unless given), eval points spread
   evenly."""
   task = key_token.KeyTokenConfig(**study.regimes[regime].task)
   tokens_per_update = study.prompts_per_step * group_size * task.length
   blocks = study.eval_points
-  budget = study.token_budget[str(group_size)] * study.regimes[regime].get("budget_scale", 1)
+  budget = (budget or study.token_budget[str(group_size)]) * study.regimes[regime].get(
+      "budget_scale", 1)
   updates = max(1, round(budget / tokens_per_update / blocks))
   plain = lambda spec: spec.to_dict() if hasattr(spec, "to_dict") else spec
   warmup = plain(study.regimes[regime].get("warmup"))
@@ -59,6 +61,12 @@ def cell_of(study, regime: str, group_size: int) -> batched.Cell:
       updates=updates * blocks, eval_every=updates, eval_prompts=study.eval_prompts,
       warmup=warmup, mechanism_batches=study.get("mechanism_batches", 0),
       mechanism_evals=tuple(study.mechanism_evals) if study.get("mechanism_evals") else None)
+
+
+def tuning_cell(study, regime: str) -> batched.Cell:
+  """The cell the learning rates are tuned in: G = tuning_group_size, at the
+  tuning_token_budget when the study sets one (else that G's budget)."""
+  return cell_of(study, regime, study.tuning_group_size, study.get("tuning_token_budget"))
 
 
 def _curve(result: dict, row: int) -> dict:
@@ -79,74 +87,123 @@ def _auc(curve: dict) -> float:
   return exact_metrics.auc_log_tokens(tokens, curve["success"], tokens[1], tokens[-1])
 
 
-def _write_once(path: pathlib.Path, result: dict) -> dict:
+def signature(cell: batched.Cell, seeds, learning_rates=None) -> dict:
+  """What a piece's results depend on besides its arms, in JSON types: the cell's settings,
+  the seeds, and for a tuning its grid of learning rates (a cell's arms record their own)."""
+  settings = {f.name: getattr(cell, f.name) for f in dataclasses.fields(cell) if f.name != "arms"}
+  return json.loads(json.dumps({"cell": settings, "seeds": list(seeds),
+                                "learning_rates": learning_rates}, default=repr))
+
+
+def _piece_arms(study, path: pathlib.Path, expected: dict) -> tuple[dict, list[str]]:
+  """(what `path` holds, the study's arms it lacks): a piece is resumed arm by arm, and a
+  file written under other settings is refused rather than mixed with new runs."""
+  if not path.exists():
+    return {}, list(study.arms)
+  written = json.loads(path.read_text())
+  if written.get("signature") != expected:
+    stored = written.get("signature") or {}
+    differ = sorted({*_differences(stored, expected)}) or ["signature (none stored)"]
+    raise ValueError(f"{path} was written under other settings ({', '.join(differ)} differ); "
+                     "move it away to rerun the piece under these.")
+  return written, [arm for arm in study.arms if arm not in written["arms"]]
+
+
+def _differences(stored: dict, expected: dict, prefix: str = "") -> list[str]:
+  keys = set(stored) | set(expected) if isinstance(stored, dict) and isinstance(
+      expected, dict) else ()
+  if not keys:
+    return [] if stored == expected else [prefix.rstrip(".")]
+  return [d for k in sorted(keys)
+          for d in _differences(stored.get(k), expected.get(k), f"{prefix}{k}.")]
+
+
+def _write_piece(path: pathlib.Path, written: dict, new_arms: dict, expected: dict,
+                 started: float, trained: dict) -> dict:
+  """The piece with `new_arms` added, written atomically; returns it as read back (the same
+  types as a resumed read). "seconds" and "compile_seconds" add up over the writes; "spans"
+  lists each write's [start, end] (epoch seconds)."""
+  piece = {"signature": expected, "arms": {**written.get("arms", {}), **new_arms},
+           "seconds": written.get("seconds", 0.0) + time.perf_counter() - started,
+           "compile_seconds": written.get("compile_seconds", 0.0) + trained["compile_seconds"],
+           "spans": [*written.get("spans", []), [trained["started_at"], time.time()]]}
   path.parent.mkdir(parents=True, exist_ok=True)
-  checkpoint.write_atomically(path, lambda tmp: tmp.write_text(json.dumps(result)))
-  return json.loads(path.read_text())  # the same types as a resumed read
+  checkpoint.write_atomically(path, lambda tmp: tmp.write_text(json.dumps(piece)))
+  return json.loads(path.read_text())
 
 
-def _runner(study, regime: str, group_size: int, runners: dict) -> batched.Runner:
-  """The regime's runner at this G, built once (`runners`: G -> Runner)."""
-  if group_size not in runners:
-    runners[group_size] = batched.Runner(cell_of(study, regime, group_size))
-  return runners[group_size]
+def _runner(cell: batched.Cell, runners: dict) -> batched.Runner:
+  """The cell's runner, built once (`runners`: (G, updates) -> Runner)."""
+  key = (cell.group_size, cell.updates)
+  if key not in runners:
+    runners[key] = batched.Runner(cell)
+  return runners[key]
 
 
 def _train(study, runner: batched.Runner, runs: list) -> dict:
   """`runner.train(runs)` in programs of at most `study.runs_per_program` runs (all when
   unset; every program but the last has that width, and a run does not depend on its
   company), the results joined over the runs."""
+  started_at = time.time()
   width = study.get("runs_per_program") or len(runs)
   parts = [runner.train(runs[i:i + width], width) for i in range(0, len(runs), width)]
   join = lambda *x: np.concatenate(x) if np.ndim(x[0]) == 2 else x[0]
   timed = ("compile_seconds", "run_seconds")
   return {**jax.tree.map(join, *[{k: v for k, v in part.items() if k not in timed}
                                  for part in parts]),
-          **{k: sum(part[k] for part in parts) for k in timed}}
+          **{k: sum(part[k] for part in parts) for k in timed}, "started_at": started_at}
 
 
 def tune(study, regime: str, runners: dict, path: pathlib.Path) -> dict:
   """{arm: {"learning_rate", "tuning_auc" {rate: mean AUC}}}: every arm at every rate of the
-  grid on the tuning seeds at G = study.tuning_group_size; the rate of the best mean AUC
-  is chosen (module docstring), or read back from `path`."""
-  if path.exists():
-    return json.loads(path.read_text())
-  arms, g = list(study.arms), study.tuning_group_size
-  runner = _runner(study, regime, g, runners)
-  print(f"[sweep] {regime}: tuning {len(arms)} arms at G={g}", flush=True)
-  runs = [(a, r, s) for a in range(len(arms)) for r in study.learning_rates
-          for s in study.tuning_seeds]
-  started = time.perf_counter()
-  tuning = _train(study, runner, runs)
-  auc = {}
-  for row, (a, rate, _) in enumerate(runs):
-    auc.setdefault(arms[a], {}).setdefault(rate, []).append(_auc(_curve(tuning, row)))
-  result = {arm: {"learning_rate": max(by_rate, key=lambda r: np.mean(by_rate[r])),
-                  "tuning_auc": {str(r): float(np.mean(v)) for r, v in by_rate.items()}}
-            for arm, by_rate in auc.items()}
-  return _write_once(path, {**result, "seconds": time.perf_counter() - started,
-                            "compile_seconds": tuning["compile_seconds"]})
+  grid on the tuning seeds in the `tuning_cell`; the rate of the best mean AUC is chosen
+  (module docstring). Arms already in `path` are read back."""
+  cell = tuning_cell(study, regime)
+  expected = signature(cell, study.tuning_seeds, list(study.learning_rates))
+  written, missing = _piece_arms(study, path, expected)
+  if missing:
+    arms = list(study.arms)
+    print(f"[sweep] {regime}: tuning {len(missing)} arms at G={cell.group_size}", flush=True)
+    runs = [(arms.index(arm), r, s) for arm in missing for r in study.learning_rates
+            for s in study.tuning_seeds]
+    started = time.perf_counter()
+    tuning = _train(study, _runner(cell, runners), runs)
+    auc = {}
+    for row, (a, rate, _) in enumerate(runs):
+      auc.setdefault(arms[a], {}).setdefault(rate, []).append(_auc(_curve(tuning, row)))
+    new = {arm: {"learning_rate": max(by_rate, key=lambda r: np.mean(by_rate[r])),
+                 "tuning_auc": {str(r): float(np.mean(v)) for r, v in by_rate.items()}}
+           for arm, by_rate in auc.items()}
+    written = _write_piece(path, written, new, expected, started, tuning)
+  return written
 
 
-def run_cell(study, regime: str, group_size: int, rates: dict, runners: dict,
+def run_cell(study, regime: str, group_size: int, tuned: dict, runners: dict,
              path: pathlib.Path) -> dict:
   """Trains every arm of a (regime, G) cell on the reported seeds at its chosen learning
-  rate (`tune`), or reads it back from `path`. Returns {arm: {"curves": {seed: curve},
-  "learning_rate"}}, "seconds" and "compile_seconds"."""
-  if path.exists():
-    return json.loads(path.read_text())
-  arms = list(study.arms)
-  runner = _runner(study, regime, group_size, runners)
-  print(f"[sweep] {regime} G={group_size}: {len(arms)} arms x {len(study.seeds)} seeds, "
-        f"{runner.cell.updates} updates", flush=True)
-  runs = [(a, rates[arm]["learning_rate"], s) for a, arm in enumerate(arms) for s in study.seeds]
-  started = time.perf_counter()
-  reported = _train(study, runner, runs)
-  result = {arm: {"curves": {}, "learning_rate": rates[arm]["learning_rate"]} for arm in arms}
-  for row, (a, _, seed) in enumerate(runs):
-    result[arms[a]]["curves"][str(seed)] = _curve(reported, row)
-  return _write_once(path, {**result, "seconds": time.perf_counter() - started,
-                            "compile_seconds": reported["compile_seconds"]})
+  rate (`tune`); arms already in `path` are read back. Returns {"arms": {arm: {"curves":
+  {seed: curve}, "learning_rate"}}, "seconds", "compile_seconds", "spans", "signature"}."""
+  cell = cell_of(study, regime, group_size)
+  rates = {arm: tuned["arms"][arm]["learning_rate"] for arm in study.arms}
+  expected = signature(cell, study.seeds)
+  written, missing = _piece_arms(study, path, expected)
+  moved = [arm for arm in study.arms if arm in written.get("arms", {})
+           and written["arms"][arm]["learning_rate"] != rates[arm]]
+  if moved:
+    raise ValueError(f"{path} holds {', '.join(moved)} at other learning rates than the "
+                     "tuning's; move it away to rerun the cell.")
+  if missing:
+    arms = list(study.arms)
+    print(f"[sweep] {regime} G={group_size}: {len(missing)} arms x {len(study.seeds)} seeds, "
+          f"{cell.updates} updates", flush=True)
+    runs = [(arms.index(arm), rates[arm], s) for arm in missing for s in study.seeds]
+    started = time.perf_counter()
+    reported = _train(study, _runner(cell, runners), runs)
+    new = {arm: {"curves": {}, "learning_rate": rates[arm]} for arm in missing}
+    for row, (a, _, seed) in enumerate(runs):
+      new[arms[a]]["curves"][str(seed)] = _curve(reported, row)
+    written = _write_piece(path, written, new, expected, started, reported)
+  return written
 
 
 def compare(summary: dict, metric: str, margin: float, rng) -> dict:
@@ -305,9 +362,8 @@ def _commit() -> str:
 
 def _filler_entropy(by_g: dict) -> str:
   """The mean entropy of the policy on filler tokens in the first batch of each run."""
-  first = [curve["filler_entropy"] for cell in by_g.values() for arm, result in cell.items()
-           if isinstance(result, dict) for curve in result["curves"].values()
-           if "filler_entropy" in curve]
+  first = [curve["filler_entropy"] for cell in by_g.values() for result in cell["arms"].values()
+           for curve in result["curves"].values() if "filler_entropy" in curve]
   return (f"Filler entropy of the starting policy: {np.mean(first):.3f} nats (mean over runs; "
           f"ln |F| is uniform)." if first else "")
 
@@ -375,6 +431,8 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
   timed = [*tuned.values(), *(cell for by_g in results.values() for cell in by_g.values())]
   seconds = sum(part["seconds"] for part in timed)
   compile_seconds = sum(part["compile_seconds"] for part in timed)
+  spans = [span for part in timed for span in part["spans"]]
+  elapsed = max(end for _, end in spans) - min(start for start, _ in spans)
   lines = [
       f"# Credit sweep: {study.preset} preset", "",
       f"key_token regimes × G ∈ {list(study.group_sizes)} × {len(study.arms)} arms; "
@@ -387,8 +445,9 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
       "95% bootstrap intervals (n/a below 5 seeds), sign-flip permutation p-values, "
       f"Holm-adjusted across the arms of a cell; TOST at ±{study.margin}. Verdicts at "
       f"α = {VERDICT_ALPHA}. Wall time {seconds:.0f} s summed over the pieces (tuning and "
-      f"cells; {compile_seconds:.0f} s of it compiling), {study.get('workers', 1)} at a time, "
-      f"on {report.machine()}; jaxcredit {_commit()}.", ""]
+      f"cells; {compile_seconds:.0f} s of it compiling), {study.get('workers', 1)} at a time: "
+      f"{elapsed / 60:.0f} min from the first piece's start to the last one's end (a resumed "
+      f"sweep counts its pause), on {report.machine()}; jaxcredit {_commit()}.", ""]
   missing = [regime for regime in study.regimes if regime not in results]
   if missing:
     lines += [f"Regimes of the preset not run here: {', '.join(missing)} (`run_regimes`).", ""]
@@ -402,9 +461,9 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
               "Learning rates chosen (mean AUC of the tuning seeds at each rate): " + "; ".join(
                   f"{arm} {t['learning_rate']:g} ("
                   + ", ".join(f"{float(r):g}: {a:.3f}" for r, a in t["tuning_auc"].items()) + ")"
-                  for arm, t in tuned[regime].items() if arm in study.arms), ""]
+                  for arm, t in tuned[regime]["arms"].items() if arm in study.arms), ""]
     for g, cell in by_g.items():
-      by_arm = {arm: cell[arm] for arm in study.arms}
+      by_arm = {arm: cell["arms"][arm] for arm in study.arms}
       curves = {arm: {int(s): c for s, c in r["curves"].items()} for arm, r in by_arm.items()}
       summary, bounds = report.summarise(curves)
       summaries.setdefault(regime, {})[g] = summary
