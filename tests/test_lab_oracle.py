@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxcredit.lab import oracle
+from jaxcredit.lab import oracle, tree_oracle
 from jaxcredit.models import Transformer, preset
 from jaxcredit.sampling import generate
 from jaxcredit.tasks import key_token
@@ -35,12 +35,11 @@ def setting(tmp_path_factory):
   return task, model, examples, sample
 
 
-def _brute_force_values(model, task, examples, sample):
+def _brute_force_values(model, config, examples, tokens):
   """V(s_t) by enumerating every allowed response (teacher-forced probabilities, float64)."""
-  config = key_token.KeyTokenConfig(**OPTIONS)
   allowed = key_token.allowed(config)
   responses = np.asarray(list(itertools.product(*[np.flatnonzero(a) for a in allowed])))
-  tokens, p = np.asarray(sample.tokens), config.prompt_length
+  tokens, p = np.asarray(tokens), config.prompt_length
   values = np.zeros(tokens.shape)
   for row, example in enumerate(examples):
     rows = np.concatenate([np.tile(example["prompt"], (len(responses), 1)), responses], 1)
@@ -62,7 +61,7 @@ def test_decisive_oracle_equals_brute_force_enumeration(setting):
   targets = np.stack([e["targets"] for e in examples])
   exact = oracle.decisive_credit(model, key_token.KeyTokenConfig(**OPTIONS), sample.tokens, sample.mask, targets)
   mask = np.asarray(sample.mask)
-  want = _brute_force_values(model, task, examples, sample)
+  want = _brute_force_values(model, key_token.KeyTokenConfig(**OPTIONS), examples, sample.tokens)
   np.testing.assert_allclose(np.asarray(exact.values)[mask], want[mask], atol=1e-5)
   # F1: credit telescopes to R - V(x); filler carries none (filler-blind, Proposition 1 (iii)).
   rewards = task.score(np.asarray(sample.tokens)[:, 4:], mask[:, 4:], examples)
@@ -73,6 +72,49 @@ def test_decisive_oracle_equals_brute_force_enumeration(setting):
   assert np.abs(np.asarray(exact.advantages)[decisive]).max() > 0.01
   with pytest.raises(ValueError, match="filler_blind"):
     oracle.decisive_credit(model, key_token.KeyTokenConfig(), sample.tokens, sample.mask, targets)
+
+
+VISIBLE = {"length": 6, "n_decisive": 2, "n_keys": 3, "n_fillers": 2}  # filler seen by later inputs
+
+
+@pytest.mark.parametrize("rule", key_token.RULES)
+def test_tree_oracle_equals_brute_force_enumeration_with_visible_filler(setting, rule):
+  model = setting[1]
+  config = key_token.KeyTokenConfig(**VISIBLE, rule=rule)
+  rng = np.random.default_rng(2)
+  examples = [e for e in (key_token.make_example(rng, config) for _ in range(4)) for _ in range(4)]
+  prompts, targets = (np.stack([e[k] for e in examples]) for k in ("prompt", "targets"))
+  sample = generate(model, prompts, np.ones(prompts.shape, bool), jax.random.key(2),
+                    max_new_tokens=config.length, actions=tasks.key_token_actions(config))
+  credit = tree_oracle.tree_credit(model, config, sample.tokens, sample.mask, targets)
+  mask, p = np.asarray(sample.mask), config.prompt_length
+  want = _brute_force_values(model, config, examples, sample.tokens)
+  np.testing.assert_allclose(np.asarray(credit.values)[mask], want[mask], atol=1e-5)
+  advantages = np.asarray(credit.advantages)
+  rewards = key_token.reward(np.asarray(sample.tokens)[:, p:], targets, config)
+  np.testing.assert_allclose(advantages.sum(1), rewards - want[:, p], atol=1e-5)  # telescopes
+  # Visible filler before the last decisive position carries credit (Proposition 1: the
+  # later keys' conditionals read it); filler after it carries none (pruning (i)).
+  last, filler = config.decisive_positions[-1], np.ones(config.length, bool)
+  filler[config.decisive_positions] = False
+  assert np.abs(advantages[:, p:][:, filler & (np.arange(config.length) < last)]).max() > 1e-4
+  assert np.all(advantages[:, p + last + 1:] == 0)
+  # LAB.md's count: |F|^(p_K - K + 1) paths, times |C|^(K - 1) unless a wrong key decides R.
+  branching = 1 if rule == "all" else config.n_keys ** (config.n_decisive - 1)
+  assert tree_oracle.passes_per_prompt(config) == 2 ** (last - 1) * branching
+  assert credit.cost["passes"] == 4 * tree_oracle.passes_per_prompt(config)
+
+
+def test_tree_oracle_equals_the_decisive_oracle_when_filler_is_blind(setting):
+  _, model, examples, sample = setting
+  config, targets = key_token.KeyTokenConfig(**OPTIONS), np.stack([e["targets"] for e in examples])
+  tree = tree_oracle.tree_credit(model, config, sample.tokens, sample.mask, targets)
+  decisive = oracle.decisive_credit(model, config, sample.tokens, sample.mask, targets)
+  for got, want in ((tree.values, decisive.values), (tree.advantages, decisive.advantages)):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
+  with pytest.raises(ValueError, match=r"E-TREE needs 32 teacher-forced paths \(4 prompts x "
+                                       r"8\), over max_passes = 31"):
+    tree_oracle.tree_credit(model, config, sample.tokens, sample.mask, targets, max_passes=31)
 
 
 def _exact_and_mc(setting, *, k, seed):
