@@ -90,8 +90,8 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   config.run_regimes = ml_collections.config_dict.placeholder(tuple)
 
   if preset == "full":
-    # T in {24, 96, 384} x filler {uniform, peaked}, and a start at J = 0.3 (keys right
-    # 40% of the time after the SFT: (0.4 + 0.6 / 4)^2 = 0.30); the budget scales with T
+    # T in {24, 96, 384} x filler {uniform, peaked}, a start at J = 0.3 (keys right 40%
+    # of the time after the SFT: (0.4 + 0.6 / 4)^2 = 0.30), visible filler; the budget scales with T
     # (the same number of updates). ~14 billion generated tokens: 30 hours or more on
     # a 2-core CPU at the small preset's rate, so one accelerator (workers = 1), in pieces
     # (run_regimes).
@@ -104,6 +104,11 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
                                              "budget_scale": length / 24}
     regimes["start_at_0_3"] = {"task": task, "warmup": {
         "steps": 300, "filler_probs": [0.25] * 4, "key_accuracy": 0.4}}
+    # Visible filler: later keys' conditionals read earlier filler, which can then carry
+    # credit; the exact oracle is E-TREE over 2^(p_K - 1) = 16 paths per prompt (T = 8).
+    regimes["visible_filler_T8"] = {
+        "task": {**task, "length": 8, "n_fillers": 2, "filler_blind": False},
+        "budget_scale": 8 / 24}
     config.regimes = regimes
     config.arms = ARMS
     config.workers = 1

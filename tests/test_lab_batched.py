@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from jaxcredit import estimators
-from jaxcredit.lab import batched, oracle
+from jaxcredit.lab import batched, oracle, tree_oracle
 from jaxcredit.models import Transformer, preset
 from jaxcredit.tasks import key_token
 from jaxcredit.testing import strategies
@@ -156,6 +156,21 @@ def test_vmapped_runs_equal_their_runs_alone_and_start_at_the_policys_exact_succ
   assert list(chosen["mechanism_gen_tokens"]) == [0, 432]
 
 
+def test_with_visible_filler_runs_use_e_tree_and_filler_carries_exact_credit():
+  visible = dataclasses.replace(TASK, filler_blind=False)
+  result = batched.Runner(_cell("grpo", "oracle", task=visible, mechanism_batches=1)).train(
+      [(0, 1e-2, 3), (1, 1e-2, 3)])
+  prompts, targets = batched.prompts_of(batched.evaluation_symbols(visible, 256), visible)
+  roots = tree_oracle.value_tree(Transformer(MODEL, rngs=nnx.Rngs(3)), visible, prompts,
+                                 targets)[0]
+  np.testing.assert_allclose(result["success"][:, 0], np.mean(roots), atol=1e-6)
+  # The exact credit's own gradient and credit; a function of (state, token) with every
+  # earlier token in the state, so sharing leaves it as it is; and some of it on filler.
+  for key in ("cosine_to_exact", "credit_cosine", "implicit_credit_cosine"):
+    np.testing.assert_allclose(result[key][1], 1.0, atol=1e-5)
+  assert result["noisy_tokens"][1].max() > 0 and np.all(result["filler_norm"][1] > 0)
+
+
 def test_noisy_tokens_against_a_float64_loop():
   rng = np.random.default_rng(0)
   advantages = rng.normal(size=(6, 9)) * (rng.uniform(size=(6, 9)) < 0.7)
@@ -208,8 +223,10 @@ def test_a_warm_start_sets_the_regime_confident_filler_and_a_starting_success():
 def test_bad_cells_and_runs_are_refused_naming_the_problem():
   with pytest.raises(ValueError, match="multiple of eval_every"):
     _cell("grpo", updates=7)
-  with pytest.raises(ValueError, match="filler_blind"):
-    _cell("grpo", task=key_token.KeyTokenConfig())
+  with pytest.raises(ValueError, match="key_token must be constrained"):
+    _cell("grpo", task=key_token.KeyTokenConfig(constrained=False))
+  with pytest.raises(ValueError, match=r"E-TREE\) runs 1,073,741,824 paths per prompt, over 4,096"):
+    _cell("grpo", task=key_token.KeyTokenConfig(length=24, n_fillers=4))
   with pytest.raises(ValueError, match="mc_evaluated, mc_values"):
     batched.make_run(_cell("grpo", {"name": "vineppo"}))
   with pytest.raises(ValueError, match="warmup.filler_probs must be 2 probabilities"):

@@ -240,8 +240,9 @@ def test_exact_success_is_the_prompt_value_and_the_mean_sampled_reward(setting):
   firsts, p = examples[::4], config.prompt_length  # the 4 distinct prompts
   prompts, targets = (np.stack([e[k] for e in firsts]) for k in ("prompt", "targets"))
   got = oracle.exact_success(model, config, prompts, targets)
-  head = type("Sample", (), {"tokens": np.asarray(sample.tokens)[::4]})
-  np.testing.assert_allclose(got, _brute_force_values(model, task, firsts, head)[:, p], atol=1e-5)
+  np.testing.assert_allclose(
+      got, _brute_force_values(model, config, firsts, np.asarray(sample.tokens)[::4])[:, p],
+      atol=1e-5)
   n = 2048
   drawn = generate(model, np.repeat(prompts, n, 0), np.ones((4 * n, p), bool), jax.random.key(7),
                    max_new_tokens=config.length, actions=task.actions)

@@ -54,7 +54,9 @@ def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_
   text = (tmp_path / "report.md").read_text()
   for g in study.group_sizes:
     assert f"### G = {g}" in text and f"| uniform_filler | {g} |" in text
-  assert "n/a" in text and "slope of Δ_loc on log₂ G" in text
+  assert "n/a" in text and "slope of Δ_loc (auc) on log₂ G" in text
+  assert "slope of Δ_loc (final) on GRPO's filler share at the start" in text
+  assert (tmp_path / "localisation.png").exists()
   assert text.count("Budget: GRPO ") == len(study.group_sizes)
   oracle_row = [line for line in text.splitlines() if line.startswith("| oracle | 1.00 / ")]
   assert "| arm | cosine to exact | signal fraction | filler share |" in text and oracle_row
@@ -173,6 +175,8 @@ def test_the_full_preset_scales_the_budget_with_t_and_keeps_the_small_cells():
   same_arms = lambda cell: dataclasses.replace(cell, arms=())  # the full preset adds arms
   assert same_arms(short) == same_arms(sweep.cell_of(small, "uniform_filler", 8))
   assert long.task.length == 384 and long.updates == short.updates  # 16x the tokens
+  visible = sweep.cell_of(full, "visible_filler_T8", 8)  # E-TREE measures its J
+  assert not visible.task.filler_blind and visible.updates == short.updates
   peaked = sweep.cell_of(full, "peaked_filler_T96", 8)
   assert peaked.warmup == sweep.cell_of(small, "peaked_filler", 8).warmup is not None
 
@@ -196,3 +200,48 @@ def test_runs_split_over_programs_join_back_in_order():
   np.testing.assert_array_equal(joined["pass@k"][4][:, 0], np.arange(5))
   np.testing.assert_array_equal(joined["gen_tokens"], [0, 1])
   assert (joined["compile_seconds"], joined["run_seconds"]) == (3.0, 6.0)
+
+
+def test_localisation_regresses_the_gain_on_log_g_and_on_grpos_gradient_noise():
+  rng = np.random.default_rng(1)
+  summaries, curves, truth = {}, {}, []
+  for g in (4, 8, 16, 32):
+    share = rng.uniform(0.5, 0.9, 10)  # GRPO's filler share at the start, per seed
+    gain = 0.3 - 0.05 * np.log2(g) + 0.2 * share + rng.normal(0, 0.01, 10)
+    summaries[g] = {"oracle_seq": {s: {"final": 0.5, "auc": 0.2} for s in range(10)},
+                    "oracle": {s: {"final": 0.5 + gain[s], "auc": 0.2 + gain[s]}
+                               for s in range(10)}}
+    curves[g] = {"grpo": {s: {"filler_norm": [share[s], 0.0], "decisive_norm":
+                              [1 - share[s], 1.0], "signal_fraction": [0.1, 0.5]}
+                          for s in range(10)}}
+    truth += [(np.log2(g), share[s], gain[s]) for s in range(10)]
+  lines, slopes, rows = sweep.localisation({"r": summaries}, {"r": curves},
+                                           np.random.default_rng(0))
+  x_g, x_share, y = np.asarray(truth).T
+  for name, x in (("log₂ G", x_g), ("GRPO's filler share at the start", x_share)):
+    slope, low, high = slopes[("r", "auc", name)]
+    assert slope == pytest.approx(np.polyfit(x, y, 1)[0], rel=1e-9)  # OLS of the pairs
+    assert low < slope < high
+  assert slopes[("r", "auc", "log₂ G")][2] < 0  # the gain falls with G here
+  # A regressor that does not vary (the signal fraction) gets no slope.
+  assert ("r", "auc", "GRPO's signal fraction at the start") not in slopes
+  assert len(rows) == 40 and lines[2].startswith("| r | 4 | ")
+  assert lines[2].endswith(f" | {np.mean(x_share[:10]):.2f} | 0.10 |")
+
+
+def test_the_alignment_check_ranks_grpos_starting_cosine_against_the_oracles_speed_up():
+  summaries, curves = {"r": {}}, {"r": {}}
+  for g, cosine, speedup in ((4, 0.1, 4.0), (8, 0.2, 3.0), (16, 0.3, 2.0), (32, 0.4, None)):
+    tau = lambda arm, s: (None if speedup is None and arm == "oracle" else
+                          100.0 * s * (speedup or 1) if arm == "grpo" else 100.0 * s)
+    summaries["r"][g] = {arm: {s: {"tau": tau(arm, s)} for s in (1, 2, 3)}
+                         for arm in ("grpo", "oracle")}
+    curves["r"][g] = {"grpo": {s: {"cosine_to_exact": [cosine + 0.01 * s, 0.9]}
+                               for s in (1, 2, 3)}}
+  lines = sweep.alignment_check(summaries, curves)
+  assert lines[2] == "| r | 4 | 0.12 | 4.0× |" and lines[5] == "| r | 32 | 0.42 | — |"
+  assert lines[-1].startswith("Across the 3 cells, Spearman's ρ of GRPO's starting cosine "
+                              "with the oracle's speed-up = -1.00")
+  del summaries["r"][8]
+  assert sweep.alignment_check(summaries, curves)[-1] == (
+      "(Spearman's ρ needs 3 cells where both arms reach the level; 2 here.)")

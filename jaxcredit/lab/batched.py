@@ -14,8 +14,9 @@ One run is a pure function of its arm (an index into cell.arms), learning rate a
   - each update u draws `prompts_per_step` prompts uniformly from the task's |C|^K prompts
     and samples `group_size` responses to each with the KV-cache sampler at temperature 1
     (keys folded from `jax.random.key(seed)` and u); the rule scores them;
-  - the extras the estimator needs: the exact oracle's credit and values
-    (`oracle.decisive_values` under the sampling policy) and the permutation draws of
+  - the extras the estimator needs: the exact oracle's credit and values under the
+    sampling policy (E-DEC, `oracle.decisive_values`, with filler hidden; E-TREE,
+    `tree_oracle.value_tree`, with filler visible) and the permutation draws of
     `oracle_shuffled`;
   - one learner step (`learner.make_step`: `cell.objective` on the whole batch, the arm's
     estimator chosen by `lax.switch`);
@@ -43,7 +44,7 @@ import optax
 from flax import nnx
 
 from jaxcredit import estimators, losses
-from jaxcredit.lab import oracle
+from jaxcredit.lab import oracle, tree_oracle
 from jaxcredit.models import Transformer, TransformerConfig
 from jaxcredit.rollout import Estimate, Rollout
 from jaxcredit.sampling import generate
@@ -58,6 +59,7 @@ WARMUP_STREAM, MECHANISM_STREAM = 4, 5
 MECHANISM = ("cosine_to_exact", "signal_fraction", "decisive_norm", "filler_norm",
              "credit_cosine", "implicit_credit_cosine")
 DEFAULT_OBJECTIVE = {"policy": {"name": "ppo_clip", "aggregation": "seq-mean-token-sum-norm"}}
+MAX_TREE_PATHS = 4096  # E-TREE paths per prompt inside a batched run (visible filler)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,9 +104,14 @@ class Cell:
     if self.group_size < 1 or self.prompts_per_step < 1:
       raise ValueError(f"group_size and prompts_per_step must be >= 1, got {self.group_size} "
                        f"and {self.prompts_per_step}.")
-    if not (self.task.filler_blind and self.task.constrained):
+    if not self.task.constrained:
       raise ValueError("Batched cells measure J(pi) with the exact oracle: key_token must be "
-                       "filler_blind and constrained.")
+                       "constrained (keys at the decisive positions, filler elsewhere).")
+    if not self.task.filler_blind and tree_oracle.passes_per_prompt(self.task) > MAX_TREE_PATHS:
+      raise ValueError(f"With visible filler the exact oracle (E-TREE) runs "
+                       f"{tree_oracle.passes_per_prompt(self.task):,} paths per prompt, over "
+                       f"{MAX_TREE_PATHS:,}: place the decisive positions earlier or use "
+                       "fewer fillers.")
     if self.warmup is not None and (
         len(self.warmup.filler_probs) != self.task.n_fillers
         or not np.isclose(sum(self.warmup.filler_probs), 1.0)
@@ -167,19 +174,19 @@ def noisy_tokens(advantages, mask, decisive):
   return jnp.sum(jnp.where(credited, per_row, 0.0)) / jnp.maximum(jnp.sum(credited), 1)
 
 
-def implicit_credit(credit, tokens, decisive, group_size: int):
+def implicit_credit(credit, tokens, seen, group_size: int):
   """[B, L]: each token's credit averaged over the responses of its group that reach the
-  same state and take the same token there. On filler-blind key_token a state is the
-  prompt, the position and the decisive tokens before it (filler is hidden from later
-  inputs), so identical (state, token) pairs share one policy-gradient term: this is the
+  same state and take the same token there. A state is the prompt, the position and the
+  earlier tokens that later inputs see (`seen`: on filler-blind key_token the decisive
+  ones only), so identical (state, token) pairs share one policy-gradient term: this is the
   credit the gradient sees, GRPO's implicit process reward (arXiv 2509.21154) where
   responses share states. credit, tokens [B, L] (groups of `group_size` consecutive rows,
-  one prompt each); decisive [L] bool. Traceable."""
+  one prompt each); seen [L] bool. Traceable."""
   b, length = tokens.shape
   tokens = tokens.reshape(b // group_size, group_size, 1, length)
   credit = credit.reshape(b // group_size, 1, group_size, length)
   pairs = lambda x: x != jnp.swapaxes(x, 1, 2)  # [n, G, G, L]: row i vs row j
-  differs = pairs(jnp.where(decisive, tokens, 0)).astype(jnp.int32)
+  differs = pairs(jnp.where(seen, tokens, 0)).astype(jnp.int32)
   apart_before = jnp.cumsum(differs, axis=-1) - differs > 0  # a decisive choice earlier
   shared = ~pairs(tokens) & ~apart_before
   return (jnp.sum(jnp.where(shared, credit, 0.0), axis=2) / jnp.sum(shared, axis=2)).reshape(
@@ -229,9 +236,15 @@ def make_run(cell: Cell):
   eval_prompts, eval_targets = prompts_of(evaluation_symbols(config, cell.eval_prompts), config)
   ks = jnp.asarray(cell.pass_at, jnp.float32)
 
+  def exact_values(model, prompts, targets):
+    """Each prompt's exact value tree: E-DEC with filler hidden, else E-TREE."""
+    if config.filler_blind:
+      return oracle.decisive_values(model, config, prompts, targets)
+    return tree_oracle.value_tree(model, config, prompts, targets)
+
   def evaluate(state):
-    success = oracle.decisive_values(nnx.merge(graphdef, state)["model"], config, eval_prompts,
-                                     eval_targets)[0][:, 0]
+    tree = exact_values(nnx.merge(graphdef, state)["model"], eval_prompts, eval_targets)
+    success = tree[0][:, 0] if config.filler_blind else tree[0]
     return {"success": jnp.mean(success),
             "pass@k": jnp.mean(1.0 - (1.0 - success[:, None]) ** ks, axis=0)}
 
@@ -251,9 +264,14 @@ def make_run(cell: Cell):
     mask = sample.mask
     extras = {}
     if oracle_extras or needs & {"oracle_advantages", "oracle_values"}:
-      tree = [jnp.repeat(w, group, axis=0)
-              for w in oracle.decisive_values(model, config, prompts, targets)]
-      values, credit = oracle.credit_from_values(tree, sample.tokens[:, decisive], config)
+      tree = exact_values(model, prompts, targets)
+      if config.filler_blind:
+        values, credit = oracle.credit_from_values([jnp.repeat(w, group, axis=0) for w in tree],
+                                                   sample.tokens[:, decisive], config)
+      else:
+        values, credit = tree_oracle.credit_from_tree(
+            tree, jnp.arange(sample.tokens.shape[0]) // group, sample.tokens[:, prompt_len:],
+            jnp.repeat(targets, group, axis=0), config)
       in_rows = lambda x: jnp.where(mask, jnp.pad(x, [(0, 0), (prompt_len, 0)]), 0.0)
       extras.update(oracle_values=in_rows(values), oracle_advantages=in_rows(credit))
     if oracle_extras or "shuffle_priorities" in needs:
@@ -269,6 +287,7 @@ def make_run(cell: Cell):
   decisive_columns[decisive] = True
   filler_columns = ~decisive_columns
   filler_columns[:prompt_len] = False
+  seen_columns = decisive_columns if config.filler_blind else decisive_columns | filler_columns
 
   def demonstrations(key):
     """[N, P + T] SFT rows (`Warmup`) and their response mask."""
@@ -326,7 +345,7 @@ def make_run(cell: Cell):
       g, g_exact = gradient(model, batch, credit), gradient(model, batch, exact(batch).advantages)
       on_decisive = gradient(model, batch, jnp.where(decisive_columns, credit, 0.0))
       cosine = _cosine(g, g_exact, True)
-      implicit = implicit_credit(credit, batch.tokens, decisive_columns, group)
+      implicit = implicit_credit(credit, batch.tokens, seen_columns, group)
       credit_cosines = (_cosine(credit, batch.extras["oracle_advantages"], batch.mask),
                         _cosine(implicit, batch.extras["oracle_advantages"], batch.mask))
       return (g, cosine, jnp.linalg.norm(on_decisive), jnp.linalg.norm(g - on_decisive),

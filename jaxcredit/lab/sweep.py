@@ -238,31 +238,154 @@ def comparison_table(comparisons: dict, metric: str) -> list[str]:
   return lines
 
 
-def localisation(summaries: dict, rng) -> tuple[list[str], dict]:
-  """Delta_loc = oracle - oracle_seq (final J, paired by seed) per (regime, G), and its OLS
-  slope on log2 G with a bootstrap interval over seeds."""
-  lines = ["| regime | G | Δ_loc = oracle − oracle_seq (final J) [95% CI] | p (sign-flip) |",
-           "|---|---|---|---|"]
-  slopes = {}
+LOCALISED = ("final", "auc")  # the metrics Delta_loc is taken on
+
+
+def _filler_share(run: dict) -> np.ndarray:
+  """|g_filler| / (|g_filler| + |g_decisive|) at each gradient measurement of a run."""
+  filler, decisive = np.asarray(run["filler_norm"]), np.asarray(run["decisive_norm"])
+  return filler / np.maximum(filler + decisive, 1e-30)
+
+
+def _localisation_runs(summaries: dict, curves: dict) -> list[dict]:
+  """One row per (regime, G, seed) with oracle and oracle_seq: Delta_loc = oracle -
+  oracle_seq on each LOCALISED metric, and the regressors of that seed: log2 G and, where
+  the cell measured gradients, GRPO's filler share and signal fraction at the first
+  measurement (the start of training)."""
+  rows = []
   for regime, by_g in summaries.items():
-    per_g = {}
     for g, summary in sorted(by_g.items()):
-      if {"oracle", "oracle_seq"} <= set(summary):
-        seeds = sorted(set(summary["oracle"]) & set(summary["oracle_seq"]))
-        per_g[g] = np.asarray([summary["oracle"][s]["final"] - summary["oracle_seq"][s]["final"]
-                               for s in seeds])
-        interval = report.fmt_interval(*statistics.reported_ci(per_g[g], rng, 10000))
-        lines.append(f"| {regime} | {g} | {interval} | "
-                     f"{statistics.sign_flip_p(per_g[g], rng):.4f} |")
-    if len(per_g) >= 2:
-      x = np.concatenate([np.full(len(d), np.log2(g)) for g, d in per_g.items()])
-      y = np.concatenate(list(per_g.values()))
-      fit = scipy.stats.linregress(x, y)
-      draws = [scipy.stats.linregress(x[i], y[i]).slope
-               for i in (rng.integers(0, len(x), len(x)) for _ in range(2000))
-               if np.ptp(x[i]) > 0]
-      slopes[regime] = (float(fit.slope), *map(float, np.quantile(draws, [0.025, 0.975])))
-  return lines, slopes
+      if not {"oracle", "oracle_seq"} <= set(summary):
+        continue
+      grpo = curves[regime][g].get("grpo", {})
+      for seed in sorted(set(summary["oracle"]) & set(summary["oracle_seq"])):
+        x = {"log₂ G": float(np.log2(g))}
+        if "filler_norm" in grpo.get(seed, {}):
+          x["GRPO's filler share at the start"] = float(_filler_share(grpo[seed])[0])
+          x["GRPO's signal fraction at the start"] = float(grpo[seed]["signal_fraction"][0])
+        rows.append({"regime": regime, "g": g, "x": x, "delta": {
+            m: summary["oracle"][seed][m] - summary["oracle_seq"][seed][m] for m in LOCALISED}})
+  return rows
+
+
+def _slope(x, y, rng) -> tuple[float, float, float]:
+  """OLS slope of y on x and a 95% bootstrap interval over the (x, y) pairs."""
+  draws = [scipy.stats.linregress(x[i], y[i]).slope
+           for i in (rng.integers(0, len(x), len(x)) for _ in range(2000)) if np.ptp(x[i]) > 0]
+  return (float(scipy.stats.linregress(x, y).slope),
+          *map(float, np.quantile(draws, [0.025, 0.975])))
+
+
+def localisation(summaries: dict, curves: dict, rng) -> tuple[list[str], dict, list[dict]]:
+  """The localisation gain Delta_loc = oracle - oracle_seq (paired by seed) on final J and
+  AUC per (regime, G), with GRPO's gradient noise there; and Delta_loc's OLS slope on each
+  regressor of `_localisation_runs` (per regime, and over every regime when there are
+  several), with a bootstrap interval over runs. H2 predicts a negative slope on log2 G
+  (more samples average the filler noise away) and a positive one on GRPO's filler share.
+  Returns (table lines, {(group, metric, regressor): (slope, low, high)}, the runs)."""
+  rows = _localisation_runs(summaries, curves)
+  lines = ["| regime | G | Δ_loc = oracle − oracle_seq, final J [95% CI] | p (sign-flip) | "
+           "Δ_loc, AUC [95% CI] | p (sign-flip) | GRPO's filler share at the start | "
+           "GRPO's signal fraction at the start |", "|---|---|---|---|---|---|---|---|"]
+  for regime, g in dict.fromkeys((r["regime"], r["g"]) for r in rows):
+    cell = [r for r in rows if (r["regime"], r["g"]) == (regime, g)]
+    stats = []
+    for metric in LOCALISED:
+      d = np.asarray([r["delta"][metric] for r in cell])
+      stats += [report.fmt_interval(*statistics.reported_ci(d, rng, 10000)),
+                f"{statistics.sign_flip_p(d, rng):.4f}"]
+    noise = [f"{np.mean([r['x'][name] for r in cell]):.2f}" if name in cell[0]["x"] else "—"
+             for name in ("GRPO's filler share at the start",
+                          "GRPO's signal fraction at the start")]
+    lines.append(f"| {regime} | {g} | " + " | ".join(stats + noise) + " |")
+  groups = {regime: [r for r in rows if r["regime"] == regime]
+            for regime in dict.fromkeys(r["regime"] for r in rows)}
+  if len(groups) > 1:
+    groups["every regime"] = rows
+  slopes = {}
+  for group, members in groups.items():
+    for name in members[0]["x"] if members else ():
+      if not all(name in r["x"] for r in members):
+        continue
+      x = np.asarray([r["x"][name] for r in members])
+      if np.ptp(x) == 0:
+        continue
+      for metric in LOCALISED:
+        y = np.asarray([r["delta"][metric] for r in members])
+        slopes[(group, metric, name)] = _slope(x, y, rng)
+  return lines, slopes, rows
+
+
+def alignment_check(summaries: dict, curves: dict) -> list[str]:
+  """What the mechanism predicts for the learning curves, checked: where GRPO's gradient at
+  the start points further from the exact-credit gradient (a lower cosine), exact credit
+  should reach the plateau sooner relative to GRPO. Per (regime, G) cell with gradient
+  measurements: GRPO's cosine at the first measurement (mean over seeds) and the speed-up
+  tau_grpo / tau_oracle (medians over the seeds reaching 0.9 x the best plateau); across the
+  cells, Spearman's rank correlation of the two (predicted negative)."""
+  lines = ["| regime | G | GRPO's gradient cosine to exact at the start | oracle's speed-up "
+           "(GRPO's tokens to 0.9 × best ÷ the oracle's) |", "|---|---|---|---|"]
+  pairs = []
+  for regime, by_g in summaries.items():
+    for g, summary in sorted(by_g.items()):
+      grpo = curves[regime][g].get("grpo", {})
+      if not {"grpo", "oracle"} <= set(summary) or not all(
+          "cosine_to_exact" in run for run in grpo.values()):
+        continue
+      cosine = float(np.mean([run["cosine_to_exact"][0] for run in grpo.values()]))
+      taus = [[m["tau"] for m in summary[arm].values() if m["tau"] is not None]
+              for arm in ("grpo", "oracle")]
+      speedup = (np.median(taus[0]) / np.median(taus[1])
+                 if all(taus) and np.median(taus[1]) > 0 else None)
+      lines.append(f"| {regime} | {g} | {cosine:.2f} | "
+                   + ("—" if speedup is None else f"{speedup:.1f}×") + " |")
+      if speedup is not None:
+        pairs.append((cosine, speedup))
+  if len(pairs) < 3:
+    return lines + ["", f"(Spearman's ρ needs 3 cells where both arms reach the level; "
+                        f"{len(pairs)} here.)"]
+  rho, p = scipy.stats.spearmanr(*zip(*pairs))
+  return lines + ["", f"Across the {len(pairs)} cells, Spearman's ρ of GRPO's starting cosine "
+                      f"with the oracle's speed-up = {rho:+.2f} (p = {p:.3f}; the mechanism "
+                      "predicts ρ < 0)."]
+
+
+def localisation_figure(workdir: pathlib.Path, rows: list[dict], rng) -> list[str]:
+  """localisation.png: Delta_loc on AUC per (regime, G) cell (mean over seeds, 95% bootstrap
+  bars from 5 seeds) against log2 G, GRPO's filler share and its signal fraction."""
+  plt = report._pyplot()
+  if plt is None or not rows:
+    return []
+  names = [name for name in rows[0]["x"] if all(name in r["x"] for r in rows)]
+  fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
+  for regime in dict.fromkeys(r["regime"] for r in rows):
+    cells = {}
+    for r in rows:
+      if r["regime"] == regime:
+        cells.setdefault(r["g"], []).append(r)
+    for ax, name in zip(axes[0], names):
+      x = [np.mean([r["x"][name] for r in cell]) for cell in cells.values()]
+      ci = [statistics.bootstrap_ci([r["delta"]["auc"] for r in cell], rng, 2000)
+            for cell in cells.values()]
+      mean = np.asarray([c[0] for c in ci])
+      bars = np.asarray([[c[0] - c[1], c[2] - c[0]] if len(cell) >= statistics.MIN_SEEDS
+                         else [0.0, 0.0] for c, cell in zip(ci, cells.values())]).T
+      ax.errorbar(x, mean, yerr=bars, marker="o", capsize=3, label=regime)
+  for ax, name in zip(axes[0], names):
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.set_xlabel(name)
+    ax.set_ylabel("Δ_loc on AUC (oracle − oracle_seq)")
+    ax.grid(alpha=0.3)
+  axes[0][0].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(workdir / "localisation.png", dpi=120)
+  plt.close(fig)
+  return ["![localisation gain against G and GRPO's gradient noise](localisation.png)", "",
+          "What to see: if sequence-level credit suffices because its filler noise averages "
+          "out (H1, H2), the gain from localising exact credit falls as G grows (left) and "
+          "as GRPO's gradient carries less filler noise (middle) and more consistent signal "
+          "(right). Each point is a (regime, G) cell: the mean over seeds with its 95% "
+          "bootstrap interval."]
 
 
 def _pin(cores) -> None:
@@ -391,8 +514,6 @@ def mechanism_table(curves: dict) -> list[str]:
   first = runs[next(iter(runs))][0]
   tokens = first.get("mechanism_gen_tokens", first["gen_tokens"])  # (every evaluation)
   mean = lambda arm, f: np.mean([f(run) for run in runs[arm]], axis=0)
-  share = lambda run: np.asarray(run["filler_norm"]) / np.maximum(
-      np.asarray(run["filler_norm"]) + np.asarray(run["decisive_norm"]), 1e-30)
   cell = lambda values: " / ".join(f"{v:.2f}" for v in values)
   everywhere = lambda name: all(name in run for by_arm in runs.values() for run in by_arm)
   noisy_header = " effective noisy tokens (mean over updates) |" if everywhere(
@@ -418,7 +539,7 @@ def mechanism_table(curves: dict) -> list[str]:
   for arm in runs:
     lines.append(f"| {arm} | {cell(mean(arm, lambda r: r['cosine_to_exact']))} | "
                  f"{cell(mean(arm, lambda r: r['signal_fraction']))} | "
-                 f"{cell(mean(arm, share))} |"
+                 f"{cell(mean(arm, _filler_share))} |"
                  + (f" {cell(mean(arm, lambda r: r['credit_cosine']))} | "
                     f"{cell(mean(arm, lambda r: r['implicit_credit_cosine']))} |"
                     if implicit_header else "")
@@ -451,7 +572,7 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
   missing = [regime for regime in study.regimes if regime not in results]
   if missing:
     lines += [f"Regimes of the preset not run here: {', '.join(missing)} (`run_regimes`).", ""]
-  summaries = {}
+  summaries, all_curves = {}, {}
   for regime, by_g in results.items():
     spec = study.regimes[regime]
     lines += [f"## Regime `{regime}`: {dict(spec.task)}"
@@ -467,6 +588,7 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
       curves = {arm: {int(s): c for s, c in r["curves"].items()} for arm, r in by_arm.items()}
       summary, bounds = report.summarise(curves)
       summaries.setdefault(regime, {})[g] = summary
+      all_curves.setdefault(regime, {})[g] = curves
       tokens = next(iter(next(iter(curves.values())).values()))["gen_tokens"][-1]
       lines += [f"### G = {g} ({tokens:,} generated tokens per run)", ""]
       lines += [budget_check(summary, bounds["level"], tokens), ""] if "grpo" in summary else []
@@ -476,10 +598,13 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
           lines += [""] + comparison_table(compare(summary, metric, study.margin, rng), metric)
       lines += [""] + mechanism_table(curves)
       lines += [""] + report.learning_curves(workdir, f"{regime}_G{g}", curves) + [""]
-  table, slopes = localisation(summaries, rng)
-  lines += ["## Localisation gain against G", ""] + table + [""]
-  for regime, (slope, low, high) in slopes.items():
-    lines.append(f"- `{regime}`: slope of Δ_loc on log₂ G = {slope:+.3f} [{low:+.3f}, "
-                 f"{high:+.3f}] (OLS, 95% bootstrap over runs).")
+  table, slopes, rows = localisation(summaries, all_curves, rng)
+  lines += ["## Localisation gain against G and GRPO's gradient noise", ""] + table + [""]
+  for (group, metric, name), (slope, low, high) in slopes.items():
+    lines.append(f"- `{group}`: slope of Δ_loc ({metric}) on {name} = {slope:+.3f} "
+                 f"[{low:+.3f}, {high:+.3f}] (OLS over runs, 95% bootstrap).")
+  lines += [""] + localisation_figure(workdir, rows, rng)
+  lines += ["", "## The mechanism's prediction for the learning curves, checked", ""]
+  lines += alignment_check(summaries, all_curves)
   (workdir / "report.md").write_text("\n".join(lines) + "\n")
   return summaries

@@ -9,22 +9,26 @@ not apply. E-TREE enumerates the response tree up to the last decisive position 
      target key is expanded there (pruning (ii)). Filler after p_K cannot change R: the tree
      stops at p_K (pruning (i)). Passes per prompt: prod over positions t < p_K of the
      expanded actions, e.g. |F|^(p_K - K + 1) under `all`.
-  2. One batched teacher-forced pass per path (length K + 2 + p_K + 1, in chunks of
-     `max_rows` rows) gives pi(. | prefix) at every position of the path, restricted to the
-     allowed actions exactly as the sampler restricts them, at temperature 1.
-  3. Back up in float64: V(prefix of length p_K) = sum_c pi(c | prefix) R(y_P with c), then
+  2. One batched teacher-forced pass over the paths (length K + 2 + p_K + 1) gives
+     pi(. | prefix) at every position of every path, restricted to the allowed actions
+     exactly as the sampler restricts them, at temperature 1.
+  3. Back up: V(prefix of length p_K) = sum_c pi(c | prefix) R(y_P with c), then
      V(prefix_<t) = sum_a pi(a | prefix_<t) V(prefix_<t + a) down to the prompt (a pruned
      child has V = 0).
   4. Look up each sampled response: V(s_t) along its path (0 after a wrong key under `all`),
      V = R after p_K, and A_t = V(s_(t+1)) - V(s_t) (0 after p_K).
 
 Values are those of the rule's reward (a `noise` flip is not modelled, as in E-DEC).
+`value_tree` and `credit_from_tree` are traceable (the lab's batched runs call them inside
+their jit); `tree_credit` is the host entry point on sampled rows.
 """
 
 import itertools
 
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
+from jax import Array
 
 from jaxcredit.lab import oracle
 from jaxcredit.tasks import key_token
@@ -49,84 +53,123 @@ def passes_per_prompt(config: key_token.KeyTokenConfig) -> int:
   return int(np.prod([1 if pin else len(o) for o, pin in zip(options, pinned)], dtype=np.int64))
 
 
-def _paths(config: key_token.KeyTokenConfig, prompts: np.ndarray, targets: np.ndarray):
+def _paths(config: key_token.KeyTokenConfig, prompts, targets):
   """[n, N, K + 2 + p_K + 1] model inputs of every path of every prompt, and its [n, N, T]
-  responses (positions after p_K: any allowed token; a causal pass never reads them)."""
+  responses (positions after p_K: any allowed token; a causal pass never reads them).
+  Traceable in prompts [n, K + 2] and targets [n, K]."""
   options, pinned = _expanded(config)
   last, prompt_len = config.decisive_positions[-1], config.prompt_length
   radices = [1 if pin else len(o) for o, pin in zip(options, pinned)]
   combinations = list(itertools.product(*map(range, radices)))  # the paths' action indices
   digits = np.asarray(combinations, np.int64).reshape(len(combinations), last)
-  n = len(prompts)
-  responses = np.tile(np.asarray([o[0] for o in options] + [config.fillers[0]] * (
-      config.length - last - 1), np.int32), (n, len(digits), 1))  # [n, N, T]
-  decisive_index = {int(p): k for k, p in enumerate(config.decisive_positions)}
+  fixed = np.tile(np.asarray([o[0] for o in options] + [config.fillers[0]] * (
+      config.length - last - 1), np.int32), (len(digits), 1))  # [N, T]
   for t in range(last):
-    responses[:, :, t] = (targets[:, decisive_index[t], None] if pinned[t]
-                          else options[t][digits[:, t]][None])
-  inputs = np.concatenate([np.repeat(prompts[:, None], len(digits), axis=1),
-                           key_token.observe(responses, config)], axis=2)
+    if not pinned[t]:
+      fixed[:, t] = options[t][digits[:, t]]
+  targets = jnp.asarray(targets, jnp.int32)
+  n = targets.shape[0]
+  at_pin = jnp.zeros((n, config.length), jnp.int32)
+  for k, position in enumerate(config.decisive_positions[:-1]):
+    if pinned[position]:
+      at_pin = at_pin.at[:, position].set(targets[:, k])
+  is_pin = np.asarray(pinned + [False] * (config.length - last))
+  responses = jnp.where(is_pin, at_pin[:, None], fixed[None])  # [n, N, T]
+  seen = responses if not config.filler_blind else jnp.where(_hidden(config), key_token.FILL,
+                                                             responses)
+  inputs = jnp.concatenate([jnp.repeat(jnp.asarray(prompts, jnp.int32)[:, None], len(digits),
+                                       axis=1), seen], axis=2)
   return inputs[:, :, :prompt_len + last + 1], responses
 
 
-def _conditionals(model, config, inputs: np.ndarray, max_rows: int) -> list[np.ndarray]:
-  """pi(a | path prefix) [n, N, |options_t|] float64 at each response position t <= p_K."""
-  options, _ = _expanded(config)
-  n, paths, width = inputs.shape
-  flat = inputs.reshape(n * paths, width)
-  allowed = key_token.allowed_in_rows(config)[:width]
-  chunk = min(max_rows, len(flat))
-  rows = np.concatenate([flat, np.repeat(flat[-1:], -len(flat) % chunk, axis=0)])
-  logp = np.concatenate([oracle._teacher_forced_logprobs(model, rows[i:i + chunk], allowed)
-                         for i in range(0, len(rows), chunk)])[:len(flat)]
-  start = config.prompt_length - 1  # column whose output is the distribution of position 0
-  return [np.exp(logp[:, start + t, o]).reshape(n, paths, len(o)) for t, o in enumerate(options)]
+def _hidden(config: key_token.KeyTokenConfig) -> np.ndarray:
+  """[T] bool: the response positions later inputs do not see (filler, when filler-blind)."""
+  hidden = np.full(config.length, config.filler_blind)
+  hidden[config.decisive_positions] = False
+  return hidden
 
 
-def value_tree(model, config: key_token.KeyTokenConfig, prompts: np.ndarray,
-               targets: np.ndarray, *, max_rows: int = 4096) -> list[np.ndarray]:
-  """[V_0, ..., V_(p_K)], V_t [n, r_0, ..., r_(t-1)] float64: the value of every expanded
-  prefix of length t of each prompt (r_s: the expanded actions at position s). prompts
-  [n, K + 2], targets [n, K] key ids."""
+def value_tree(model, config: key_token.KeyTokenConfig, prompts, targets) -> list[Array]:
+  """[V_0, ..., V_(p_K)], V_t [n, r_0, ..., r_(t-1)] float32: the value of every expanded
+  prefix of length t of each prompt (r_s: the expanded actions at position s; V_0 [n] is
+  V(x)). prompts [n, K + 2], targets [n, K] key ids. Traceable (jit, vmap over seeds)."""
   options, pinned = _expanded(config)
   last = config.decisive_positions[-1]
   inputs, responses = _paths(config, prompts, targets)
-  probs = _conditionals(model, config, inputs, max_rows)
-  n, radices = len(prompts), [1 if pin else len(o) for o, pin in zip(options, pinned)]
+  n, paths, width = inputs.shape
+  allowed = key_token.allowed_in_rows(config)[:width]
+  logp = oracle._masked_log_softmax(model, inputs.reshape(n * paths, width),
+                                    np.concatenate([allowed[1:], allowed[-1:]]))
+  start = config.prompt_length - 1  # the column whose output is the distribution of position 0
+  probs = [jnp.exp(logp[:, start + t, o]).reshape(n, paths, len(o)) for t, o in enumerate(options)]
+  radices = [1 if pin else len(o) for o, pin in zip(options, pinned)]
+  targets = jnp.asarray(targets, jnp.int32)
   # Leaves: the last key c completes y_P; V(prefix of length p_K) = sum_c pi(c) R.
-  picked = np.repeat(responses[:, :, config.decisive_positions][:, :, None], len(options[last]),
-                     axis=2)
-  picked[..., -1] = options[last]
-  rewards = key_token.rule_reward(picked, targets[:, None, None], config).astype(np.float64)
-  values = [np.sum(probs[last] * rewards, axis=-1).reshape(n, *radices)]
+  picked = jnp.concatenate([jnp.broadcast_to(
+      responses[:, :, None, config.decisive_positions[:-1]], (n, paths, len(options[last]),
+                                                              config.n_decisive - 1)),
+      jnp.broadcast_to(options[last][:, None], (n, paths, len(options[last]), 1))], axis=-1)
+  rewards = key_token.rule_reward(picked, targets[:, None, None], config)
+  values = [jnp.sum(probs[last] * rewards, axis=-1).reshape(n, *radices)]
   for t in reversed(range(last)):
     # pi(. | prefix of length t) from the path whose later digits are 0 (causal model).
     first_path = probs[t].reshape(n, *radices, -1)[(slice(None),) * (t + 1) + (0,) * (last - t)]
     child = values[0]
     if pinned[t]:
-      key = np.searchsorted(options[t], targets[:, list(config.decisive_positions).index(t)])
-      at_key = np.take_along_axis(first_path, key.reshape(n, *[1] * (t + 1)), axis=-1)[..., 0]
+      key = jnp.searchsorted(options[t], targets[:, list(config.decisive_positions).index(t)])
+      at_key = jnp.take_along_axis(first_path, key.reshape(n, *[1] * (t + 1)), axis=-1)[..., 0]
       values.insert(0, at_key * child[..., 0])
     else:
-      values.insert(0, np.sum(first_path * child, axis=-1))
+      values.insert(0, jnp.sum(first_path * child, axis=-1))
   return values
 
 
+def credit_from_tree(tree: list[Array], prompt_index, responses, targets,
+                     config: key_token.KeyTokenConfig) -> tuple[Array, Array]:
+  """Exact (values, advantages) [B, T] of B responses [B, T] along their paths in the value
+  tree (`value_tree`) of their prompts (prompt_index [B] into its rows); targets [B, K].
+  V(s_t) along the path (0 after a wrong key under `all`), V = R after p_K, A_t = V(s_(t+1))
+  - V(s_t). Tokens the task does not allow at a position read as its first action.
+  Traceable."""
+  options, pinned = _expanded(config)
+  last = config.decisive_positions[-1]
+  responses, targets = jnp.asarray(responses), jnp.asarray(targets)
+  batch = responses.shape[0]
+  digits, alive, values = [], jnp.ones(batch, bool), []
+  for t in range(last + 1):
+    values.append(jnp.where(alive, tree[t][(prompt_index, *digits)], 0.0))
+    if t < last and pinned[t]:
+      alive &= responses[:, t] == targets[:, list(config.decisive_positions).index(t)]
+      digits.append(jnp.zeros(batch, jnp.int32))
+    elif t < last:
+      digits.append(jnp.argmax(responses[:, t, None] == options[t], axis=1))
+  outcome = key_token.rule_reward(responses[:, config.decisive_positions], targets, config)
+  values = jnp.stack(values + [outcome] * (config.length - last), axis=1)  # [B, T + 1]
+  return values[:, :-1], jnp.diff(values, axis=1)
+
+
+_jitted_tree = nnx.jit(value_tree, static_argnames="config")
+
+
 def tree_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray, mask: np.ndarray,
-                targets: np.ndarray, *, max_passes: int = MAX_PASSES,
-                max_rows: int = 4096) -> Credit:
+                targets: np.ndarray, *, max_passes: int = MAX_PASSES) -> Credit:
   """Exact credit (E-TREE, module docstring) of B sampled responses under `model` at
   temperature 1, on constrained or unconstrained key_token with filler visible or hidden.
 
   tokens, mask: [B, L] rows (K + 2 prompt ids, then the T response ids); targets: [B, K]
   the keys each row must copy. Values V(s_t) and advantages are 0 off `mask`. Raises
-  ValueError when the tree needs more than `max_passes` paths (the count is given)."""
+  ValueError when the tree needs more than `max_passes` paths (the count is given), or a
+  response holds a token its position does not allow."""
   tokens, mask, targets = np.asarray(tokens), np.asarray(mask, bool), np.asarray(targets)
   prompt_len, length = config.prompt_length, config.length
   if tokens.shape[1:] != (prompt_len + length,) or targets.shape != (len(tokens),
                                                                      config.n_decisive):
     raise ValueError(f"Expected rows [B, {prompt_len} + {length}] and targets [B, "
                      f"{config.n_decisive}], got {tokens.shape} and {targets.shape}.")
+  response = tokens[:, prompt_len:]
+  allowed = key_token.allowed(config)
+  if not np.all(np.take_along_axis(allowed[None], response[..., None], axis=2)[..., 0]):
+    raise ValueError("A response holds a token the task does not allow at its position.")
   prompts, first, inverse = np.unique(tokens[:, :prompt_len], axis=0, return_index=True,
                                       return_inverse=True)
   passes = len(prompts) * passes_per_prompt(config)
@@ -134,29 +177,13 @@ def tree_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray, mas
     raise ValueError(f"E-TREE needs {passes:,} teacher-forced paths ({len(prompts)} prompts x "
                      f"{passes_per_prompt(config):,}), over max_passes = {max_passes:,}: "
                      "place the decisive positions earlier, or use mc_credit.")
-  values_by_depth = value_tree(model, config, prompts, targets[first], max_rows=max_rows)
-  options, pinned = _expanded(config)
-  last, inverse = config.decisive_positions[-1], inverse.reshape(-1)
-  response = tokens[:, prompt_len:]
-  digits, alive = np.zeros((len(tokens), last), np.int64), np.ones(len(tokens), bool)
-  values = np.zeros((len(tokens), length + 1))
-  for t in range(last + 1):
-    values[:, t] = np.where(alive, values_by_depth[t][(inverse, *digits[:, :t].T)], 0.0)
-    if t == last:
-      break
-    found = response[:, t, None] == options[t][None]
-    if not found.any(axis=1).all():
-      raise ValueError(f"Response position {t} holds a token the task does not allow there.")
-    if pinned[t]:
-      alive &= response[:, t] == targets[:, list(config.decisive_positions).index(t)]
-    else:
-      digits[:, t] = found.argmax(axis=1)
-  values[:, last + 1:] = key_token.rule_reward(response[:, config.decisive_positions], targets,
-                                               config)[:, None]
-  advantages = np.diff(values, axis=1)
+  tree = _jitted_tree(model, config, prompts, targets[first])
+  values, advantages = (np.asarray(x, np.float64) for x in credit_from_tree(
+      tree, inverse.reshape(-1), response, targets, config))
   rows = lambda x: jnp.asarray(np.where(
       mask, np.concatenate([np.zeros((len(tokens), prompt_len)), x], 1), 0.0), jnp.float32)
-  return Credit(advantages=rows(advantages), values=rows(values[:, :length]),
+  return Credit(advantages=rows(advantages), values=rows(values),
                 adv_stderr=jnp.zeros(tokens.shape, jnp.float32), evaluated=jnp.asarray(mask),
-                cost={"passes": passes, "tf_tokens": passes * (prompt_len + last + 1),
+                cost={"passes": passes,
+                      "tf_tokens": passes * (prompt_len + int(config.decisive_positions[-1]) + 1),
                       "rollouts": 0, "gen_tokens": 0, "prefill_tokens": 0})
