@@ -79,11 +79,12 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   config.mechanism_batches = 4  # fresh batches per measurement of the gradients, taken...
   config.mechanism_evals = (0, 3, 20)  # ...at these evaluations: start, 15% of Z, end
   # Pieces (tuning, cells) run side by side in this many processes, one CPU core each: on
-  # this 2-core CPU 1.4x the tokens/s of one process on both cores. 1 on an accelerator.
+  # this 2-core CPU 1.25x the tokens/s of one process on both cores (bench.sweep). 1 on an
+  # accelerator.
   config.workers = 2
-  # Runs per compiled program (None: a piece's runs in one): at 35, a G = 32 cell's program
-  # took 4.4 GiB of XLA temporaries (70 runs: 24.5 GiB); 40 holds a small cell (4 arms x 10
-  # seeds) and two side by side fit in 24 GiB.
+  # Runs per compiled program (None: a piece's runs in one): 40 holds a small cell (4 arms
+  # x 10 seeds); a G = 32 cell's program then takes 5.1 GiB of XLA temporaries (bench.sweep),
+  # two side by side within 24 GiB.
   config.runs_per_program = 40
   # Regimes to run now (None: all); the others are listed as not run. A later run with more
   # resumes the finished ones.
