@@ -57,13 +57,16 @@ def short_cell(study, updates: int) -> batched.Cell:
                              mechanism_evals=(0, 4))
 
 
-def tokens_per_second(study, updates: int) -> float:
-  """Generated tokens per second of the short cell at the preset's width (compiled first)."""
+def timed_short_cell(study, updates: int, before=lambda: None) -> tuple[int, float]:
+  """(generated tokens, seconds) of the short cell at the preset's width: compiled and run
+  once, then `before()`, then timed."""
   cell, width = short_cell(study, updates), study.runs_per_program
   runner = batched.Runner(cell)
   runner.train(_runs(study, width), width)
-  result = runner.train(_runs(study, width), width)
-  return width * cell.updates * cell.tokens_per_update / result["run_seconds"]
+  before()
+  started = time.perf_counter()
+  runner.train(_runs(study, width), width)
+  return width * cell.updates * cell.tokens_per_update, time.perf_counter() - started
 
 
 def pinned_workers(updates: int, cores: list[int]) -> float:
@@ -82,17 +85,14 @@ def worker(core: int, updates: int, barrier: str, workers: int) -> None:
   """One pinned process: compile, wait for the others, time the short cell; prints
   {"tokens", "seconds"}."""
   os.sched_setaffinity(0, {core})
-  study = small_study()
-  cell, width = short_cell(study, updates), study.runs_per_program
-  runner = batched.Runner(cell)
-  runner.train(_runs(study, width), width)
-  (pathlib.Path(barrier) / f"ready{core}").touch()
-  while len(list(pathlib.Path(barrier).glob("ready*"))) < workers:
-    time.sleep(0.05)
-  started = time.perf_counter()
-  runner.train(_runs(study, width), width)
-  print(json.dumps({"tokens": width * cell.updates * cell.tokens_per_update,
-                    "seconds": time.perf_counter() - started}), flush=True)
+
+  def wait_for_the_others():
+    (pathlib.Path(barrier) / f"ready{core}").touch()
+    while len(list(pathlib.Path(barrier).glob("ready*"))) < workers:
+      time.sleep(0.05)
+
+  tokens, seconds = timed_short_cell(small_study(), updates, wait_for_the_others)
+  print(json.dumps({"tokens": tokens, "seconds": seconds}), flush=True)
 
 
 def main() -> None:
@@ -114,7 +114,8 @@ def main() -> None:
           for g in args.group_sizes]
   print(table(["cell"] + [f"{w} runs per program" for w in args.widths], rows))
   cores = sorted(os.sched_getaffinity(0))
-  one = tokens_per_second(study, args.updates)
+  tokens, seconds = timed_short_cell(study, args.updates)
+  one = tokens / seconds
   side_by_side = pinned_workers(args.updates, cores)
   print(f"\n## Generated tokens/s, G = 8, {study.runs_per_program} runs per program, "
         f"{args.updates} updates\n")

@@ -107,9 +107,10 @@ class Cell:
     if not self.task.constrained:
       raise ValueError("Batched cells measure J(pi) with the exact oracle: key_token must be "
                        "constrained (keys at the decisive positions, filler elsewhere).")
-    if not self.task.filler_blind and tree_oracle.passes_per_prompt(self.task) > MAX_TREE_PATHS:
-      raise ValueError(f"With visible filler the exact oracle (E-TREE) runs "
-                       f"{tree_oracle.passes_per_prompt(self.task):,} paths per prompt, over "
+    paths = 0 if self.task.filler_blind else tree_oracle.passes_per_prompt(self.task)
+    if paths > MAX_TREE_PATHS:
+      raise ValueError(f"With visible filler the exact oracle (E-TREE) runs {paths:,} paths "
+                       f"per prompt, over "
                        f"{MAX_TREE_PATHS:,}: place the decisive positions earlier or use "
                        "fewer fillers.")
     if self.warmup is not None and (

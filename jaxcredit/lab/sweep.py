@@ -103,7 +103,7 @@ def _piece_arms(study, path: pathlib.Path, expected: dict) -> tuple[dict, list[s
   written = json.loads(path.read_text())
   if written.get("signature") != expected:
     stored = written.get("signature") or {}
-    differ = sorted({*_differences(stored, expected)}) or ["signature (none stored)"]
+    differ = _differences(stored, expected) or ["signature (none stored)"]
     raise ValueError(f"{path} was written under other settings ({', '.join(differ)} differ); "
                      "move it away to rerun the piece under these.")
   return written, [arm for arm in study.arms if arm not in written["arms"]]
@@ -119,14 +119,15 @@ def _differences(stored: dict, expected: dict, prefix: str = "") -> list[str]:
 
 
 def _write_piece(path: pathlib.Path, written: dict, new_arms: dict, expected: dict,
-                 started: float, trained: dict) -> dict:
-  """The piece with `new_arms` added, written atomically; returns it as read back (the same
-  types as a resumed read). "seconds" and "compile_seconds" add up over the writes; "spans"
-  lists each write's [start, end] (epoch seconds)."""
+                 trained: dict) -> dict:
+  """The piece with `new_arms` (trained by `_train`) added, written atomically; returns it
+  as read back (the same types as a resumed read). "spans" lists each write's [start, end]
+  (epoch seconds); "seconds" and "compile_seconds" add up over the writes."""
+  span = [trained["started_at"], time.time()]
   piece = {"signature": expected, "arms": {**written.get("arms", {}), **new_arms},
-           "seconds": written.get("seconds", 0.0) + time.perf_counter() - started,
+           "seconds": written.get("seconds", 0.0) + span[1] - span[0],
            "compile_seconds": written.get("compile_seconds", 0.0) + trained["compile_seconds"],
-           "spans": [*written.get("spans", []), [trained["started_at"], time.time()]]}
+           "spans": [*written.get("spans", []), span]}
   path.parent.mkdir(parents=True, exist_ok=True)
   checkpoint.write_atomically(path, lambda tmp: tmp.write_text(json.dumps(piece)))
   return json.loads(path.read_text())
@@ -155,9 +156,10 @@ def _train(study, runner: batched.Runner, runs: list) -> dict:
 
 
 def tune(study, regime: str, runners: dict, path: pathlib.Path) -> dict:
-  """{arm: {"learning_rate", "tuning_auc" {rate: mean AUC}}}: every arm at every rate of the
-  grid on the tuning seeds in the `tuning_cell`; the rate of the best mean AUC is chosen
-  (module docstring). Arms already in `path` are read back."""
+  """Tunes every arm at every rate of the grid on the tuning seeds in the `tuning_cell`; the
+  rate of the best mean AUC is chosen (module docstring). Arms already in `path` are read
+  back. Returns {"arms": {arm: {"learning_rate", "tuning_auc" {rate: mean AUC}}},
+  "seconds", "compile_seconds", "spans", "signature"}."""
   cell = tuning_cell(study, regime)
   expected = signature(cell, study.tuning_seeds, list(study.learning_rates))
   written, missing = _piece_arms(study, path, expected)
@@ -166,7 +168,6 @@ def tune(study, regime: str, runners: dict, path: pathlib.Path) -> dict:
     print(f"[sweep] {regime}: tuning {len(missing)} arms at G={cell.group_size}", flush=True)
     runs = [(arms.index(arm), r, s) for arm in missing for r in study.learning_rates
             for s in study.tuning_seeds]
-    started = time.perf_counter()
     tuning = _train(study, _runner(cell, runners), runs)
     auc = {}
     for row, (a, rate, _) in enumerate(runs):
@@ -174,7 +175,7 @@ def tune(study, regime: str, runners: dict, path: pathlib.Path) -> dict:
     new = {arm: {"learning_rate": max(by_rate, key=lambda r: np.mean(by_rate[r])),
                  "tuning_auc": {str(r): float(np.mean(v)) for r, v in by_rate.items()}}
            for arm, by_rate in auc.items()}
-    written = _write_piece(path, written, new, expected, started, tuning)
+    written = _write_piece(path, written, new, expected, tuning)
   return written
 
 
@@ -197,12 +198,11 @@ def run_cell(study, regime: str, group_size: int, tuned: dict, runners: dict,
     print(f"[sweep] {regime} G={group_size}: {len(missing)} arms x {len(study.seeds)} seeds, "
           f"{cell.updates} updates", flush=True)
     runs = [(arms.index(arm), rates[arm], s) for arm in missing for s in study.seeds]
-    started = time.perf_counter()
     reported = _train(study, _runner(cell, runners), runs)
     new = {arm: {"curves": {}, "learning_rate": rates[arm]} for arm in missing}
     for row, (a, _, seed) in enumerate(runs):
       new[arms[a]]["curves"][str(seed)] = _curve(reported, row)
-    written = _write_piece(path, written, new, expected, started, reported)
+    written = _write_piece(path, written, new, expected, reported)
   return written
 
 
@@ -239,6 +239,8 @@ def comparison_table(comparisons: dict, metric: str) -> list[str]:
 
 
 LOCALISED = ("final", "auc")  # the metrics Delta_loc is taken on
+FILLER_SHARE, SIGNAL_FRACTION = ("GRPO's filler share at the start",
+                                 "GRPO's signal fraction at the start")  # its regressors
 
 
 def _filler_share(run: dict) -> np.ndarray:
@@ -261,8 +263,8 @@ def _localisation_runs(summaries: dict, curves: dict) -> list[dict]:
       for seed in sorted(set(summary["oracle"]) & set(summary["oracle_seq"])):
         x = {"log₂ G": float(np.log2(g))}
         if "filler_norm" in grpo.get(seed, {}):
-          x["GRPO's filler share at the start"] = float(_filler_share(grpo[seed])[0])
-          x["GRPO's signal fraction at the start"] = float(grpo[seed]["signal_fraction"][0])
+          x[FILLER_SHARE] = float(_filler_share(grpo[seed])[0])
+          x[SIGNAL_FRACTION] = float(grpo[seed]["signal_fraction"][0])
         rows.append({"regime": regime, "g": g, "x": x, "delta": {
             m: summary["oracle"][seed][m] - summary["oracle_seq"][seed][m] for m in LOCALISED}})
   return rows
@@ -285,8 +287,8 @@ def localisation(summaries: dict, curves: dict, rng) -> tuple[list[str], dict, l
   Returns (table lines, {(group, metric, regressor): (slope, low, high)}, the runs)."""
   rows = _localisation_runs(summaries, curves)
   lines = ["| regime | G | Δ_loc = oracle − oracle_seq, final J [95% CI] | p (sign-flip) | "
-           "Δ_loc, AUC [95% CI] | p (sign-flip) | GRPO's filler share at the start | "
-           "GRPO's signal fraction at the start |", "|---|---|---|---|---|---|---|---|"]
+           f"Δ_loc, AUC [95% CI] | p (sign-flip) | {FILLER_SHARE} | {SIGNAL_FRACTION} |",
+           "|---|---|---|---|---|---|---|---|"]
   for regime, g in dict.fromkeys((r["regime"], r["g"]) for r in rows):
     cell = [r for r in rows if (r["regime"], r["g"]) == (regime, g)]
     stats = []
@@ -295,8 +297,7 @@ def localisation(summaries: dict, curves: dict, rng) -> tuple[list[str], dict, l
       stats += [report.fmt_interval(*statistics.reported_ci(d, rng, 10000)),
                 f"{statistics.sign_flip_p(d, rng):.4f}"]
     noise = [f"{np.mean([r['x'][name] for r in cell]):.2f}" if name in cell[0]["x"] else "—"
-             for name in ("GRPO's filler share at the start",
-                          "GRPO's signal fraction at the start")]
+             for name in (FILLER_SHARE, SIGNAL_FRACTION)]
     lines.append(f"| {regime} | {g} | " + " | ".join(stats + noise) + " |")
   groups = {regime: [r for r in rows if r["regime"] == regime]
             for regime in dict.fromkeys(r["regime"] for r in rows)}

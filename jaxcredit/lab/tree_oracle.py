@@ -37,29 +37,28 @@ from jaxcredit.train.monte_carlo import Credit
 MAX_PASSES = 2**17  # teacher-forced paths over all prompts: a guard, never a silent truncation
 
 
-def _expanded(config: key_token.KeyTokenConfig) -> tuple[list[np.ndarray], list[bool]]:
-  """The allowed action ids at each response position t <= p_K, and whether t is a decisive
-  position before p_K pinned to its target key (rule `all`: the other keys give R = 0)."""
+def _expanded(config: key_token.KeyTokenConfig):
+  """(options, pinned, radices): the allowed action ids at each response position t <= p_K;
+  whether t < p_K is a decisive position pinned to its target key (rule `all`: the other
+  keys give R = 0); and the actions expanded at each t < p_K (1 where pinned)."""
   allowed = key_token.allowed(config)
   positions = config.decisive_positions
   options = [np.flatnonzero(allowed[t]) for t in range(positions[-1] + 1)]
   pinned = [config.rule == "all" and t in positions[:-1] for t in range(positions[-1])]
-  return options, pinned
+  return options, pinned, [1 if pin else len(o) for o, pin in zip(options, pinned)]
 
 
 def passes_per_prompt(config: key_token.KeyTokenConfig) -> int:
   """The teacher-forced paths E-TREE runs for each distinct prompt."""
-  options, pinned = _expanded(config)
-  return int(np.prod([1 if pin else len(o) for o, pin in zip(options, pinned)], dtype=np.int64))
+  return int(np.prod(_expanded(config)[2], dtype=np.int64))
 
 
 def _paths(config: key_token.KeyTokenConfig, prompts, targets):
   """[n, N, K + 2 + p_K + 1] model inputs of every path of every prompt, and its [n, N, T]
   responses (positions after p_K: any allowed token; a causal pass never reads them).
   Traceable in prompts [n, K + 2] and targets [n, K]."""
-  options, pinned = _expanded(config)
+  options, pinned, radices = _expanded(config)
   last, prompt_len = config.decisive_positions[-1], config.prompt_length
-  radices = [1 if pin else len(o) for o, pin in zip(options, pinned)]
   combinations = list(itertools.product(*map(range, radices)))  # the paths' action indices
   digits = np.asarray(combinations, np.int64).reshape(len(combinations), last)
   fixed = np.tile(np.asarray([o[0] for o in options] + [config.fillers[0]] * (
@@ -93,7 +92,7 @@ def value_tree(model, config: key_token.KeyTokenConfig, prompts, targets) -> lis
   """[V_0, ..., V_(p_K)], V_t [n, r_0, ..., r_(t-1)] float32: the value of every expanded
   prefix of length t of each prompt (r_s: the expanded actions at position s; V_0 [n] is
   V(x)). prompts [n, K + 2], targets [n, K] key ids. Traceable (jit, vmap over seeds)."""
-  options, pinned = _expanded(config)
+  options, pinned, radices = _expanded(config)
   last = config.decisive_positions[-1]
   inputs, responses = _paths(config, prompts, targets)
   n, paths, width = inputs.shape
@@ -102,7 +101,6 @@ def value_tree(model, config: key_token.KeyTokenConfig, prompts, targets) -> lis
                                     np.concatenate([allowed[1:], allowed[-1:]]))
   start = config.prompt_length - 1  # the column whose output is the distribution of position 0
   probs = [jnp.exp(logp[:, start + t, o]).reshape(n, paths, len(o)) for t, o in enumerate(options)]
-  radices = [1 if pin else len(o) for o, pin in zip(options, pinned)]
   targets = jnp.asarray(targets, jnp.int32)
   # Leaves: the last key c completes y_P; V(prefix of length p_K) = sum_c pi(c) R.
   picked = jnp.concatenate([jnp.broadcast_to(
@@ -131,7 +129,7 @@ def credit_from_tree(tree: list[Array], prompt_index, responses, targets,
   V(s_t) along the path (0 after a wrong key under `all`), V = R after p_K, A_t = V(s_(t+1))
   - V(s_t). Tokens the task does not allow at a position read as its first action.
   Traceable."""
-  options, pinned = _expanded(config)
+  options, pinned, _ = _expanded(config)
   last = config.decisive_positions[-1]
   responses, targets = jnp.asarray(responses), jnp.asarray(targets)
   batch = responses.shape[0]
@@ -172,10 +170,11 @@ def tree_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray, mas
     raise ValueError("A response holds a token the task does not allow at its position.")
   prompts, first, inverse = np.unique(tokens[:, :prompt_len], axis=0, return_index=True,
                                       return_inverse=True)
-  passes = len(prompts) * passes_per_prompt(config)
+  per_prompt = passes_per_prompt(config)
+  passes = len(prompts) * per_prompt
   if passes > max_passes:
     raise ValueError(f"E-TREE needs {passes:,} teacher-forced paths ({len(prompts)} prompts x "
-                     f"{passes_per_prompt(config):,}), over max_passes = {max_passes:,}: "
+                     f"{per_prompt:,}), over max_passes = {max_passes:,}: "
                      "place the decisive positions earlier, or use mc_credit.")
   tree = _jitted_tree(model, config, prompts, targets[first])
   values, advantages = (np.asarray(x, np.float64) for x in credit_from_tree(
