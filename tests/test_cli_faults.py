@@ -9,7 +9,6 @@ well under two minutes on 2 CPU cores."""
 
 import json
 import os
-import pathlib
 import shutil
 import signal
 import socket
@@ -19,7 +18,8 @@ import time
 
 import pytest
 
-ROOT = pathlib.Path(__file__).parent.parent
+from tests.conftest import ROOT, xla_flags
+
 TINY = [
     "--config.task.name=key_token", "--config.task.options={'length': 10, 'n_keys': 4, 'filler_blind': True}",
     "--config.task.train_size=64", "--config.task.test_size=16", "--config.sft.max_steps=0",
@@ -255,7 +255,7 @@ MESHES = {"1": (1, []), "8": (8, []), "2x2x2": (8, ["--config.mesh.shape=(2,2,1,
 def _on(mesh, cli_env):
   """(overrides, env) that run the CLI on `mesh`."""
   devices, overrides = MESHES[mesh]
-  return overrides, {**cli_env, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+  return overrides, {**cli_env, "XLA_FLAGS": xla_flags(f"--xla_force_host_platform_device_count={devices}")}
 
 
 @pytest.fixture(scope="module")

@@ -229,6 +229,18 @@ def test_localisation_regresses_the_gain_on_log_g_and_on_grpos_gradient_noise():
   assert lines[2].endswith(f" | {np.mean(x_share[:10]):.2f} | 0.10 |")
 
 
+def test_the_slopes_bootstrap_interval_is_that_of_ols_on_each_resample():
+  rng = np.random.default_rng(3)
+  x, y = np.asarray([2.0, 2.0, 3.0, 3.0, 4.0]), rng.normal(size=5)
+  slope, low, high = sweep._slope(x, y, np.random.default_rng(5))
+  draws = np.random.default_rng(5).integers(0, 5, (2000, 5))
+  slopes = [np.polyfit(x[i], y[i], 1)[0] for i in draws if np.ptp(x[i]) > 0]
+  assert len(slopes) < 2000  # some resamples hold one x only and are left out
+  np.testing.assert_allclose([slope, low, high],
+                             [np.polyfit(x, y, 1)[0], *np.quantile(slopes, [0.025, 0.975])],
+                             rtol=1e-9)
+
+
 def test_the_alignment_check_ranks_grpos_starting_cosine_against_the_oracles_speed_up():
   summaries, curves = {"r": {}}, {"r": {}}
   for g, cosine, speedup in ((4, 0.1, 4.0), (8, 0.2, 3.0), (16, 0.3, 2.0), (32, 0.4, None)):

@@ -206,7 +206,8 @@ def test_per_row_action_masks_and_hidden_steps_equal_row_by_row_sampling(model):
       alone = generate(model, prompts[row:row + 1], valid[row:row + 1], jax.random.key(0), max_new_tokens=5,
                        temperature=0.0, actions=Actions(allowed[row], hidden[row], 4), use_cache=use_cache)
       np.testing.assert_array_equal(together.tokens[row], alone.tokens[0])
-      np.testing.assert_allclose(together.logprobs[row], alone.logprobs[0], atol=1e-5)
+      # The logits are large (weights x 8): the batch size may change float32 sum orders.
+      np.testing.assert_allclose(together.logprobs[row], alone.logprobs[0], rtol=2e-3, atol=1e-5)
 
 
 def _reference_inverse_cdf(probs, u_block, u_token, block):

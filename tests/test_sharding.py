@@ -2,7 +2,6 @@
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -12,7 +11,7 @@ from flax import nnx
 
 from jaxcredit.models import Transformer, preset, sharding
 
-ROOT = pathlib.Path(__file__).parent.parent
+from tests.conftest import ROOT
 
 SCRIPT = """
 import json
