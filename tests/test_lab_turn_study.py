@@ -32,6 +32,10 @@ def test_smoke_study_measures_every_arm_charges_continuations_and_resumes(tmp_pa
     assert all(0.0 <= j <= 1.0 for j in runs["0"]["success"]) and len(runs["0"]["success"]) == 3
   report = (tmp_path / "report.md").read_text()
   assert all(f"| {name} |" in report for name in curves)
+  # Each arm's credit is scored per turn on its own batches, at every measurement.
+  assert "## Each arm's credit against the exact turn credit, per turn" in report
+  for runs in curves.values():
+    assert len(runs["0"]["turn_scores"]["dm_oracle"]) == 3
   again = _study(tmp_path, cli_env)  # every run is finished: nothing is trained again
   assert again.returncode == 0 and "[turn study] grpo" not in again.stdout
 
@@ -51,23 +55,75 @@ def test_summaries_compare_at_equal_tokens():
   assert table["mean J over log tokens"]["turn_baseline"][0] == pytest.approx(0.4, abs=2e-3)
 
 
-def test_the_oracle_provider_gives_exact_turn_credit_on_key_turns(tmp_path):
+def _key_turns_batch(tmp_path, rows=8):
+  """(task, model, examples, rollout): episodes of a random 1-layer policy on key_turns."""
   import ml_collections
 
   from flax import nnx
 
-  from jaxcredit.lab import providers, turn_oracle
   from jaxcredit.models import Transformer, preset
   from jaxcredit.train import tasks
 
-  config = ml_collections.ConfigDict({"name": "key_turns", "options": {}, "train_size": 8,
+  config = ml_collections.ConfigDict({"name": "key_turns", "options": {}, "train_size": rows,
                                       "test_size": 4})
   task = tasks.make(config, data_dir=str(tmp_path), seed=0)
   model = Transformer(preset("tiny", vocab_size=task.vocab_size, n_layers=1), rngs=nnx.Rngs(0))
-  examples = [task.sources["train"][i] for i in range(8)]
+  examples = [task.sources["train"][i] for i in range(rows)]
   batch = {"prompts": np.stack([e["prompt"] for e in examples]),
-           "prompt_valid": np.ones((8, 2), bool), "examples": examples}
-  rollout = tasks.multi_turn_source(task)(model, batch, jax.random.key(0))
+           "prompt_valid": np.ones((rows, 2), bool), "examples": examples}
+  return task, model, examples, tasks.multi_turn_source(task)(model, batch, jax.random.key(0))
+
+
+def test_per_turn_reduces_each_turns_action_tokens():
+  x = np.asarray([[9.0, 1.0, 2.0, 9.0, 3.0, 5.0], [9.0, 4.0, 9.0, 9.0, 6.0, 9.0]])
+  turn_ids = np.asarray([[-1, 0, 0, 1, 1, 1], [-1, 0, 0, 0, 1, -1]])
+  mask = np.asarray([[0, 1, 1, 0, 1, 1], [0, 1, 0, 0, 1, 0]], bool)  # observations: 0
+  np.testing.assert_array_equal(turn_study.per_turn(x, turn_ids, mask, 3),
+                                [[1.5, 4.0, 0.0], [4.0, 6.0, 0.0]])
+  np.testing.assert_array_equal(turn_study.per_turn(x, turn_ids, mask, 2, reduce=np.sum),
+                                [[3.0, 8.0], [4.0, 6.0]])
+
+
+def test_turn_scores_put_the_oracle_at_one_and_measure_grpo_against_the_exact_credit(tmp_path):
+  from jaxcredit import estimators
+  from jaxcredit.lab import providers, turn_oracle
+  from jaxcredit.train import extras
+
+  task, model, examples, rollout = _key_turns_batch(tmp_path, rows=16)
+  rollout = rollout.replace(group_size=4)
+  oracle_extras, _ = providers.exact_credit(model, task, rollout, examples)
+  rollout = rollout.replace(extras={**rollout.extras, **oracle_extras})
+  context = extras.Context(task, model, examples, jax.random.key(1), 6)
+  _, oracle = turn_study.turn_score_hook({"name": "oracle"}, every=3)(context, rollout)
+  for name in ("r_pool", "r_within"):
+    assert oracle[f"turn_score/{name}"] == pytest.approx(1.0)
+  # The random policy's credit is below sign agreement's floor (|A| > 0.01): undefined.
+  assert "turn_score/sa" not in oracle
+  assert oracle["turn_score/dm"] == pytest.approx(oracle["turn_score/dm_oracle"])
+  # The random policy never succeeds; GRPO reads the rewards only, so random ones give its
+  # credit spread to score (the exact credit is that of the sampled tokens, unchanged).
+  rollout = rollout.replace(rewards=jax.numpy.asarray(np.random.default_rng(0).random(16),
+                                                      jax.numpy.float32))
+  _, grpo = turn_study.turn_score_hook({"name": "grpo"}, every=3)(context, rollout)
+  # Against an independent reading: every turn of an episode gets its group-normalised reward.
+  _, credit = turn_oracle.turn_credit(model, task.config, rollout.tokens, rollout.token_valid)
+  exact = credit[np.asarray(rollout.mask, bool)].reshape(16, 4)
+  mine = np.asarray(estimators.get("grpo")(rollout).advantages)[:, -1:].repeat(4, 1)
+  assert grpo["turn_score/r_pool"] == pytest.approx(np.corrcoef(mine.ravel(), exact.ravel())[0, 1])
+  for k in range(4):
+    if np.ptp(exact[:, k]) > 0:
+      assert grpo[f"turn_score/r_turn{k}"] == pytest.approx(
+          np.corrcoef(mine[:, k], exact[:, k])[0, 1])
+  assert "turn_score/r_within" not in grpo  # no spread within an episode: undefined, not 0
+  assert grpo["turn_score/dm"] == pytest.approx(0.5)  # equal credit on 2 decisive of 4 turns
+  # Between measurements the hook does nothing.
+  assert turn_study.turn_score_hook({"name": "grpo"}, every=4)(context, rollout) == ({}, {})
+
+
+def test_the_oracle_provider_gives_exact_turn_credit_on_key_turns(tmp_path):
+  from jaxcredit.lab import providers, turn_oracle
+
+  task, model, examples, rollout = _key_turns_batch(tmp_path)
   extras, _ = providers.exact_credit(model, task, rollout, examples)
   values, credit = turn_oracle.turn_credit(model, task.config, rollout.tokens, rollout.token_valid)
   mask = np.asarray(rollout.mask)

@@ -19,8 +19,15 @@ import time
 import ml_collections
 import numpy as np
 
-from jaxcredit.lab import exact_metrics, study as credit_study
+from jaxcredit import estimators
+from jaxcredit.lab import exact_metrics, scores, study as credit_study, turn_oracle
 from jaxcredit.lab.report import fmt_interval, machine, t_interval
+from jaxcredit.train import extras
+
+SCORE = "train/hook/turn_score/"
+# Scores of an arm's turn credit against the exact A_k (lab.scores), reported per arm.
+TURN_SCORES = {"r_pool": "r (pooled)", "r_within": "r within episodes", "sa": "sign agreement",
+               "dm": "decisive mass", "dm_oracle": "decisive mass, exact"}
 
 
 def train_config(study, name: str, seed: int, data_dir: str) -> ml_collections.ConfigDict:
@@ -33,6 +40,59 @@ def train_config(study, name: str, seed: int, data_dir: str) -> ml_collections.C
   return config
 
 
+def per_turn(x, turn_ids, mask, n_turns: int, reduce=np.mean) -> np.ndarray:
+  """[B, n_turns]: `reduce` of x [B, T] over each turn's action tokens (mask and turn_ids
+  [B, T]); 0 for a turn a row does not reach."""
+  x, turn_ids, mask = np.asarray(x, np.float64), np.asarray(turn_ids), np.asarray(mask, bool)
+  out = np.zeros((len(x), n_turns))
+  for k in range(n_turns):
+    for b in range(len(x)):
+      tokens = mask[b] & (turn_ids[b] == k)
+      if tokens.any():
+        out[b, k] = reduce(x[b, tokens])
+  return out
+
+
+def turn_score_hook(advantage_config, every: int) -> extras.Hook:
+  """A rollout hook scoring the arm's own credit per turn when rl_step is a multiple of
+  `every`: the arm's advantages (mean over each turn's action tokens) against the exact
+  turn credit A_k = V(h_(k+1)) - V(h_k) of the policy that sampled the batch, on that
+  batch. Logs turn_score/<s> for each s of TURN_SCORES (episodes x turns pooled; "dm" the
+  share of |credit| on decisive turns) and turn_score/r_turn<k> (Pearson over episodes at
+  turn k); a score without enough spread (e.g. r_within of a broadcast arm) is left out."""
+  advantage = estimators.from_config(advantage_config)
+
+  def measure(context: extras.Context, rollout) -> tuple[dict, dict]:
+    if context.rl_step % every:
+      return {}, {}
+    config = context.task.config
+    _, credit = turn_oracle.turn_credit(context.model, config, rollout.tokens,
+                                        rollout.token_valid)
+    layout = (rollout.turn_ids, rollout.mask, config.n_turns)
+    mine = per_turn(advantage(rollout).advantages, *layout)
+    exact = per_turn(credit, *layout, reduce=np.sum)
+    weights = np.ones(mine.shape, bool)
+    decisive = np.isin(np.arange(config.n_turns), config.decisive)[None].repeat(len(mine), 0)
+    stats = scores.score(mine, exact, weights, decisive=decisive)
+    stats.update({f"r_turn{k}": scores.correlations(mine[:, k:k + 1], exact[:, k:k + 1],
+                                                    weights[:, :1])["r_pool"]
+                  for k in range(config.n_turns)})
+    return {}, {f"turn_score/{name}": stat.value for name, stat in stats.items()
+                if stat.defined and (name in TURN_SCORES or name.startswith("r_turn"))}
+
+  return measure
+
+
+def read_turn_scores(run_dir: pathlib.Path) -> dict:
+  """{score: [value at each measurement that defined it]} logged by `turn_score_hook`."""
+  out = {}
+  for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+    for key, value in json.loads(line).items():
+      if key.startswith(SCORE):
+        out.setdefault(key[len(SCORE):], []).append(value)
+  return out
+
+
 def run(study, workdir: str) -> dict:
   """Trains every (estimator, seed) not yet finished; writes curves.json and report.md."""
   workdir = pathlib.Path(workdir)
@@ -42,10 +102,12 @@ def run(study, workdir: str) -> dict:
   for name in study.estimators:
     for seed in study.seeds:
       run_dir = workdir / "runs" / name / f"seed{seed}"
+      hook = extras.chain(exact_metrics.hook(study.measure_every, ks=()),
+                          turn_score_hook(study.estimators[name].to_dict(), study.measure_every))
       wall += credit_study.train_once(train_config(study, name, seed, str(workdir / "data")),
-                                      run_dir, exact_metrics.hook(study.measure_every, ks=()),
-                                      f"[turn study] {name} seed {seed}")
-      curves.setdefault(name, {})[seed] = exact_metrics.read_curve(run_dir)
+                                      run_dir, hook, f"[turn study] {name} seed {seed}")
+      curves.setdefault(name, {})[seed] = {**exact_metrics.read_curve(run_dir),
+                                           "turn_scores": read_turn_scores(run_dir)}
   (workdir / "curves.json").write_text(json.dumps(curves, indent=1))
   (workdir / "report.md").write_text(report(study, curves, wall))
   print(f"[turn study] wrote {workdir / 'report.md'}", flush=True)
@@ -117,7 +179,30 @@ def report(study, curves: dict, wall_seconds: float) -> str:
       paired = [mine[seed] - grpo[seed] for seed in mine if seed in grpo]
       cells += [_interval(list(mine.values())), "" if name == "grpo" else _interval(paired)]
     lines.append(f"| {name} | " + " | ".join(cells) + " |")
-  return "\n".join(lines) + "\n"
+  return "\n".join(lines + _turn_score_lines(curves, study.train.task.options)) + "\n"
+
+
+def _turn_score_lines(curves: dict, options) -> list[str]:
+  """The per-turn credit scores: per arm, each seed's mean over its measurements, with a
+  Student-t interval over seeds (blank where no measurement defined the score)."""
+  n_turns = dict(options).get("n_turns", 4)
+  names = [*TURN_SCORES, *(f"r_turn{k}" for k in range(n_turns))]
+  titles = [*TURN_SCORES.values(), *(f"r at turn {k}" for k in range(n_turns))]
+  lines = ["", "## Each arm's credit against the exact turn credit, per turn", "",
+           "On each arm's own batches, at every measurement: its advantage on each turn (mean "
+           "over the turn's action tokens) against A_k = V(h_(k+1)) - V(h_k) of the policy that "
+           "sampled the batch (`turn_score_hook`). Decisive mass: the share of |credit| on the "
+           "decisive turns. A blank: the score is undefined for the arm (a broadcast arm has no "
+           "spread within an episode).", "",
+           "| estimator | " + " | ".join(titles) + " |", "|---|" + "---|" * len(titles)]
+  for arm, seeds in curves.items():
+    cells = []
+    for name in names:
+      means = [np.mean(c["turn_scores"][name]) for c in seeds.values()
+               if c.get("turn_scores", {}).get(name)]
+      cells.append(_interval(means))
+    lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+  return lines
 
 
 if __name__ == "__main__":
