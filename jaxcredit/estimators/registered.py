@@ -333,6 +333,21 @@ def _gigpo(rollout: Rollout, *, step_coef: float = 1.0, gamma: float = 0.95, eps
       scale_by_std=scale_by_std)
 
 
+@register("turn_vine", needs=("turn_baselines",), settings={"k": 4})
+def _turn_vine(rollout: Rollout):
+  """VinePPO over turns: A_k = r_k + V(h_(k+1)) - V(h_k), each turn-start value V(h_k) the
+  mean reward from turn k on of `k` continuations branched from the turn's start
+  (extras["turn_baselines"], `rollouts.MultiTurn.returns_to_go`; V = 0 after the last
+  turn): TD(0) over turns on Monte-Carlo values (`turn_credit.turn_gae` with lam = 0).
+  An unbiased estimate of the exact turn credit for any k; with many continuations, the
+  lab's Monte-Carlo turn oracle where no exact one exists."""
+  turn_rewards, turn_ids = _turns(rollout, "turn_vine")
+  advantages, _ = turn_credit.turn_gae(
+      turn_rewards, rollout.extra("turn_baselines", by="turn_vine"), turn_ids, rollout.mask,
+      gamma=1.0, lam=0.0)
+  return advantages
+
+
 @register("turn_baseline", needs=("turn_baselines",), settings={"k": 4})
 def _turn_baseline(rollout: Rollout):
   """The rewards from each turn on minus extras["turn_baselines"]: the mean of `k`
