@@ -78,47 +78,56 @@ def _key_leaning_model():
   return model
 
 
-def _episodes(model, rows, seed):
-  examples = [key_turns.make_example(np.random.default_rng([seed, i]), CONFIG)
+def _episodes(model, rows, seed, config=CONFIG):
+  examples = [key_turns.make_example(np.random.default_rng([seed, i]), config)
               for i in range(rows)]
   batch = {"prompts": np.stack([e["prompt"] for e in examples]),
            "prompt_valid": np.ones((rows, 2), bool), "examples": examples}
-  source = MultiTurn(key_turns.KeyTurnsEnv(CONFIG), max_turns=CONFIG.n_turns,
-                     max_turn_tokens=CONFIG.turn_length, max_episode_tokens=CONFIG.episode_length)
+  source = MultiTurn(key_turns.KeyTurnsEnv(config), max_turns=config.n_turns,
+                     max_turn_tokens=config.turn_length, max_episode_tokens=config.episode_length)
   return source(model, batch, jax.random.key(seed)), examples
 
 
-def test_uniform_policy_values_are_the_closed_form():
+# Two turns after the last decisive one: the oracle stops enumerating where the reward is
+# decided, and later turn starts take the value there.
+TRAILING = key_turns.KeyTurnsConfig(n_turns=6, decisive=(1, 3))
+
+
+@pytest.mark.parametrize("config", [CONFIG, TRAILING], ids=["4_turns", "2_trailing_turns"])
+def test_uniform_policy_values_are_the_closed_form(config):
   """Zero weights make every logit 0: pi = 1/V, so an on-tree history at turn k is worth
   (1/V)^(decisive turns from k on), and J = (1/V)^|decisive|."""
   model = _model(0.0)
-  rollout, _ = _episodes(model, 8, seed=0)
-  values, credit = turn_oracle.turn_credit(model, CONFIG, rollout.tokens, rollout.token_valid)
+  rollout, _ = _episodes(model, 8, seed=0, config=config)
+  values, credit = turn_oracle.turn_credit(model, config, rollout.tokens, rollout.token_valid)
   v = 1 / key_turns.VOCAB_SIZE
   for row, row_values in enumerate(values):
     tokens = np.asarray(rollout.tokens[row])[np.asarray(rollout.token_valid[row])]
     actions = tokens[2 + 2::3]
-    for k in range(CONFIG.n_turns + 1):
-      right_so_far = all(actions[j] == tokens[2 + 3 * j] for j in CONFIG.decisive if j < k)
-      remaining = sum(j >= k for j in CONFIG.decisive)
+    for k in range(config.n_turns + 1):
+      right_so_far = all(actions[j] == tokens[2 + 3 * j] for j in config.decisive if j < k)
+      remaining = sum(j >= k for j in config.decisive)
       np.testing.assert_allclose(row_values[k], v**remaining if right_so_far else 0.0, rtol=1e-5)
     np.testing.assert_allclose(row_values[-1], rollout.rewards[row])
   np.testing.assert_allclose(credit.sum(axis=1), values[:, -1] - values[:, 0], atol=1e-12)
   np.testing.assert_array_equal(credit[~np.asarray(rollout.mask)], 0.0)
-  np.testing.assert_allclose(turn_oracle.success(model, CONFIG, np.asarray([1, 2])), v**2,
+  np.testing.assert_allclose(turn_oracle.success(model, config, np.asarray([1, 2])), v**2,
                              rtol=1e-5)
 
 
-def test_exact_values_match_sampled_episodes():
+@pytest.mark.parametrize("config", [CONFIG, TRAILING], ids=["4_turns", "2_trailing_turns"])
+def test_exact_values_match_sampled_episodes(config):
   """V is a martingale along sampled episodes: at every turn start the mean of V(h_k)
   over sampled rows estimates J, and at the end it is the mean reward."""
   model = _key_leaning_model()
-  rollout, _ = _episodes(model, 512, seed=1)
-  values, _ = turn_oracle.turn_credit(model, CONFIG, rollout.tokens, rollout.token_valid)
-  j = turn_oracle.success(model, CONFIG, np.asarray([1, 2]))
+  rollout, _ = _episodes(model, 512, seed=1, config=config)
+  values, credit = turn_oracle.turn_credit(model, config, rollout.tokens, rollout.token_valid)
+  j = turn_oracle.success(model, config, np.asarray([1, 2]))
   assert 0.01 < j < 0.99, j
   np.testing.assert_array_equal(values[:, -1], np.asarray(rollout.rewards))
-  for k in range(CONFIG.n_turns + 1):
+  after = np.asarray(rollout.turn_ids) > max(config.decisive)  # turns that cannot matter
+  np.testing.assert_array_equal(credit[after], 0.0)
+  for k in range(config.n_turns + 1):
     stderr = values[:, k].std() / np.sqrt(len(values)) + 1e-12
     assert abs(values[:, k].mean() - j) < 4.5 * stderr + 1e-9, (k, values[:, k].mean(), j, stderr)
 

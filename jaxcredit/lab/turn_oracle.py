@@ -9,9 +9,11 @@ far has value
 
 where the expectation is over the next key while it is still hidden (uniform
 over the n_keys keys when turn k + 1 is decisive, nothing to average
-otherwise), and any other history has value 0. `value_tree` builds every
-such history level by level (turn_length 1: one token per turn), scores each
-level with one batched teacher-forced pass, and sums back from the leaves.
+otherwise), and any other history has value 0. After the last decisive turn
+the reward is decided, so V = 1 on the tree there and later turns are not
+enumerated. `value_tree` builds every such history level by level
+(turn_length 1: one token per turn), scores each level with one batched
+teacher-forced pass, and sums back from the leaves.
 
   values, credit = turn_credit(model, config, tokens, token_valid)
       values [B, K + 1]: V at each turn start of each row (V_K: its reward),
@@ -68,7 +70,7 @@ def _check(config: KeyTurnsConfig, vocab: int) -> None:
                      f"(per_turn_rewards False); got turn_length = {config.turn_length}, "
                      f"per_turn_rewards = {config.per_turn_rewards}. Use Monte Carlo instead.")
   nodes, total = 1, 0
-  for turn in range(config.n_turns):
+  for turn in range(_decided(config)):
     nodes *= len(_observations(config, turn)[0]) * (1 if turn in config.decisive else vocab)
     total += nodes
   if total > MAX_NODES:
@@ -76,16 +78,21 @@ def _check(config: KeyTurnsConfig, vocab: int) -> None:
                      "non-decisive turns for exact values; use Monte Carlo.")
 
 
+def _decided(config: KeyTurnsConfig) -> int:
+  """The turn start after the last decisive turn, where the reward is decided."""
+  return max(config.decisive) + 1
+
+
 def value_tree(model, config: KeyTurnsConfig, prompt: np.ndarray) -> list[dict]:
-  """{tuple(history ids): V} per turn start k = 0..K (the last: after the last
-  turn), over every history whose decisive turns were all right; `prompt`
-  the episode's prompt ids."""
+  """{tuple(history ids): V} per turn start k = 0.._decided(config) (the last: after the
+  last decisive turn, V = 1), over every history whose decisive turns were all right;
+  `prompt` the episode's prompt ids. A later turn start has its ancestor's value there."""
   vocab = model.config.vocab_size
   _check(config, vocab)
   observations, _ = _observations(config, 0)
   levels = [np.concatenate([np.tile(prompt, (len(observations), 1)), observations], axis=1)]
   links = []  # per turn: (parent of each child, pi(action) * P(observation))
-  for turn in range(config.n_turns):
+  for turn in range(_decided(config)):
     nodes = levels[-1]
     probs = _next_probs(model, nodes)
     if turn in config.decisive:  # only the shown key continues
@@ -128,7 +135,9 @@ def turn_credit(model, config: KeyTurnsConfig, tokens: np.ndarray,
                      f"{len(prompt)} prompt ids and {config.episode_length} episode ids per row.")
   tree = value_tree(model, config, prompt)
   starts = [len(prompt) + 3 * k + 2 for k in range(config.n_turns)] + [len(rows[0])]
-  values = np.asarray([[tree[k].get(tuple(r[:end].tolist()), 0.0) for k, end in enumerate(starts)]
+  decided = _decided(config)  # later turn starts: the value there (the outcome is known)
+  values = np.asarray([[tree[min(k, decided)].get(tuple(r[:starts[min(k, decided)]].tolist()),
+                                                  0.0) for k in range(config.n_turns + 1)]
                        for r in rows])
   credit = np.zeros(tokens.shape)
   for b, valid in enumerate(token_valid):
