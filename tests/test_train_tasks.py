@@ -59,6 +59,19 @@ def test_noisy_demonstrations_change_one_allowed_token_per_corrupted_row(tmp_pat
   assert allowed[np.nonzero(changed)[1], noisy[changed]].all()
 
 
+def test_runs_with_other_task_options_never_share_a_data_dirs_files(tmp_path):
+  def examples(**options):
+    config = ml_collections.ConfigDict({"name": "key_turns", "options": options,
+                                        "train_size": 4, "test_size": 4})
+    source = tasks.make(config, data_dir=str(tmp_path), seed=0).sources["train"]
+    return [source[i] for i in range(len(source))]
+
+  assert all(len(e["keys"]) == 8 for e in examples(n_turns=8))
+  assert all(len(e["keys"]) == 4 for e in examples(n_turns=4))
+  again = examples(n_turns=8)  # the same options read their own files back
+  assert all(len(e["keys"]) == 8 for e in again)
+
+
 def test_unknown_task_lists_the_known_ones(tmp_path):
   config = ml_collections.ConfigDict({"name": "chess", "options": {}})
   with pytest.raises(ValueError, match="Unknown task 'chess'; known: arithmetic, countdown, calculator, key_token, key_turns, gsm8k"):

@@ -153,8 +153,11 @@ def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> T
   else:
     task_config, tokenizer, score = TEXT_TASKS[name](options)
     prompt_length, response_length = config.max_prompt_length, config.max_response_length
+  # Named by the task's settings: runs with other options never share a data_dir's files.
+  settings = hashlib.sha256(repr(task_config).encode()).hexdigest()[:12]
   builder = builders.get(name, data_dir=data_dir,
-                         config=builders.ProceduralConfig(name="run", task=task_config),
+                         config=builders.ProceduralConfig(name=f"run_{settings}",
+                                                          task=task_config),
                          train_size=config.train_size, test_size=config.test_size, seed=seed)
   builder.download_and_prepare()
   sources = builder.as_data_source()
