@@ -3,10 +3,13 @@
   python -m jaxcredit.lab.turn_study --config experiments/turn_study.py:smoke --workdir DIR  # CI's check
   python -m jaxcredit.lab.turn_study --config experiments/turn_study.py:small --workdir DIR  # 2 CPU cores
 
-key_turns (4 one-token turns, decisive turns 1 and 3, outcome reward), trained from the
-random policy; arms: trajectory-level grpo, the turn-level mt_grpo, gigpo and the unbiased
-per-turn baseline (4 continuations per turn, charged), the exact turn oracle and its
-sequence-level control oracle_seq; exact J(pi) against generated tokens.
+key_turns (one-token turns, decisive turns 1 and 3, outcome reward), trained from the
+random policy, in two regimes: 4 turns, and 8 (four turns after the last key, which cannot
+matter: noise for broadcast credit, as filler after the last decisive token is in the credit
+study). Arms: trajectory-level grpo, the turn-level mt_grpo, gigpo, the unbiased per-turn
+baseline and turn_vine (4 continuations per turn, charged), the exact turn oracle and its
+sequence-level control oracle_seq; exact J(pi) against generated tokens, and each arm's
+credit scored per turn against the exact turn credit.
 """
 
 import pathlib
@@ -22,6 +25,7 @@ ESTIMATORS = {
     "mt_grpo": {"name": "mt_grpo"},
     "gigpo": {"name": "gigpo"},
     "turn_baseline": {"name": "turn_baseline", "k": 4},
+    "turn_vine": {"name": "turn_vine", "k": 4},
     "oracle": {"name": "oracle"},
     "oracle_seq": {"name": "oracle_seq"},
 }
@@ -40,14 +44,16 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   train.export.every = 0
   train.task.test_size = 16
   config.estimators = ESTIMATORS
+  # key_turns options per regime, over the training config's (decisive turns 1 and 3).
+  config.regimes = {"four_turns": {}, "eight_turns": {"n_turns": 8}}
   config.seeds = [0, 1, 2, 3, 4]
-  config.updates = 60  # J(pi) after 0, measure_every, ..., updates updates
-  config.measure_every = 10
+  config.updates = 150  # J(pi) after 0, measure_every, ..., updates updates
+  config.measure_every = 15
   if preset == "smoke":
     train.task.train_size = 64
     train.rl.prompts_per_step, train.rl.group_size = 2, 4
     config.estimators = {name: ESTIMATORS[name] for name in ("grpo", "turn_baseline")}
     config.seeds = [0]
-    config.updates, config.measure_every = 2, 1
+    config.updates, config.measure_every = 1, 1
   config.train = train
   return config

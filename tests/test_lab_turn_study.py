@@ -24,20 +24,25 @@ def test_smoke_study_measures_every_arm_charges_continuations_and_resumes(tmp_pa
   result = _study(tmp_path, cli_env)
   assert result.returncode == 0, result.stderr[-3000:]
   curves = json.loads((tmp_path / "curves.json").read_text())
-  assert sorted(curves) == ["grpo", "turn_baseline"]
-  tokens = {name: runs["0"]["gen_tokens"] for name, runs in curves.items()}
-  assert tokens["grpo"] == [0, 32, 64]  # 8 episodes x 4 actions per update
-  assert tokens["turn_baseline"][-1] > 4 * tokens["grpo"][-1]  # 4 continuations per turn
-  for runs in curves.values():
-    assert all(0.0 <= j <= 1.0 for j in runs["0"]["success"]) and len(runs["0"]["success"]) == 3
+  assert sorted(curves) == ["eight_turns", "four_turns"]
   report = (tmp_path / "report.md").read_text()
-  assert all(f"| {name} |" in report for name in curves)
-  # Each arm's credit is scored per turn on its own batches, at every measurement.
-  assert "## Each arm's credit against the exact turn credit, per turn" in report
-  for runs in curves.values():
-    assert len(runs["0"]["turn_scores"]["dm_oracle"]) == 3
+  for regime, turns in (("four_turns", 4), ("eight_turns", 8)):
+    assert sorted(curves[regime]) == ["grpo", "turn_baseline"]
+    tokens = {name: runs["0"]["gen_tokens"] for name, runs in curves[regime].items()}
+    assert tokens["grpo"] == [0, 8 * turns]  # 8 episodes x one action per turn
+    assert tokens["turn_baseline"][-1] > 4 * tokens["grpo"][-1]  # 4 continuations per turn
+    for runs in curves[regime].values():
+      assert all(0.0 <= j <= 1.0 for j in runs["0"]["success"])
+      assert len(runs["0"]["success"]) == 2
+      # Each arm's credit is scored per turn on its own batches, at every measurement.
+      assert len(runs["0"]["turn_scores"]["dm_oracle"]) == 2
+    section = report.split(f"## {regime}: key_turns ")[1].split("\n## ")[0]
+    assert all(f"| {name} |" in section for name in curves[regime])
+    assert "### Each arm's credit against the exact turn credit, per turn" in section
+    assert f"| r at turn {turns - 1} |" in section
   again = _study(tmp_path, cli_env)  # every run is finished: nothing is trained again
-  assert again.returncode == 0 and "[turn study] grpo" not in again.stdout
+  assert again.returncode == 0 and "[turn study]" in again.stdout
+  assert ": grpo seed" not in again.stdout
 
 
 def test_summaries_compare_at_equal_tokens():

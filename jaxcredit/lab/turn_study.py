@@ -3,13 +3,16 @@ turn oracle on key_turns, at equal generated tokens.
 
   python -m jaxcredit.lab.turn_study --config experiments/turn_study.py:small --workdir DIR
 
-Every (estimator, seed) run trains with `jaxcredit.train.loop.run` (same initialisation and
+In each regime (key_turns options, e.g. turns after the last decisive one), every
+(estimator, seed) run trains with `jaxcredit.train.loop.run` (same initialisation and
 prompts per seed) and logs the exact J(pi) (`turn_oracle.success`) every `measure_every`
 updates against the tokens generated so far, continuations of the per-turn baseline
-included. The report compares the arms at the largest token budget every run reached
-(J interpolated in log tokens) and by the mean J over log tokens on a common range, each as
-a difference from GRPO paired by seed. Outputs in DIR: runs/<estimator>/seed<k>/ (resumable
-training workdirs; wall_seconds.json marks one complete), curves.json, report.md.
+included, and scores its own credit per turn against the exact turn credit
+(`turn_score_hook`). The report compares the arms at the largest token budget every run of
+the regime reached (J interpolated in log tokens) and by the mean J over log tokens on a
+common range, each as a difference from GRPO paired by seed. Outputs in DIR:
+<regime>/runs/<estimator>/seed<k>/ (resumable training workdirs; wall_seconds.json marks
+one complete), curves.json ({regime: {estimator: {seed: curve}}}), report.md.
 """
 
 import json
@@ -22,6 +25,7 @@ import numpy as np
 from jaxcredit import estimators
 from jaxcredit.lab import exact_metrics, scores, study as credit_study, turn_oracle
 from jaxcredit.lab.report import fmt_interval, machine, t_interval
+from jaxcredit.tasks import key_turns
 from jaxcredit.train import extras
 
 SCORE = "train/hook/turn_score/"
@@ -30,9 +34,11 @@ TURN_SCORES = {"r_pool": "r (pooled)", "r_within": "r within episodes", "sa": "s
                "dm": "decisive mass", "dm_oracle": "decisive mass, exact"}
 
 
-def train_config(study, name: str, seed: int, data_dir: str) -> ml_collections.ConfigDict:
-  """The training config of one (estimator, seed) run."""
+def train_config(study, regime: str, name: str, seed: int,
+                 data_dir: str) -> ml_collections.ConfigDict:
+  """The training config of one (regime, estimator, seed) run."""
   config = ml_collections.ConfigDict(study.train.to_dict())
+  config.task.options = {**config.task.options, **study.regimes[regime]}
   config.seed = seed
   config.task.data_dir = data_dir
   config.advantage = study.estimators[name].to_dict()
@@ -94,20 +100,23 @@ def read_turn_scores(run_dir: pathlib.Path) -> dict:
 
 
 def run(study, workdir: str) -> dict:
-  """Trains every (estimator, seed) not yet finished; writes curves.json and report.md."""
+  """Trains every (regime, estimator, seed) not yet finished; writes curves.json and
+  report.md."""
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "study_config.json").write_text(study.to_json_best_effort(indent=2))
   curves, wall = {}, 0.0
-  for name in study.estimators:
-    for seed in study.seeds:
-      run_dir = workdir / "runs" / name / f"seed{seed}"
+  for regime in study.regimes:
+    for name in study.estimators:
       hook = extras.chain(exact_metrics.hook(study.measure_every, ks=()),
                           turn_score_hook(study.estimators[name].to_dict(), study.measure_every))
-      wall += credit_study.train_once(train_config(study, name, seed, str(workdir / "data")),
-                                      run_dir, hook, f"[turn study] {name} seed {seed}")
-      curves.setdefault(name, {})[seed] = {**exact_metrics.read_curve(run_dir),
-                                           "turn_scores": read_turn_scores(run_dir)}
+      for seed in study.seeds:
+        run_dir = workdir / regime / "runs" / name / f"seed{seed}"
+        config = train_config(study, regime, name, seed, str(workdir / "data"))
+        wall += credit_study.train_once(config, run_dir, hook,
+                                        f"[turn study] {regime}: {name} seed {seed}")
+        curves.setdefault(regime, {}).setdefault(name, {})[seed] = {
+            **exact_metrics.read_curve(run_dir), "turn_scores": read_turn_scores(run_dir)}
   (workdir / "curves.json").write_text(json.dumps(curves, indent=1))
   (workdir / "report.md").write_text(report(study, curves, wall))
   print(f"[turn study] wrote {workdir / 'report.md'}", flush=True)
@@ -152,21 +161,32 @@ def _interval(values) -> str:
 
 
 def report(study, curves: dict, wall_seconds: float) -> str:
-  """The arms' J at equal generated tokens, and their paired differences from GRPO."""
+  """Per regime: the arms' J at equal generated tokens, their paired differences from GRPO,
+  and their per-turn credit scores."""
+  lines = [
+      "# Does turn-level credit matter? (key_turns)", "",
+      f"Exact J(pi) (the oracle's value of the episode's start) every {study.measure_every} "
+      f"of {study.updates} updates ({study.train.rl.prompts_per_step} prompts x "
+      f"{study.train.rl.group_size} episodes, learning rate {study.train.rl.learning_rate}); "
+      f"seeds {list(study.seeds)}; intervals: Student-t 95% over seeds (n/a for one seed).", "",
+      f"Written {time.strftime('%Y-%m-%d')} on {machine()}; the runs took "
+      f"{wall_seconds / 60:.0f} min in all."]
+  for regime, by_arm in curves.items():
+    options = {**study.train.task.options, **study.regimes[regime]}
+    lines += ["", f"## {regime}: key_turns {options}", "", *_regime_lines(by_arm),
+              *_turn_score_lines(by_arm, options)]
+  return "\n".join(lines) + "\n"
+
+
+def _regime_lines(curves: dict) -> list[str]:
+  """One regime's arms at equal generated tokens, and their paired differences from GRPO."""
   table, budget, low = summaries(curves)
   names = list(curves)
   lines = [
-      "# Does turn-level credit matter? (key_turns)", "",
-      f"key_turns {dict(study.train.task.options)}: exact J(pi) (the oracle's value of the "
-      f"episode's start) every {study.measure_every} of {study.updates} updates "
-      f"({study.train.rl.prompts_per_step} prompts x {study.train.rl.group_size} episodes); "
-      f"seeds {list(study.seeds)}; intervals: Student-t 95% over seeds (n/a for one seed). "
       f"Arms are compared at equal generated tokens: the budget {budget:,.0f} is the largest "
       "every run reached (the per-turn baseline's continuations count), and the mean J is "
       f"taken over log10 tokens on [{low:,.0f}, {budget:,.0f}] (a run holds its initial J "
       "until its first measurement).", "",
-      f"Written {time.strftime('%Y-%m-%d')} on {machine()}; the runs took "
-      f"{wall_seconds / 60:.0f} min in all.", "",
       "Generated tokens per run at its last measurement: " + "; ".join(
           f"{name} {np.mean([c['gen_tokens'][-1] for c in curves[name].values()]):,.0f}"
           for name in names) + ".", "",
@@ -179,16 +199,16 @@ def report(study, curves: dict, wall_seconds: float) -> str:
       paired = [mine[seed] - grpo[seed] for seed in mine if seed in grpo]
       cells += [_interval(list(mine.values())), "" if name == "grpo" else _interval(paired)]
     lines.append(f"| {name} | " + " | ".join(cells) + " |")
-  return "\n".join(lines + _turn_score_lines(curves, study.train.task.options)) + "\n"
+  return lines
 
 
 def _turn_score_lines(curves: dict, options) -> list[str]:
   """The per-turn credit scores: per arm, each seed's mean over its measurements, with a
   Student-t interval over seeds (blank where no measurement defined the score)."""
-  n_turns = dict(options).get("n_turns", 4)
+  n_turns = key_turns.KeyTurnsConfig(**dict(options)).n_turns
   names = [*TURN_SCORES, *(f"r_turn{k}" for k in range(n_turns))]
   titles = [*TURN_SCORES.values(), *(f"r at turn {k}" for k in range(n_turns))]
-  lines = ["", "## Each arm's credit against the exact turn credit, per turn", "",
+  lines = ["", "### Each arm's credit against the exact turn credit, per turn", "",
            "On each arm's own batches, at every measurement: its advantage on each turn (mean "
            "over the turn's action tokens) against A_k = V(h_(k+1)) - V(h_k) of the policy that "
            "sampled the batch (`turn_score_hook`). Decisive mass: the share of |credit| on the "
