@@ -46,6 +46,9 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   config.estimators = ESTIMATORS
   # key_turns options per regime, over the training config's (decisive turns 1 and 3).
   config.regimes = {"four_turns": {}, "eight_turns": {"n_turns": 8}}
+  # Regimes to run now (None: all), e.g. --config.run_regimes="('four_turns',)"; a later run
+  # with more resumes the finished runs.
+  config.run_regimes = ml_collections.config_dict.placeholder(tuple)
   config.seeds = [0, 1, 2, 3, 4]
   config.updates = 150  # J(pi) after 0, measure_every, ..., updates updates
   config.measure_every = 15

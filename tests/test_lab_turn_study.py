@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from jaxcredit.lab import turn_study
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_experiment
 
 
-def _study(tmp_path, cli_env):
+def _study(tmp_path, cli_env, *overrides):
   return subprocess.run(
       [sys.executable, "-m", "jaxcredit.lab.turn_study", "--config",
-       str(ROOT / "experiments/turn_study.py:smoke"), "--workdir", str(tmp_path)],
+       str(ROOT / "experiments/turn_study.py:smoke"), "--workdir", str(tmp_path), *overrides],
       capture_output=True, text=True, cwd=ROOT, env=cli_env, timeout=600, check=False)
 
 
@@ -40,9 +40,22 @@ def test_smoke_study_measures_every_arm_charges_continuations_and_resumes(tmp_pa
     assert all(f"| {name} |" in section for name in curves[regime])
     assert "### Each arm's credit against the exact turn credit, per turn" in section
     assert f"| r at turn {turns - 1} |" in section
-  again = _study(tmp_path, cli_env)  # every run is finished: nothing is trained again
+  # Every run is finished: nothing is trained again; a run of some regimes reports those.
+  again = _study(tmp_path, cli_env, "--config.run_regimes=('four_turns',)")
   assert again.returncode == 0 and "[turn study]" in again.stdout
   assert ": grpo seed" not in again.stdout
+  report = (tmp_path / "report.md").read_text()
+  assert "## four_turns: " in report and "## eight_turns: " not in report
+  assert "Regimes of the preset not run here: eight_turns (`run_regimes`)." in report
+
+
+def test_an_unknown_regime_is_refused_before_any_training(tmp_path):
+  study = load_experiment("turn_study", "smoke")
+  study.run_regimes = ("four_turns", "ten_turns")
+  with pytest.raises(ValueError, match="Unknown regime 'ten_turns' in run_regimes; known: "
+                                       "eight_turns, four_turns"):
+    turn_study.run(study, str(tmp_path))
+  assert not (tmp_path / "four_turns").exists()
 
 
 def test_summaries_compare_at_equal_tokens():

@@ -454,17 +454,23 @@ def _run_in_workers(study, workdir: pathlib.Path, regimes: list[str]) -> None:
                        "them): " + "; ".join(failed))
 
 
+def regimes_to_run(study) -> list[str]:
+  """study.run_regimes (None: every regime of study.regimes); an unknown name is refused."""
+  regimes = list(study.get("run_regimes") or study.regimes)
+  unknown = [regime for regime in regimes if regime not in study.regimes]
+  if unknown:
+    raise ValueError(f"Unknown regime {unknown[0]!r} in run_regimes; known: "
+                     f"{', '.join(study.regimes)}.")
+  return regimes
+
+
 def run(study, workdir: str) -> dict:
   """Runs (or resumes) every (regime, G, arm) and writes the report; returns the summaries.
   With `study.workers` > 1 the pieces run in that many processes (`_run_in_workers`)."""
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "sweep_config.json").write_text(study.to_json_best_effort(indent=2))
-  regimes = list(study.get("run_regimes") or study.regimes)
-  unknown = [regime for regime in regimes if regime not in study.regimes]
-  if unknown:  # before any training
-    raise ValueError(f"Unknown regime {unknown[0]!r} in run_regimes; known: "
-                     f"{', '.join(study.regimes)}.")
+  regimes = regimes_to_run(study)  # before any training
   if study.get("workers", 1) > 1:
     _run_in_workers(study, workdir, regimes)  # then read back below
   results, tuned = {}, {}

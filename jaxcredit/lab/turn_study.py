@@ -23,7 +23,7 @@ import ml_collections
 import numpy as np
 
 from jaxcredit import estimators
-from jaxcredit.lab import exact_metrics, scores, study as credit_study, turn_oracle
+from jaxcredit.lab import exact_metrics, scores, study as credit_study, sweep, turn_oracle
 from jaxcredit.lab.report import fmt_interval, machine, t_interval
 from jaxcredit.tasks import key_turns
 from jaxcredit.train import extras
@@ -106,7 +106,7 @@ def run(study, workdir: str) -> dict:
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "study_config.json").write_text(study.to_json_best_effort(indent=2))
   curves, wall = {}, 0.0
-  for regime in study.regimes:
+  for regime in sweep.regimes_to_run(study):
     for name in study.estimators:
       hook = extras.chain(exact_metrics.hook(study.measure_every, ks=()),
                           turn_score_hook(study.estimators[name].to_dict(), study.measure_every))
@@ -171,6 +171,9 @@ def report(study, curves: dict, wall_seconds: float) -> str:
       f"seeds {list(study.seeds)}; intervals: Student-t 95% over seeds (n/a for one seed).", "",
       f"Written {time.strftime('%Y-%m-%d')} on {machine()}; the runs took "
       f"{wall_seconds / 60:.0f} min in all."]
+  missing = [r for r in study.regimes if r not in curves]
+  if missing:
+    lines += ["", f"Regimes of the preset not run here: {', '.join(missing)} (`run_regimes`)."]
   for regime, by_arm in curves.items():
     options = {**study.train.task.options, **study.regimes[regime]}
     lines += ["", f"## {regime}: key_turns {options}", "", *_regime_lines(by_arm),
