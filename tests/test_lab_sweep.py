@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from jaxcredit.lab import batched, statistics, sweep
+from jaxcredit.lab import batched, statistics, sweep, turn_study
 from jaxcredit.lab import study as study_module
 from tests.conftest import load_experiment
 
@@ -141,12 +141,16 @@ def test_comparisons_call_higher_lower_equivalent_or_inconclusive_after_holm():
   assert few["better"]["verdict"] == "n/a (below 5 seeds)"
 
 
-def test_an_unknown_regime_to_run_is_refused(tmp_path):
-  study = load_experiment("credit_study", "smoke")
-  study.run_regimes = ("uniform", "uniform_filler")
-  with pytest.raises(ValueError, match="Unknown regime 'uniform' in run_regimes; known: "
-                                       "uniform_filler"):
-    sweep.run(study, str(tmp_path))
+@pytest.mark.parametrize("experiment,run,known", [
+    ("credit_study", sweep.run, "uniform_filler"),
+    ("turn_study", turn_study.run, "eight_turns, four_turns")])
+def test_an_unknown_regime_to_run_is_refused_before_any_training(tmp_path, experiment, run,
+                                                                 known):
+  study = load_experiment(experiment, "smoke")
+  study.run_regimes = ("uniform", *study.regimes)
+  with pytest.raises(ValueError, match=f"Unknown regime 'uniform' in run_regimes; known: {known}"):
+    run(study, str(tmp_path))
+  assert not [path for path in tmp_path.iterdir() if path.is_dir()]
 
 
 def test_the_budget_check_compares_z_with_grpos_median_tokens_to_the_level():
