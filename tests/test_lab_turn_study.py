@@ -53,8 +53,10 @@ def test_smoke_study_measures_every_arm_charges_continuations_and_resumes(tmp_pa
 def test_summaries_compare_at_equal_tokens():
   """J linear in log10 tokens; the costly arm's first measurement comes after the budget's
   start, so it holds its initial J until then."""
-  cheap = {"gen_tokens": [0, 10, 100, 1000], "success": [0.0, 0.1, 0.2, 0.3]}
-  costly = {"gen_tokens": [0, 100, 1000, 10000], "success": [0.0, 0.5, 0.6, 0.7]}
+  updates = [0, 1, 2, 3]
+  cheap = {"gen_tokens": [0, 10, 100, 1000], "success": [0.0, 0.1, 0.2, 0.3], "updates": updates}
+  costly = {"gen_tokens": [0, 100, 1000, 10000], "success": [0.0, 0.5, 0.6, 0.7],
+            "updates": updates}
   table, budget, low = turn_study.summaries({"grpo": {0: cheap}, "turn_baseline": {0: costly}})
   assert (budget, low) == (1000, 10)
   assert table["J at the budget"] == {"grpo": {0: pytest.approx(0.3)},
@@ -63,6 +65,8 @@ def test_summaries_compare_at_equal_tokens():
   # on [10, 100] then rises 0.5 -> 0.6 on [100, 1000] (mean (0.25 + 0.55) / 2 = 0.4).
   assert table["mean J over log tokens"]["grpo"][0] == pytest.approx(0.2, abs=2e-3)
   assert table["mean J over log tokens"]["turn_baseline"][0] == pytest.approx(0.4, abs=2e-3)
+  # At equal updates (the middle measurement) the costly arm's extra tokens are free.
+  assert table["J after 2 updates"] == {"grpo": {0: 0.2}, "turn_baseline": {0: 0.6}}
 
 
 def _key_turns_batch(tmp_path, rows=8):

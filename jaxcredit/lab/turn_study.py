@@ -137,11 +137,14 @@ def _from(curve: dict, low: float) -> tuple[np.ndarray, np.ndarray]:
 
 def summaries(curves: dict) -> tuple[dict, float, float]:
   """({summary: {estimator: {seed: value}}}, budget, low): J at the largest token budget
-  every run reached (interpolated in log10 tokens), and the mean J over log10 tokens on
-  [low, budget], low the earliest measurement after 0 tokens of any run."""
+  every run reached (interpolated in log10 tokens), the mean J over log10 tokens on
+  [low, budget], low the earliest measurement after 0 tokens of any run, and J at the
+  middle measurement of the runs (equal updates: what an arm's credit buys per update
+  when its extra tokens, e.g. continuations, are free)."""
   runs = [curve for seeds in curves.values() for curve in seeds.values()]
   budget = min(curve["gen_tokens"][-1] for curve in runs)
   low = min(min(t for t in curve["gen_tokens"] if t > 0) for curve in runs)
+  middle = runs[0]["updates"][len(runs[0]["updates"]) // 2]
 
   def at_budget(curve):
     tokens, success = _from(curve, low)
@@ -150,7 +153,8 @@ def summaries(curves: dict) -> tuple[dict, float, float]:
   def mean_over_log_tokens(curve):
     return exact_metrics.auc_log_tokens(*_from(curve, low), low, budget)
 
-  per = {"J at the budget": at_budget, "mean J over log tokens": mean_over_log_tokens}
+  per = {"J at the budget": at_budget, "mean J over log tokens": mean_over_log_tokens,
+         f"J after {middle} updates": lambda c: c["success"][c["updates"].index(middle)]}
   return ({summary: {name: {int(seed): fn(curve) for seed, curve in seeds.items()}
                      for name, seeds in curves.items()} for summary, fn in per.items()},
           budget, low)
@@ -214,9 +218,10 @@ def _turn_score_lines(curves: dict, options) -> list[str]:
   lines = ["", "### Each arm's credit against the exact turn credit, per turn", "",
            "On each arm's own batches, at every measurement: its advantage on each turn (mean "
            "over the turn's action tokens) against A_k = V(h_(k+1)) - V(h_k) of the policy that "
-           "sampled the batch (`turn_score_hook`). Decisive mass: the share of |credit| on the "
-           "decisive turns. A blank: the score is undefined for the arm (a broadcast arm has no "
-           "spread within an episode).", "",
+           "sampled the batch (`turn_score_hook`). Sign agreement: over turns with |A_k| > 0.01, "
+           "a zero advantage (a group whose rewards are all equal) counting as a disagreement. "
+           "Decisive mass: the share of |credit| on the decisive turns. A blank: the score is "
+           "undefined for the arm (a broadcast arm has no spread within an episode).", "",
            "| estimator | " + " | ".join(titles) + " |", "|---|" + "---|" * len(titles)]
   for arm, seeds in curves.items():
     cells = []
