@@ -110,9 +110,8 @@ class Cell:
     paths = 0 if self.task.filler_blind else tree_oracle.passes_per_prompt(self.task)
     if paths > MAX_TREE_PATHS:
       raise ValueError(f"With visible filler the exact oracle (E-TREE) runs {paths:,} paths "
-                       f"per prompt, over "
-                       f"{MAX_TREE_PATHS:,}: place the decisive positions earlier or use "
-                       "fewer fillers.")
+                       f"per prompt, over {MAX_TREE_PATHS:,}: place the decisive positions "
+                       "earlier or use fewer fillers.")
     if self.warmup is not None and (
         len(self.warmup.filler_probs) != self.task.n_fillers
         or not np.isclose(sum(self.warmup.filler_probs), 1.0)

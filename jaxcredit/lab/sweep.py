@@ -464,6 +464,13 @@ def regimes_to_run(study) -> list[str]:
   return regimes
 
 
+def regimes_not_run(study, done) -> str | None:
+  """The report's sentence naming the regimes of `study` not in `done`; None if all ran."""
+  missing = [regime for regime in study.regimes if regime not in done]
+  return (f"Regimes of the preset not run here: {', '.join(missing)} (`run_regimes`)."
+          if missing else None)
+
+
 def run(study, workdir: str) -> dict:
   """Runs (or resumes) every (regime, G, arm) and writes the report; returns the summaries.
   With `study.workers` > 1 the pieces run in that many processes (`_run_in_workers`)."""
@@ -581,9 +588,9 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
       f"cells; {compile_seconds:.0f} s of it compiling), {study.get('workers', 1)} at a time: "
       f"{elapsed / 60:.0f} min from the first piece's start to the last one's end (a resumed "
       f"sweep counts its pause), on {report.machine()}; jaxcredit {_commit()}.", ""]
-  missing = [regime for regime in study.regimes if regime not in results]
-  if missing:
-    lines += [f"Regimes of the preset not run here: {', '.join(missing)} (`run_regimes`).", ""]
+  not_run = regimes_not_run(study, results)
+  if not_run:
+    lines += [not_run, ""]
   summaries, all_curves = {}, {}
   for regime, by_g in results.items():
     spec = study.regimes[regime]

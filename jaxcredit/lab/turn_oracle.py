@@ -135,10 +135,11 @@ def turn_credit(model, config: KeyTurnsConfig, tokens: np.ndarray,
                      f"{len(prompt)} prompt ids and {config.episode_length} episode ids per row.")
   tree = value_tree(model, config, prompt)
   starts = [len(prompt) + 3 * k + 2 for k in range(config.n_turns)] + [len(rows[0])]
-  decided = _decided(config)  # later turn starts: the value there (the outcome is known)
-  values = np.asarray([[tree[min(k, decided)].get(tuple(r[:starts[min(k, decided)]].tolist()),
-                                                  0.0) for k in range(config.n_turns + 1)]
-                       for r in rows])
+  decided = _decided(config)
+  values = np.asarray([[tree[k].get(tuple(r[:starts[k]].tolist()), 0.0)
+                        for k in range(decided + 1)] for r in rows])
+  # Later turn starts keep the value where the outcome was decided.
+  values = np.concatenate([values, np.repeat(values[:, -1:], config.n_turns - decided, 1)], 1)
   credit = np.zeros(tokens.shape)
   for b, valid in enumerate(token_valid):
     columns = np.flatnonzero(valid)

@@ -175,9 +175,9 @@ def report(study, curves: dict, wall_seconds: float) -> str:
       f"seeds {list(study.seeds)}; intervals: Student-t 95% over seeds (n/a for one seed).", "",
       f"Written {time.strftime('%Y-%m-%d')} on {machine()}; the runs took "
       f"{wall_seconds / 60:.0f} min in all."]
-  missing = [r for r in study.regimes if r not in curves]
-  if missing:
-    lines += ["", f"Regimes of the preset not run here: {', '.join(missing)} (`run_regimes`)."]
+  not_run = sweep.regimes_not_run(study, curves)
+  if not_run:
+    lines += ["", not_run]
   for regime, by_arm in curves.items():
     options = {**study.train.task.options, **study.regimes[regime]}
     lines += ["", f"## {regime}: key_turns {options}", "", *_regime_lines(by_arm),
