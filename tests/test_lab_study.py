@@ -1,8 +1,10 @@
 """The credit study: report helpers, run configs, and a smoke run that writes the report."""
 
 import json
+import os
 import re
 import runpy
+import signal
 import subprocess
 import sys
 
@@ -11,7 +13,7 @@ import pytest
 
 from jaxcredit.lab import exact_metrics, report, study
 from jaxcredit.view import __main__ as view_cli
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_experiment
 
 
 def load_experiment_with_preset(preset):
@@ -132,3 +134,31 @@ def test_read_curve_pairs_each_measurement_with_the_tokens_generated_before_it(t
   assert exact_metrics.read_curve(tmp_path) == {
       "updates": [0, 2], "success": [0.1, 0.4], "pass@k": {"4": [0.3, 0.7]}, "gen_tokens": [0, 100],
       "zero_variance_groups": 0.25}
+
+
+def test_a_signalled_run_stops_the_study_unfinished_and_a_rerun_completes_it(tmp_path):
+  """SIGTERM during a study's run: the run saves a checkpoint and is not marked finished,
+  the study stops (RunStopped) instead of going on, and a rerun resumes it to its end."""
+  config = load_experiment("quickstart")
+  config.task.name, config.task.options = "key_token", {"length": 10, "n_keys": 4}
+  config.task.train_size, config.task.test_size, config.sft.max_steps = 64, 16, 0
+  config.rl.prompts_per_step, config.rl.group_size, config.rl.steps = 4, 4, 3
+  config.rl.eval_every, config.checkpoint.every = 100, 100
+
+  def preempt_during_the_second_update(context, rollout):
+    del rollout
+    if context.rl_step == 1:
+      os.kill(os.getpid(), signal.SIGTERM)  # what a preemption sends; loop.run handles it
+    return {}, {}
+
+  run_dir = tmp_path / "run"
+  with pytest.raises(study.RunStopped, match="tiny was stopped at step 2; rerun the study"):
+    study.train_once(config, run_dir, preempt_during_the_second_update, "tiny")
+  assert not (run_dir / "wall_seconds.json").exists()
+  first_part = json.loads((run_dir / "wall_seconds_partial.json").read_text())
+  seconds = study.train_once(config, run_dir, None, "tiny")
+  steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+           if "train/loss" in line]
+  assert steps == [1, 2, 3]  # the rerun went on from the checkpoint at step 2
+  assert seconds > first_part and json.loads((run_dir / "wall_seconds.json").read_text()) == seconds
+  assert study.train_once(config, run_dir, None, "tiny") == seconds  # finished: not trained again

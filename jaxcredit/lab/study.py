@@ -268,16 +268,30 @@ def write_scores(workdir: pathlib.Path, task: str, rl_step: int, scored: dict) -
   np.savez_compressed(workdir / f"credit_dump_step{rl_step}.npz", **scored["dump"])
 
 
+class RunStopped(Exception):
+  """A signal (SIGTERM, Ctrl-C) stopped one of a study's runs; a rerun resumes it."""
+
+
 def train_once(config, run_dir: pathlib.Path, hook, label: str) -> float:
   """Trains `config` in `run_dir` with the rollout `hook` (printing `label`) unless an
   earlier call finished it: wall_seconds.json, written when a run completes, marks that
-  and a rerun skips it. Returns the run's wall seconds."""
-  finished = run_dir / "wall_seconds.json"
+  and a rerun skips it. Returns the run's wall seconds, summed over the invocations that
+  trained it.
+
+  Raises RunStopped when a signal stopped the run: it is not marked finished (its
+  checkpoint resumes it) and the study stops rather than going on to the next run."""
+  finished, partial = run_dir / "wall_seconds.json", run_dir / "wall_seconds_partial.json"
   if not finished.exists():
     print(f"{label} -> {run_dir}", flush=True)
     started = time.perf_counter()
-    loop.run(config, str(run_dir), rollout_hook=hook)
-    finished.write_text(json.dumps(time.perf_counter() - started))
+    result = loop.run(config, str(run_dir), rollout_hook=hook)
+    seconds = time.perf_counter() - started
+    seconds += json.loads(partial.read_text()) if partial.exists() else 0.0
+    if result["stopped"]:
+      partial.write_text(json.dumps(seconds))
+      raise RunStopped(f"{label} was stopped at step {result['step']}; rerun the study with "
+                       "the same --workdir to resume it.")
+    finished.write_text(json.dumps(seconds))
   return json.loads(finished.read_text())
 
 
@@ -332,7 +346,10 @@ def cli(run_study: Callable[[ml_collections.ConfigDict, str], object], descripti
     del argv
     logging.set_verbosity(logging.WARNING)
     share_compilations(workdir.value)
-    run_study(config.value, workdir.value)
+    try:
+      run_study(config.value, workdir.value)
+    except RunStopped as error:
+      raise SystemExit(f"Stopped: {error}") from error
 
   app.run(main)
 

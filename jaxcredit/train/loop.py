@@ -57,7 +57,8 @@ PREPARATION_TIMEOUT_S = 3600  # how long other processes wait for process 0's da
 
 
 def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dict:
-  """Trains as the module docstring says; returns the final metrics.
+  """Trains as the module docstring says; returns the final metrics, with
+  "stopped": whether a signal ended the run before its last step.
 
   The workdir is locked for the run (a second process refuses at once).
   SIGTERM (preemption) or Ctrl-C during RL finishes the step, saves a
@@ -79,11 +80,11 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
     started, rl = time.perf_counter(), config.rl
     t = _setup(config, workdir)
     if t is None:  # already finished
-      return {"step": None}
+      return {"step": None, "stopped": False}
     scope.enter_context(jax.set_mesh(t.mesh))  # the model reads the `sequence` axis from it
     accuracy, stopped = (None, False) if t.resumed else _warm_start(t, stops)
     if stopped:  # during SFT
-      return {"eval/accuracy": accuracy, "step": t.counters["step"]}
+      return {"eval/accuracy": accuracy, "step": t.counters["step"], "stopped": True}
     started_rl, key = time.perf_counter(), jax.random.key(config.seed)
     add_extras = extras.chain(t.provide_extras, rollout_hook)
     progress = tqdm.tqdm(range(t.counters["rl_step"], rl.steps), desc="rl",
@@ -148,7 +149,8 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
         "step": t.counters["step"],
         "seconds": round(now - started, 1),
         "seconds_before_rl": round(started_rl - started, 1),
-        "seconds_rl": round(now - started_rl, 1)
+        "seconds_rl": round(now - started_rl, 1),
+        "stopped": t.counters["rl_step"] < rl.steps,
     }
 
 
