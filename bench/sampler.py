@@ -1,12 +1,16 @@
-"""Sampling throughput: the KV-cache sampler vs re-running the whole prefix, and
-drawing a token by inverse CDF vs `jax.random.categorical`.
+"""Sampling throughput: the KV-cache sampler vs re-running the whole prefix,
+multi-turn rollouts keeping the cache across turns vs prefilling every turn's
+whole context, and drawing a token by inverse CDF vs `jax.random.categorical`.
 
-python -m bench.sampler [--batch 32 --prompt 64 --new 256]
+python -m bench.sampler [--batch 32 --prompt 64 --new 256 --turns 8]
 
 Both samplers generate the same tokens (greedy agreement is tested); the
 baseline re-forwards the full [B, P + N] buffer at every step, which is what a
-sampler without a cache does. The draw table times one token per row from
-[B, V] logits at temperature 1, the implementations in turn (round robin).
+sampler without a cache does. The multi-turn table plays the same episodes
+both ways (same key; asserted) against an environment answering each turn
+with 32-96 observation tokens, timed in turn (round robin). The draw table
+times one token per row from [B, V] logits at temperature 1, the
+implementations in turn.
 """
 
 import argparse
@@ -18,6 +22,7 @@ from flax import nnx
 
 from bench.common import machine, table, time_call, time_calls
 from jaxcredit.models import Transformer, preset
+from jaxcredit.rollouts import MultiTurn
 from jaxcredit.sampling import generate, sample_token
 
 DRAW_SHAPES = [(32, 8192), (8, 151936)]  # [B, V]: the small peers shape; Qwen2.5's vocabulary
@@ -37,11 +42,55 @@ def draw_rows(repeats: int) -> list[list]:
   return rows
 
 
+class ToolEnv:
+  """Answers every turn with 32-96 observation tokens (a tool's output); done after
+  `turns` turns."""
+
+  def __init__(self, turns: int, vocab: int):
+    self.turns, self.vocab = turns, vocab
+
+  def reset(self, rng, example):
+    del example
+    return (0, rng), rng.integers(1, self.vocab, 32)
+
+  def step(self, state, actions):
+    turn, rng = state
+    observation = rng.integers(1, self.vocab, int(rng.integers(32, 97)))
+    return (turn + 1, rng), observation, float(actions[0] % 2), turn + 1 >= self.turns
+
+
+def multi_turn_rows(batch: int, prompt: int, turns: int, repeats: int) -> list[list]:
+  rows = []
+  turn_tokens = 32
+  for name in ("tiny", "small"):
+    config = preset(name)
+    model = Transformer(config, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    prompts = {"prompts": rng.integers(1, config.vocab_size, (batch, prompt)),
+               "prompt_valid": np.ones((batch, prompt), bool), "examples": [{}] * batch}
+    play = {}
+    for reuse in (True, False):
+      source = MultiTurn(ToolEnv(turns, config.vocab_size), max_turns=turns,
+                         max_turn_tokens=turn_tokens, max_episode_tokens=turns * (turn_tokens + 96),
+                         reuse_cache=reuse)
+      play["kept" if reuse else "full prefill"] = (
+          lambda key, source=source: source(model, prompts, key).tokens)
+    kept, full = (np.asarray(fn(jax.random.key(0))) for fn in play.values())
+    np.testing.assert_array_equal(kept, full)  # the same episodes
+    seconds = time_calls(play, jax.random.key(0), repeats=repeats)
+    actions = batch * turns * turn_tokens
+    rows.append([name, f"{actions / seconds['kept']:,.0f}",
+                 f"{actions / seconds['full prefill']:,.0f}",
+                 f"{seconds['full prefill'] / seconds['kept']:.2f}x"])
+  return rows
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--batch", type=int, default=32)
   parser.add_argument("--prompt", type=int, default=64)
   parser.add_argument("--new", type=int, default=256)
+  parser.add_argument("--turns", type=int, default=8)
   parser.add_argument("--repeats", type=int, default=3)
   args = parser.parse_args()
   print(f"# Sampler benchmark\n\nmachine: {machine()}\n")
@@ -67,6 +116,10 @@ def main():
         f"{results[True]:,.0f}", f"{results[False]:,.0f}", f"{results[True] / results[False]:.1f}x",
     ])
   print(table(["model", "KV cache (tok/s)", "recompute prefix (tok/s)", "speedup"], rows))
+  print(f"\n## Multi-turn rollouts: {args.turns} turns of 32 action tokens, observations of "
+        f"32-96 tokens, batch {args.batch}, prompt {args.prompt} (action tok/s)\n")
+  print(table(["model", "cache kept across turns", "whole context prefilled per turn",
+               "speedup"], multi_turn_rows(args.batch, args.prompt, args.turns, args.repeats)))
   print("\n## One token per row from [B, V] logits (ms)\n")
   print(table(["[B, V]", "sample_token (inverse CDF)", "jax.random.categorical (Gumbel)",
                "speedup"], draw_rows(repeats=100)))

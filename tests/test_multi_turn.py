@@ -99,6 +99,33 @@ def test_layout_rewards_and_behaviour_logprobs(model):
   np.testing.assert_array_equal(np.asarray(rollout.behaviour_logprobs)[~mask], 0.0)
 
 
+def test_the_cache_kept_across_turns_samples_what_full_prefills_sample(model, monkeypatch):
+  """reuse_cache (prefill each turn's new observation; rebuild when the slots run out)
+  against a full prefill every turn: the same key, the same episodes."""
+  from jaxcredit.rollouts import multi_turn
+
+  starts = []
+  counted = lambda *args, **kwargs: starts.append(1) or multi_turn.start_contexts.__wrapped__(
+      *args, **kwargs)
+  counted.__wrapped__ = multi_turn.start_contexts
+  monkeypatch.setattr(multi_turn, "start_contexts", counted)
+  rollouts = {}
+  for reuse in (True, False):
+    starts.clear()
+    source = MultiTurn(CountingEnv(turns=6, reset_length=3), max_turns=6, max_turn_tokens=4,
+                       max_episode_tokens=40, turn_end_tokens=(TURN_END,), reuse_cache=reuse)
+    rollouts[reuse] = source(model, _batch(rows=5), jax.random.key(5))
+    rollouts[reuse, "starts"] = len(starts)
+  assert 1 < rollouts[True, "starts"] < rollouts[False, "starts"] == 6  # rebuilt when full
+  kept, rebuilt = rollouts[True], rollouts[False]
+  for name in ("tokens", "mask", "token_valid", "turn_ids", "rewards", "truncated"):
+    np.testing.assert_array_equal(getattr(kept, name), getattr(rebuilt, name), err_msg=name)
+  # float32 at logits made large on purpose; another summation order (pad slots between).
+  np.testing.assert_allclose(kept.behaviour_logprobs, rebuilt.behaviour_logprobs, rtol=2e-3,
+                             atol=1e-4)
+  assert np.asarray(kept.extras["turns"]).min() >= 3
+
+
 def test_fixed_length_turns_without_turn_end_tokens(model):
   rollout = MultiTurn(CountingEnv(turns=2), max_turns=2, max_turn_tokens=3,
                       max_episode_tokens=20)(model, _batch(rows=2), jax.random.key(1))

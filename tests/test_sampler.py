@@ -8,7 +8,8 @@ from flax import nnx
 
 from jaxcredit.logprobs import token_entropy, token_logprobs
 from jaxcredit.models import Transformer, preset
-from jaxcredit.sampling import Actions, generate, inverse_cdf_sample, left_align, sample_token
+from jaxcredit.sampling import (Actions, continue_contexts, extend_contexts, generate,
+                                inverse_cdf_sample, left_align, sample_token, start_contexts)
 from tests.conftest import readme_block
 
 CONFIG = preset("tiny", vocab_size=32)
@@ -58,6 +59,47 @@ def test_cache_and_recompute_agree_under_greedy(model):
   np.testing.assert_array_equal(cached.mask, recomputed.mask)
   np.testing.assert_array_equal(cached.truncated, recomputed.truncated)
   np.testing.assert_allclose(cached.logprobs, recomputed.logprobs, atol=1e-4)
+
+
+def test_contexts_grown_chunk_by_chunk_sample_what_generate_samples_after_the_whole(model):
+  """start_contexts(first part) + extend_contexts(second part, one row with none) +
+  continue_contexts == generate on the concatenated prompts, same key: the same draws."""
+  first, first_valid = _prompts(3, batch=4, length=5)
+  second, second_valid = _prompts(4, batch=4, length=6)
+  second_valid = second_valid.at[1].set(False)  # a row with nothing new
+  second = jnp.where(second_valid, second, 0)
+  whole, whole_valid = np.zeros((4, 11), np.int32), np.zeros((4, 11), bool)
+  for row in range(4):  # each row's two parts, joined and left-padded
+    ids = np.concatenate([np.asarray(part)[row][np.asarray(valid)[row]]
+                          for part, valid in ((first, first_valid), (second, second_valid))])
+    whole[row, 11 - len(ids):], whole_valid[row, 11 - len(ids):] = ids, True
+  kwargs = dict(max_new_tokens=8, temperature=1.0, stop_tokens=(5,))
+  want = generate(model, whole, whole_valid, jax.random.key(7), **kwargs)
+  contexts = start_contexts(model, first, first_valid, slots=5 + 6 + 8)
+  contexts = extend_contexts(model, contexts, second, second_valid)
+  got, contexts = continue_contexts(model, contexts, jax.random.key(7),
+                                    done=jnp.zeros(4, bool), **kwargs)
+  response = slice(whole.shape[1], None)
+  np.testing.assert_array_equal(got.tokens, want.tokens[:, response])
+  np.testing.assert_array_equal(got.mask, want.mask[:, response])
+  np.testing.assert_array_equal(got.truncated, want.truncated)
+  np.testing.assert_allclose(got.logprobs, want.logprobs[:, response], atol=1e-4)
+  np.testing.assert_allclose(got.entropy, want.entropy[:, response], atol=1e-4)
+  np.testing.assert_array_equal(contexts.length, whole_valid.sum(1) + got.mask.sum(1))
+  assert int(contexts.slot) == 5 + 6 + int(got.decode_steps)
+  with pytest.raises(ValueError, match="8 columns do not fit in the cache's"):
+    extend_contexts(model, contexts, *_prompts(5, length=8))
+
+
+def test_rows_done_before_a_continuation_sample_nothing(model):
+  prompts, valid = _prompts(6)
+  contexts = start_contexts(model, prompts, valid, slots=7 + 6)
+  done = jnp.asarray([True, False, True, False])
+  got, after = continue_contexts(model, contexts, jax.random.key(0), max_new_tokens=6, done=done,
+                                 stop_tokens=(5,))
+  assert not np.asarray(got.mask)[[0, 2]].any() and np.asarray(got.mask)[[1, 3]].all(axis=1).any()
+  np.testing.assert_array_equal(np.asarray(got.truncated)[[0, 2]], False)
+  np.testing.assert_array_equal(after.length, np.asarray(valid).sum(1) + np.asarray(got.mask).sum(1))
 
 
 def test_stop_tokens_end_the_response(model):

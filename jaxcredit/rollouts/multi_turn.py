@@ -1,9 +1,9 @@
 """Multi-turn rollouts: the policy and an environment take turns in one context.
 
 A row is the task prompt, then the episode: the reset observation, and per
-turn k the policy's action tokens (sampled with the KV-cache `generate` from
-the whole context so far, until a turn-end token or `max_turn_tokens`)
-followed by the environment's observation of them:
+turn k the policy's action tokens (sampled after the whole context so far,
+until a turn-end token or `max_turn_tokens`) followed by the environment's
+observation of them:
 
   [prompt, left-padded to P] [obs_0] [actions_0] [obs_1] [actions_1] [obs_2] ... [pad]
   mask        0                 0        1           0         1         0
@@ -36,6 +36,15 @@ What the Rollout carries beyond a single-turn one:
                                        environment to any turn (`returns_to_go`).
 An episode cut by the context is still scored: its reward is the sum of the
 turn rewards it received. Nothing is dropped silently: cuts are counted.
+
+The KV cache lives across turns (`sampling.Contexts`): a turn prefills only
+what is new in each row - the observation since its last action - into a
+block of slots shared by the batch (`_bucket` columns, left-padded), then
+decodes the turn. The rows' blocks leave pad slots behind (the shorter rows'
+observations and turns); when the next block and turn would not fit in the
+P + E + max_turn_tokens slots, the cache is rebuilt from the rows' whole
+contexts, packed (`reuse_cache=False` does that every turn: the reference,
+which re-prefills O(turns) times the context).
 """
 
 import copy
@@ -50,7 +59,8 @@ import numpy as np
 from jax import Array
 
 from jaxcredit.rollout import Rollout
-from jaxcredit.sampling import generate, prompt_positions
+from jaxcredit.sampling import (continue_contexts, extend_contexts, prompt_positions,
+                                start_contexts)
 from jaxcredit.tasks.environment import Environment, as_observation, as_reward
 
 
@@ -106,6 +116,8 @@ class MultiTurn:
   turn_end_tokens:    ids that end a turn (kept in it); () makes every turn
                       exactly max_turn_tokens long.
   place / local:      this process's rows <-> the global batch-sharded array.
+  reuse_cache:        keep the KV cache from turn to turn (module docstring); False
+                      prefills every row's whole context every turn.
   """
 
   env: Environment
@@ -118,6 +130,7 @@ class MultiTurn:
   pad_id: int = 0
   place: Callable[[np.ndarray], Array] = jnp.asarray
   local: Callable[[Array], np.ndarray] = np.asarray
+  reuse_cache: bool = True
 
   def __post_init__(self):
     for name in ("max_turns", "max_turn_tokens", "max_episode_tokens"):
@@ -150,10 +163,11 @@ class MultiTurn:
     rows, vocab = len(prompts), model.config.vocab_size
     rewards = np.zeros(rows, np.float32)
     turns, cut = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
+    cache = _Cache(None, np.zeros(rows, np.int64))
     for step in range(self.max_turns):
       if episodes.done.all():
         break
-      sample = self._sample_turn(model, prompts, prompt_valid, episodes,
+      sample = self._sample_turn(model, prompts, prompt_valid, episodes, cache,
                                  jax.random.fold_in(key, step))
       for row in np.flatnonzero(~episodes.done):
         turn = int(first_turn[row]) + step
@@ -165,6 +179,7 @@ class MultiTurn:
                                logprobs=sample["logprobs"][row, taken],
                                entropy=sample["entropy"][row, taken], anchors=anchor):
           continue  # the context is full: the episode ends here, scored by what it received
+        cache.columns[row] = episodes.length[row]  # the actions are in the cache already
         cut[row] += sample["truncated"][row]
         where = f"{_name(self.env)}.step (turn {turn})"
         states[row], observation, reward, done = self.env.step(states[row], actions)
@@ -229,25 +244,49 @@ class MultiTurn:
     key = repr(anchor(state)) if anchor else f"{turn}:{observation.tolist()}"
     return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
-  def _sample_turn(self, model, prompts, prompt_valid, episodes: _Episodes, key) -> dict:
-    """One turn for every row, from its context (prompt and episode so far),
-    left-padded into P + E columns (one shape, one compilation, every turn)."""
-    rows, width = len(prompts), prompts.shape[1] + self.max_episode_tokens
-    context = np.full((rows, width), self.pad_id, np.int32)
-    valid = np.zeros((rows, width), bool)
-    for row in range(rows):
-      ids = np.concatenate([prompts[row, prompt_valid[row]],
-                            episodes.tokens[row, :episodes.length[row]]])
-      context[row, width - len(ids):], valid[row, width - len(ids):] = ids, True
-    out = generate(model, self.place(context), self.place(valid), key,
-                   max_new_tokens=self.max_turn_tokens, temperature=self.temperature,
-                   stop_tokens=self.turn_end_tokens, pad_id=self.pad_id)
-    response = slice(width, None)
-    return {"tokens": self.local(out.tokens)[:, response],
-            "mask": self.local(out.mask)[:, response].astype(bool),
-            "logprobs": self.local(out.logprobs)[:, response],
-            "entropy": self.local(out.entropy)[:, response],
+  def _sample_turn(self, model, prompts, prompt_valid, episodes: _Episodes, cache: "_Cache",
+                   key) -> dict:
+    """One turn for every row not done, after its context (prompt and episode so far):
+    the episode columns not in the cache yet are prefilled first, or the cache is
+    rebuilt from the whole contexts (module docstring). Updates `cache`."""
+    rows, prompt_width = len(prompts), prompts.shape[1]
+    slots = prompt_width + self.max_episode_tokens + self.max_turn_tokens
+    new = np.where(episodes.done, 0, episodes.length - cache.columns)
+    most_new = self._global_max(new)  # every process builds the same shapes
+    width = _bucket(most_new, self.max_episode_tokens) if most_new else 0
+    if (cache.contexts is None or not self.reuse_cache
+        or int(cache.contexts.slot) + width + self.max_turn_tokens > slots):
+      contexts = [np.concatenate([prompts[row, prompt_valid[row]],
+                                  episodes.tokens[row, :episodes.length[row]]])
+                  for row in range(rows)]
+      width = _bucket(self._global_max([len(ids) for ids in contexts]),
+                      prompt_width + self.max_episode_tokens)
+      cache.contexts = start_contexts(model, *self._left_padded(contexts, width), slots=slots)
+    elif width:
+      chunks = [episodes.tokens[row, cache.columns[row]:cache.columns[row] + new[row]]
+                for row in range(rows)]
+      cache.contexts = extend_contexts(model, cache.contexts, *self._left_padded(chunks, width))
+    cache.columns[:] = episodes.length
+    out, cache.contexts = continue_contexts(
+        model, cache.contexts, key, max_new_tokens=self.max_turn_tokens,
+        done=self.place(episodes.done), temperature=self.temperature,
+        stop_tokens=self.turn_end_tokens, pad_id=self.pad_id)
+    return {"tokens": self.local(out.tokens), "mask": self.local(out.mask).astype(bool),
+            "logprobs": self.local(out.logprobs), "entropy": self.local(out.entropy),
             "truncated": self.local(out.truncated)}
+
+  def _global_max(self, values) -> int:
+    """The largest of `values` [b] over every process's rows."""
+    return int(jnp.max(self.place(np.asarray(values, np.int32))))
+
+  def _left_padded(self, rows: list[np.ndarray], width: int) -> tuple[Array, Array]:
+    """(tokens, valid) [B, width] with each row's ids at the end, placed."""
+    tokens = np.full((len(rows), width), self.pad_id, np.int32)
+    valid = np.zeros((len(rows), width), bool)
+    for row, ids in enumerate(rows):
+      if len(ids):
+        tokens[row, -len(ids):], valid[row, -len(ids):] = ids, True
+    return self.place(tokens), self.place(valid)
 
   def _rollout(self, prompts, prompt_valid, episodes: _Episodes, rewards, turns, cut,
                seeds) -> Rollout:
@@ -272,6 +311,21 @@ class MultiTurn:
                 "env_seeds": place(np.asarray(seeds, np.uint32))},
         group_size=self.group_size,
     )
+
+
+@dataclasses.dataclass
+class _Cache:
+  """The rows' KV cache between turns (None before the first) and, per row, the
+  episode columns it holds."""
+
+  contexts: Any
+  columns: np.ndarray  # [b] int
+
+
+def _bucket(columns: int, most: int) -> int:
+  """A block width for `columns` new columns: the next power of two (at least 8), at
+  most `most`, so that a few shapes compile."""
+  return min(max(8, 1 << (int(columns) - 1).bit_length()), most)
 
 
 def _name(env) -> str:

@@ -188,23 +188,32 @@ def _assemble(prompts, prompt_valid, steps, done, settings: _Sampling,
   )
 
 
-@functools.partial(jax.jit, static_argnums=(0, 7))
-def _generate_cached(graphdef, state, prompts, prompt_valid, key, allowed, hidden,
-                     settings: _Sampling):
-  """Prefill, then a `while_loop` of one-token decode steps.
+def _extend(model, cache: KVCache, logits, length, slot, tokens, token_valid, layers):
+  """Writes the left-padded chunk tokens / token_valid [B, W] at cache slots
+  [slot, slot + W), each row's positions going on from its `length` [B] tokens.
+
+  Returns (cache, logits [B, V] after each row's last token - the chunk's last
+  column, or the given `logits` for a row with no token in the chunk -, length
+  + the row's new tokens)."""
+  positions = length[:, None] + prompt_positions(token_valid)
+  out, cache = model.decode(tokens, positions, token_valid, cache, slot, layers=layers)
+  logits = jnp.where(token_valid[:, -1:], out.logits[:, -1], logits)
+  return cache, logits, length + jnp.sum(token_valid, axis=1)
+
+
+def _decode(model, cache: KVCache, logits, position, slot, done, key, allowed, hidden,
+            settings: _Sampling, layers):
+  """A `while_loop` of one-token decode steps from `logits` [B, V], writing slots
+  slot, slot + 1, ...; rows `done` [B] from the start sample nothing.
 
   The loop ends after `max_new_tokens` steps or, with `stop_when_done`, as
   soon as every row has emitted a stop token. The step outputs live in [N, B]
   buffers pre-filled with what a finished row would write (pad, 0, 0, False),
-  so an early stop returns exactly what running all N steps returns.
+  so an early stop returns exactly what running all N steps returns. Returns
+  (buffers, done, decode steps run, cache, logits after each row's last token,
+  position).
   """
-  model = nnx.merge(graphdef, state)
-  batch, prompt_len = prompts.shape
-  steps = settings.max_new_tokens
-  cache = KVCache.zeros(model.config, batch, prompt_len + steps)
-  layers = model.unstacked_layers()  # once, outside the loop
-  prefill, cache = model.decode(prompts, prompt_positions(prompt_valid), prompt_valid, cache, 0,
-                                layers=layers)
+  steps, batch = settings.max_new_tokens, done.shape[0]
   buffers = (jnp.full((steps, batch), settings.pad_id, jnp.int32),
              jnp.zeros((steps, batch), jnp.float32), jnp.zeros((steps, batch), jnp.float32),
              jnp.zeros((steps, batch), bool))
@@ -218,15 +227,32 @@ def _generate_cached(graphdef, state, prompts, prompt_valid, key, allowed, hidde
     token, logp, entropy, active, done = _response_step(logits, jax.random.fold_in(key, i), done,
                                                          allowed[i], settings)
     fed = jnp.where(hidden[i], settings.hidden_token, token)
-    out, cache = model.decode(fed[:, None], position[:, None], active[:, None], cache,
-                              prompt_len + i, layers=layers)
+    out, cache = model.decode(fed[:, None], position[:, None], active[:, None], cache, slot + i,
+                              layers=layers)
     buffers = tuple(b.at[i].set(v.astype(b.dtype))
                     for b, v in zip(buffers, (token, logp, entropy, active)))
-    return i + 1, cache, out.logits[:, 0], done, position + 1, buffers
+    logits = jnp.where(active[:, None], out.logits[:, 0], logits)
+    return i + 1, cache, logits, done, position + active, buffers
 
-  init = (jnp.int32(0), cache, prefill.logits[:, -1], jnp.zeros((batch,), bool),
-          jnp.sum(prompt_valid, axis=1), buffers)
-  decode_steps, _, _, done, _, buffers = jax.lax.while_loop(unfinished, step, init)
+  init = (jnp.int32(0), cache, logits, done, position, buffers)
+  decode_steps, cache, logits, done, position, buffers = jax.lax.while_loop(unfinished, step, init)
+  return buffers, done, decode_steps, cache, logits, position
+
+
+@functools.partial(jax.jit, static_argnums=(0, 7))
+def _generate_cached(graphdef, state, prompts, prompt_valid, key, allowed, hidden,
+                     settings: _Sampling):
+  """Prefill, then the decode loop (`_decode`)."""
+  model = nnx.merge(graphdef, state)
+  batch, prompt_len = prompts.shape
+  cache = KVCache.zeros(model.config, batch, prompt_len + settings.max_new_tokens)
+  layers = model.unstacked_layers()  # once, outside the loop
+  logits = jnp.zeros((batch, model.config.vocab_size), jnp.float32)
+  cache, logits, length = _extend(model, cache, logits, jnp.zeros(batch, jnp.int32), 0, prompts,
+                                  prompt_valid, layers)
+  buffers, done, decode_steps, *_ = _decode(model, cache, logits, length, prompt_len,
+                                            jnp.zeros(batch, bool), key, allowed, hidden,
+                                            settings, layers)
   return _assemble(prompts, prompt_valid, buffers, done, settings, decode_steps)
 
 
@@ -318,3 +344,108 @@ def _response_tables(actions: Actions, batch: int, prompt_len: int, steps: int, 
   _checks.check_shape(hidden, (batch, width) if hidden.ndim == 2 else (width,), "actions.hidden")
   allowed, hidden = allowed[..., prompt_len:, :], hidden[..., prompt_len:]
   return (jnp.swapaxes(allowed, 0, 1) if per_row else allowed), hidden.T
+
+
+class Contexts(NamedTuple):
+  """Rows' contexts held in a KV cache and grown chunk by chunk: what a multi-turn
+  sampler keeps between turns, so that a turn prefills only what is new.
+
+  cache:  KVCache of S slots; slots [0, slot) are written (pads among them invalid).
+  logits: [B, V] float32 next-token logits after each row's last token.
+  length: [B] int32 tokens in each row (its next RoPE position).
+  slot:   [] int32 the first unwritten slot, the same for every row.
+  """
+
+  cache: KVCache
+  logits: Array
+  length: Array
+  slot: Array
+
+
+class Continuation(NamedTuple):
+  """What `continue_contexts` sampled: tokens, mask, logprobs, entropy [B, N] as
+  in `SampleOutput`'s response columns; truncated [B]; decode_steps []."""
+
+  tokens: Array
+  mask: Array
+  logprobs: Array
+  entropy: Array
+  truncated: Array
+  decode_steps: Array
+
+
+def start_contexts(model: Transformer, tokens: Array, token_valid: Array, *,
+                   slots: int) -> Contexts:
+  """Contexts of `slots` cache slots holding the left-padded rows tokens /
+  token_valid [B, W] (W <= slots) at slots [0, W)."""
+  _checks.check_rank(tokens, 2, "tokens")
+  _checks.check_same_shape(tokens=tokens, token_valid=token_valid)
+  if tokens.shape[1] > slots:
+    raise ValueError(f"start_contexts: {tokens.shape[1]} columns do not fit in {slots} slots.")
+  graphdef, state = nnx.split(model)
+  return _start(graphdef, state, jnp.asarray(tokens), jnp.asarray(token_valid, bool), slots)
+
+
+def extend_contexts(model: Transformer, contexts: Contexts, tokens: Array,
+                    token_valid: Array) -> Contexts:
+  """`contexts` with the left-padded chunk tokens / token_valid [B, W] appended to
+  each row (a row's valid tokens follow its context; a row with none is unchanged),
+  at slots [slot, slot + W). ValueError when they do not fit in the cache. The
+  cache is donated: `contexts` must not be used afterwards."""
+  _checks.check_same_shape(tokens=tokens, token_valid=token_valid)
+  free = contexts.cache.key_valid.shape[1] - int(contexts.slot)
+  if tokens.shape[1] > free:
+    raise ValueError(f"extend_contexts: {tokens.shape[1]} columns do not fit in the cache's "
+                     f"{free} free slots.")
+  graphdef, state = nnx.split(model)
+  return _extend_jit(graphdef, state, contexts, jnp.asarray(tokens),
+                     jnp.asarray(token_valid, bool))
+
+
+def continue_contexts(model: Transformer, contexts: Contexts, key: Array, *, max_new_tokens: int,
+                      done: Array, temperature: float = 1.0, stop_tokens: tuple[int, ...] = (),
+                      pad_id: int = 0) -> tuple[Continuation, Contexts]:
+  """Samples up to `max_new_tokens` per row after its context, as `generate`
+  samples after a prompt (the same draws for the same key); rows `done` [B]
+  sample nothing. The sampled tokens join the contexts. ValueError when the
+  cache has fewer than max_new_tokens free slots; the cache is donated."""
+  free = contexts.cache.key_valid.shape[1] - int(contexts.slot)
+  if max_new_tokens > free:
+    raise ValueError(f"continue_contexts: {max_new_tokens} new tokens do not fit in the "
+                     f"cache's {free} free slots.")
+  settings = _Sampling(max_new_tokens, float(temperature), None, None,
+                       tuple(int(t) for t in stop_tokens), int(pad_id), 0, True)
+  graphdef, state = nnx.split(model)
+  return _continue(graphdef, state, contexts, jnp.asarray(done, bool), key, settings)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _start(graphdef, state, tokens, token_valid, slots: int) -> Contexts:
+  model = nnx.merge(graphdef, state)
+  batch = tokens.shape[0]
+  logits = jnp.zeros((batch, model.config.vocab_size), jnp.float32)
+  cache, logits, length = _extend(model, KVCache.zeros(model.config, batch, slots), logits,
+                                  jnp.zeros(batch, jnp.int32), 0, tokens, token_valid, None)
+  return Contexts(cache, logits, length, jnp.int32(tokens.shape[1]))
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
+def _extend_jit(graphdef, state, contexts: Contexts, tokens, token_valid) -> Contexts:
+  model = nnx.merge(graphdef, state)
+  cache, logits, length = _extend(model, contexts.cache, contexts.logits, contexts.length,
+                                  contexts.slot, tokens, token_valid, None)
+  return Contexts(cache, logits, length, contexts.slot + tokens.shape[1])
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5), donate_argnums=(2,))
+def _continue(graphdef, state, contexts: Contexts, done, key, settings: _Sampling):
+  model = nnx.merge(graphdef, state)
+  steps, vocab = settings.max_new_tokens, model.config.vocab_size
+  allowed, hidden = jnp.ones((steps, 1, vocab), bool), jnp.zeros((steps, 1), bool)
+  buffers, done, decode_steps, cache, logits, length = _decode(
+      model, contexts.cache, contexts.logits, contexts.length, contexts.slot, done, key, allowed,
+      hidden, settings, model.unstacked_layers())
+  tokens, logprobs, entropy, mask = (jnp.swapaxes(x, 0, 1) for x in buffers)
+  truncated = ~done if settings.stop_tokens else jnp.zeros_like(done)
+  return (Continuation(tokens, mask, logprobs, entropy, truncated, decode_steps),
+          Contexts(cache, logits, length, contexts.slot + decode_steps))
