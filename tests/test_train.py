@@ -54,7 +54,8 @@ def test_plot_cli(tmp_path):
 
 
 EXPERIMENTS = ["quickstart", "dr_grpo", "rloo", "reinforce_pp", "gspo", "dapo", "credit_mix", "ppo_gae",
-               "countdown_grpo", "key_token_grpo", "key_turns_grpo", "calculator_grpo", "gsm8k_grpo"]
+               "countdown_grpo", "key_token_grpo", "key_turns_grpo", "calculator_grpo", "target_sum_grpo",
+               "gsm8k_grpo"]
 
 
 def test_every_experiment_builds_its_advantage_and_objective():

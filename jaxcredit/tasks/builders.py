@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
-from jaxcredit.tasks import arithmetic, calculator, countdown, gsm8k, key_token, key_turns
+from jaxcredit.tasks import (arithmetic, calculator, countdown, gsm8k, key_token, key_turns,
+                             target_sum)
 
 _SPLIT_IDS = {"train": 0, "test": 1}
 
@@ -150,6 +151,21 @@ class KeyTurns(_ProceduralBuilder):
   ]
 
 
+class TargetSum(_ProceduralBuilder):
+  """Credit probe with sequential dependence (see `jaxcredit.tasks.target_sum`); ids."""
+
+  make_example = staticmethod(target_sum.make_example)
+  FEATURES = {
+      "prompt": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+      "target": np.int64,
+      "completion": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+  }
+  BUILDER_CONFIGS = [
+      ProceduralConfig(name="n6_m4", task=target_sum.TargetSumConfig(),
+                       description="up to 6 digits in 0..3 summing to S ~ U[3, 15], EOS allowed"),
+  ]
+
+
 class Gsm8k(tfds.core.GeneratorBasedBuilder):
   """GSM8K-format JSONL (`train.jsonl`, `test.jsonl`) from a manual directory.
 
@@ -177,7 +193,8 @@ class Gsm8k(tfds.core.GeneratorBasedBuilder):
 
 
 BUILDERS = {"arithmetic": Arithmetic, "calculator": Calculator, "countdown": Countdown,
-            "gsm8k": Gsm8k, "key_token": KeyToken, "key_turns": KeyTurns}
+            "gsm8k": Gsm8k, "key_token": KeyToken, "key_turns": KeyTurns,
+            "target_sum": TargetSum}
 
 
 def get(

@@ -12,7 +12,8 @@ Rows are laid out as the sampler lays them out: a prompt left-padded to
 `max_prompt_length`, then `max_response_length` response slots. Text tasks
 (arithmetic, countdown) decode responses with a character tokenizer; gsm8k
 with a pretrained checkpoint's tokenizer and chat template; key_token works on
-ids, constrains actions per position and can hide filler.
+ids, constrains actions per position and can hide filler; target_sum works on
+ids, its responses ending at a sampled or forced EOS.
 """
 
 import dataclasses
@@ -30,7 +31,8 @@ from jaxcredit.models import checkpoint
 from jaxcredit.rollouts import MultiTurn
 from jaxcredit.sampling import Actions
 from jaxcredit.tasks import (CharTokenizer, HFTokenizer, Tokenizer, arithmetic, builders,
-                             calculator, countdown, gsm8k, key_token, key_turns, loader)
+                             calculator, countdown, gsm8k, key_token, key_turns, loader,
+                             target_sum)
 
 Scorer = Callable[[np.ndarray, np.ndarray, Sequence[dict]], np.ndarray]
 
@@ -124,16 +126,16 @@ def _countdown(options: dict) -> tuple[Any, CharTokenizer, Scorer]:
 
 
 TEXT_TASKS = {"arithmetic": _arithmetic, "countdown": _countdown}
-TASKS = (*TEXT_TASKS, "calculator", "key_token", "key_turns", "gsm8k")
+TASKS = (*TEXT_TASKS, "calculator", "key_token", "key_turns", "target_sum", "gsm8k")
 
 
 def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> TrainTask:
   """Builds (or reuses) the task's TFDS data under `data_dir` and its hooks.
 
   config: name, options (the task's own config fields), train_size, test_size,
-  max_prompt_length, max_response_length (text tasks; key_token's are fixed
-  by its config: K + 2 and T), truncated_reward (default 0: the reward of a
-  response cut off by max_response_length). gsm8k reads its own fields
+  max_prompt_length, max_response_length (text tasks; key_token's and target_sum's
+  are fixed by their configs: K + 2 and T, 5 and n + 1), truncated_reward (default 0:
+  the reward of a response cut off by max_response_length). gsm8k reads its own fields
   (`gsm8k_task`) and the Hugging Face tokenizer directory `tokenizer`.
   """
   name, options = config.name, dict(config.get("options") or {})
@@ -147,6 +149,9 @@ def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> T
   elif name == "key_turns":
     task_config = key_turns.KeyTurnsConfig(**options)
     prompt_length, response_length = 2, task_config.episode_length
+  elif name == "target_sum":
+    task_config = target_sum.TargetSumConfig(**options)
+    prompt_length, response_length = task_config.prompt_length, task_config.length
   elif name == "calculator":
     task_config = calculator.CalculatorConfig(**options)
     prompt_length, response_length = config.max_prompt_length, task_config.episode_length
@@ -182,6 +187,13 @@ def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> T
         turn_end_tokens=tuple(tokenizer.encode(calculator.TURN_END)),
         demonstration_actions=lambda ids: calculator.demonstration_actions(tokenizer.decode(ids)),
         **common)
+  if name == "target_sum":
+    return TrainTask(vocab_size=target_sum.VOCAB_SIZE, pad_id=target_sum.PAD,
+                     stop_tokens=(target_sum.EOS,), encode=loader.ids_encoder,
+                     score=lambda tokens, mask, examples: target_sum.reward(
+                         tokens, np.asarray([int(e["target"]) for e in examples]), task_config),
+                     actions=Actions(allowed=target_sum.allowed_in_rows(task_config)),
+                     token_texts=target_sum.token_names, **common)
   if name != "key_token":
     return TrainTask(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
                      stop_tokens=(tokenizer.eos_id,), encode=loader.text_encoder(tokenizer),

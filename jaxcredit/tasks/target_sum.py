@@ -1,0 +1,175 @@
+"""`target_sum`: a credit probe where early choices constrain later ones (the lab's
+Task 2; LAB.md 1.2).
+
+Token ids (V = 24): 0 PAD, 1 BOS, 2 SEP, 3 EOS, 4-13 the digits 0..9 (prompt numerals
+and actions), 14-23 reserved.
+
+Prompt `[BOS, n, S_tens, S_units, SEP]` (digit tokens). The response is up to n digits
+in 0..m-1, then EOS: sampled by the policy where it stops early (`eos_allowed`), the
+only allowed token after n digits (a forced step: log-prob 0, no gradient), so every
+response ends with EOS within its n + 1 columns. The reward is
+
+  R = 1[sum of the digits = S]  (and, with `exact_len`, exactly n digits; with
+                                  `no_repeat`, no digit equal to the one before it).
+
+A digit that overshoots S, or that leaves S out of reach of the digits still to come,
+decides R = 0 at once: the decisive positions differ from response to response, and
+near the edges of [0, (m - 1) n] the early digits decide.
+"""
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from jaxcredit import _checks
+
+PAD, BOS, SEP, EOS, DIGIT0 = 0, 1, 2, 3, 4
+VOCAB_SIZE = 24
+PROMPT_LENGTH = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetSumConfig:
+  """n_digits: n, the most digits a response holds (1..9); n_values: m, the digits
+  0..m-1 an action may be (2..10); targets: S ~ U[target_low, target_high], each
+  reachable (checked); eos_allowed: the policy may stop before n digits; exact_len,
+  no_repeat: the reward options (module docstring)."""
+
+  n_digits: int = 6
+  n_values: int = 4
+  target_low: int = 3
+  target_high: int = 15
+  eos_allowed: bool = True
+  exact_len: bool = False
+  no_repeat: bool = False
+
+  def __post_init__(self):
+    _checks.require([
+        (1 <= self.n_digits <= 9, f"n_digits must be in [1, 9], got {self.n_digits}"),
+        (2 <= self.n_values <= 10, f"n_values must be in [2, 10], got {self.n_values}"),
+        (0 <= self.target_low <= self.target_high <= min(99, self.max_sum),
+         f"targets must satisfy 0 <= target_low <= target_high <= min(99, (n_values - 1) "
+         f"n_digits = {self.max_sum}), got [{self.target_low}, {self.target_high}]"),
+    ])
+    unreachable = [s for s in range(self.target_low, self.target_high + 1)
+                   if not _completions(self, s)[0, 0, self.n_values]]
+    if unreachable:
+      raise ValueError(f"No response earns the reward for the targets {unreachable} under "
+                       f"{self}: narrow [target_low, target_high].")
+
+  @property
+  def max_sum(self) -> int:
+    return (self.n_values - 1) * self.n_digits
+
+  @property
+  def length(self) -> int:
+    """Response columns: n digits and the EOS."""
+    return self.n_digits + 1
+
+  @property
+  def prompt_length(self) -> int:
+    return PROMPT_LENGTH
+
+  @property
+  def digits(self) -> np.ndarray:
+    """Token ids of the action digits 0..m-1."""
+    return np.arange(DIGIT0, DIGIT0 + self.n_values)
+
+
+def token_names(ids) -> list[str]:
+  """The readable name of each id: PAD BOS SEP EOS, the digits 0-9, R14..R23."""
+  names = ["PAD", "BOS", "SEP", "EOS", *map(str, range(10)),
+           *(f"R{i}" for i in range(DIGIT0 + 10, VOCAB_SIZE))]
+  ids = np.asarray(ids)
+  if ids.size and (ids.min() < 0 or ids.max() >= VOCAB_SIZE):
+    raise ValueError(f"Token ids must be in [0, {VOCAB_SIZE}), got {ids.min()}..{ids.max()}.")
+  return [names[i] for i in ids.tolist()]
+
+
+def allowed(config: TargetSumConfig) -> np.ndarray:
+  """[n + 1, V] bool: the digits 0..m-1 (and EOS when eos_allowed) in the first n
+  columns, EOS alone in the last."""
+  table = np.zeros((config.length, VOCAB_SIZE), bool)
+  table[:-1, config.digits] = True
+  table[:-1, EOS] = config.eos_allowed
+  table[-1, EOS] = True
+  return table
+
+
+def allowed_in_rows(config: TargetSumConfig) -> np.ndarray:
+  """[5 + n + 1, V] bool: `allowed` over whole rows, the prompt columns allowing every token."""
+  return np.concatenate([np.ones((PROMPT_LENGTH, VOCAB_SIZE), bool), allowed(config)])
+
+
+def outcome(digits, target, config: TargetSumConfig):
+  """R of responses of k digits then EOS, their digit values (0..m-1) `digits` [..., k];
+  target [...] broadcasts against them. NumPy or JAX arrays (traceable); float32 [...]."""
+  k = digits.shape[-1]
+  hit = digits.sum(axis=-1) == target
+  if config.exact_len and k != config.n_digits:
+    hit = hit & False
+  if config.no_repeat and k > 1:
+    hit = hit & (digits[..., 1:] != digits[..., :-1]).all(axis=-1)
+  return hit.astype(np.float32)
+
+
+def reward(responses: np.ndarray, targets: np.ndarray, config: TargetSumConfig) -> np.ndarray:
+  """R of [B, n + 1] responses (token ids) against [B] targets S; [B] float32. A response
+  without EOS, or with a non-digit before it, earns 0."""
+  responses, targets = np.atleast_2d(responses), np.atleast_1d(targets)
+  if responses.shape[1] != config.length or targets.shape != responses.shape[:1]:
+    raise ValueError(f"Expected responses [B, {config.length}] and targets [B], got "
+                     f"{responses.shape} and {targets.shape}.")
+  out = np.zeros(len(responses), np.float32)
+  for row, (response, target) in enumerate(zip(responses, targets)):
+    ends = np.flatnonzero(response == EOS)
+    if not len(ends):
+      continue
+    values = response[:ends[0]] - DIGIT0
+    if np.all((values >= 0) & (values < config.n_values)):
+      out[row] = outcome(values, int(target), config)
+  return out
+
+
+@functools.lru_cache(maxsize=256)
+def _completions(config: TargetSumConfig, target: int) -> np.ndarray:
+  """[n + 1, S + 1, m + 1] int: the rewarded completions of a response with k digits,
+  partial sum sigma and last digit d (m: none yet), counted by dynamic programming."""
+  n, m = config.n_digits, config.n_values
+  count = np.zeros((n + 1, target + 1, m + 1), np.int64)
+  for k in reversed(range(n + 1)):
+    for sigma in range(target + 1):
+      for last in range(m + 1):
+        stop = sigma == target and (k == n or (config.eos_allowed and not config.exact_len))
+        more = 0
+        if k < n:
+          more = sum(count[k + 1, sigma + d, d] for d in range(m)
+                     if sigma + d <= target and not (config.no_repeat and d == last))
+        count[k, sigma, last] = int(stop) + more
+  return count
+
+
+def make_example(rng: np.random.Generator, config: TargetSumConfig) -> dict:
+  """{"prompt" [5] ids, "target" S, "completion" [k + 1] a demonstration with reward 1
+  (k digits and EOS), drawn uniformly among the rewarded responses}."""
+  target = int(rng.integers(config.target_low, config.target_high + 1))
+  count = _completions(config, target)
+  values, sigma, last = [], 0, config.n_values
+  while True:
+    k = len(values)
+    stop = int(sigma == target and (k == config.n_digits or (config.eos_allowed
+                                                             and not config.exact_len)))
+    options = [(d, count[k + 1, sigma + d, d]) for d in range(config.n_values)
+               if k < config.n_digits and sigma + d <= target
+               and not (config.no_repeat and d == last)]
+    weights = np.asarray([stop] + [c for _, c in options], np.float64)
+    choice = rng.choice(len(weights), p=weights / weights.sum())
+    if choice == 0:
+      break
+    last = options[choice - 1][0]
+    values.append(last)
+    sigma += last
+  completion = np.asarray([DIGIT0 + d for d in values] + [EOS], np.int32)
+  prompt = [BOS, DIGIT0 + config.n_digits, DIGIT0 + target // 10, DIGIT0 + target % 10, SEP]
+  return {"prompt": np.asarray(prompt, np.int32), "target": target, "completion": completion}
