@@ -1,5 +1,6 @@
-"""Exact policy metrics on held-out prompts, from the oracle's V^pi(x) (key_token; on
-key_turns, whose prompts are all alike, J(pi) from `turn_oracle.success` only).
+"""Exact policy metrics on held-out prompts, from the oracle's V^pi(x) (key_token,
+target_sum; on key_turns, whose prompts are all alike, J(pi) from `turn_oracle.success`
+only).
 
   hook = exact_metrics.hook(every=10)            # a rollout hook for jaxcredit.train.loop.run
   curve = exact_metrics.read_curve(run_dir)      # what it logged, against generated tokens
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxcredit.lab import oracle, turn_oracle
+from jaxcredit.lab import oracle, sum_tree, turn_oracle
 from jaxcredit.train import extras
 
 PASS_AT = (1, 4, 16, 64)
@@ -45,13 +46,16 @@ def hook(every: int, ks: Sequence[int] = PASS_AT) -> extras.Hook:
     if context.task.name == "key_turns":  # every prompt is [BOS, SEP]; the keys are hidden
       prompt = np.asarray(context.task.sources["test"][0]["prompt"])
       return {}, {"exact_success": turn_oracle.success(context.model, context.task.config, prompt)}
+    target_sum = context.task.name == "target_sum"
     if not held_out:
       test = context.task.sources["test"]
       examples = [test[i] for i in range(len(test))]
       held_out.update(prompts=np.stack([e["prompt"] for e in examples]),
-                      targets=np.stack([e["targets"] for e in examples]))
-    success = oracle.exact_success(context.model, context.task.config, held_out["prompts"],
-                                   held_out["targets"])
+                      targets=np.stack([e["target" if target_sum else "targets"]
+                                        for e in examples]))
+    exact_success = sum_tree.exact_success if target_sum else oracle.exact_success
+    success = exact_success(context.model, context.task.config, held_out["prompts"],
+                            held_out["targets"])
     return {}, {"exact_success": float(np.mean(success)),
                 **{f"exact_pass@{k}": pass_at_k(success, k) for k in ks}}
 

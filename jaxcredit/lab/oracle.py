@@ -145,6 +145,30 @@ def decisive_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray,
   )
 
 
+def tree_credit_rows(tokens: np.ndarray, mask: np.ndarray, prompt_len: int, *, per_prompt: int,
+                     path_length: int, max_passes: int, advice: str, credit_of) -> Credit:
+  """The Credit of an E-TREE oracle (`tree_oracle`, `sum_tree`) on [B, L] rows: the tree of
+  each distinct prompt costs `per_prompt` teacher-forced paths of `path_length` tokens;
+  more than `max_passes` in all is refused (ValueError with the count and `advice`).
+  credit_of(prompts [n, P], first [n] a row of each, inverse [B] each row's prompt) returns
+  (values, advantages) [B, L - P] of the response columns; they are placed after the
+  prompt columns, 0 off `mask`."""
+  prompts, first, inverse = np.unique(tokens[:, :prompt_len], axis=0, return_index=True,
+                                      return_inverse=True)
+  passes = len(prompts) * per_prompt
+  if passes > max_passes:
+    raise ValueError(f"E-TREE needs {passes:,} teacher-forced paths ({len(prompts)} prompts x "
+                     f"{per_prompt:,}), over max_passes = {max_passes:,}: {advice}.")
+  values, advantages = (np.asarray(x, np.float64)
+                        for x in credit_of(prompts, first, inverse.reshape(-1)))
+  rows = lambda x: jnp.asarray(np.where(
+      mask, np.concatenate([np.zeros((len(tokens), prompt_len)), x], 1), 0.0), jnp.float32)
+  return Credit(advantages=rows(advantages), values=rows(values),
+                adv_stderr=jnp.zeros(tokens.shape, jnp.float32), evaluated=jnp.asarray(mask),
+                cost={"passes": passes, "tf_tokens": passes * path_length, "rollouts": 0,
+                      "gen_tokens": 0, "prefill_tokens": 0})
+
+
 def exact_success(model, config: key_token.KeyTokenConfig, prompts: np.ndarray,
                   targets: np.ndarray) -> np.ndarray:
   """[n] float64 V^pi(x) = E_pi[R | x] of each prompt at temperature 1, exactly

@@ -12,14 +12,15 @@ upper bound on information (LAB.md 4.3).
 import jax
 import numpy as np
 
-from jaxcredit.lab import oracle, turn_oracle
+from jaxcredit.lab import oracle, sum_tree, turn_oracle
 from jaxcredit.train import extras, tasks
 
 
 def exact_credit(model, task: tasks.TrainTask, rollout, examples) -> tuple[dict, dict]:
   """({"oracle_advantages", "oracle_values"}, metrics) of the exact oracle for `task`:
-  filler-blind key_token (token credit), or key_turns (turn credit A_k = V(h_(k+1)) -
-  V(h_k) on each turn's action, V(h_k) there as the value)."""
+  filler-blind key_token (token credit, E-DEC), target_sum (token credit, E-TREE), or
+  key_turns (turn credit A_k = V(h_(k+1)) - V(h_k) on each turn's action, V(h_k) there as
+  the value)."""
   if task.name == "key_turns":
     values, credit = turn_oracle.turn_credit(model, task.config, rollout.tokens,
                                              rollout.token_valid)
@@ -29,12 +30,16 @@ def exact_credit(model, task: tasks.TrainTask, rollout, examples) -> tuple[dict,
       before[row, np.flatnonzero(mask[row])] = values[row, :mask[row].sum()]
     return ({"oracle_advantages": credit.astype(np.float32), "oracle_values": before},
             {"oracle_passes": 1})
-  if task.name != "key_token":
-    raise ValueError(f"An exact oracle exists for key_token and key_turns only, not "
-                     f"{task.name!r}; use vineppo (Monte Carlo).")
-  targets = np.stack([np.asarray(e["targets"]) for e in examples])
-  credit = oracle.decisive_credit(model, task.config, np.asarray(rollout.tokens),
-                                  np.asarray(rollout.mask), targets)
+  tokens, mask = np.asarray(rollout.tokens), np.asarray(rollout.mask)
+  if task.name == "target_sum":
+    targets = np.asarray([int(e["target"]) for e in examples])
+    credit = sum_tree.tree_credit(model, task.config, tokens, mask, targets)
+  elif task.name == "key_token":
+    targets = np.stack([np.asarray(e["targets"]) for e in examples])
+    credit = oracle.decisive_credit(model, task.config, tokens, mask, targets)
+  else:
+    raise ValueError(f"An exact oracle exists for key_token, target_sum and key_turns only, "
+                     f"not {task.name!r}; use vineppo (Monte Carlo).")
   return ({"oracle_advantages": credit.advantages, "oracle_values": credit.values},
           {"oracle_passes": credit.cost["passes"]})
 

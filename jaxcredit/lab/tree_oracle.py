@@ -168,21 +168,10 @@ def tree_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray, mas
   allowed = key_token.allowed(config)
   if not np.all(np.take_along_axis(allowed[None], response[..., None], axis=2)[..., 0]):
     raise ValueError("A response holds a token the task does not allow at its position.")
-  prompts, first, inverse = np.unique(tokens[:, :prompt_len], axis=0, return_index=True,
-                                      return_inverse=True)
-  per_prompt = passes_per_prompt(config)
-  passes = len(prompts) * per_prompt
-  if passes > max_passes:
-    raise ValueError(f"E-TREE needs {passes:,} teacher-forced paths ({len(prompts)} prompts x "
-                     f"{per_prompt:,}), over max_passes = {max_passes:,}: "
-                     "place the decisive positions earlier, or use mc_credit.")
-  tree = _jitted_tree(model, config, prompts, targets[first])
-  values, advantages = (np.asarray(x, np.float64) for x in credit_from_tree(
-      tree, inverse.reshape(-1), response, targets, config))
-  rows = lambda x: jnp.asarray(np.where(
-      mask, np.concatenate([np.zeros((len(tokens), prompt_len)), x], 1), 0.0), jnp.float32)
-  return Credit(advantages=rows(advantages), values=rows(values),
-                adv_stderr=jnp.zeros(tokens.shape, jnp.float32), evaluated=jnp.asarray(mask),
-                cost={"passes": passes,
-                      "tf_tokens": passes * (prompt_len + int(config.decisive_positions[-1]) + 1),
-                      "rollouts": 0, "gen_tokens": 0, "prefill_tokens": 0})
+  return oracle.tree_credit_rows(
+      tokens, mask, prompt_len, per_prompt=passes_per_prompt(config),
+      path_length=prompt_len + int(config.decisive_positions[-1]) + 1, max_passes=max_passes,
+      advice="place the decisive positions earlier, or use mc_credit",
+      credit_of=lambda prompts, first, inverse: credit_from_tree(
+          _jitted_tree(model, config, prompts, targets[first]), inverse, response, targets,
+          config))
