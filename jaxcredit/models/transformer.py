@@ -323,8 +323,11 @@ class Transformer(nnx.Module):
     values = None
     if self.value_head is not None:
       values = self.value_head(hidden.astype(jnp.float32))[..., 0]
-    out_logits = None
-    if logits:
-      out_logits = jnp.einsum("btd,dv->btv", hidden, self.unembed.astype(hidden.dtype),
-                              preferred_element_type=jnp.float32)
-    return ModelOutput(logits=out_logits, hidden=hidden, values=values)
+    return ModelOutput(logits=self.logits(hidden) if logits else None, hidden=hidden,
+                       values=values)
+
+  def logits(self, hidden: Array) -> Array:
+    """[..., V] float32 logits of hidden states [..., D] taken after the final norm
+    (`ModelOutput.hidden`)."""
+    return jnp.einsum("...d,dv->...v", hidden, self.unembed.astype(hidden.dtype),
+                      preferred_element_type=jnp.float32)

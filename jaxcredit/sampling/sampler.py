@@ -196,8 +196,10 @@ def _extend(model, cache: KVCache, logits, length, slot, tokens, token_valid, la
   column, or the given `logits` for a row with no token in the chunk -, length
   + the row's new tokens)."""
   positions = length[:, None] + prompt_positions(token_valid)
-  out, cache = model.decode(tokens, positions, token_valid, cache, slot, layers=layers)
-  logits = jnp.where(token_valid[:, -1:], out.logits[:, -1], logits)
+  # Only the last column's logits are needed: not the [B, W, V] projection of the chunk.
+  out, cache = model.decode(tokens, positions, token_valid, cache, slot, logits=False,
+                            layers=layers)
+  logits = jnp.where(token_valid[:, -1:], model.logits(out.hidden[:, -1]), logits)
   return cache, logits, length + jnp.sum(token_valid, axis=1)
 
 
