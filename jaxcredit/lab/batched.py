@@ -1,4 +1,5 @@
-"""Study cells with the seeds vmapped inside one jit: key_token runs as pure functions.
+"""Study cells with the seeds vmapped inside one jit: key_token and target_sum runs as pure
+functions.
 
   cell = batched.Cell(task=key_token.KeyTokenConfig(...), model=preset("tiny", ...),
                       arms=({"scale": "rms", "of": "grpo"}, {"scale": "rms", "of": "oracle"}),
@@ -11,13 +12,14 @@ One run is a pure function of its arm (an index into cell.arms), learning rate a
     when the cell has a `Warmup` (the regime: confident filler, a starting success), with
     Adam (the learning rate in its state: `optax.inject_hyperparams`) after global-norm
     clipping;
-  - each update u draws `prompts_per_step` prompts uniformly from the task's |C|^K prompts
-    and samples `group_size` responses to each with the KV-cache sampler at temperature 1
-    (keys folded from `jax.random.key(seed)` and u); the rule scores them;
+  - each update u draws `prompts_per_step` prompts uniformly (key_token: from the |C|^K
+    prompts; target_sum: a target S from its range) and samples `group_size` responses to
+    each with the KV-cache sampler at temperature 1 (keys folded from
+    `jax.random.key(seed)` and u; target_sum's responses end at EOS); the rule scores them;
   - the extras the estimator needs: the exact oracle's credit and values under the
-    sampling policy (E-DEC, `oracle.decisive_values`, with filler hidden; E-TREE,
-    `tree_oracle.value_tree`, with filler visible) and the permutation draws of
-    `oracle_shuffled`;
+    sampling policy (key_token: E-DEC, `oracle.decisive_values`, with filler hidden;
+    E-TREE, `tree_oracle.value_tree`, with filler visible; target_sum: E-TREE,
+    `sum_tree.value_tree`) and the permutation draws of `oracle_shuffled`;
   - one learner step (`learner.make_step`: `cell.objective` on the whole batch, the arm's
     estimator chosen by `lax.switch`);
   - exact J(pi) = mean_x V^pi(x) and pass@k on the evaluation prompts (every prompt when
@@ -27,8 +29,10 @@ A `Runner` compiles one program for all its runs: `jax.vmap` over them of a `lax
 evaluation blocks, each a `lax.scan` over E updates (under vmap every arm's estimator is
 computed for every run and the run's own selected: estimators are cheap next to sampling).
 Calls with the same number of runs (`width`) reuse the compiled program. Generated tokens
-are the policy's samples only (every arm here generates B T tokens per update; the oracle
-is uncharged).
+are the policy's samples only, counted per run (on key_token every arm generates B T
+tokens per update; target_sum's responses stop at EOS); the oracle is uncharged.
+target_sum cells take no warmup and no gradient measurements (both read key_token's
+decisive positions).
 """
 
 import dataclasses
@@ -44,17 +48,18 @@ import optax
 from flax import nnx
 
 from jaxcredit import estimators, losses
-from jaxcredit.lab import oracle, tree_oracle
+from jaxcredit.lab import oracle, sum_tree, tree_oracle
 from jaxcredit.models import Transformer, TransformerConfig
 from jaxcredit.rollout import Estimate, Rollout
-from jaxcredit.sampling import generate
-from jaxcredit.tasks import key_token
+from jaxcredit.sampling import Actions, generate
+from jaxcredit.tasks import key_token, target_sum
 from jaxcredit.train import learner, tasks
 from jaxcredit.train import steps as train_steps
 
 PROMPT_STREAM, SAMPLE_STREAM, EXTRAS_STREAM, NOISE_STREAM = 0, 1, 2, 3
 EXTRAS = ("oracle_advantages", "oracle_values", "shuffle_priorities")  # what a cell can compute
 UPDATE_METRICS = ("reward_mean", "zero_variance_groups", "entropy", "grad_norm")
+TaskConfig = key_token.KeyTokenConfig | target_sum.TargetSumConfig
 WARMUP_STREAM, MECHANISM_STREAM = 4, 5
 MECHANISM = ("cosine_to_exact", "signal_fraction", "decisive_norm", "filler_norm",
              "credit_cosine", "implicit_credit_cosine")
@@ -82,7 +87,7 @@ class Cell:
   """One study cell: the task, the policy architecture, the arms (`estimators.from_config`
   specs) and the training settings its runs share."""
 
-  task: key_token.KeyTokenConfig
+  task: TaskConfig
   model: TransformerConfig
   arms: tuple[str | Mapping, ...]
   group_size: int
@@ -104,14 +109,20 @@ class Cell:
     if self.group_size < 1 or self.prompts_per_step < 1:
       raise ValueError(f"group_size and prompts_per_step must be >= 1, got {self.group_size} "
                        f"and {self.prompts_per_step}.")
-    if not self.task.constrained:
+    if isinstance(self.task, target_sum.TargetSumConfig):
+      if self.warmup is not None or self.mechanism_batches:
+        raise ValueError("target_sum cells run without a warmup and without the gradient "
+                         "measurements (both are defined by key_token's decisive positions).")
+      paths = sum_tree.passes_per_prompt(self.task)
+    elif not self.task.constrained:
       raise ValueError("Batched cells measure J(pi) with the exact oracle: key_token must be "
                        "constrained (keys at the decisive positions, filler elsewhere).")
-    paths = 0 if self.task.filler_blind else tree_oracle.passes_per_prompt(self.task)
+    else:
+      paths = 0 if self.task.filler_blind else tree_oracle.passes_per_prompt(self.task)
     if paths > MAX_TREE_PATHS:
-      raise ValueError(f"With visible filler the exact oracle (E-TREE) runs {paths:,} paths "
-                       f"per prompt, over {MAX_TREE_PATHS:,}: place the decisive positions "
-                       "earlier or use fewer fillers.")
+      raise ValueError(f"The exact oracle (E-TREE) runs {paths:,} paths per prompt, over "
+                       f"{MAX_TREE_PATHS:,}: on key_token place the decisive positions earlier "
+                       "or use fewer fillers; on target_sum use fewer digits or values.")
     if self.warmup is not None and (
         len(self.warmup.filler_probs) != self.task.n_fillers
         or not np.isclose(sum(self.warmup.filler_probs), 1.0)
@@ -138,6 +149,8 @@ class Cell:
 
   @property
   def tokens_per_update(self) -> int:
+    """Response slots sampled per update: the generated tokens on key_token (T per
+    response), an upper bound on target_sum (a response may stop before n + 1)."""
     return self.prompts_per_step * self.group_size * self.task.length
 
 
@@ -193,6 +206,86 @@ def implicit_credit(credit, tokens, seen, group_size: int):
       b, length)
 
 
+class _KeyToken:
+  """What a cell's runs need from key_token (traceable): prompts, rewards, exact values."""
+
+  def __init__(self, config: key_token.KeyTokenConfig, eval_prompts: int):
+    self.config, self.actions, self.stop_tokens = config, tasks.key_token_actions(config), ()
+    self.decisive = config.prompt_length + config.decisive_positions
+    self.eval_prompts = prompts_of(evaluation_symbols(config, eval_prompts), config)
+
+  def draw(self, key, count: int):
+    """(prompts [count, P], targets) drawn uniformly."""
+    config = self.config
+    return prompts_of(jax.random.randint(key, (count, config.n_decisive), 0, config.n_keys),
+                      config)
+
+  def reward(self, tokens, targets, key):
+    rewards = key_token.rule_reward(tokens[:, self.decisive], targets, self.config)
+    if self.config.noise:
+      flip = jax.random.uniform(key, rewards.shape) < self.config.noise
+      rewards = jnp.where(flip, 1.0 - rewards, rewards)
+    return rewards
+
+  def value_tree(self, model, prompts, targets):
+    """Each prompt's exact value tree: E-DEC with filler hidden, else E-TREE."""
+    if self.config.filler_blind:
+      return oracle.decisive_values(model, self.config, prompts, targets)
+    return tree_oracle.value_tree(model, self.config, prompts, targets)
+
+  def success(self, tree):
+    return tree[0][:, 0] if self.config.filler_blind else tree[0]
+
+  def credit(self, tree, tokens, targets, group: int):
+    """(values, advantages) [B, T] of the response columns of `tokens` [B, P + T]."""
+    config = self.config
+    if config.filler_blind:
+      return oracle.credit_from_values([jnp.repeat(w, group, axis=0) for w in tree],
+                                       tokens[:, self.decisive], config)
+    return tree_oracle.credit_from_tree(tree, jnp.arange(tokens.shape[0]) // group,
+                                        tokens[:, config.prompt_length:], targets, config)
+
+
+class _TargetSum:
+  """What a cell's runs need from target_sum (as `_KeyToken`): E-TREE (`sum_tree`)."""
+
+  def __init__(self, config: target_sum.TargetSumConfig, eval_prompts: int):
+    self.config, self.stop_tokens = config, (target_sum.EOS,)
+    self.actions = Actions(allowed=target_sum.allowed_in_rows(config))
+    sums = np.arange(config.target_low, config.target_high + 1)
+    if len(sums) > eval_prompts:
+      sums = np.random.default_rng(0).choice(sums, eval_prompts, replace=False)
+    self.eval_prompts = self._prompts(jnp.asarray(sums, jnp.int32))
+
+  def _prompts(self, sums):
+    """([n, 5] prompts, [n] targets) of the sums S [n]: [BOS, n, S_tens, S_units, SEP]."""
+    column = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.int32), sums.shape)[:, None]
+    digit = lambda x: column(target_sum.DIGIT0 + x)
+    return jnp.concatenate([column(target_sum.BOS), digit(self.config.n_digits), digit(sums // 10),
+                            digit(sums % 10), column(target_sum.SEP)], axis=1), sums
+
+  def draw(self, key, count: int):
+    config = self.config
+    return self._prompts(jax.random.randint(key, (count,), config.target_low,
+                                            config.target_high + 1))
+
+  def reward(self, tokens, targets, key):
+    del key
+    responses = tokens[:, self.config.prompt_length:]
+    stopped = jnp.argmax(responses == target_sum.EOS, axis=1)
+    return sum_tree.response_outcome(responses, stopped, targets, self.config)
+
+  def value_tree(self, model, prompts, targets):
+    return sum_tree.value_tree(model, self.config, prompts, targets)
+
+  def success(self, tree):
+    return tree[0][:, 0]
+
+  def credit(self, tree, tokens, targets, group: int):
+    return sum_tree.credit_from_tree(tree, jnp.arange(tokens.shape[0]) // group,
+                                     tokens[:, self.config.prompt_length:], targets, self.config)
+
+
 def _cosine(x, y, mask):
   """sum m x y / sqrt(sum m x^2 sum m y^2) (m: a mask, or True); 0 when either is 0."""
   x, y = jnp.where(mask, x, 0.0), jnp.where(mask, y, 0.0)
@@ -223,55 +316,31 @@ def _policy(cell: Cell, seed) -> Transformer:
   return Transformer(cell.model, rngs=nnx.Rngs(jax.random.key(seed)))  # = nnx.Rngs(seed)
 
 
-def make_run(cell: Cell):
-  """The pure function (arm, learning_rate, seed) -> ({"success": [n_evals], "pass@k":
-  [n_evals, len(pass_at)]}, {metric: [updates]}) of one run (module docstring); vmap it."""
-  config, group = cell.task, cell.group_size
-  branches = [estimators.from_config(arm) for arm in cell.arms]
-  needs = _needs(branches)
-  actions = tasks.key_token_actions(config)
-  prompt_len, decisive = config.prompt_length, config.prompt_length + config.decisive_positions
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: _modules(_policy(cell, 0), cell, 1.0)))
-  objective, settings = losses.from_config(cell.objective), learner.Settings(actions=actions)
-  eval_prompts, eval_targets = prompts_of(evaluation_symbols(config, cell.eval_prompts), config)
-  ks = jnp.asarray(cell.pass_at, jnp.float32)
+def _task(cell: Cell) -> "_KeyToken | _TargetSum":
+  return (_TargetSum if isinstance(cell.task, target_sum.TargetSumConfig) else _KeyToken)(
+      cell.task, cell.eval_prompts)
 
-  def exact_values(model, prompts, targets):
-    """Each prompt's exact value tree: E-DEC with filler hidden, else E-TREE."""
-    if config.filler_blind:
-      return oracle.decisive_values(model, config, prompts, targets)
-    return tree_oracle.value_tree(model, config, prompts, targets)
 
-  def evaluate(state):
-    tree = exact_values(nnx.merge(graphdef, state)["model"], eval_prompts, eval_targets)
-    success = tree[0][:, 0] if config.filler_blind else tree[0]
-    return {"success": jnp.mean(success),
-            "pass@k": jnp.mean(1.0 - (1.0 - success[:, None]) ** ks, axis=0)}
+def make_rollout(cell: Cell, needs=frozenset(EXTRAS)):
+  """rollout(model, key, oracle_extras=False) -> Rollout: one update's batch of the cell
+  (module docstring), with the extras in `needs` (all of them with oracle_extras).
+  Traceable."""
+  task, group, config = _task(cell), cell.group_size, cell.task
+  actions, prompt_len = task.actions, config.prompt_length
 
   def rollout(model, key, oracle_extras=False):
-    symbols = jax.random.randint(jax.random.fold_in(key, PROMPT_STREAM),
-                                 (cell.prompts_per_step, config.n_decisive), 0, config.n_keys)
-    prompts, targets = prompts_of(symbols, config)
+    prompts, targets = task.draw(jax.random.fold_in(key, PROMPT_STREAM), cell.prompts_per_step)
     sample = generate(model, jnp.repeat(prompts, group, axis=0),
                       jnp.ones((prompts.shape[0] * group, prompt_len), bool),
                       jax.random.fold_in(key, SAMPLE_STREAM), max_new_tokens=config.length,
-                      actions=actions)
-    rewards = key_token.rule_reward(sample.tokens[:, decisive], jnp.repeat(targets, group, 0),
-                                    config)
-    if config.noise:
-      flip = jax.random.uniform(jax.random.fold_in(key, NOISE_STREAM), rewards.shape) < config.noise
-      rewards = jnp.where(flip, 1.0 - rewards, rewards)
+                      actions=actions, stop_tokens=task.stop_tokens)
+    targets = jnp.repeat(targets, group, axis=0)
+    rewards = task.reward(sample.tokens, targets, jax.random.fold_in(key, NOISE_STREAM))
     mask = sample.mask
     extras = {}
     if oracle_extras or needs & {"oracle_advantages", "oracle_values"}:
-      tree = exact_values(model, prompts, targets)
-      if config.filler_blind:
-        values, credit = oracle.credit_from_values([jnp.repeat(w, group, axis=0) for w in tree],
-                                                   sample.tokens[:, decisive], config)
-      else:
-        values, credit = tree_oracle.credit_from_tree(
-            tree, jnp.arange(sample.tokens.shape[0]) // group, sample.tokens[:, prompt_len:],
-            jnp.repeat(targets, group, axis=0), config)
+      values, credit = task.credit(task.value_tree(model, prompts, targets[::group]),
+                                   sample.tokens, targets, group)
       in_rows = lambda x: jnp.where(mask, jnp.pad(x, [(0, 0), (prompt_len, 0)]), 0.0)
       extras.update(oracle_values=in_rows(values), oracle_advantages=in_rows(credit))
     if oracle_extras or "shuffle_priorities" in needs:
@@ -283,11 +352,37 @@ def make_run(cell: Cell):
                    entropy=sample.entropy, truncated=sample.truncated, positions=sample.positions,
                    token_valid=sample.token_valid, extras=extras, group_size=group)
 
+  return rollout
+
+
+def make_run(cell: Cell):
+  """The pure function (arm, learning_rate, seed) -> ({"success": [n_evals], "pass@k":
+  [n_evals, len(pass_at)]}, {metric: [updates]}) of one run (module docstring); vmap it."""
+  config, group = cell.task, cell.group_size
+  branches = [estimators.from_config(arm) for arm in cell.arms]
+  needs = _needs(branches)
+  task = _task(cell)
+  actions, prompt_len = task.actions, config.prompt_length
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: _modules(_policy(cell, 0), cell, 1.0)))
+  objective, settings = losses.from_config(cell.objective), learner.Settings(actions=actions)
+  eval_prompts, eval_targets = task.eval_prompts
+  ks = jnp.asarray(cell.pass_at, jnp.float32)
+
+  def evaluate(state):
+    success = task.success(task.value_tree(nnx.merge(graphdef, state)["model"], eval_prompts,
+                                           eval_targets))
+    return {"success": jnp.mean(success),
+            "pass@k": jnp.mean(1.0 - (1.0 - success[:, None]) ** ks, axis=0)}
+
+  rollout = make_rollout(cell, needs)
+
+  # key_token's fixed decisive positions (none on target_sum, whose cells refuse the warmup
+  # and the gradient measurements that read them).
   decisive_columns = np.zeros(prompt_len + config.length, bool)
-  decisive_columns[decisive] = True
+  decisive_columns[getattr(task, "decisive", [])] = True
   filler_columns = ~decisive_columns
   filler_columns[:prompt_len] = False
-  seen_columns = decisive_columns if config.filler_blind else decisive_columns | filler_columns
+  seen_columns = decisive_columns | (filler_columns & (not getattr(config, "filler_blind", False)))
 
   def demonstrations(key):
     """[N, P + T] SFT rows (`Warmup`) and their response mask."""
@@ -378,10 +473,13 @@ def make_run(cell: Cell):
     def update(state, u):
       batch = rollout(nnx.merge(graphdef, state)["model"], jax.random.fold_in(key, u))
       state, metrics = step(state, batch, None, u)
-      filler = jnp.mean(batch.entropy[:, filler_columns])  # every response has T actions
-      noisy = noisy_tokens(advantage(batch).advantages, batch.mask, decisive_columns)
-      return state, {"filler_entropy": filler, "noisy_tokens": noisy,
-                     **{name: metrics[name] for name in UPDATE_METRICS}}
+      recorded = {"generated": jnp.sum(batch.mask, dtype=jnp.float32),
+                  **{name: metrics[name] for name in UPDATE_METRICS}}
+      if isinstance(task, _KeyToken):  # every response has T actions
+        recorded.update(filler_entropy=jnp.mean(batch.entropy[:, filler_columns]),
+                        noisy_tokens=noisy_tokens(advantage(batch).advantages, batch.mask,
+                                                  decisive_columns))
+      return state, recorded
 
     def measure(state, start):
       measured = evaluate(state)
@@ -422,9 +520,10 @@ class Runner:
     """Trains `runs` [(arm index, learning rate, seed), ...] together, padded to `width`
     runs (repeating the last; the same width reuses the compiled program). Returns numpy
     arrays over the runs: "success" [N, n_evals] (exact J), "pass@k" {k: [N, n_evals]}, the
-    per-update metrics [N, updates]; "updates" and "gen_tokens" [n_evals] (before each
-    measurement); the MECHANISM measurements [N, len(cell.measured_evals)] and their
-    "mechanism_gen_tokens"; "compile_seconds" (0 when reused) and "run_seconds"."""
+    per-update metrics [N, updates]; "updates" [n_evals] and "gen_tokens" [N, n_evals] (the
+    response tokens each run generated before each measurement); the MECHANISM measurements
+    [N, len(cell.measured_evals)] and their "mechanism_gen_tokens"; "compile_seconds" (0
+    when reused) and "run_seconds"."""
     runs = [(int(a), float(r), int(s)) for a, r, s in runs]
     if not runs or any(not 0 <= a < len(self.cell.arms) for a, _, _ in runs):
       raise ValueError(f"Expected runs (arm index in [0, {len(self.cell.arms)}), learning "
@@ -446,15 +545,17 @@ class Runner:
     updates = np.arange(0, self.cell.updates + 1, self.cell.eval_every)
     pass_at = kept(measured["pass@k"])
     evals = list(self.cell.measured_evals)
+    generated = np.concatenate([np.zeros((len(runs), 1)),
+                                np.cumsum(kept(metrics["generated"]), axis=1)], axis=1)
+    gen_tokens = generated[:, updates]
     return {
         "success": kept(measured["success"]),
         "pass@k": {k: pass_at[..., i] for i, k in enumerate(self.cell.pass_at)},
         **{name: kept(measured[name])[:, evals] for name in MECHANISM if evals},
         "updates": updates,
-        "gen_tokens": updates * self.cell.tokens_per_update,
-        **({"mechanism_gen_tokens": updates[evals] * self.cell.tokens_per_update}
-           if evals else {}),
-        **{name: kept(value) for name, value in metrics.items()},
+        "gen_tokens": gen_tokens,
+        **({"mechanism_gen_tokens": gen_tokens[:, evals]} if evals else {}),
+        **{name: kept(value) for name, value in metrics.items() if name != "generated"},
         "compile_seconds": compile_seconds,
         "run_seconds": run_seconds,
     }

@@ -89,15 +89,16 @@ def credit_from_tree(tree: list[Array], prompt_index, responses, targets,
     along.append(tree[k][prompt_index, index])
     if k < n:
       index = index * m + digits[:, k]
-  outcome = _outcome_of(responses, stopped, targets, config)
+  outcome = response_outcome(responses, stopped, targets, config)
   columns = jnp.arange(n + 2)[None]
   values = jnp.where(columns <= stopped[:, None],
                      jnp.stack(along + [outcome], axis=1), outcome[:, None])  # [B, n + 2]
   return values[:, :-1], jnp.diff(values, axis=1)
 
 
-def _outcome_of(responses, stopped, targets, config: target_sum.TargetSumConfig) -> Array:
-  """R [B] of responses that stop after `stopped` [B] digits (traceable)."""
+def response_outcome(responses, stopped, targets, config: target_sum.TargetSumConfig) -> Array:
+  """R [B] of responses [B, n + 1] (token ids) that stop after `stopped` [B] digits, against
+  targets [B] (`target_sum.reward`, traceable)."""
   n = config.n_digits
   values = responses[:, :n] - target_sum.DIGIT0
   before = jnp.arange(n)[None] < stopped[:, None]

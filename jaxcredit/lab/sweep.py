@@ -73,12 +73,13 @@ def _curve(result: dict, row: int) -> dict:
   """One run's exact curve, in `exact_metrics.read_curve`'s layout."""
   return {"updates": result["updates"].tolist(), "success": result["success"][row].tolist(),
           "pass@k": {str(k): v[row].tolist() for k, v in result["pass@k"].items()},
-          "gen_tokens": result["gen_tokens"].tolist(),
+          "gen_tokens": result["gen_tokens"][row].tolist(),
           "zero_variance_groups": float(result["zero_variance_groups"][row].mean()),
-          "filler_entropy": float(result["filler_entropy"][row, 0]),
-          "noisy_tokens": float(result["noisy_tokens"][row].mean()),
+          **({"filler_entropy": float(result["filler_entropy"][row, 0]),
+              "noisy_tokens": float(result["noisy_tokens"][row].mean())}
+             if "filler_entropy" in result else {}),
           **{name: result[name][row].tolist() for name in batched.MECHANISM if name in result},
-          **({"mechanism_gen_tokens": result["mechanism_gen_tokens"].tolist()}
+          **({"mechanism_gen_tokens": result["mechanism_gen_tokens"][row].tolist()}
              if "mechanism_gen_tokens" in result else {})}
 
 
