@@ -1,5 +1,6 @@
-"""Does token-level credit matter? The credit study on key_token (jaxcredit.lab.sweep):
-regimes x samples per prompt G x arms at equal generated tokens.
+"""Does token-level credit matter? The credit study on key_token, and on target_sum in the
+full preset (jaxcredit.lab.sweep): regimes x samples per prompt G x arms at equal generated
+tokens.
 
   python -m jaxcredit.lab.study --config experiments/credit_study.py:smoke --workdir DIR  # CI
   python -m jaxcredit.lab.study --config experiments/credit_study.py:small --workdir DIR
@@ -110,6 +111,11 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     regimes["visible_filler_T8"] = {
         "task": {**task, "length": 8, "n_fillers": 2, "filler_blind": False},
         "budget_scale": 8 / 24}
+    # target_sum (LAB.md 1.2): up to 6 digits in 0..3 summing to S ~ U[3, 15], EOS allowed;
+    # the decisive digits differ from response to response. E-TREE: 4^5 = 1,024 paths per
+    # prompt. 7 response slots: the T = 24 cells' updates.
+    regimes["target_sum"] = {"task_name": "target_sum", "task": {
+        "n_digits": 6, "n_values": 4, "target_low": 3, "target_high": 15}, "budget_scale": 7 / 24}
     config.regimes = regimes
     config.arms = ARMS
     config.workers = 1

@@ -261,3 +261,26 @@ def test_the_alignment_check_ranks_grpos_starting_cosine_against_the_oracles_spe
   del summaries["r"][8]
   assert sweep.alignment_check(summaries, curves)[-1] == (
       "(Spearman's ρ needs 3 cells where both arms reach the level; 2 here.)")
+
+
+def test_a_target_sum_regime_runs_through_the_sweep(tmp_path):
+  """A regime naming task_name="target_sum": tuned, trained and reported like key_token's,
+  each run's curve on its own generated tokens (responses stop at EOS), no gradient
+  measurements; an unknown task_name is named."""
+  study = load_experiment("credit_study", "smoke")
+  study.regimes = {"sums": {"task_name": "target_sum", "task": {
+      "n_digits": 3, "n_values": 3, "target_low": 1, "target_high": 5}}}
+  study.group_sizes, study.token_budget = (2,), {"2": 480}
+  summaries = sweep.run(study, str(tmp_path))
+  cell = json.loads((tmp_path / "cells" / "sums" / "G2.json").read_text())
+  curves = [curve for arm in study.arms for curve in cell["arms"][arm]["curves"].values()]
+  last = [curve["gen_tokens"][-1] for curve in curves]
+  assert all(0 < t <= 480 for t in last) and len(set(last)) > 1
+  assert all("cosine_to_exact" not in curve and "noisy_tokens" not in curve for curve in curves)
+  assert set(summaries["sums"][2]) == set(study.arms)
+  text = (tmp_path / "report.md").read_text()
+  assert "## Regime `sums`: target_sum {'n_digits': 3" in text and "| sums | 2 |" in text
+  study.regimes["sums"]["task_name"] = "target_sums"
+  with pytest.raises(ValueError, match="Regime 'sums': unknown task_name 'target_sums'; "
+                                       "known: key_token, target_sum"):
+    sweep.cell_of(study, "sums", 2)

@@ -3,14 +3,17 @@ tokens, learning rates tuned on excluded seeds, paired statistics against GRPO.
 
   python -m jaxcredit.lab.study --config experiments/credit_study.py:small --workdir DIR
 
-Per regime (a key_token configuration), one batched program (`lab.batched`: arms,
-learning rates and seeds vmapped) trains every arm at every learning rate of the grid on
-the tuning seeds at G = tuning_group_size; per arm, the rate with the best mean AUC (exact
-J over log10 generated tokens) is chosen for every G. Then, per G, one program trains
-every arm on the reported seeds at its rate. Every arm of a (regime, G) cell runs the
-same number of updates of the same batch shape, so the runs compare at equal generated
-tokens (the cell's budget). The tuning and each finished cell are written once to
-DIR/cells/<regime>/{tuning,G<g>}.json and skipped on a rerun (resumable).
+Per regime (a key_token configuration, or target_sum's where the regime names
+task_name="target_sum"), one batched program (`lab.batched`: arms, learning rates and
+seeds vmapped) trains every arm at every learning rate of the grid on the tuning seeds at
+G = tuning_group_size; per arm, the rate with the best mean AUC (exact J over log10
+generated tokens) is chosen for every G. Then, per G, one program trains every arm on the
+reported seeds at its rate. Every arm of a (regime, G) cell runs the same number of
+updates of the same batch shape, so the runs compare at equal generated tokens (the
+cell's budget; on target_sum, whose responses stop at EOS, the budget counts response
+slots and each run's curve its own generated tokens). The tuning and each finished cell
+are written once to DIR/cells/<regime>/{tuning,G<g>}.json and skipped on a rerun
+(resumable).
 
 The report (DIR/report.md, figures) holds, per cell: each arm's final J, pass@k, AUC and
 tokens to 0.9 of the best plateau; differences from GRPO paired by seed with bootstrap
@@ -34,16 +37,36 @@ import scipy.stats
 
 from jaxcredit.lab import batched, exact_metrics, report, statistics
 from jaxcredit.models import checkpoint, preset
-from jaxcredit.tasks import key_token
+from jaxcredit.tasks import key_token, target_sum
 
 VERDICT_ALPHA = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class _Task:
+  config: type
+  vocab_size: int
+
+
+TASKS = {"key_token": _Task(key_token.KeyTokenConfig, key_token.VOCAB_SIZE),
+         "target_sum": _Task(target_sum.TargetSumConfig, target_sum.VOCAB_SIZE)}
+
+
+def regime_task(study, regime: str) -> str:
+  """The task a regime trains on: its task_name, key_token unless it names one."""
+  return study.regimes[regime].get("task_name", "key_token")
 
 
 def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> batched.Cell:
   """The batched cell of (regime, G) with every arm: the budget's updates (`budget`, else the
   G's token_budget, times the regime's budget_scale, 1 unless given), eval points spread
   evenly."""
-  task = key_token.KeyTokenConfig(**study.regimes[regime].task)
+  name = regime_task(study, regime)
+  if name not in TASKS:
+    raise ValueError(f"Regime {regime!r}: unknown task_name {name!r}; known: "
+                     f"{', '.join(TASKS)}.")
+  task_module = TASKS[name]
+  task = task_module.config(**study.regimes[regime].task)
   tokens_per_update = study.prompts_per_step * group_size * task.length
   blocks = study.eval_points
   budget = (budget or study.token_budget[str(group_size)]) * study.regimes[regime].get(
@@ -54,12 +77,15 @@ def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> b
   if warmup is not None:
     warmup = batched.Warmup(**{**warmup, "filler_probs": tuple(warmup["filler_probs"])})
   return batched.Cell(
-      task=task, model=preset(study.model.preset, vocab_size=key_token.VOCAB_SIZE,
+      task=task, model=preset(study.model.preset, vocab_size=task_module.vocab_size,
                               **study.model.overrides),
       arms=tuple({"scale": "rms", "of": plain(spec)} for spec in study.arms.values()),
       group_size=group_size, prompts_per_step=study.prompts_per_step,
       updates=updates * blocks, eval_every=updates, eval_prompts=study.eval_prompts,
-      warmup=warmup, mechanism_batches=study.get("mechanism_batches", 0),
+      warmup=warmup,
+      # The gradient measurements read key_token's decisive positions.
+      mechanism_batches=study.get("mechanism_batches", 0) if task_module is TASKS[
+          "key_token"] else 0,
       mechanism_evals=tuple(study.mechanism_evals) if study.get("mechanism_evals") else None)
 
 
@@ -576,7 +602,7 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
   elapsed = max(end for _, end in spans) - min(start for start, _ in spans)
   lines = [
       f"# Credit sweep: {study.preset} preset", "",
-      f"key_token regimes × G ∈ {list(study.group_sizes)} × {len(study.arms)} arms; "
+      f"Regimes × G ∈ {list(study.group_sizes)} × {len(study.arms)} arms; "
       f"{study.prompts_per_step} prompts per update; reported seeds {list(study.seeds)}, "
       f"learning rate per arm and regime from {list(study.learning_rates)} by mean AUC at "
       f"G = {study.tuning_group_size} on seeds {list(study.tuning_seeds)} (excluded from "
@@ -595,7 +621,7 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
   summaries, all_curves = {}, {}
   for regime, by_g in results.items():
     spec = study.regimes[regime]
-    lines += [f"## Regime `{regime}`: {dict(spec.task)}"
+    lines += [f"## Regime `{regime}`: {regime_task(study, regime)} {dict(spec.task)}"
               + (f", warm start {dict(spec.warmup)}" if spec.get("warmup") else ""), ""]
     entropy = _filler_entropy(by_g)
     lines += ([entropy, ""] if entropy else []) + [
@@ -609,8 +635,11 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
       summary, bounds = report.summarise(curves)
       summaries.setdefault(regime, {})[g] = summary
       all_curves.setdefault(regime, {})[g] = curves
-      tokens = next(iter(next(iter(curves.values())).values()))["gen_tokens"][-1]
-      lines += [f"### G = {g} ({tokens:,} generated tokens per run)", ""]
+      # The cell's budget: every run's on key_token; on target_sum the most any run took
+      # (each run's own count is in the efficiency table).
+      tokens = int(max(c["gen_tokens"][-1] for runs in curves.values() for c in runs.values()))
+      lines += [f"### G = {g} ({tokens:,} generated tokens per run"
+                + (", at most)" if regime_task(study, regime) == "target_sum" else ")"), ""]
       lines += [budget_check(summary, bounds["level"], tokens), ""] if "grpo" in summary else []
       lines += report.efficiency_table(summary, bounds["level"], rng, 10000)
       for metric in ("final", "auc"):
