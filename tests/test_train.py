@@ -76,10 +76,10 @@ def test_every_experiment_builds_its_advantage_and_objective():
 
 
 # Every shipped training config, trained for two RL steps through the CLI with tiny data and batches
-# (the study configs run through their own CLIs at their smoke presets in test_lab_study and
-# test_lab_staleness, and gsm8k_grpo, which needs a checkpoint's tokenizer and JSONL files, at
-# its smoke preset in test_gsm8k_train).
-STUDIES = ("credit_study", "credit_study_v1", "staleness_study", "turn_study")
+# (the study configs run at their smoke presets in their test_lab_* modules, and gsm8k_grpo,
+# which needs a checkpoint's tokenizer and JSONL files, at its smoke preset in
+# test_gsm8k_train).
+STUDIES = ("credit_study", "credit_study_v1", "length_bias", "staleness_study", "turn_study")
 SHIPPED = sorted(p.stem for p in (ROOT / "experiments").glob("*.py")
                  if p.stem not in (*STUDIES, "gsm8k_grpo"))
 SMALL = [  # no SFT (test_multiprocess trains from SFT) but for countdown's noisy demonstrations

@@ -187,6 +187,16 @@ def noisy_tokens(advantages, mask, decisive):
   return jnp.sum(jnp.where(credited, per_row, 0.0)) / jnp.maximum(jnp.sum(credited), 1)
 
 
+def lengths_by_outcome(mask, rewards):
+  """(mean length of the rewarded responses, of the others): a response's length is its
+  action count (mask [B, L]); rewards [B] in {0, 1} (> 0.5 counts as rewarded). 0 for an
+  outcome no response has. Traceable."""
+  lengths = jnp.sum(mask, axis=1, dtype=jnp.float32)
+  right = rewards > 0.5
+  mean = lambda where: jnp.sum(jnp.where(where, lengths, 0.0)) / jnp.maximum(jnp.sum(where), 1)
+  return mean(right), mean(~right)
+
+
 def implicit_credit(credit, tokens, seen, group_size: int):
   """[B, L]: each token's credit averaged over the responses of its group that reach the
   same state and take the same token there. A state is the prompt, the position and the
@@ -479,6 +489,10 @@ def make_run(cell: Cell):
         recorded.update(filler_entropy=jnp.mean(batch.entropy[:, filler_columns]),
                         noisy_tokens=noisy_tokens(advantage(batch).advantages, batch.mask,
                                                   decisive_columns))
+      else:  # responses stop at EOS: their lengths, by outcome
+        recorded.update(zip(("length_correct", "length_incorrect"),
+                            lengths_by_outcome(batch.mask, batch.rewards)))
+        recorded["incorrect_share"] = jnp.mean(batch.rewards <= 0.5)
       return state, recorded
 
     def measure(state, start):

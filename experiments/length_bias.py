@@ -1,0 +1,41 @@
+"""Dr. GRPO's length bias on target_sum (jaxcredit.lab.length_bias).
+
+  python -m jaxcredit.lab.length_bias --config experiments/length_bias.py:smoke --workdir DIR  # CI
+  python -m jaxcredit.lab.length_bias --config experiments/length_bias.py:small --workdir DIR
+
+Arms: GRPO as published (std-normalised advantages, each response's loss divided by its
+length), GRPO without the length division, and Dr. GRPO (neither). target_sum responses
+stop at a sampled EOS, so their length is the policy's choice.
+"""
+
+import ml_collections
+
+PRESETS = ("smoke", "small")
+
+
+def get_config(preset: str = "small") -> ml_collections.ConfigDict:
+  if preset not in PRESETS:
+    raise ValueError(f"Unknown preset {preset!r}; known: {', '.join(PRESETS)}.")
+  config = ml_collections.ConfigDict()
+  config.preset = preset
+  config.task = {"n_digits": 6, "n_values": 4, "target_low": 3, "target_high": 15}
+  config.model = {"preset": "tiny",
+                  "overrides": {"n_layers": 1, "d_model": 32, "n_heads": 4, "n_kv_heads": 4,
+                                "d_ff": 128}}
+  config.arms = {
+      "grpo": {"advantage": "grpo", "aggregation": "seq-mean-token-mean"},
+      "grpo_token_sum": {"advantage": "grpo", "aggregation": "seq-mean-token-sum-norm"},
+      "dr_grpo": {"advantage": "dr_grpo", "aggregation": "seq-mean-token-sum-norm"},
+  }
+  config.group_size, config.prompts_per_step = 8, 8
+  config.updates, config.eval_every = 300, 30
+  config.learning_rate = 3e-3
+  config.seeds = [0, 1, 2, 3, 4]
+  if preset == "smoke":
+    config.task = {"n_digits": 3, "n_values": 3, "target_low": 1, "target_high": 5}
+    config.model.overrides = {"n_layers": 1, "d_model": 32, "n_heads": 2, "n_kv_heads": 2,
+                              "d_ff": 64}
+    config.group_size, config.prompts_per_step = 2, 4
+    config.updates, config.eval_every = 4, 2
+    config.seeds = [0, 1]
+  return config

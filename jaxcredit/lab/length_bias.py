@@ -1,0 +1,135 @@
+"""Dr. GRPO's length bias (Liu et al. 2025, arXiv 2503.20783), measured on target_sum.
+
+  python -m jaxcredit.lab.length_bias --config experiments/length_bias.py:small --workdir DIR
+
+The published finding: GRPO's loss divides each response's token sum by its length
+(`seq-mean-token-mean`), so a wrong response's negative advantage weighs less per token
+the longer it is, and a right one's positive advantage more the shorter it is: GRPO
+makes incorrect responses progressively longer (their Figure 1, right, and Figure 5);
+Dr. GRPO, which drops the length and the std normalisation (`dr_grpo` advantages,
+`seq-mean-token-sum-norm`), does not. On target_sum a response stops at a sampled EOS,
+so its length is the policy's choice, and J(pi) is exact.
+
+Each arm (advantage estimator, loss aggregation) is one batched cell (`lab.batched`:
+the seeds vmapped in one program) at the study's learning rate, with native (not
+RMS-scaled) advantages as the paper trains. Per update the cell logs the mean length of
+the rewarded and of the unrewarded responses; the report gives each arm's change from
+the first to the last tenth of training, paired by seed against GRPO's, with the exact
+J(pi) beside it. Outputs in DIR: arms/<arm>.json (written once, read back on a rerun)
+and report.md.
+"""
+
+import json
+import pathlib
+import time
+
+import numpy as np
+
+from jaxcredit.lab import batched, study as credit_study
+from jaxcredit.lab.report import fmt_interval, machine, t_interval
+from jaxcredit.models import preset
+from jaxcredit.tasks import target_sum
+
+LENGTHS = ("length_incorrect", "length_correct")
+
+
+def cell_of(study, arm: str) -> batched.Cell:
+  """The batched cell of one arm."""
+  spec = study.arms[arm]
+  return batched.Cell(
+      task=target_sum.TargetSumConfig(**study.task),
+      model=preset(study.model.preset, vocab_size=target_sum.VOCAB_SIZE, **study.model.overrides),
+      arms=(spec.advantage,), group_size=study.group_size,
+      prompts_per_step=study.prompts_per_step, updates=study.updates,
+      eval_every=study.eval_every, eval_prompts=64,
+      objective={"policy": {"name": "ppo_clip", "aggregation": spec.aggregation}})
+
+
+def window_means(per_update: np.ndarray, weights: np.ndarray,
+                 fraction: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+  """Per run, the mean of a per-update metric [N, U] over the first and over the last
+  `fraction` of the updates (at least one each), each update weighted by `weights` [N, U]
+  (the share of the batch the metric averages over; NaN where a window has none)."""
+  width = max(1, int(round(fraction * per_update.shape[1])))
+
+  def mean(window):
+    total = weights[:, window].sum(axis=1)
+    weighted = (per_update[:, window] * weights[:, window]).sum(axis=1)
+    return np.where(total > 0, weighted / np.where(total > 0, total, 1.0), np.nan)
+
+  return mean(slice(None, width)), mean(slice(-width, None))
+
+
+def run(study, workdir: str) -> dict:
+  """Trains every arm not yet written, then writes report.md; returns {arm: results}."""
+  workdir = pathlib.Path(workdir)
+  (workdir / "arms").mkdir(parents=True, exist_ok=True)
+  (workdir / "study_config.json").write_text(study.to_json_best_effort(indent=2))
+  results = {}
+  for arm in sorted(study.arms, key=lambda name: name != "grpo"):  # GRPO first
+    path = workdir / "arms" / f"{arm}.json"
+    if not path.exists():
+      print(f"[length bias] {arm}: {len(study.seeds)} seeds, {study.updates} updates", flush=True)
+      result = batched.Runner(cell_of(study, arm)).train(
+          [(0, study.learning_rate, seed) for seed in study.seeds])
+      kept = {name: np.asarray(result[name]).tolist()
+              for name in ("success", "gen_tokens", *LENGTHS, "incorrect_share")}
+      kept["seconds"] = result["compile_seconds"] + result["run_seconds"]
+      path.write_text(json.dumps(kept))
+    results[arm] = {k: np.asarray(v) for k, v in json.loads(path.read_text()).items()}
+  (workdir / "report.md").write_text(report(study, results))
+  print(f"[length bias] wrote {workdir / 'report.md'}", flush=True)
+  return results
+
+
+def _interval(values) -> str:
+  """Mean and Student-t interval over the seeds that define the value ("n/a" if none)."""
+  values = [v for v in values if np.isfinite(v)]
+  return fmt_interval(*t_interval(values)) if values else "n/a"
+
+
+def report(study, results: dict) -> str:
+  """Per arm: the exact J(pi) at the start and the end, and the mean length of the
+  unrewarded and rewarded responses in the first and last tenth of the updates and its
+  change; then each arm's change minus GRPO's, paired by seed. Student-t 95% intervals
+  over seeds."""
+  seconds = sum(float(r["seconds"]) for r in results.values())
+  lines = [
+      "# Dr. GRPO's length bias on target_sum", "",
+      f"target_sum {dict(study.task)}; {study.prompts_per_step} prompts x {study.group_size} "
+      f"responses per update, {study.updates} updates, learning rate {study.learning_rate:g}, "
+      f"one PPO-clip step per batch, native advantages; seeds {list(study.seeds)}. A "
+      "response's length is its action count (digits and its EOS; at most "
+      f"{target_sum.TargetSumConfig(**study.task).length}). Intervals: Student-t 95% over "
+      "seeds (n/a for one seed). Published (arXiv 2503.20783, Figure 1 right and Figure 5, "
+      "Qwen2.5 on MATH): GRPO's incorrect responses grow longer through training, Dr. GRPO's "
+      "do not (a qualitative finding: no number to match).", "",
+      f"Written {time.strftime('%Y-%m-%d')} on {machine()}; {seconds / 60:.1f} min of "
+      "compiling and training in all.", "",
+      "| arm | advantage | aggregation | J(π) start | J(π) end | incorrect: first 10% | "
+      "incorrect: last 10% | incorrect: change | correct: first 10% | correct: last 10% | "
+      "correct: change |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+  changes = {}
+  for arm, result in results.items():
+    spec = study.arms[arm]
+    cells = [_interval(result["success"][:, 0]), _interval(result["success"][:, -1])]
+    for name in LENGTHS:
+      share = result["incorrect_share"]
+      first, last = window_means(result[name], share if name == "length_incorrect" else 1 - share)
+      changes[arm, name] = last - first
+      cells += [_interval(first), _interval(last), _interval(last - first)]
+    advantage = spec.advantage if isinstance(spec.advantage, str) else dict(spec.advantage)
+    lines.append(f"| {arm} | {advantage} | {spec.aggregation} | " + " | ".join(cells) + " |")
+  if "grpo" in results:
+    lines += ["", "Each arm's length change minus GRPO's, paired by seed (negative: the arm "
+              "lengthens less than GRPO does).", "",
+              "| arm | incorrect | correct |", "|---|---|---|"]
+    for arm in results:
+      if arm != "grpo":
+        lines.append(f"| {arm} | " + " | ".join(
+            _interval(changes[arm, name] - changes["grpo", name]) for name in LENGTHS) + " |")
+  return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+  credit_study.cli(run, "Length-bias config (experiments/length_bias.py:<preset>).")
