@@ -22,12 +22,12 @@ def test_lengths_by_outcome_against_a_loop():
   np.testing.assert_allclose(none_right, [0.0, lengths.mean()], rtol=1e-6)
 
 
-def test_window_means_weight_each_update_by_its_share():
+def test_start_and_end_weight_each_update_by_its_share():
   per_update = np.asarray([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]])
   weights = np.asarray([[1.0, 3.0, 0.0, 1.0], [0.0, 0.0, 2.0, 2.0]])
-  first, last = length_bias.window_means(per_update, weights, fraction=0.5)
-  np.testing.assert_allclose(first, [(1 + 6) / 4, np.nan])
-  np.testing.assert_allclose(last, [4.0, 7.5])
+  start, end = length_bias.start_and_end(per_update, weights, fraction=0.5)
+  np.testing.assert_allclose(start, [1.0, np.nan])
+  np.testing.assert_allclose(end, [4.0, 7.5])
 
 
 def test_smoke_run_reports_every_arm_and_resumes(tmp_path, monkeypatch):

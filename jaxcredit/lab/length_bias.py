@@ -14,8 +14,8 @@ Each arm (advantage estimator, loss aggregation) is one batched cell (`lab.batch
 the seeds vmapped in one program) at the study's learning rate, with native (not
 RMS-scaled) advantages as the paper trains. Per update the cell logs the mean length of
 the rewarded and of the unrewarded responses; the report gives each arm's change from
-the first to the last tenth of training, paired by seed against GRPO's, with the exact
-J(pi) beside it. Outputs in DIR: arms/<arm>.json (written once, read back on a rerun)
+the first batch to the last tenth of training, paired by seed against GRPO's, with the
+exact J(pi) beside it. Outputs in DIR: arms/<arm>.json (written once, read back on a rerun)
 and report.md.
 """
 
@@ -45,11 +45,12 @@ def cell_of(study, arm: str) -> batched.Cell:
       objective={"policy": {"name": "ppo_clip", "aggregation": spec.aggregation}})
 
 
-def window_means(per_update: np.ndarray, weights: np.ndarray,
-                 fraction: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
-  """Per run, the mean of a per-update metric [N, U] over the first and over the last
-  `fraction` of the updates (at least one each), each update weighted by `weights` [N, U]
-  (the share of the batch the metric averages over; NaN where a window has none)."""
+def start_and_end(per_update: np.ndarray, weights: np.ndarray,
+                  fraction: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+  """Per run, a per-update metric [N, U] at the first update (the initial policy's batch:
+  the same for every arm of a seed) and its mean over the last `fraction` of the updates,
+  each update weighted by `weights` [N, U] (the share of the batch the metric averages
+  over; NaN where there is none)."""
   width = max(1, int(round(fraction * per_update.shape[1])))
 
   def mean(window):
@@ -57,7 +58,7 @@ def window_means(per_update: np.ndarray, weights: np.ndarray,
     weighted = (per_update[:, window] * weights[:, window]).sum(axis=1)
     return np.where(total > 0, weighted / np.where(total > 0, total, 1.0), np.nan)
 
-  return mean(slice(None, width)), mean(slice(-width, None))
+  return mean(slice(None, 1)), mean(slice(-width, None))
 
 
 def run(study, workdir: str) -> dict:
@@ -90,9 +91,9 @@ def _interval(values) -> str:
 
 def report(study, results: dict) -> str:
   """Per arm: the exact J(pi) at the start and the end, and the mean length of the
-  unrewarded and rewarded responses in the first and last tenth of the updates and its
-  change; then each arm's change minus GRPO's, paired by seed. Student-t 95% intervals
-  over seeds."""
+  unrewarded and rewarded responses in the first batch and over the last tenth of the
+  updates, and its change; then each arm's change minus GRPO's, paired by seed. Student-t
+  95% intervals over seeds."""
   seconds = sum(float(r["seconds"]) for r in results.values())
   lines = [
       "# Dr. GRPO's length bias on target_sum", "",
@@ -106,8 +107,8 @@ def report(study, results: dict) -> str:
       "do not (a qualitative finding: no number to match).", "",
       f"Written {time.strftime('%Y-%m-%d')} on {machine()}; {seconds / 60:.1f} min of "
       "compiling and training in all.", "",
-      "| arm | advantage | aggregation | J(π) start | J(π) end | incorrect: first 10% | "
-      "incorrect: last 10% | incorrect: change | correct: first 10% | correct: last 10% | "
+      "| arm | advantage | aggregation | J(π) start | J(π) end | incorrect: start | "
+      "incorrect: last 10% | incorrect: change | correct: start | correct: last 10% | "
       "correct: change |", "|---|---|---|---|---|---|---|---|---|---|---|"]
   changes = {}
   for arm, result in results.items():
@@ -115,7 +116,8 @@ def report(study, results: dict) -> str:
     cells = [_interval(result["success"][:, 0]), _interval(result["success"][:, -1])]
     for name in LENGTHS:
       share = result["incorrect_share"]
-      first, last = window_means(result[name], share if name == "length_incorrect" else 1 - share)
+      weights = share if name == "length_incorrect" else 1 - share
+      first, last = start_and_end(result[name], weights)
       changes[arm, name] = last - first
       cells += [_interval(first), _interval(last), _interval(last - first)]
     advantage = spec.advantage if isinstance(spec.advantage, str) else dict(spec.advantage)
