@@ -28,7 +28,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
       "dr_grpo": {"advantage": "dr_grpo", "aggregation": "seq-mean-token-sum-norm"},
   }
   config.group_size, config.prompts_per_step = 8, 8
-  config.updates, config.eval_every = 300, 30
+  config.updates, config.eval_every = 1000, 100
   config.learning_rate = 3e-3
   config.seeds = [0, 1, 2, 3, 4]
   if preset == "smoke":
