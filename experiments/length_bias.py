@@ -5,7 +5,8 @@
 
 Arms: GRPO as published (std-normalised advantages, each response's loss divided by its
 length), GRPO without the length division, and Dr. GRPO (neither). target_sum responses
-stop at a sampled EOS, so their length is the policy's choice.
+stop at a sampled EOS, so their length is the policy's choice; two regimes, one where the
+task rewards length and one where it does not.
 """
 
 import ml_collections
@@ -18,7 +19,13 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     raise ValueError(f"Unknown preset {preset!r}; known: {', '.join(PRESETS)}.")
   config = ml_collections.ConfigDict()
   config.preset = preset
-  config.task = {"n_digits": 6, "n_values": 4, "target_low": 3, "target_high": 15}
+  config.regimes = {
+      # Up to 6 digits in 0..3: S in [3, 15] needs up to 5 digits, so a longer response
+      # reaches a larger sum (the task rewards length)...
+      "length_rewarded": {"n_digits": 6, "n_values": 4, "target_low": 3, "target_high": 15},
+      # ...S in [1, 3] is one digit away, and zeros pad at no cost (it does not).
+      "length_free": {"n_digits": 6, "n_values": 4, "target_low": 1, "target_high": 3},
+  }
   config.model = {"preset": "tiny",
                   "overrides": {"n_layers": 1, "d_model": 32, "n_heads": 4, "n_kv_heads": 4,
                                 "d_ff": 128}}
@@ -32,7 +39,8 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   config.learning_rate = 3e-3
   config.seeds = [0, 1, 2, 3, 4]
   if preset == "smoke":
-    config.task = {"n_digits": 3, "n_values": 3, "target_low": 1, "target_high": 5}
+    config.regimes = {"smoke": {"n_digits": 3, "n_values": 3, "target_low": 1,
+                                "target_high": 5}}
     config.model.overrides = {"n_layers": 1, "d_model": 32, "n_heads": 2, "n_kv_heads": 2,
                               "d_ff": 64}
     config.group_size, config.prompts_per_step = 2, 4
