@@ -46,4 +46,5 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.group_size, config.prompts_per_step = 2, 4
     config.updates, config.eval_every = 4, 2
     config.seeds = [0, 1]
+    config.arms = {name: config.arms[name].to_dict() for name in ("grpo", "dr_grpo")}
   return config

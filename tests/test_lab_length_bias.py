@@ -33,7 +33,7 @@ def test_start_and_end_weight_each_update_by_its_share():
 def test_smoke_run_reports_every_arm_and_resumes(tmp_path, monkeypatch):
   study = load_experiment("length_bias", "smoke")
   results = length_bias.run(study, str(tmp_path))["smoke"]
-  assert list(results) == ["grpo", "dr_grpo", "grpo_token_sum"]
+  assert list(results) == ["grpo", "dr_grpo"]
   for result in results.values():
     assert result["success"].shape == (2, 3)
     defined = result["length_incorrect"][result["incorrect_share"] > 0]
@@ -42,7 +42,7 @@ def test_smoke_run_reports_every_arm_and_resumes(tmp_path, monkeypatch):
   assert "## Regime `smoke`: target_sum {'n_digits': 3" in text
   assert "| grpo | grpo | seq-mean-token-mean | " in text
   assert "| dr_grpo | dr_grpo | seq-mean-token-sum-norm | " in text
-  assert "| grpo_token_sum | " in text.split("paired by seed")[-1]
+  assert "| dr_grpo | " in text.split("paired by seed")[-1]
   monkeypatch.setattr(batched.Runner, "train", lambda *a, **k: pytest.fail("retrained"))
   again = length_bias.run(study, str(tmp_path))["smoke"]
   np.testing.assert_array_equal(again["grpo"]["success"], results["grpo"]["success"])
