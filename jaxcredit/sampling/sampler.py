@@ -18,6 +18,11 @@ prompt left-padded, so rows of a batch stay aligned:
   decode_steps []   int        decode steps run: N, or fewer when every row
                               stopped early (`stop_when_done`)
 
+Multi-turn sampling keeps the cache between calls (`Contexts`): `start_contexts`
+prefills rows, `extend_contexts` appends a chunk to each (an environment's
+observation), `continue_contexts` samples after them as `generate` samples after
+a prompt (the same draws for the same key), and its tokens join the contexts.
+
 The behaviour log-probs are those of the temperature-scaled distribution
 before top-k / top-p truncation - what a teacher-forced forward pass at the
 same temperature computes, so PPO ratios start at exactly 1.
