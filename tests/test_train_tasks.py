@@ -74,7 +74,7 @@ def test_runs_with_other_task_options_never_share_a_data_dirs_files(tmp_path):
 
 def test_unknown_task_lists_the_known_ones(tmp_path):
   config = ml_collections.ConfigDict({"name": "chess", "options": {}})
-  with pytest.raises(ValueError, match="Unknown task 'chess'; known: arithmetic, countdown, calculator, key_token, key_turns, gsm8k"):
+  with pytest.raises(ValueError, match="Unknown task 'chess'; known: arithmetic, countdown, calculator, key_token, key_turns, target_sum, gsm8k"):
     tasks.make(config, data_dir=str(tmp_path), seed=0)
 
 
