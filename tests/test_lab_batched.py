@@ -240,33 +240,6 @@ def test_bad_cells_and_runs_are_refused_naming_the_problem():
     batched.Runner(_cell("grpo")).train([(1, 1e-3, 0)])
 
 
-def test_target_sum_cells_train_with_e_tree_and_count_the_tokens_generated():
-  """target_sum in a batched cell: J before any update is sum_tree's exact success of the
-  seed's fresh policy over every target; the oracle arm's credit is E-TREE's; generated
-  tokens are the responses' own (EOS may come early), per run."""
-  from jaxcredit.lab import sum_tree
-  from jaxcredit.tasks import target_sum
-
-  task = target_sum.TargetSumConfig(n_digits=3, n_values=3, target_low=1, target_high=5)
-  model = dataclasses.replace(MODEL, vocab_size=target_sum.VOCAB_SIZE)
-  cell = _cell("grpo", "oracle", task=task, model=model)
-  result = batched.Runner(cell).train([(0, 1e-2, 3), (1, 1e-2, 3), (1, 1e-2, 4)])
-  prompts = np.asarray([[target_sum.BOS, target_sum.DIGIT0 + 3, target_sum.DIGIT0,
-                         target_sum.DIGIT0 + s, target_sum.SEP] for s in range(1, 6)])
-  for row, seed in enumerate((3, 3, 4)):
-    start = sum_tree.exact_success(Transformer(model, rngs=nnx.Rngs(seed)), task, prompts,
-                                   np.arange(1, 6))
-    np.testing.assert_allclose(result["success"][row, 0], start.mean(), atol=1e-6)
-  tokens = result["gen_tokens"]
-  assert tokens.shape == (3, 3) and np.all(tokens[:, 0] == 0)
-  assert np.all(np.diff(tokens, axis=1) > 0)
-  assert np.all(tokens[:, -1] <= cell.updates * cell.tokens_per_update)
-  assert result["reward_mean"][0, 0] == result["reward_mean"][1, 0]  # one seed: one first batch
-  assert np.all(np.isfinite(result["grad_norm"])) and "filler_entropy" not in result
-  with pytest.raises(ValueError, match="target_sum cells run without a warmup"):
-    _cell("grpo", task=task, model=model, mechanism_batches=2)
-
-
 def test_a_target_sum_batch_carries_its_rule_reward_and_e_tree_credit():
   """make_rollout on target_sum: rewards are the task's rule, the oracle extras equal
   sum_tree.tree_credit on the same rows (the host entry point, tested against
@@ -287,3 +260,5 @@ def test_a_target_sum_batch_carries_its_rule_reward_and_e_tree_credit():
   np.testing.assert_allclose(batch.extras["oracle_advantages"], exact.advantages, atol=1e-6)
   np.testing.assert_allclose(batch.extras["oracle_values"], exact.values, atol=1e-6)
   assert (mask[:, 5:].sum(1) < 4).any()  # some responses stop before n digits
+  with pytest.raises(ValueError, match="target_sum cells run without a warmup"):
+    _cell("grpo", task=task, model=model.config, mechanism_batches=2)

@@ -265,8 +265,15 @@ def test_the_alignment_check_ranks_grpos_starting_cosine_against_the_oracles_spe
 
 def test_a_target_sum_regime_runs_through_the_sweep(tmp_path):
   """A regime naming task_name="target_sum": tuned, trained and reported like key_token's,
-  each run's curve on its own generated tokens (responses stop at EOS), no gradient
-  measurements; an unknown task_name is named."""
+  starting at the exact J of each seed's policy, each run's curve on its own generated
+  tokens (responses stop at EOS), no gradient measurements; an unknown task_name is
+  named."""
+  from flax import nnx
+
+  from jaxcredit.lab import sum_tree
+  from jaxcredit.models import Transformer
+  from jaxcredit.tasks import target_sum
+
   study = load_experiment("credit_study", "smoke")
   study.regimes = {"sums": {"task_name": "target_sum", "task": {
       "n_digits": 3, "n_values": 3, "target_low": 1, "target_high": 5}}}
@@ -278,6 +285,14 @@ def test_a_target_sum_regime_runs_through_the_sweep(tmp_path):
   assert all(0 < t <= 480 for t in last) and len(set(last)) > 1
   assert all("cosine_to_exact" not in curve and "noisy_tokens" not in curve for curve in curves)
   assert set(summaries["sums"][2]) == set(study.arms)
+  # Before any update: the exact J of the seed's fresh policy over every target.
+  cell_config = sweep.cell_of(study, "sums", 2)
+  prompts = np.asarray([[target_sum.BOS, target_sum.DIGIT0 + 3, target_sum.DIGIT0,
+                         target_sum.DIGIT0 + s, target_sum.SEP] for s in range(1, 6)])
+  start = sum_tree.exact_success(Transformer(cell_config.model, rngs=nnx.Rngs(1)),
+                                 cell_config.task, prompts, np.arange(1, 6))
+  for arm in study.arms:
+    assert cell["arms"][arm]["curves"]["1"]["success"][0] == pytest.approx(start.mean(), abs=1e-6)
   text = (tmp_path / "report.md").read_text()
   assert "## Regime `sums`: target_sum {'n_digits': 3" in text and "| sums | 2 |" in text
   study.regimes["sums"]["task_name"] = "target_sums"

@@ -114,24 +114,36 @@ def test_bad_rows_and_trees_too_large_are_named(model):
     sum_tree.tree_credit(model, config, rows, mask, np.zeros(2), max_passes=1000)
 
 
-def test_the_oracle_trains_target_sum_and_exact_success_is_logged(tmp_path):
-  """The `oracle` estimator (E-TREE through the extras provider) and the exact J(pi)
-  hook on target_sum, two RL steps in process."""
-  import json
+def test_the_oracle_provider_and_exact_success_hook_serve_target_sum(model, tmp_path):
+  """The training loop's extras provider of the `oracle` estimators and the exact J(pi)
+  hook, on target_sum rows and prompts from its TFDS data: equal to sum_tree's."""
+  import ml_collections
 
-  from jaxcredit.lab import exact_metrics, providers  # noqa: F401 - registers the oracle
-  from jaxcredit.train import loop
-  from tests.conftest import load_experiment
+  from jaxcredit import Rollout
+  from jaxcredit.lab import exact_metrics, providers
+  from jaxcredit.train import extras, tasks
 
-  config = load_experiment("target_sum_grpo")
-  config.task.options = {"n_digits": 3, "n_values": 3, "target_low": 1, "target_high": 5}
-  config.task.train_size, config.task.test_size = 32, 8
-  config.rl.prompts_per_step, config.rl.group_size, config.rl.steps = 4, 4, 2
-  config.advantage = {"name": "oracle"}
-  loop.run(config, str(tmp_path), rollout_hook=exact_metrics.hook(1, ks=(1, 4)))
-  lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-  train = [line for line in lines if "train/loss" in line]
-  assert len(train) == 2
-  for line in train:
-    assert np.isfinite(line["train/loss"]) and 0 < line[exact_metrics.METRIC] < 1
-    assert line["train/hook/exact_pass@4"] >= line[exact_metrics.METRIC]
+  task_config = {"n_digits": 3, "n_values": 3, "target_low": 1, "target_high": 5}
+  task = tasks.make(ml_collections.ConfigDict({"name": "target_sum", "options": task_config,
+                                               "train_size": 8, "test_size": 6}),
+                    data_dir=str(tmp_path), seed=0)
+  examples = [task.sources["train"][i] for i in range(4)]
+  rows = np.zeros((4, 9), np.int32)
+  for row, example in zip(rows, examples):  # each example's demonstration as the response
+    row[:5], row[5:5 + len(example["completion"])] = example["prompt"], example["completion"]
+  mask = np.zeros(rows.shape, bool)
+  mask[:, 5:] = rows[:, 5:] != ts.PAD
+  rollout = Rollout(tokens=rows, mask=mask, rewards=np.ones(4, np.float32))
+  got, _ = providers.exact_credit(model, task, rollout, examples)
+  targets = np.asarray([int(e["target"]) for e in examples])
+  want = sum_tree.tree_credit(model, task.config, rows, mask, targets)
+  np.testing.assert_allclose(got["oracle_advantages"], want.advantages, atol=1e-6)
+  np.testing.assert_allclose(got["oracle_values"], want.values, atol=1e-6)
+  test = [task.sources["test"][i] for i in range(6)]
+  context = extras.Context(task=task, model=model, examples=examples,
+                           key=jax.random.key(0), rl_step=0)
+  _, metrics = exact_metrics.hook(1, ks=(4,))(context, rollout)
+  success = sum_tree.exact_success(model, task.config, np.stack([e["prompt"] for e in test]),
+                                   np.asarray([int(e["target"]) for e in test]))
+  np.testing.assert_allclose(metrics["exact_success"], success.mean(), atol=1e-6)
+  np.testing.assert_allclose(metrics["exact_pass@4"], np.mean(1 - (1 - success) ** 4), atol=1e-6)
