@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jaxcredit.tasks import key_token
-from jaxcredit.train import export, loop
+from jaxcredit.train import export, learner, loop
 from tests.conftest import load_experiment
 
 pd = pytest.importorskip("pandas")
@@ -30,8 +30,28 @@ def _config(**export_settings):
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("export")
-  loop.run(_config(), str(workdir))
+  with pytest.MonkeyPatch.context() as patched:  # counts the traces of the learner step
+    make_step = learner.make_step
+
+    def counted(graphdef, *, advantage, **settings):
+      def traced(rollout):  # the step calls its advantage once per trace
+        STEP_TRACES.append(1)
+        return advantage(rollout)
+      return make_step(graphdef, advantage=traced, **settings)
+
+    patched.setattr(learner, "make_step", counted)
+    loop.run(_config(), str(workdir))
   return workdir
+
+
+STEP_TRACES = []
+
+
+def test_the_learner_step_is_traced_once_for_the_whole_run(exported):
+  """Optimizer counters start on one device and come back from the step on the mesh:
+  placed on it before the first step, the second step's inputs have the same shardings
+  (else the step is traced and compiled again)."""
+  assert len(STEP_TRACES) == 1
 
 
 def test_one_file_per_exported_step_read_in_one_call(exported):

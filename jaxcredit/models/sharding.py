@@ -129,6 +129,22 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules: Mapping = DEFAULT_RULES) -
   return model
 
 
+def sharding_on(x: jax.Array, mesh: Mesh) -> NamedSharding:
+  """x's sharding when it is a NamedSharding on `mesh`, else replicated on `mesh`."""
+  placed = isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
+  return x.sharding if placed else NamedSharding(mesh, PartitionSpec())
+
+
+def place_state(modules, mesh: Mesh):
+  """Puts every array of the modules' state that is not on `mesh` there, replicated, in
+  place; returns `modules`. Optimizer counters (Adam's count, nnx's step) start on one
+  device while a step jitted under the mesh returns them replicated on it: without this,
+  the second step's inputs differ in sharding and the step compiles again."""
+  state = nnx.state(modules)
+  nnx.update(modules, jax.tree.map(lambda x: jax.device_put(x, sharding_on(x, mesh)), state))
+  return modules
+
+
 def batch_shards(batch: int, rules: Mapping = DEFAULT_RULES) -> int:
   """How many devices a [batch, ...] array's leading axis spans under the mesh set by
   `jax.set_mesh` (1 without one, or when the batch rule's axes do not divide it)."""

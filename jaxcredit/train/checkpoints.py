@@ -27,7 +27,9 @@ import tempfile
 import jax
 import orbax.checkpoint as ocp
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
+
+from jaxcredit.models import sharding
 
 
 class CheckpointError(RuntimeError):
@@ -162,12 +164,6 @@ def on_mesh(tree, mesh: Mesh):
   such as Adam's count live uncommitted on one device in a fresh run; restored
   there, they would be committed to it and clash with the sharded parameters).
   Python scalars are left as they are."""
-  replicated = NamedSharding(mesh, PartitionSpec())
-
-  def target(x):
-    if not isinstance(x, jax.Array):
-      return x
-    placed = isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if placed else replicated)
-
-  return jax.tree.map(target, tree)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+      x.shape, x.dtype, sharding=sharding.sharding_on(x, mesh)) if isinstance(x, jax.Array)
+      else x, tree)

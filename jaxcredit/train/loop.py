@@ -371,7 +371,7 @@ def _learner_modules(config, task: tasks.TrainTask, mesh) -> tuple[dict, learner
                               kl_reward_kind=rl.kl_reward_kind, critic=critic_settings,
                               recompute_old_logprobs=rl.get("recompute_old_logprobs", False),
                               logits_per_chunk=_logits_per_chunk(config))
-  return modules, settings
+  return sharding.place_state(modules, mesh), settings
 
 
 def _logits_per_chunk(config) -> int:
