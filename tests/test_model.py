@@ -167,8 +167,8 @@ def test_remat_takes_effect_in_the_compiled_gradient():
     grads[remat, scan] = grad(state)
     logits[remat, scan] = model(tokens).logits
   assert temps["block", True] < 0.6 * temps["none", True], temps
-  for key in grads:
-    chex.assert_trees_all_close(grads[key], grads["none", True], atol=1e-5, rtol=1e-5)
+  for key in grads:  # entries reach ~300: float32 summation order alone moves them ~1e-5
+    chex.assert_trees_all_close(grads[key], grads["none", True], atol=1e-4, rtol=1e-5)
     np.testing.assert_allclose(logits[key], logits["none", True], atol=1e-5, rtol=1e-5)
   with pytest.raises(ValueError, match="Unknown remat 'all'"):
     preset("tiny", remat="all")
