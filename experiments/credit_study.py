@@ -4,6 +4,7 @@ tokens.
 
   python -m jaxcredit.lab.study --config experiments/credit_study.py:smoke --workdir DIR  # CI
   python -m jaxcredit.lab.study --config experiments/credit_study.py:small --workdir DIR
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:entropy --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:full --workdir DIR
   ... --config.run_regimes="('uniform_filler',)"   # some regimes now, the others later
 
@@ -28,7 +29,7 @@ run trains the arms a small run's cells lack and reads the rest back).
 
 import ml_collections
 
-PRESETS = ("smoke", "small", "full")
+PRESETS = ("smoke", "small", "entropy", "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -91,6 +92,13 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   # resumes the finished ones.
   config.run_regimes = ml_collections.config_dict.placeholder(tuple)
 
+  if preset == "entropy":
+    # The 80/20 check (arXiv 2506.01939: GRPO's gradient on the 20% of tokens of highest
+    # entropy matches or beats all tokens; on the other 80% it falls behind) at G = 8 in
+    # both filler regimes, beside the core arms. The small preset's cells under other arms:
+    # run in a copy of its workdir, it reads the core arms back and trains the two new ones.
+    config.arms = {name: ARMS[name] for name in (*CORE, "entropy80", "entropy80_low")}
+    config.group_sizes = (8,)
   if preset == "full":
     # T in {24, 96, 384} x filler {uniform, peaked}, a start at J = 0.3 (keys right 40%
     # of the time after the SFT: (0.4 + 0.6 / 4)^2 = 0.30), visible filler; the budget scales with T

@@ -188,6 +188,20 @@ def test_the_full_preset_scales_the_budget_with_t_and_keeps_the_small_cells():
   assert peaked.warmup == sweep.cell_of(small, "peaked_filler", 8).warmup is not None
 
 
+def test_the_entropy_preset_reads_the_small_presets_pieces_back():
+  """Its tuning and G = 8 pieces have the small preset's signatures (a run in a copy of the
+  small workdir trains only the entropy arms), and it adds both of them."""
+  entropy, small = (load_experiment("credit_study", p) for p in ("entropy", "small"))
+  assert set(entropy.arms) == set(small.arms) | {"entropy80", "entropy80_low"}
+  for regime in small.regimes:
+    assert (sweep.signature(sweep.tuning_cell(entropy, regime), entropy.tuning_seeds,
+                            list(entropy.learning_rates))
+            == sweep.signature(sweep.tuning_cell(small, regime), small.tuning_seeds,
+                               list(small.learning_rates)))
+    assert (sweep.signature(sweep.cell_of(entropy, regime, 8), entropy.seeds)
+            == sweep.signature(sweep.cell_of(small, regime, 8), small.seeds))
+
+
 def test_runs_split_over_programs_join_back_in_order():
   class Runner:  # each run's rows carry its seed; pads to the width like batched.Runner
     widths = []
