@@ -265,19 +265,13 @@ class _TargetSum:
     sums = np.arange(config.target_low, config.target_high + 1)
     if len(sums) > eval_prompts:
       sums = np.random.default_rng(0).choice(sums, eval_prompts, replace=False)
-    self.eval_prompts = self._prompts(jnp.asarray(sums, jnp.int32))
-
-  def _prompts(self, sums):
-    """([n, 5] prompts, [n] targets) of the sums S [n]: [BOS, n, S_tens, S_units, SEP]."""
-    column = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.int32), sums.shape)[:, None]
-    digit = lambda x: column(target_sum.DIGIT0 + x)
-    return jnp.concatenate([column(target_sum.BOS), digit(self.config.n_digits), digit(sums // 10),
-                            digit(sums % 10), column(target_sum.SEP)], axis=1), sums
+    sums = jnp.asarray(sums, jnp.int32)
+    self.eval_prompts = target_sum.prompts(sums, config), sums
 
   def draw(self, key, count: int):
     config = self.config
-    return self._prompts(jax.random.randint(key, (count,), config.target_low,
-                                            config.target_high + 1))
+    sums = jax.random.randint(key, (count,), config.target_low, config.target_high + 1)
+    return target_sum.prompts(sums, config), sums
 
   def reward(self, tokens, targets, key):
     del key

@@ -150,6 +150,14 @@ def _completions(config: TargetSumConfig, target: int) -> np.ndarray:
   return count
 
 
+def prompts(sums, config: TargetSumConfig):
+  """[n, 5] prompts of the target sums S [n] (a NumPy or a JAX array, traced or not; the
+  result is the same kind): [BOS, n, S_tens, S_units, SEP], n the digit count."""
+  layout = np.asarray([BOS, DIGIT0 + config.n_digits, DIGIT0, DIGIT0, SEP], np.int32)
+  place, holds_s = np.asarray([1, 1, 10, 1, 1]), np.asarray([0, 0, 1, 1, 0])
+  return (sums[:, None] // place % 10 * holds_s + layout).astype(np.int32)
+
+
 def make_example(rng: np.random.Generator, config: TargetSumConfig) -> dict:
   """{"prompt" [5] ids, "target" S, "completion" [k + 1] a demonstration with reward 1
   (k digits and EOS), drawn uniformly among the rewarded responses}."""
@@ -171,5 +179,5 @@ def make_example(rng: np.random.Generator, config: TargetSumConfig) -> dict:
     values.append(last)
     sigma += last
   completion = np.asarray([DIGIT0 + d for d in values] + [EOS], np.int32)
-  prompt = [BOS, DIGIT0 + config.n_digits, DIGIT0 + target // 10, DIGIT0 + target % 10, SEP]
-  return {"prompt": np.asarray(prompt, np.int32), "target": target, "completion": completion}
+  return {"prompt": prompts(np.asarray([target]), config)[0], "target": target,
+          "completion": completion}
