@@ -73,7 +73,7 @@ def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_
   # A rerun reads every finished cell back instead of training it.
   with patched_train(monkeypatch):
     assert sweep.run(study, str(tmp_path)) == summaries
-  assert " min from the first piece's start to the last one's end" in text
+  assert " min while pieces ran (the union of their spans" in text
   # A piece written under other settings is refused, not mixed with new runs.
   study.token_budget = {**study.token_budget, "2": 1920}
   with patched_train(monkeypatch), pytest.raises(
@@ -186,6 +186,18 @@ def test_the_full_preset_scales_the_budget_with_t_and_keeps_the_small_cells():
   assert not visible.task.filler_blind and visible.updates == short.updates
   peaked = sweep.cell_of(full, "peaked_filler_T96", 8)
   assert peaked.warmup == sweep.cell_of(small, "peaked_filler", 8).warmup is not None
+
+
+def test_busy_time_is_the_union_of_the_pieces_spans():
+  """Overlapping pieces count once, a pause between sessions not at all (float64 loop over
+  one-second ticks as the reference)."""
+  rng = np.random.default_rng(0)
+  for _ in range(20):
+    starts = rng.integers(0, 200, 6)
+    spans = [(float(s), float(s + rng.integers(0, 40))) for s in starts]
+    ticks = {t for start, end in spans for t in range(int(start), int(end))}
+    assert sweep.busy_seconds(spans) == len(ticks)
+  assert sweep.busy_seconds([(0.0, 10.0), (5.0, 20.0), (1000.0, 1010.0)]) == 30.0
 
 
 def test_the_entropy_preset_reads_the_small_presets_pieces_back():

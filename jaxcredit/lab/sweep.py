@@ -593,13 +593,22 @@ def mechanism_table(curves: dict) -> list[str]:
   return lines
 
 
+def busy_seconds(spans) -> float:
+  """The length of the union of the (start, end) spans: the time during which at least one
+  piece ran."""
+  busy, reached = 0.0, -np.inf
+  for start, end in sorted(spans):
+    busy += max(0.0, end - max(start, reached))
+    reached = max(reached, end)
+  return busy
+
+
 def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> dict:
   rng = np.random.default_rng(0)
   timed = [*tuned.values(), *(cell for by_g in results.values() for cell in by_g.values())]
   seconds = sum(part["seconds"] for part in timed)
   compile_seconds = sum(part["compile_seconds"] for part in timed)
-  spans = [span for part in timed for span in part["spans"]]
-  elapsed = max(end for _, end in spans) - min(start for start, _ in spans)
+  busy = busy_seconds([span for part in timed for span in part["spans"]])
   lines = [
       f"# Credit sweep: {study.preset} preset", "",
       f"Regimes × G ∈ {list(study.group_sizes)} × {len(study.arms)} arms; "
@@ -613,8 +622,8 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
       f"Holm-adjusted across the arms of a cell; TOST at ±{study.margin}. Verdicts at "
       f"α = {VERDICT_ALPHA}. Wall time {seconds:.0f} s summed over the pieces (tuning and "
       f"cells; {compile_seconds:.0f} s of it compiling), {study.get('workers', 1)} at a time: "
-      f"{elapsed / 60:.0f} min from the first piece's start to the last one's end (a resumed "
-      f"sweep counts its pause), on {report.machine()}; jaxcredit {_commit()}.", ""]
+      f"{busy / 60:.0f} min while pieces ran (the union of their spans: the pauses of a "
+      f"resumed sweep are not counted), on {report.machine()}; jaxcredit {_commit()}.", ""]
   not_run = regimes_not_run(study, results)
   if not_run:
     lines += [not_run, ""]
