@@ -219,6 +219,8 @@ def implicit_credit(credit, tokens, seen, group_size: int):
 class _KeyToken:
   """What a cell's runs need from key_token (traceable): prompts, rewards, exact values."""
 
+  config_type, vocab_size = key_token.KeyTokenConfig, key_token.VOCAB_SIZE
+
   def __init__(self, config: key_token.KeyTokenConfig, eval_prompts: int):
     self.config, self.actions, self.stop_tokens = config, tasks.key_token_actions(config), ()
     self.decisive = config.prompt_length + config.decisive_positions
@@ -258,6 +260,8 @@ class _KeyToken:
 
 class _TargetSum:
   """What a cell's runs need from target_sum (as `_KeyToken`): E-TREE (`sum_tree`)."""
+
+  config_type, vocab_size = target_sum.TargetSumConfig, target_sum.VOCAB_SIZE
 
   def __init__(self, config: target_sum.TargetSumConfig, eval_prompts: int):
     self.config, self.stop_tokens = config, (target_sum.EOS,)
@@ -320,9 +324,13 @@ def _policy(cell: Cell, seed) -> Transformer:
   return Transformer(cell.model, rngs=nnx.Rngs(jax.random.key(seed)))  # = nnx.Rngs(seed)
 
 
+# The tasks a cell can run, by name: each class's config_type is its cell.task's type.
+TASKS = {"key_token": _KeyToken, "target_sum": _TargetSum}
+
+
 def _task(cell: Cell) -> "_KeyToken | _TargetSum":
-  return (_TargetSum if isinstance(cell.task, target_sum.TargetSumConfig) else _KeyToken)(
-      cell.task, cell.eval_prompts)
+  task = next(t for t in TASKS.values() if isinstance(cell.task, t.config_type))
+  return task(cell.task, cell.eval_prompts)
 
 
 def make_rollout(cell: Cell, needs=frozenset(EXTRAS)):

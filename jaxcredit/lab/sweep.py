@@ -37,19 +37,8 @@ import scipy.stats
 
 from jaxcredit.lab import batched, exact_metrics, report, statistics
 from jaxcredit.models import checkpoint, preset
-from jaxcredit.tasks import key_token, target_sum
 
 VERDICT_ALPHA = 0.05
-
-
-@dataclasses.dataclass(frozen=True)
-class _Task:
-  config: type
-  vocab_size: int
-
-
-TASKS = {"key_token": _Task(key_token.KeyTokenConfig, key_token.VOCAB_SIZE),
-         "target_sum": _Task(target_sum.TargetSumConfig, target_sum.VOCAB_SIZE)}
 
 
 def regime_task(study, regime: str) -> str:
@@ -62,11 +51,11 @@ def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> b
   G's token_budget, times the regime's budget_scale, 1 unless given), eval points spread
   evenly."""
   name = regime_task(study, regime)
-  if name not in TASKS:
+  if name not in batched.TASKS:
     raise ValueError(f"Regime {regime!r}: unknown task_name {name!r}; known: "
-                     f"{', '.join(TASKS)}.")
-  task_module = TASKS[name]
-  task = task_module.config(**study.regimes[regime].task)
+                     f"{', '.join(batched.TASKS)}.")
+  task_ops = batched.TASKS[name]
+  task = task_ops.config_type(**study.regimes[regime].task)
   tokens_per_update = study.prompts_per_step * group_size * task.length
   blocks = study.eval_points
   budget = (budget or study.token_budget[str(group_size)]) * study.regimes[regime].get(
@@ -77,15 +66,14 @@ def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> b
   if warmup is not None:
     warmup = batched.Warmup(**{**warmup, "filler_probs": tuple(warmup["filler_probs"])})
   return batched.Cell(
-      task=task, model=preset(study.model.preset, vocab_size=task_module.vocab_size,
+      task=task, model=preset(study.model.preset, vocab_size=task_ops.vocab_size,
                               **study.model.overrides),
       arms=tuple({"scale": "rms", "of": plain(spec)} for spec in study.arms.values()),
       group_size=group_size, prompts_per_step=study.prompts_per_step,
       updates=updates * blocks, eval_every=updates, eval_prompts=study.eval_prompts,
       warmup=warmup,
       # The gradient measurements read key_token's decisive positions.
-      mechanism_batches=study.get("mechanism_batches", 0) if task_module is TASKS[
-          "key_token"] else 0,
+      mechanism_batches=study.get("mechanism_batches", 0) if name == "key_token" else 0,
       mechanism_evals=tuple(study.mechanism_evals) if study.get("mechanism_evals") else None)
 
 
