@@ -279,9 +279,8 @@ class _TargetSum:
 
   def reward(self, tokens, targets, key):
     del key
-    responses = tokens[:, self.config.prompt_length:]
-    stopped = jnp.argmax(responses == target_sum.EOS, axis=1)
-    return sum_tree.response_outcome(responses, stopped, targets, self.config)
+    return sum_tree.response_outcome(tokens[:, self.config.prompt_length:], targets,
+                                     self.config)
 
   def value_tree(self, model, prompts, targets):
     return sum_tree.value_tree(model, self.config, prompts, targets)

@@ -82,24 +82,30 @@ def credit_from_tree(tree: list[Array], prompt_index, responses, targets,
   n, m = config.n_digits, config.n_values
   responses = jnp.asarray(responses)
   batch = responses.shape[0]
-  stopped = jnp.argmax(responses == target_sum.EOS, axis=1)  # digits before EOS
+  stopped = stopped_after(responses)
   digits = jnp.clip(responses - target_sum.DIGIT0, 0, m - 1)
   index, along = jnp.zeros(batch, jnp.int32), []
   for k in range(n + 1):
     along.append(tree[k][prompt_index, index])
     if k < n:
       index = index * m + digits[:, k]
-  outcome = response_outcome(responses, stopped, targets, config)
+  outcome = response_outcome(responses, targets, config)
   columns = jnp.arange(n + 2)[None]
   values = jnp.where(columns <= stopped[:, None],
                      jnp.stack(along + [outcome], axis=1), outcome[:, None])  # [B, n + 2]
   return values[:, :-1], jnp.diff(values, axis=1)
 
 
-def response_outcome(responses, stopped, targets, config: target_sum.TargetSumConfig) -> Array:
-  """R [B] of responses [B, n + 1] (token ids) that stop after `stopped` [B] digits, against
-  targets [B] (`target_sum.reward`, traceable)."""
-  n = config.n_digits
+def stopped_after(responses) -> Array:
+  """[B] the digits before each response's EOS (responses [B, n + 1] token ids, each with
+  an EOS)."""
+  return jnp.argmax(jnp.asarray(responses) == target_sum.EOS, axis=1)
+
+
+def response_outcome(responses, targets, config: target_sum.TargetSumConfig) -> Array:
+  """R [B] of responses [B, n + 1] (token ids, each with an EOS) against targets [B]
+  (`target_sum.reward`, traceable)."""
+  n, stopped = config.n_digits, stopped_after(responses)
   values = responses[:, :n] - target_sum.DIGIT0
   before = jnp.arange(n)[None] < stopped[:, None]
   total = jnp.sum(jnp.where(before, values, 0), axis=1)
