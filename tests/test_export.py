@@ -27,6 +27,9 @@ def _config(**export_settings):
   return config
 
 
+STEP_TRACES = []  # one entry per trace of the run's learner step (`exported`)
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("export")
@@ -42,9 +45,6 @@ def exported(tmp_path_factory):
     patched.setattr(learner, "make_step", counted)
     loop.run(_config(), str(workdir))
   return workdir
-
-
-STEP_TRACES = []
 
 
 def test_the_learner_step_is_traced_once_for_the_whole_run(exported):

@@ -160,10 +160,14 @@ def describe_mesh(shape) -> str:
 
 def on_mesh(tree, mesh: Mesh):
   """Abstract restore targets for `tree` on `mesh`: each array keeps its
-  NamedSharding when it has one on `mesh` and is replicated otherwise (scalars
-  such as Adam's count live uncommitted on one device in a fresh run; restored
-  there, they would be committed to it and clash with the sharded parameters).
-  Python scalars are left as they are."""
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-      x.shape, x.dtype, sharding=sharding.sharding_on(x, mesh)) if isinstance(x, jax.Array)
-      else x, tree)
+  NamedSharding when it has one on `mesh` and is replicated otherwise
+  (`sharding.sharding_on`; an array left on one device, restored there, would be
+  committed to it and clash with the sharded parameters). Python scalars are left
+  as they are."""
+
+  def target(x):
+    if not isinstance(x, jax.Array):
+      return x
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding.sharding_on(x, mesh))
+
+  return jax.tree.map(target, tree)
