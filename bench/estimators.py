@@ -126,7 +126,7 @@ def main():
     jitted["floor"] = bandwidth_floor()
     times = time_calls(jitted, r, v, m, repeats=args.repeats)
     floor = times.pop("floor")
-    np_inputs = [np.asarray(x) for x in (r, v, m)]
+    np_inputs = [np.array(x) for x in (r, v, m)]  # writable copies, as torch.from_numpy wants
     times[loop_name] = time_call(loop_fn, *np_inputs, repeats=1, warmup=0)
     ours = times[f"jaxcredit {default}"]
     row = [f"[{batch}, {length}]"] + [f"{t * 1e3:.2f}" for t in times.values()]

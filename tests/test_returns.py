@@ -96,6 +96,9 @@ class GaeTest(parameterized.TestCase):
       dict(gamma=0.1, lam=0.1, length=50),     # g = 0.01: blocks of 8
       dict(gamma=1e-10, lam=1e-10, length=9),  # too small for any block: runs the scan
       dict(gamma=0.9, lam=0.0, length=20),     # g = 0: no block, the scan
+      dict(gamma=1.0, lam=1.0, length=2100),   # blocks of blocks of blocks (3 levels)
+      dict(gamma=1.0, lam=0.95, length=3000),  # 2 levels (g^-1024 in range), then a scan
+      dict(gamma=0.8, lam=1.0, length=700),    # second level in blocks of 8, then a scan
   )
   def test_blocked_equals_float64_reference(self, gamma, lam, length):
     """The blocked recurrence (products of valid-count powers within blocks) is exact

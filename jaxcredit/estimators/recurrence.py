@@ -7,17 +7,24 @@ right to left, that skips masked positions:
   y_t = y_{t+1}               where not valid_t (the carry passes through),
   y_T = 0.
 
-Three implementations give the same result:
-  blocked      for a scalar coefficient g (GAE's gamma * lam, discounting):
-               the time axis cut into blocks of K <= 32 steps. With P_t the
-               number of valid steps before t in its block,
-                 y_t = g^-P_t sum_{s >= t in block} g^P_s a_s
-                       + g^(P_end - P_t) y_(start of next block),
-               so each block is one [K, K] triangular matrix product, P_t a
-               popcount of the block's valid bits, and only a short scan over
-               the T / K blocks is sequential. No [B, T] transpose, no T-step
-               loop: the fastest on CPU. K is chosen so that g^-K stays below
-               1e30 (float32 range); a coefficient too small for K = 2, or an
+`next_carry` returns y_{t+1}, the value position t receives from its right
+(what GAE's returns and `next_valid` need); `pass_through_recurrence` returns
+y_t = a_t + c_t y_{t+1}. Three implementations give the same result:
+  blocked      for a scalar coefficient g (GAE's gamma * lam, discounting).
+               Written with integer exponents, y_t = a_t + g^n_t y_{t+1}
+               (n_t = 1 at a valid step, 0 at a masked one). The time axis is
+               cut into blocks of K <= 32 steps; with P_t = sum of n_s over
+               the block's steps s < t and Q_t = P_t + n_t,
+                 y_{t+1} = g^-Q_t (sum_{s > t in block} g^P_s a_s + g^P_end Y),
+               Y being y at the start of the next block. So each block is one
+               [K, K] triangular matrix product (P_t a popcount of the block's
+               valid bits at the first level), and the blocks' own recurrence,
+                 Y_j = (sum_{s in block j} g^P_s a_s) + g^P_end(j) Y_{j+1},
+               has the same form with exponents P_end <= K: it is blocked again,
+               level after level, while g^-(K * largest exponent) stays below
+               1e30 (float32 range); the rest is a short lax.scan. No [B, T]
+               transpose, no T-step loop, no shifted copy: the fastest on CPU.
+               A coefficient too small for K = 2 at the first level, or an
                array of coefficients, runs `scan`.
   scan         lax.scan over time-major data: T sequential steps of one
                multiply-add on [B].
@@ -35,7 +42,8 @@ from jaxcredit import _checks
 
 METHODS = ("blocked", "scan", "associative")
 _BLOCKS = (32, 16, 8, 4, 2)  # block sizes K, largest first; 32 valid bits fit a uint32
-_LARGEST_SCALE = 1e30  # g^-K above this would lose float32 range
+_LARGEST_SCALE = 1e30  # g^-(exponent) above this would lose float32 range
+_EXACT = jax.lax.Precision.HIGHEST
 
 
 def default_method() -> str:
@@ -43,48 +51,58 @@ def default_method() -> str:
   return "blocked" if jax.default_backend() == "cpu" else "associative"
 
 
-def _scan(a: Array, c: Array) -> Array:
+def _scan_next(a: Array, c: Array) -> Array:
+  """y_{t+1} of y_t = a_t + c_t y_{t+1}, by a time-major lax.scan."""
+
   def step(y_next, x):
     a_t, c_t = x
-    y = a_t + c_t * y_next
-    return y, y
+    return a_t + c_t * y_next, y_next
 
-  _, y = jax.lax.scan(step, jnp.zeros(a.shape[:1], a.dtype), (a.T, c.T), reverse=True)
-  return y.T
-
-
-def _block_size(coef) -> int | None:
-  """The largest K in _BLOCKS with coef^-K <= _LARGEST_SCALE, for a Python scalar
-  coef in (0, 1]; None otherwise (an array, or too small a coefficient)."""
-  if not isinstance(coef, (int, float)) or not 0.0 < coef <= 1.0:
-    return None
-  return next((k for k in _BLOCKS if -k * math.log(coef) <= math.log(_LARGEST_SCALE)), None)
+  _, y_next = jax.lax.scan(step, jnp.zeros(a.shape[:1], a.dtype), (a.T, c.T), reverse=True)
+  return y_next.T
 
 
-def _blocked(a: Array, g: float, valid: Array, size: int) -> Array:
-  """pass_through_recurrence with scalar coefficient g over blocks of `size` (module docstring)."""
+def _block_size(log_g: float, largest_exponent: int) -> int | None:
+  """The largest K in _BLOCKS with g^-(K * largest_exponent) <= _LARGEST_SCALE; None
+  when even K = 2 is too large."""
+  limit = math.log(_LARGEST_SCALE)
+  return next((k for k in _BLOCKS if -k * largest_exponent * log_g <= limit), None)
+
+
+def _exponents_through(n: Array, size: int, unit: bool) -> tuple[Array, Array]:
+  """(Q, P_end): Q_t = sum of n_s over s <= t in its block, [B, blocks, K], and the
+  block totals [B, blocks]. unit: n is 0/1, summed as popcounts of the block's bits."""
+  if unit:
+    steps = jnp.arange(size, dtype=jnp.uint32)
+    bits = jnp.sum(jnp.where(n > 0, jnp.uint32(1) << steps, jnp.uint32(0)), axis=-1,
+                   dtype=jnp.uint32)  # [B, blocks]: the block's valid steps as bits
+    through = jax.lax.population_count(bits[..., None] & ((jnp.uint32(2) << steps) - 1))
+    return through.astype(jnp.float32), jax.lax.population_count(bits).astype(jnp.float32)
+  through = jnp.matmul(n, jnp.asarray(np.triu(np.ones((size, size))), jnp.float32),
+                       precision=_EXACT)  # [s, t]: s <= t; sums of integers, exact
+  return through, through[..., -1]
+
+
+def _blocked_next(a: Array, log_g: float, n: Array, largest: int) -> Array:
+  """y_{t+1} of y_t = a_t + g^n_t y_{t+1} (module docstring): a [B, T]; n [B, T]
+  float32 holding integers in [0, largest]; log_g = log(g) <= 0."""
+  size = _block_size(log_g, largest)
+  if size is None:
+    return _scan_next(a, jnp.exp(n * log_g))
   b, t = a.shape
-  n = -(-t // size)
-  a = jnp.pad(a, [(0, 0), (0, n * size - t)]).reshape(b, n, size)
-  valid = jnp.pad(valid, [(0, 0), (0, n * size - t)]).reshape(b, n, size)
-  steps = jnp.arange(size, dtype=jnp.uint32)
-  bits = jnp.sum(jnp.where(valid, jnp.uint32(1) << steps, jnp.uint32(0)), axis=-1,
-                 dtype=jnp.uint32)  # [B, n]: the block's valid steps as bits
-  before = jax.lax.population_count(bits[..., None] & ((jnp.uint32(1) << steps) - 1))
-  log_g = jnp.float32(math.log(g))
-  weight = jnp.exp(before.astype(jnp.float32) * log_g)  # g^P_t, in [g^K, 1]
-  suffix = jnp.asarray(np.tril(np.ones((size, size))), jnp.float32)  # [s, t]: s >= t
-  sums = jnp.matmul(weight * a, suffix, precision=jax.lax.Precision.HIGHEST)
-  decay = jnp.exp(jax.lax.population_count(bits).astype(jnp.float32) * log_g)  # g^P_end
-
-  def block(y_next, x):  # y at the start of each block, right to left
-    start, block_decay = x
-    return start + block_decay * y_next, y_next
-
-  _, after = jax.lax.scan(block, jnp.zeros((b,), a.dtype), (sums[..., 0].T, decay.T),
-                          reverse=True)  # after[j]: y at the start of block j + 1
-  y = (sums + decay[..., None] * after.T[..., None]) / weight
-  return y.reshape(b, n * size)[:, :t]
+  blocks = -(-t // size)
+  a, n = (jnp.pad(x, [(0, 0), (0, blocks * size - t)]).reshape(b, blocks, size) for x in (a, n))
+  through, total = _exponents_through(n, size, unit=largest == 1)
+  weighted = jnp.exp((through - n) * log_g) * a  # g^P_t a_t
+  later = jnp.matmul(weighted, jnp.asarray(np.tril(np.ones((size, size)), -1), jnp.float32),
+                     precision=_EXACT)  # [s, t]: s > t
+  if blocks == 1:
+    start_of_next = jnp.zeros((b, 1), a.dtype)
+  else:  # the blocks' recurrence, Y_{j+1} for each block j
+    start_of_next = _blocked_next(jnp.sum(weighted, axis=-1), log_g, total, largest * size)
+  y_next = (later + jnp.exp(total * log_g)[..., None] * start_of_next[..., None]) * jnp.exp(
+      -through * log_g)
+  return y_next.reshape(b, blocks * size)[:, :t]
 
 
 def _compose(later, earlier):
@@ -99,6 +117,44 @@ def _associative(a: Array, c: Array) -> Array:
   return y
 
 
+def _blocked_exponent_base(coef) -> float | None:
+  """log(coef) when the blocked method applies to coef (a Python scalar in (0, 1]
+  that allows blocks at the first level); None otherwise."""
+  if not isinstance(coef, (int, float)) or not 0.0 < coef <= 1.0:
+    return None
+  log_g = math.log(coef)
+  return log_g if _block_size(log_g, 1) is not None else None
+
+
+def _inputs(a: Array, coef: Array | float, valid: Array, method: str | None):
+  """(method, a with masked steps zeroed, c with masked steps 1, log g or None)."""
+  method = method or default_method()
+  _checks.check_choice(method, METHODS, "recurrence method")
+  # A masked step is the identity map: a = 0, c = 1.
+  a = jnp.where(valid, a, 0.0)
+  log_g = _blocked_exponent_base(coef) if method == "blocked" else None
+  if method == "blocked" and log_g is None:
+    method = "scan"
+  c = jnp.where(valid, jnp.asarray(coef, a.dtype), 1.0)
+  return method, a, c, log_g
+
+
+def _next(method: str, a: Array, c: Array, log_g: float | None, valid: Array) -> Array:
+  if method == "blocked":
+    return _blocked_next(a, log_g, valid.astype(jnp.float32), 1)
+  if method == "scan":
+    return _scan_next(a, c)
+  return _shift_left(_associative(a, c))
+
+
+def next_carry(
+    a: Array, coef: Array | float, valid: Array, *, method: str | None = None
+) -> Array:
+  """y_{t+1} of `pass_through_recurrence` (0 past the end): the value position t
+  receives from the next valid position. Same arguments."""
+  return _next(*_inputs(a, coef, valid, method), valid)
+
+
 def pass_through_recurrence(
     a: Array, coef: Array | float, valid: Array, *, method: str | None = None
 ) -> Array:
@@ -108,23 +164,14 @@ def pass_through_recurrence(
   valid: [B, T] bool. method: one of METHODS, or None for `default_method()`.
   Returns y [B, T] at every position (masked ones hold the carried value).
   """
-  method = method or default_method()
-  _checks.check_choice(method, METHODS, "recurrence method")
-  # A masked step is the identity map: a = 0, c = 1.
-  a = jnp.where(valid, a, 0.0)
-  if method == "blocked":
-    size = _block_size(coef)
-    if size is not None:
-      return _blocked(a, float(coef), valid, size)
-    method = "scan"
-  c = jnp.where(valid, jnp.asarray(coef, a.dtype), 1.0)
-  return (_scan if method == "scan" else _associative)(a, c)
+  method, a, c, log_g = _inputs(a, coef, valid, method)
+  if method == "associative":
+    return _associative(a, c)
+  return a + c * _next(method, a, c, log_g, valid)
 
 
-def shift_left(y: Array) -> Array:
-  """y_{t+1} along axis 1, with 0 past the end: with y from
-  `pass_through_recurrence`, the carry that position t sees from the next
-  valid position."""
+def _shift_left(y: Array) -> Array:
+  """y_{t+1} along axis 1, with 0 past the end."""
   return jnp.pad(y[:, 1:], [(0, 0), (0, 1)])
 
 
@@ -138,4 +185,4 @@ def masked_recurrence(
 
 def next_valid(x: Array, valid: Array, *, method: str | None = None) -> Array:
   """x at the first valid position strictly after t; 0 when there is none."""
-  return shift_left(pass_through_recurrence(jnp.where(valid, x, 0.0), 0.0, valid, method=method))
+  return next_carry(jnp.where(valid, x, 0.0), 0.0, valid, method=method)

@@ -19,9 +19,8 @@ from jaxcredit.estimators import recurrence
 from jaxcredit.logprobs import LOG_RATIO_BOUND
 from jaxcredit.estimators.recurrence import (
     masked_recurrence,
+    next_carry,
     next_valid,
-    pass_through_recurrence,
-    shift_left,
 )
 
 GAE_METHODS = recurrence.METHODS
@@ -86,14 +85,14 @@ def gae(
   # Both expressions are linear in (r, V), so masking the result (rather than
   # the inputs first) keeps masked NaN/Inf out of outputs and gradients, and
   # lets XLA fuse each into one pass (measured 2x faster on CPU).
-  carry = pass_through_recurrence(
+  carry_next = next_carry(
       jnp.where(valid, gamma * values + gamma * lam * (rewards - values), 0.0),
       gamma * lam, valid, method=method,
   )
   # returns = A + V = r + C_next. The advantages are read off the returns, so
-  # the carry has one consumer and XLA fuses it into the returns' pass instead
-  # of writing the shifted carry to memory (one [B, T] pass fewer on CPU).
-  returns = jnp.where(valid, rewards + shift_left(carry), 0.0)
+  # C_next has one consumer and XLA fuses it into the returns' pass instead
+  # of writing it to memory (one [B, T] pass fewer on CPU).
+  returns = jnp.where(valid, rewards + carry_next, 0.0)
   return jnp.where(valid, returns - values, 0.0), returns
 
 
