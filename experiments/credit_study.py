@@ -5,6 +5,7 @@ tokens.
   python -m jaxcredit.lab.study --config experiments/credit_study.py:smoke --workdir DIR  # CI
   python -m jaxcredit.lab.study --config experiments/credit_study.py:small --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:entropy --workdir DIR
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:mc_ladder --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:full --workdir DIR
   ... --config.run_regimes="('uniform_filler',)"   # some regimes now, the others later
 
@@ -22,6 +23,12 @@ regime on seeds excluded from the report. The arms:
   oracle_seq                 R - V(x): the exact baseline, no localisation
   oracle_shuffled            the exact credit permuted within each response
   entropy80 / entropy80_low  GRPO on the top-20% entropy tokens / on the other 80%
+  oracle_mc_K                plain Monte-Carlo credit at every token: V-hat(s_t) from K
+                             continuations of each action's state (K in 1, 4, 16, 64), each
+                             action credited V-hat(s_(t+1)) - V-hat(s_t); its runs sample as
+                             many tokens as the others and are also charged the
+                             continuations' K T (T + 1) / 2 tokens per response (compared
+                             at equal charged tokens in a table of their own)
 The small preset runs the core arms (CORE: broadcast credit, exact credit, the exact baseline
 without localisation, and localisation destroyed); the full preset adds the others (a full
 run trains the arms a small run's cells lack and reads the rest back).
@@ -29,7 +36,7 @@ run trains the arms a small run's cells lack and reads the rest back).
 
 import ml_collections
 
-PRESETS = ("smoke", "small", "entropy", "full")
+PRESETS = ("smoke", "small", "entropy", "mc_ladder", "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -39,7 +46,9 @@ ARMS = {
     "oracle_shuffled": "oracle_shuffled",
     "entropy80": {"mask": "high_entropy", "rho": 0.2, "of": "grpo"},
     "entropy80_low": {"mask": "low_entropy", "rho": 0.2, "of": "grpo"},
+    **{f"oracle_mc_{k}": {"name": "vineppo", "k": k, "positions": "all"} for k in (1, 4, 16, 64)},
 }
+MC_LADDER = tuple(name for name in ARMS if name.startswith("oracle_mc_"))
 CORE = ("grpo", "oracle", "oracle_seq", "oracle_shuffled")
 
 
@@ -99,6 +108,13 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     # run in a copy of its workdir, it reads the core arms back and trains the two new ones.
     config.arms = {name: ARMS[name] for name in (*CORE, "entropy80", "entropy80_low")}
     config.group_sizes = (8,)
+  if preset == "mc_ladder":
+    # The Monte-Carlo ladder (LAB.md 4.1): how much of the exact credit's gain survives K
+    # continuations per state, at equal samples and at equal charged tokens, at G = 8 in both
+    # filler regimes beside the core arms (read back from a copy of the small preset's
+    # workdir, as for the entropy preset).
+    config.arms = {name: ARMS[name] for name in (*CORE, *MC_LADDER)}
+    config.group_sizes = (8,)
   if preset == "full":
     # T in {24, 96, 384} x filler {uniform, peaked}, a start at J = 0.3 (keys right 40%
     # of the time after the SFT: (0.4 + 0.6 / 4)^2 = 0.30), visible filler; the budget scales with T
@@ -138,7 +154,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.token_budget = {"2": 960, "4": 960}
     config.tuning_token_budget = None  # G = 2's budget
     config.eval_points = 2
-    config.arms = {name: ARMS[name] for name in ("grpo", "oracle", "oracle_seq")}
+    config.arms = {name: ARMS[name] for name in ("grpo", "oracle", "oracle_seq", "oracle_mc_4")}
     config.learning_rates = [1e-3, 1e-2]
     config.tuning_seeds = [100]
     config.seeds = [0, 1]

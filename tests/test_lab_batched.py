@@ -228,8 +228,8 @@ def test_bad_cells_and_runs_are_refused_naming_the_problem():
     _cell("grpo", task=key_token.KeyTokenConfig(constrained=False))
   with pytest.raises(ValueError, match=r"E-TREE\) runs 1,073,741,824 paths per prompt, over 4,096"):
     _cell("grpo", task=key_token.KeyTokenConfig(length=24, n_fillers=4))
-  with pytest.raises(ValueError, match="mc_evaluated, mc_values"):
-    batched.make_run(_cell("grpo", {"name": "vineppo"}))
+  with pytest.raises(ValueError, match="needs ktae_scores too"):
+    batched.make_run(_cell("grpo", "ktae"))
   with pytest.raises(ValueError, match="warmup.filler_probs must be 2 probabilities"):
     _cell("grpo", warmup=batched.Warmup(steps=1, filler_probs=(0.5, 0.4)))
   for evals in ((), (1, 0), (0, 3)):
@@ -262,3 +262,57 @@ def test_a_target_sum_batch_carries_its_rule_reward_and_e_tree_credit():
   assert (mask[:, 5:].sum(1) < 4).any()  # some responses stop before n digits
   with pytest.raises(ValueError, match="target_sum cells run without a warmup"):
     _cell("grpo", task=task, model=model.config, mechanism_batches=2)
+
+
+def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_them(tmp_path):
+  """A Monte-Carlo arm's values (k continuations from every action's state, drawn as
+  Binomial(k, V) / k) against real continuations of the same batch (`oracle.mc_credit`):
+  both scatter around the exact V with variance V (1 - V) / k, and the charge is the
+  tokens the real continuations generate."""
+  import ml_collections
+
+  from jaxcredit.train import tasks
+
+  k = 8
+  options = {f.name: getattr(TASK, f.name) for f in dataclasses.fields(TASK)}
+  task = tasks.make(ml_collections.ConfigDict({"name": "key_token", "options": options,
+                                               "train_size": 8, "test_size": 4}),
+                    data_dir=str(tmp_path), seed=0)
+  model = Transformer(MODEL, rngs=nnx.Rngs(0))
+  state = nnx.state(model, nnx.Param)  # peaked conditionals: values spread over (0, 1)
+  nnx.update(model, jax.tree.map(lambda x: 3 * x, state))
+  mc_arm = {"name": "vineppo", "k": k, "positions": "all"}
+  cell = _cell("grpo", mc_arm, prompts_per_step=16)
+  batch = batched.make_rollout(cell)(model, jax.random.key(4), mc_k=k)
+  mask, values = np.asarray(batch.mask), np.asarray(batch.extras["oracle_values"])
+  drawn = np.asarray(batch.extras["mc_values"])
+  np.testing.assert_array_equal(batch.extras["mc_evaluated"], mask)
+  assert np.all(drawn[~mask] == 0) and np.allclose(drawn * k, np.round(drawn * k))
+  prompt_len = TASK.prompt_length
+  tokens = np.asarray(batch.tokens)
+  examples = [{"prompt": row[:prompt_len], "targets": row[1:prompt_len - 1]} for row in tokens]
+  real = oracle.mc_credit(model, task, tokens, mask, batch.token_valid, examples,
+                          jax.random.key(5), k=k, positions="all")
+  spread = np.sqrt(values * (1 - values) / k)[mask]
+  inner = spread > 0.02
+  for name, estimate in (("drawn", drawn), ("real", np.asarray(real.values))):
+    z = ((estimate[mask] - values[mask]) / np.maximum(spread, 1e-6))[inner]
+    assert 0.6 < np.mean(z**2) < 1.5, (name, np.mean(z**2))
+    assert abs(np.mean(z)) < 4 / np.sqrt(len(z)), (name, np.mean(z))
+  assert inner.sum() > 100
+  charged = batched.continuation_tokens(batch.mask, k, TASK.length)
+  assert charged == real.cost["gen_tokens"] == k * mask.sum(0)[prompt_len:] @ np.arange(6, 0, -1)
+  # In a run: the arm's credit telescopes to R - V_hat(x); only it is charged, per update
+  # k T (T + 1) / 2 tokens per response beside its T.
+  result = batched.Runner(cell).train([(0, 1e-2, 3), (1, 1e-2, 3)])
+  rows = cell.prompts_per_step * cell.group_size
+  np.testing.assert_array_equal(result["charged_tokens"][0], result["gen_tokens"][0])
+  np.testing.assert_array_equal(result["charged_tokens"][1],
+                                result["gen_tokens"][1] * (1 + k * (TASK.length + 1) / 2))
+  assert result["gen_tokens"][1, -1] == cell.updates * rows * TASK.length
+  credit = estimators.from_config(mc_arm)(batch).advantages
+  first = np.asarray(drawn)[:, prompt_len]
+  np.testing.assert_allclose(np.sum(credit, axis=1), np.asarray(batch.rewards) - first,
+                             atol=1e-5)
+  with pytest.raises(ValueError, match="every action"):
+    _cell({"name": "vineppo", "k": 4, "positions": "stride:2"})

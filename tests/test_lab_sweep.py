@@ -50,6 +50,11 @@ def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_
       tokens = cell["arms"][arm]["curves"]["0"]["gen_tokens"]
       assert len(tokens) == study.eval_points + 1 and tokens[-1] == pytest.approx(
           study.token_budget[str(g)], rel=0.5)
+    # The Monte-Carlo arm samples as much and is charged for its continuations too: 4 from
+    # each of the T = 6 actions' states, 4 (6 + 5 + ... + 1) = 14 T tokens per response.
+    curve = cell["arms"]["oracle_mc_4"]["curves"]["0"]
+    np.testing.assert_array_equal(curve["charged_tokens"], np.multiply(curve["gen_tokens"], 15))
+    assert "charged_tokens" not in cell["arms"]["grpo"]["curves"]["0"]
     # Paired by seed: every arm's run of a seed starts from the same policy.
     starts = {arm: cell["arms"][arm]["curves"]["1"]["success"][0] for arm in study.arms}
     assert len(set(starts.values())) == 1, starts
@@ -58,6 +63,8 @@ def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_
   for g in study.group_sizes:
     assert f"### G = {g}" in text and f"| uniform_filler | {g} |" in text
   assert "n/a" in text and "slope of Δ_loc (auc) on log₂ G" in text
+  assert text.count("At equal charged tokens") == len(study.group_sizes)
+  assert "\n| oracle_mc_4 | " in text
   assert "slope of Δ_loc (final) on GRPO's filler share at the start" in text
   assert (tmp_path / "localisation.png").exists()
   assert text.count("Budget: GRPO ") == len(study.group_sizes)
@@ -200,17 +207,20 @@ def test_busy_time_is_the_union_of_the_pieces_spans():
   assert sweep.busy_seconds([(0.0, 10.0), (5.0, 20.0), (1000.0, 1010.0)]) == 30.0
 
 
-def test_the_entropy_preset_reads_the_small_presets_pieces_back():
-  """Its tuning and G = 8 pieces have the small preset's signatures (a run in a copy of the
-  small workdir trains only the entropy arms), and it adds both of them."""
-  entropy, small = (load_experiment("credit_study", p) for p in ("entropy", "small"))
-  assert set(entropy.arms) == set(small.arms) | {"entropy80", "entropy80_low"}
+@pytest.mark.parametrize("preset, added", [
+    ("entropy", {"entropy80", "entropy80_low"}),
+    ("mc_ladder", {"oracle_mc_1", "oracle_mc_4", "oracle_mc_16", "oracle_mc_64"})])
+def test_the_g8_presets_read_the_small_presets_pieces_back(preset, added):
+  """Their tuning and G = 8 pieces have the small preset's signatures (a run in a copy of
+  the small workdir trains only the added arms), and they add every one of them."""
+  study, small = (load_experiment("credit_study", p) for p in (preset, "small"))
+  assert set(study.arms) == set(small.arms) | added
   for regime in small.regimes:
-    assert (sweep.signature(sweep.tuning_cell(entropy, regime), entropy.tuning_seeds,
-                            list(entropy.learning_rates))
+    assert (sweep.signature(sweep.tuning_cell(study, regime), study.tuning_seeds,
+                            list(study.learning_rates))
             == sweep.signature(sweep.tuning_cell(small, regime), small.tuning_seeds,
                                list(small.learning_rates)))
-    assert (sweep.signature(sweep.cell_of(entropy, regime, 8), entropy.seeds)
+    assert (sweep.signature(sweep.cell_of(study, regime, 8), study.seeds)
             == sweep.signature(sweep.cell_of(small, regime, 8), small.seeds))
 
 
@@ -328,3 +338,18 @@ def test_a_target_sum_regime_runs_through_the_sweep(tmp_path):
   with pytest.raises(ValueError, match="Regime 'sums': unknown task_name 'target_sums'; "
                                        "known: key_token, target_sum"):
     sweep.cell_of(study, "sums", 2)
+
+
+def test_the_charged_table_reads_monte_carlo_runs_at_grpos_budget_of_charged_tokens():
+  grpo = {s: {"success": [0.1, 0.5, 0.9 - s / 10], "gen_tokens": [0, 100, 200]} for s in (0, 1)}
+  ladder = {s: {"success": [0.1, 0.3 + s / 10, 0.6], "gen_tokens": [0, 100, 200],
+                "charged_tokens": [0, 1000, 2000]} for s in (0, 1)}
+  lines = sweep.charged_table({"grpo": grpo, "oracle_mc_1": ladder, "oracle": grpo}, 200,
+                              np.random.default_rng(0))
+  # At 200 charged tokens the ladder runs are a fifth of the way to their first measurement:
+  # J = 0.1 + 0.2 (0.2 + s / 10), s = 0, 1; GRPO ends at 0.9 and 0.8.
+  at_budget = [0.1 + 0.2 * 0.2, 0.1 + 0.2 * 0.3]
+  delta = np.mean(at_budget) - np.mean([0.9, 0.8])
+  assert len(lines) == 5 and lines[-1].startswith("| oracle_mc_1 | 2,000 | 10.0 | 20 | ")
+  assert f"{np.mean(at_budget):.3f} (n/a)" in lines[-1] and f"{delta:.3f} (n/a)" in lines[-1]
+  assert sweep.charged_table({"grpo": grpo, "oracle": grpo}, 200, np.random.default_rng(0)) == []

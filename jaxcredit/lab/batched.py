@@ -19,7 +19,10 @@ One run is a pure function of its arm (an index into cell.arms), learning rate a
   - the extras the estimator needs: the exact oracle's credit and values under the
     sampling policy (key_token: E-DEC, `oracle.decisive_values`, with filler hidden;
     E-TREE, `tree_oracle.value_tree`, with filler visible; target_sum: E-TREE,
-    `sum_tree.value_tree`) and the permutation draws of `oracle_shuffled`;
+    `sum_tree.value_tree`) and the permutation draws of `oracle_shuffled`; for a
+    Monte-Carlo arm (`vineppo` at every action, the `oracle_mc_K` ladder) the values
+    V-hat(s_t) of K continuations from every action's state, drawn in distribution
+    (`monte_carlo_values`) and charged;
   - one learner step (`learner.make_step`: `cell.objective` on the whole batch, the arm's
     estimator chosen by `lax.switch`);
   - exact J(pi) = mean_x V^pi(x) and pass@k on the evaluation prompts (every prompt when
@@ -30,7 +33,10 @@ evaluation blocks, each a `lax.scan` over E updates (under vmap every arm's esti
 computed for every run and the run's own selected: estimators are cheap next to sampling).
 Calls with the same number of runs (`width`) reuse the compiled program. Generated tokens
 are the policy's samples only, counted per run (on key_token every arm generates B T
-tokens per update; target_sum's responses stop at EOS); the oracle is uncharged.
+tokens per update; target_sum's responses stop at EOS); the oracle is uncharged. Charged
+tokens add what a Monte-Carlo arm's continuations would generate: K (T - t) for the
+action at response step t (t = 0, ..., T - 1; on target_sum, whose continuations may stop
+at EOS, an upper bound).
 target_sum cells take no warmup and no gradient measurements (both read key_token's
 decisive positions).
 """
@@ -57,10 +63,11 @@ from jaxcredit.train import learner, tasks
 from jaxcredit.train import steps as train_steps
 
 PROMPT_STREAM, SAMPLE_STREAM, EXTRAS_STREAM, NOISE_STREAM = 0, 1, 2, 3
-EXTRAS = ("oracle_advantages", "oracle_values", "shuffle_priorities")  # what a cell can compute
+EXTRAS = ("oracle_advantages", "oracle_values", "shuffle_priorities",
+          *estimators.registered.MC_VALUES)  # what a cell can compute
 UPDATE_METRICS = ("reward_mean", "zero_variance_groups", "entropy", "grad_norm")
 TaskConfig = key_token.KeyTokenConfig | target_sum.TargetSumConfig
-WARMUP_STREAM, MECHANISM_STREAM = 4, 5
+WARMUP_STREAM, MECHANISM_STREAM, MC_STREAM = 4, 5, 6
 MECHANISM = ("cosine_to_exact", "signal_fraction", "decisive_norm", "filler_norm",
              "credit_cosine", "implicit_credit_cosine")
 DEFAULT_OBJECTIVE = {"policy": {"name": "ppo_clip", "aggregation": "seq-mean-token-sum-norm"}}
@@ -109,6 +116,8 @@ class Cell:
     if self.group_size < 1 or self.prompts_per_step < 1:
       raise ValueError(f"group_size and prompts_per_step must be >= 1, got {self.group_size} "
                        f"and {self.prompts_per_step}.")
+    for arm in self.arms:
+      monte_carlo_k(estimators.from_config(arm))  # refuses Monte-Carlo values it cannot draw
     if isinstance(self.task, target_sum.TargetSumConfig):
       if self.warmup is not None or self.mechanism_batches:
         raise ValueError("target_sum cells run without a warmup and without the gradient "
@@ -309,6 +318,39 @@ def _needs(advantages) -> set[str]:
   return needs
 
 
+def monte_carlo_k(advantage) -> int:
+  """K of the Monte-Carlo values an advantage function reads (its components needing
+  "mc_values": `vineppo`, `spo`); 0 when it reads none. Batched cells draw them at every
+  action only, and one K per arm."""
+  ks = {int(c.settings["k"]) for c in estimators.components(advantage)
+        if "mc_values" in c.needs}
+  positions = {c.settings["positions"] for c in estimators.components(advantage)
+               if "mc_values" in c.needs}
+  if len(ks) > 1 or positions - {"all"} or any(k < 1 for k in ks):
+    raise ValueError(f"Batched cells draw Monte-Carlo values at every action (positions="
+                     f"'all') with one K >= 1 per arm; got k {sorted(ks)}, positions "
+                     f"{sorted(positions)}.")
+  return ks.pop() if ks else 0
+
+
+def monte_carlo_values(key, values, mask, k, largest: int):
+  """[B, L] V-hat(s_t): the mean reward of k continuations from each action's state, 0 off
+  `mask`. With a 0/1 reward the k continuations' successes are Binomial(k, V(s_t)), V the
+  exact value (`values`, the oracle's, in rows): they are drawn as that count, the sum of
+  k of `largest` uniform comparisons (k may be traced, 0 <= k <= largest). Traceable."""
+  draws = jax.random.uniform(key, (*values.shape, largest)) < jnp.clip(values, 0.0, 1.0)[..., None]
+  successes = jnp.sum(draws & (jnp.arange(largest) < k), axis=-1, dtype=jnp.float32)
+  return jnp.where(mask, successes / jnp.maximum(k, 1), 0.0)
+
+
+def continuation_tokens(mask, k, length: int):
+  """Tokens k continuations from every action's state generate: k (T - t) summed over the
+  actions at response step t (mask [B, L], whose last `length` columns are the response
+  slots). Traceable."""
+  remaining = jnp.arange(length, 0, -1, dtype=jnp.float32)  # T - t
+  return k * jnp.sum(jnp.where(mask[:, -length:], remaining, 0.0))
+
+
 def _optimizer(cell: Cell, model, learning_rate) -> nnx.Optimizer:
   adam = optax.chain(optax.clip_by_global_norm(cell.max_grad_norm),
                      optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate))
@@ -333,13 +375,15 @@ def _task(cell: Cell) -> "_KeyToken | _TargetSum":
 
 
 def make_rollout(cell: Cell, needs=frozenset(EXTRAS)):
-  """rollout(model, key, oracle_extras=False) -> Rollout: one update's batch of the cell
-  (module docstring), with the extras in `needs` (all of them with oracle_extras).
-  Traceable."""
+  """rollout(model, key, oracle_extras=False, mc_k=0) -> Rollout: one update's batch of the
+  cell (module docstring), with the extras in `needs` (all of them with oracle_extras;
+  Monte-Carlo values of mc_k continuations, which may be traced, 0 for none). Traceable."""
   task, group, config = _task(cell), cell.group_size, cell.task
   actions, prompt_len = task.actions, config.prompt_length
+  largest_k = max(monte_carlo_k(estimators.from_config(arm)) for arm in cell.arms)
+  value_needs = {"oracle_advantages", "oracle_values", *estimators.registered.MC_VALUES}
 
-  def rollout(model, key, oracle_extras=False):
+  def rollout(model, key, oracle_extras=False, mc_k=0):
     prompts, targets = task.draw(jax.random.fold_in(key, PROMPT_STREAM), cell.prompts_per_step)
     sample = generate(model, jnp.repeat(prompts, group, axis=0),
                       jnp.ones((prompts.shape[0] * group, prompt_len), bool),
@@ -349,11 +393,15 @@ def make_rollout(cell: Cell, needs=frozenset(EXTRAS)):
     rewards = task.reward(sample.tokens, targets, jax.random.fold_in(key, NOISE_STREAM))
     mask = sample.mask
     extras = {}
-    if oracle_extras or needs & {"oracle_advantages", "oracle_values"}:
+    if oracle_extras or needs & value_needs:
       values, credit = task.credit(task.value_tree(model, prompts, targets[::group]),
                                    sample.tokens, targets, group)
       in_rows = lambda x: jnp.where(mask, jnp.pad(x, [(0, 0), (prompt_len, 0)]), 0.0)
       extras.update(oracle_values=in_rows(values), oracle_advantages=in_rows(credit))
+    if largest_k and (oracle_extras or "mc_values" in needs):
+      extras.update(mc_values=monte_carlo_values(jax.random.fold_in(key, MC_STREAM),
+                                                 extras["oracle_values"], mask, mc_k, largest_k),
+                    mc_evaluated=mask)
     if oracle_extras or "shuffle_priorities" in needs:
       extras["shuffle_priorities"] = jax.random.uniform(jax.random.fold_in(key, EXTRAS_STREAM),
                                                         mask.shape)
@@ -386,6 +434,7 @@ def make_run(cell: Cell):
             "pass@k": jnp.mean(1.0 - (1.0 - success[:, None]) ** ks, axis=0)}
 
   rollout = make_rollout(cell, needs)
+  arm_ks = jnp.asarray([monte_carlo_k(branch) for branch in branches], jnp.int32)
 
   # key_token's fixed decisive positions (none on target_sum, whose cells refuse the warmup
   # and the gradient measurements that read them).
@@ -432,7 +481,7 @@ def make_run(cell: Cell):
                                Estimate(advantages=advantages))[0]
     return jax.flatten_util.ravel_pytree(nnx.grad(loss)(model))[0]
 
-  def mechanism(model, advantage, key):
+  def mechanism(model, advantage, key, mc_k):
     """Over `cell.mechanism_batches` fresh batches from the current policy: the cosine of
     the arm's policy gradient with the exact-credit gradient on the same batch (the oracle's
     A, RMS-scaled like every arm's), the arm's signal fraction |mean g|^2 / mean |g|^2
@@ -446,7 +495,7 @@ def make_run(cell: Cell):
 
     def on_batch(model_state, key):
       model = nnx.merge(model_graphdef, model_state)  # in this trace (nnx modules are not
-      batch = rollout(model, key, oracle_extras=True)  # shared across trace levels)
+      batch = rollout(model, key, oracle_extras=True, mc_k=mc_k)  # shared across trace levels)
       credit = advantage(batch).advantages
       g, g_exact = gradient(model, batch, credit), gradient(model, batch, exact(batch).advantages)
       on_decisive = gradient(model, batch, jnp.where(decisive_columns, credit, 0.0))
@@ -471,7 +520,7 @@ def make_run(cell: Cell):
             "implicit_credit_cosine": jnp.mean(implicit_cosine)}
 
   def run(arm, learning_rate, seed):
-    key = jax.random.key(seed)
+    key, mc_k = jax.random.key(seed), arm_ks[arm]
     model = _policy(cell, seed)
     if cell.warmup is not None:
       warm_start(model, jax.random.fold_in(key, WARMUP_STREAM))
@@ -482,9 +531,10 @@ def make_run(cell: Cell):
                              settings=settings)
 
     def update(state, u):
-      batch = rollout(nnx.merge(graphdef, state)["model"], jax.random.fold_in(key, u))
+      batch = rollout(nnx.merge(graphdef, state)["model"], jax.random.fold_in(key, u), mc_k=mc_k)
       state, metrics = step(state, batch, None, u)
       recorded = {"generated": jnp.sum(batch.mask, dtype=jnp.float32),
+                  "continuations": continuation_tokens(batch.mask, mc_k, config.length),
                   **{name: metrics[name] for name in UPDATE_METRICS}}
       if isinstance(task, _KeyToken):  # every response has T actions
         recorded.update(filler_entropy=jnp.mean(batch.entropy[:, filler_columns]),
@@ -501,7 +551,7 @@ def make_run(cell: Cell):
       if cell.mechanism_batches:
         measure_key = jax.random.fold_in(jax.random.fold_in(key, MECHANISM_STREAM), start)
         gradients = lambda: mechanism(nnx.merge(graphdef, state)["model"], advantage,
-                                      measure_key)
+                                      measure_key, mc_k)
         # `start` is the same for every run: under vmap this stays a branch, so the
         # evaluations without measurements cost nothing.
         measured.update(jax.lax.cond(
@@ -536,7 +586,8 @@ class Runner:
     runs (repeating the last; the same width reuses the compiled program). Returns numpy
     arrays over the runs: "success" [N, n_evals] (exact J), "pass@k" {k: [N, n_evals]}, the
     per-update metrics [N, updates]; "updates" [n_evals] and "gen_tokens" [N, n_evals] (the
-    response tokens each run generated before each measurement); the MECHANISM measurements
+    response tokens each run generated before each measurement) and "charged_tokens" [N,
+    n_evals] (those and its Monte-Carlo continuations'); the MECHANISM measurements
     [N, len(cell.measured_evals)] and their "mechanism_gen_tokens"; "compile_seconds" (0
     when reused) and "run_seconds"."""
     runs = [(int(a), float(r), int(s)) for a, r, s in runs]
@@ -560,17 +611,20 @@ class Runner:
     updates = np.arange(0, self.cell.updates + 1, self.cell.eval_every)
     pass_at = kept(measured["pass@k"])
     evals = list(self.cell.measured_evals)
-    generated = np.concatenate([np.zeros((len(runs), 1)),
-                                np.cumsum(kept(metrics["generated"]), axis=1)], axis=1)
-    gen_tokens = generated[:, updates]
+    so_far = lambda per_update: np.concatenate(
+        [np.zeros((len(runs), 1)), np.cumsum(per_update, axis=1)], axis=1)[:, updates]
+    gen_tokens = so_far(kept(metrics["generated"]))
+    charged = so_far(kept(metrics["generated"]) + kept(metrics["continuations"]))
     return {
         "success": kept(measured["success"]),
         "pass@k": {k: pass_at[..., i] for i, k in enumerate(self.cell.pass_at)},
         **{name: kept(measured[name])[:, evals] for name in MECHANISM if evals},
         "updates": updates,
         "gen_tokens": gen_tokens,
+        "charged_tokens": charged,
         **({"mechanism_gen_tokens": gen_tokens[:, evals]} if evals else {}),
-        **{name: kept(value) for name, value in metrics.items() if name != "generated"},
+        **{name: kept(value) for name, value in metrics.items()
+           if name not in ("generated", "continuations")},
         "compile_seconds": compile_seconds,
         "run_seconds": run_seconds,
     }

@@ -18,8 +18,9 @@ are written once to DIR/cells/<regime>/{tuning,G<g>}.json and skipped on a rerun
 The report (DIR/report.md, figures) holds, per cell: each arm's final J, pass@k, AUC and
 tokens to 0.9 of the best plateau; differences from GRPO paired by seed with bootstrap
 intervals (n/a below 5 seeds), sign-flip p-values Holm-adjusted across the arms, and TOST
-equivalence within +-margin; and the localisation gain Delta_loc = oracle - oracle_seq
-against G.
+equivalence within +-margin; for arms charged more than they sample (the Monte-Carlo
+ladder), J at the cell's budget of charged tokens against GRPO's; and the localisation gain
+Delta_loc = oracle - oracle_seq against G.
 """
 
 import dataclasses
@@ -88,6 +89,9 @@ def _curve(result: dict, row: int) -> dict:
   return {"updates": result["updates"].tolist(), "success": result["success"][row].tolist(),
           "pass@k": {str(k): v[row].tolist() for k, v in result["pass@k"].items()},
           "gen_tokens": result["gen_tokens"][row].tolist(),
+          # Only a run charged for more than it sampled (Monte-Carlo continuations) says so.
+          **({"charged_tokens": result["charged_tokens"][row].tolist()}
+             if np.any(result["charged_tokens"][row] != result["gen_tokens"][row]) else {}),
           "zero_variance_groups": float(result["zero_variance_groups"][row].mean()),
           **({"filler_entropy": float(result["filler_entropy"][row, 0]),
               "noisy_tokens": float(result["noisy_tokens"][row].mean())}
@@ -250,6 +254,38 @@ def comparison_table(comparisons: dict, metric: str) -> list[str]:
   for arm, c in comparisons.items():
     lines.append(f"| {arm} | {report.fmt_interval(*c['delta'])} | {c['p']:.4f} | "
                  f"{c['p_holm']:.4f} | {c['p_tost']:.4f} | {c['verdict']} |")
+  return lines
+
+
+def charged_table(curves: dict, budget: float, rng) -> list[str]:
+  """The arms charged for more tokens than they sample (Monte-Carlo continuations) against
+  GRPO at equal charged tokens: per arm, the tokens charged per run and their multiple of
+  its samples, the samples that fit in the cell's `budget` of charged tokens, and J at that
+  budget (each run's curve read at charged = budget, linear between its measurements)
+  paired by seed with GRPO's J at the end of its run (which spends exactly the budget).
+  Empty when no arm is charged more or GRPO is not in the cell."""
+  charged = {arm: runs for arm, runs in curves.items()
+             if any("charged_tokens" in curve for curve in runs.values())}
+  if not charged or "grpo" not in curves:
+    return []
+  lines = ["At equal charged tokens (sampled + Monte-Carlo continuations), against GRPO at "
+           f"the cell's budget of {budget:,.0f}:", "",
+           "| arm | charged tokens / run | × its samples | samples within the budget | "
+           "J at the budget [95% CI] | Δ vs grpo [95% CI] | p (sign-flip) |",
+           "|---|---|---|---|---|---|---|"]
+  for arm, runs in charged.items():
+    seeds = sorted(set(runs) & set(curves["grpo"]))
+    spent = [runs[s].get("charged_tokens", runs[s]["gen_tokens"]) for s in seeds]
+    at_budget = np.asarray([np.interp(budget, t, runs[s]["success"])
+                            for t, s in zip(spent, seeds)])
+    difference = at_budget - np.asarray([curves["grpo"][s]["success"][-1] for s in seeds])
+    multiple = np.mean([t[-1] / runs[s]["gen_tokens"][-1] for t, s in zip(spent, seeds)])
+    lines.append(
+        f"| {arm} | {np.mean([t[-1] for t in spent]):,.0f} | {multiple:.1f} | "
+        f"{budget / multiple:,.0f} | "
+        f"{report.fmt_interval(*statistics.reported_ci(at_budget, rng, 10000))} | "
+        f"{report.fmt_interval(*statistics.reported_ci(difference, rng, 10000))} | "
+        f"{statistics.sign_flip_p(difference, rng):.4f} |")
   return lines
 
 
@@ -642,6 +678,8 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
       for metric in ("final", "auc"):
         if "grpo" in summary:
           lines += [""] + comparison_table(compare(summary, metric, study.margin, rng), metric)
+      charged = charged_table(curves, tokens, rng)
+      lines += [""] + charged if charged else []
       lines += [""] + mechanism_table(curves)
       lines += [""] + report.learning_curves(workdir, f"{regime}_G{g}", curves) + [""]
   table, slopes, rows = localisation(summaries, all_curves, rng)
