@@ -20,7 +20,14 @@ logits on the same tokens are compared before anything is timed.
    token and otherwise run all steps (a finished row is still computed); here
    no end token is ever produced, so both generate batch x new tokens.
    tunix's call includes its host-side (de)tokenisation of the id strings
-   below, jaxcredit's the copy of the tokens to the host.
+   below, jaxcredit's the copy of the tokens to the host. Decoding a token
+   reads every weight (the tied embedding as the output head) and the KV
+   cache once; the "bound" column divides those bytes by the speed at which
+   this machine streams a weight matrix through a batch-row matmul (the
+   output head's own [batch, D] x [D, V] product, timed in the same run), and
+   "of bound" is the tokens/s reached as a fraction of that. The plain read
+   speed of the same weight (a sum) is printed beside it: the gap between the
+   two is XLA:CPU's matmul kernel at a few rows, not the memory.
 2. One GRPO policy update on a fixed batch (prompts x samples rows, prompt
    64, responses of 64-256 tokens): jaxcredit's learner step (GRPO advantages,
    PPO-clip, Adam) vs tunix's `grpo_loss_fn` under `nnx.value_and_grad` and
@@ -49,7 +56,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from bench.common import machine, table, time_call
+from bench.common import machine, table, time_call, time_calls
 from bench.logprobs import forward_backward
 from jaxcredit import estimators, logprobs, losses
 from jaxcredit.models import Transformer, preset, save_hf_checkpoint
@@ -125,8 +132,26 @@ def logits_gap(ours, theirs, vocab: int) -> float:
   return float(jnp.max(jnp.abs(mine - their)))
 
 
+def streaming_bandwidths(config, batch: int, repeats: int) -> tuple[float, float]:
+  """Bytes/s at which this machine reads the [V, D] float32 output-head weight: in a
+  [batch, D] x [D, V] matmul, and in a plain sum (memory read speed)."""
+  weight = jnp.ones((config.vocab_size, config.d_model), jnp.float32)
+  rows = jnp.ones((batch, config.d_model), jnp.float32)
+  times = time_calls({"matmul": jax.jit(lambda x, w: x @ w.T),
+                      "sum": jax.jit(lambda x, w: jnp.sum(w))}, rows, weight,
+                     repeats=max(repeats, 10))
+  return weight.nbytes / times["matmul"], weight.nbytes / times["sum"]
+
+
+def decode_bytes(model, config, *, batch: int, length: int) -> int:
+  """Bytes one decode step reads: every parameter, and a KV cache of `length` positions."""
+  params = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  cache = 2 * config.n_layers * batch * length * config.n_kv_heads * config.resolved_head_dim * 4
+  return params + cache
+
+
 def sampling_rows(ours, theirs, config, *, batch: int, prompt: int, new: int,
-                  repeats: int) -> list[list]:
+                  repeats: int) -> tuple[list[list], str]:
   vocab = config.vocab_size
   prompts = np.random.default_rng(0).integers(1, vocab, (batch, prompt))
   valid = jnp.ones(prompts.shape, bool)
@@ -148,14 +173,22 @@ def sampling_rows(ours, theirs, config, *, batch: int, prompt: int, new: int,
                   top_p=1.0, return_logprobs=True, seed=next(keys), pad_output=True)
     return out.tokens
 
+  # Tokens/s if every decode step only streamed its bytes (cache at its mean length).
+  step_bytes = decode_bytes(ours, config, batch=batch, length=prompt + new // 2)
+  matmul_speed, read_speed = streaming_bandwidths(config, batch, repeats)
+  bound = batch * matmul_speed / step_bytes
   rows = []
   shape = (f"d={config.d_model}, {config.n_layers} layers, V={config.vocab_size}; "
            f"batch {batch}, prompt {prompt}, {new} new")
+  note = (f"{shape}: a decode step reads {step_bytes / 2**20:,.0f} MiB; this machine reads "
+          f"the output head's weight at {matmul_speed / 1e9:.1f} GB/s in its batch-{batch} "
+          f"matmul and at {read_speed / 1e9:.1f} GB/s in a plain sum")
   for name, run in (("jaxcredit", jaxcredit_run), ("tunix", tunix_run)):
     first, seconds = _timed(run, repeats)
-    rows.append([shape, name, f"{batch * new / seconds:,.0f}", f"{1e3 * seconds:,.0f}",
-                 f"{first:.1f}"])
-  return rows
+    rate = batch * new / seconds
+    rows.append([shape, name, f"{rate:,.0f}", f"{1e3 * seconds:,.0f}", f"{first:.1f}",
+                 f"{bound:,.0f}", f"{rate / bound:.0%}"])
+  return rows, note
 
 
 def grpo_batch(config, *, prompts: int, group: int, prompt: int, response: int):
@@ -280,19 +313,23 @@ def main():
   shapes = [(preset("qwen2.5-0.5b", **SMALL), dict(batch=32, prompt=64, new=256))]
   if not args.skip_large:
     shapes.append((preset("qwen2.5-0.5b"), dict(batch=8, prompt=64, new=128)))
-  sampling, gaps = [], []
+  sampling, notes, gaps = [], [], []
   with tempfile.TemporaryDirectory() as directory:
     for i, (config, shape) in enumerate(shapes):
       ours, theirs = both_models(config, f"{directory}/{i}")
       gaps.append(f"d={config.d_model}: {logits_gap(ours, theirs, config.vocab_size):.1e}")
-      sampling += sampling_rows(ours, theirs, config, repeats=args.repeats, **shape)
+      rows, note = sampling_rows(ours, theirs, config, repeats=args.repeats, **shape)
+      sampling += rows
+      notes.append(note)
       if i == 0:
         grpo = grpo_rows(ours, theirs, config, prompts=args.prompts, group=args.group, prompt=64,
                          response=256, repeats=args.repeats)
       del ours, theirs
   print(f"Same weights: max |logits(jaxcredit) - logits(tunix)| = {', '.join(gaps)}\n")
   print("## Sampling (temperature 1, KV cache)\n")
-  print(table(["shape", "library", "tokens/s", "ms per batch", "first call (s)"], sampling))
+  print(table(["shape", "library", "tokens/s", "ms per batch", "first call (s)",
+               "bound (tokens/s)", "of bound"], sampling))
+  print("\n" + "\n".join(f"- {note}." for note in notes))
   print("\n## One GRPO policy update\n")
   print(table(["shape", "library", "ms per step", "GFLOP (XLA cost analysis)", "temp GiB",
                "first call (s)"], grpo))
