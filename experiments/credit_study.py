@@ -6,6 +6,7 @@ tokens.
   python -m jaxcredit.lab.study --config experiments/credit_study.py:small --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:entropy --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:mc_ladder --workdir DIR
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:critic --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:full --workdir DIR
   ... --config.run_regimes="('uniform_filler',)"   # some regimes now, the others later
 
@@ -23,6 +24,12 @@ regime on seeds excluded from the report. The arms:
   oracle_seq                 R - V(x): the exact baseline, no localisation
   oracle_shuffled            the exact credit permuted within each response
   entropy80 / entropy80_low  GRPO on the top-20% entropy tokens / on the other 80%
+  ppo_gae                    GAE (lambda = 0.95) over a learned critic: the policy's
+                             architecture with a value head, its trunk copied from the
+                             starting policy, regressed on the returns (PPO value clipping)
+                             every update; its ranking of the alternative keys at the
+                             decisive positions is scored against the exact values
+                             (VinePPO's test)
   oracle_mc_K                plain Monte-Carlo credit at every token: V-hat(s_t) from K
                              continuations of each action's state (K in 1, 4, 16, 64), each
                              action credited V-hat(s_(t+1)) - V-hat(s_t); its runs sample as
@@ -36,11 +43,12 @@ run trains the arms a small run's cells lack and reads the rest back).
 
 import ml_collections
 
-PRESETS = ("smoke", "small", "entropy", "mc_ladder", "full")
+PRESETS = ("smoke", "small", "entropy", "mc_ladder", "critic", "full")
 
 ARMS = {
     "grpo": "grpo",
     "dr_grpo": "dr_grpo",
+    "ppo_gae": {"name": "gae", "lam": 0.95},
     "oracle": "oracle",
     "oracle_seq": "oracle_seq",
     "oracle_shuffled": "oracle_shuffled",
@@ -114,6 +122,12 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     # filler regimes beside the core arms (read back from a copy of the small preset's
     # workdir, as for the entropy preset).
     config.arms = {name: ARMS[name] for name in (*CORE, *MC_LADDER)}
+    config.group_sizes = (8,)
+  if preset == "critic":
+    # A learned critic (PPO-GAE) beside the core arms at G = 8 in both filler regimes, and
+    # how well it ranks alternative steps against Monte-Carlo values of the same states
+    # (VinePPO: barely better than chance); read back as for the entropy preset.
+    config.arms = {name: ARMS[name] for name in (*CORE, "ppo_gae")}
     config.group_sizes = (8,)
   if preset == "full":
     # T in {24, 96, 384} x filler {uniform, peaked}, a start at J = 0.3 (keys right 40%

@@ -316,3 +316,54 @@ def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_
                              atol=1e-5)
   with pytest.raises(ValueError, match="every action"):
     _cell({"name": "vineppo", "k": 4, "positions": "stride:2"})
+
+
+def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact_values():
+  """ppo_gae (GAE over a learned critic) in a batched cell: every run trains a critic
+  started from its policy; at the measurements, the critic's and Monte-Carlo rankings of
+  the alternative keys at each decisive position are scored against the exact values,
+  which equal the host oracle's on the same responses with the key changed, and the
+  critic's values of those states equal the learner's critic_values."""
+  from jaxcredit.train import steps
+
+  ppo_gae = {"name": "gae", "lam": 0.95}
+  cell = _cell("grpo", ppo_gae, mechanism_batches=1)
+  assert batched.has_critic(cell) and not batched.has_critic(_cell("grpo", "oracle"))
+  result = batched.Runner(cell).train([(0, 1e-2, 3), (1, 1e-2, 3), (1, 3e-3, 4)])
+  for name in batched.RANKING:
+    assert result[name].shape == (3, 3) and np.all((result[name] >= 0) & (result[name] <= 1))
+  assert np.all(result["grad_norm"][1:].max(axis=1) > 0)
+  # Against the host oracle and the learner's critic on one batch.
+  model = Transformer(MODEL, rngs=nnx.Rngs(0))
+  nnx.update(model, jax.tree.map(lambda x: 3 * x, nnx.state(model, nnx.Param)))
+  critic = batched._critic(cell, model, 0)
+  batch = batched.make_rollout(cell)(model, jax.random.key(1))
+  tokens, p = np.asarray(batch.tokens), TASK.prompt_length
+  prompts, targets = batched.prompts_of(tokens[::cell.group_size, 1:3] - key_token.KEY0, TASK)
+  tree = oracle.decisive_values(model, TASK, prompts, targets)
+  exact = np.asarray(batched.alternative_values(tree, batch.tokens, TASK, cell.group_size))
+  scores = np.asarray(batched.critic_alternatives(critic, batch, TASK, batched._task(cell).actions))
+  row_targets = np.repeat(np.asarray(targets), cell.group_size, axis=0)
+  for k, position in enumerate(TASK.decisive_positions):
+    for c in range(TASK.n_keys):
+      changed = tokens.copy()
+      changed[:, p + position] = key_token.KEY0 + c
+      host = oracle.decisive_credit(model, TASK, changed, batch.mask, row_targets)
+      np.testing.assert_allclose(exact[:, k, c], np.asarray(host.values)[:, p + position + 1],
+                                 atol=1e-6)
+      learner_values = steps.critic_values(critic, batch.replace(tokens=jnp.asarray(changed)),
+                                           batched._task(cell).actions)
+      np.testing.assert_allclose(scores[:, k, c], learner_values[:, p + position + 1], atol=1e-6)
+  # top-1 agreement against a loop; a random order scores the share of exact maxima; many
+  # continuations rank distinct values right.
+  rng = np.random.default_rng(0)
+  values = rng.integers(0, 3, (50, 2, 3)) / 2.0
+  guesses = rng.normal(size=values.shape)
+  want = np.mean([values[i, k, np.argmax(guesses[i, k])] == values[i, k].max()
+                  for i in range(50) for k in range(2)])
+  np.testing.assert_allclose(batched.top1_agreement(guesses, values), want)
+  ranks = batched.ranking(guesses, values, jax.random.key(0))
+  np.testing.assert_allclose(ranks["random_top1"], np.mean(values == values.max(-1, keepdims=True)))
+  distinct = np.broadcast_to([0.05, 0.5, 0.95], (200, 1, 3))
+  ranks = batched.ranking(np.zeros((200, 1, 3)), distinct, jax.random.key(1))
+  assert ranks["critic_top1"] == 0.0 and ranks["mc64_top1"] == 1.0 and ranks["mc1_top1"] < 0.9

@@ -77,6 +77,7 @@ def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_
   grpo_row = [line for line in text.splitlines() if line.startswith("| grpo | ") and " / " in line]
   assert 0 < float(grpo_row[0].split("|")[-2]) <= 4.0
   assert (tmp_path / "learning_curves_uniform_filler_G2.png").exists()
+  assert (tmp_path / "learning_curves_uniform_filler_G2_charged.png").exists()
   # A rerun reads every finished cell back instead of training it.
   with patched_train(monkeypatch):
     assert sweep.run(study, str(tmp_path)) == summaries
@@ -209,7 +210,8 @@ def test_busy_time_is_the_union_of_the_pieces_spans():
 
 @pytest.mark.parametrize("preset, added", [
     ("entropy", {"entropy80", "entropy80_low"}),
-    ("mc_ladder", {"oracle_mc_1", "oracle_mc_4", "oracle_mc_16", "oracle_mc_64"})])
+    ("mc_ladder", {"oracle_mc_1", "oracle_mc_4", "oracle_mc_16", "oracle_mc_64"}),
+    ("critic", {"ppo_gae"})])
 def test_the_g8_presets_read_the_small_presets_pieces_back(preset, added):
   """Their tuning and G = 8 pieces have the small preset's signatures (a run in a copy of
   the small workdir trains only the added arms), and they add every one of them."""
@@ -353,3 +355,14 @@ def test_the_charged_table_reads_monte_carlo_runs_at_grpos_budget_of_charged_tok
   assert len(lines) == 5 and lines[-1].startswith("| oracle_mc_1 | 2,000 | 10.0 | 20 | ")
   assert f"{np.mean(at_budget):.3f} (n/a)" in lines[-1] and f"{delta:.3f} (n/a)" in lines[-1]
   assert sweep.charged_table({"grpo": grpo, "oracle": grpo}, 200, np.random.default_rng(0)) == []
+
+
+def test_the_ranking_table_lists_the_arms_that_trained_a_critic():
+  run = lambda shift: {"mechanism_gen_tokens": [0, 5000], "critic_top1": [0.25, 0.5 + shift],
+                       **{name: [0.25, 0.75] for name in batched.RANKING[1:]}}
+  lines = sweep.ranking_table({"grpo": {0: {"gen_tokens": [0]}},
+                               "ppo_gae": {0: run(0.0), 1: run(0.1)}})
+  assert "after 0k / 5k generated tokens" in lines[0]
+  assert lines[2] == "| arm | critic | random | mc1 | mc4 | mc16 | mc64 |"
+  assert lines[-1] == "| ppo_gae | 0.25 / 0.55 | " + " | ".join(["0.25 / 0.75"] * 5) + " |"
+  assert sweep.ranking_table({"grpo": {0: {"gen_tokens": [0]}}}) == []

@@ -24,7 +24,10 @@ One run is a pure function of its arm (an index into cell.arms), learning rate a
     V-hat(s_t) of K continuations from every action's state, drawn in distribution
     (`monte_carlo_values`) and charged;
   - one learner step (`learner.make_step`: `cell.objective` on the whole batch, the arm's
-    estimator chosen by `lax.switch`);
+    estimator chosen by `lax.switch`); in a cell with a critic arm (CRITICS: `ppo_gae`)
+    every run also trains a critic (the policy's architecture with a value head, its trunk
+    copied from the starting policy) on the batch's returns, and its values V(s_t) are the
+    batch's `values`;
   - exact J(pi) = mean_x V^pi(x) and pass@k on the evaluation prompts (every prompt when
     there are at most `eval_prompts`, else a fixed sample) before updates 0, E, 2E, ...
     and after the last.
@@ -67,7 +70,11 @@ EXTRAS = ("oracle_advantages", "oracle_values", "shuffle_priorities",
           *estimators.registered.MC_VALUES)  # what a cell can compute
 UPDATE_METRICS = ("reward_mean", "zero_variance_groups", "entropy", "grad_norm")
 TaskConfig = key_token.KeyTokenConfig | target_sum.TargetSumConfig
-WARMUP_STREAM, MECHANISM_STREAM, MC_STREAM = 4, 5, 6
+WARMUP_STREAM, MECHANISM_STREAM, MC_STREAM, CRITIC_STREAM = 4, 5, 6, 7
+CRITICS = ("gae",)  # estimators that read a learned critic's values V(s_t) (rollout.values)
+CRITIC_LEARNING_RATE = 1e-3  # the critic's Adam (the policy's rate is tuned per arm)
+RANKING_KS = (1, 4, 16, 64)  # Monte-Carlo rankings of the alternatives beside the critic's
+RANKING = ("critic_top1", "random_top1", *(f"mc{k}_top1" for k in RANKING_KS))
 MECHANISM = ("cosine_to_exact", "signal_fraction", "decisive_norm", "filler_norm",
              "credit_cosine", "implicit_credit_cosine")
 DEFAULT_OBJECTIVE = {"policy": {"name": "ppo_clip", "aggregation": "seq-mean-token-sum-norm"}}
@@ -225,6 +232,63 @@ def implicit_credit(credit, tokens, seen, group_size: int):
       b, length)
 
 
+def alternative_values(tree, tokens, config: key_token.KeyTokenConfig, group_size: int):
+  """[B, K, |C|]: the exact value of each response's state after each alternative key c at
+  its k-th decisive position (its earlier decisive tokens as sampled), read from the value
+  tree of the batch's prompts (one per group of `group_size` rows; E-DEC, filler hidden).
+  tokens [B, P + T]. Traceable."""
+  n_keys, prompt_len = config.n_keys, config.prompt_length
+  index, alternatives = jnp.zeros(tokens.shape[0], jnp.int32), []
+  for k, position in enumerate(config.decisive_positions):
+    w = jnp.repeat(tree[k + 1], group_size, axis=0)  # [B, |C|^(k+1)]
+    alternatives.append(jnp.take_along_axis(w, index[:, None] * n_keys + jnp.arange(n_keys),
+                                            axis=1))
+    index = index * n_keys + tokens[:, prompt_len + position] - key_token.KEY0
+  return jnp.stack(alternatives, axis=1)
+
+
+def critic_alternatives(critic, batch: Rollout, config: key_token.KeyTokenConfig,
+                        actions: Actions):
+  """[B, K, |C|]: the critic's value of the same states as `alternative_values` (the
+  response with key c at its k-th decisive position, read after that token). Traceable."""
+  n_keys, prompt_len = config.n_keys, config.prompt_length
+  b, length = batch.tokens.shape
+  columns = prompt_len + np.asarray(config.decisive_positions)
+  rows = jnp.broadcast_to(batch.tokens[:, None, None], (b, len(columns), n_keys, length))
+  rows = rows.at[:, np.arange(len(columns)), :, columns].set(
+      key_token.KEY0 + jnp.arange(n_keys))  # [K, B, |C|]: key c at the k-th column
+  repeat = lambda x: jnp.broadcast_to(x[:, None, None], rows.shape).reshape(-1, length)
+  values = critic(actions.observe(rows.reshape(-1, length)), positions=repeat(batch.positions),
+                  token_valid=repeat(batch.token_valid), logits=False).values
+  values = values.reshape(b, len(columns), n_keys, length)
+  return jnp.take_along_axis(values, jnp.asarray(columns)[None, :, None, None], axis=-1)[..., 0]
+
+
+def top1_agreement(scores, exact):
+  """The fraction of states [..., |C|] whose highest score (the first on ties) falls on an
+  exactly best alternative (within 1e-6). Traceable."""
+  best = jnp.max(exact, axis=-1, keepdims=True)
+  chosen = jnp.take_along_axis(exact, jnp.argmax(scores, axis=-1)[..., None], axis=-1)
+  return jnp.mean(chosen >= best - 1e-6)
+
+
+def ranking(critic_scores, exact, key):
+  """{RANKING: top-1 agreement with the exact values [B, K, |C|]}: of the critic's scores;
+  of a random order (the share of exact maxima among the alternatives); and of Monte-Carlo
+  values from k continuations per alternative (Binomial(k, V) / k, ties broken at random)
+  for k in RANKING_KS. Traceable."""
+  best = jnp.max(exact, axis=-1, keepdims=True)
+  out = {"critic_top1": top1_agreement(critic_scores, exact),
+         "random_top1": jnp.mean(jnp.mean(exact >= best - 1e-6, axis=-1))}
+  draws_key, ties_key = jax.random.split(key)
+  ties = jax.random.uniform(ties_key, exact.shape)
+  for k in RANKING_KS:
+    successes = jnp.sum(jax.random.uniform(jax.random.fold_in(draws_key, k), (*exact.shape, k))
+                        < jnp.clip(exact, 0.0, 1.0)[..., None], axis=-1)
+    out[f"mc{k}_top1"] = top1_agreement(successes + 0.5 * ties, exact)
+  return out
+
+
 class _KeyToken:
   """What a cell's runs need from key_token (traceable): prompts, rewards, exact values."""
 
@@ -357,8 +421,29 @@ def _optimizer(cell: Cell, model, learning_rate) -> nnx.Optimizer:
   return nnx.Optimizer(model, adam, wrt=nnx.Param)
 
 
-def _modules(model, cell: Cell, learning_rate) -> dict:
-  return {"model": model, "optimizer": _optimizer(cell, model, learning_rate)}
+def has_critic(cell: Cell) -> bool:
+  """Whether an arm of the cell reads a learned critic (CRITICS): then every run of the cell
+  trains one (its own arm may ignore it)."""
+  return any(component.name in CRITICS for arm in cell.arms
+             for component in estimators.components(estimators.from_config(arm)))
+
+
+def _critic(cell: Cell, policy: Transformer, seed) -> Transformer:
+  """The policy's architecture with a scalar value head (zero-initialised), its trunk a copy
+  of the policy's (after any warm start), as PPO critics start from the SFT model."""
+  critic = Transformer(dataclasses.replace(cell.model, value_head=True),
+                       rngs=nnx.Rngs(jax.random.fold_in(jax.random.key(seed), CRITIC_STREAM)))
+  nnx.update(critic, nnx.state(policy, nnx.Param))
+  return critic
+
+
+def _modules(model, cell: Cell, learning_rate, critic=None) -> dict:
+  modules = {"model": model, "optimizer": _optimizer(cell, model, learning_rate)}
+  if critic is not None:
+    adam = optax.chain(optax.clip_by_global_norm(cell.max_grad_norm),
+                       optax.adam(CRITIC_LEARNING_RATE))
+    modules.update(critic=critic, critic_optimizer=nnx.Optimizer(critic, adam, wrt=nnx.Param))
+  return modules
 
 
 def _policy(cell: Cell, seed) -> Transformer:
@@ -422,8 +507,19 @@ def make_run(cell: Cell):
   needs = _needs(branches)
   task = _task(cell)
   actions, prompt_len = task.actions, config.prompt_length
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: _modules(_policy(cell, 0), cell, 1.0)))
-  objective, settings = losses.from_config(cell.objective), learner.Settings(actions=actions)
+  critic = has_critic(cell)
+
+  def modules(seed, learning_rate, warm_start=None):
+    model = _policy(cell, seed)
+    if warm_start is not None:
+      warm_start(model)
+    return _modules(model, cell, learning_rate, _critic(cell, model, seed) if critic else None)
+
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: modules(0, 1.0)))
+  objective = losses.from_config(cell.objective)
+  # The critic regresses on Monte-Carlo returns (lambda = 1), clipped as in PPO.
+  settings = learner.Settings(actions=actions,
+                              critic=learner.CriticSettings() if critic else None)
   eval_prompts, eval_targets = task.eval_prompts
   ks = jnp.asarray(cell.pass_at, jnp.float32)
 
@@ -481,21 +577,31 @@ def make_run(cell: Cell):
                                Estimate(advantages=advantages))[0]
     return jax.flatten_util.ravel_pytree(nnx.grad(loss)(model))[0]
 
-  def mechanism(model, advantage, key, mc_k):
+  ranked = critic and isinstance(task, _KeyToken) and config.filler_blind
+
+  def with_values(models, batch):
+    """The batch with the critic's values V(s_t) (as the learner step adds them)."""
+    if not critic:
+      return batch
+    return batch.replace(values=train_steps.critic_values(models["critic"], batch, actions))
+
+  def mechanism(models, advantage, key, mc_k):
     """Over `cell.mechanism_batches` fresh batches from the current policy: the cosine of
     the arm's policy gradient with the exact-credit gradient on the same batch (the oracle's
     A, RMS-scaled like every arm's), the arm's signal fraction |mean g|^2 / mean |g|^2
     (1: every batch agrees; 1/R: pure noise over R batches), and the norms of its gradient
     restricted to the decisive and to the filler tokens (the gradient is linear in the
-    advantages: the two parts sum to it); and over tokens, the cosine of the arm's credit
-    with the exact credit, raw and as the gradient sees it (`implicit_credit`)."""
+    advantages: the two parts sum to it); over tokens, the cosine of the arm's credit with
+    the exact credit, raw and as the gradient sees it (`implicit_credit`); and with a critic
+    on filler-blind key_token, how well it ranks the alternative keys (`ranking`)."""
     exact = estimators.from_config({"scale": "rms", "of": "oracle"})
+    used = {name: models[name] for name in ("model", "critic") if name in models}
+    models_graphdef, models_state = nnx.split(used)
 
-    model_graphdef, model_state = nnx.split(model)
-
-    def on_batch(model_state, key):
-      model = nnx.merge(model_graphdef, model_state)  # in this trace (nnx modules are not
-      batch = rollout(model, key, oracle_extras=True, mc_k=mc_k)  # shared across trace levels)
+    def on_batch(models_state, key):
+      models = nnx.merge(models_graphdef, models_state)  # in this trace (nnx modules are not
+      model = models["model"]  # shared across trace levels)
+      batch = with_values(models, rollout(model, key, oracle_extras=True, mc_k=mc_k))
       credit = advantage(batch).advantages
       g, g_exact = gradient(model, batch, credit), gradient(model, batch, exact(batch).advantages)
       on_decisive = gradient(model, batch, jnp.where(decisive_columns, credit, 0.0))
@@ -503,35 +609,44 @@ def make_run(cell: Cell):
       implicit = implicit_credit(credit, batch.tokens, seen_columns, group)
       credit_cosines = (_cosine(credit, batch.extras["oracle_advantages"], batch.mask),
                         _cosine(implicit, batch.extras["oracle_advantages"], batch.mask))
+      ranks = {}
+      if ranked:
+        prompts = batch.tokens[::group, :prompt_len]
+        _, targets = prompts_of(prompts[:, 1:1 + config.n_decisive] - key_token.KEY0, config)
+        alternatives = alternative_values(task.value_tree(model, prompts, targets),
+                                          batch.tokens, config, group)
+        ranks = ranking(critic_alternatives(models["critic"], batch, config, actions),
+                        alternatives, jax.random.fold_in(key, MC_STREAM))
       return (g, cosine, jnp.linalg.norm(on_decisive), jnp.linalg.norm(g - on_decisive),
-              *credit_cosines)
+              *credit_cosines, ranks)
 
     # One batch at a time: under the vmap over runs, batches side by side would hold every
     # batch's three backward passes at once (0.35 GiB per run at G = 32, 8 x 32 responses).
     keys = jax.random.split(key, cell.mechanism_batches)
-    _, (g, cosine, decisive_norm, filler_norm, credit_cosine, implicit_cosine) = jax.lax.scan(
-        lambda state, batch_key: (state, on_batch(state, batch_key)), model_state, keys)
+    _, (g, cosine, decisive_norm, filler_norm, credit_cosine, implicit_cosine, ranks) = (
+        jax.lax.scan(lambda state, batch_key: (state, on_batch(state, batch_key)),
+                     models_state, keys))
     power = jnp.mean(jnp.sum(g**2, axis=1))
     mean_power = jnp.sum(jnp.mean(g, axis=0) ** 2)
     signal = jnp.where(power > 0, mean_power / jnp.where(power > 0, power, 1.0), 0.0)
     return {"cosine_to_exact": jnp.mean(cosine), "signal_fraction": signal,
             "decisive_norm": jnp.mean(decisive_norm), "filler_norm": jnp.mean(filler_norm),
             "credit_cosine": jnp.mean(credit_cosine),
-            "implicit_credit_cosine": jnp.mean(implicit_cosine)}
+            "implicit_credit_cosine": jnp.mean(implicit_cosine),
+            **{name: jnp.mean(value) for name, value in ranks.items()}}
 
   def run(arm, learning_rate, seed):
     key, mc_k = jax.random.key(seed), arm_ks[arm]
-    model = _policy(cell, seed)
-    if cell.warmup is not None:
-      warm_start(model, jax.random.fold_in(key, WARMUP_STREAM))
-    state = nnx.state(_modules(model, cell, learning_rate))
+    state = nnx.state(modules(seed, learning_rate, None if cell.warmup is None else (
+        lambda model: warm_start(model, jax.random.fold_in(key, WARMUP_STREAM)))))
     advantage = lambda rollout: Estimate(advantages=jax.lax.switch(
         arm, [lambda r, f=f: f(r).advantages for f in branches], rollout))
     step = learner.make_step(graphdef, advantage=advantage, objective=objective,
                              settings=settings)
 
     def update(state, u):
-      batch = rollout(nnx.merge(graphdef, state)["model"], jax.random.fold_in(key, u), mc_k=mc_k)
+      models = nnx.merge(graphdef, state)
+      batch = with_values(models, rollout(models["model"], jax.random.fold_in(key, u), mc_k=mc_k))
       state, metrics = step(state, batch, None, u)
       recorded = {"generated": jnp.sum(batch.mask, dtype=jnp.float32),
                   "continuations": continuation_tokens(batch.mask, mc_k, config.length),
@@ -550,13 +665,12 @@ def make_run(cell: Cell):
       measured = evaluate(state)
       if cell.mechanism_batches:
         measure_key = jax.random.fold_in(jax.random.fold_in(key, MECHANISM_STREAM), start)
-        gradients = lambda: mechanism(nnx.merge(graphdef, state)["model"], advantage,
-                                      measure_key, mc_k)
+        gradients = lambda: mechanism(nnx.merge(graphdef, state), advantage, measure_key, mc_k)
         # `start` is the same for every run: under vmap this stays a branch, so the
         # evaluations without measurements cost nothing.
         measured.update(jax.lax.cond(
             jnp.isin(start // cell.eval_every, jnp.asarray(cell.measured_evals)), gradients,
-            lambda: {name: jnp.zeros(()) for name in MECHANISM}))
+            lambda: {name: jnp.zeros(()) for name in MECHANISM + (RANKING if ranked else ())}))
       return measured
 
     def block(state, start):
@@ -587,9 +701,9 @@ class Runner:
     arrays over the runs: "success" [N, n_evals] (exact J), "pass@k" {k: [N, n_evals]}, the
     per-update metrics [N, updates]; "updates" [n_evals] and "gen_tokens" [N, n_evals] (the
     response tokens each run generated before each measurement) and "charged_tokens" [N,
-    n_evals] (those and its Monte-Carlo continuations'); the MECHANISM measurements
-    [N, len(cell.measured_evals)] and their "mechanism_gen_tokens"; "compile_seconds" (0
-    when reused) and "run_seconds"."""
+    n_evals] (those and its Monte-Carlo continuations'); the MECHANISM (and RANKING, with a
+    critic on filler-blind key_token) measurements [N, len(cell.measured_evals)] and their
+    "mechanism_gen_tokens"; "compile_seconds" (0 when reused) and "run_seconds"."""
     runs = [(int(a), float(r), int(s)) for a, r, s in runs]
     if not runs or any(not 0 <= a < len(self.cell.arms) for a, _, _ in runs):
       raise ValueError(f"Expected runs (arm index in [0, {len(self.cell.arms)}), learning "
@@ -618,7 +732,8 @@ class Runner:
     return {
         "success": kept(measured["success"]),
         "pass@k": {k: pass_at[..., i] for i, k in enumerate(self.cell.pass_at)},
-        **{name: kept(measured[name])[:, evals] for name in MECHANISM if evals},
+        **{name: kept(measured[name])[:, evals] for name in MECHANISM + RANKING
+           if evals and name in measured},
         "updates": updates,
         "gen_tokens": gen_tokens,
         "charged_tokens": charged,

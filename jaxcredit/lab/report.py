@@ -170,9 +170,12 @@ def _pyplot():
   return plt
 
 
-def learning_curves(workdir: pathlib.Path, task: str, curves: dict) -> list[str]:
+def learning_curves(workdir: pathlib.Path, task: str, curves: dict, *,
+                    charged: bool = False) -> list[str]:
   """learning_curves_<task>.png: mean exact J(pi) over seeds (a 95% bootstrap band from 5
-  seeds) against updates and against generated tokens on a log axis."""
+  seeds) against updates and against generated tokens on a log axis; charged=True:
+  learning_curves_<task>_charged.png, against the tokens each run is charged (its
+  "charged_tokens", else its generated tokens)."""
   plt = _pyplot()
   if plt is None:
     return ["(figures skipped: matplotlib is not installed; `pip install jaxcredit[plot]`)"]
@@ -181,7 +184,8 @@ def learning_curves(workdir: pathlib.Path, task: str, curves: dict) -> list[str]
   for name, runs in curves.items():
     updates = np.asarray(next(iter(runs.values()))["updates"])
     success = np.asarray([runs[s]["success"] for s in sorted(runs)])
-    tokens = np.asarray([runs[s]["gen_tokens"] for s in sorted(runs)], float).mean(axis=0)
+    tokens = np.asarray([runs[s].get("charged_tokens", runs[s]["gen_tokens"]) if charged
+                         else runs[s]["gen_tokens"] for s in sorted(runs)], float).mean(axis=0)
     mean = success.mean(axis=0)
     positive = tokens > 0
     for ax, x, keep in ((axes[0], updates, slice(None)), (axes[1], tokens, positive)):
@@ -190,7 +194,9 @@ def learning_curves(workdir: pathlib.Path, task: str, curves: dict) -> list[str]
         bands = np.asarray([bootstrap_ci(c, rng, 1000) for c in success.T])
         ax.fill_between(x[keep], bands[keep, 1], bands[keep, 2], alpha=0.2)
   axes[0].set_xlabel("updates")
-  axes[1].set_xlabel("generated tokens (policy samples + estimator rollouts; log scale)")
+  axes[1].set_xlabel("charged tokens (policy samples + Monte-Carlo continuations; log scale)"
+                     if charged else
+                     "generated tokens (policy samples + estimator rollouts; log scale)")
   axes[1].set_xscale("log")
   for ax in axes:
     ax.set_ylabel("exact J(π) on held-out prompts")
@@ -198,9 +204,10 @@ def learning_curves(workdir: pathlib.Path, task: str, curves: dict) -> list[str]
   axes[0].legend(fontsize=8)
   axes[0].set_title(task)
   fig.tight_layout()
-  fig.savefig(workdir / f"learning_curves_{task}.png", dpi=120)
+  name = f"learning_curves_{task}{'_charged' if charged else ''}.png"
+  fig.savefig(workdir / name, dpi=120)
   plt.close(fig)
-  return [f"![learning curves on {task}](learning_curves_{task}.png)"]
+  return [f"![learning curves on {task}{' at charged tokens' if charged else ''}]({name})"]
 
 
 def credit_heatmap(workdir: pathlib.Path) -> list[str]:

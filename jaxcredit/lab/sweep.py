@@ -96,7 +96,8 @@ def _curve(result: dict, row: int) -> dict:
           **({"filler_entropy": float(result["filler_entropy"][row, 0]),
               "noisy_tokens": float(result["noisy_tokens"][row].mean())}
              if "filler_entropy" in result else {}),
-          **{name: result[name][row].tolist() for name in batched.MECHANISM if name in result},
+          **{name: result[name][row].tolist() for name in batched.MECHANISM + batched.RANKING
+             if name in result},
           **({"mechanism_gen_tokens": result["mechanism_gen_tokens"][row].tolist()}
              if "mechanism_gen_tokens" in result else {})}
 
@@ -617,6 +618,30 @@ def mechanism_table(curves: dict) -> list[str]:
   return lines
 
 
+def ranking_table(curves: dict) -> list[str]:
+  """The critic's ranking of alternative steps (`batched.ranking`) for the arms that trained
+  a critic, at the measured checkpoints (means over seeds): top-1 agreement with the exact
+  values for the critic, a random order and Monte-Carlo values of k continuations."""
+  runs = {arm: list(by_seed.values()) for arm, by_seed in curves.items()
+          if all("critic_top1" in run for run in by_seed.values())}
+  if not runs:
+    return []
+  first = next(iter(runs.values()))[0]
+  at = " / ".join(f"{t / 1e3:,.0f}k" for t in first["mechanism_gen_tokens"])
+  columns = [name for name in batched.RANKING if name in first]
+  lines = [f"Ranking the alternative keys at each decisive position (top-1 agreement with the "
+           f"exact values; means over seeds after {at} generated tokens): the critic trained "
+           "beside the arm, a random order, and Monte-Carlo values of k continuations per "
+           "alternative (ties broken at random).", "",
+           "| arm | " + " | ".join(name.replace("_top1", "") for name in columns) + " |",
+           "|---|" + "---|" * len(columns)]
+  for arm, by_arm in runs.items():
+    lines.append(f"| {arm} | " + " | ".join(
+        " / ".join(f"{v:.2f}" for v in np.mean([run[name] for run in by_arm], axis=0))
+        for name in columns) + " |")
+  return lines
+
+
 def busy_seconds(spans) -> float:
   """The length of the union of the (start, end) spans: the time during which at least one
   piece ran."""
@@ -681,7 +706,11 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
       charged = charged_table(curves, tokens, rng)
       lines += [""] + charged if charged else []
       lines += [""] + mechanism_table(curves)
+      ranks = ranking_table(curves)
+      lines += [""] + ranks if ranks else []
       lines += [""] + report.learning_curves(workdir, f"{regime}_G{g}", curves) + [""]
+      if charged:
+        lines += report.learning_curves(workdir, f"{regime}_G{g}", curves, charged=True) + [""]
   table, slopes, rows = localisation(summaries, all_curves, rng)
   lines += ["## Localisation gain against G and GRPO's gradient noise", ""] + table + [""]
   for (group, metric, name), (slope, low, high) in slopes.items():
