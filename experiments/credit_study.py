@@ -129,6 +129,8 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     # (VinePPO: barely better than chance); read back as for the entropy preset.
     config.arms = {name: ARMS[name] for name in (*CORE, "ppo_gae")}
     config.group_sizes = (8,)
+    config.runs_per_program = 10  # one new arm x 10 seeds: no padding to 40 runs
+    config.workers = 1  # a regime's cell waits for its tuning: one process on both cores
   if preset == "full":
     # T in {24, 96, 384} x filler {uniform, peaked}, a start at J = 0.3 (keys right 40%
     # of the time after the SFT: (0.4 + 0.6 / 4)^2 = 0.30), visible filler; the budget scales with T
