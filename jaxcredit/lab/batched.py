@@ -386,10 +386,9 @@ def monte_carlo_k(advantage) -> int:
   """K of the Monte-Carlo values an advantage function reads (its components needing
   "mc_values": `vineppo`, `spo`); 0 when it reads none. Batched cells draw them at every
   action only, and one K per arm."""
-  ks = {int(c.settings["k"]) for c in estimators.components(advantage)
-        if "mc_values" in c.needs}
-  positions = {c.settings["positions"] for c in estimators.components(advantage)
-               if "mc_values" in c.needs}
+  readers = [c for c in estimators.components(advantage) if "mc_values" in c.needs]
+  ks = {int(c.settings["k"]) for c in readers}
+  positions = {c.settings["positions"] for c in readers}
   if len(ks) > 1 or positions - {"all"} or any(k < 1 for k in ks):
     raise ValueError(f"Batched cells draw Monte-Carlo values at every action (positions="
                      f"'all') with one K >= 1 per arm; got k {sorted(ks)}, positions "
