@@ -7,6 +7,7 @@ tokens.
   python -m jaxcredit.lab.study --config experiments/credit_study.py:entropy --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:mc_ladder --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:critic --workdir DIR
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:regimes --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:full --workdir DIR
   ... --config.run_regimes="('uniform_filler',)"   # some regimes now, the others later
 
@@ -43,7 +44,7 @@ run trains the arms a small run's cells lack and reads the rest back).
 
 import ml_collections
 
-PRESETS = ("smoke", "small", "entropy", "mc_ladder", "critic", "full")
+PRESETS = ("smoke", "small", "entropy", "mc_ladder", "critic", "regimes", "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -131,35 +132,21 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.group_sizes = (8,)
     config.runs_per_program = 10  # one new arm x 10 seeds: no padding to 40 runs
     config.workers = 1  # a regime's cell waits for its tuning: one process on both cores
-  if preset == "full":
-    # T in {24, 96, 384} x filler {uniform, peaked}, a start at J = 0.3 (keys right 40%
-    # of the time after the SFT: (0.4 + 0.6 / 4)^2 = 0.30), visible filler; the budget scales with T
-    # (the same number of updates). ~14 billion generated tokens: 30 hours or more on
-    # a 2-core CPU at the small preset's rate, so one accelerator (workers = 1), in pieces
-    # (run_regimes).
-    # (T = 24: the small preset's regimes, under their names: a full run resumes its cells.)
-    regimes = config.regimes.to_dict()
-    for length in (96, 384):
-      long_task = {**task, "length": length}
-      regimes[f"uniform_filler_T{length}"] = {"task": long_task, "budget_scale": length / 24}
-      regimes[f"peaked_filler_T{length}"] = {**regimes["peaked_filler"], "task": long_task,
-                                             "budget_scale": length / 24}
-    regimes["start_at_0_3"] = {"task": task, "warmup": {
-        "steps": 300, "filler_probs": [0.25] * 4, "key_accuracy": 0.4}}
-    # Visible filler: later keys' conditionals read earlier filler, which can then carry
-    # credit; the exact oracle is E-TREE over 2^(p_K - 1) = 16 paths per prompt (T = 8).
-    regimes["visible_filler_T8"] = {
-        "task": {**task, "length": 8, "n_fillers": 2, "filler_blind": False},
-        "budget_scale": 8 / 24}
-    # target_sum (LAB.md 1.2): up to 6 digits in 0..3 summing to S ~ U[3, 15], EOS allowed;
-    # the decisive digits differ from response to response. E-TREE: 4^5 = 1,024 paths per
-    # prompt. 7 response slots: the T = 24 cells' updates.
-    regimes["target_sum"] = {"task_name": "target_sum", "task": {
-        "n_digits": 6, "n_values": 4, "target_low": 3, "target_high": 15}, "budget_scale": 7 / 24}
-    config.regimes = regimes
+  if preset in ("full", "regimes"):
+    config.regimes = _full_regimes(config.regimes.to_dict(), task)
     config.arms = ARMS
     config.workers = 1
-  elif preset == "smoke":
+  if preset == "regimes":
+    # The regimes of the full preset that this 2-core CPU runs in about an hour (2 workers):
+    # visible filler (E-TREE, T = 8) and the start at J = 0.3, with the core arms at every G.
+    # target_sum's E-TREE teacher-forces 1,024 paths per prompt per update (3.4k generated
+    # tokens/s here, about 70 minutes per G = 8 cell) and T = 96 / 384 scale the tokens 4x /
+    # 16x: those run on an accelerator.
+    config.regimes = {name: config.regimes[name] for name in ("visible_filler_T8",
+                                                              "start_at_0_3")}
+    config.arms = {name: ARMS[name] for name in CORE}
+    config.workers = 2
+  if preset == "smoke":
     config.regimes = {"uniform_filler": {"task": {"length": 6, "n_decisive": 2, "n_keys": 3,
                                                   "n_fillers": 2, "filler_blind": True}}}
     config.model.overrides = {"n_layers": 1, "d_model": 32, "n_heads": 2, "n_kv_heads": 2,
@@ -179,3 +166,31 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.workers = 1
     config.runs_per_program = None
   return config
+
+
+def _full_regimes(regimes: dict, task: dict) -> dict:
+  """The small preset's regimes (T = 24, under their names: a full run resumes their cells)
+  and the rest of the protocol's: T in {96, 384} x filler {uniform, peaked} (the budget
+  scales with T: the same number of updates), a start at J = 0.3 (keys right 40% of the
+  time after the SFT: (0.4 + 0.6 / 4)^2 = 0.30), visible filler, target_sum. About 14
+  billion generated tokens in all: 30 hours or more on a 2-core CPU at the small preset's
+  rate, so one accelerator (workers = 1), in pieces (run_regimes)."""
+  regimes = dict(regimes)
+  for length in (96, 384):
+    long_task = {**task, "length": length}
+    regimes[f"uniform_filler_T{length}"] = {"task": long_task, "budget_scale": length / 24}
+    regimes[f"peaked_filler_T{length}"] = {**regimes["peaked_filler"], "task": long_task,
+                                           "budget_scale": length / 24}
+  regimes["start_at_0_3"] = {"task": task, "warmup": {
+      "steps": 300, "filler_probs": [0.25] * 4, "key_accuracy": 0.4}}
+  # Visible filler: later keys' conditionals read earlier filler, which can then carry
+  # credit; the exact oracle is E-TREE over 2^(p_K - 1) = 16 paths per prompt (T = 8).
+  regimes["visible_filler_T8"] = {
+      "task": {**task, "length": 8, "n_fillers": 2, "filler_blind": False},
+      "budget_scale": 8 / 24}
+  # target_sum (LAB.md 1.2): up to 6 digits in 0..3 summing to S ~ U[3, 15], EOS allowed;
+  # the decisive digits differ from response to response. E-TREE: 4^5 = 1,024 paths per
+  # prompt. 7 response slots: the T = 24 cells' updates.
+  regimes["target_sum"] = {"task_name": "target_sum", "task": {
+      "n_digits": 6, "n_values": 4, "target_low": 3, "target_high": 15}, "budget_scale": 7 / 24}
+  return regimes

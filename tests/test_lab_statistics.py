@@ -72,3 +72,15 @@ def test_empty_or_non_finite_differences_are_refused():
       statistics.sign_flip_p(bad)
     with pytest.raises(ValueError, match="finite paired differences"):
       statistics.tost(bad, 0.05)
+
+
+def test_the_slopes_bootstrap_interval_is_that_of_ols_on_each_resample():
+  rng = np.random.default_rng(3)
+  x, y = np.asarray([2.0, 2.0, 3.0, 3.0, 4.0]), rng.normal(size=5)
+  slope, low, high = statistics.ols_slope(x, y, np.random.default_rng(5))
+  draws = np.random.default_rng(5).integers(0, 5, (2000, 5))
+  slopes = [np.polyfit(x[i], y[i], 1)[0] for i in draws if np.ptp(x[i]) > 0]
+  assert len(slopes) < 2000  # some resamples hold one x only and are left out
+  np.testing.assert_allclose([slope, low, high],
+                             [np.polyfit(x, y, 1)[0], *np.quantile(slopes, [0.025, 0.975])],
+                             rtol=1e-9)

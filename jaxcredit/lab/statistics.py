@@ -5,6 +5,7 @@
   tost(differences, margin)           two one-sided t-tests: equivalence within +-margin
   bootstrap_ci(values, rng, draws)    mean and 95% percentile-bootstrap interval
   reported_ci(values, rng, draws)     the same, or no interval below MIN_SEEDS values
+  ols_slope(x, y, rng)                OLS slope with a 95% bootstrap interval over the pairs
 
 Every difference is paired by seed (the same initialisation, prompts and sampling keys), so
 the tests are one-sample tests of the per-seed differences.
@@ -80,6 +81,19 @@ def reported_ci(values, rng: np.random.Generator,
   if len(values) < MIN_SEEDS:
     return float(np.mean(values)), None, None
   return bootstrap_ci(values, rng, draws)
+
+
+def ols_slope(x, y, rng: np.random.Generator) -> tuple[float, float, float]:
+  """OLS slope of y on x and a 95% bootstrap interval over the (x, y) pairs (2,000
+  resamples, those with a constant x left out)."""
+  draws = rng.integers(0, len(x), (2000, len(x)))
+  xs, ys = np.asarray(x, np.float64)[draws], np.asarray(y, np.float64)[draws]
+  xs, ys = xs - xs.mean(1, keepdims=True), ys - ys.mean(1, keepdims=True)
+  spread = np.sum(xs * xs, 1)
+  kept = np.ptp(xs, 1) > 0
+  slopes = np.sum(xs * ys, 1)[kept] / spread[kept]
+  return (float(scipy.stats.linregress(x, y).slope),
+          *map(float, np.quantile(slopes, [0.025, 0.975])))
 
 
 def _nonempty(differences) -> np.ndarray:

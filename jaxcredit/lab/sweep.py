@@ -295,7 +295,7 @@ FILLER_SHARE, SIGNAL_FRACTION = ("GRPO's filler share at the start",
                                  "GRPO's signal fraction at the start")  # its regressors
 
 
-def _filler_share(run: dict) -> np.ndarray:
+def filler_share(run: dict) -> np.ndarray:
   """|g_filler| / (|g_filler| + |g_decisive|) at each gradient measurement of a run."""
   filler, decisive = np.asarray(run["filler_norm"]), np.asarray(run["decisive_norm"])
   return filler / np.maximum(filler + decisive, 1e-30)
@@ -315,24 +315,11 @@ def _localisation_runs(summaries: dict, curves: dict) -> list[dict]:
       for seed in sorted(set(summary["oracle"]) & set(summary["oracle_seq"])):
         x = {"log₂ G": float(np.log2(g))}
         if "filler_norm" in grpo.get(seed, {}):
-          x[FILLER_SHARE] = float(_filler_share(grpo[seed])[0])
+          x[FILLER_SHARE] = float(filler_share(grpo[seed])[0])
           x[SIGNAL_FRACTION] = float(grpo[seed]["signal_fraction"][0])
         rows.append({"regime": regime, "g": g, "x": x, "delta": {
             m: summary["oracle"][seed][m] - summary["oracle_seq"][seed][m] for m in LOCALISED}})
   return rows
-
-
-def _slope(x, y, rng) -> tuple[float, float, float]:
-  """OLS slope of y on x and a 95% bootstrap interval over the (x, y) pairs (2,000
-  resamples, those with a constant x left out)."""
-  draws = rng.integers(0, len(x), (2000, len(x)))
-  xs, ys = np.asarray(x, np.float64)[draws], np.asarray(y, np.float64)[draws]
-  xs, ys = xs - xs.mean(1, keepdims=True), ys - ys.mean(1, keepdims=True)
-  spread = np.sum(xs * xs, 1)
-  kept = np.ptp(xs, 1) > 0
-  slopes = np.sum(xs * ys, 1)[kept] / spread[kept]
-  return (float(scipy.stats.linregress(x, y).slope),
-          *map(float, np.quantile(slopes, [0.025, 0.975])))
 
 
 def localisation(summaries: dict, curves: dict, rng) -> tuple[list[str], dict, list[dict]]:
@@ -370,7 +357,7 @@ def localisation(summaries: dict, curves: dict, rng) -> tuple[list[str], dict, l
         continue
       for metric in LOCALISED:
         y = np.asarray([r["delta"][metric] for r in members])
-        slopes[(group, metric, name)] = _slope(x, y, rng)
+        slopes[(group, metric, name)] = statistics.ols_slope(x, y, rng)
   return lines, slopes, rows
 
 
@@ -610,7 +597,7 @@ def mechanism_table(curves: dict) -> list[str]:
   for arm in runs:
     lines.append(f"| {arm} | {cell(mean(arm, lambda r: r['cosine_to_exact']))} | "
                  f"{cell(mean(arm, lambda r: r['signal_fraction']))} | "
-                 f"{cell(mean(arm, _filler_share))} |"
+                 f"{cell(mean(arm, filler_share))} |"
                  + (f" {cell(mean(arm, lambda r: r['credit_cosine']))} | "
                     f"{cell(mean(arm, lambda r: r['implicit_credit_cosine']))} |"
                     if implicit_header else "")
