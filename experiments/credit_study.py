@@ -4,6 +4,7 @@ tokens.
 
   python -m jaxcredit.lab.study --config experiments/credit_study.py:smoke --workdir DIR  # CI
   python -m jaxcredit.lab.study --config experiments/credit_study.py:small --workdir DIR
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:primary --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:entropy --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:mc_ladder --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:critic --workdir DIR
@@ -44,7 +45,7 @@ run trains the arms a small run's cells lack and reads the rest back).
 
 import ml_collections
 
-PRESETS = ("smoke", "small", "entropy", "mc_ladder", "critic", "regimes", "full")
+PRESETS = ("smoke", "small", "primary", "entropy", "mc_ladder", "critic", "regimes", "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -110,6 +111,12 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   # resumes the finished ones.
   config.run_regimes = ml_collections.config_dict.placeholder(tuple)
 
+  if preset == "primary":
+    # The primary cell, G = 8 in both filler regimes with the core arms, at 20 paired seeds:
+    # run in a copy of the small preset's workdir (as for the entropy preset below) it reads
+    # seeds 0-9 back and trains 10-19 (a cell grows run by run).
+    config.group_sizes = (8,)
+    config.seeds = list(range(20))
   if preset == "entropy":
     # The 80/20 check (arXiv 2506.01939: GRPO's gradient on the 20% of tokens of highest
     # entropy matches or beats all tokens; on the other 80% it falls behind) at G = 8 in

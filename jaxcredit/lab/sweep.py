@@ -115,15 +115,21 @@ def signature(cell: batched.Cell, seeds, learning_rates=None) -> dict:
                                 "learning_rates": learning_rates}, default=repr))
 
 
-def _piece_arms(study, path: pathlib.Path, expected: dict) -> tuple[dict, list[str]]:
+def _piece_arms(study, path: pathlib.Path, expected: dict, *,
+                grows_by_seed: bool = False) -> tuple[dict, list[str]]:
   """(what `path` holds, the study's arms it lacks): a piece is resumed arm by arm, and a
-  file written under other settings is refused rather than mixed with new runs."""
+  file written under other settings is refused rather than mixed with new runs. With
+  `grows_by_seed` (a cell) the seeds are not among those settings: a cell is resumed run
+  by run and may hold more seeds than a study asks for."""
   if not path.exists():
     return {}, list(study.arms)
   written = json.loads(path.read_text())
-  if written.get("signature") != expected:
-    stored = written.get("signature") or {}
-    differ = _differences(stored, expected) or ["signature (none stored)"]
+  stored = written.get("signature")
+  if grows_by_seed and stored is not None:
+    stored, expected = ({k: v for k, v in sig.items() if k != "seeds"}
+                        for sig in (stored, expected))
+  if stored != expected:
+    differ = _differences(stored or {}, expected) or ["signature (none stored)"]
     raise ValueError(f"{path} was written under other settings ({', '.join(differ)} differ); "
                      "move it away to rerun the piece under these.")
   return written, [arm for arm in study.arms if arm not in written["arms"]]
@@ -202,28 +208,38 @@ def tune(study, regime: str, runners: dict, path: pathlib.Path) -> dict:
 def run_cell(study, regime: str, group_size: int, tuned: dict, runners: dict,
              path: pathlib.Path) -> dict:
   """Trains every arm of a (regime, G) cell on the reported seeds at its chosen learning
-  rate (`tune`); arms already in `path` are read back. Returns {"arms": {arm: {"curves":
-  {seed: curve}, "learning_rate"}}, "seconds", "compile_seconds", "spans", "signature"}."""
+  rate (`tune`); runs already in `path` are read back (more seeds extend a cell: a run does
+  not depend on the others). Returns {"arms": {arm: {"curves": {seed: curve},
+  "learning_rate"}}, "seconds", "compile_seconds", "spans", "signature"}, the curves of
+  the study's seeds only."""
   cell = cell_of(study, regime, group_size)
   rates = {arm: tuned["arms"][arm]["learning_rate"] for arm in study.arms}
   expected = signature(cell, study.seeds)
-  written, missing = _piece_arms(study, path, expected)
-  moved = [arm for arm in study.arms if arm in written.get("arms", {})
-           and written["arms"][arm]["learning_rate"] != rates[arm]]
+  written, _ = _piece_arms(study, path, expected, grows_by_seed=True)
+  stored = written.get("arms", {})
+  moved = [arm for arm in study.arms if arm in stored and stored[arm]["learning_rate"]
+           != rates[arm]]
   if moved:
     raise ValueError(f"{path} holds {', '.join(moved)} at other learning rates than the "
                      "tuning's; move it away to rerun the cell.")
+  missing = [(arm, seed) for arm in study.arms for seed in study.seeds
+             if str(seed) not in stored.get(arm, {}).get("curves", {})]
   if missing:
     arms = list(study.arms)
-    print(f"[sweep] {regime} G={group_size}: {len(missing)} arms x {len(study.seeds)} seeds, "
-          f"{cell.updates} updates", flush=True)
-    runs = [(arms.index(arm), rates[arm], s) for arm in missing for s in study.seeds]
+    print(f"[sweep] {regime} G={group_size}: {len(missing)} runs of "
+          f"{len(dict.fromkeys(a for a, _ in missing))} arms, {cell.updates} updates", flush=True)
+    runs = [(arms.index(arm), rates[arm], seed) for arm, seed in missing]
     reported = _train(study, _runner(cell, runners), runs)
-    new = {arm: {"curves": {}, "learning_rate": rates[arm]} for arm in missing}
+    new = {arm: {"curves": dict(stored.get(arm, {}).get("curves", {})),
+                 "learning_rate": rates[arm]} for arm, _ in missing}
     for row, (a, _, seed) in enumerate(runs):
       new[arms[a]]["curves"][str(seed)] = _curve(reported, row)
-    written = _write_piece(path, written, new, expected, reported)
-  return written
+    seeds = {int(s) for r in (*stored.values(), *new.values()) for s in r["curves"]}
+    written = _write_piece(path, written, new, {**expected, "seeds": sorted(seeds)}, reported)
+  asked = {str(seed) for seed in study.seeds}
+  return {**written, "arms": {
+      arm: {**r, "curves": {s: c for s, c in r["curves"].items() if s in asked}}
+      for arm, r in written["arms"].items()}}
 
 
 def compare(summary: dict, metric: str, margin: float, rng) -> dict:
