@@ -6,6 +6,7 @@ tokens.
   python -m jaxcredit.lab.study --config experiments/credit_study.py:small --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:primary --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:entropy --workdir DIR
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:ktae --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:mc_ladder --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:critic --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:regimes --workdir DIR
@@ -26,6 +27,8 @@ regime on seeds excluded from the report. The arms:
   oracle_seq                 R - V(x): the exact baseline, no localisation
   oracle_shuffled            the exact credit permuted within each response
   entropy80 / entropy80_low  GRPO on the top-20% entropy tokens / on the other 80%
+  ktae                       GRPO plus KTAE's key-token score of each token's type in its
+                             group (with its term-frequency term)
   ppo_gae                    GAE (lambda = 0.95) over a learned critic: the policy's
                              architecture with a value head, its trunk copied from the
                              starting policy, regressed on the returns (PPO value clipping)
@@ -45,7 +48,8 @@ run trains the arms a small run's cells lack and reads the rest back).
 
 import ml_collections
 
-PRESETS = ("smoke", "small", "primary", "entropy", "mc_ladder", "critic", "regimes", "full")
+PRESETS = ("smoke", "small", "primary", "entropy", "ktae", "mc_ladder", "critic", "regimes",
+           "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -56,6 +60,7 @@ ARMS = {
     "oracle_shuffled": "oracle_shuffled",
     "entropy80": {"mask": "high_entropy", "rho": 0.2, "of": "grpo"},
     "entropy80_low": {"mask": "low_entropy", "rho": 0.2, "of": "grpo"},
+    "ktae": "ktae",
     **{f"oracle_mc_{k}": {"name": "vineppo", "k": k, "positions": "all"} for k in (1, 4, 16, 64)},
 }
 MC_LADDER = tuple(name for name in ARMS if name.startswith("oracle_mc_"))
@@ -124,6 +129,13 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     # run in a copy of its workdir, it reads the core arms back and trains the two new ones.
     config.arms = {name: ARMS[name] for name in (*CORE, "entropy80", "entropy80_low")}
     config.group_sizes = (8,)
+  if preset == "ktae":
+    # KTAE (arXiv 2505.16826) beside the core arms at G = 8 in both filler regimes: GRPO's
+    # advantage plus each token type's key-token score in its group (Fisher's test,
+    # information gain, Cohen's h and the term-frequency term); read back as above.
+    config.arms = {name: ARMS[name] for name in (*CORE, "ktae")}
+    config.group_sizes = (8,)
+    config.runs_per_program = 10  # one new arm x 10 seeds: no padding to 40 runs
   if preset == "mc_ladder":
     # The Monte-Carlo ladder (LAB.md 4.1): how much of the exact credit's gain survives K
     # continuations per state, at equal samples and at equal charged tokens, at G = 8 in both

@@ -228,8 +228,8 @@ def test_bad_cells_and_runs_are_refused_naming_the_problem():
     _cell("grpo", task=key_token.KeyTokenConfig(constrained=False))
   with pytest.raises(ValueError, match=r"E-TREE\) runs 1,073,741,824 paths per prompt, over 4,096"):
     _cell("grpo", task=key_token.KeyTokenConfig(length=24, n_fillers=4))
-  with pytest.raises(ValueError, match="needs ktae_scores too"):
-    batched.make_run(_cell("grpo", "ktae"))
+  with pytest.raises(ValueError, match="needs prm_logprobs too"):
+    batched.make_run(_cell("grpo", "prime"))
   with pytest.raises(ValueError, match="warmup.filler_probs must be 2 probabilities"):
     _cell("grpo", warmup=batched.Warmup(steps=1, filler_probs=(0.5, 0.4)))
   for evals in ((), (1, 0), (0, 3)):
@@ -262,6 +262,22 @@ def test_a_target_sum_batch_carries_its_rule_reward_and_e_tree_credit():
   assert (mask[:, 5:].sum(1) < 4).any()  # some responses stop before n digits
   with pytest.raises(ValueError, match="target_sum cells run without a warmup"):
     _cell("grpo", task=task, model=model.config, mechanism_batches=2)
+
+
+def test_a_ktae_arm_reads_its_groups_token_statistics_and_trains():
+  """KTAE in a batched cell: the batch's key-token scores (with the TF term) equal the
+  float64 reference on its tokens and rewards, and its runs train."""
+  from tests.test_lab_credit_methods import _ktae_reference
+
+  cell = _cell("grpo", "ktae")
+  model = Transformer(MODEL, rngs=nnx.Rngs(0))
+  batch = batched.make_rollout(cell, needs=frozenset({"ktae_scores"}))(model, jax.random.key(4))
+  tokens, mask, rewards = (np.asarray(x) for x in (batch.tokens, batch.mask, batch.rewards))
+  assert 0 < rewards.mean() < 1
+  np.testing.assert_allclose(batch.extras["ktae_scores"],
+                             _ktae_reference(tokens, mask, rewards, cell.group_size), atol=2e-5)
+  out = batched.Runner(cell).train([(1, 1e-2, 0)])
+  assert np.all(np.isfinite(out["success"])) and np.any(out["grad_norm"] > 0)
 
 
 def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_them(tmp_path):

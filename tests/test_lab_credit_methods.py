@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import pytest
+import scipy.special
+import scipy.stats
 from flax import nnx
 
 from jaxcredit import estimators, testing
@@ -18,36 +19,99 @@ def _entropy(p):
   return 0.0 if p in (0, 1) else -(p * np.log2(p) + (1 - p) * np.log2(1 - p))
 
 
-def test_key_token_table_against_hand_computation():
-  present = np.array([1, 1, 1, 0, 0, 1, 0, 0], bool)
-  correct = np.array([1, 1, 1, 0, 0, 0, 0, 0], bool)  # a=3, b=1, c=0, d=4
-  got = token_statistics.key_token_table(present, correct)
-  assert got["h"] == pytest.approx(np.arcsin(1.0) - np.arcsin(np.sqrt(1 / 5)))
-  want_ig = _entropy(3 / 8) - (4 / 8 * _entropy(3 / 4) + 4 / 8 * _entropy(0.0))
-  assert got["IG"] == pytest.approx(want_ig)
-  # Fisher's exact test by enumeration of the hypergeometric tables with the same margins.
-  from math import comb
-  prob = lambda a: comb(4, a) * comb(4, 3 - a) / comb(8, 3)
-  p = sum(prob(a) for a in range(4) if prob(a) <= prob(3) + 1e-12)
-  assert got["F"] == pytest.approx(np.exp(-2 * p))
-  assert got["kappa"] == pytest.approx(2 * (1 / (1 + np.exp(-(got["F"] + got["IG"]) * got["h"] / 2)) - 0.5))
-  assert got["kappa"] > 0
-  assert token_statistics.key_token_table(~present, correct)["kappa"] < 0  # absent from successes: negative
-  assert token_statistics.key_token_table(present, np.ones(8, bool))["kappa"] == 0.0  # no contrast
+def _kappa_reference(a, b, c, d, tf=0.0):
+  """KTAE's kappa of one table in float64 (scipy's Fisher test, the entropies by hand)."""
+  if a + c == 0 or b + d == 0:
+    return 0.0
+  p = scipy.stats.fisher_exact([[a, b], [c, d]]).pvalue
+  fisher = 0.0 if p >= 1.0 else np.exp(-2 * p)
+  n = a + b + c + d
+  gain = _entropy((a + c) / n) - sum(k / n * _entropy(hits / k)
+                                     for hits, k in ((a, a + b), (c, c + d)) if k)
+  h = np.arcsin(np.sqrt(a / (a + c))) - np.arcsin(np.sqrt(b / (b + d)))
+  return 2 * (scipy.special.expit((fisher + gain) * (h + tf) / 2) - 0.5)
 
 
-def test_ktae_scores_put_each_types_kappa_on_its_tokens_per_group():
+def test_key_token_tables_against_scipys_fisher_test_and_the_entropies_by_hand():
   rng = np.random.default_rng(0)
-  tokens = rng.integers(5, 9, (8, 6))
-  mask = rng.random((8, 6)) < 0.8
-  rewards = np.array([1, 0, 1, 0, 1, 1, 1, 1], np.float32)  # second group: all correct
-  got = token_statistics.ktae_scores(tokens, mask, rewards, group_size=4)
-  np.testing.assert_array_equal(got[4:], 0.0)
+  tables = [(3, 1, 0, 4), (0, 4, 3, 1), (2, 2, 2, 2), (4, 4, 0, 0), (5, 0, 0, 11)]
+  for _ in range(200):
+    n_correct, n_incorrect = rng.integers(0, 9, 2)
+    a, b = rng.integers(0, n_correct + 1), rng.integers(0, n_incorrect + 1)
+    tables.append((a, b, n_correct - a, n_incorrect - b))
+  a, b, c, d = np.asarray(tables, np.float32).T
+  got = token_statistics.key_token_table(a, b, c, d, 16)
+  p = [scipy.stats.fisher_exact([[w, x], [y, z]]).pvalue for w, x, y, z in tables]
+  np.testing.assert_allclose(token_statistics.fisher_p(a, b, c, d, 16), p, atol=2e-6)
+  np.testing.assert_allclose(got["kappa"], [_kappa_reference(*t) for t in tables], atol=2e-6)
+  assert got["kappa"][0] > 0 and got["kappa"][1] < 0  # with the successes / the failures
+  assert got["kappa"][3] == 0.0  # no contrast
+
+
+def _ktae_reference(tokens, mask, rewards, group_size):
+  """KTAE with its TF term in float64, one group and one token type at a time."""
+  out = np.zeros(tokens.shape)
+  for start in range(0, len(tokens), group_size):
+    rows = slice(start, start + group_size)
+    t, m, correct = tokens[rows], mask[rows], rewards[rows] > 0
+    length = {True: m[correct].sum(), False: m[~correct].sum()}
+    mean_length = (length[True] + length[False]) / 2
+    for v in np.unique(t[m]):
+      held = ((t == v) & m).any(axis=1)
+      a, b = np.sum(held & correct), np.sum(held & ~correct)
+      tf = {}
+      for side in (True, False):
+        share = np.sum(((t == v) & m)[correct == side]) / max(length[side], 1)
+        k = 2.0 * (1 - 0.5 + 0.5 * length[side] / max(mean_length, 1))
+        tf[side] = share * 3.0 / (share + k)
+      term = tf[True] / (tf[False] + 1e-5) - tf[False] / (tf[True] + 1e-5)
+      kappa = _kappa_reference(a, b, correct.sum() - a, (~correct).sum() - b, term)
+      out[rows][(t == v) & m] = kappa
+  return out
+
+
+def test_ktae_scores_put_each_types_kappa_on_its_tokens_per_group_jit_and_vmap():
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, 6, (12, 7))
+  mask = rng.random((12, 7)) < 0.8
+  mask[2] = False  # an empty response
+  rewards = np.array([1, 0, 1, 0, 1, 1, 1, 1, 0, 0, 1, 0], np.float32)  # group 2: all correct
+  scores = lambda *x: token_statistics.ktae_scores(*x, group_size=4, vocab_size=6)
+  got = np.asarray(jax.jit(scores)(tokens, mask, rewards))
+  np.testing.assert_allclose(got, _ktae_reference(tokens, mask, rewards, 4), atol=2e-5)
+  np.testing.assert_array_equal(got[4:8], 0.0)
   np.testing.assert_array_equal(got[~mask], 0.0)
+  assert np.all(np.isfinite(got))
+  stacked = jax.vmap(scores)(*(np.stack([x, x[::-1]]) for x in (tokens, mask, rewards)))
+  np.testing.assert_allclose(stacked[1], scores(tokens[::-1], mask[::-1], rewards[::-1]),
+                             atol=1e-6)
+  without_tf = token_statistics.ktae_scores(tokens, mask, rewards, 4, vocab_size=6,
+                                            term_frequency=False)
   for v in np.unique(tokens[:4][mask[:4]]):
-    present = ((tokens[:4] == v) & mask[:4]).any(axis=1)
-    kappa = token_statistics.key_token_table(present, rewards[:4] > 0.5)["kappa"]
-    np.testing.assert_allclose(got[:4][(tokens[:4] == v) & mask[:4]], kappa)
+    held = ((tokens[:4] == v) & mask[:4]).any(axis=1)
+    correct = rewards[:4] > 0
+    a, b = np.sum(held & correct), np.sum(held & ~correct)
+    np.testing.assert_allclose(without_tf[:4][(tokens[:4] == v) & mask[:4]],
+                               _kappa_reference(a, b, 2 - a, 2 - b), atol=2e-6)
+
+
+def test_the_trainers_ktae_provider_scores_the_sampled_rollout():
+  """extras.hook for ktae: the key-token scores of the rollout's tokens and rewards, over
+  the policy's vocabulary."""
+  from jaxcredit.train import extras
+
+  rollout = testing.strategies.make_rollout(np.random.default_rng(2), batch=8, length=7,
+                                            group_size=4)
+  tokens = np.random.default_rng(3).integers(0, 5, (8, 7))
+  rollout = rollout.replace(tokens=jnp.asarray(tokens),
+                            rewards=jnp.asarray([1, 0, 0, 1, 1, 0, 1, 0], jnp.float32))
+  model = Transformer(preset("tiny", vocab_size=5, n_layers=1, d_model=16, n_heads=2,
+                             n_kv_heads=2, d_ff=32), rngs=nnx.Rngs(0))
+  hook = extras.hook(estimators.from_config("ktae"))
+  got, _ = hook(extras.Context(task=None, model=model, examples=[], key=jax.random.key(0),
+                               rl_step=0), rollout)
+  np.testing.assert_allclose(got["ktae_scores"], _ktae_reference(
+      tokens, np.asarray(rollout.mask), np.asarray(rollout.rewards), 4), atol=2e-5)
 
 
 def test_ktae_and_spo_estimators():

@@ -19,7 +19,8 @@ One run is a pure function of its arm (an index into cell.arms), learning rate a
   - the extras the estimator needs: the exact oracle's credit and values under the
     sampling policy (key_token: E-DEC, `oracle.decisive_values`, with filler hidden;
     E-TREE, `tree_oracle.value_tree`, with filler visible; target_sum: E-TREE,
-    `sum_tree.value_tree`) and the permutation draws of `oracle_shuffled`; for a
+    `sum_tree.value_tree`), the permutation draws of `oracle_shuffled`, KTAE's key-token
+    scores (`token_statistics.ktae_scores`); for a
     Monte-Carlo arm (`vineppo` at every action, the `oracle_mc_K` ladder) the values
     V-hat(s_t) of K continuations from every action's state, drawn in distribution
     (`monte_carlo_values`) and charged;
@@ -62,11 +63,11 @@ from jaxcredit.models import Transformer, TransformerConfig
 from jaxcredit.rollout import Estimate, Rollout
 from jaxcredit.sampling import Actions, generate
 from jaxcredit.tasks import key_token, target_sum
-from jaxcredit.train import learner, tasks
+from jaxcredit.train import learner, tasks, token_statistics
 from jaxcredit.train import steps as train_steps
 
 PROMPT_STREAM, SAMPLE_STREAM, EXTRAS_STREAM, NOISE_STREAM = 0, 1, 2, 3
-EXTRAS = ("oracle_advantages", "oracle_values", "shuffle_priorities",
+EXTRAS = ("oracle_advantages", "oracle_values", "shuffle_priorities", "ktae_scores",
           *estimators.registered.MC_VALUES)  # what a cell can compute
 UPDATE_METRICS = ("reward_mean", "zero_variance_groups", "entropy", "grad_norm")
 TaskConfig = key_token.KeyTokenConfig | target_sum.TargetSumConfig
@@ -485,6 +486,9 @@ def make_rollout(cell: Cell, needs=frozenset(EXTRAS)):
       extras.update(mc_values=monte_carlo_values(jax.random.fold_in(key, MC_STREAM),
                                                  extras["oracle_values"], mask, mc_k, largest_k),
                     mc_evaluated=mask)
+    if oracle_extras or "ktae_scores" in needs:
+      extras["ktae_scores"] = token_statistics.ktae_scores(
+          sample.tokens, mask, rewards, group, vocab_size=task.vocab_size)
     if oracle_extras or "shuffle_priorities" in needs:
       extras["shuffle_priorities"] = jax.random.uniform(jax.random.fold_in(key, EXTRAS_STREAM),
                                                         mask.shape)

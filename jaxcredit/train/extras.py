@@ -142,11 +142,12 @@ def _implicit_prm(settings: Mapping, *, temperature: float) -> Provide:
 
 
 def _ktae_scores(context: Context, rollout: Rollout) -> tuple[dict, dict]:
-  """KTAE's per-group key-token scores (token_statistics.ktae_scores): host
-  statistics of the sampled tokens and rewards, no settings."""
-  scores = token_statistics.ktae_scores(np.asarray(rollout.tokens), np.asarray(rollout.mask),
-                                        np.asarray(rollout.rewards), rollout.group_size)
-  return {"ktae_scores": jnp.asarray(scores, jnp.float32)}, {}
+  """KTAE's per-group key-token scores (token_statistics.ktae_scores) of the sampled tokens
+  and rewards, no settings."""
+  scores = token_statistics.ktae_scores(rollout.tokens, rollout.mask, rollout.rewards,
+                                        rollout.group_size,
+                                        vocab_size=context.model.config.vocab_size)
+  return {"ktae_scores": scores}, {}
 
 
 register("ktae_scores")(lambda settings, *, temperature: _ktae_scores)

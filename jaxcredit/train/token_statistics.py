@@ -1,62 +1,121 @@
-"""Token-type statistics against correctness, computed on the host per group:
-KTAE's key-token scores (arXiv 2505.16826; xiaolizh1/KTAE compute_key_tokens.py).
+"""KTAE's key-token scores (arXiv 2505.16826): token-type statistics against correctness,
+per group, traceable (jit, vmap).
 
-For each group (the G responses of one prompt) and each token type v present
-in it, the 2x2 table (a, b, c, d) counts correct responses containing v,
-incorrect containing v, correct without, incorrect without. Then
-  F     = exp(-2 p)  with p Fisher's exact two-sided p-value (F = 0 when p = 1)
-  IG    = H(correct) - H(correct | v present)                      (bits)
-  h     = asin sqrt(a / (a + c)) - asin sqrt(b / (b + d))           (Cohen's h: the direction)
-  kappa = 2 (sigmoid((alpha F + beta IG) h / (alpha + beta)) - 1/2)  in (-1, 1)
-Groups with only correct or only incorrect responses get kappa = 0. The
-reference implementation adds a BM25-style term-frequency factor to h; it is
-left out here (token presence only).
+For each group (the G responses of one prompt) and each token type v among its actions,
+the 2x2 table (a, b, c, d) counts the correct responses holding v, the incorrect ones
+holding v, the correct ones without and the incorrect ones without (correct: reward > 0,
+as the reference implementation has it). Then
+
+  F     = exp(-2 p), p Fisher's exact two-sided p-value (F = 0 where p = 1)
+  IG    = H(correct) - H(correct | v present)                                (bits)
+  h     = asin sqrt(a / (a + c)) - asin sqrt(b / (b + d))        (Cohen's h: the direction)
+  TF    = t_c / (t_w + 1e-5) - t_w / (t_c + 1e-5)                  (the term-frequency term)
+  kappa = 2 (sigmoid((alpha F + beta IG) (h + TF) / (alpha + beta)) - 1/2)     in (-1, 1)
+
+with t_c = f (k1 + 1) / (f + k1 (1 - b + b L_c / L)) the BM25 saturation of v's share f of
+the tokens of the group's correct responses (L_c of them; L the mean of L_c and L_w), t_w
+the same over the incorrect ones, k1 = 2, b = 0.5. Groups with only correct or only
+incorrect responses get kappa = 0. Fisher's p counts the tables at most as likely as the
+observed one up to a relative 1e-5 (float32 rounding of equally likely tables; scipy's
+tolerance is 1e-7 in float64), over the support's total probability, so that p is exactly 1
+where every table counts.
 """
 
-import numpy as np
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+BM25_K1, BM25_B = 2.0, 0.5  # the reference's term-frequency saturation
+TIE_TOLERANCE = 1e-5  # relative: tables as likely as the observed one, up to float32 rounding
 
 
-def _entropy(p: np.ndarray) -> np.ndarray:
-  p = np.clip(p, 1e-12, 1 - 1e-12)
-  return -(p * np.log2(p) + (1 - p) * np.log2(1 - p))
+def _log_comb(n, k):
+  return jax.lax.lgamma(n + 1.0) - jax.lax.lgamma(k + 1.0) - jax.lax.lgamma(n - k + 1.0)
 
 
-def key_token_table(present: np.ndarray, correct: np.ndarray) -> dict[str, float]:
-  """F, IG, h and kappa (alpha = beta = 1) of one token type from [G] presence and correctness."""
-  a = float(np.sum(present & correct))
-  b = float(np.sum(present & ~correct))
-  c = float(np.sum(~present & correct))
-  d = float(np.sum(~present & ~correct))
+def fisher_p(a, b, c, d, max_total: int) -> Array:
+  """Fisher's exact two-sided p-value of 2x2 tables [[a, b], [c, d]] (float arrays of one
+  shape, a + b + c + d <= max_total): the probability, under the hypergeometric law of the
+  table's margins, of the tables at most as likely as the observed one."""
+  a, b, c, d = (jnp.asarray(x, jnp.float32) for x in (a, b, c, d))
+  row, column, n = a + b, a + c, a + b + c + d
+  k = jnp.arange(max_total + 1, dtype=jnp.float32)
+  expand = lambda x: x[..., None]
+  valid = (k >= jnp.maximum(0.0, expand(row + column - n))) & (k <= expand(jnp.minimum(row,
+                                                                                    column)))
+  safe = jnp.where(valid, k, expand(a))  # no lgamma of a negative count off the support
+  log_p = lambda x: (_log_comb(expand(column), x) + _log_comb(expand(n - column),
+                                                              expand(row) - x)
+                     - _log_comb(expand(n), expand(row)))
+  p_k = jnp.where(valid, jnp.exp(log_p(safe)), 0.0)
+  p_observed = jnp.exp(log_p(expand(a)))
+  as_likely = jnp.sum(jnp.where(p_k <= p_observed * (1 + TIE_TOLERANCE), p_k, 0.0), axis=-1)
+  # Over the support's total (1 up to float32 rounding): exactly 1 when every table counts.
+  return as_likely / jnp.sum(p_k, axis=-1)
+
+
+def _entropy_bits(p):
+  p = jnp.clip(p, 0.0, 1.0)
+  term = lambda q: jnp.where(q > 0, -q * jnp.log2(jnp.where(q > 0, q, 1.0)), 0.0)
+  return term(p) + term(1.0 - p)
+
+
+def key_token_table(a, b, c, d, max_total: int, *, alpha: float = 1.0,
+                    beta: float = 1.0, term_frequency=0.0) -> dict[str, Array]:
+  """F, IG, h and kappa (module docstring) of tables (a, b, c, d) (float arrays of one shape,
+  each table's total at most `max_total`), with the TF term `term_frequency` (0: left out);
+  kappa = 0 where a table has no correct or no incorrect response."""
+  a, b, c, d = (jnp.asarray(x, jnp.float32) for x in (a, b, c, d))
   n = a + b + c + d
-  if a + c == 0 or b + d == 0:
-    return {"F": 0.0, "IG": 0.0, "h": 0.0, "kappa": 0.0}
-  from scipy import stats  # noqa: PLC0415 - 0.7 s to import; every CLI start would pay it
-
-  p = stats.fisher_exact([[a, b], [c, d]]).pvalue
-  fisher = 0.0 if p >= 1.0 else float(np.exp(-2 * p))
+  p = fisher_p(a, b, c, d, max_total)
+  fisher = jnp.where(p < 1.0, jnp.exp(-2.0 * p), 0.0)
   with_v, without_v = a + b, c + d
-  conditional = sum(count / n * _entropy(np.array(hits / count))
-                    for hits, count in ((a, with_v), (c, without_v)) if count > 0)
-  gain = float(_entropy(np.array((a + c) / n)) - conditional)
-  h = float(np.arcsin(np.sqrt(a / (a + c))) - np.arcsin(np.sqrt(b / (b + d))))
-  kappa = 2 * (1 / (1 + np.exp(-(fisher + gain) * h / 2)) - 0.5)
-  return {"F": fisher, "IG": gain, "h": h, "kappa": float(kappa)}
+  conditional = (with_v * _entropy_bits(a / jnp.maximum(with_v, 1.0))
+                 + without_v * _entropy_bits(c / jnp.maximum(without_v, 1.0))) / jnp.maximum(n, 1)
+  gain = _entropy_bits((a + c) / jnp.maximum(n, 1.0)) - conditional
+  h = (jnp.arcsin(jnp.sqrt(a / jnp.maximum(a + c, 1.0)))
+       - jnp.arcsin(jnp.sqrt(b / jnp.maximum(b + d, 1.0))))
+  contrast = (a + c > 0) & (b + d > 0)
+  kappa = 2.0 * (jax.nn.sigmoid((alpha * fisher + beta * gain) * (h + term_frequency)
+                                / (alpha + beta)) - 0.5)
+  return {"F": fisher, "IG": gain, "h": h, "kappa": jnp.where(contrast, kappa, 0.0)}
 
 
-def ktae_scores(tokens: np.ndarray, mask: np.ndarray, rewards: np.ndarray,
-                group_size: int) -> np.ndarray:
-  """[B, T] kappa of each action's token type within its group (0 off the mask).
+def _saturated(count, length, mean_length):
+  """BM25's saturation of a token type's share count / length of a document."""
+  share = count / jnp.maximum(length, 1.0)
+  k = BM25_K1 * (1.0 - BM25_B + BM25_B * length / jnp.maximum(mean_length, 1.0))
+  return share * (BM25_K1 + 1.0) / (share + k)
 
-  tokens, mask: [B, T]; rewards: [B] (correct: reward > 0.5); rows of a group contiguous.
-  """
-  tokens, mask = np.asarray(tokens), np.asarray(mask, bool)
-  correct = np.asarray(rewards) > 0.5
-  out = np.zeros(tokens.shape)
-  for start in range(0, len(tokens), group_size):
-    rows = slice(start, start + group_size)
-    group_tokens, group_mask = tokens[rows], mask[rows]
-    for v in np.unique(group_tokens[group_mask]):
-      present = ((group_tokens == v) & group_mask).any(axis=1)
-      kappa = key_token_table(present, correct[rows])["kappa"]
-      out[rows] += np.where((group_tokens == v) & group_mask, kappa, 0.0)
-  return out
+
+def ktae_scores(tokens, mask, rewards, group_size: int, *, vocab_size: int,
+                alpha: float = 1.0, beta: float = 1.0, term_frequency: bool = True) -> Array:
+  """[B, L] kappa (module docstring) of each action's token type within its group, 0 off
+  `mask`. tokens, mask: [B, L] (ids < vocab_size; rows of a group contiguous); rewards: [B].
+  Memory O(B L G + groups x vocab_size). Traceable."""
+  tokens, mask = jnp.asarray(tokens, jnp.int32), jnp.asarray(mask, bool)
+  rows = tokens.shape[0]
+  groups = rows // group_size
+  group = (jnp.arange(rows) // group_size)[:, None]
+  correct = (jnp.asarray(rewards) > 0).astype(jnp.int32)[:, None]
+  # A row's first action of each type (sorted within the row) counts its presence once.
+  ids = jnp.where(mask, tokens, vocab_size)  # vocab_size: no action
+  ordered = jnp.sort(ids, axis=1)
+  first = jnp.concatenate([jnp.ones_like(ordered[:, :1], bool),
+                           ordered[:, 1:] != ordered[:, :-1]], axis=1) & (ordered < vocab_size)
+  table = jnp.zeros((groups, vocab_size + 1, 2), jnp.float32)
+  holding = table.at[group, ordered, correct].add(first)  # responses holding v
+  counts = table.at[group, ids, correct].add(mask)  # occurrences of v
+  a, b = holding[group, tokens, 1], holding[group, tokens, 0]  # [B, L]
+  n_correct = jnp.sum(correct[:, 0].reshape(groups, group_size), axis=1)[group]
+  n_incorrect = group_size - n_correct
+  tf = 0.0
+  if term_frequency:
+    lengths = jnp.zeros((groups, 2)).at[group[:, 0], correct[:, 0]].add(jnp.sum(mask, 1))
+    mean_length = jnp.mean(lengths, axis=1, keepdims=True)
+    saturated = _saturated(counts[group, tokens], lengths[group], mean_length[group])
+    t_c, t_w = saturated[..., 1], saturated[..., 0]
+    tf = t_c / (t_w + 1e-5) - t_w / (t_c + 1e-5)
+  kappa = key_token_table(a, b, n_correct - a, n_incorrect - b, group_size, alpha=alpha,
+                          beta=beta, term_frequency=tf)["kappa"]
+  return jnp.where(mask, kappa, 0.0)
