@@ -6,7 +6,7 @@ tokens.
   python -m jaxcredit.lab.study --config experiments/credit_study.py:small --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:primary --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:entropy --workdir DIR
-  python -m jaxcredit.lab.study --config experiments/credit_study.py:ktae --workdir DIR
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:ktae_prime --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:mc_ladder --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:critic --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:regimes --workdir DIR
@@ -29,6 +29,10 @@ regime on seeds excluded from the report. The arms:
   entropy80 / entropy80_low  GRPO on the top-20% entropy tokens / on the other 80%
   ktae                       GRPO plus KTAE's key-token score of each token's type in its
                              group (with its term-frequency term)
+  prime                      PRIME: RLOO plus the implicit PRM's process rewards
+                             beta (log pi_phi - log pi_ref), the PRM and the reference
+                             copies of the starting policy (after the regime's SFT), the PRM
+                             trained on each batch's outcomes (Adam, 1e-3, fixed)
   ppo_gae                    GAE (lambda = 0.95) over a learned critic: the policy's
                              architecture with a value head, its trunk copied from the
                              starting policy, regressed on the returns (PPO value clipping)
@@ -48,8 +52,8 @@ run trains the arms a small run's cells lack and reads the rest back).
 
 import ml_collections
 
-PRESETS = ("smoke", "small", "primary", "entropy", "ktae", "mc_ladder", "critic", "regimes",
-           "full")
+PRESETS = ("smoke", "small", "primary", "entropy", "ktae_prime", "mc_ladder", "critic",
+           "regimes", "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -61,6 +65,7 @@ ARMS = {
     "entropy80": {"mask": "high_entropy", "rho": 0.2, "of": "grpo"},
     "entropy80_low": {"mask": "low_entropy", "rho": 0.2, "of": "grpo"},
     "ktae": "ktae",
+    "prime": "prime",
     **{f"oracle_mc_{k}": {"name": "vineppo", "k": k, "positions": "all"} for k in (1, 4, 16, 64)},
 }
 MC_LADDER = tuple(name for name in ARMS if name.startswith("oracle_mc_"))
@@ -129,13 +134,12 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     # run in a copy of its workdir, it reads the core arms back and trains the two new ones.
     config.arms = {name: ARMS[name] for name in (*CORE, "entropy80", "entropy80_low")}
     config.group_sizes = (8,)
-  if preset == "ktae":
-    # KTAE (arXiv 2505.16826) beside the core arms at G = 8 in both filler regimes: GRPO's
-    # advantage plus each token type's key-token score in its group (Fisher's test,
-    # information gain, Cohen's h and the term-frequency term); read back as above.
-    config.arms = {name: ARMS[name] for name in (*CORE, "ktae")}
+  if preset == "ktae_prime":
+    # KTAE (arXiv 2505.16826) and PRIME (arXiv 2502.01456) beside the core arms at G = 8 in
+    # both filler regimes; read back as above.
+    config.arms = {name: ARMS[name] for name in (*CORE, "ktae", "prime")}
     config.group_sizes = (8,)
-    config.runs_per_program = 10  # one new arm x 10 seeds: no padding to 40 runs
+    config.runs_per_program = 20  # two new arms x 10 seeds: no padding to 40 runs
   if preset == "mc_ladder":
     # The Monte-Carlo ladder (LAB.md 4.1): how much of the exact credit's gain survives K
     # continuations per state, at equal samples and at equal charged tokens, at G = 8 in both

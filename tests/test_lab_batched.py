@@ -228,8 +228,8 @@ def test_bad_cells_and_runs_are_refused_naming_the_problem():
     _cell("grpo", task=key_token.KeyTokenConfig(constrained=False))
   with pytest.raises(ValueError, match=r"E-TREE\) runs 1,073,741,824 paths per prompt, over 4,096"):
     _cell("grpo", task=key_token.KeyTokenConfig(length=24, n_fillers=4))
-  with pytest.raises(ValueError, match="needs prm_logprobs too"):
-    batched.make_run(_cell("grpo", "prime"))
+  with pytest.raises(ValueError, match="needs baseline_rewards too"):
+    batched.make_run(_cell("grpo", "remax"))
   with pytest.raises(ValueError, match="warmup.filler_probs must be 2 probabilities"):
     _cell("grpo", warmup=batched.Warmup(steps=1, filler_probs=(0.5, 0.4)))
   for evals in ((), (1, 0), (0, 3)):
@@ -278,6 +278,39 @@ def test_a_ktae_arm_reads_its_groups_token_statistics_and_trains():
                              _ktae_reference(tokens, mask, rewards, cell.group_size), atol=2e-5)
   out = batched.Runner(cell).train([(1, 1e-2, 0)])
   assert np.all(np.isfinite(out["success"])) and np.any(out["grad_norm"] > 0)
+
+
+def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does():
+  """PRIME in a batched cell: the PRM and the reference start as the policy; a batch's PRM
+  log-probs, the PRM's loss and its step equal the trainer's ImplicitPRM on the same batch;
+  its runs train."""
+  import types
+
+  from jaxcredit.train import implicit_prm
+
+  cell = _cell("grpo", "prime")
+  model = Transformer(MODEL, rngs=nnx.Rngs(0))
+  modules = batched._modules(model, cell, 1e-3)
+  actions = batched._task(cell).actions
+  batch = batched.make_rollout(cell)(model, jax.random.key(4))
+  scored = batched.with_models(modules, batch, actions)
+  sampled = np.where(batch.mask, batch.behaviour_logprobs, 0.0)
+  np.testing.assert_allclose(scored.ref_logprobs, sampled, atol=1e-5)
+  np.testing.assert_allclose(scored.extras["prm_logprobs"], sampled, atol=1e-5)
+  host = implicit_prm.ImplicitPRM(beta=0.05, learning_rate=batched.PRM_LEARNING_RATE)
+  extras, metrics = host(types.SimpleNamespace(actions=actions), model, scored)
+  loss, logprobs = implicit_prm.update(modules["prm"], modules["prm_optimizer"], scored,
+                                       actions, batched.prm_beta(cell), 1.0)
+  np.testing.assert_allclose(logprobs, extras["prm_logprobs"], atol=1e-6)
+  assert float(loss) == pytest.approx(metrics["prm_loss"], rel=1e-5)
+  chex.assert_trees_all_close(nnx.state(modules["prm"], nnx.Param),
+                              nnx.state(host.prm, nnx.Param), atol=1e-6)
+  assert not np.allclose(batched.with_models(modules, batch, actions).extras["prm_logprobs"],
+                         sampled, atol=1e-5)  # the PRM moved, the reference did not
+  out = batched.Runner(cell).train([(1, 1e-2, 0)])
+  assert np.all(np.isfinite(out["success"])) and np.any(out["grad_norm"] > 0)
+  with pytest.raises(ValueError, match="must share beta"):
+    batched.prm_beta(_cell("prime", {"name": "prime", "beta": 0.1}))
 
 
 def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_them(tmp_path):

@@ -237,7 +237,7 @@ def test_busy_time_is_the_union_of_the_pieces_spans():
 @pytest.mark.parametrize("preset, added", [
     ("primary", set()),
     ("entropy", {"entropy80", "entropy80_low"}),
-    ("ktae", {"ktae"}),
+    ("ktae_prime", {"ktae", "prime"}),
     ("mc_ladder", {"oracle_mc_1", "oracle_mc_4", "oracle_mc_16", "oracle_mc_64"}),
     ("critic", {"ppo_gae"})])
 def test_the_g8_presets_read_the_small_presets_pieces_back(preset, added):

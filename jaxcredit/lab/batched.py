@@ -28,7 +28,9 @@ One run is a pure function of its arm (an index into cell.arms), learning rate a
     estimator chosen by `lax.switch`); in a cell with a critic arm (CRITICS: `ppo_gae`)
     every run also trains a critic (the policy's architecture with a value head, its trunk
     copied from the starting policy) on the batch's returns, and its values V(s_t) are the
-    batch's `values`;
+    batch's `values`; in a cell with a PRIME arm every run also trains PRIME's implicit PRM
+    (`implicit_prm.update`, a copy of the starting policy) on the batch's outcomes after
+    the batch is scored with it, against a frozen copy of the starting policy;
   - exact J(pi) = mean_x V^pi(x) and pass@k on the evaluation prompts (every prompt when
     there are at most `eval_prompts`, else a fixed sample) before updates 0, E, 2E, ...
     and after the last.
@@ -63,17 +65,18 @@ from jaxcredit.models import Transformer, TransformerConfig
 from jaxcredit.rollout import Estimate, Rollout
 from jaxcredit.sampling import Actions, generate
 from jaxcredit.tasks import key_token, target_sum
-from jaxcredit.train import learner, tasks, token_statistics
+from jaxcredit.train import implicit_prm, learner, tasks, token_statistics
 from jaxcredit.train import steps as train_steps
 
 PROMPT_STREAM, SAMPLE_STREAM, EXTRAS_STREAM, NOISE_STREAM = 0, 1, 2, 3
 EXTRAS = ("oracle_advantages", "oracle_values", "shuffle_priorities", "ktae_scores",
-          *estimators.registered.MC_VALUES)  # what a cell can compute
+          "prm_logprobs", *estimators.registered.MC_VALUES)  # what a cell can compute
 UPDATE_METRICS = ("reward_mean", "zero_variance_groups", "entropy", "grad_norm")
 TaskConfig = key_token.KeyTokenConfig | target_sum.TargetSumConfig
 WARMUP_STREAM, MECHANISM_STREAM, MC_STREAM, CRITIC_STREAM = 4, 5, 6, 7
 CRITICS = ("gae",)  # estimators that read a learned critic's values V(s_t) (rollout.values)
 CRITIC_LEARNING_RATE = 1e-3  # the critic's Adam (the policy's rate is tuned per arm)
+PRM_LEARNING_RATE = 1e-3  # PRIME's implicit PRM's Adam
 RANKING_KS = (1, 4, 16, 64)  # Monte-Carlo rankings of the alternatives beside the critic's
 RANKING = ("critic_top1", "random_top1", *(f"mc{k}_top1" for k in RANKING_KS))
 MECHANISM = ("cosine_to_exact", "signal_fraction", "decisive_norm", "filler_norm",
@@ -436,13 +439,47 @@ def _critic(cell: Cell, policy: Transformer, seed) -> Transformer:
   return critic
 
 
+def prm_beta(cell: Cell) -> float | None:
+  """beta of the cell's PRIME arms (components needing "prm_logprobs"), None without one:
+  then every run of the cell trains an implicit PRM (its own arm may ignore it)."""
+  betas = {float(c.settings["beta"]) for arm in cell.arms
+           for c in estimators.components(estimators.from_config(arm)) if "prm_logprobs" in c.needs}
+  if len(betas) > 1:
+    raise ValueError(f"A cell trains one implicit PRM: its PRIME arms must share beta, got "
+                     f"{sorted(betas)}.")
+  return betas.pop() if betas else None
+
+
 def _modules(model, cell: Cell, learning_rate, critic=None) -> dict:
+  """The run's modules: the policy and its optimizer; the critic and its optimizer; with a
+  PRIME arm, the implicit PRM and the frozen reference, both copies of the starting policy
+  (after any warm start), as PRIME starts them from the SFT model."""
   modules = {"model": model, "optimizer": _optimizer(cell, model, learning_rate)}
+  adam = lambda rate: optax.chain(optax.clip_by_global_norm(cell.max_grad_norm), optax.adam(rate))
   if critic is not None:
-    adam = optax.chain(optax.clip_by_global_norm(cell.max_grad_norm),
-                       optax.adam(CRITIC_LEARNING_RATE))
-    modules.update(critic=critic, critic_optimizer=nnx.Optimizer(critic, adam, wrt=nnx.Param))
+    modules.update(critic=critic, critic_optimizer=nnx.Optimizer(
+        critic, adam(CRITIC_LEARNING_RATE), wrt=nnx.Param))
+  if prm_beta(cell) is not None:
+    prm = nnx.clone(model)
+    # Plain Adam, as the trainer's `implicit_prm.ImplicitPRM`.
+    modules.update(prm=prm, prm_optimizer=nnx.Optimizer(prm, optax.adam(PRM_LEARNING_RATE),
+                                                        wrt=nnx.Param),
+                   reference=nnx.clone(model))
   return modules
+
+
+def with_models(models: dict, batch: Rollout, actions: Actions) -> Rollout:
+  """The batch with what its arms read from the run's other models: the critic's values
+  V(s_t) (as the learner step adds them); the reference's log-probs and the implicit PRM's
+  (PRIME scores a batch with the PRM before that batch updates it), 0 off the mask."""
+  if "critic" in models:
+    batch = batch.replace(values=train_steps.critic_values(models["critic"], batch, actions))
+  if "prm" in models:
+    logprobs = lambda model: jnp.where(
+        batch.mask, train_steps.policy_outputs(model, batch, 1.0, actions).logprobs, 0.0)
+    batch = batch.replace(ref_logprobs=logprobs(models["reference"]),
+                          extras={**batch.extras, "prm_logprobs": logprobs(models["prm"])})
+  return batch
 
 
 def _policy(cell: Cell, seed) -> Transformer:
@@ -509,7 +546,7 @@ def make_run(cell: Cell):
   needs = _needs(branches)
   task = _task(cell)
   actions, prompt_len = task.actions, config.prompt_length
-  critic = has_critic(cell)
+  critic, beta = has_critic(cell), prm_beta(cell)
 
   def modules(seed, learning_rate, warm_start=None):
     model = _policy(cell, seed)
@@ -581,12 +618,6 @@ def make_run(cell: Cell):
 
   ranked = critic and isinstance(task, _KeyToken) and config.filler_blind
 
-  def with_values(models, batch):
-    """The batch with the critic's values V(s_t) (as the learner step adds them)."""
-    if not critic:
-      return batch
-    return batch.replace(values=train_steps.critic_values(models["critic"], batch, actions))
-
   def mechanism(models, advantage, key, mc_k):
     """Over `cell.mechanism_batches` fresh batches from the current policy: the cosine of
     the arm's policy gradient with the exact-credit gradient on the same batch (the oracle's
@@ -597,13 +628,14 @@ def make_run(cell: Cell):
     the exact credit, raw and as the gradient sees it (`implicit_credit`); and with a critic
     on filler-blind key_token, how well it ranks the alternative keys (`ranking`)."""
     exact = estimators.from_config({"scale": "rms", "of": "oracle"})
-    used = {name: models[name] for name in ("model", "critic") if name in models}
+    used = {name: models[name] for name in ("model", "critic", "prm", "reference")
+            if name in models}
     models_graphdef, models_state = nnx.split(used)
 
     def on_batch(models_state, key):
       models = nnx.merge(models_graphdef, models_state)  # in this trace (nnx modules are not
       model = models["model"]  # shared across trace levels)
-      batch = with_values(models, rollout(model, key, oracle_extras=True, mc_k=mc_k))
+      batch = with_models(models, rollout(model, key, oracle_extras=True, mc_k=mc_k), actions)
       credit = advantage(batch).advantages
       g, g_exact = gradient(model, batch, credit), gradient(model, batch, exact(batch).advantages)
       on_decisive = gradient(model, batch, jnp.where(decisive_columns, credit, 0.0))
@@ -648,7 +680,11 @@ def make_run(cell: Cell):
 
     def update(state, u):
       models = nnx.merge(graphdef, state)
-      batch = with_values(models, rollout(models["model"], jax.random.fold_in(key, u), mc_k=mc_k))
+      batch = with_models(models, rollout(models["model"], jax.random.fold_in(key, u),
+                                          mc_k=mc_k), actions)
+      if beta is not None:  # PRIME: the PRM learns the outcome after scoring the batch
+        implicit_prm.update(models["prm"], models["prm_optimizer"], batch, actions, beta, 1.0)
+        state = nnx.state(models)
       state, metrics = step(state, batch, None, u)
       recorded = {"generated": jnp.sum(batch.mask, dtype=jnp.float32),
                   "continuations": continuation_tokens(batch.mask, mc_k, config.length),

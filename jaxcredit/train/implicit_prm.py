@@ -33,18 +33,23 @@ class ImplicitPRM:
     return {"prm_logprobs": logprobs}, {"prm_loss": float(loss)}
 
 
-@nnx.jit(static_argnums=(4, 5))
-def _prm_step(prm, optimizer, rollout, actions, beta: float, temperature: float):
-  """(BCE loss, the pre-update PRM log-probs) and one Adam step of the PRM."""
+def loss(prm, rollout, actions, beta: float, temperature: float):
+  """(BCE(sigmoid(beta sum_t (log pi_phi - log pi_ref)), R), the PRM's log-probs [B, L],
+  0 off the mask) of a rollout with ref_logprobs."""
+  logprobs = steps.policy_outputs(prm, rollout, temperature, actions).logprobs
+  valid = rollout.mask
+  score = beta * jnp.sum(jnp.where(valid, logprobs - rollout.ref_logprobs, 0.0), axis=1)
+  return (jnp.mean(optax.sigmoid_binary_cross_entropy(score, rollout.rewards)),
+          jnp.where(valid, logprobs, 0.0))
 
-  def loss_fn(prm):
-    logprobs = steps.policy_outputs(prm, rollout, temperature, actions).logprobs
-    valid = rollout.mask
-    score = beta * jnp.sum(jnp.where(valid, logprobs - rollout.ref_logprobs, 0.0), axis=1)
-    labels = rollout.rewards
-    loss = jnp.mean(optax.sigmoid_binary_cross_entropy(score, labels))
-    return loss, jnp.where(valid, logprobs, 0.0)
 
-  (loss, logprobs), grads = nnx.value_and_grad(loss_fn, has_aux=True)(prm)
+def update(prm, optimizer, rollout, actions, beta: float, temperature: float):
+  """(BCE loss, the pre-update PRM log-probs) and one Adam step of the PRM, in place.
+  Traceable."""
+  (value, logprobs), grads = nnx.value_and_grad(loss, has_aux=True)(
+      prm, rollout, actions, beta, temperature)
   optimizer.update(prm, grads)
-  return loss, logprobs
+  return value, logprobs
+
+
+_prm_step = nnx.jit(update, static_argnums=(4, 5))
