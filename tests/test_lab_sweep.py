@@ -300,7 +300,7 @@ def test_localisation_regresses_the_gain_on_log_g_and_on_grpos_gradient_noise():
   # A regressor that does not vary (the signal fraction) gets no slope.
   assert ("r", "auc", "GRPO's signal fraction at the start") not in slopes
   assert len(rows) == 40 and lines[2].startswith("| r | 4 | ")
-  assert lines[2].endswith(f" | {np.mean(x_share[:10]):.2f} | 0.10 |")
+  assert lines[2].endswith(f" | {np.mean(x_share[:10]):.2f} | 0.10 | — |")
 
 
 def test_the_alignment_check_ranks_grpos_starting_cosine_against_the_oracles_speed_up():

@@ -307,8 +307,9 @@ def charged_table(curves: dict, budget: float, rng) -> list[str]:
 
 
 LOCALISED = ("final", "auc")  # the metrics Delta_loc is taken on
-FILLER_SHARE, SIGNAL_FRACTION = ("GRPO's filler share at the start",
-                                 "GRPO's signal fraction at the start")  # its regressors
+FILLER_SHARE, SIGNAL_FRACTION, NOISY_TOKENS = (  # its regressors
+    "GRPO's filler share at the start", "GRPO's signal fraction at the start",
+    "GRPO's effective noisy tokens")
 
 
 def filler_share(run: dict) -> np.ndarray:
@@ -319,9 +320,10 @@ def filler_share(run: dict) -> np.ndarray:
 
 def _localisation_runs(summaries: dict, curves: dict) -> list[dict]:
   """One row per (regime, G, seed) with oracle and oracle_seq: Delta_loc = oracle -
-  oracle_seq on each LOCALISED metric, and the regressors of that seed: log2 G and, where
-  the cell measured gradients, GRPO's filler share and signal fraction at the first
-  measurement (the start of training)."""
+  oracle_seq on each LOCALISED metric, and the regressors of that seed: log2 G, GRPO's
+  effective noisy tokens (mean over its updates) and, where the cell measured gradients,
+  GRPO's filler share and signal fraction at the first measurement (the start of
+  training)."""
   rows = []
   for regime, by_g in summaries.items():
     for g, summary in sorted(by_g.items()):
@@ -330,6 +332,8 @@ def _localisation_runs(summaries: dict, curves: dict) -> list[dict]:
       grpo = curves[regime][g].get("grpo", {})
       for seed in sorted(set(summary["oracle"]) & set(summary["oracle_seq"])):
         x = {"log₂ G": float(np.log2(g))}
+        if "noisy_tokens" in grpo.get(seed, {}):
+          x[NOISY_TOKENS] = float(grpo[seed]["noisy_tokens"])
         if "filler_norm" in grpo.get(seed, {}):
           x[FILLER_SHARE] = float(filler_share(grpo[seed])[0])
           x[SIGNAL_FRACTION] = float(grpo[seed]["signal_fraction"][0])
@@ -343,12 +347,13 @@ def localisation(summaries: dict, curves: dict, rng) -> tuple[list[str], dict, l
   AUC per (regime, G), with GRPO's gradient noise there; and Delta_loc's OLS slope on each
   regressor of `_localisation_runs` (per regime, and over every regime when there are
   several), with a bootstrap interval over runs. H2 predicts a negative slope on log2 G
-  (more samples average the filler noise away) and a positive one on GRPO's filler share.
+  (more samples average the filler noise away) and positive ones on GRPO's filler share
+  and noisy tokens.
   Returns (table lines, {(group, metric, regressor): (slope, low, high)}, the runs)."""
   rows = _localisation_runs(summaries, curves)
   lines = ["| regime | G | Δ_loc = oracle − oracle_seq, final J [95% CI] | p (sign-flip) | "
-           f"Δ_loc, AUC [95% CI] | p (sign-flip) | {FILLER_SHARE} | {SIGNAL_FRACTION} |",
-           "|---|---|---|---|---|---|---|---|"]
+           f"Δ_loc, AUC [95% CI] | p (sign-flip) | {FILLER_SHARE} | {SIGNAL_FRACTION} | "
+           f"{NOISY_TOKENS} |", "|---|---|---|---|---|---|---|---|---|"]
   for regime, g in dict.fromkeys((r["regime"], r["g"]) for r in rows):
     cell = [r for r in rows if (r["regime"], r["g"]) == (regime, g)]
     stats = []
@@ -357,7 +362,7 @@ def localisation(summaries: dict, curves: dict, rng) -> tuple[list[str], dict, l
       stats += [report.fmt_interval(*statistics.reported_ci(d, rng, 10000)),
                 f"{statistics.sign_flip_p(d, rng):.4f}"]
     noise = [f"{np.mean([r['x'][name] for r in cell]):.2f}" if name in cell[0]["x"] else "—"
-             for name in (FILLER_SHARE, SIGNAL_FRACTION)]
+             for name in (FILLER_SHARE, SIGNAL_FRACTION, NOISY_TOKENS)]
     lines.append(f"| {regime} | {g} | " + " | ".join(stats + noise) + " |")
   groups = {regime: [r for r in rows if r["regime"] == regime]
             for regime in dict.fromkeys(r["regime"] for r in rows)}
@@ -413,7 +418,8 @@ def alignment_check(summaries: dict, curves: dict) -> list[str]:
 
 def localisation_figure(workdir: pathlib.Path, rows: list[dict], rng) -> list[str]:
   """localisation.png: Delta_loc on AUC per (regime, G) cell (mean over seeds, 95% bootstrap
-  bars from 5 seeds) against log2 G, GRPO's filler share and its signal fraction."""
+  bars from 5 seeds) against each regressor of `_localisation_runs` every run has: log2 G,
+  GRPO's effective noisy tokens, its filler share and its signal fraction."""
   plt = report._pyplot()
   if plt is None or not rows:
     return []
@@ -443,9 +449,10 @@ def localisation_figure(workdir: pathlib.Path, rows: list[dict], rng) -> list[st
   plt.close(fig)
   return ["![localisation gain against G and GRPO's gradient noise](localisation.png)", "",
           "What to see: if sequence-level credit suffices because its filler noise averages "
-          "out (H1, H2), the gain from localising exact credit falls as G grows (left) and "
-          "as GRPO's gradient carries less filler noise (middle) and more consistent signal "
-          "(right). Each point is a (regime, G) cell: the mean over seeds with its 95% "
+          "out (H1, H2), the gain from localising exact credit falls as G grows (first "
+          "panel), as GRPO's credit and gradient carry less filler noise (noisy tokens, "
+          "filler share) and as its gradient carries more consistent signal (signal "
+          "fraction). Each point is a (regime, G) cell: the mean over seeds with its 95% "
           "bootstrap interval."]
 
 
