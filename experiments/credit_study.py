@@ -162,9 +162,9 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   if preset == "regimes":
     # The regimes of the full preset that this 2-core CPU runs in about an hour (2 workers):
     # visible filler (E-TREE, T = 8) and the start at J = 0.3, with the core arms at every G.
-    # target_sum's E-TREE teacher-forces 1,024 paths per prompt per update (3.4k generated
-    # tokens/s here, about 70 minutes per G = 8 cell) and T = 96 / 384 scale the tokens 4x /
-    # 16x: those run on an accelerator.
+    # target_sum's E-TREE teacher-forces 1,024 paths per prompt at every update (8,192
+    # sequences beside 64 samples at G = 8) and T = 96 / 384 scale the tokens 4x / 16x:
+    # those run on an accelerator.
     config.regimes = {name: config.regimes[name] for name in ("visible_filler_T8",
                                                               "start_at_0_3")}
     config.arms = {name: ARMS[name] for name in CORE}
