@@ -311,6 +311,14 @@ def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does
   assert not np.allclose(out["grad_norm"][0], out["grad_norm"][1])
   with pytest.raises(ValueError, match="must share beta"):
     batched.prm_beta(_cell("prime", {"name": "prime", "beta": 0.1}))
+  # With vanishing implicit rewards (beta = 1e-8) and unscaled advantages PRIME is RLOO,
+  # run for run: the PRM and the reference change nothing else. (RMS scaling would not
+  # keep this: a batch whose groups all share their reward has RLOO credit 0 but tiny
+  # implicit rewards, which the scaling blows up to full size.)
+  unscaled = dataclasses.replace(_cell(), arms=("rloo", {"name": "prime", "beta": 1e-8}))
+  plain = batched.Runner(unscaled).train([(0, 1e-2, 0), (1, 1e-2, 0)])
+  np.testing.assert_allclose(plain["success"][0], plain["success"][1], atol=1e-6)
+  np.testing.assert_allclose(plain["grad_norm"][0], plain["grad_norm"][1], rtol=1e-4, atol=1e-8)
 
 
 def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_them(tmp_path):
