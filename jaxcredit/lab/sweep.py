@@ -382,6 +382,16 @@ def localisation(summaries: dict, curves: dict, rng) -> tuple[list[str], dict, l
   return lines, slopes, rows
 
 
+def oracle_speedup(summary: dict) -> float | None:
+  """GRPO's tokens to 0.9 x the best plateau over the oracle's (medians over the seeds that
+  reach it, `report.summarise`'s "tau"); None when either arm is missing or never reaches it."""
+  taus = [[m["tau"] for m in summary.get(arm, {}).values() if m["tau"] is not None]
+          for arm in ("grpo", "oracle")]
+  if not all(taus) or np.median(taus[1]) <= 0:
+    return None
+  return float(np.median(taus[0]) / np.median(taus[1]))
+
+
 def alignment_check(summaries: dict, curves: dict) -> list[str]:
   """What the mechanism predicts for the learning curves, checked: where GRPO's gradient at
   the start points further from the exact-credit gradient (a lower cosine), exact credit
@@ -399,10 +409,7 @@ def alignment_check(summaries: dict, curves: dict) -> list[str]:
           "cosine_to_exact" in run for run in grpo.values()):
         continue
       cosine = float(np.mean([run["cosine_to_exact"][0] for run in grpo.values()]))
-      taus = [[m["tau"] for m in summary[arm].values() if m["tau"] is not None]
-              for arm in ("grpo", "oracle")]
-      speedup = (np.median(taus[0]) / np.median(taus[1])
-                 if all(taus) and np.median(taus[1]) > 0 else None)
+      speedup = oracle_speedup(summary)
       lines.append(f"| {regime} | {g} | {cosine:.2f} | "
                    + ("—" if speedup is None else f"{speedup:.1f}×") + " |")
       if speedup is not None:

@@ -55,19 +55,13 @@ def read_cells(workdirs) -> dict:
   return {regime: dict(sorted(by_g.items())) for regime, by_g in cells.items()}
 
 
-def _median_tau(per_seed: dict) -> float | None:
-  reached = [m["tau"] for m in per_seed.values() if m["tau"] is not None]
-  return float(np.median(reached)) if reached else None
-
-
 def cell_evidence(curves: dict, rng) -> dict:
   """One cell's summary (`report.summarise`), every arm's comparison with GRPO on each of
   METRICS (`sweep.compare`), the oracle's speed-up and GRPO's gradient at the start."""
   summary, bounds = report.summarise(curves)
   out = {"summary": summary, "level": bounds["level"],
          **{m: sweep.compare(summary, m, MARGIN, rng) for m in METRICS}}
-  taus = [_median_tau(summary[arm]) if arm in summary else None for arm in ("grpo", "oracle")]
-  out["speedup"] = taus[0] / taus[1] if None not in taus and taus[1] > 0 else None
+  out["speedup"] = sweep.oracle_speedup(summary)
   grpo = list(curves["grpo"].values())
   if all("cosine_to_exact" in run for run in grpo):
     out["cosine"] = float(np.mean([run["cosine_to_exact"][0] for run in grpo]))
