@@ -305,6 +305,13 @@ def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does
                               nnx.state(host.prm, nnx.Param), atol=1e-6)
   assert not np.allclose(batched.with_models(modules, batch, actions).extras["prm_logprobs"],
                          sampled, atol=1e-5)  # the PRM moved, the reference did not
+  # As a run scores and steps (with_models with prm_beta): the same log-probs and step.
+  stepped = batched._modules(model, cell, 1e-3)
+  trained = batched.with_models(stepped, batch, actions, prm_beta=batched.prm_beta(cell))
+  np.testing.assert_allclose(trained.extras["prm_logprobs"], extras["prm_logprobs"], atol=1e-6)
+  np.testing.assert_allclose(trained.ref_logprobs, scored.ref_logprobs, atol=1e-6)
+  chex.assert_trees_all_close(nnx.state(stepped["prm"], nnx.Param),
+                              nnx.state(host.prm, nnx.Param), atol=1e-6)
   # Both arms that read statistics or a second model train, in one program.
   out = batched.Runner(_cell("grpo", "ktae", "prime")).train([(1, 1e-2, 0), (2, 1e-2, 0)])
   assert np.all(np.isfinite(out["success"])) and np.all(np.any(out["grad_norm"] > 0, axis=1))

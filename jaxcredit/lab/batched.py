@@ -468,17 +468,25 @@ def _modules(model, cell: Cell, learning_rate, critic=None) -> dict:
   return modules
 
 
-def with_models(models: dict, batch: Rollout, actions: Actions) -> Rollout:
+def with_models(models: dict, batch: Rollout, actions: Actions,
+                prm_beta: float | None = None) -> Rollout:
   """The batch with what its arms read from the run's other models: the critic's values
-  V(s_t) (as the learner step adds them); the reference's log-probs and the implicit PRM's
-  (PRIME scores a batch with the PRM before that batch updates it), 0 off the mask."""
+  V(s_t) (as the learner step adds them); the reference's log-probs and the implicit PRM's,
+  0 off the mask. PRIME scores a batch with the PRM before that batch updates it: with
+  `prm_beta` the PRM also takes that step here (`implicit_prm.update`, in place), whose
+  pre-update log-probs are the batch's."""
   if "critic" in models:
     batch = batch.replace(values=train_steps.critic_values(models["critic"], batch, actions))
   if "prm" in models:
     logprobs = lambda model: jnp.where(
         batch.mask, train_steps.policy_outputs(model, batch, 1.0, actions).logprobs, 0.0)
-    batch = batch.replace(ref_logprobs=logprobs(models["reference"]),
-                          extras={**batch.extras, "prm_logprobs": logprobs(models["prm"])})
+    batch = batch.replace(ref_logprobs=logprobs(models["reference"]))
+    if prm_beta is None:
+      prm_logprobs = logprobs(models["prm"])
+    else:
+      _, prm_logprobs = implicit_prm.update(models["prm"], models["prm_optimizer"], batch,
+                                            actions, prm_beta, 1.0)
+    batch = batch.replace(extras={**batch.extras, "prm_logprobs": prm_logprobs})
   return batch
 
 
@@ -681,9 +689,8 @@ def make_run(cell: Cell):
     def update(state, u):
       models = nnx.merge(graphdef, state)
       batch = with_models(models, rollout(models["model"], jax.random.fold_in(key, u),
-                                          mc_k=mc_k), actions)
-      if beta is not None:  # PRIME: the PRM learns the outcome after scoring the batch
-        implicit_prm.update(models["prm"], models["prm_optimizer"], batch, actions, beta, 1.0)
+                                          mc_k=mc_k), actions, prm_beta=beta)
+      if beta is not None:  # the PRM's step, taken in with_models
         state = nnx.state(models)
       state, metrics = step(state, batch, None, u)
       recorded = {"generated": jnp.sum(batch.mask, dtype=jnp.float32),
