@@ -29,10 +29,12 @@ regime on seeds excluded from the report. The arms:
   entropy80 / entropy80_low  GRPO on the top-20% entropy tokens / on the other 80%
   ktae                       GRPO plus KTAE's key-token score of each token's type in its
                              group (with its term-frequency term)
-  prime                      PRIME: RLOO plus the implicit PRM's process rewards
+  prime_prm_R                PRIME: RLOO plus the implicit PRM's process rewards
                              beta (log pi_phi - log pi_ref), the PRM and the reference
                              copies of the starting policy (after the regime's SFT), the PRM
-                             trained on each batch's outcomes (Adam, 1e-3, fixed)
+                             trained on each batch's outcomes with Adam at rate R (1e-3 to
+                             1e-6: at R -> 0 the arm is RLOO; how fast the PRM should learn
+                             is part of the question)
   ppo_gae                    GAE (lambda = 0.95) over a learned critic: the policy's
                              architecture with a value head, its trunk copied from the
                              starting policy, regressed on the returns (PPO value clipping)
@@ -65,10 +67,11 @@ ARMS = {
     "entropy80": {"mask": "high_entropy", "rho": 0.2, "of": "grpo"},
     "entropy80_low": {"mask": "low_entropy", "rho": 0.2, "of": "grpo"},
     "ktae": "ktae",
-    "prime": "prime",
+    **{f"prime_prm_{rate}": "prime" for rate in ("1e-3", "1e-4", "1e-5", "1e-6")},
     **{f"oracle_mc_{k}": {"name": "vineppo", "k": k, "positions": "all"} for k in (1, 4, 16, 64)},
 }
 MC_LADDER = tuple(name for name in ARMS if name.startswith("oracle_mc_"))
+PRIME = tuple(name for name in ARMS if name.startswith("prime_"))
 CORE = ("grpo", "oracle", "oracle_seq", "oracle_shuffled")
 
 
@@ -103,6 +106,8 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   config.eval_points = 20  # exact J measured this many times (and at the start)
   config.eval_prompts = 256  # every prompt when |C|^K is at most this
   config.arms = {name: ARMS[name] for name in CORE}
+  # The implicit PRM's Adam rate of each PRIME arm (a setting the arm's runs record).
+  config.prm_learning_rates = {name: float(name.removeprefix("prime_prm_")) for name in PRIME}
   config.learning_rates = [3e-4, 1e-3, 3e-3, 1e-2]
   config.tuning_seeds = [100, 101]  # choose the learning rate; excluded from the report
   config.seeds = list(range(10))
@@ -135,11 +140,11 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.arms = {name: ARMS[name] for name in (*CORE, "entropy80", "entropy80_low")}
     config.group_sizes = (8,)
   if preset == "ktae_prime":
-    # KTAE (arXiv 2505.16826) and PRIME (arXiv 2502.01456) beside the core arms at G = 8 in
-    # both filler regimes; read back as above.
-    config.arms = {name: ARMS[name] for name in (*CORE, "ktae", "prime")}
+    # KTAE (arXiv 2505.16826) and PRIME (arXiv 2502.01456, its PRM at four rates) beside
+    # the core arms at G = 8 in both filler regimes; read back as above.
+    config.arms = {name: ARMS[name] for name in (*CORE, "ktae", *PRIME)}
     config.group_sizes = (8,)
-    config.runs_per_program = 20  # two new arms x 10 seeds: no padding to 40 runs
+    config.runs_per_program = 30  # three PRIME arms x 10 seeds: no padding to 40 runs
   if preset == "mc_ladder":
     # The Monte-Carlo ladder (LAB.md 4.1): how much of the exact credit's gain survives K
     # continuations per state, at equal samples and at equal charged tokens, at G = 8 in both

@@ -286,16 +286,16 @@ def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does
 
   from jaxcredit.train import implicit_prm
 
-  cell = _cell("grpo", "prime")
+  cell, prm_rate = _cell("grpo", "prime"), 3e-3  # the arm's rate reaches the PRM's Adam
   model = Transformer(MODEL, rngs=nnx.Rngs(0))
-  modules = batched._modules(model, cell, 1e-3)
+  modules = batched._modules(model, cell, 1e-3, prm_learning_rate=prm_rate)
   actions = batched._task(cell).actions
   batch = batched.make_rollout(cell)(model, jax.random.key(4))
   scored = batched.with_models(modules, batch, actions)
   sampled = np.where(batch.mask, batch.behaviour_logprobs, 0.0)
   np.testing.assert_allclose(scored.ref_logprobs, sampled, atol=1e-5)
   np.testing.assert_allclose(scored.extras["prm_logprobs"], sampled, atol=1e-5)
-  host = implicit_prm.ImplicitPRM(beta=0.05, learning_rate=batched.PRM_LEARNING_RATE)
+  host = implicit_prm.ImplicitPRM(beta=0.05, learning_rate=prm_rate)
   extras, metrics = host(types.SimpleNamespace(actions=actions), model, scored)
   loss, logprobs = implicit_prm.update(modules["prm"], modules["prm_optimizer"], scored,
                                        actions, batched.prm_beta(cell), 1.0)
@@ -306,7 +306,7 @@ def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does
   assert not np.allclose(batched.with_models(modules, batch, actions).extras["prm_logprobs"],
                          sampled, atol=1e-5)  # the PRM moved, the reference did not
   # As a run scores and steps (with_models with prm_beta): the same log-probs and step.
-  stepped = batched._modules(model, cell, 1e-3)
+  stepped = batched._modules(model, cell, 1e-3, prm_learning_rate=prm_rate)
   trained = batched.with_models(stepped, batch, actions, prm_beta=batched.prm_beta(cell))
   np.testing.assert_allclose(trained.extras["prm_logprobs"], extras["prm_logprobs"], atol=1e-6)
   np.testing.assert_allclose(trained.ref_logprobs, scored.ref_logprobs, atol=1e-6)
@@ -318,14 +318,18 @@ def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does
   assert not np.allclose(out["grad_norm"][0], out["grad_norm"][1])
   with pytest.raises(ValueError, match="must share beta"):
     batched.prm_beta(_cell("prime", {"name": "prime", "beta": 0.1}))
-  # With vanishing implicit rewards (beta = 1e-8) and unscaled advantages PRIME is RLOO,
-  # run for run: the PRM and the reference change nothing else. (RMS scaling would not
-  # keep this: a batch whose groups all share their reward has RLOO credit 0 but tiny
-  # implicit rewards, which the scaling blows up to full size.)
-  unscaled = dataclasses.replace(_cell(), arms=("rloo", {"name": "prime", "beta": 1e-8}))
-  plain = batched.Runner(unscaled).train([(0, 1e-2, 0), (1, 1e-2, 0)])
+  # Each arm's PRM learns at its own rate: at rate 0 the PRM stays the reference, the
+  # implicit rewards are 0 and PRIME is RLOO run for run (the PRM and the reference change
+  # nothing else); at 1e-2 it is not.
+  rated = dataclasses.replace(_cell(), arms=tuple({"scale": "rms", "of": name} for name in (
+      "rloo", "prime", "prime")), prm_learning_rates=(None, 0.0, 1e-2))
+  assert batched.prm_learning_rates(rated) == (batched.PRM_LEARNING_RATE, 0.0, 1e-2)
+  plain = batched.Runner(rated).train([(0, 1e-2, 0), (1, 1e-2, 0), (2, 1e-2, 0)])
   np.testing.assert_allclose(plain["success"][0], plain["success"][1], atol=1e-6)
   np.testing.assert_allclose(plain["grad_norm"][0], plain["grad_norm"][1], rtol=1e-4, atol=1e-8)
+  assert not np.allclose(plain["grad_norm"][0], plain["grad_norm"][2], rtol=1e-3)
+  with pytest.raises(ValueError, match="one rate \\(or None\\) per arm: 2 for 3 arms"):
+    dataclasses.replace(rated, prm_learning_rates=(None, 0.0))
 
 
 def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_them(tmp_path):

@@ -207,7 +207,8 @@ def test_the_full_preset_scales_the_budget_with_t_and_keeps_the_small_cells():
   assert set(small.regimes) < set(full.regimes)  # a full run resumes the small one's cells
   short, long = (sweep.cell_of(full, regime, 8) for regime in ("uniform_filler",
                                                                "uniform_filler_T384"))
-  same_arms = lambda cell: dataclasses.replace(cell, arms=())  # the full preset adds arms
+  # The full preset adds arms (and their settings).
+  same_arms = lambda cell: dataclasses.replace(cell, arms=(), prm_learning_rates=None)
   assert same_arms(short) == same_arms(sweep.cell_of(small, "uniform_filler", 8))
   assert long.task.length == 384 and long.updates == short.updates  # 16x the tokens
   visible = sweep.cell_of(full, "visible_filler_T8", 8)  # E-TREE measures its J
@@ -237,7 +238,8 @@ def test_busy_time_is_the_union_of_the_pieces_spans():
 @pytest.mark.parametrize("preset, added", [
     ("primary", set()),
     ("entropy", {"entropy80", "entropy80_low"}),
-    ("ktae_prime", {"ktae", "prime"}),
+    ("ktae_prime", {"ktae", "prime_prm_1e-3", "prime_prm_1e-4", "prime_prm_1e-5",
+                    "prime_prm_1e-6"}),
     ("mc_ladder", {"oracle_mc_1", "oracle_mc_4", "oracle_mc_16", "oracle_mc_64"}),
     ("critic", {"ppo_gae"})])
 def test_the_g8_presets_read_the_small_presets_pieces_back(preset, added):
@@ -253,6 +255,29 @@ def test_the_g8_presets_read_the_small_presets_pieces_back(preset, added):
     # A cell's seeds may differ: it grows run by run.
     assert (sweep.signature(sweep.cell_of(study, regime, 8), ())
             == sweep.signature(sweep.cell_of(small, regime, 8), ()))
+
+
+def test_an_arms_prm_rate_reaches_its_runs_is_recorded_and_a_changed_one_is_refused(tmp_path):
+  """A PRIME arm's PRM rate is a setting of the arm (not of the cell's signature): it is
+  the Cell's entry for the arm's runs, written with the arm, and a file holding the arm
+  under another rate is refused rather than read back."""
+  study = load_experiment("credit_study", "ktae_prime")
+  cell = sweep.cell_of(study, "uniform_filler", 8)
+  assert dict(zip(study.arms, cell.prm_learning_rates)) == {
+      **{arm: None for arm in study.arms}, "prime_prm_1e-3": 1e-3, "prime_prm_1e-4": 1e-4,
+      "prime_prm_1e-5": 1e-5, "prime_prm_1e-6": 1e-6}
+  expected = sweep.signature(cell, study.seeds)
+  path = tmp_path / "G8.json"
+  record = {"learning_rate": 1e-3, "curves": {}}
+  path.write_text(json.dumps({"signature": expected, "arms": {
+      "grpo": record, "prime_prm_1e-4": {**record, "prm_learning_rate": 1e-4}}}))
+  _, missing = sweep._piece_arms(study, path, expected)
+  assert "prime_prm_1e-4" not in missing and "prime_prm_1e-5" in missing
+  path.write_text(json.dumps({"signature": expected, "arms": {
+      "prime_prm_1e-4": {**record, "prm_learning_rate": 1e-5}}}))
+  with pytest.raises(ValueError, match=r"G8.json holds prime_prm_1e-4 under other settings "
+                                       r"than the study's \(prm_learning_rate\)"):
+    sweep._piece_arms(study, path, expected)
 
 
 def test_runs_split_over_programs_join_back_in_order():

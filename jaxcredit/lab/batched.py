@@ -29,8 +29,9 @@ One run is a pure function of its arm (an index into cell.arms), learning rate a
     every run also trains a critic (the policy's architecture with a value head, its trunk
     copied from the starting policy) on the batch's returns, and its values V(s_t) are the
     batch's `values`; in a cell with a PRIME arm every run also trains PRIME's implicit PRM
-    (`implicit_prm.update`, a copy of the starting policy) on the batch's outcomes after
-    the batch is scored with it, against a frozen copy of the starting policy;
+    (`implicit_prm.update`, a copy of the starting policy, its Adam rate a setting of the
+    run's arm: `Cell.prm_learning_rates`) on the batch's outcomes after the batch is scored
+    with it, against a frozen copy of the starting policy;
   - exact J(pi) = mean_x V^pi(x) and pass@k on the evaluation prompts (every prompt when
     there are at most `eval_prompts`, else a fixed sample) before updates 0, E, 2E, ...
     and after the last.
@@ -119,6 +120,9 @@ class Cell:
   warmup: Warmup | None = None
   mechanism_batches: int = 0  # > 0: the gradient measurements (below) at...
   mechanism_evals: tuple[int, ...] | None = None  # ...these evaluations (None: every one)
+  # The implicit PRM's Adam rate in each arm's runs (None: PRM_LEARNING_RATE), with a PRIME
+  # arm: a setting of the arm, as its estimator config.
+  prm_learning_rates: tuple[float | None, ...] | None = None
 
   def __post_init__(self):
     if self.updates < 1 or self.eval_every < 1 or self.updates % self.eval_every:
@@ -129,6 +133,9 @@ class Cell:
                        f"and {self.prompts_per_step}.")
     for arm in self.arms:
       monte_carlo_k(estimators.from_config(arm))  # refuses Monte-Carlo values it cannot draw
+    if self.prm_learning_rates is not None and len(self.prm_learning_rates) != len(self.arms):
+      raise ValueError(f"prm_learning_rates needs one rate (or None) per arm: "
+                       f"{len(self.prm_learning_rates)} for {len(self.arms)} arms.")
     if isinstance(self.task, target_sum.TargetSumConfig):
       if self.warmup is not None or self.mechanism_batches:
         raise ValueError("target_sum cells run without a warmup and without the gradient "
@@ -450,10 +457,18 @@ def prm_beta(cell: Cell) -> float | None:
   return betas.pop() if betas else None
 
 
-def _modules(model, cell: Cell, learning_rate, critic=None) -> dict:
+def prm_learning_rates(cell: Cell) -> tuple[float, ...]:
+  """The implicit PRM's Adam rate in each arm's runs (`Cell.prm_learning_rates`)."""
+  rates = cell.prm_learning_rates or (None,) * len(cell.arms)
+  return tuple(PRM_LEARNING_RATE if rate is None else float(rate) for rate in rates)
+
+
+def _modules(model, cell: Cell, learning_rate, critic=None,
+             prm_learning_rate=PRM_LEARNING_RATE) -> dict:
   """The run's modules: the policy and its optimizer; the critic and its optimizer; with a
-  PRIME arm, the implicit PRM and the frozen reference, both copies of the starting policy
-  (after any warm start), as PRIME starts them from the SFT model."""
+  PRIME arm, the implicit PRM (its Adam at `prm_learning_rate`, which may be traced) and
+  the frozen reference, both copies of the starting policy (after any warm start), as
+  PRIME starts them from the SFT model."""
   modules = {"model": model, "optimizer": _optimizer(cell, model, learning_rate)}
   adam = lambda rate: optax.chain(optax.clip_by_global_norm(cell.max_grad_norm), optax.adam(rate))
   if critic is not None:
@@ -462,8 +477,8 @@ def _modules(model, cell: Cell, learning_rate, critic=None) -> dict:
   if prm_beta(cell) is not None:
     prm = nnx.clone(model)
     # Plain Adam, as the trainer's `implicit_prm.ImplicitPRM`.
-    modules.update(prm=prm, prm_optimizer=nnx.Optimizer(prm, optax.adam(PRM_LEARNING_RATE),
-                                                        wrt=nnx.Param),
+    prm_adam = optax.inject_hyperparams(optax.adam)(learning_rate=prm_learning_rate)
+    modules.update(prm=prm, prm_optimizer=nnx.Optimizer(prm, prm_adam, wrt=nnx.Param),
                    reference=nnx.clone(model))
   return modules
 
@@ -556,13 +571,14 @@ def make_run(cell: Cell):
   actions, prompt_len = task.actions, config.prompt_length
   critic, beta = has_critic(cell), prm_beta(cell)
 
-  def modules(seed, learning_rate, warm_start=None):
+  def modules(seed, learning_rate, prm_learning_rate, warm_start=None):
     model = _policy(cell, seed)
     if warm_start is not None:
       warm_start(model)
-    return _modules(model, cell, learning_rate, _critic(cell, model, seed) if critic else None)
+    return _modules(model, cell, learning_rate, _critic(cell, model, seed) if critic else None,
+                    prm_learning_rate)
 
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: modules(0, 1.0)))
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: modules(0, 1.0, 1.0)))
   objective = losses.from_config(cell.objective)
   # The critic regresses on Monte-Carlo returns (lambda = 1), clipped as in PPO.
   settings = learner.Settings(actions=actions,
@@ -578,6 +594,7 @@ def make_run(cell: Cell):
 
   rollout = make_rollout(cell, needs)
   arm_ks = jnp.asarray([monte_carlo_k(branch) for branch in branches], jnp.int32)
+  prm_rates = jnp.asarray(prm_learning_rates(cell), jnp.float32)
 
   # key_token's fixed decisive positions (none on target_sum, whose cells refuse the warmup
   # and the gradient measurements that read them).
@@ -679,8 +696,9 @@ def make_run(cell: Cell):
 
   def run(arm, learning_rate, seed):
     key, mc_k = jax.random.key(seed), arm_ks[arm]
-    state = nnx.state(modules(seed, learning_rate, None if cell.warmup is None else (
-        lambda model: warm_start(model, jax.random.fold_in(key, WARMUP_STREAM)))))
+    warm = None if cell.warmup is None else (
+        lambda model: warm_start(model, jax.random.fold_in(key, WARMUP_STREAM)))
+    state = nnx.state(modules(seed, learning_rate, prm_rates[arm], warm))
     advantage = lambda rollout: Estimate(advantages=jax.lax.switch(
         arm, [lambda r, f=f: f(r).advantages for f in branches], rollout))
     step = learner.make_step(graphdef, advantage=advantage, objective=objective,

@@ -70,12 +70,24 @@ def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> b
       task=task, model=preset(study.model.preset, vocab_size=task_ops.vocab_size,
                               **study.model.overrides),
       arms=tuple({"scale": "rms", "of": plain(spec)} for spec in study.arms.values()),
+      prm_learning_rates=tuple(arm_settings(study, arm).get("prm_learning_rate")
+                               for arm in study.arms),
       group_size=group_size, prompts_per_step=study.prompts_per_step,
       updates=updates * blocks, eval_every=updates, eval_prompts=study.eval_prompts,
       warmup=warmup,
       # The gradient measurements read key_token's decisive positions.
       mechanism_batches=study.get("mechanism_batches", 0) if name == "key_token" else 0,
       mechanism_evals=tuple(study.mechanism_evals) if study.get("mechanism_evals") else None)
+
+
+ARM_SETTINGS = ("prm_learning_rate",)
+
+
+def arm_settings(study, arm: str) -> dict:
+  """What an arm's runs depend on besides its estimator and learning rate (recorded with
+  them): its implicit PRM's Adam rate, when the study's `prm_learning_rates` names it."""
+  rates = study.get("prm_learning_rates") or {}
+  return {"prm_learning_rate": float(rates[arm])} if arm in rates else {}
 
 
 def tuning_cell(study, regime: str) -> batched.Cell:
@@ -107,10 +119,15 @@ def _auc(curve: dict) -> float:
   return exact_metrics.auc_log_tokens(tokens, curve["success"], tokens[1], tokens[-1])
 
 
+PER_ARM = ("arms", "prm_learning_rates")  # Cell fields an arm's record holds (arm_settings)
+
+
 def signature(cell: batched.Cell, seeds, learning_rates=None) -> dict:
-  """What a piece's results depend on besides its arms, in JSON types: the cell's settings,
-  the seeds, and for a tuning its grid of learning rates (a cell's arms record their own)."""
-  settings = {f.name: getattr(cell, f.name) for f in dataclasses.fields(cell) if f.name != "arms"}
+  """What a piece's results depend on besides its arms, in JSON types: the cell's settings
+  but its arms' (PER_ARM), the seeds, and for a tuning its grid of learning rates (a
+  cell's arms record their own)."""
+  settings = {f.name: getattr(cell, f.name) for f in dataclasses.fields(cell)
+              if f.name not in PER_ARM}
   return json.loads(json.dumps({"cell": settings, "seeds": list(seeds),
                                 "learning_rates": learning_rates}, default=repr))
 
@@ -132,6 +149,11 @@ def _piece_arms(study, path: pathlib.Path, expected: dict, *,
     differ = _differences(stored or {}, expected) or ["signature (none stored)"]
     raise ValueError(f"{path} was written under other settings ({', '.join(differ)} differ); "
                      "move it away to rerun the piece under these.")
+  moved = [arm for arm in study.arms if arm in written["arms"] and arm_settings(study, arm)
+           != {k: written["arms"][arm][k] for k in ARM_SETTINGS if k in written["arms"][arm]}]
+  if moved:
+    raise ValueError(f"{path} holds {', '.join(moved)} under other settings than the study's "
+                     f"({', '.join(ARM_SETTINGS)}); move it away to rerun them.")
   return written, [arm for arm in study.arms if arm not in written["arms"]]
 
 
@@ -199,7 +221,8 @@ def tune(study, regime: str, runners: dict, path: pathlib.Path) -> dict:
     for row, (a, rate, _) in enumerate(runs):
       auc.setdefault(arms[a], {}).setdefault(rate, []).append(_auc(_curve(tuning, row)))
     new = {arm: {"learning_rate": max(by_rate, key=lambda r: np.mean(by_rate[r])),
-                 "tuning_auc": {str(r): float(np.mean(v)) for r, v in by_rate.items()}}
+                 "tuning_auc": {str(r): float(np.mean(v)) for r, v in by_rate.items()},
+                 **arm_settings(study, arm)}
            for arm, by_rate in auc.items()}
     written = _write_piece(path, written, new, expected, tuning)
   return written
@@ -231,7 +254,8 @@ def run_cell(study, regime: str, group_size: int, tuned: dict, runners: dict,
     runs = [(arms.index(arm), rates[arm], seed) for arm, seed in missing]
     reported = _train(study, _runner(cell, runners), runs)
     new = {arm: {"curves": dict(stored.get(arm, {}).get("curves", {})),
-                 "learning_rate": rates[arm]} for arm, _ in missing}
+                 "learning_rate": rates[arm], **arm_settings(study, arm)}
+           for arm, _ in missing}
     for row, (a, _, seed) in enumerate(runs):
       new[arms[a]]["curves"][str(seed)] = _curve(reported, row)
     seeds = {int(s) for r in (*stored.values(), *new.values()) for s in r["curves"]}
