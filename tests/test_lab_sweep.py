@@ -215,12 +215,18 @@ def test_the_full_preset_scales_the_budget_with_t_and_keeps_the_small_cells():
   assert not visible.task.filler_blind and visible.updates == short.updates
   peaked = sweep.cell_of(full, "peaked_filler_T96", 8)
   assert peaked.warmup == sweep.cell_of(small, "peaked_filler", 8).warmup is not None
-  # The regimes preset's cells are the full preset's (a full run resumes them).
-  some = load_experiment("credit_study", "regimes")
-  assert set(some.regimes) < set(full.regimes)
-  for regime in some.regimes:
-    assert (sweep.signature(sweep.cell_of(some, regime, 8), some.seeds)
-            == sweep.signature(sweep.cell_of(full, regime, 8), full.seeds))
+  longer = sweep.cell_of(full, "peaked_filler_Z2", 8)
+  assert longer.updates == 2 * sweep.cell_of(small, "peaked_filler", 8).updates
+  tuning_tokens = lambda study, regime: sweep.tuning_cell(study, regime).updates * 8 * 8 * 24
+  assert tuning_tokens(full, "peaked_filler_Z2") == pytest.approx(  # up to the rounding of
+      2 * tuning_tokens(small, "peaked_filler"), rel=0.03)          # updates per block
+  # The regimes and budgets presets' cells are the full preset's (a full run resumes them).
+  for preset in ("regimes", "budgets"):
+    some = load_experiment("credit_study", preset)
+    assert set(some.regimes) < set(full.regimes)
+    for regime in some.regimes:
+      assert (sweep.signature(sweep.cell_of(some, regime, 8), some.seeds)
+              == sweep.signature(sweep.cell_of(full, regime, 8), full.seeds))
 
 
 def test_busy_time_is_the_union_of_the_pieces_spans():
