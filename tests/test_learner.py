@@ -101,6 +101,20 @@ def test_epochs_repeat_the_whole_batch_and_a_present_reference_is_kept():
   np.testing.assert_allclose(once["kl/value"], 0.25, rtol=1e-5)
 
 
+def test_critic_values_are_computed_once_and_present_ones_are_kept():
+  """prepare runs the critic on a batch without values; values already set (the batched
+  lab runs its critic before the step) are used as they are, not recomputed."""
+  modules = _modules()
+  critic = Transformer(preset("tiny", vocab_size=32, value_head=True), rngs=nnx.Rngs(1))
+  rollout = _rollout(modules["model"])
+  settings = learner.Settings(critic=learner.CriticSettings())
+  computed = learner.prepare({**modules, "critic": critic}, rollout, settings).values
+  np.testing.assert_allclose(computed, steps.critic_values(critic, rollout), atol=1e-6)
+  given = jnp.full(rollout.mask.shape, 0.5)
+  kept = learner.prepare({**modules, "critic": None}, rollout.replace(values=given), settings)
+  np.testing.assert_array_equal(kept.values, given)
+
+
 def test_recomputed_old_logprobs_feed_off_policy_losses_and_the_mismatch_metrics():
   """The sampler's log-probs off by a known gap: the learner recomputes the policy's own
   (the proximal policy), tis reads both, and mismatch/... measures the gap exactly."""

@@ -486,10 +486,10 @@ def _modules(model, cell: Cell, learning_rate, critic=None,
 def with_models(models: dict, batch: Rollout, actions: Actions,
                 prm_beta: float | None = None) -> Rollout:
   """The batch with what its arms read from the run's other models: the critic's values
-  V(s_t) (as the learner step adds them); the reference's log-probs and the implicit PRM's,
-  0 off the mask. PRIME scores a batch with the PRM before that batch updates it: with
-  `prm_beta` the PRM also takes that step here (`implicit_prm.update`, in place), whose
-  pre-update log-probs are the batch's."""
+  V(s_t) (the learner step keeps them: `learner.prepare`); the reference's log-probs and
+  the implicit PRM's, 0 off the mask. PRIME scores a batch with the PRM before that batch
+  updates it: with `prm_beta` the PRM also takes that step here (`implicit_prm.update`, in
+  place), whose pre-update log-probs are the batch's."""
   if "critic" in models:
     batch = batch.replace(values=train_steps.critic_values(models["critic"], batch, actions))
   if "prm" in models:

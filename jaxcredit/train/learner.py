@@ -104,7 +104,8 @@ def reference_logprobs(reference, rollout: Rollout, settings: Settings) -> Array
 def prepare(models: dict, rollout: Rollout, settings: Settings) -> Rollout:
   """The rollout with reference log-probs (kept if present), the policy's recomputed
   old_logprobs (recompute_old_logprobs), the KL reward penalty as token_rewards
-  (kl_reward_coef > 0) and critic values (with a critic)."""
+  (kl_reward_coef > 0) and critic values (with a critic; kept if present, as a caller that
+  already ran the critic on this batch sets them)."""
   if rollout.ref_logprobs is None:
     rollout = rollout.replace(
         ref_logprobs=reference_logprobs(models["reference"], rollout, settings))
@@ -115,7 +116,7 @@ def prepare(models: dict, rollout: Rollout, settings: Settings) -> Rollout:
         jnp.zeros(rollout.mask.shape), rollout.behaviour_logprobs, rollout.ref_logprobs,
         rollout.mask,
         coef=settings.kl_reward_coef, kind=settings.kl_reward_kind))
-  if settings.critic is not None:
+  if settings.critic is not None and rollout.values is None:
     rollout = rollout.replace(
         values=steps.critic_values(models["critic"], rollout, settings.actions))
   return rollout
