@@ -1,0 +1,69 @@
+"""The Rao-Blackwellised Monte-Carlo oracle of `zipf_explain`: V^pi(s_c) at cut points.
+
+A response of T tokens in a vocabulary of 50 admits no exact tree (E-TREE enumerates
+|A|^T paths), but its reward reads the answers only. So, from the state s_c (prompt and
+the first c response tokens), draw M continuations from pi in which every answer slot
+(the column after the k-th MARK, k <= K) is forced to the right key c_k and weighted by
+pi's probability of it:
+
+  V-hat(s_c) = (1/M) sum_m R(y^m) prod_{answer slots t >= c of y^m} pi(c_k | y^m_<t)
+
+Unbiased: R is 0 unless every answer is right, so summing the answer token out exactly
+(Rao-Blackwellisation) leaves the words and MARKs to sample. Its variance is no larger
+than plain Monte-Carlo's (which samples the answers too; `rao_blackwell=False`), and
+much smaller when pi is far from the answers. Credit of the tokens between two cuts
+c < c': V-hat(s_c') - V-hat(s_c).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxcredit.tasks import zipf_explain
+
+
+def rb_values(logits_fn, rows, targets, cuts, key, config: zipf_explain.ZipfExplainConfig, *,
+              n_paths: int, rao_blackwell: bool = True):
+  """(V-hat [B, C], standard error [B, C]) of the states s_c, c in `cuts`.
+
+  logits_fn: token ids [N, P + T] -> next-token logits [N, P + T, V] (position i scores
+  token i + 1), pi at temperature 1 restricted to `zipf_explain.allowed`; rows [B, P + T]:
+  prompts and responses; targets [B, K]: the right key indices; cuts [C] ints in [0, T];
+  n_paths: M continuations per state. Traceable (the continuation is a `lax.fori_loop`
+  over the T response columns, a full forward per column: O(T^2) per path).
+  """
+  rows, targets, cuts = jnp.asarray(rows), jnp.asarray(targets), jnp.asarray(cuts)
+  b, width = rows.shape
+  p, t = config.prompt_length, config.length
+  if width != p + t or targets.shape != (b, config.n_answers) or cuts.ndim != 1:
+    raise ValueError(f"Expected rows [B, {p + t}], targets [B, {config.n_answers}] and cuts "
+                     f"[C], got {rows.shape}, {targets.shape} and {cuts.shape}.")
+  n_cuts = cuts.shape[0]
+  tokens = jnp.repeat(rows, n_cuts * n_paths, axis=0)  # [B C M, P + T], b-major
+  starts = jnp.tile(jnp.repeat(cuts, n_paths), b)
+  right = jnp.repeat(targets, n_cuts * n_paths, axis=0) + zipf_explain.KEY0
+  allowed = jnp.asarray(zipf_explain.allowed(config))
+
+  def column(j, carry):
+    tokens, weight, step_key = carry
+    step_key, draw = jax.random.split(step_key)
+    logits = logits_fn(tokens)[:, p + j - 1]
+    logp = jax.nn.log_softmax(jnp.where(allowed[j], logits.astype(jnp.float32), -jnp.inf))
+    previous = tokens[:, p + j - 1]
+    marks_before = jnp.sum((tokens[:, p:] == zipf_explain.MARK) & (jnp.arange(t) < j), axis=1)
+    answer = (previous == zipf_explain.MARK) & (marks_before <= config.n_answers) & (j > 0)
+    forced = jnp.take_along_axis(right, jnp.clip(marks_before - 1, 0, None)[:, None], 1)[:, 0]
+    sampled = jax.random.categorical(draw, logp)
+    active = j >= starts
+    summed = active & answer & rao_blackwell
+    token = jnp.where(summed, forced, sampled)
+    weight = weight * jnp.where(summed, jnp.exp(jnp.take_along_axis(
+        logp, forced[:, None], 1)[:, 0]), 1.0)
+    tokens = tokens.at[:, p + j].set(jnp.where(active, token, tokens[:, p + j]))
+    return tokens, weight, step_key
+
+  tokens, weight, _ = jax.lax.fori_loop(0, t, column, (tokens, jnp.ones(len(tokens)), key))
+  estimates = (weight * zipf_explain.outcome(tokens[:, p:], right - zipf_explain.KEY0, config)
+               ).reshape(b, n_cuts, n_paths)
+  spread = jnp.std(estimates, axis=-1, ddof=1) if n_paths > 1 else jnp.zeros((b, n_cuts))
+  return jnp.mean(estimates, axis=-1), spread / np.sqrt(n_paths)

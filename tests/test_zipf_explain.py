@@ -1,0 +1,149 @@
+"""zipf_explain (the language-like probe) and its Rao-Blackwellised Monte-Carlo oracle,
+against a per-row parse and against exhaustive enumeration under a real Transformer."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxcredit.lab import explain_oracle
+from jaxcredit.models import Transformer, preset
+from jaxcredit.tasks import zipf_explain as zx
+
+MARK, KEY0, WORD0 = zx.MARK, zx.KEY0, zx.WORD0
+
+
+def _parse_reward(response, target, config) -> float:
+  """R by reading the response left to right (the module docstring's rule)."""
+  answers, expecting = [], False
+  for token in response:
+    is_key = KEY0 <= token < KEY0 + config.n_keys
+    if expecting:
+      if not is_key:
+        return 0.0
+      answers.append(token - KEY0)
+      expecting = False
+    elif token == MARK:
+      expecting = True
+    elif is_key:
+      return 0.0
+  if expecting or len(answers) != config.n_answers:
+    return 0.0
+  return float(all(a == c for a, c in zip(answers, target)))
+
+
+def test_the_reward_reads_marks_and_answers_as_a_left_to_right_parse():
+  config = zx.ZipfExplainConfig(length=10, n_answers=2, n_keys=3, n_words=4, branching=3)
+  rng = np.random.default_rng(0)
+  alphabet = np.flatnonzero(zx.allowed(config)[0])
+  rows, targets = [], []
+  for _ in range(3000):  # random strings: mostly malformed, some right
+    target = rng.integers(0, config.n_keys, 2)
+    response = rng.choice(alphabet, config.length)
+    if rng.random() < 0.5:  # a well-formed response, answers right or not
+      response = rng.choice(config.words, config.length)
+      for column in sorted(rng.choice(np.arange(0, config.length - 1, 2), 2, replace=False)):
+        response[column] = MARK
+        response[column + 1] = KEY0 + (target[len(rows) % 2] if rng.random() < 0.8 else 0)
+    rows.append(response)
+    targets.append(target)
+  rows, targets = np.asarray(rows), np.asarray(targets)
+  prompts = zx.prompts(targets, config)
+  expected = np.asarray([_parse_reward(r, c, config) for r, c in zip(rows, targets)])
+  assert 0.05 < expected.mean() < 0.5
+  np.testing.assert_array_equal(zx.reward(rows, prompts, config), expected)
+  traced = jax.jit(lambda r, c: zx.outcome(r, c, config))(jnp.asarray(rows), jnp.asarray(targets))
+  np.testing.assert_array_equal(traced, expected)
+  np.testing.assert_array_equal(zx.prompts(jnp.asarray(targets), config), prompts)
+  # A MARK in the last column leaves no room for its answer.
+  last = np.asarray([WORD0, MARK, KEY0 + 1, WORD0, WORD0, WORD0, WORD0, WORD0, WORD0, MARK])
+  assert zx.reward(last, zx.prompts(np.asarray([[1, 0]]), config), config)[0] == 0.0
+  with pytest.raises(ValueError, match=r"Expected responses \[B, 10\] and prompts \[B, 4\]"):
+    zx.reward(rows[:, :9], prompts, config)
+  with pytest.raises(ValueError, match="length must be >= 2 n_answers = 8"):
+    zx.ZipfExplainConfig(length=7, n_answers=4)
+
+
+def test_demonstrations_follow_the_zipfian_grammar_and_mark_k_answers():
+  config = zx.ZipfExplainConfig(length=96, n_answers=3, n_words=16, branching=5)
+  start, successors = zx.grammar(config)
+  np.testing.assert_allclose(start.sum(), 1.0)
+  np.testing.assert_allclose(successors.sum(axis=1), 1.0)
+  entropy = -np.sum(successors * np.log(np.where(successors > 0, successors, 1.0)), axis=1)
+  assert entropy.min() == 0.0 and entropy.max() > 1.0  # some words determine the next
+  rng = np.random.default_rng(1)
+  counts = np.zeros_like(successors)
+  for accuracy, expected in ((1.0, 1.0), (0.0, 1 / 4 ** 3)):
+    examples = [zx.make_example(rng, config, accuracy) for _ in range(400)]
+    rewards = np.asarray([zx.reward(e["completion"], e["prompt"], config)[0] for e in examples])
+    assert rewards.mean() == pytest.approx(expected, abs=0.03)
+    for example in examples:
+      completion = example["completion"]
+      assert np.sum(completion == MARK) == 3 and completion[-1] != MARK
+      words = completion - WORD0
+      for a, b in zip(words[:-1], words[1:]):
+        if 0 <= a < config.n_words and 0 <= b < config.n_words:
+          counts[a, b] += 1
+  seen = counts.sum(axis=1) > 200
+  assert np.all(counts[successors == 0] == 0)  # only the grammar's bigrams
+  np.testing.assert_allclose(counts[seen] / counts[seen].sum(axis=1, keepdims=True),
+                             successors[seen], atol=0.06)
+
+
+def _enumerated_values(logits_fn, prompts, responses, targets, cuts, config):
+  """Exact V^pi(s_c) in float64: every response over the allowed alphabet, scored."""
+  alphabet = np.flatnonzero(zx.allowed(config)[0])
+  every = np.asarray(list(itertools.product(alphabet, repeat=config.length)))
+  values = np.zeros((len(prompts), len(cuts)))
+  allowed = zx.allowed_in_rows(config)
+  for row, (prompt, response, target) in enumerate(zip(prompts, responses, targets)):
+    full = np.concatenate([np.tile(prompt, (len(every), 1)), every], axis=1)
+    logits = np.asarray(logits_fn(jnp.asarray(full)), np.float64)[:, :-1]
+    logits = np.where(allowed[1:], logits, -np.inf)
+    logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+    token_logp = np.take_along_axis(logp, full[:, 1:, None], -1)[..., 0][:, -config.length:]
+    rewards = np.asarray([_parse_reward(r, target, config) for r in every])
+    for i, c in enumerate(cuts):
+      match = np.all(every[:, :c] == response[:c], axis=1)
+      values[row, i] = np.sum(np.exp(token_logp[match, c:].sum(axis=1)) * rewards[match])
+  return values
+
+
+def test_rao_blackwellised_values_match_exhaustive_enumeration_with_less_variance():
+  """pi: a random Transformer (it reads the whole prefix) plus a bigram bias toward MARK,
+  and toward the keys after one, on a 5-token task: 5^5 responses per prompt enumerated.
+  Both estimators are within 4.5 standard errors of the exact value at every cut; the
+  Rao-Blackwellised one has the smaller error; at c = T it is R itself."""
+  config = zx.ZipfExplainConfig(length=5, n_answers=2, n_keys=2, n_words=2, branching=2)
+  model = Transformer(preset("tiny", vocab_size=zx.VOCAB_SIZE), rngs=nnx.Rngs(0))
+  bias = np.zeros((zx.VOCAB_SIZE, zx.VOCAB_SIZE), np.float32)  # [previous token, next]
+  bias[:, MARK], bias[MARK, MARK], bias[MARK, KEY0:KEY0 + 2] = 2.0, -2.0, 3.0
+  logits_fn = lambda tokens: model(tokens).logits + jnp.asarray(bias)[tokens]
+  targets = np.asarray([[0, 1], [1, 1], [0, 0]])
+  prompts = zx.prompts(targets, config)
+  responses = np.asarray([  # right, wrong, and ungrammatical prefixes
+      [MARK, KEY0, MARK, KEY0 + 1, WORD0],
+      [WORD0, MARK, KEY0, WORD0 + 1, MARK],
+      [KEY0, WORD0, MARK, KEY0, WORD0]])
+  rows = np.concatenate([prompts, responses], axis=1)
+  cuts = np.arange(config.length + 1)
+  exact = _enumerated_values(logits_fn, prompts, responses, targets, cuts, config)
+  assert exact[:, 0].min() > 0.02 and exact[2, 1:].max() == 0.0
+  estimate = jax.jit(explain_oracle.rb_values, static_argnums=(0, 5),
+                     static_argnames=("n_paths", "rao_blackwell"))
+  errors = {}
+  for rb in (True, False):
+    values, se = estimate(logits_fn, rows, targets, cuts, jax.random.key(rb), config,
+                          n_paths=4000, rao_blackwell=rb)
+    values, se = np.asarray(values), np.asarray(se)
+    assert np.all(np.abs(values - exact) <= 4.5 * se + 1e-6), (rb, values, exact, se)
+    errors[rb] = se
+  np.testing.assert_allclose(values[:, -1], [1.0, 0.0, 0.0])  # c = T: R of the response
+  live = exact[:, :-1] > 0.01
+  assert np.all(errors[True][:, :-1][live] < errors[False][:, :-1][live])
+  with pytest.raises(ValueError, match=r"Expected rows \[B, 9\], targets \[B, 2\]"):
+    explain_oracle.rb_values(logits_fn, rows[:, :8], targets, cuts, jax.random.key(0), config,
+                             n_paths=2)
