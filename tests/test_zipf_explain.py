@@ -6,12 +6,14 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
 from jaxcredit.lab import explain_oracle
 from jaxcredit.models import Transformer, preset
 from jaxcredit.tasks import zipf_explain as zx
+from jaxcredit.train import steps as train_steps
 
 MARK, KEY0, WORD0 = zx.MARK, zx.KEY0, zx.WORD0
 
@@ -93,7 +95,7 @@ def test_demonstrations_follow_the_zipfian_grammar_and_mark_k_answers():
                              successors[seen], atol=0.06)
 
 
-def _enumerated_values(logits_fn, prompts, responses, targets, cuts, config):
+def _enumerated_values(model, prompts, responses, targets, cuts, config):
   """Exact V^pi(s_c) in float64: every response over the allowed alphabet, scored."""
   alphabet = np.flatnonzero(zx.allowed(config)[0])
   every = np.asarray(list(itertools.product(alphabet, repeat=config.length)))
@@ -101,7 +103,7 @@ def _enumerated_values(logits_fn, prompts, responses, targets, cuts, config):
   allowed = zx.allowed_in_rows(config)
   for row, (prompt, response, target) in enumerate(zip(prompts, responses, targets)):
     full = np.concatenate([np.tile(prompt, (len(every), 1)), every], axis=1)
-    logits = np.asarray(logits_fn(jnp.asarray(full)), np.float64)[:, :-1]
+    logits = np.asarray(model(jnp.asarray(full)).logits, np.float64)[:, :-1]
     logits = np.where(allowed[1:], logits, -np.inf)
     logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
     token_logp = np.take_along_axis(logp, full[:, 1:, None], -1)[..., 0][:, -config.length:]
@@ -112,31 +114,44 @@ def _enumerated_values(logits_fn, prompts, responses, targets, cuts, config):
   return values
 
 
-def test_rao_blackwellised_values_match_exhaustive_enumeration_with_less_variance():
-  """pi: a random Transformer (it reads the whole prefix) plus a bigram bias toward MARK,
-  and toward the keys after one, on a 5-token task: 5^5 responses per prompt enumerated.
-  Both estimators are within 4.5 standard errors of the exact value at every cut; the
-  Rao-Blackwellised one has the smaller error; at c = T it is R itself."""
-  config = zx.ZipfExplainConfig(length=5, n_answers=2, n_keys=2, n_words=2, branching=2)
+def _taught(config, steps: int = 150):
+  """A tiny Transformer after a short SFT on demonstrations whose answers are right half
+  the time: it writes MARKs and keys where they go, and is unsure of the answers."""
   model = Transformer(preset("tiny", vocab_size=zx.VOCAB_SIZE), rngs=nnx.Rngs(0))
-  bias = np.zeros((zx.VOCAB_SIZE, zx.VOCAB_SIZE), np.float32)  # [previous token, next]
-  bias[:, MARK], bias[MARK, MARK], bias[MARK, KEY0:KEY0 + 2] = 2.0, -2.0, 3.0
-  logits_fn = lambda tokens: model(tokens).logits + jnp.asarray(bias)[tokens]
+  optimizer = nnx.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param)
+  step = train_steps.sft_step()
+  rng = np.random.default_rng(0)
+  for _ in range(steps):
+    examples = [zx.make_example(rng, config, key_accuracy=0.5) for _ in range(32)]
+    tokens = np.stack([np.concatenate([e["prompt"], e["completion"]]) for e in examples])
+    loss_mask = np.zeros(tokens.shape, bool)
+    loss_mask[:, config.prompt_length:] = True
+    step(model, optimizer, jnp.asarray(tokens), jnp.asarray(loss_mask),
+         jnp.ones(tokens.shape, bool))
+  return model
+
+
+def test_rao_blackwellised_values_match_exhaustive_enumeration_with_less_variance():
+  """pi: a Transformer after a short SFT, on a 5-token task: 5^5 responses per prompt
+  enumerated. Both estimators are within 4.5 standard errors of the exact value at every
+  cut; the Rao-Blackwellised one has the smaller error; at c = T it is R itself."""
+  config = zx.ZipfExplainConfig(length=5, n_answers=2, n_keys=2, n_words=2, branching=2)
+  model = _taught(config)
   targets = np.asarray([[0, 1], [1, 1], [0, 0]])
   prompts = zx.prompts(targets, config)
   responses = np.asarray([  # right, wrong, and ungrammatical prefixes
+      [MARK, KEY0, WORD0, MARK, KEY0 + 1],
       [MARK, KEY0, MARK, KEY0 + 1, WORD0],
-      [WORD0, MARK, KEY0, WORD0 + 1, MARK],
       [KEY0, WORD0, MARK, KEY0, WORD0]])
   rows = np.concatenate([prompts, responses], axis=1)
   cuts = np.arange(config.length + 1)
-  exact = _enumerated_values(logits_fn, prompts, responses, targets, cuts, config)
-  assert exact[:, 0].min() > 0.02 and exact[2, 1:].max() == 0.0
-  estimate = jax.jit(explain_oracle.rb_values, static_argnums=(0, 5),
+  exact = _enumerated_values(model, prompts, responses, targets, cuts, config)
+  assert exact[:, 0].min() > 0.05 and exact[1, 2:].max() == 0.0 and exact[2, 1:].max() == 0.0
+  estimate = jax.jit(explain_oracle.rb_values, static_argnums=(5,),
                      static_argnames=("n_paths", "rao_blackwell"))
   errors = {}
   for rb in (True, False):
-    values, se = estimate(logits_fn, rows, targets, cuts, jax.random.key(rb), config,
+    values, se = estimate(model, rows, targets, cuts, jax.random.key(rb), config,
                           n_paths=4000, rao_blackwell=rb)
     values, se = np.asarray(values), np.asarray(se)
     assert np.all(np.abs(values - exact) <= 4.5 * se + 1e-6), (rb, values, exact, se)
@@ -145,5 +160,5 @@ def test_rao_blackwellised_values_match_exhaustive_enumeration_with_less_varianc
   live = exact[:, :-1] > 0.01
   assert np.all(errors[True][:, :-1][live] < errors[False][:, :-1][live])
   with pytest.raises(ValueError, match=r"Expected rows \[B, 9\], targets \[B, 2\]"):
-    explain_oracle.rb_values(logits_fn, rows[:, :8], targets, cuts, jax.random.key(0), config,
+    explain_oracle.rb_values(model, rows[:, :8], targets, cuts, jax.random.key(0), config,
                              n_paths=2)

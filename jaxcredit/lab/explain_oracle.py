@@ -19,18 +19,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxcredit.models.transformer import KVCache, Transformer
 from jaxcredit.tasks import zipf_explain
 
 
-def rb_values(logits_fn, rows, targets, cuts, key, config: zipf_explain.ZipfExplainConfig, *,
-              n_paths: int, rao_blackwell: bool = True):
+def rb_values(model: Transformer, rows, targets, cuts, key,
+              config: zipf_explain.ZipfExplainConfig, *, n_paths: int,
+              rao_blackwell: bool = True):
   """(V-hat [B, C], standard error [B, C]) of the states s_c, c in `cuts`.
 
-  logits_fn: token ids [N, P + T] -> next-token logits [N, P + T, V] (position i scores
-  token i + 1), pi at temperature 1 restricted to `zipf_explain.allowed`; rows [B, P + T]:
+  model: pi (temperature 1, restricted to `zipf_explain.allowed`); rows [B, P + T]:
   prompts and responses; targets [B, K]: the right key indices; cuts [C] ints in [0, T];
-  n_paths: M continuations per state. Traceable (the continuation is a `lax.fori_loop`
-  over the T response columns, a full forward per column: O(T^2) per path).
+  n_paths: M continuations per state. Traceable. The B C M continuations decode together
+  with a KV cache: the prompt in one chunk, then one column per step, the row's own token
+  before its cut, pi's (or the forced answer) from it.
   """
   rows, targets, cuts = jnp.asarray(rows), jnp.asarray(targets), jnp.asarray(cuts)
   b, width = rows.shape
@@ -40,29 +42,35 @@ def rb_values(logits_fn, rows, targets, cuts, key, config: zipf_explain.ZipfExpl
                      f"[C], got {rows.shape}, {targets.shape} and {cuts.shape}.")
   n_cuts = cuts.shape[0]
   tokens = jnp.repeat(rows, n_cuts * n_paths, axis=0)  # [B C M, P + T], b-major
+  n = tokens.shape[0]
   starts = jnp.tile(jnp.repeat(cuts, n_paths), b)
   right = jnp.repeat(targets, n_cuts * n_paths, axis=0) + zipf_explain.KEY0
   allowed = jnp.asarray(zipf_explain.allowed(config))
+  layers = model.unstacked_layers()
+  cache = KVCache.zeros(model.config, n, p + t)
+  out, cache = model.decode(tokens[:, :p], jnp.broadcast_to(jnp.arange(p), (n, p)),
+                            jnp.ones((n, p), bool), cache, 0, logits=False, layers=layers)
+  logits = model.logits(out.hidden[:, -1])
 
   def column(j, carry):
-    tokens, weight, step_key = carry
-    step_key, draw = jax.random.split(step_key)
-    logits = logits_fn(tokens)[:, p + j - 1]
-    logp = jax.nn.log_softmax(jnp.where(allowed[j], logits.astype(jnp.float32), -jnp.inf))
-    previous = tokens[:, p + j - 1]
-    marks_before = jnp.sum((tokens[:, p:] == zipf_explain.MARK) & (jnp.arange(t) < j), axis=1)
-    answer = (previous == zipf_explain.MARK) & (marks_before <= config.n_answers) & (j > 0)
-    forced = jnp.take_along_axis(right, jnp.clip(marks_before - 1, 0, None)[:, None], 1)[:, 0]
-    sampled = jax.random.categorical(draw, logp)
+    tokens, weight, logits, cache, marks = carry
+    logp = jax.nn.log_softmax(jnp.where(allowed[j], logits, -jnp.inf))
+    # The column after the k-th MARK (k <= K) is the k-th answer slot.
+    answer = (tokens[:, p + j - 1] == zipf_explain.MARK) & (marks <= config.n_answers) & (j > 0)
+    forced = jnp.take_along_axis(right, jnp.clip(marks - 1, 0, None)[:, None], 1)[:, 0]
+    sampled = jax.random.categorical(jax.random.fold_in(key, j), logp)
     active = j >= starts
     summed = active & answer & rao_blackwell
-    token = jnp.where(summed, forced, sampled)
+    token = jnp.where(active, jnp.where(summed, forced, sampled), tokens[:, p + j])
     weight = weight * jnp.where(summed, jnp.exp(jnp.take_along_axis(
         logp, forced[:, None], 1)[:, 0]), 1.0)
-    tokens = tokens.at[:, p + j].set(jnp.where(active, token, tokens[:, p + j]))
-    return tokens, weight, step_key
+    out, cache = model.decode(token[:, None], jnp.full((n, 1), p + j), jnp.ones((n, 1), bool),
+                              cache, p + j, layers=layers)
+    return (tokens.at[:, p + j].set(token), weight, out.logits[:, 0], cache,
+            marks + (token == zipf_explain.MARK))
 
-  tokens, weight, _ = jax.lax.fori_loop(0, t, column, (tokens, jnp.ones(len(tokens)), key))
+  init = (tokens, jnp.ones(n), logits, cache, jnp.zeros(n, jnp.int32))
+  tokens, weight, *_ = jax.lax.fori_loop(0, t, column, init)
   estimates = (weight * zipf_explain.outcome(tokens[:, p:], right - zipf_explain.KEY0, config)
                ).reshape(b, n_cuts, n_paths)
   spread = jnp.std(estimates, axis=-1, ddof=1) if n_paths > 1 else jnp.zeros((b, n_cuts))
