@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from jaxcredit import estimators
-from jaxcredit.lab import batched, oracle, tree_oracle
+from jaxcredit.lab import batched, cell_tasks, oracle, tree_oracle
 from jaxcredit.models import Transformer, preset
 from jaxcredit.tasks import key_token
 from jaxcredit.testing import strategies
@@ -71,7 +71,7 @@ def test_the_exact_oracle_traces_under_vmap_over_policies():
   """decisive_values under jit and vmap over two policies equals each policy's host oracle
   (itself checked against brute-force enumeration in test_lab_oracle)."""
   symbols = np.array([[0, 1], [2, 2], [1, 0]])
-  prompts, targets = batched.prompts_of(symbols, TASK)
+  prompts, targets = cell_tasks.prompts_of(symbols, TASK)
   graphdef, _ = nnx.split(Transformer(MODEL, rngs=nnx.Rngs(0)))
   states = [nnx.state(Transformer(MODEL, rngs=nnx.Rngs(seed))) for seed in (0, 1)]
   stacked = jax.tree.map(lambda *x: jnp.stack(x), *states)
@@ -89,7 +89,7 @@ def test_prompts_are_laid_out_as_the_task_builds_them(key_fn):
   rng = np.random.default_rng(0)
   for _ in range(20):
     example = key_token.make_example(rng, config)
-    prompt, targets = batched.prompts_of(example["prompt"][1:-1] - key_token.KEY0, config)
+    prompt, targets = cell_tasks.prompts_of(example["prompt"][1:-1] - key_token.KEY0, config)
     np.testing.assert_array_equal(prompt, example["prompt"])
     np.testing.assert_array_equal(targets, example["targets"])
 
@@ -121,9 +121,9 @@ def test_vmapped_runs_equal_their_runs_alone_and_start_at_the_policys_exact_succ
   finals = grid["success"][:, -1].reshape(2, 2, 2)
   assert np.all(finals[0] != finals[1]) and np.all(finals[:, 0] != finals[:, 1])
   # Before any update: the exact J of the freshly initialised policy of that seed.
-  symbols = batched.evaluation_symbols(TASK, cell.eval_prompts)
+  symbols = cell_tasks.evaluation_symbols(TASK, cell.eval_prompts)
   assert len(symbols) == 9  # every prompt of |C|^K = 9
-  prompts, targets = batched.prompts_of(symbols, TASK)
+  prompts, targets = cell_tasks.prompts_of(symbols, TASK)
   for row, seed in enumerate((3, 5)):
     start = oracle.exact_success(Transformer(MODEL, rngs=nnx.Rngs(seed)), TASK,
                                  np.asarray(prompts), np.asarray(targets))
@@ -161,7 +161,7 @@ def test_with_visible_filler_runs_use_e_tree_and_filler_carries_exact_credit():
   visible = dataclasses.replace(TASK, filler_blind=False)
   result = batched.Runner(_cell("grpo", "oracle", task=visible, mechanism_batches=1)).train(
       [(0, 1e-2, 3), (1, 1e-2, 3)])
-  prompts, targets = batched.prompts_of(batched.evaluation_symbols(visible, 256), visible)
+  prompts, targets = cell_tasks.prompts_of(cell_tasks.evaluation_symbols(visible, 256), visible)
   roots = tree_oracle.value_tree(Transformer(MODEL, rngs=nnx.Rngs(3)), visible, prompts,
                                  targets)[0]
   np.testing.assert_allclose(result["success"][:, 0], np.mean(roots), atol=1e-6)
@@ -407,7 +407,7 @@ def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact
   critic = batched._critic(cell, model, 0)
   batch = batched.make_rollout(cell)(model, jax.random.key(1))
   tokens, p = np.asarray(batch.tokens), TASK.prompt_length
-  prompts, targets = batched.prompts_of(tokens[::cell.group_size, 1:3] - key_token.KEY0, TASK)
+  prompts, targets = cell_tasks.prompts_of(tokens[::cell.group_size, 1:3] - key_token.KEY0, TASK)
   tree = oracle.decisive_values(model, TASK, prompts, targets)
   exact = np.asarray(batched.alternative_values(tree, batch.tokens, TASK, cell.group_size))
   scores = np.asarray(batched.critic_alternatives(critic, batch, TASK, batched._task(cell).actions))

@@ -49,7 +49,6 @@ decisive positions).
 """
 
 import dataclasses
-import itertools
 import time
 from collections.abc import Mapping, Sequence
 
@@ -61,19 +60,19 @@ import optax
 from flax import nnx
 
 from jaxcredit import estimators, losses
-from jaxcredit.lab import oracle, sum_tree, tree_oracle
+from jaxcredit.lab import cell_tasks, sum_tree, tree_oracle
 from jaxcredit.models import Transformer, TransformerConfig
 from jaxcredit.rollout import Estimate, Rollout
 from jaxcredit.sampling import Actions, generate
 from jaxcredit.tasks import key_token, target_sum
-from jaxcredit.train import implicit_prm, learner, tasks, token_statistics
+from jaxcredit.train import implicit_prm, learner, token_statistics
 from jaxcredit.train import steps as train_steps
 
 PROMPT_STREAM, SAMPLE_STREAM, EXTRAS_STREAM, NOISE_STREAM = 0, 1, 2, 3
 EXTRAS = ("oracle_advantages", "oracle_values", "shuffle_priorities", "ktae_scores",
           "prm_logprobs", *estimators.registered.MC_VALUES)  # what a cell can compute
 UPDATE_METRICS = ("reward_mean", "zero_variance_groups", "entropy", "grad_norm")
-TaskConfig = key_token.KeyTokenConfig | target_sum.TargetSumConfig
+
 WARMUP_STREAM, MECHANISM_STREAM, MC_STREAM, CRITIC_STREAM = 4, 5, 6, 7
 CRITICS = ("gae",)  # estimators that read a learned critic's values V(s_t) (rollout.values)
 CRITIC_LEARNING_RATE = 1e-3  # the critic's Adam (the policy's rate is tuned per arm)
@@ -106,7 +105,7 @@ class Cell:
   """One study cell: the task, the policy architecture, the arms (`estimators.from_config`
   specs) and the training settings its runs share."""
 
-  task: TaskConfig
+  task: cell_tasks.TaskConfig
   model: TransformerConfig
   arms: tuple[str | Mapping, ...]
   group_size: int
@@ -179,26 +178,6 @@ class Cell:
     """Response slots sampled per update: the generated tokens on key_token (T per
     response), an upper bound on target_sum (a response may stop before n + 1)."""
     return self.prompts_per_step * self.group_size * self.task.length
-
-
-def prompts_of(symbols, config: key_token.KeyTokenConfig):
-  """([..., K + 2] prompt ids, [..., K] target key ids) of key symbols [..., K] (indices
-  into C), as `key_token.make_example` lays them out. Traceable."""
-  symbols = jnp.asarray(symbols, jnp.int32)
-  targets = symbols if config.key_fn == "copy" else (
-      symbols + jnp.arange(1, config.n_decisive + 1)) % config.n_keys
-  ends = lambda token: jnp.full(symbols.shape[:-1] + (1,), token, jnp.int32)
-  prompts = jnp.concatenate([ends(key_token.BOS), key_token.KEY0 + symbols, ends(key_token.SEP)],
-                            axis=-1)
-  return prompts, key_token.KEY0 + targets
-
-
-def evaluation_symbols(config: key_token.KeyTokenConfig, limit: int) -> np.ndarray:
-  """[n, K] key symbols of the evaluation prompts: all |C|^K when that is at most `limit`,
-  else `limit` drawn uniformly (a fixed stream, the same for every seed and cell)."""
-  if config.n_keys**config.n_decisive <= limit:
-    return np.asarray(list(itertools.product(range(config.n_keys), repeat=config.n_decisive)))
-  return np.random.default_rng(0).integers(0, config.n_keys, (limit, config.n_decisive))
 
 
 def noisy_tokens(advantages, mask, decisive):
@@ -297,83 +276,6 @@ def ranking(critic_scores, exact, key):
     estimate = monte_carlo_values(jax.random.fold_in(draws_key, k), exact, True, k, k)
     out[f"mc{k}_top1"] = top1_agreement(estimate + ties / (2 * k), exact)
   return out
-
-
-class _KeyToken:
-  """What a cell's runs need from key_token (traceable): prompts, rewards, exact values."""
-
-  config_type, vocab_size = key_token.KeyTokenConfig, key_token.VOCAB_SIZE
-
-  def __init__(self, config: key_token.KeyTokenConfig, eval_prompts: int):
-    self.config, self.actions, self.stop_tokens = config, tasks.key_token_actions(config), ()
-    self.decisive = config.prompt_length + config.decisive_positions
-    self.eval_prompts = prompts_of(evaluation_symbols(config, eval_prompts), config)
-
-  def draw(self, key, count: int):
-    """(prompts [count, P], targets) drawn uniformly."""
-    config = self.config
-    return prompts_of(jax.random.randint(key, (count, config.n_decisive), 0, config.n_keys),
-                      config)
-
-  def reward(self, tokens, targets, key):
-    rewards = key_token.rule_reward(tokens[:, self.decisive], targets, self.config)
-    if self.config.noise:
-      flip = jax.random.uniform(key, rewards.shape) < self.config.noise
-      rewards = jnp.where(flip, 1.0 - rewards, rewards)
-    return rewards
-
-  def value_tree(self, model, prompts, targets):
-    """Each prompt's exact value tree: E-DEC with filler hidden, else E-TREE."""
-    if self.config.filler_blind:
-      return oracle.decisive_values(model, self.config, prompts, targets)
-    return tree_oracle.value_tree(model, self.config, prompts, targets)
-
-  def success(self, tree):
-    return tree[0][:, 0] if self.config.filler_blind else tree[0]
-
-  def credit(self, tree, tokens, targets, group: int):
-    """(values, advantages) [B, T] of the response columns of `tokens` [B, P + T]."""
-    config = self.config
-    if config.filler_blind:
-      return oracle.credit_from_values([jnp.repeat(w, group, axis=0) for w in tree],
-                                       tokens[:, self.decisive], config)
-    return tree_oracle.credit_from_tree(tree, jnp.arange(tokens.shape[0]) // group,
-                                        tokens[:, config.prompt_length:], targets, config)
-
-
-class _TargetSum:
-  """What a cell's runs need from target_sum (as `_KeyToken`): E-TREE (`sum_tree`)."""
-
-  config_type, vocab_size = target_sum.TargetSumConfig, target_sum.VOCAB_SIZE
-
-  def __init__(self, config: target_sum.TargetSumConfig, eval_prompts: int):
-    self.config, self.stop_tokens = config, (target_sum.EOS,)
-    self.actions = Actions(allowed=target_sum.allowed_in_rows(config))
-    sums = np.arange(config.target_low, config.target_high + 1)
-    if len(sums) > eval_prompts:
-      sums = np.random.default_rng(0).choice(sums, eval_prompts, replace=False)
-    sums = jnp.asarray(sums, jnp.int32)
-    self.eval_prompts = target_sum.prompts(sums, config), sums
-
-  def draw(self, key, count: int):
-    config = self.config
-    sums = jax.random.randint(key, (count,), config.target_low, config.target_high + 1)
-    return target_sum.prompts(sums, config), sums
-
-  def reward(self, tokens, targets, key):
-    del key
-    return sum_tree.response_outcome(tokens[:, self.config.prompt_length:], targets,
-                                     self.config)
-
-  def value_tree(self, model, prompts, targets):
-    return sum_tree.value_tree(model, self.config, prompts, targets)
-
-  def success(self, tree):
-    return tree[0][:, 0]
-
-  def credit(self, tree, tokens, targets, group: int):
-    return sum_tree.credit_from_tree(tree, jnp.arange(tokens.shape[0]) // group,
-                                     tokens[:, self.config.prompt_length:], targets, self.config)
 
 
 def _cosine(x, y, mask):
@@ -505,17 +407,12 @@ def with_models(models: dict, batch: Rollout, actions: Actions,
   return batch
 
 
+def _task(cell: Cell) -> "cell_tasks.KeyToken | cell_tasks.TargetSum":
+  return cell_tasks.task_of(cell.task, cell.eval_prompts)
+
+
 def _policy(cell: Cell, seed) -> Transformer:
   return Transformer(cell.model, rngs=nnx.Rngs(jax.random.key(seed)))  # = nnx.Rngs(seed)
-
-
-# The tasks a cell can run, by name: each class's config_type is its cell.task's type.
-TASKS = {"key_token": _KeyToken, "target_sum": _TargetSum}
-
-
-def _task(cell: Cell) -> "_KeyToken | _TargetSum":
-  task = next(t for t in TASKS.values() if isinstance(cell.task, t.config_type))
-  return task(cell.task, cell.eval_prompts)
 
 
 def make_rollout(cell: Cell, needs=frozenset(EXTRAS)):
@@ -608,7 +505,7 @@ def make_run(cell: Cell):
     """[N, P + T] SFT rows (`Warmup`) and their response mask."""
     warmup, n = cell.warmup, cell.warmup.batch_size
     keys = jax.random.split(key, 4)
-    prompts, targets = prompts_of(
+    prompts, targets = cell_tasks.prompts_of(
         jax.random.randint(keys[0], (n, config.n_decisive), 0, config.n_keys), config)
     filler = jnp.asarray(config.fillers)[jax.random.categorical(
         keys[1], jnp.log(jnp.asarray(warmup.filler_probs)), shape=(n, config.length))]
@@ -641,7 +538,7 @@ def make_run(cell: Cell):
                                Estimate(advantages=advantages))[0]
     return jax.flatten_util.ravel_pytree(nnx.grad(loss)(model))[0]
 
-  ranked = critic and isinstance(task, _KeyToken) and config.filler_blind
+  ranked = critic and isinstance(task, cell_tasks.KeyToken) and config.filler_blind
 
   def mechanism(models, advantage, key, mc_k):
     """Over `cell.mechanism_batches` fresh batches from the current policy: the cosine of
@@ -671,7 +568,8 @@ def make_run(cell: Cell):
       ranks = {}
       if ranked:
         prompts = batch.tokens[::group, :prompt_len]
-        _, targets = prompts_of(prompts[:, 1:1 + config.n_decisive] - key_token.KEY0, config)
+        symbols = prompts[:, 1:1 + config.n_decisive] - key_token.KEY0
+        _, targets = cell_tasks.prompts_of(symbols, config)
         alternatives = alternative_values(task.value_tree(model, prompts, targets),
                                           batch.tokens, config, group)
         ranks = ranking(critic_alternatives(models["critic"], batch, config, actions),
@@ -714,7 +612,7 @@ def make_run(cell: Cell):
       recorded = {"generated": jnp.sum(batch.mask, dtype=jnp.float32),
                   "continuations": continuation_tokens(batch.mask, mc_k, config.length),
                   **{name: metrics[name] for name in UPDATE_METRICS}}
-      if isinstance(task, _KeyToken):  # every response has T actions
+      if isinstance(task, cell_tasks.KeyToken):  # every response has T actions
         recorded.update(filler_entropy=jnp.mean(batch.entropy[:, filler_columns]),
                         noisy_tokens=noisy_tokens(advantage(batch).advantages, batch.mask,
                                                   decisive_columns))

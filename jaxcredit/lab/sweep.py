@@ -36,7 +36,7 @@ import jax
 import numpy as np
 import scipy.stats
 
-from jaxcredit.lab import batched, exact_metrics, report, statistics
+from jaxcredit.lab import batched, cell_tasks, exact_metrics, report, statistics
 from jaxcredit.models import checkpoint, preset
 
 VERDICT_ALPHA = 0.05
@@ -52,10 +52,10 @@ def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> b
   G's token_budget, times the regime's budget_scale, 1 unless given), eval points spread
   evenly."""
   name = regime_task(study, regime)
-  if name not in batched.TASKS:
+  if name not in cell_tasks.TASKS:
     raise ValueError(f"Regime {regime!r}: unknown task_name {name!r}; known: "
-                     f"{', '.join(batched.TASKS)}.")
-  task_ops = batched.TASKS[name]
+                     f"{', '.join(cell_tasks.TASKS)}.")
+  task_ops = cell_tasks.TASKS[name]
   task = task_ops.config_type(**study.regimes[regime].task)
   tokens_per_update = study.prompts_per_step * group_size * task.length
   blocks = study.eval_points
