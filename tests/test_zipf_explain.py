@@ -95,6 +95,35 @@ def test_demonstrations_follow_the_zipfian_grammar_and_mark_k_answers():
                              successors[seen], atol=0.06)
 
 
+def _bigrams_and_marks(completions, config):
+  """Bigram counts of the words, and the MARK columns' histogram, of completions [n, T]."""
+  words = completions - WORD0
+  pairs = (words[:, :-1] >= 0) & (words[:, 1:] >= 0)
+  counts = np.zeros((config.n_words, config.n_words))
+  np.add.at(counts, (words[:, :-1][pairs], words[:, 1:][pairs]), 1)
+  marks = np.bincount(np.nonzero(completions == MARK)[1], minlength=config.length)
+  return counts, marks
+
+
+def test_traced_demonstrations_are_drawn_as_make_example_draws_them():
+  """The same grammar, MARK columns and answer accuracy (frequencies of 2,000
+  demonstrations each way), under jit."""
+  config = zx.ZipfExplainConfig(length=24, n_answers=2, n_keys=3, n_words=6, branching=4)
+  rng = np.random.default_rng(2)
+  examples = [zx.make_example(rng, config, key_accuracy=0.7) for _ in range(2000)]
+  host = np.stack([e["completion"] for e in examples])
+  targets = rng.integers(0, config.n_keys, (2000, 2))
+  traced = np.asarray(jax.jit(lambda k, c: zx.demonstrations(k, c, config, 0.7))(
+      jax.random.key(0), jnp.asarray(targets)))
+  for a, b in zip(_bigrams_and_marks(host, config), _bigrams_and_marks(traced, config)):
+    np.testing.assert_allclose(a / a.sum(), b / b.sum(), atol=0.01)
+  prompts = zx.prompts(targets, config)
+  right = (0.7 + 0.3 / 3) ** 2
+  assert zx.reward(traced, prompts, config).mean() == pytest.approx(right, abs=0.03)
+  assert np.mean([zx.reward(e["completion"], e["prompt"], config)[0] for e in examples]) == (
+      pytest.approx(right, abs=0.03))
+
+
 def _enumerated_values(model, prompts, responses, targets, cuts, config):
   """Exact V^pi(s_c) in float64: every response over the allowed alphabet, scored."""
   alphabet = np.flatnonzero(zx.allowed(config)[0])

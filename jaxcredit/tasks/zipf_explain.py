@@ -27,6 +27,7 @@ random columns (spread, each with room for its answer) and answers right with pr
 import dataclasses
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -180,3 +181,29 @@ def make_example(rng: np.random.Generator, config: ZipfExplainConfig,
     completion[column + 1] = KEY0 + (target[i] if right else rng.integers(config.n_keys))
   return {"prompt": prompts(target[None], config)[0], "target": target,
           "completion": completion.astype(np.int32)}
+
+
+def demonstrations(key, targets, config: ZipfExplainConfig, key_accuracy: float = 0.0):
+  """[n, T] completions for the right key indices targets [n, K], drawn as `make_example`
+  draws them (the same distribution, other draws). Traceable: the lab's SFT draws them
+  inside its jit."""
+  k, t = config.n_answers, config.length
+  n = targets.shape[0]
+  start, successors = (jnp.log(jnp.asarray(x, jnp.float32)) for x in grammar(config))
+  keys = jax.random.split(key, 5)
+
+  def next_word(word, step_key):
+    following = jax.random.categorical(step_key, successors[word])
+    return following, word
+
+  first = jax.random.categorical(keys[0], start, shape=(n,))
+  _, words = jax.lax.scan(next_word, first, jax.random.split(keys[1], t))
+  completion = WORD0 + words.T  # [n, T]
+  bounds = np.linspace(0, t, k + 1).astype(int)
+  columns = jax.random.randint(keys[2], (n, k), bounds[:-1], bounds[1:] - 1)
+  guess = jax.random.randint(keys[3], (n, k), 0, config.n_keys)
+  right = jax.random.uniform(keys[4], (n, k)) < key_accuracy
+  rows = jnp.arange(n)[:, None]
+  completion = completion.at[rows, columns].set(MARK)
+  completion = completion.at[rows, columns + 1].set(KEY0 + jnp.where(right, targets, guess))
+  return completion.astype(jnp.int32)
