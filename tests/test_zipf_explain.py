@@ -186,8 +186,42 @@ def test_rao_blackwellised_values_match_exhaustive_enumeration_with_less_varianc
     assert np.all(np.abs(values - exact) <= 4.5 * se + 1e-6), (rb, values, exact, se)
     errors[rb] = se
   np.testing.assert_allclose(values[:, -1], [1.0, 0.0, 0.0])  # c = T: R of the response
+  per_row = np.stack([np.roll(cuts, shift) for shift in range(3)])  # cuts [B, C]
+  values, se = estimate(model, rows, targets, per_row, jax.random.key(2), config, n_paths=4000)
+  rolled = np.stack([np.roll(exact[row], row) for row in range(3)])
+  assert np.all(np.abs(np.asarray(values) - rolled) <= 4.5 * np.asarray(se) + 1e-6)
   live = exact[:, :-1] > 0.01
   assert np.all(errors[True][:, :-1][live] < errors[False][:, :-1][live])
   with pytest.raises(ValueError, match=r"Expected rows \[B, 9\], targets \[B, 2\]"):
     explain_oracle.rb_values(model, rows[:, :8], targets, cuts, jax.random.key(0), config,
                              n_paths=2)
+
+
+def test_credit_from_cut_values_telescopes_and_prices_marks_and_answers_exactly():
+  """Cuts around each MARK and on a grid; credit spread over each segment (a float64
+  loop as the reference); a column cut twice reads one estimate; the credit of a row
+  sums to R - V-hat(s_0)."""
+  config = zx.ZipfExplainConfig(length=12, n_answers=2, n_keys=2, n_words=3, branching=2)
+  responses = np.full((3, 12), WORD0)
+  responses[0, [3, 8]], responses[0, [4, 9]] = MARK, KEY0  # two answers
+  responses[1, [0, 4, 10]], responses[1, [1, 5, 11]] = MARK, KEY0  # a third MARK
+  cuts = np.asarray(explain_oracle.cuts_of(jnp.asarray(responses), config, stride=4))
+  assert cuts.shape == (3, 2 + 2 + 9) and np.all(np.diff(cuts, axis=1) >= 0)
+  assert set(cuts[0]) == {0, 3, 4, 5, 8, 9, 10, 12} and set(cuts[2]) == {0, 4, 8, 12}
+  assert set(cuts[1]) == {0, 1, 2, 4, 5, 6, 8, 10, 11, 12}
+  rng = np.random.default_rng(3)
+  values = rng.random(cuts.shape)
+  got_values, credit = (np.asarray(x) for x in explain_oracle.credit_from_cuts(
+      jnp.asarray(values), jnp.asarray(cuts), config.length))
+  for row in range(3):
+    last = {c: values[row, i] for i, c in enumerate(cuts[row])}  # the last estimate wins
+    points = sorted(last)
+    for t in range(config.length):
+      left = max(c for c in points if c <= t)
+      right = min(c for c in points if c > t)
+      slope = (last[right] - last[left]) / (right - left)
+      assert credit[row, t] == pytest.approx(slope, abs=1e-6)
+      assert got_values[row, t] == pytest.approx(last[left] + slope * (t - left), abs=1e-6)
+    assert credit[row].sum() == pytest.approx(last[12] - last[0], abs=1e-5)
+  first = {c: values[0, i] for i, c in enumerate(cuts[0])}
+  assert credit[0, 4] == pytest.approx(first[5] - first[4], abs=1e-6)  # the answer's change

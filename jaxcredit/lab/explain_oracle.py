@@ -29,21 +29,22 @@ def rb_values(model: Transformer, rows, targets, cuts, key,
   """(V-hat [B, C], standard error [B, C]) of the states s_c, c in `cuts`.
 
   model: pi (temperature 1, restricted to `zipf_explain.allowed`); rows [B, P + T]:
-  prompts and responses; targets [B, K]: the right key indices; cuts [C] ints in [0, T];
-  n_paths: M continuations per state. Traceable. The B C M continuations decode together
-  with a KV cache: the prompt in one chunk, then one column per step, the row's own token
-  before its cut, pi's (or the forced answer) from it.
+  prompts and responses; targets [B, K]: the right key indices; cuts [C] or per row
+  [B, C], ints in [0, T]; n_paths: M continuations per state. Traceable. The B C M
+  continuations decode together with a KV cache: the prompt in one chunk, then one column
+  per step, the row's own token before its cut, pi's (or the forced answer) from it.
   """
   rows, targets, cuts = jnp.asarray(rows), jnp.asarray(targets), jnp.asarray(cuts)
   b, width = rows.shape
   p, t = config.prompt_length, config.length
-  if width != p + t or targets.shape != (b, config.n_answers) or cuts.ndim != 1:
+  if width != p + t or targets.shape != (b, config.n_answers) or cuts.ndim not in (1, 2) or (
+      cuts.ndim == 2 and cuts.shape[0] != b):
     raise ValueError(f"Expected rows [B, {p + t}], targets [B, {config.n_answers}] and cuts "
-                     f"[C], got {rows.shape}, {targets.shape} and {cuts.shape}.")
-  n_cuts = cuts.shape[0]
+                     f"[C] or [B, C], got {rows.shape}, {targets.shape} and {cuts.shape}.")
+  n_cuts = cuts.shape[-1]
   tokens = jnp.repeat(rows, n_cuts * n_paths, axis=0)  # [B C M, P + T], b-major
   n = tokens.shape[0]
-  starts = jnp.tile(jnp.repeat(cuts, n_paths), b)
+  starts = jnp.repeat(jnp.broadcast_to(cuts, (b, n_cuts)).reshape(-1), n_paths)
   right = jnp.repeat(targets, n_cuts * n_paths, axis=0) + zipf_explain.KEY0
   allowed = jnp.asarray(zipf_explain.allowed(config))
   layers = model.unstacked_layers()
@@ -75,3 +76,38 @@ def rb_values(model: Transformer, rows, targets, cuts, key,
                ).reshape(b, n_cuts, n_paths)
   spread = jnp.std(estimates, axis=-1, ddof=1) if n_paths > 1 else jnp.zeros((b, n_cuts))
   return jnp.mean(estimates, axis=-1), spread / np.sqrt(n_paths)
+
+
+def cuts_of(responses, config: zipf_explain.ZipfExplainConfig, stride: int):
+  """[B, C] sorted cut columns of responses [B, T]: 0, T, every `stride`-th column, and
+  around each of the first K + 1 MARKs (before it, before its answer, after the answer:
+  the states whose values price the MARK and the answer; a (K + 1)-th MARK sets R = 0).
+  C = 2 + ceil(T / stride) - 1 + 3 (K + 1), the same for every row (a row with fewer MARKs
+  repeats T). Traceable."""
+  t, b = config.length, responses.shape[0]
+  marks = jax.vmap(lambda row: jnp.nonzero(row == zipf_explain.MARK, size=config.n_answers + 1,
+                                           fill_value=t)[0])(responses)
+  around = jnp.minimum(marks[:, :, None] + jnp.arange(3), t).reshape(b, -1)
+  grid = jnp.broadcast_to(jnp.arange(0, t, stride)[1:], (b, len(range(stride, t, stride))))
+  ends = jnp.broadcast_to(jnp.asarray([0, t]), (b, 2))
+  return jnp.sort(jnp.concatenate([ends, grid, around], axis=1), axis=1)
+
+
+def credit_from_cuts(values, cuts, length: int):
+  """(values [B, T], credit [B, T]) of each response column t from V-hat at the cuts
+  (values, cuts [B, C], cuts sorted, the first 0 and the last T): the change of V-hat
+  across the segment [c_i, c_(i+1)) holding t, spread evenly over its tokens, and V-hat
+  interpolated so that V(s_t) + credit_t = V(s_(t+1)) (the credit of a row sums to
+  V-hat(s_T) - V-hat(s_0) = R - V-hat(s_0)). A segment of one token (an answer between its
+  cuts) gets its exact change. Traceable."""
+  columns = jnp.arange(length)
+
+  def row(values, cuts):
+    # A column cut twice has two estimates: both read the last, so the credit telescopes.
+    values = values[jnp.searchsorted(cuts, cuts, side="right") - 1]
+    after = jnp.searchsorted(cuts, columns, side="right")  # first cut > t
+    right, left = cuts[after], cuts[after - 1]
+    slope = (values[after] - values[after - 1]) / jnp.maximum(right - left, 1)
+    return values[after - 1] + slope * (columns - left), slope
+
+  return jax.vmap(row)(values, cuts)
