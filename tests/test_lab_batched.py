@@ -121,7 +121,7 @@ def test_vmapped_runs_equal_their_runs_alone_and_start_at_the_policys_exact_succ
   finals = grid["success"][:, -1].reshape(2, 2, 2)
   assert np.all(finals[0] != finals[1]) and np.all(finals[:, 0] != finals[:, 1])
   # Before any update: the exact J of the freshly initialised policy of that seed.
-  symbols = cell_tasks.evaluation_symbols(TASK, cell.eval_prompts)
+  symbols = cell_tasks.evaluation_symbols(TASK.n_keys, TASK.n_decisive, cell.eval_prompts)
   assert len(symbols) == 9  # every prompt of |C|^K = 9
   prompts, targets = cell_tasks.prompts_of(symbols, TASK)
   for row, seed in enumerate((3, 5)):
@@ -161,7 +161,8 @@ def test_with_visible_filler_runs_use_e_tree_and_filler_carries_exact_credit():
   visible = dataclasses.replace(TASK, filler_blind=False)
   result = batched.Runner(_cell("grpo", "oracle", task=visible, mechanism_batches=1)).train(
       [(0, 1e-2, 3), (1, 1e-2, 3)])
-  prompts, targets = cell_tasks.prompts_of(cell_tasks.evaluation_symbols(visible, 256), visible)
+  symbols = cell_tasks.evaluation_symbols(visible.n_keys, visible.n_decisive, 256)
+  prompts, targets = cell_tasks.prompts_of(symbols, visible)
   roots = tree_oracle.value_tree(Transformer(MODEL, rngs=nnx.Rngs(3)), visible, prompts,
                                  targets)[0]
   np.testing.assert_allclose(result["success"][:, 0], np.mean(roots), atol=1e-6)
@@ -435,3 +436,44 @@ def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact
   distinct = np.broadcast_to([0.05, 0.5, 0.95], (200, 1, 3))
   ranks = batched.ranking(np.zeros((200, 1, 3)), distinct, jax.random.key(1))
   assert ranks["critic_top1"] == 0.0 and ranks["mc64_top1"] == 1.0 and ranks["mc1_top1"] < 0.9
+
+
+def test_a_zipf_explain_batch_carries_the_monte_carlo_oracles_credit():
+  """zipf_explain in a batched cell: the batch's oracle credit is explain_oracle's at the
+  response's cuts with the rollout's key (it telescopes to R - V-hat(s_0) in every row);
+  J(pi) at an evaluation is the mean of the prompts' V-hat(s_0); the task's
+  demonstrations follow the warmup's key accuracy; measurements are refused."""
+  from jaxcredit.lab import explain_oracle
+  from jaxcredit.tasks import zipf_explain
+
+  task = zipf_explain.ZipfExplainConfig(length=8, n_answers=2, n_keys=2, n_words=4, branching=3)
+  model_config = dataclasses.replace(MODEL, vocab_size=zipf_explain.VOCAB_SIZE)
+  cell = _cell("grpo", "oracle", task=task, model=model_config)
+  model = Transformer(model_config, rngs=nnx.Rngs(0))
+  batch = batched.make_rollout(cell)(model, jax.random.key(5), oracle_extras=True)
+  adapter = batched._task(cell)
+  tokens, mask = np.asarray(batch.tokens), np.asarray(batch.mask)
+  targets = tokens[:, 1:3] - zipf_explain.KEY0
+  key = jax.random.fold_in(jax.random.key(5), batched.ORACLE_STREAM)
+  cuts = explain_oracle.cuts_of(batch.tokens[:, task.prompt_length:], task, adapter.CUT_STRIDE)
+  values, _ = explain_oracle.rb_values(model, tokens, targets, cuts, key, task,
+                                       n_paths=adapter.CREDIT_PATHS)
+  _, credit = explain_oracle.credit_from_cuts(values, cuts, task.length)
+  p = task.prompt_length
+  np.testing.assert_allclose(batch.extras["oracle_advantages"][:, p:], credit, atol=1e-6)
+  assert np.all(mask[:, p:]) and not np.any(mask[:, :p])
+  total = np.asarray(batch.extras["oracle_advantages"]).sum(axis=1)
+  start = np.asarray(batch.extras["oracle_values"])[:, p]
+  np.testing.assert_allclose(total, np.asarray(batch.rewards) - start, atol=1e-5)
+  prompts, eval_targets = adapter.eval_prompts
+  assert prompts.shape == (4, 4)  # all |C|^K = 4 prompts
+  success = adapter.success(adapter.value_tree(model, prompts, eval_targets, jax.random.key(1)))
+  expected, _ = explain_oracle.rb_values(model, jnp.pad(prompts, [(0, 0), (0, 8)]), eval_targets,
+                                         jnp.zeros(1, jnp.int32), jax.random.key(1), task,
+                                         n_paths=adapter.EVAL_PATHS)
+  np.testing.assert_allclose(success, expected[:, 0], atol=1e-6)
+  demo_prompts, responses = adapter.demonstrations(jax.random.key(2), batched.Warmup(
+      steps=1, key_accuracy=1.0, batch_size=64), 64)
+  assert np.all(zipf_explain.reward(np.asarray(responses), np.asarray(demo_prompts), task) == 1)
+  with pytest.raises(ValueError, match="zipf_explain cells run without the gradient"):
+    _cell("grpo", task=task, model=model_config, mechanism_batches=2)

@@ -386,8 +386,33 @@ def test_a_target_sum_regime_runs_through_the_sweep(tmp_path):
   assert "## Regime `sums`: target_sum {'n_digits': 3" in text and "| sums | 2 |" in text
   study.regimes["sums"]["task_name"] = "target_sums"
   with pytest.raises(ValueError, match="Regime 'sums': unknown task_name 'target_sums'; "
-                                       "known: key_token, target_sum"):
+                                       "known: key_token, target_sum, zipf_explain"):
     sweep.cell_of(study, "sums", 2)
+
+
+def test_a_zipf_explain_regime_warms_up_and_runs_through_the_sweep(tmp_path):
+  """A regime naming task_name="zipf_explain" with a warmup (the grammar's SFT): tuned,
+  trained and reported; every arm of a seed starts from the same warmed-up policy and the
+  same estimate of its J (the oracle's draws are the seed's); no gradient measurements."""
+  study = load_experiment("credit_study", "smoke")
+  study.regimes = {"explain": {"task_name": "zipf_explain", "task": {
+      "length": 8, "n_answers": 2, "n_keys": 2, "n_words": 4, "branching": 3},
+      "warmup": {"steps": 30, "key_accuracy": 0.5, "learning_rate": 1e-2}}}
+  study.group_sizes, study.token_budget = (2,), {"2": 480}
+  summaries = sweep.run(study, str(tmp_path))
+  cell = json.loads((tmp_path / "cells" / "explain" / "G2.json").read_text())
+  for seed in ("0", "1"):
+    starts = {cell["arms"][arm]["curves"][seed]["success"][0] for arm in study.arms}
+    assert len(starts) == 1 and 0.0 < starts.pop() < 1.0
+  curves = [curve for arm in study.arms for curve in cell["arms"][arm]["curves"].values()]
+  assert all("cosine_to_exact" not in curve and "noisy_tokens" not in curve for curve in curves)
+  assert set(summaries["explain"][2]) == set(study.arms)
+  heading = next(line for line in (tmp_path / "report.md").read_text().splitlines()
+                 if line.startswith("## Regime `explain`: zipf_explain {"))
+  assert "'length': 8" in heading and "warm start {" in heading
+  study.regimes["explain"]["warmup"]["filler_probs"] = [0.5, 0.5]
+  with pytest.raises(ValueError, match="a warmup without filler_probs"):
+    sweep.cell_of(study, "explain", 2)
 
 
 def test_the_charged_table_reads_monte_carlo_runs_at_grpos_budget_of_charged_tokens():

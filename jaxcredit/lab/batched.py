@@ -1,5 +1,5 @@
-"""Study cells with the seeds vmapped inside one jit: key_token and target_sum runs as pure
-functions.
+"""Study cells with the seeds vmapped inside one jit: key_token, target_sum and zipf_explain
+runs as pure functions (the tasks' adapters: `cell_tasks`).
 
   cell = batched.Cell(task=key_token.KeyTokenConfig(...), model=preset("tiny", ...),
                       arms=({"scale": "rms", "of": "grpo"}, {"scale": "rms", "of": "oracle"}),
@@ -19,7 +19,9 @@ One run is a pure function of its arm (an index into cell.arms), learning rate a
   - the extras the estimator needs: the exact oracle's credit and values under the
     sampling policy (key_token: E-DEC, `oracle.decisive_values`, with filler hidden;
     E-TREE, `tree_oracle.value_tree`, with filler visible; target_sum: E-TREE,
-    `sum_tree.value_tree`), the permutation draws of `oracle_shuffled`, KTAE's key-token
+    `sum_tree.value_tree`; zipf_explain, which has no exact oracle: the Rao-Blackwellised
+    Monte-Carlo values of `explain_oracle` at each response's cuts, its own draws), the
+    permutation draws of `oracle_shuffled`, KTAE's key-token
     scores (`token_statistics.ktae_scores`); for a
     Monte-Carlo arm (`vineppo` at every action, the `oracle_mc_K` ladder) the values
     V-hat(s_t) of K continuations from every action's state, drawn in distribution
@@ -45,7 +47,9 @@ tokens add what a Monte-Carlo arm's continuations would generate: K (T - t) for 
 action at response step t (t = 0, ..., T - 1; on target_sum, whose continuations may stop
 at EOS, an upper bound).
 target_sum cells take no warmup and no gradient measurements (both read key_token's
-decisive positions).
+decisive positions); zipf_explain cells take a warmup (its grammar's demonstrations) and no
+gradient measurements, and their J(pi) is the oracle's estimate (`ZipfExplain.EVAL_PATHS`
+continuations per evaluation prompt), not exact.
 """
 
 import dataclasses
@@ -64,7 +68,7 @@ from jaxcredit.lab import cell_tasks, sum_tree, tree_oracle
 from jaxcredit.models import Transformer, TransformerConfig
 from jaxcredit.rollout import Estimate, Rollout
 from jaxcredit.sampling import Actions, generate
-from jaxcredit.tasks import key_token, target_sum
+from jaxcredit.tasks import key_token, target_sum, zipf_explain
 from jaxcredit.train import implicit_prm, learner, token_statistics
 from jaxcredit.train import steps as train_steps
 
@@ -74,6 +78,7 @@ EXTRAS = ("oracle_advantages", "oracle_values", "shuffle_priorities", "ktae_scor
 UPDATE_METRICS = ("reward_mean", "zero_variance_groups", "entropy", "grad_norm")
 
 WARMUP_STREAM, MECHANISM_STREAM, MC_STREAM, CRITIC_STREAM = 4, 5, 6, 7
+ORACLE_STREAM, EVAL_STREAM = 8, 9  # a Monte-Carlo oracle's draws (zipf_explain)
 CRITICS = ("gae",)  # estimators that read a learned critic's values V(s_t) (rollout.values)
 CRITIC_LEARNING_RATE = 1e-3  # the critic's Adam (the policy's rate is tuned per arm)
 PRM_LEARNING_RATE = 1e-3  # PRIME's implicit PRM's Adam
@@ -88,13 +93,14 @@ MAX_TREE_PATHS = 4096  # E-TREE paths per prompt inside a batched run (visible f
 @dataclasses.dataclass(frozen=True)
 class Warmup:
   """A short SFT of the initial policy before RL (its own Adam), which sets the regime the
-  run starts in: demonstrations whose filler is drawn from `filler_probs` (over the task's
-  filler alphabet F: a peaked distribution gives confident filler) and whose decisive
-  tokens are the right key with probability `key_accuracy`, else a uniform key (0: success
-  stays at chance). The loss is the mean negative log-likelihood of the response tokens."""
+  run starts in: demonstrations (the task's) whose decisive tokens are the right key with
+  probability `key_accuracy`, else a uniform key (0: success stays at chance); on key_token
+  their filler is drawn from `filler_probs` (over the task's filler alphabet F: a peaked
+  distribution gives confident filler), on zipf_explain their text from its grammar. The
+  loss is the mean negative log-likelihood of the response tokens."""
 
   steps: int
-  filler_probs: tuple[float, ...]
+  filler_probs: tuple[float, ...] | None = None  # key_token's (zipf_explain: None)
   key_accuracy: float = 0.0
   batch_size: int = 64
   learning_rate: float = 1e-3
@@ -140,6 +146,14 @@ class Cell:
         raise ValueError("target_sum cells run without a warmup and without the gradient "
                          "measurements (both are defined by key_token's decisive positions).")
       paths = sum_tree.passes_per_prompt(self.task)
+    elif isinstance(self.task, zipf_explain.ZipfExplainConfig):
+      if self.mechanism_batches or (self.warmup is not None and (
+          self.warmup.filler_probs is not None or not 0 <= self.warmup.key_accuracy <= 1)):
+        raise ValueError("zipf_explain cells run without the gradient measurements (its "
+                         "decisive columns differ from response to response), and a warmup "
+                         f"without filler_probs and with key_accuracy in [0, 1]; got "
+                         f"{self.warmup}.")
+      paths = 0
     elif not self.task.constrained:
       raise ValueError("Batched cells measure J(pi) with the exact oracle: key_token must be "
                        "constrained (keys at the decisive positions, filler elsewhere).")
@@ -149,8 +163,8 @@ class Cell:
       raise ValueError(f"The exact oracle (E-TREE) runs {paths:,} paths per prompt, over "
                        f"{MAX_TREE_PATHS:,}: on key_token place the decisive positions earlier "
                        "or use fewer fillers; on target_sum use fewer digits or values.")
-    if self.warmup is not None and (
-        len(self.warmup.filler_probs) != self.task.n_fillers
+    if self.warmup is not None and isinstance(self.task, key_token.KeyTokenConfig) and (
+        self.warmup.filler_probs is None or len(self.warmup.filler_probs) != self.task.n_fillers
         or not np.isclose(sum(self.warmup.filler_probs), 1.0)
         or min(self.warmup.filler_probs) < 0 or not 0 <= self.warmup.key_accuracy <= 1):
       raise ValueError(f"warmup.filler_probs must be {self.task.n_fillers} probabilities "
@@ -435,8 +449,9 @@ def make_rollout(cell: Cell, needs=frozenset(EXTRAS)):
     mask = sample.mask
     extras = {}
     if oracle_extras or needs & value_needs:
-      values, credit = task.credit(task.value_tree(model, prompts, targets[::group]),
-                                   sample.tokens, targets, group)
+      tree = task.value_tree(model, prompts, targets[::group],
+                             jax.random.fold_in(key, ORACLE_STREAM))
+      values, credit = task.credit(tree, sample.tokens, targets, group)
       in_rows = lambda x: jnp.where(mask, jnp.pad(x, [(0, 0), (prompt_len, 0)]), 0.0)
       extras.update(oracle_values=in_rows(values), oracle_advantages=in_rows(credit))
     if largest_k and (oracle_extras or "mc_values" in needs):
@@ -483,9 +498,9 @@ def make_run(cell: Cell):
   eval_prompts, eval_targets = task.eval_prompts
   ks = jnp.asarray(cell.pass_at, jnp.float32)
 
-  def evaluate(state):
+  def evaluate(state, key):
     success = task.success(task.value_tree(nnx.merge(graphdef, state)["model"], eval_prompts,
-                                           eval_targets))
+                                           eval_targets, key))
     return {"success": jnp.mean(success),
             "pass@k": jnp.mean(1.0 - (1.0 - success[:, None]) ** ks, axis=0)}
 
@@ -502,16 +517,8 @@ def make_run(cell: Cell):
   seen_columns = decisive_columns | (filler_columns & (not getattr(config, "filler_blind", False)))
 
   def demonstrations(key):
-    """[N, P + T] SFT rows (`Warmup`) and their response mask."""
-    warmup, n = cell.warmup, cell.warmup.batch_size
-    keys = jax.random.split(key, 4)
-    prompts, targets = cell_tasks.prompts_of(
-        jax.random.randint(keys[0], (n, config.n_decisive), 0, config.n_keys), config)
-    filler = jnp.asarray(config.fillers)[jax.random.categorical(
-        keys[1], jnp.log(jnp.asarray(warmup.filler_probs)), shape=(n, config.length))]
-    guess = key_token.KEY0 + jax.random.randint(keys[2], targets.shape, 0, config.n_keys)
-    right = jax.random.uniform(keys[3], targets.shape) < warmup.key_accuracy
-    response = filler.at[:, config.decisive_positions].set(jnp.where(right, targets, guess))
+    """[N, P + T] SFT rows (`Warmup`, drawn by the task) and their response mask."""
+    prompts, response = task.demonstrations(key, cell.warmup, cell.warmup.batch_size)
     tokens = jnp.concatenate([prompts, response], axis=1)
     return tokens, jnp.broadcast_to(jnp.arange(tokens.shape[1]) >= prompt_len, tokens.shape)
 
@@ -570,7 +577,7 @@ def make_run(cell: Cell):
         prompts = batch.tokens[::group, :prompt_len]
         symbols = prompts[:, 1:1 + config.n_decisive] - key_token.KEY0
         _, targets = cell_tasks.prompts_of(symbols, config)
-        alternatives = alternative_values(task.value_tree(model, prompts, targets),
+        alternatives = alternative_values(task.value_tree(model, prompts, targets, None),
                                           batch.tokens, config, group)
         ranks = ranking(critic_alternatives(models["critic"], batch, config, actions),
                         alternatives, jax.random.fold_in(key, MC_STREAM))
@@ -616,14 +623,14 @@ def make_run(cell: Cell):
         recorded.update(filler_entropy=jnp.mean(batch.entropy[:, filler_columns]),
                         noisy_tokens=noisy_tokens(advantage(batch).advantages, batch.mask,
                                                   decisive_columns))
-      else:  # responses stop at EOS: their lengths, by outcome
+      elif isinstance(task, cell_tasks.TargetSum):  # responses stop at EOS: their lengths
         recorded.update(zip(("length_correct", "length_incorrect"),
                             lengths_by_outcome(batch.mask, batch.rewards)))
         recorded["incorrect_share"] = jnp.mean(batch.rewards <= 0.5)
       return state, recorded
 
     def measure(state, start):
-      measured = evaluate(state)
+      measured = evaluate(state, jax.random.fold_in(jax.random.fold_in(key, EVAL_STREAM), start))
       if cell.mechanism_batches:
         measure_key = jax.random.fold_in(jax.random.fold_in(key, MECHANISM_STREAM), start)
         gradients = lambda: mechanism(nnx.merge(graphdef, state), advantage, measure_key, mc_k)

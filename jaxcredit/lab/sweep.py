@@ -65,7 +65,9 @@ def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> b
   plain = lambda spec: spec.to_dict() if hasattr(spec, "to_dict") else spec
   warmup = plain(study.regimes[regime].get("warmup"))
   if warmup is not None:
-    warmup = batched.Warmup(**{**warmup, "filler_probs": tuple(warmup["filler_probs"])})
+    if warmup.get("filler_probs") is not None:
+      warmup["filler_probs"] = tuple(warmup["filler_probs"])
+    warmup = batched.Warmup(**warmup)
   return batched.Cell(
       task=task, model=preset(study.model.preset, vocab_size=task_ops.vocab_size,
                               **study.model.overrides),
