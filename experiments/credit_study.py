@@ -11,6 +11,7 @@ tokens.
   python -m jaxcredit.lab.study --config experiments/credit_study.py:critic --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:regimes --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:budgets --workdir DIR
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:language --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:full --workdir DIR
   ... --config.run_regimes="('uniform_filler',)"   # some regimes now, the others later
 
@@ -56,7 +57,7 @@ run trains the arms a small run's cells lack and reads the rest back).
 import ml_collections
 
 PRESETS = ("smoke", "small", "primary", "entropy", "ktae_prime", "mc_ladder", "critic",
-           "regimes", "budgets", "full")
+           "regimes", "budgets", "language", "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -161,7 +162,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.group_sizes = (8,)
     config.runs_per_program = 10  # one new arm x 10 seeds: no padding to 40 runs
     config.workers = 1  # a regime's cell waits for its tuning: one process on both cores
-  if preset in ("full", "regimes", "budgets"):
+  if preset in ("full", "regimes", "budgets", "language"):
     config.regimes = _full_regimes(config.regimes.to_dict(), task)
     config.arms = ARMS
     config.workers = 1
@@ -182,6 +183,12 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.regimes = {"peaked_filler_Z2": config.regimes["peaked_filler_Z2"]}
     config.arms = {name: ARMS[name] for name in CORE}
     config.workers = 2
+  if preset == "language":
+    # The language-like task alone (zipf_explain, T = 128), the core arms at every G. Its
+    # Monte-Carlo oracle decodes 4 continuations from each of a response's 18 cuts at every
+    # update (72x the sampled rows) and its SFT runs at T = 128: for an accelerator.
+    config.regimes = {"zipf_explain_T128": config.regimes["zipf_explain_T128"]}
+    config.arms = {name: ARMS[name] for name in CORE}
   if preset == "smoke":
     config.regimes = {"uniform_filler": {"task": {"length": 6, "n_decisive": 2, "n_keys": 3,
                                                   "n_fillers": 2, "filler_blind": True}}}
@@ -207,8 +214,8 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
 def _full_regimes(regimes: dict, task: dict) -> dict:
   """The small preset's regimes (T = 24, under their names: a full run resumes their cells)
   and the rest of the protocol's: T in {96, 384} x filler {uniform, peaked} (the budget
-  scales with T: the same number of updates), peaked filler at twice the budget, a start at
-  J = 0.3 (keys right 40% of the
+  scales with T: the same number of updates), peaked filler at twice the budget, the
+  language-like task (zipf_explain, T = 128), a start at J = 0.3 (keys right 40% of the
   time after the SFT: (0.4 + 0.6 / 4)^2 = 0.30), visible filler, target_sum. About 14
   billion generated tokens in all: 30 hours or more on a 2-core CPU at the small preset's
   rate, so one accelerator (workers = 1), in pieces (run_regimes)."""
@@ -229,6 +236,15 @@ def _full_regimes(regimes: dict, task: dict) -> dict:
   # target_sum (LAB.md 1.2): up to 6 digits in 0..3 summing to S ~ U[3, 15], EOS allowed;
   # the decisive digits differ from response to response. E-TREE: 4^5 = 1,024 paths per
   # prompt. 7 response slots: the T = 24 cells' updates.
+  # The language-like task (zipf_explain): a 128-token explanation in a Zipfian bigram
+  # grammar of 32 words whose 2 answers (after MARKs the writer places) decide R, from a
+  # policy SFT'd for 1,200 steps on the grammar's demonstrations, their answers at chance.
+  # J and the credit are the Rao-Blackwellised Monte-Carlo oracle's (lab.explain_oracle).
+  # The budget scales with T.
+  regimes["zipf_explain_T128"] = {
+      "task_name": "zipf_explain",
+      "task": {"length": 128, "n_answers": 2, "n_keys": 4, "n_words": 32},
+      "warmup": {"steps": 1200, "key_accuracy": 0.0}, "budget_scale": 128 / 24}
   regimes["target_sum"] = {"task_name": "target_sum", "task": {
       "n_digits": 6, "n_values": 4, "target_low": 3, "target_high": 15}, "budget_scale": 7 / 24}
   return regimes

@@ -220,8 +220,12 @@ def test_the_full_preset_scales_the_budget_with_t_and_keeps_the_small_cells():
   tuning_tokens = lambda study, regime: sweep.tuning_cell(study, regime).updates * 8 * 8 * 24
   assert tuning_tokens(full, "peaked_filler_Z2") == pytest.approx(  # up to the rounding of
       2 * tuning_tokens(small, "peaked_filler"), rel=0.03)          # updates per block
-  # The regimes and budgets presets' cells are the full preset's (a full run resumes them).
-  for preset in ("regimes", "budgets"):
+  language = sweep.cell_of(full, "zipf_explain_T128", 8)
+  assert language.task.length == 128 and language.updates == short.updates
+  assert language.warmup.filler_probs is None and not language.mechanism_batches
+  # The regimes, budgets and language presets' cells are the full preset's (a full run
+  # resumes them).
+  for preset in ("regimes", "budgets", "language"):
     some = load_experiment("credit_study", preset)
     assert set(some.regimes) < set(full.regimes)
     for regime in some.regimes:
