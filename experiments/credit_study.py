@@ -12,6 +12,7 @@ tokens.
   python -m jaxcredit.lab.study --config experiments/credit_study.py:regimes --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:budgets --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:language --workdir DIR
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:scale --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:full --workdir DIR
   ... --config.run_regimes="('uniform_filler',)"   # some regimes now, the others later
 
@@ -57,7 +58,7 @@ run trains the arms a small run's cells lack and reads the rest back).
 import ml_collections
 
 PRESETS = ("smoke", "small", "primary", "entropy", "ktae_prime", "mc_ladder", "critic",
-           "regimes", "budgets", "language", "full")
+           "regimes", "budgets", "language", "scale", "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -74,6 +75,8 @@ ARMS = {
 }
 MC_LADDER = tuple(name for name in ARMS if name.startswith("oracle_mc_"))
 PRIME = tuple(name for name in ARMS if name.startswith("prime_"))
+SCALE_REGIMES = ("uniform_filler_d64", "peaked_filler_d64", "uniform_filler_B16",
+                 "peaked_filler_B16")
 CORE = ("grpo", "oracle", "oracle_seq", "oracle_shuffled")
 
 
@@ -162,7 +165,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.group_sizes = (8,)
     config.runs_per_program = 10  # one new arm x 10 seeds: no padding to 40 runs
     config.workers = 1  # a regime's cell waits for its tuning: one process on both cores
-  if preset in ("full", "regimes", "budgets", "language"):
+  if preset in ("full", "regimes", "budgets", "language", "scale"):
     config.regimes = _full_regimes(config.regimes.to_dict(), task)
     config.arms = ARMS
     config.workers = 1
@@ -189,6 +192,14 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     # update (72x the sampled rows) and its SFT runs at T = 128: for an accelerator.
     config.regimes = {"zipf_explain_T128": config.regimes["zipf_explain_T128"]}
     config.arms = {name: ARMS[name] for name in CORE}
+  if preset == "scale":
+    # H2's other two axes at the primary G: both filler regimes with a policy of twice the
+    # width (d = 64, about 4x the parameters) and with twice the prompts per update (16, at
+    # the same generated tokens: half the updates), the core arms, 10 seeds.
+    config.regimes = {name: config.regimes[name] for name in SCALE_REGIMES}
+    config.arms = {name: ARMS[name] for name in CORE}
+    config.group_sizes = (8,)
+    config.workers = 2
   if preset == "smoke":
     config.regimes = {"uniform_filler": {"task": {"length": 6, "n_decisive": 2, "n_keys": 3,
                                                   "n_fillers": 2, "filler_blind": True}}}
@@ -215,7 +226,8 @@ def _full_regimes(regimes: dict, task: dict) -> dict:
   """The small preset's regimes (T = 24, under their names: a full run resumes their cells)
   and the rest of the protocol's: T in {96, 384} x filler {uniform, peaked} (the budget
   scales with T: the same number of updates), peaked filler at twice the budget, the
-  language-like task (zipf_explain, T = 128), a start at J = 0.3 (keys right 40% of the
+  language-like task (zipf_explain, T = 128), both filler regimes with a wider policy and
+  with more prompts per update, a start at J = 0.3 (keys right 40% of the
   time after the SFT: (0.4 + 0.6 / 4)^2 = 0.30), visible filler, target_sum. About 14
   billion generated tokens in all: 30 hours or more on a 2-core CPU at the small preset's
   rate, so one accelerator (workers = 1), in pieces (run_regimes)."""
@@ -226,6 +238,10 @@ def _full_regimes(regimes: dict, task: dict) -> dict:
     regimes[f"peaked_filler_T{length}"] = {**regimes["peaked_filler"], "task": long_task,
                                            "budget_scale": length / 24}
   regimes["peaked_filler_Z2"] = {**regimes["peaked_filler"], "budget_scale": 2}
+  for filler in ("uniform_filler", "peaked_filler"):  # H2's model and batch size
+    regimes[f"{filler}_d64"] = {**regimes[filler],
+                                "model_overrides": {"d_model": 64, "d_ff": 256}}
+    regimes[f"{filler}_B16"] = {**regimes[filler], "prompts_per_step": 16}
   regimes["start_at_0_3"] = {"task": task, "warmup": {
       "steps": 300, "filler_probs": [0.25] * 4, "key_accuracy": 0.4}}
   # Visible filler: later keys' conditionals read earlier filler, which can then carry

@@ -223,9 +223,15 @@ def test_the_full_preset_scales_the_budget_with_t_and_keeps_the_small_cells():
   language = sweep.cell_of(full, "zipf_explain_T128", 8)
   assert language.task.length == 128 and language.updates == short.updates
   assert language.warmup.filler_probs is None and not language.mechanism_batches
-  # The regimes, budgets and language presets' cells are the full preset's (a full run
-  # resumes them).
-  for preset in ("regimes", "budgets", "language"):
+  wide, batch = (sweep.cell_of(full, f"peaked_filler_{axis}", 8) for axis in ("d64", "B16"))
+  base = sweep.cell_of(small, "peaked_filler", 8)
+  assert (wide.model.d_model, wide.model.n_layers, wide.prompts_per_step) == (64, 1, 8)
+  assert wide.warmup == base.warmup and wide.updates == base.updates
+  assert batch.model == base.model and batch.prompts_per_step == 16
+  assert batch.updates == pytest.approx(base.updates / 2, rel=0.05)  # the same tokens
+  # The regimes, budgets, language and scale presets' cells are the full preset's (a full
+  # run resumes them).
+  for preset in ("regimes", "budgets", "language", "scale"):
     some = load_experiment("credit_study", preset)
     assert set(some.regimes) < set(full.regimes)
     for regime in some.regimes:
@@ -395,13 +401,15 @@ def test_a_target_sum_regime_runs_through_the_sweep(tmp_path):
 
 
 def test_a_zipf_explain_regime_warms_up_and_runs_through_the_sweep(tmp_path):
-  """A regime naming task_name="zipf_explain" with a warmup (the grammar's SFT): tuned,
-  trained and reported; every arm of a seed starts from the same warmed-up policy and the
-  same estimate of its J (the oracle's draws are the seed's); no gradient measurements."""
+  """A regime naming task_name="zipf_explain" with a warmup (the grammar's SFT), and a
+  policy and prompts per update of its own: tuned, trained and reported; every arm of a
+  seed starts from the same warmed-up policy and the same estimate of its J (the oracle's
+  draws are the seed's); no gradient measurements."""
   study = load_experiment("credit_study", "smoke")
   study.regimes = {"explain": {"task_name": "zipf_explain", "task": {
       "length": 8, "n_answers": 2, "n_keys": 2, "n_words": 4, "branching": 3},
-      "warmup": {"steps": 30, "key_accuracy": 0.5, "learning_rate": 1e-2}}}
+      "warmup": {"steps": 30, "key_accuracy": 0.5, "learning_rate": 1e-2},
+      "model_overrides": {"d_ff": 32}, "prompts_per_step": 2}}  # the regime's own policy
   study.group_sizes, study.token_budget = (2,), {"2": 480}
   summaries = sweep.run(study, str(tmp_path))
   cell = json.loads((tmp_path / "cells" / "explain" / "G2.json").read_text())
@@ -414,6 +422,8 @@ def test_a_zipf_explain_regime_warms_up_and_runs_through_the_sweep(tmp_path):
   heading = next(line for line in (tmp_path / "report.md").read_text().splitlines()
                  if line.startswith("## Regime `explain`: zipf_explain {"))
   assert "'length': 8" in heading and "warm start {" in heading
+  assert heading.endswith(", policy {'d_ff': 32}, 2 prompts per update")
+  assert sweep.cell_of(study, "explain", 2).model.d_ff == 32
   study.regimes["explain"]["warmup"]["filler_probs"] = [0.5, 0.5]
   with pytest.raises(ValueError, match="a warmup without filler_probs"):
     sweep.cell_of(study, "explain", 2)

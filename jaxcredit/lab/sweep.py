@@ -50,31 +50,34 @@ def regime_task(study, regime: str) -> str:
 def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> batched.Cell:
   """The batched cell of (regime, G) with every arm: the budget's updates (`budget`, else the
   G's token_budget, times the regime's budget_scale, 1 unless given), eval points spread
-  evenly."""
+  evenly. A regime may change the study's policy (`model_overrides`, over the study's) and
+  its prompts per update (`prompts_per_step`): H2's other two axes."""
+  spec = study.regimes[regime]
   name = regime_task(study, regime)
   if name not in cell_tasks.TASKS:
     raise ValueError(f"Regime {regime!r}: unknown task_name {name!r}; known: "
                      f"{', '.join(cell_tasks.TASKS)}.")
   task_ops = cell_tasks.TASKS[name]
-  task = task_ops.config_type(**study.regimes[regime].task)
-  tokens_per_update = study.prompts_per_step * group_size * task.length
+  task = task_ops.config_type(**spec.task)
+  prompts_per_step = spec.get("prompts_per_step", study.prompts_per_step)
+  tokens_per_update = prompts_per_step * group_size * task.length
   blocks = study.eval_points
-  budget = (budget or study.token_budget[str(group_size)]) * study.regimes[regime].get(
-      "budget_scale", 1)
+  budget = (budget or study.token_budget[str(group_size)]) * spec.get("budget_scale", 1)
   updates = max(1, round(budget / tokens_per_update / blocks))
   plain = lambda spec: spec.to_dict() if hasattr(spec, "to_dict") else spec
-  warmup = plain(study.regimes[regime].get("warmup"))
+  model_overrides = {**plain(study.model.overrides), **plain(spec.get("model_overrides", {}))}
+  warmup = plain(spec.get("warmup"))
   if warmup is not None:
     if warmup.get("filler_probs") is not None:
       warmup["filler_probs"] = tuple(warmup["filler_probs"])
     warmup = batched.Warmup(**warmup)
   return batched.Cell(
       task=task, model=preset(study.model.preset, vocab_size=task_ops.vocab_size,
-                              **study.model.overrides),
+                              **model_overrides),
       arms=tuple({"scale": "rms", "of": plain(spec)} for spec in study.arms.values()),
       prm_learning_rates=tuple(arm_settings(study, arm).get("prm_learning_rate")
                                for arm in study.arms),
-      group_size=group_size, prompts_per_step=study.prompts_per_step,
+      group_size=group_size, prompts_per_step=prompts_per_step,
       updates=updates * blocks, eval_every=updates, eval_prompts=study.eval_prompts,
       warmup=warmup,
       # The gradient measurements read key_token's decisive positions.
@@ -723,7 +726,10 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
   for regime, by_g in results.items():
     spec = study.regimes[regime]
     lines += [f"## Regime `{regime}`: {regime_task(study, regime)} {dict(spec.task)}"
-              + (f", warm start {dict(spec.warmup)}" if spec.get("warmup") else ""), ""]
+              + (f", warm start {dict(spec.warmup)}" if spec.get("warmup") else "")
+              + (f", policy {dict(spec.model_overrides)}" if spec.get("model_overrides") else "")
+              + (f", {spec.prompts_per_step} prompts per update"
+                 if spec.get("prompts_per_step") else ""), ""]
     entropy = _filler_entropy(by_g)
     lines += ([entropy, ""] if entropy else []) + [
               "Learning rates chosen (mean AUC of the tuning seeds at each rate): " + "; ".join(
