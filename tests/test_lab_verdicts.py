@@ -52,7 +52,7 @@ def test_the_verdicts_read_every_workdirs_cells_regress_on_log_g_and_draw_the_fi
   truth = []
   for g in (4, 8, 16):
     # oracle - GRPO on final J: 0.3 - 0.1 log2 G plus noise, per seed.
-    gap = 0.3 - 0.1 * np.log2(g) + rng.normal(0, 0.01, 6)
+    gap = 0.3 - 0.1 * np.log2(g) + rng.normal(0, 0.05, 6)
     truth += [(np.log2(g), d) for d in gap]
     _write(first, "a", g, {"grpo": {s: _curve(0.6 - gap[s], 3) for s in range(6)},
                            "oracle": {s: _curve(0.6, 3) for s in range(6)}})
@@ -67,6 +67,17 @@ def test_the_verdicts_read_every_workdirs_cells_regress_on_log_g_and_draw_the_fi
   assert f"| {np.polyfit(x, y, 1)[0]:+.3f} [" in row
   assert "| b | 8 | 0.500 (0.500) | 0.100 (n/a), n/a (below 5 seeds) |" in text
   assert (tmp_path / "out" / "differences.png").stat().st_size > 0
+  # Each comparison draws its own bootstrap stream: regime a's rows do not move when
+  # another regime's workdir (6 seeds: bootstrapped) is read first or left out.
+  third = tmp_path / "third"
+  _write(third, "c", 8, {"grpo": {s: _curve(0.5 - 0.01 * s, 3) for s in range(6)},
+                         "oracle": {s: _curve(0.6, 3) for s in range(6)}})
+  verdicts.write([third, first], tmp_path / "b_first")
+  verdicts.write([first], tmp_path / "alone")
+  rows = lambda path: [line for line in (path / "verdicts.md").read_text().splitlines()
+                       if line.startswith("| a |")]
+  assert rows(tmp_path / "alone") == rows(tmp_path / "b_first") == rows(tmp_path / "out")
+  assert len(rows(tmp_path / "out")) > 3
 
 
 def test_a_regime_in_two_workdirs_or_a_workdir_without_cells_is_refused(tmp_path):
