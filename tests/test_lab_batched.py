@@ -233,6 +233,8 @@ def test_bad_cells_and_runs_are_refused_naming_the_problem():
     batched.make_run(_cell("grpo", "remax"))
   with pytest.raises(ValueError, match="warmup.filler_probs must be 2 probabilities"):
     _cell("grpo", warmup=batched.Warmup(steps=1, filler_probs=(0.5, 0.4)))
+  with pytest.raises(ValueError, match=r"warmup.key_accuracy must be in \[0, 1\], got 1.5"):
+    batched.Warmup(steps=1, filler_probs=(0.5, 0.5), key_accuracy=1.5)
   for evals in ((), (1, 0), (0, 3)):
     with pytest.raises(ValueError, match=r"mechanism_evals must be increasing evaluation "
                                          r"indices in \[0, 3\)"):

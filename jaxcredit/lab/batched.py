@@ -105,6 +105,10 @@ class Warmup:
   batch_size: int = 64
   learning_rate: float = 1e-3
 
+  def __post_init__(self):
+    if not 0 <= self.key_accuracy <= 1:
+      raise ValueError(f"warmup.key_accuracy must be in [0, 1], got {self.key_accuracy}.")
+
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
@@ -147,12 +151,11 @@ class Cell:
                          "measurements (both are defined by key_token's decisive positions).")
       paths = sum_tree.passes_per_prompt(self.task)
     elif isinstance(self.task, zipf_explain.ZipfExplainConfig):
-      if self.mechanism_batches or (self.warmup is not None and (
-          self.warmup.filler_probs is not None or not 0 <= self.warmup.key_accuracy <= 1)):
+      if self.mechanism_batches or (self.warmup is not None
+                                    and self.warmup.filler_probs is not None):
         raise ValueError("zipf_explain cells run without the gradient measurements (its "
                          "decisive columns differ from response to response), and a warmup "
-                         f"without filler_probs and with key_accuracy in [0, 1]; got "
-                         f"{self.warmup}.")
+                         f"without filler_probs (its text is the grammar's); got {self.warmup}.")
       paths = 0
     elif not self.task.constrained:
       raise ValueError("Batched cells measure J(pi) with the exact oracle: key_token must be "
@@ -166,9 +169,9 @@ class Cell:
     if self.warmup is not None and isinstance(self.task, key_token.KeyTokenConfig) and (
         self.warmup.filler_probs is None or len(self.warmup.filler_probs) != self.task.n_fillers
         or not np.isclose(sum(self.warmup.filler_probs), 1.0)
-        or min(self.warmup.filler_probs) < 0 or not 0 <= self.warmup.key_accuracy <= 1):
+        or min(self.warmup.filler_probs) < 0):
       raise ValueError(f"warmup.filler_probs must be {self.task.n_fillers} probabilities "
-                       f"summing to 1 and key_accuracy in [0, 1]; got {self.warmup}.")
+                       f"summing to 1; got {self.warmup}.")
     if self.mechanism_evals is not None and (
         not self.mechanism_evals or sorted(set(self.mechanism_evals)) != list(self.mechanism_evals)
         or not 0 <= self.mechanism_evals[0] <= self.mechanism_evals[-1] < self.n_evals):

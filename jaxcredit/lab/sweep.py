@@ -64,7 +64,7 @@ def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> b
   blocks = study.eval_points
   budget = (budget or study.token_budget[str(group_size)]) * spec.get("budget_scale", 1)
   updates = max(1, round(budget / tokens_per_update / blocks))
-  plain = lambda spec: spec.to_dict() if hasattr(spec, "to_dict") else spec
+  plain = lambda value: value.to_dict() if hasattr(value, "to_dict") else value
   model_overrides = {**plain(study.model.overrides), **plain(spec.get("model_overrides", {}))}
   warmup = plain(spec.get("warmup"))
   if warmup is not None:
@@ -74,7 +74,7 @@ def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> b
   return batched.Cell(
       task=task, model=preset(study.model.preset, vocab_size=task_ops.vocab_size,
                               **model_overrides),
-      arms=tuple({"scale": "rms", "of": plain(spec)} for spec in study.arms.values()),
+      arms=tuple({"scale": "rms", "of": plain(arm)} for arm in study.arms.values()),
       prm_learning_rates=tuple(arm_settings(study, arm).get("prm_learning_rate")
                                for arm in study.arms),
       group_size=group_size, prompts_per_step=prompts_per_step,
