@@ -16,8 +16,8 @@ writes OUT/verdicts.md and OUT/differences.png. Per (regime, G) cell, paired by 
   H2            the slopes on log2 G, per regime, of oracle - GRPO (final J, AUC) and of
                 Delta_loc = oracle - oracle_seq (OLS over runs, bootstrap interval)
 
-Verdicts as in the sweep's reports (`sweep.compare`), with Holm's correction across every
-arm the cell holds (the G = 8 cells hold the added arms too, so their family is larger than
+Verdicts as in the sweep's reports (`sweep_tables.compare`), with Holm's correction across
+every arm the cell holds (the G = 8 cells hold the added arms too, so their family is larger than
 in the small report). The figure shows every arm's difference from GRPO in every cell on one
 colour scale; a difference whose 95% interval holds 0 (or with fewer than 5 seeds) is hatched.
 """
@@ -32,7 +32,7 @@ import zlib
 import numpy as np
 import scipy.stats
 
-from jaxcredit.lab import report, statistics, sweep
+from jaxcredit.lab import report, statistics, sweep_tables
 
 MARGIN = 0.05  # TOST margin on J, as the study's presets set it
 METRICS = {"auc": "AUC over log₁₀ tokens", "final": "final J"}
@@ -58,15 +58,15 @@ def read_cells(workdirs) -> dict:
 
 def cell_evidence(curves: dict, rng) -> dict:
   """One cell's summary (`report.summarise`), every arm's comparison with GRPO on each of
-  METRICS (`sweep.compare`), the oracle's speed-up and GRPO's gradient at the start."""
+  METRICS (`sweep_tables.compare`), the oracle's speed-up and GRPO's gradient at the start."""
   summary, bounds = report.summarise(curves)
   out = {"summary": summary, "level": bounds["level"],
-         **{m: sweep.compare(summary, m, MARGIN, rng) for m in METRICS}}
-  out["speedup"] = sweep.oracle_speedup(summary)
+         **{m: sweep_tables.compare(summary, m, MARGIN, rng) for m in METRICS}}
+  out["speedup"] = sweep_tables.oracle_speedup(summary)
   grpo = list(curves["grpo"].values())
   if all("cosine_to_exact" in run for run in grpo):
     out["cosine"] = float(np.mean([run["cosine_to_exact"][0] for run in grpo]))
-    out["filler_share"] = float(np.mean([sweep.filler_share(run)[0] for run in grpo]))
+    out["filler_share"] = float(np.mean([sweep_tables.filler_share(run)[0] for run in grpo]))
   if {"oracle", "oracle_seq"} <= set(summary):
     seeds = sorted(set(summary["oracle"]) & set(summary["oracle_seq"]))
     out["loc"] = np.asarray([summary["oracle"][s]["final"] - summary["oracle_seq"][s]["final"]
