@@ -3,7 +3,7 @@ sweeps (`lab.sweep` writes DIR/cells/<regime>/G<g>.json; a preset that adds arms
 small preset's cells, or runs other regimes, has its own DIR):
 
   python -m jaxcredit.lab.verdicts docs/credit_study docs/credit_study/regimes \\
-      --out docs/credit_study/verdicts
+      docs/credit_study/budgets docs/credit_study/scale --out docs/credit_study/verdicts
 
 writes OUT/verdicts.md and OUT/differences.png. Per (regime, G) cell, paired by seed:
 
@@ -201,8 +201,8 @@ def write(workdirs, out) -> dict:
   arms = collections.Counter(a for by_g in cells.values() for c in by_g.values() for a in c)
   lines = ["# The credit study's evidence, by hypothesis", "",
            f"Read from the cells of {', '.join(f'`{w}`' for w in workdirs)} by `python -m "
-           "jaxcredit.lab.verdicts`: " + ", ".join(f"{len(by_g)} cells of `{r}`"
-                                                 for r, by_g in cells.items())
+           "jaxcredit.lab.verdicts`: " + ", ".join(
+               f"{len(by_g)} cell{'s' * (len(by_g) != 1)} of `{r}`" for r, by_g in cells.items())
            + "; arms (cells holding them): " + ", ".join(f"{a} ({n})" for a, n in arms.items())
            + ". Differences are paired by seed, with 95% bootstrap intervals (n/a below 5 "
            "seeds) and verdicts after Holm across the arms each cell holds (TOST at "
