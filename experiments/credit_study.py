@@ -13,6 +13,7 @@ tokens.
   python -m jaxcredit.lab.study --config experiments/credit_study.py:budgets --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:language --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:scale --workdir DIR
+  python -m jaxcredit.lab.study --config experiments/credit_study.py:mid_filler --workdir DIR
   python -m jaxcredit.lab.study --config experiments/credit_study.py:full --workdir DIR
   ... --config.run_regimes="('uniform_filler',)"   # some regimes now, the others later
 
@@ -58,7 +59,7 @@ run trains the arms a small run's cells lack and reads the rest back).
 import ml_collections
 
 PRESETS = ("smoke", "small", "primary", "entropy", "ktae_prime", "mc_ladder", "critic",
-           "regimes", "budgets", "language", "scale", "full")
+           "regimes", "budgets", "language", "scale", "mid_filler", "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -165,7 +166,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.group_sizes = (8,)
     config.runs_per_program = 10  # one new arm x 10 seeds: no padding to 40 runs
     config.workers = 1  # a regime's cell waits for its tuning: one process on both cores
-  if preset in ("full", "regimes", "budgets", "language", "scale"):
+  if preset in ("full", "regimes", "budgets", "language", "scale", "mid_filler"):
     config.regimes = _full_regimes(config.regimes.to_dict(), task)
     config.arms = ARMS
     config.workers = 1
@@ -200,6 +201,12 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.arms = {name: ARMS[name] for name in CORE}
     config.group_sizes = (8,)
     config.workers = 2
+  if preset == "mid_filler":
+    # Filler entropy between the two filler regimes (0.29 nats after SFT, against 1.39 and
+    # 0.02): the core arms at every G.
+    config.regimes = {"mid_filler": config.regimes["mid_filler"]}
+    config.arms = {name: ARMS[name] for name in CORE}
+    config.workers = 2
   if preset == "smoke":
     config.regimes = {"uniform_filler": {"task": {"length": 6, "n_decisive": 2, "n_keys": 3,
                                                   "n_fillers": 2, "filler_blind": True}}}
@@ -225,7 +232,8 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
 def _full_regimes(regimes: dict, task: dict) -> dict:
   """The small preset's regimes (T = 24, under their names: a full run resumes their cells)
   and the rest of the protocol's: T in {96, 384} x filler {uniform, peaked} (the budget
-  scales with T: the same number of updates), peaked filler at twice the budget, the
+  scales with T: the same number of updates), peaked filler at twice the budget, filler of
+  middling entropy, the
   language-like task (zipf_explain, T = 128), both filler regimes with a wider policy and
   with more prompts per update, a start at J = 0.3 (keys right 40% of the
   time after the SFT: (0.4 + 0.6 / 4)^2 = 0.30), visible filler, target_sum. About 14
@@ -238,6 +246,10 @@ def _full_regimes(regimes: dict, task: dict) -> dict:
     regimes[f"peaked_filler_T{length}"] = {**regimes["peaked_filler"], "task": long_task,
                                            "budget_scale": length / 24}
   regimes["peaked_filler_Z2"] = {**regimes["peaked_filler"], "budget_scale": 2}
+  # Filler between uniform (1.39 nats) and peaked (0.02): an SFT on F0 94% of the time,
+  # -0.94 ln 0.94 - 3 (0.02 ln 0.02) = 0.29 nats.
+  regimes["mid_filler"] = {"task": task, "warmup": {
+      "steps": 300, "filler_probs": [0.94] + [0.02] * 3, "key_accuracy": 0.0}}
   for filler in ("uniform_filler", "peaked_filler"):  # H2's model and batch size
     regimes[f"{filler}_d64"] = {**regimes[filler],
                                 "model_overrides": {"d_model": 64, "d_ff": 256}}
