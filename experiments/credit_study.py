@@ -79,6 +79,29 @@ PRIME = tuple(name for name in ARMS if name.startswith("prime_"))
 SCALE_REGIMES = ("uniform_filler_d64", "peaked_filler_d64", "uniform_filler_B16",
                  "peaked_filler_B16")
 CORE = ("grpo", "oracle", "oracle_seq", "oracle_shuffled")
+# The presets that run some of the full preset's regimes, with the core arms at every G:
+SOME_REGIMES = {
+    # The regimes that this 2-core CPU runs in about an hour (2 workers): visible filler
+    # (E-TREE, T = 8) and the start at J = 0.3. target_sum's E-TREE teacher-forces 1,024
+    # paths per prompt at every update (8,192 sequences beside 64 samples at G = 8) and
+    # T = 96 / 384 scale the tokens 4x / 16x: those run on an accelerator.
+    "regimes": ("visible_filler_T8", "start_at_0_3"),
+    # On peaked filler GRPO needs 1.7-2.1x fewer tokens than the budget to reach 0.9 x the
+    # plateau (the protocol asks a budget >= 3x that): those cells again at twice the
+    # budget, tuning included.
+    "budgets": ("peaked_filler_Z2",),
+    # The language-like task alone (zipf_explain, T = 128). Its Monte-Carlo oracle decodes
+    # 4 continuations from each of a response's 18 cuts at every update (72x the sampled
+    # rows) and its SFT runs at T = 128: for an accelerator.
+    "language": ("zipf_explain_T128",),
+    # H2's other two axes at the primary G only: both filler regimes with a policy of twice
+    # the width (d = 64, about 4x the parameters) and with twice the prompts per update
+    # (16, at the same generated tokens: half the updates), 10 seeds.
+    "scale": SCALE_REGIMES,
+    # Filler entropy between the two filler regimes (0.29 nats after SFT, against 1.39 and
+    # 0.02).
+    "mid_filler": ("mid_filler",),
+}
 
 
 def get_config(preset: str = "small") -> ml_collections.ConfigDict:
@@ -166,47 +189,16 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.group_sizes = (8,)
     config.runs_per_program = 10  # one new arm x 10 seeds: no padding to 40 runs
     config.workers = 1  # a regime's cell waits for its tuning: one process on both cores
-  if preset in ("full", "regimes", "budgets", "language", "scale", "mid_filler"):
+  if preset in ("full", *SOME_REGIMES):
     config.regimes = _full_regimes(config.regimes.to_dict(), task)
     config.arms = ARMS
     config.workers = 1
-  if preset == "regimes":
-    # The regimes of the full preset that this 2-core CPU runs in about an hour (2 workers):
-    # visible filler (E-TREE, T = 8) and the start at J = 0.3, with the core arms at every G.
-    # target_sum's E-TREE teacher-forces 1,024 paths per prompt at every update (8,192
-    # sequences beside 64 samples at G = 8) and T = 96 / 384 scale the tokens 4x / 16x:
-    # those run on an accelerator.
-    config.regimes = {name: config.regimes[name] for name in ("visible_filler_T8",
-                                                              "start_at_0_3")}
+  if preset in SOME_REGIMES:
+    config.regimes = {name: config.regimes[name] for name in SOME_REGIMES[preset]}
     config.arms = {name: ARMS[name] for name in CORE}
-    config.workers = 2
-  if preset == "budgets":
-    # On peaked filler GRPO needs 1.7-2.1x fewer tokens than the budget to reach 0.9 x the
-    # plateau (the protocol asks a budget >= 3x that): those cells again at twice the
-    # budget, tuning included, with the core arms at every G.
-    config.regimes = {"peaked_filler_Z2": config.regimes["peaked_filler_Z2"]}
-    config.arms = {name: ARMS[name] for name in CORE}
-    config.workers = 2
-  if preset == "language":
-    # The language-like task alone (zipf_explain, T = 128), the core arms at every G. Its
-    # Monte-Carlo oracle decodes 4 continuations from each of a response's 18 cuts at every
-    # update (72x the sampled rows) and its SFT runs at T = 128: for an accelerator.
-    config.regimes = {"zipf_explain_T128": config.regimes["zipf_explain_T128"]}
-    config.arms = {name: ARMS[name] for name in CORE}
+    config.workers = 1 if preset == "language" else 2  # language: for an accelerator
   if preset == "scale":
-    # H2's other two axes at the primary G: both filler regimes with a policy of twice the
-    # width (d = 64, about 4x the parameters) and with twice the prompts per update (16, at
-    # the same generated tokens: half the updates), the core arms, 10 seeds.
-    config.regimes = {name: config.regimes[name] for name in SCALE_REGIMES}
-    config.arms = {name: ARMS[name] for name in CORE}
     config.group_sizes = (8,)
-    config.workers = 2
-  if preset == "mid_filler":
-    # Filler entropy between the two filler regimes (0.29 nats after SFT, against 1.39 and
-    # 0.02): the core arms at every G.
-    config.regimes = {"mid_filler": config.regimes["mid_filler"]}
-    config.arms = {name: ARMS[name] for name in CORE}
-    config.workers = 2
   if preset == "smoke":
     config.regimes = {"uniform_filler": {"task": {"length": 6, "n_decisive": 2, "n_keys": 3,
                                                   "n_fillers": 2, "filler_blind": True}}}
