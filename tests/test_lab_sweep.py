@@ -197,10 +197,12 @@ def test_the_full_preset_scales_the_budget_with_t_and_keeps_the_small_cells():
   assert batch.model == base.model and batch.prompts_per_step == 16
   assert batch.updates == pytest.approx(base.updates / 2, rel=0.05)  # the same tokens
   middling = sweep.cell_of(full, "mid_filler", 8).warmup.filler_probs
+  assert sweep.cell_of(full, "mid_filler_Z3", 8).updates == 3 * sweep.cell_of(
+      full, "mid_filler", 8).updates
   assert -np.sum(np.multiply(middling, np.log(middling))) == pytest.approx(0.29, abs=0.005)
-  # The regimes, budgets, language, scale and mid_filler presets' cells are the full
-  # preset's (a full run resumes them).
-  for preset in ("regimes", "budgets", "language", "scale", "mid_filler"):
+  # The regimes, budgets, language, scale, mid_filler and mid_filler_Z3 presets' cells are
+  # the full preset's (a full run resumes them).
+  for preset in ("regimes", "budgets", "language", "scale", "mid_filler", "mid_filler_Z3"):
     some = load_experiment("credit_study", preset)
     assert set(some.regimes) < set(full.regimes)
     for regime in some.regimes:
