@@ -79,7 +79,8 @@ def test_every_experiment_builds_its_advantage_and_objective():
 # (the study configs run at their smoke presets in their test_lab_* modules, and gsm8k_grpo,
 # which needs a checkpoint's tokenizer and JSONL files, at its smoke preset in
 # test_gsm8k_train).
-STUDIES = ("credit_study", "credit_study_v1", "length_bias", "staleness_study", "turn_study")
+STUDIES = ("credit_study", "credit_study_v1", "length_bias", "staleness_study", "start_gradients",
+           "turn_study")
 SHIPPED = sorted(p.stem for p in (ROOT / "experiments").glob("*.py")
                  if p.stem not in (*STUDIES, "gsm8k_grpo"))
 SMALL = [  # no SFT (test_multiprocess trains from SFT) but for countdown's noisy demonstrations

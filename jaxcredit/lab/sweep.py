@@ -365,13 +365,13 @@ def run(study, workdir: str) -> dict:
   return summaries
 
 
-def _commit() -> str:
+def commit() -> str:
   """The git commit of this checkout (with "+changes" when it has uncommitted ones)."""
   root = pathlib.Path(__file__).resolve().parents[2]
   git = lambda *args: subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
                                      check=False).stdout.strip()
-  commit = git("rev-parse", "--short", "HEAD")
-  return "commit unknown" if not commit else commit + (
+  head = git("rev-parse", "--short", "HEAD")
+  return "commit unknown" if not head else head + (
       "+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
@@ -396,7 +396,7 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
       f"(tuning and cells; {compile_seconds:.0f} s of it compiling), "
       f"{study.get('workers', 1)} at a time: {busy / 60:.0f} min while pieces ran (the union "
       "of their spans: the pauses of a resumed sweep are not counted), on "
-      f"{report.machine()}; jaxcredit {_commit()}.", ""]
+      f"{report.machine()}; jaxcredit {commit()}.", ""]
   not_run = regimes_not_run(study, results)
   if not_run:
     lines += [not_run, ""]

@@ -1,0 +1,40 @@
+"""GRPO's gradient at the start of training across T, G and filler entropy
+(jaxcredit.lab.start_gradients): the credit study's key_token regimes, measured before any
+update.
+
+  python -m jaxcredit.lab.start_gradients --config experiments/start_gradients.py:smoke --workdir DIR
+  python -m jaxcredit.lab.start_gradients --config experiments/start_gradients.py:t_axis --workdir DIR
+
+t_axis: uniform and peaked filler at T = 24, 96 and 384 (the full preset's regimes, whose
+training at T = 96 and 384 needs an accelerator) and middling filler at T = 24, at every G,
+10 seeds: how GRPO's filler gradient scales with T, G and filler entropy.
+"""
+
+import pathlib
+import runpy
+
+import ml_collections
+
+PRESETS = ("smoke", "t_axis")
+_CREDIT_STUDY = runpy.run_path(str(pathlib.Path(__file__).with_name("credit_study.py")))
+
+
+def get_config(preset: str = "t_axis") -> ml_collections.ConfigDict:
+  if preset not in PRESETS:
+    raise ValueError(f"Unknown preset {preset!r}; known: {', '.join(PRESETS)}.")
+  if preset == "smoke":
+    config = _CREDIT_STUDY["get_config"]("smoke")
+    short = config.regimes.uniform_filler.task.to_dict()
+    config.regimes.uniform_filler_T12 = {"task": {**short, "length": 12}}
+    config.run_regimes = None
+  else:
+    config = _CREDIT_STUDY["get_config"]("full")
+    config.run_regimes = ("uniform_filler", "uniform_filler_T96", "uniform_filler_T384",
+                          "peaked_filler", "peaked_filler_T96", "peaked_filler_T384",
+                          "mid_filler")
+    config.seeds = list(range(10))
+    # Seeds per program: a T = 384, G = 32 batch is 256 responses of 388 tokens, whose
+    # backward pass holds 0.6 GiB of attention weights per seed.
+    config.runs_per_program = 2
+  config.preset = f"start_gradients:{preset}"
+  return config
