@@ -36,5 +36,6 @@ def get_config(preset: str = "t_axis") -> ml_collections.ConfigDict:
     # One seed per program: at T = 384, G = 32 (256 responses of 388 tokens) XLA's memory
     # analysis of the compiled program gives 7.2 GiB of temporaries per seed.
     config.runs_per_program = 1
+  config.report_only = False  # True: the report from the cells measured, nothing measured
   config.preset = f"start_gradients:{preset}"
   return config

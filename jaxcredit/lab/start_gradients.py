@@ -10,7 +10,9 @@ sweep's gradient measurements at evaluation 0 (`batched.make_run`'s mechanism, G
 over `mechanism_batches` fresh batches). Nothing is trained, so cells whose training needs
 an accelerator (T = 96 and 384) are measured on a CPU. GRPO's gradient splits exactly as
 g = g_decisive + g_filler (it is linear in the advantages). Each finished (regime, G) is
-written once to DIR/cells/<regime>/G<g>.json and skipped on a rerun.
+written once to DIR/cells/<regime>/G<g>.json and skipped on a rerun; with
+`--config.report_only=True` nothing is measured and the report names the cells not yet
+measured.
 
 What H1's mechanism predicts, independently of this code. On filler-blind key_token the
 reward does not read the filler, and later inputs do not show it, so a filler token's
@@ -77,24 +79,27 @@ def family(regime: str) -> str:
 
 
 def run(study, workdir: str) -> dict:
-  """Measures every (regime, G) not yet written, then writes report.md (and ratio.png);
-  returns {regime: {G: measurements}}."""
+  """Measures every (regime, G) not yet written (none with `study.report_only`), then writes
+  report.md (and ratio.png); returns {regime: {G: measurements}}."""
   workdir = pathlib.Path(workdir)
   (workdir / "cells").mkdir(parents=True, exist_ok=True)
   (workdir / "study_config.json").write_text(study.to_json_best_effort(indent=2))
-  results = {}
+  results, missing = {}, []
   for regime in sweep.regimes_to_run(study):
     for g in study.group_sizes:
       path = workdir / "cells" / regime / f"G{g}.json"
       expected = sweep.signature(start_cell(study, regime, g), list(study.seeds))
       stored = json.loads(path.read_text()) if path.exists() else None
       if stored is None or stored["signature"] != json.loads(json.dumps(expected)):
+        if study.get("report_only"):
+          missing.append(f"{regime} G = {g}")
+          continue
         print(f"[start gradients] {regime} G={g}: {len(study.seeds)} seeds", flush=True)
         stored = {"signature": expected, **measure(study, regime, g)}
         path.parent.mkdir(exist_ok=True)
         path.write_text(json.dumps(stored))
       results.setdefault(regime, {})[g] = stored
-  (workdir / "report.md").write_text(write_report(study, workdir, results))
+  (workdir / "report.md").write_text(write_report(study, workdir, results, missing))
   print(f"[start gradients] wrote {workdir / 'report.md'}", flush=True)
   return results
 
@@ -133,9 +138,9 @@ def slopes(study, results: dict, rng) -> dict:
   return out
 
 
-def write_report(study, workdir: pathlib.Path, results: dict) -> str:
+def write_report(study, workdir: pathlib.Path, results: dict, missing=()) -> str:
   """The measurements per (regime, G) with bootstrap intervals over seeds, the slopes on
-  log (T - K) against the prediction, and the figure."""
+  log (T - K) against the prediction, the figure, and the cells `missing` (not measured)."""
   rng = np.random.default_rng(0)
   def ci(values) -> str:  # over the seeds that define the value
     values = np.asarray(values, float)
@@ -156,6 +161,7 @@ def write_report(study, workdir: pathlib.Path, results: dict) -> str:
       "whose batches gave GRPO no gradient (every group with equal rewards).", "",
       f"Written {time.strftime('%Y-%m-%d')} on {report.machine()}; jaxcredit "
       f"{sweep.commit()}; {seconds / 60:.1f} min of compiling and measuring in all.", "",
+      *([f"Not measured: {', '.join(missing)}.", ""] if missing else []),
       "| regime | T | filler entropy (nats) | G | \\|g_decisive\\| | \\|g_filler\\| | "
       "\\|g_filler\\| / \\|g_decisive\\| | filler share | cosine to exact | signal fraction |",
       "|---|---|---|---|---|---|---|---|---|---|"]
