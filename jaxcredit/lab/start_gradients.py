@@ -189,11 +189,12 @@ def write_report(study, workdir: pathlib.Path, results: dict, missing=()) -> str
 
 def ratio_figure(study, workdir: pathlib.Path, results: dict) -> list[str]:
   """ratio.png: |g_filler| / |g_decisive| (mean over seeds) against T - K on log-log axes,
-  one panel per filler regime, one line per G, and the predicted slope 1/2 through the
-  shortest length's mean over G."""
+  one panel per filler regime measured at two lengths or more, one line per G, and the
+  predicted slope 1/2 through the shortest length's mean over G."""
   plt = report._pyplot()
-  families = list(dict.fromkeys(family(regime) for regime in results))
-  if plt is None or not any(len(_lengths(study, results, f)) > 1 for f in families):
+  families = [name for name in dict.fromkeys(family(regime) for regime in results)
+              if len(_lengths(study, results, name)) > 1]
+  if plt is None or not families:
     return []
   fig, axes = plt.subplots(1, len(families), figsize=(5 * len(families), 4), squeeze=False)
   for ax, name in zip(axes[0], families):
@@ -208,6 +209,8 @@ def ratio_figure(study, workdir: pathlib.Path, results: dict) -> list[str]:
     ax.plot(n, anchor * np.sqrt(n / start), "k--", lw=1, label="∝ √(T − K)")
     ax.set(xscale="log", yscale="log", xlabel="filler tokens T − K", title=name,
            ylabel="|g_filler| / |g_decisive| at the start")
+    ax.set_xticks(list(lengths), [str(n) for n in lengths])
+    ax.tick_params(axis="both", which="minor", labelbottom=False, labelleft=False)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
   fig.tight_layout()
