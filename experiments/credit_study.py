@@ -80,7 +80,8 @@ PRIME = tuple(name for name in ARMS if name.startswith("prime_"))
 SCALE_REGIMES = ("uniform_filler_d64", "peaked_filler_d64", "uniform_filler_B16",
                  "peaked_filler_B16")
 CORE = ("grpo", "oracle", "oracle_seq", "oracle_shuffled")
-# The presets that run some of the full preset's regimes, with the core arms at every G:
+# The presets that run some of the full preset's regimes, with the core arms (at every G
+# but for scale and mid_filler_Z3, at G = 8):
 SOME_REGIMES = {
     # The regimes that this 2-core CPU runs in about an hour (2 workers): visible filler
     # (E-TREE, T = 8) and the start at J = 0.3. target_sum's E-TREE teacher-forces 1,024

@@ -43,6 +43,10 @@ def test_the_start_measurements_are_the_sweeps_at_evaluation_0_and_resume(tmp_pa
   again = start_gradients.run(study, str(tmp_path))
   assert again["uniform_filler_T12"][2]["filler_norm"] == results["uniform_filler_T12"][2][
       "filler_norm"]
+  study.seeds = [0]  # a cell written under other settings is refused, not overwritten
+  with pytest.raises(ValueError, match="written under other settings .*seeds"):
+    start_gradients.run(study, str(tmp_path))
+  study.seeds = [0, 1]
   study.group_sizes, study.report_only = (2, 4), True  # G = 4 is not measured: named
   assert set(start_gradients.run(study, str(tmp_path))["uniform_filler"]) == {2}
   assert ("Not measured: uniform_filler G = 4, uniform_filler_T12 G = 4."

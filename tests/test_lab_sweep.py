@@ -268,7 +268,7 @@ def test_runs_split_over_programs_join_back_in_order():
   study = load_experiment("credit_study", "smoke")
   runs = [(0, 1e-3, seed) for seed in range(5)]
   study.runs_per_program = 2
-  joined = sweep._train(study, Runner(), runs)
+  joined = sweep.train_in_programs(study, Runner(), runs)
   assert Runner.widths == [2, 2, 2]
   np.testing.assert_array_equal(joined["success"][:, 0], np.arange(5))
   np.testing.assert_array_equal(joined["pass@k"][4][:, 0], np.arange(5))

@@ -10,7 +10,8 @@ sweep's gradient measurements at evaluation 0 (`batched.make_run`'s mechanism, G
 over `mechanism_batches` fresh batches). Nothing is trained, so cells whose training needs
 an accelerator (T = 96 and 384) are measured on a CPU. GRPO's gradient splits exactly as
 g = g_decisive + g_filler (it is linear in the advantages). Each finished (regime, G) is
-written once to DIR/cells/<regime>/G<g>.json and skipped on a rerun; with
+written once to DIR/cells/<regime>/G<g>.json (atomically) and skipped on a rerun (one
+written under other settings is refused, not overwritten); with
 `--config.report_only=True` nothing is measured and the report names the cells not yet
 measured.
 
@@ -36,6 +37,7 @@ import numpy as np
 
 from jaxcredit.lab import batched, report, statistics, sweep
 from jaxcredit.lab import study as credit_study
+from jaxcredit.models import checkpoint
 from jaxcredit.tasks import key_token
 
 MEASURED = ("decisive_norm", "filler_norm", "cosine_to_exact", "signal_fraction")
@@ -58,19 +60,13 @@ def start_cell(study, regime: str, group_size: int) -> batched.Cell:
 
 def measure(study, regime: str, group_size: int) -> dict:
   """{name: [seeds] for MEASURED, "filler_entropy": [seeds] (the starting policy's mean
-  filler entropy, nats, on the first batch), "seconds"} of (regime, G), one program per
-  `runs_per_program` seeds."""
-  cell = start_cell(study, regime, group_size)
-  runner = batched.Runner(cell)
-  width = study.get("runs_per_program") or len(study.seeds)
-  width = min(width, len(study.seeds))
-  seeds = list(study.seeds)
-  parts = [runner.train([(0, 1e-3, s) for s in seeds[i:i + width]], width)
-           for i in range(0, len(seeds), width)]  # the rate is unused before the update
-  out = {name: np.concatenate([p[name][:, 0] for p in parts]).tolist() for name in MEASURED}
-  out["filler_entropy"] = np.concatenate([p["filler_entropy"][:, 0] for p in parts]).tolist()
-  out["seconds"] = sum(p["compile_seconds"] + p["run_seconds"] for p in parts)
-  return out
+  filler entropy, nats, on the first batch), "seconds"} of (regime, G), in programs of
+  `runs_per_program` seeds (`sweep.train_in_programs`)."""
+  runner = batched.Runner(start_cell(study, regime, group_size))
+  result = sweep.train_in_programs(  # the rate is unused before the update
+      study, runner, [(0, 1e-3, seed) for seed in study.seeds])
+  return {**{name: result[name][:, 0].tolist() for name in (*MEASURED, "filler_entropy")},
+          "seconds": result["compile_seconds"] + result["run_seconds"]}
 
 
 def family(regime: str) -> str:
@@ -89,15 +85,17 @@ def run(study, workdir: str) -> dict:
     for g in study.group_sizes:
       path = workdir / "cells" / regime / f"G{g}.json"
       expected = sweep.signature(start_cell(study, regime, g), list(study.seeds))
-      stored = json.loads(path.read_text()) if path.exists() else None
-      if stored is None or stored["signature"] != json.loads(json.dumps(expected)):
-        if study.get("report_only"):
-          missing.append(f"{regime} G = {g}")
-          continue
+      if path.exists():
+        stored = json.loads(path.read_text())
+        sweep.refuse_other_settings(path, stored.get("signature"), expected)
+      elif study.get("report_only"):
+        missing.append(f"{regime} G = {g}")
+        continue
+      else:
         print(f"[start gradients] {regime} G={g}: {len(study.seeds)} seeds", flush=True)
         stored = {"signature": expected, **measure(study, regime, g)}
         path.parent.mkdir(exist_ok=True)
-        path.write_text(json.dumps(stored))
+        checkpoint.write_atomically(path, lambda tmp: tmp.write_text(json.dumps(stored)))
       results.setdefault(regime, {})[g] = stored
   (workdir / "report.md").write_text(write_report(study, workdir, results, missing))
   print(f"[start gradients] wrote {workdir / 'report.md'}", flush=True)

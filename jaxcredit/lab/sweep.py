@@ -146,16 +146,23 @@ def _piece_arms(study, path: pathlib.Path, expected: dict, *,
   if grows_by_seed and stored is not None:
     stored, expected = ({k: v for k, v in sig.items() if k != "seeds"}
                         for sig in (stored, expected))
-  if stored != expected:
-    differ = _differences(stored or {}, expected) or ["signature (none stored)"]
-    raise ValueError(f"{path} was written under other settings ({', '.join(differ)} differ); "
-                     "move it away to rerun the piece under these.")
+  refuse_other_settings(path, stored, expected)
   moved = [arm for arm in study.arms if arm in written["arms"] and arm_settings(study, arm)
            != {k: written["arms"][arm][k] for k in ARM_SETTINGS if k in written["arms"][arm]}]
   if moved:
     raise ValueError(f"{path} holds {', '.join(moved)} under other settings than the study's "
                      f"({', '.join(ARM_SETTINGS)}); move it away to rerun them.")
   return written, [arm for arm in study.arms if arm not in written["arms"]]
+
+
+def refuse_other_settings(path: pathlib.Path, stored: dict | None, expected: dict) -> None:
+  """Raises unless the `signature` stored in `path` is `expected` (naming the settings that
+  differ): a file written under other settings is refused rather than mixed with new runs
+  or overwritten."""
+  if stored != expected:
+    differ = _differences(stored or {}, expected) or ["signature (none stored)"]
+    raise ValueError(f"{path} was written under other settings ({', '.join(differ)} differ); "
+                     "move it away to rerun the piece under these.")
 
 
 def _differences(stored: dict, expected: dict, prefix: str = "") -> list[str]:
@@ -169,9 +176,9 @@ def _differences(stored: dict, expected: dict, prefix: str = "") -> list[str]:
 
 def _write_piece(path: pathlib.Path, written: dict, new_arms: dict, expected: dict,
                  trained: dict) -> dict:
-  """The piece with `new_arms` (trained by `_train`) added, written atomically; returns it
-  as read back (the same types as a resumed read). "spans" lists each write's [start, end]
-  (epoch seconds); "seconds" and "compile_seconds" add up over the writes."""
+  """The piece with `new_arms` (trained by `train_in_programs`) added, written atomically;
+  returns it as read back (the same types as a resumed read). "spans" lists each write's
+  [start, end] (epoch seconds); "seconds" and "compile_seconds" add up over the writes."""
   span = [trained["started_at"], time.time()]
   piece = {"signature": expected, "arms": {**written.get("arms", {}), **new_arms},
            "seconds": written.get("seconds", 0.0) + span[1] - span[0],
@@ -190,7 +197,7 @@ def _runner(cell: batched.Cell, runners: dict) -> batched.Runner:
   return runners[key]
 
 
-def _train(study, runner: batched.Runner, runs: list) -> dict:
+def train_in_programs(study, runner: batched.Runner, runs: list) -> dict:
   """`runner.train(runs)` in programs of at most `study.runs_per_program` runs (all when
   unset; every program but the last has that width, and a run does not depend on its
   company), the results joined over the runs."""
@@ -217,7 +224,7 @@ def tune(study, regime: str, runners: dict, path: pathlib.Path) -> dict:
     print(f"[sweep] {regime}: tuning {len(missing)} arms at G={cell.group_size}", flush=True)
     runs = [(arms.index(arm), r, s) for arm in missing for r in study.learning_rates
             for s in study.tuning_seeds]
-    tuning = _train(study, _runner(cell, runners), runs)
+    tuning = train_in_programs(study, _runner(cell, runners), runs)
     auc = {}
     for row, (a, rate, _) in enumerate(runs):
       auc.setdefault(arms[a], {}).setdefault(rate, []).append(_auc(_curve(tuning, row)))
@@ -253,7 +260,7 @@ def run_cell(study, regime: str, group_size: int, tuned: dict, runners: dict,
     print(f"[sweep] {regime} G={group_size}: {len(missing)} runs of "
           f"{len(dict.fromkeys(a for a, _ in missing))} arms, {cell.updates} updates", flush=True)
     runs = [(arms.index(arm), rates[arm], seed) for arm, seed in missing]
-    reported = _train(study, _runner(cell, runners), runs)
+    reported = train_in_programs(study, _runner(cell, runners), runs)
     new = {arm: {"curves": dict(stored.get(arm, {}).get("curves", {})),
                  "learning_rate": rates[arm], **arm_settings(study, arm)}
            for arm, _ in missing}

@@ -4,7 +4,7 @@ small preset's cells, or runs other regimes, has its own DIR):
 
   python -m jaxcredit.lab.verdicts docs/credit_study docs/credit_study/regimes \\
       docs/credit_study/budgets docs/credit_study/scale docs/credit_study/mid_filler \\
-      --out docs/credit_study/verdicts
+      docs/credit_study/mid_filler_Z3 --out docs/credit_study/verdicts
 
 writes OUT/verdicts.md and OUT/differences.png. Per (regime, G) cell, paired by seed:
 
