@@ -46,7 +46,7 @@ def get_config(variant: str = "qwen2.5") -> ml_collections.ConfigDict:
   task.tokenizer = placeholder(str)  # tokenizer directory; default: model.checkpoint
   task.prompt = "chat"  # chat: the checkpoint's chat template | plain: BOS + question
   task.system_prompt = placeholder(str)  # optional system message
-  # Appended to each question; the reward reads the number after the last '####'.
+  # Appended to each question; the reward reads the number right after the last '####'.
   task.instruction = "\nSolve it step by step, then give the final answer as '#### <number>'."
   task.template_variables = template_variables  # extra chat-template variables
   task.max_prompt_length = 256  # chat-templated question; start-up counts and reports any longer

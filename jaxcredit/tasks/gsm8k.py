@@ -2,8 +2,12 @@
 answer's reasoning ends with `#### <final number>`.
 
 Files are read from a local directory (`train.jsonl`, `test.jsonl`); there is
-no download. The reward extracts the final number of a response (after the
-last `####`, else the last number in it) and compares numerically.
+no download. The reward reads a response's final answer as the field's
+strict match does (lm-eval's `strict-match`, verl's `method="strict"`): the
+number written immediately after the last `####` that is followed by one,
+so `#### 72 (48 + 24)` answers 72; a response with no `####` at all is read
+by its last number (verl's `method="flexible"`). Both sides are compared as
+canonical number text (`normalize_number`).
 """
 
 import json
@@ -16,6 +20,8 @@ from jaxcredit.tasks import rewards
 SPLIT_FILES = {"train": "train.jsonl", "test": "test.jsonl"}
 # ASCII digits only: a unicode digit is not part of a GSM8K number.
 _NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")
+# A number written immediately after the marker: spaces and a `$` may sit between them.
+_MARKED_NUMBER = re.compile(r"####[ \t]*\$?[ \t]*(" + _NUMBER.pattern + ")")
 
 
 def normalize_number(text: str) -> str | None:
@@ -74,9 +80,24 @@ def read_jsonl(path: pathlib.Path) -> Iterator[dict]:
 
 
 def extract_answer(response: str) -> str | None:
-  """The number after the last `####`, else the last number in the response."""
-  tail = response.rsplit("####", 1)[1] if "####" in response else response
-  numbers = _NUMBER.findall(tail)
+  """The final answer of a response, as canonical number text (None: no answer).
+
+  With a `####` marker: the number written immediately after the last marker
+  that is followed by one (`"#### 72 (48 + 24)"` -> `"72"`; a marker followed by
+  words is no answer). Without any marker: the last number in the response.
+
+  Examples:
+    >>> extract_answer("48 + 24 = 72\\n#### 72 (48 + 24)")
+    '72'
+    >>> extract_answer("So she sold 1,234.50 in all.")
+    '1234.5'
+    >>> extract_answer("#### the answer is 72") is None
+    True
+  """
+  if "####" in response:
+    answers = _MARKED_NUMBER.findall(response)
+    return normalize_number(answers[-1]) if answers else None
+  numbers = _NUMBER.findall(response)
   return normalize_number(numbers[-1]) if numbers else None
 
 
