@@ -20,6 +20,19 @@ _TOKEN_FIELDS = (
 )
 
 
+class MissingFields(ValueError):
+  """A ValueError saying that a function needs Rollout fields that are None.
+
+  Attributes:
+    fields: the names of the missing `Rollout` fields (e.g. `("values",)`), so a
+      caller can say which setting provides each.
+  """
+
+  def __init__(self, fields: tuple[str, ...], message: str):
+    super().__init__(message)
+    self.fields = fields
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Rollout:
@@ -92,10 +105,11 @@ class Rollout:
     return self
 
   def require(self, *fields: str, by: str) -> None:
-    """Raises ValueError naming `by` if any of `fields` is None."""
+    """Raises `MissingFields` (a ValueError) naming `by` if any of `fields` is None."""
     missing = [f for f in fields if getattr(self, f) is None]
     if missing:
-      raise ValueError(f"{by} needs rollout.{', rollout.'.join(missing)}, which is None.")
+      raise MissingFields(tuple(missing), f"{by} needs rollout.{', rollout.'.join(missing)}, "
+                          "which is None.")
 
   def proximal_logprobs(self, *, by: str) -> Array:
     """[B, T] log-probs a ratio loss's trust region is anchored at: old_logprobs

@@ -18,28 +18,8 @@ import time
 
 import pytest
 
+from tests.cli import command as _command, metrics as _metrics, train as _train
 from tests.conftest import ROOT, xla_flags
-
-TINY = [
-    "--config.task.name=key_token", "--config.task.options={'length': 10, 'n_keys': 4, 'filler_blind': True}",
-    "--config.task.train_size=64", "--config.task.test_size=16", "--config.sft.max_steps=0",
-    "--config.rl.prompts_per_step=4", "--config.rl.group_size=4", "--config.rl.eval_every=2",
-    "--config.checkpoint.every=1", "--config.checkpoint.keep=4",
-]
-
-
-def _command(workdir, *overrides):
-  return [sys.executable, "-m", "jaxcredit.train", "--config", str(ROOT / "experiments/quickstart.py"),
-          "--workdir", str(workdir), *TINY, *overrides]
-
-
-def _train(workdir, *overrides, env=None):
-  return subprocess.run(_command(workdir, *overrides), capture_output=True, text=True, cwd=ROOT,
-                        timeout=300, check=False, env=env)
-
-
-def _metrics(workdir):
-  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")

@@ -122,20 +122,38 @@ def _readme_smoke_command() -> list[str]:
   return shlex.split(line)
 
 
-def test_the_readme_smoke_command_trains_and_exports(files, tmp_path):
+def _run_readme_smoke_command(files, workdir, *overrides) -> subprocess.CompletedProcess:
+  """The README's smoke command with this test's paths (and `overrides` appended)."""
   tokenizer_dir, data = files
   command = _readme_smoke_command()
   assert command[:3] == ["python", "-m", "jaxcredit.train"] and "--config.model.random_init=True" in command
-  paths = {"--workdir": tmp_path / "run", "--config.task.tokenizer": tokenizer_dir,
+  paths = {"--workdir": workdir, "--config.task.tokenizer": tokenizer_dir,
            "--config.task.jsonl_dir": data}
-  argv = [sys.executable, *command[1:]]
+  argv = [sys.executable, *command[1:], *overrides]
   for i, arg in enumerate(argv):
     for flag, path in paths.items():
       if arg == flag:
         argv[i + 1] = str(path)
       elif arg.startswith(flag + "="):
         argv[i] = f"{flag}={path}"
-  result = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
+  return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["--config.task.eval_size=0"], "task.eval_size (None: every test problem) must be a positive int, got 0"),
+    (["--config.task.eval_size=-1"], "task.eval_size (None: every test problem) must be a positive int, got -1"),
+    (["--config.model.random_init=False", "--config.model.checkpoint={tokenizer}"],
+     "model.overrides sets d_ff, d_model, n_heads, n_kv_heads, n_layers, vocab_size, which change the shape"),
+])
+def test_the_smoke_command_refuses_unusable_settings_naming_them(files, tmp_path, overrides, message):
+  overrides = [o.format(tokenizer=files[0]) for o in overrides]
+  result = _run_readme_smoke_command(files, tmp_path / "run", *overrides)
+  assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
+  assert "Traceback" not in result.stderr and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_the_readme_smoke_command_trains_and_exports(files, tmp_path):
+  result = _run_readme_smoke_command(files, tmp_path / "run")
   assert result.returncode == 0, result.stderr[-3000:]
   records = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
   assert max(r["step"] for r in records) == 2

@@ -30,18 +30,32 @@ def exact_credit(model, task: tasks.TrainTask, rollout, examples) -> tuple[dict,
       before[row, np.flatnonzero(mask[row])] = values[row, :mask[row].sum()]
     return ({"oracle_advantages": credit.astype(np.float32), "oracle_values": before},
             {"oracle_passes": 1})
+  reason = no_exact_oracle(task)
+  if reason:
+    raise ValueError(reason)
   tokens, mask = np.asarray(rollout.tokens), np.asarray(rollout.mask)
   if task.name == "target_sum":
     targets = np.asarray([int(e["target"]) for e in examples])
     credit = sum_tree.tree_credit(model, task.config, tokens, mask, targets)
-  elif task.name == "key_token":
+  else:
     targets = np.stack([np.asarray(e["targets"]) for e in examples])
     credit = oracle.decisive_credit(model, task.config, tokens, mask, targets)
-  else:
-    raise ValueError(f"An exact oracle exists for key_token, target_sum and key_turns only, "
-                     f"not {task.name!r}; use vineppo (Monte Carlo).")
   return ({"oracle_advantages": credit.advantages, "oracle_values": credit.values},
           {"oracle_passes": credit.cost["passes"]})
+
+
+def no_exact_oracle(task: tasks.TrainTask) -> str | None:
+  """Why `task` has no exact oracle (None when it has one): only key_token (filler-blind
+  and constrained), target_sum and key_turns do."""
+  if task.name in ("target_sum", "key_turns"):
+    return None
+  if task.name != "key_token":
+    return (f"an exact oracle exists for key_token, target_sum and key_turns only, not "
+            f"{task.name!r}; use vineppo (Monte Carlo).")
+  if not (task.config.filler_blind and task.config.constrained):
+    return ("the exact oracle of key_token (E-DEC) needs task.options filler_blind=True and "
+            "constrained=True; use vineppo (Monte Carlo).")
+  return None
 
 
 def _exact_oracle(context: extras.Context, rollout) -> tuple[dict, dict]:
@@ -55,7 +69,7 @@ def _at_temperature_one(temperature: float) -> extras.Provide:
   return _exact_oracle
 
 
-extras.register("oracle_advantages", "oracle_values")(
+extras.register("oracle_advantages", "oracle_values", refuses=no_exact_oracle)(
     lambda settings, *, temperature: _at_temperature_one(temperature))
 
 

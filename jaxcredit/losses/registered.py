@@ -18,7 +18,7 @@ from jaxcredit.losses import covariance, off_policy, policy, preference, value
 from jaxcredit.losses.aggregation import aggregate
 from jaxcredit.losses.kl import kl_penalty
 from jaxcredit.registry import Registry
-from jaxcredit.rollout import Estimate, PolicyOutputs, Rollout
+from jaxcredit.rollout import Estimate, MissingFields, PolicyOutputs, Rollout
 
 LossFn = Callable[..., tuple[Array, dict[str, Array]]]
 
@@ -56,9 +56,9 @@ def _old_logprobs(rollout: Rollout, name: str) -> Array:
   """rollout.old_logprobs; a ValueError naming `name` when the learner did not recompute them
   (never a silent fallback to the behaviour log-probs, which would make w = 1)."""
   if rollout.old_logprobs is None:
-    raise ValueError(
-        f"{name} needs rollout.old_logprobs, which is None: the learner recomputes them "
-        "before its updates when rl.recompute_old_logprobs = True.")
+    raise MissingFields(("old_logprobs",),
+                        f"{name} needs rollout.old_logprobs, which is None: the learner "
+                        "recomputes them before its updates when rl.recompute_old_logprobs = True.")
   return rollout.old_logprobs
 
 

@@ -2,10 +2,14 @@
 split, a resume with other settings, and rewards that are not finite."""
 
 import math
+from collections.abc import Callable, Collection, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxcredit.models import sharding
+from jaxcredit.rollout import MissingFields, PolicyOutputs, Rollout
 from jaxcredit.train import overlap, staleness
 
 
@@ -81,6 +85,14 @@ def validate_config(config) -> None:
       _number_in(config.task.get("max_dropped_fraction", 0.1), "task.max_dropped_fraction",
                  0.0, 1.0),
   ]
+  task = config.task
+  problems += [_positive_int(task[field], f"task.{field}")
+               for field in ("train_size", "test_size", "max_prompt_length", "max_response_length")
+               if field in task]
+  if task.get("eval_size") is not None:
+    problems.append(_positive_int(task.eval_size, "task.eval_size (None: every test problem)"))
+  if rl.get("eval_batch_size") is not None:
+    problems.append(_positive_int(rl.eval_batch_size, "rl.eval_batch_size (None: one batch)"))
   export = config.get("export") or {}
   if export.get("every", 0):
     problems += [_positive_int(export.every, "export.every"),
@@ -139,3 +151,70 @@ def check_rewards(rewards: np.ndarray, *, task: str, rl_step: int) -> None:
     raise ValueError(
         f"Task {task!r} gave non-finite rewards at RL step {rl_step}: row {int(bad[0])} = "
         f"{rewards[bad[0]]} ({bad.size} of {rewards.size} rows); rewards must be finite numbers.")
+
+
+# The setting that gives the learner each Rollout field a run may lack.
+FIELD_SETTINGS = {
+    "values": "set critic.preset (a value model supplies V(s_t), e.g. --config.critic.preset=tiny)",
+    "old_logprobs": "set --config.rl.recompute_old_logprobs=True (one more forward pass a step)",
+    "staleness": "set rl.max_staleness > 0 or mesh.sampler_shape (stale or overlapped sampling)",
+    "token_rewards": "set rl.kl_reward_coef > 0 (a per-token KL penalty)",
+    "turn_ids": "use a multi-turn task (key_turns or calculator)",
+}
+# What a multi-turn rollout adds to rollout.extras (`rollouts.MultiTurn`): name -> (per token, dtype).
+EPISODE_EXTRAS = {"turn_rewards": (True, jnp.float32), "turn_anchors": (True, jnp.int32),
+                  "turns": (False, jnp.int32), "cut_turns": (False, jnp.int32),
+                  "env_seeds": (False, jnp.uint32)}
+
+
+def run_fields(config, *, multi_turn: bool, sampler: bool) -> set[str]:
+  """The optional Rollout fields the learner of `config` sees: the sampler's, the reference
+  log-probs, and those that settings switch on (`FIELD_SETTINGS`)."""
+  rl = config.rl
+  switched = {"values": bool(config.critic.preset),
+              "old_logprobs": bool(rl.get("recompute_old_logprobs", False)),
+              "staleness": bool(rl.get("max_staleness", 0)) or sampler,
+              "token_rewards": bool(rl.kl_reward_coef), "turn_ids": multi_turn}
+  return {"behaviour_logprobs", "entropy", "truncated", "positions", "token_valid",
+          "ref_logprobs", *(field for field, on in switched.items() if on)}
+
+
+def check_learner_inputs(advantage: Callable, objective: Callable | None, *, rows: int,
+                         columns: int,
+                         group_size: int, fields: Collection[str], extras: Sequence[str] = (),
+                         multi_turn: bool = False) -> None:
+  """Refuses, before any work, an advantage or objective (None: the advantage alone) that
+  needs a Rollout field the run never provides.
+
+  Both are traced (`jax.eval_shape`: shapes only, nothing computed) on a [rows, columns]
+  rollout holding exactly `fields` (see `run_fields`), the `extras` keys the extras providers
+  add ([B, T] float32) and, for `multi_turn`, the episode extras.
+
+  Raises:
+    ValueError: naming each missing field and the setting that provides it.
+  """
+  token = lambda dtype: jax.ShapeDtypeStruct((rows, columns), dtype)
+  row = lambda dtype: jax.ShapeDtypeStruct((rows,), dtype)
+  optional = {"behaviour_logprobs": token(jnp.float32), "entropy": token(jnp.float32),
+              "truncated": row(jnp.bool_), "positions": token(jnp.int32),
+              "token_valid": token(jnp.bool_), "ref_logprobs": token(jnp.float32),
+              "old_logprobs": token(jnp.float32), "values": token(jnp.float32),
+              "token_rewards": token(jnp.float32), "staleness": row(jnp.int32),
+              "turn_ids": token(jnp.int32)}
+  probe_extras = {key: token(jnp.float32) for key in extras}
+  if multi_turn:
+    probe_extras.update({key: (token if per_token else row)(dtype)
+                         for key, (per_token, dtype) in EPISODE_EXTRAS.items()})
+  probe = Rollout(tokens=token(jnp.int32), mask=token(jnp.bool_), rewards=row(jnp.float32),
+                  **{field: optional[field] for field in fields}, extras=probe_extras,
+                  group_size=group_size)
+  outputs = PolicyOutputs(logprobs=token(jnp.float32), entropy=token(jnp.float32),
+                          values=token(jnp.float32) if "values" in fields else None)
+  try:
+    jax.eval_shape(lambda r, o, step: advantage(r) if objective is None
+                   else objective(o, r, advantage(r), step),
+                   probe, outputs, jax.ShapeDtypeStruct((), jnp.int32))
+  except MissingFields as error:
+    fixes = "; ".join(f"rollout.{field}: {FIELD_SETTINGS.get(field, 'no setting provides it')}"
+                      for field in error.fields)
+    raise ValueError(f"{error} This run never provides it: {fixes}.") from None

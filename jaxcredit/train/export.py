@@ -35,6 +35,7 @@ import concurrent.futures
 import functools
 import json
 import pathlib
+import sys
 import time
 from collections.abc import Sequence
 
@@ -87,6 +88,7 @@ class Exporter:
     self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                        thread_name_prefix="jaxcredit-export")
     self._pending: concurrent.futures.Future | None = None
+    self.failures = 0  # exports that raised (reported, skipped)
 
   def due(self, rl_step: int) -> bool:
     """Whether update `rl_step` (0-based) is exported."""
@@ -104,10 +106,16 @@ class Exporter:
     return time.perf_counter() - started
 
   def wait(self) -> None:
-    """Blocks until the queued export is written; re-raises its error."""
+    """Blocks until the queued export is written. An export that failed is reported on
+    stderr and counted in `failures`; it never stops training."""
     if self._pending is not None:
       pending, self._pending = self._pending, None
-      pending.result()
+      try:
+        pending.result()
+      except Exception as error:  # noqa: BLE001 - diagnostics must not cost training work
+        self.failures += 1
+        print(f"Warning: the per-token export failed ({type(error).__name__}: {error}); "
+              "training continues without it.", file=sys.stderr, flush=True)
 
   def close(self) -> None:
     self.wait()

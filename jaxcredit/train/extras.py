@@ -57,12 +57,20 @@ Hook = Callable[[Context, Rollout], tuple[dict, dict]]
 PROVIDERS: Registry[Factory] = Registry("extras provider")
 
 
-def register(*keys: str, overwrite: bool = False) -> Callable[[Factory], Factory]:
-  """Decorator registering a provider factory for the rollout.extras `keys` it computes."""
+def register(*keys: str, overwrite: bool = False,
+             refuses: Callable[[Any], str | None] | None = None) -> Callable[[Factory], Factory]:
+  """Decorator registering a provider factory for the rollout.extras `keys` it computes.
+
+  Args:
+    keys: the rollout.extras keys the factory's provider computes.
+    overwrite: replace an earlier registration of a key.
+    refuses: refuses(task) -> why the provider cannot serve `task` (a `TrainTask`), or None
+      when it can; `hook` asks it before any work.
+  """
 
   def decorator(factory: Factory) -> Factory:
     for key in keys:
-      PROVIDERS.register(key, overwrite=overwrite)(factory)
+      PROVIDERS.register(key, overwrite=overwrite, refuses=refuses)(factory)
     return factory
 
   return decorator
@@ -85,14 +93,21 @@ def provider_factory(key: str, *, needed_by: str) -> Factory:
   return PROVIDERS.get(key)
 
 
-def hook(advantage: estimators.compose.AdvantageFn, *, temperature: float = 1.0) -> Hook | None:
+def hook(advantage: estimators.compose.AdvantageFn, *, temperature: float = 1.0,
+         task: Any = None) -> Hook | None:
   """One function computing every extra that `advantage`'s estimators need
   (each provider once, made from the first estimator that needs it), or None
-  when they need none. Raises ValueError at once for a key with no provider."""
+  when they need none. Raises ValueError at once for a key with no provider, or
+  whose provider refuses `task` (when given)."""
   made: dict[Factory, Provide] = {}
   for component in estimators.components(advantage):
     for key in component.needs:
       factory = provider_factory(key, needed_by=component.name)
+      refuses = PROVIDERS.info(key).get("refuses")
+      reason = refuses(task) if task is not None and refuses is not None else None
+      if reason:
+        raise ValueError(f"Estimator {component.name!r} needs rollout.extras[{key!r}], which "
+                         f"cannot be computed for task {task.name!r}: {reason}")
       if factory not in made:
         made[factory] = factory(component.settings, temperature=temperature)
   return chain(*made.values())

@@ -53,6 +53,9 @@ rollout.extras, `metrics` are logged under train/hook/ (a "gen_tokens" entry
 is charged to the run's generated-token count). Providers and hooks see whole
 batches, so they are single-process."""
 
+# TransformerConfig fields that change a model's parameter shapes (a checkpoint's weights).
+SHAPE_FIELDS = frozenset({"vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
+                          "head_dim", "qkv_bias", "qk_norm", "tie_embeddings"})
 PREPARATION_TIMEOUT_S = 3600  # how long other processes wait for process 0's data
 
 
@@ -68,9 +71,7 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
   workdir = pathlib.Path(workdir)
   checkpoints.check_writable(workdir)
   if config.mesh.distributed:  # one process per host; every host runs this same program
-    jax.distributed.initialize(coordinator_address=config.mesh.get("coordinator_address"),
-                               num_processes=config.mesh.get("num_processes"),
-                               process_id=config.mesh.get("process_id"))
+    _connect(config.mesh)
     # Open the CPU collectives while every process is at the same point: gloo
     # allows 30 s for a first rendezvous, less than process 0's data preparation
     # can take, and reuses the connection afterwards.
@@ -152,6 +153,22 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
         "seconds_rl": round(now - started_rl, 1),
         "stopped": t.counters["rl_step"] < rl.steps,
     }
+
+
+def _connect(mesh) -> None:
+  """jax.distributed.initialize with mesh.coordinator_address, num_processes and process_id;
+  a ValueError naming those settings when the cluster cannot be detected or joined."""
+  settings = {field: mesh.get(field) for field in ("coordinator_address", "num_processes",
+                                                   "process_id")}
+  try:
+    jax.distributed.initialize(**settings)
+  except (ValueError, RuntimeError) as error:
+    given = ", ".join(f"mesh.{k} = {v!r}" for k, v in settings.items())
+    raise ValueError(
+        f"mesh.distributed = True could not join the processes ({error}); with {given}. "
+        "Outside a cluster jax detects (TPU pods, SLURM, ...), set "
+        "--config.mesh.coordinator_address=HOST:PORT (process 0's), "
+        "--config.mesh.num_processes and --config.mesh.process_id on every process.") from None
 
 
 @contextlib.contextmanager
@@ -286,15 +303,17 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
   data_counts["data/test/evaluated"] = len(eval_batch["examples"])
   print(f"Greedy eval on {len(eval_batch['examples'])} held-out problems.")
   source = _rollout_source(config, task, place, local)
+  # Built and checked before any work, so that an unknown estimator, loss or extra, or one
+  # needing what this run never provides, fails at once.
+  advantage = estimators.from_config(config.advantage.to_dict())
+  objective = losses.from_config(config.objective.to_dict())
+  provide_extras = extras.hook(advantage, temperature=config.rl.temperature, task=task)
+  _check_learner_inputs(config, task, advantage, objective, sampler=sampler_mesh is not None)
 
   modules, learner_settings = _learner_modules(config, task, mesh)
-  # Built before any work, so that an unknown estimator, loss or extra fails at once.
   graphdef, _ = nnx.split(modules)
-  advantage = estimators.from_config(config.advantage.to_dict())
-  learner_step = learner.make_step(graphdef, advantage=advantage,
-                                   objective=losses.from_config(config.objective.to_dict()),
+  learner_step = learner.make_step(graphdef, advantage=advantage, objective=objective,
                                    settings=learner_settings)
-  provide_extras = extras.hook(advantage, temperature=config.rl.temperature)
   reference_logprobs = nnx.jit(functools.partial(learner.reference_logprobs,
                                                  settings=learner_settings))
   counters = {"rl_step": 0, "step": 0, "gen_tokens": 0}
@@ -321,6 +340,28 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
         advantage_config=config.advantage.to_dict(), settings=learner_settings, task=task,
         mesh=mesh, temperature=config.rl.temperature, tensorboard=t.writer.tensorboard)
   return t
+
+
+def _check_learner_inputs(config, task: tasks.TrainTask, advantage, objective, *,
+                          sampler: bool) -> None:
+  """Refuses (`checks.check_learner_inputs`) an advantage, objective or exported comparison
+  that needs what this run never provides, before any work."""
+  rl, multi_turn = config.rl, task.environment is not None
+  shape = dict(rows=rl.prompts_per_step * rl.group_size,
+               columns=task.max_prompt_length + task.max_response_length,
+               group_size=rl.group_size,
+               fields=checks.run_fields(config, multi_turn=multi_turn, sampler=sampler),
+               multi_turn=multi_turn)
+  needs = lambda fn: [key for c in estimators.components(fn) for key in c.needs]
+  checks.check_learner_inputs(advantage, objective, extras=needs(advantage), **shape)
+  settings = config.get("export") or {}
+  for compare in (settings.get("compare") or ()) if settings.get("every", 0) else ():
+    try:
+      fn = estimators.from_config(compare)
+      extras.hook(fn, temperature=rl.temperature, task=task)
+      checks.check_learner_inputs(fn, None, extras=needs(fn), **shape)
+    except ValueError as error:
+      raise ValueError(f"export.compare entry {compare!r}: {error}") from None
 
 
 def _rollout_source(config, task: tasks.TrainTask, place, local) -> SingleTurn | MultiTurn:
@@ -398,6 +439,13 @@ def _policy(model_config, task: tasks.TrainTask, *, seed: int) -> Transformer:
     overrides["dtype"] = jnp.dtype(model_config.dtype)
   path = model_config.get("checkpoint")
   if path and not model_config.get("random_init", False):
+    reshaping = sorted(set(model_config.get("overrides") or {}) & SHAPE_FIELDS)
+    if reshaping:
+      raise ValueError(
+          f"model.overrides sets {', '.join(reshaping)}, which change the shape of the "
+          f"checkpoint's model (model.checkpoint = {path}), so its weights would not fit: set "
+          "--config.model.random_init=True (that shape, random weights) or "
+          "--config.model.overrides={} (the checkpoint as it is).")
     model = checkpoint.load_hf_checkpoint(path, **overrides)
   else:
     if path:
