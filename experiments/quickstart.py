@@ -16,6 +16,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.task.max_response_length = 6  # 4 answer digits + EOS, plus slack (key_token: fixed)
   config.task.truncated_reward = 0.0  # reward of a response cut off by max_response_length (no EOS)
   config.task.max_dropped_fraction = 0.1  # refuse to start if more of a split's prompts exceed max_prompt_length
+  # Stop (after saving a checkpoint) when the reward function raises on this fraction of a
+  # step's responses or more (1.0: a whole batch); every step with a failure is reported.
+  config.task.max_reward_failures = 1.0
   config.task.data_dir = ml_collections.config_dict.placeholder(str)  # default: WORKDIR/data
 
   config.mesh = ml_collections.ConfigDict()

@@ -86,6 +86,21 @@ def test_a_cut_off_metrics_line_and_corrupt_checkpoints_resume_from_the_newest_g
   assert sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) == [2, 3, 4, 5]  # keep=4
 
 
+def test_intact_checkpoints_of_other_settings_are_refused_and_never_moved(finished, tmp_path):
+  """A branched run: the checkpoints copied into a new workdir (no config.json) and resumed
+  with a critic. They are intact, so this is a settings error, not corruption."""
+  workdir = tmp_path / "branch"
+  shutil.copytree(finished / "checkpoints", workdir / "checkpoints")
+  before = sorted(p.name for p in (workdir / "checkpoints").iterdir())
+  result = _train(workdir, "--config.rl.steps=6", "--config.critic.preset=tiny")
+  assert result.returncode != 0
+  assert "Checkpoint 4 in" in result.stderr and "is intact but holds other state" in result.stderr
+  assert "not in the checkpoint: critic" in result.stderr and "Nothing was moved" in result.stderr
+  assert "Traceback" not in result.stderr, result.stderr[-2000:]
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == before
+  assert not (workdir / "checkpoints.corrupt").exists()
+
+
 @pytest.mark.parametrize("override,differing", [
     ("--config.rl.group_size=2", "rl.group_size: 4 -> 2"),
     ("--config.model.preset=small", "model.preset: 'tiny' -> 'small'"),

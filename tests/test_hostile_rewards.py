@@ -78,9 +78,10 @@ def test_batched_scores_a_raising_reward_function_zero_with_its_reason():
     return float(int(response) == int(answer)), "compared"
 
   with pytest.warns(RuntimeWarning, match="fragile: reward function raised ValueError"):
-    scores, reasons = rewards.batched(fragile, ["12", "oops", "7"], ["12", "3", "8"])
+    scores, reasons, failed = rewards.batched(fragile, ["12", "oops", "7"], ["12", "3", "8"])
   np.testing.assert_array_equal(scores, [1.0, 0.0, 0.0])
   assert reasons[1].startswith("reward function raised ValueError")
+  np.testing.assert_array_equal(failed, [False, True, False])
 
 
 @settings(max_examples=50)

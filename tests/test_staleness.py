@@ -117,3 +117,26 @@ def test_stale_sampling_follows_the_lag_and_resumes_exactly(tmp_path):
   assert len(resumed) == 3
   for key, value in records[2].items():
     np.testing.assert_allclose(resumed[2][key], value, rtol=1e-6, atol=1e-7, err_msg=key)
+
+
+@pytest.mark.parametrize("advantage,critic", [
+    ({"sum": [{"weight": 0.7, "name": "grpo"}, {"weight": 0.3, "name": "prime"}]}, None),
+    ({"name": "gae", "lam": 0.95}, "tiny"),
+])
+def test_estimators_that_keep_state_resume_exactly(tmp_path, advantage, critic):
+  """PRIME's implicit PRM and a critic are checkpointed with the policy: 2 updates, then a
+  resume to 4, log what 4 straight updates log."""
+  def config(steps):
+    run = _config(steps)
+    run.advantage, run.critic.preset = advantage, critic
+    return run
+
+  loop.run(config(4), str(tmp_path / "straight"))
+  loop.run(config(2), str(tmp_path / "split"))
+  loop.run(config(4), str(tmp_path / "split"))
+  straight, resumed = _train_records(tmp_path / "straight"), _train_records(tmp_path / "split")
+  assert len(resumed) == len(straight) == 4
+  for step in (2, 3):
+    for key, value in straight[step].items():
+      np.testing.assert_allclose(resumed[step][key], value, rtol=1e-5, atol=1e-7,
+                                 err_msg=f"update {step + 1}: {key}")

@@ -189,10 +189,11 @@ def test_gsm8k_missing_files(tmp_path):
 
 
 def test_batched_rewards_with_reasons():
-  scores, reasons = rewards.batched(arithmetic.reward, ["12", "13", ""], ["12", "12", "12"])
+  scores, reasons, failed = rewards.batched(arithmetic.reward, ["12", "13", ""], ["12", "12", "12"])
   np.testing.assert_array_equal(scores, [1.0, 0.0, 0.0])
   assert reasons == ["correct", "wrong answer '13' (want '12')", "no answer"]
-  scores, reasons = rewards.batched(countdown.reward, ["1+2", "1*2"], [[1, 2], [1, 2]], [3, 3])
+  assert not failed.any()
+  scores, reasons, failed = rewards.batched(countdown.reward, ["1+2", "1*2"], [[1, 2], [1, 2]], [3, 3])
   np.testing.assert_allclose(scores, [1.0, 0.1])
   with pytest.raises(ValueError, match=r"Got 2 responses but per-example fields of lengths \[1\]"):
     rewards.batched(arithmetic.reward, ["1", "2"], ["1"])

@@ -83,3 +83,16 @@ def test_hf_token_texts_are_byte_level_pieces_as_transformers_reads_them(tmp_pat
   assert not any("\ufffd" in t for t in texts)
   whole = [t for t in texts[:-1] if "\\x" not in t]
   assert whole == [reference.decode([i]) for i, t in zip(ids, texts[:-1]) if "\\x" not in t]
+
+
+def test_ids_beyond_the_vocabulary_are_shown_not_raised(tmp_path):
+  """A model's padded embedding rows can emit ids the tokenizer lacks: exports and the
+  viewer show them as <id N?> instead of stopping the run."""
+  from tests.hf_tokenizers import save_qwen_style
+
+  hf = HFTokenizer(save_qwen_style(tmp_path))
+  char = CharTokenizer("ab")
+  for tok in (hf, char):
+    beyond = tok.vocab_size + 2
+    assert tok.token_texts([beyond, -1]) == [f"<id {beyond}?>", "<id -1?>"]
+  assert char.token_texts([3, 9]) == ["a", "<id 9?>"]

@@ -106,10 +106,22 @@ def masked_is_loss(logp: Array, old_logp: Array, behaviour_logp: Array, advantag
     l_t = sg(w 1[low <= w <= high]) * max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high))
 
   with w the behaviour weight at `level` ("token": w_t; "sequence": the row's
-  geometric mean exp(mean_t log w_t), which drops or keeps whole responses). Checked
-  against verl's rollout correction (verl/trainer/ppo/rollout_corr_helper.py, the
-  token and "geometric" rejection masks). Metrics: is_masked_fraction,
+  geometric mean exp(mean_t log w_t), which drops or keeps whole responses). A dropped
+  token stays in the loss's denominator (it contributes 0). Metrics: is_masked_fraction,
   is_weight_mean (after masking), clipfrac, approx_kl and ratio statistics.
+
+  Relation to verl's rejection masks (verl 0.9, trainer/ppo/rollout_corr_helper.py,
+  `compute_rollout_rejection_mask`), which agree after two convention mappings (tested
+  against that function's own code):
+    bounds: verl bounds k1 = -log w, i.e. 1/w: its `token_k1` (level "token") and
+      `seq_mean_k1` (level "sequence") with threshold "a_b" keep the tokens kept here
+      with low = 1/b, high = 1/a.
+    aggregation: verl removes rejected tokens from the response mask, so its
+      token-mean divides by the kept tokens; here by every valid token: verl's loss is
+      this loss times (valid tokens / kept tokens).
+
+  References:
+    Ling Team, "Every Step Evolves" (IcePop), arXiv 2510.18855.
   """
   _checks.check_in_range(low, "low", low=0.0)
   _checks.check_in_range(high, "high", low=0.0, low_open=True)
@@ -228,8 +240,15 @@ def dppo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
     kl: D = q log(q / p) + (1 - q) log((1 - q + 1e-8) / (1 - p + 1e-8)),
         keep_t = D <= clip_high or p <= q  if A_t > 0,  D <= clip_low or p >= q  otherwise
 
-  Checked against verl (verl/trainer/ppo/core_algos.py, `dppo_tv`, `dppo_kl`).
   Metrics: clipfrac (masked tokens), ratio_capped_fraction, approx_kl, ratio statistics.
+
+  References:
+    "Rethinking the Trust Region in LLM Reinforcement Learning", arXiv 2602.04879; its
+    reference implementation is sail-sg/Stable-RL. verl 0.9 ships the same losses
+    (trainer/ppo/core_algos.py, `compute_policy_loss_dppo_tv` / `_kl`), where clip_ratio_low
+    and clip_ratio_high are the divergence thresholds (clip_low, clip_high here) and
+    clip_ratio_c (default 20.0) is ratio_cap. The cap trades truncation bias for variance:
+    set it from the recipe being reproduced (Stable-RL's scripts choose their own).
   """
   _checks.check_choice(divergence, ("tv", "kl"), "dppo divergence")
   _checks.check_in_range(clip_low, "clip_low", low=0.0)

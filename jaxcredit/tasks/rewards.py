@@ -2,8 +2,10 @@
 maps one over a batch for the training loop."""
 
 import re
+import threading
 import warnings
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -47,13 +49,31 @@ def format_reward(response: str, pattern: str | None = None) -> tuple[float, str
   return 0.0, "does not end with a non-empty <answer>...</answer> span"
 
 
-def batched(reward_fn: RewardFn, responses: Sequence[str], *per_example: Sequence, **kwargs
-            ) -> tuple[np.ndarray, list[str]]:
+class Scored(NamedTuple):
+  """Rewards of a batch of responses.
+
+  rewards: [B] float32. reasons: [B] why each got its reward. failed: [B] bool, where
+  the reward function raised (those responses are scored 0).
+  """
+
+  rewards: np.ndarray
+  reasons: list[str]
+  failed: np.ndarray
+
+
+def batched(reward_fn: RewardFn, responses: Sequence[str], *per_example: Sequence,
+            **kwargs) -> Scored:
   """Applies reward_fn(response, *fields, **kwargs) to each example.
 
-  Returns (rewards [B] float32, reasons [B]). A reward function must never
-  raise on model output; if one does, that response gets 0 with the error as
-  its reason (and a warning), so one response cannot kill the batch.
+  A reward function must never raise on model output; if one does, that response
+  gets 0 with the error as its reason and is marked `failed` (and a warning is
+  issued), so one response cannot kill the batch and no failure goes uncounted.
+
+  Returns:
+    `Scored(rewards, reasons, failed)`.
+
+  Raises:
+    ValueError: when a per-example field's length differs from the responses'.
   """
   if any(len(field) != len(responses) for field in per_example):
     raise ValueError(
@@ -63,14 +83,40 @@ def batched(reward_fn: RewardFn, responses: Sequence[str], *per_example: Sequenc
   results = [
       _guarded(reward_fn, r, *fields, **kwargs) for r, *fields in zip(responses, *per_example)
   ]
-  return np.asarray([r for r, _ in results], np.float32), [reason for _, reason in results]
+  return Scored(np.asarray([r for r, _, _ in results], np.float32),
+                [reason for _, reason, _ in results],
+                np.asarray([failed for _, _, failed in results], bool))
 
 
-def _guarded(reward_fn: RewardFn, response: str, *fields, **kwargs) -> tuple[float, str]:
+def _guarded(reward_fn: RewardFn, response: str, *fields, **kwargs) -> tuple[float, str, bool]:
   try:
-    return reward_fn(response, *fields, **kwargs)
+    return (*reward_fn(response, *fields, **kwargs), False)
   except Exception as error:  # noqa: BLE001 - model output must never stop training
     reason = f"reward function raised {type(error).__name__}: {error}"
     warnings.warn(f"{getattr(reward_fn, '__name__', reward_fn)}: {reason}; scored 0.",
                   RuntimeWarning, stacklevel=3)
-    return 0.0, reason
+    return 0.0, reason, True
+
+
+class FailureCount:
+  """Responses whose reward function raised, counted across threads until `take`."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._failed = self._scored = 0
+    self._reason = None
+
+  def add(self, scored: Scored) -> None:
+    with self._lock:
+      self._failed += int(scored.failed.sum())
+      self._scored += len(scored.failed)
+      if self._reason is None and scored.failed.any():
+        self._reason = scored.reasons[int(np.argmax(scored.failed))]
+
+  def take(self) -> tuple[int, int, str | None]:
+    """(failed, scored, the first failure's reason) since the last take; resets them."""
+    with self._lock:
+      counts = (self._failed, self._scored, self._reason)
+      self._failed = self._scored = 0
+      self._reason = None
+    return counts

@@ -42,8 +42,10 @@ class Tokenizer(abc.ABC):
     """The text of `ids`."""
 
   def token_texts(self, ids: Sequence[int]) -> list[str]:
-    """Each token of `ids` on its own as readable text, special tokens by name."""
-    return [self.decode([i], skip_special=False) for i in ids]
+    """Each token of `ids` on its own as readable text, special tokens by name; an id the
+    vocabulary lacks (a model's padded embedding rows) as `unknown_token_text(id)`."""
+    return [self.decode([i], skip_special=False) if 0 <= i < self.vocab_size
+            else unknown_token_text(i) for i in map(int, ids)]
 
   def encode_batch(
       self,
@@ -128,6 +130,11 @@ def _byte_of_unicode() -> dict[str, int]:
 _BYTE_OF_UNICODE = _byte_of_unicode()
 
 
+def unknown_token_text(token_id: int) -> str:
+  """How exports and the viewer show an id outside a tokenizer's vocabulary: `<id 430?>`."""
+  return f"<id {token_id}?>"
+
+
 class HFTokenizer(Tokenizer):
   """A Hugging Face tokenizer directory (or one `tokenizer.json`), as transformers reads it.
 
@@ -190,15 +197,16 @@ class HFTokenizer(Tokenizer):
   def token_texts(self, ids: Sequence[int]) -> list[str]:
     """Each token on its own. With a byte-level decoder (GPT-2, Qwen, Llama 3), a piece is its
     bytes decoded as UTF-8, the bytes of a character split across tokens as \\xNN escapes
-    (never U+FFFD); special tokens and other vocabularies as `decode` gives them."""
+    (never U+FFFD); special tokens and other vocabularies as `decode` gives them; an id the
+    vocabulary lacks as `unknown_token_text(id)`."""
     specials = {i for i, token in self._tokenizer.get_added_tokens_decoder().items()
                 if token.special}
     texts = []
     for i in map(int, ids):
-      piece = self._tokenizer.id_to_token(i)
+      piece = self._tokenizer.id_to_token(i) if i >= 0 else None
       if piece is None:
-        raise ValueError(f"Token id {i} is outside the vocabulary of size {self.vocab_size}.")
-      if self._byte_level and i not in specials:
+        texts.append(unknown_token_text(i))
+      elif self._byte_level and i not in specials:
         texts.append(bytes(map(_BYTE_OF_UNICODE.__getitem__, piece)).decode(
             "utf-8", "backslashreplace"))
       else:

@@ -14,7 +14,9 @@ Faults are reported, never silently absorbed: an unwritable directory fails
 before any work, a failed asynchronous save is raised at the next step with
 its root cause in one line, and a checkpoint that does not restore
 (truncated file, corrupt metadata) is moved aside to `<directory>.corrupt/`
-(never deleted) and the previous one is used.
+(never deleted) and the previous one is used. An intact checkpoint that holds
+other state than the run's settings build (a critic added, another model) is a
+settings error: refused, naming the differing entries, and nothing is moved.
 """
 
 import contextlib
@@ -78,7 +80,8 @@ class Checkpointer:
     # instead of leaving orbax's writer threads waiting minutes on a barrier.
     self.manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True,
-        async_options=ocp.options.AsyncOptions(create_directories_asynchronously=False)))
+        async_options=ocp.options.AsyncOptions(create_directories_asynchronously=False)),
+        item_handlers=ocp.StandardCheckpointHandler())  # so a step's metadata reads before restore
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -114,6 +117,12 @@ class Checkpointer:
     target = on_mesh(self._tree(modules, {"rl_step": 0, "step": 0, "gen_tokens": 0}), mesh)
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
+        saved = self.manager.item_metadata(step).tree
+      except Exception as error:
+        self._set_aside(step, root_cause(error))
+        continue
+      check_same_state(saved, target, step=step, directory=self.directory)
+      try:
         restored = self.manager.restore(step, args=ocp.args.StandardRestore(target))
         self._report_mesh_change(step, mesh)
       except Exception as error:
@@ -148,6 +157,35 @@ class Checkpointer:
     with _reported(f"a checkpoint save in {self.directory}"):
       self.manager.wait_until_finished()
     self.check()
+
+
+def _shapes(tree) -> dict[str, tuple]:
+  """{"a.b.0": shape} of a tree's leaves (arrays, orbax metadata, Python scalars: ())."""
+  part = lambda key: str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key))))
+  return {".".join(map(part, path)): tuple(getattr(leaf, "shape", ()))
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def check_same_state(saved, target, *, step: int, directory: pathlib.Path) -> None:
+  """Raises ValueError, moving nothing, when an intact checkpoint (`saved`: its orbax tree
+  metadata) holds other state than `target` (what this run's settings build): a settings
+  error, named by the entries missing, unexpected or of another shape."""
+  saved, target = _shapes(saved), _shapes(target)
+  listed = lambda names: ", ".join(names[:6]) + (f" (and {len(names) - 6} more)"
+                                                 if len(names) > 6 else "")
+  problems = [
+      f"{what}: {listed(names)}" for what, names in (
+          ("not in the checkpoint", sorted(set(target) - set(saved))),
+          ("in the checkpoint only", sorted(set(saved) - set(target))),
+          ("of other shapes", [f"{k} {saved[k]} -> {target[k]}"
+                               for k in sorted(set(saved) & set(target))
+                               if saved[k] != target[k]])) if names]
+  if problems:
+    raise ValueError(
+        f"Checkpoint {step} in {directory} is intact but holds other state than these settings "
+        f"build ({'; '.join(problems)}): resume it with the settings that wrote it (a critic, "
+        "model, optimizer or staleness setting differs), or start in a new workdir. Nothing was "
+        "moved.")
 
 
 def describe_mesh(shape) -> str:

@@ -19,7 +19,7 @@ RESUME_FIELDS = ("seed", "task", "model", "critic.preset", "rl.group_size", "rl.
                  "advantage", "objective")
 # What a config.json written before a field existed meant by its absence.
 RESUME_DEFAULTS = {"rl.max_staleness": 0, "rl.staleness_mode": "fixed", "rl.sync_every": 1,
-                   "mesh.sampler_shape": None}
+                   "mesh.sampler_shape": None, "task.max_reward_failures": 1.0}
 
 
 def check_resumable(saved: dict, config: dict) -> None:
@@ -84,6 +84,8 @@ def validate_config(config) -> None:
       _number_in(sft.noise, "sft.noise", 0.0, 1.0),
       _number_in(config.task.get("max_dropped_fraction", 0.1), "task.max_dropped_fraction",
                  0.0, 1.0),
+      _number_in(config.task.get("max_reward_failures", 1.0), "task.max_reward_failures",
+                 0.0, 1.0, low_open=True),
   ]
   task = config.task
   problems += [_positive_int(task[field], f"task.{field}")
@@ -155,13 +157,14 @@ def check_rewards(rewards: np.ndarray, *, task: str, rl_step: int) -> None:
 
 # The setting that gives the learner each Rollout field a run may lack.
 FIELD_SETTINGS = {
-    "values": "set critic.preset (a value model supplies V(s_t), e.g. --config.critic.preset=tiny)",
+    "values": "set critic.preset (a value model supplies V(s_t): --config.critic.preset=tiny)",
     "old_logprobs": "set --config.rl.recompute_old_logprobs=True (one more forward pass a step)",
     "staleness": "set rl.max_staleness > 0 or mesh.sampler_shape (stale or overlapped sampling)",
     "token_rewards": "set rl.kl_reward_coef > 0 (a per-token KL penalty)",
     "turn_ids": "use a multi-turn task (key_turns or calculator)",
 }
-# What a multi-turn rollout adds to rollout.extras (`rollouts.MultiTurn`): name -> (per token, dtype).
+# What a multi-turn rollout adds to rollout.extras (`rollouts.MultiTurn`): name -> (per token,
+# dtype).
 EPISODE_EXTRAS = {"turn_rewards": (True, jnp.float32), "turn_anchors": (True, jnp.int32),
                   "turns": (False, jnp.int32), "cut_turns": (False, jnp.int32),
                   "env_seeds": (False, jnp.uint32)}

@@ -113,23 +113,43 @@ def hook(advantage: estimators.compose.AdvantageFn, *, temperature: float = 1.0,
   return chain(*made.values())
 
 
-def chain(*hooks: Hook | None) -> Hook | None:
-  """One hook running `hooks` in order (None entries skipped; None if none is
-  left), each seeing the extras of those before it; their extras and metrics merged."""
-  hooks = [hook for hook in hooks if hook is not None]
-  if not hooks:
-    return None
+class Chain:
+  """Hooks run in order, each seeing the extras of those before it; their extras and
+  metrics merged.
 
-  def run_all(context: Context, rollout: Rollout) -> tuple[dict, dict]:
+  A hook that keeps learner state (PRIME's implicit PRM) has `start(policy)`, which
+  the loop calls with the policy RL starts from, and `modules()`, the nnx modules and
+  optimizers a checkpoint holds; `Chain` forwards both.
+  """
+
+  def __init__(self, hooks: list[Hook]):
+    self.hooks = hooks
+
+  def __call__(self, context: Context, rollout: Rollout) -> tuple[dict, dict]:
     extras, metrics = {}, {}
-    for hook in hooks:
+    for hook in self.hooks:
       so_far = rollout.replace(extras={**rollout.extras, **extras})
       more_extras, more_metrics = hook(context, so_far)
       extras.update(more_extras)
       metrics.update(more_metrics)
     return extras, metrics
 
-  return run_all
+  def start(self, policy) -> None:
+    """Starts every stateful hook's state from `policy`."""
+    for hook in self.hooks:
+      if hasattr(hook, "start"):
+        hook.start(policy)
+
+  def modules(self) -> dict:
+    """{name: nnx module or optimizer} of every stateful hook (for checkpoints)."""
+    return {name: module for hook in self.hooks if hasattr(hook, "modules")
+            for name, module in hook.modules().items()}
+
+
+def chain(*hooks: Hook | None) -> Chain | None:
+  """A `Chain` of `hooks` (None entries skipped; None if none is left)."""
+  hooks = [hook for hook in hooks if hook is not None]
+  return Chain(hooks) if hooks else None
 
 
 @register(*estimators.registered.MC_VALUES)
@@ -149,11 +169,22 @@ def _monte_carlo_values(settings: Mapping, *, temperature: float) -> Provide:
   return provide
 
 
+class _ImplicitPRMProvider:
+  """PRIME's implicit PRM as a stateful provider (its `start` and `modules`: see `Chain`)."""
+
+  def __init__(self, prm: implicit_prm.ImplicitPRM):
+    self.prm = prm
+    self.start, self.modules = prm.start, prm.modules
+
+  def __call__(self, context: Context, rollout: Rollout) -> tuple[dict, dict]:
+    return self.prm(context.task, context.model, rollout)
+
+
 @register("prm_logprobs")
 def _implicit_prm(settings: Mapping, *, temperature: float) -> Provide:
   """PRIME's implicit PRM (implicit_prm.ImplicitPRM), trained on each batch after scoring it."""
-  prm = implicit_prm.ImplicitPRM(beta=float(settings["beta"]), temperature=temperature)
-  return lambda context, rollout: prm(context.task, context.model, rollout)
+  return _ImplicitPRMProvider(
+      implicit_prm.ImplicitPRM(beta=float(settings["beta"]), temperature=temperature))
 
 
 def _ktae_scores(context: Context, rollout: Rollout) -> tuple[dict, dict]:

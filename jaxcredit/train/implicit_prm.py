@@ -15,19 +15,31 @@ from jaxcredit.train import steps
 
 
 class ImplicitPRM:
-  """The PRM's parameters and optimizer live in this object (not checkpointed:
-  a resumed run restarts phi from the current policy)."""
+  """The PRM's parameters and optimizer live in this object.
+
+  `start(policy)` makes phi a copy of the policy with a fresh optimizer (the first call
+  does it with the policy it is given, unless `start` came first); `modules()` are what
+  a checkpoint saves and restores, so a resumed run continues the same phi.
+  """
 
   def __init__(self, *, beta: float = 0.05, learning_rate: float = 1e-4, temperature: float = 1.0):
     self.beta, self.learning_rate, self.temperature = beta, learning_rate, temperature
     self.prm = self.optimizer = None
 
+  def start(self, policy) -> None:
+    """phi <- a copy of `policy`, with a fresh Adam state."""
+    self.prm = nnx.clone(policy)
+    self.optimizer = nnx.Optimizer(self.prm, optax.adam(self.learning_rate), wrt=nnx.Param)
+
+  def modules(self) -> dict:
+    """{"prm", "prm_optimizer"} once started (empty before)."""
+    return {} if self.prm is None else {"prm": self.prm, "prm_optimizer": self.optimizer}
+
   def __call__(self, task, model, rollout) -> tuple[dict, dict]:
     """({"prm_logprobs": [B, L]}, {"prm_loss": BCE}) on a rollout with ref_logprobs; one PRM
     update."""
     if self.prm is None:
-      self.prm = nnx.clone(model)
-      self.optimizer = nnx.Optimizer(self.prm, optax.adam(self.learning_rate), wrt=nnx.Param)
+      self.start(model)
     loss, logprobs = _prm_step(self.prm, self.optimizer, rollout, task.actions, self.beta,
                                self.temperature)
     return {"prm_logprobs": logprobs}, {"prm_loss": float(loss)}

@@ -96,6 +96,7 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
       t.checkpointer.check()
       step_started = time.perf_counter()
       batch, rollout = sampled or t.sample(rl_step, key)
+      reward_failures = _reward_failures(t, rl_step)
       if t.sampler is not None and t.sampler.due(rl_step):
         t.sampler.push(t.modules["model"])
       rollout, record = _add_extras(t, rollout, batch, rl_step, add_extras)
@@ -118,6 +119,7 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
       # truncated: cut off by the budget (the task's rule scored it); gen_tokens:
       # cumulative, hooks' rollouts included.
       record.update({"train/truncated": jnp.mean(rollout.truncated),
+                     "train/reward_failures": reward_failures,
                      "train/tokens_per_sec": generated / (time.perf_counter() - step_started),
                      "train/gen_tokens": t.counters["gen_tokens"]})
       if (rl_step + 1) % rl.eval_every == 0 or rl_step + 1 == rl.steps:
@@ -210,7 +212,7 @@ class _Trainer:
   source: SingleTurn | MultiTurn  # prompts -> scored Rollout
   modules: dict  # model, optimizer, reference[, critic, critic_optimizer]
   learner_step: Callable
-  provide_extras: extras.Hook | None  # what the estimators need (None: nothing)
+  provide_extras: extras.Chain | None  # what the estimators need (None: nothing)
   reference_logprobs: Callable  # (reference, rollout) -> [B, L] log-probs
   stale: staleness.StaleParameters  # the parameters stale rollouts are sampled with
   sampler: overlap.Sampler | None  # the sampler's own devices (mesh.sampler_shape)
@@ -239,10 +241,12 @@ class _Trainer:
     return batch, rollout
 
   def checkpointed(self) -> dict:
-    """The modules a checkpoint holds: the learner's, the stale snapshots and the sampler's
-    parameters (those the next batch is sampled with)."""
+    """The modules a checkpoint holds: the learner's, the stale snapshots, the sampler's
+    parameters (those the next batch is sampled with) and the extras providers' state
+    (PRIME's implicit PRM)."""
     sampler = {} if self.sampler is None else {"sampler": self.sampler.model}
-    return {**self.modules, **self.stale.snapshots, **sampler}
+    providers = {} if self.provide_extras is None else self.provide_extras.modules()
+    return {**self.modules, **self.stale.snapshots, **sampler, **providers}
 
   def evaluate(self) -> float:
     """Greedy accuracy (fraction of held-out prompts with reward 1)."""
@@ -252,6 +256,10 @@ class _Trainer:
     for chunk, rows in tasks.batch_chunks(self.eval_batch, self.config.rl.get("eval_batch_size")):
       rollout = greedy(self.modules["model"], chunk, jax.random.key(0))
       rewards.append(np.asarray(rollout.rewards)[:rows])
+    failed, scored, reason = self.task.reward_failures.take()  # kept apart from training's
+    if failed:
+      tqdm.tqdm.write(f"Greedy eval: the reward function raised on {failed} of {scored} "
+                      f"responses, scored 0 (first: {reason}).")
     return float(np.mean(np.concatenate(rewards) >= 1.0))
 
   def train_loader(self, batch_size: int) -> loader.Loader:
@@ -325,6 +333,8 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
                data_counts, lengths["train"][:, 0], eval_batch, source, modules, learner_step,
                provide_extras, reference_logprobs, stale, sampler, None)
   t.rl_data = t.train_loader(config.rl.prompts_per_step)
+  if provide_extras is not None:  # their state exists before a restore fills it
+    provide_extras.start(modules["model"])
   if resumed:
     t.counters = checkpointer.restore(t.checkpointed(), mesh)
     if sampler is not None:  # restored onto the learner's mesh: back to the sampler's devices
@@ -496,6 +506,8 @@ def _warm_start(t: _Trainer, stops: list) -> tuple[float, bool]:
         return accuracy, True
   nnx.update(t.modules["reference"], nnx.state(model))  # the reference is the post-SFT policy
   t.stale.reset(model)  # and so are the parameters stale rollouts start from
+  if t.provide_extras is not None:  # and the providers' state (PRIME's PRM starts as it)
+    t.provide_extras.start(model)
   if t.sampler is not None:
     t.sampler.push(model)
   return accuracy, False
@@ -543,6 +555,28 @@ def _export_hf(t: _Trainer) -> None:
                                               tokenizer=_tokenizer_directory(t.config),
                                               stop_tokens=t.task.stop_tokens)
     print(f"Exported the policy to {directory} (transformers format).")
+
+
+def _reward_failures(t: _Trainer, rl_step: int) -> int:
+  """How many responses scored since the last call (this batch's, and any continuations
+  scored for the previous update's extras) got 0 because the reward function raised; each
+  such batch is reported. When they are task.max_reward_failures of those scored or more,
+  the run saves a checkpoint of the updates so far and stops (ValueError)."""
+  failed, scored, reason = t.task.reward_failures.take()
+  if not failed:
+    return 0
+  tqdm.tqdm.write(f"RL step {rl_step + 1}: the reward function raised on {failed} of {scored} "
+                  f"responses, scored 0 (first: {reason}).")
+  limit = t.config.task.get("max_reward_failures", 1.0)
+  if failed < limit * scored:
+    return failed
+  if rl_step > (t.checkpointer.latest_step() or 0):
+    t.checkpointer.save(rl_step, t.checkpointed(), dict(t.counters), t.mesh)
+  t.checkpointer.wait()
+  raise ValueError(
+      f"At RL step {rl_step + 1} the reward function raised on {failed} of {scored} responses, "
+      f"at least task.max_reward_failures = {limit} of them (first: {reason}). Fix the reward "
+      f"function and rerun to resume from RL step {t.checkpointer.latest_step() or 0}.")
 
 
 def _check_finite(update_metrics: dict, rl_step: int, t: _Trainer) -> None:

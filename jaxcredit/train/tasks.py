@@ -19,6 +19,7 @@ ids, its responses ending at a sampled or forced EOS.
 import dataclasses
 import hashlib
 import pathlib
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,7 +33,7 @@ from jaxcredit.rollouts import MultiTurn
 from jaxcredit.sampling import Actions
 from jaxcredit.tasks import (CharTokenizer, HFTokenizer, Tokenizer, arithmetic, builders,
                              calculator, countdown, gsm8k, key_token, key_turns, loader,
-                             target_sum)
+                             rewards, target_sum)
 
 Scorer = Callable[[np.ndarray, np.ndarray, Sequence[dict]], np.ndarray]
 
@@ -71,6 +72,8 @@ class TrainTask:
   max_turns: int = 0
   max_turn_tokens: int = 0
   turn_end_tokens: tuple[int, ...] = ()
+  # Responses whose reward function raised (scored 0), counted for the loop to report.
+  reward_failures: rewards.FailureCount = dataclasses.field(default_factory=rewards.FailureCount)
   # Multi-turn tasks: [n] completion ids of a demonstration -> [n] bool, its policy tokens
   # (not the environment's observations); SFT trains on those only.
   demonstration_actions: Callable[[np.ndarray], np.ndarray] | None = None
@@ -102,27 +105,33 @@ class TrainTask:
     return np.where(self.truncated(tokens, mask), np.float32(self.truncated_reward), scores)
 
 
-def _text_scorer(tokenizer: Tokenizer,
-                 reward_fn: Callable[[str, dict], tuple[float, str]]) -> Scorer:
+def _text_scorer(tokenizer: Tokenizer, reward_fn: Callable[[str, dict], tuple[float, str]],
+                 failures: rewards.FailureCount) -> Scorer:
+  """Decoded responses scored by `reward_fn` (`rewards.batched`); responses on which it
+  raises score 0 and are counted in `failures`."""
   def score(tokens, mask, examples):
     responses = [tokenizer.decode(row[m]) for row, m in zip(tokens, mask)]
-    return np.asarray([reward_fn(r, e)[0] for r, e in zip(responses, examples)], np.float32)
+    with warnings.catch_warnings():  # counted instead, and reported by the loop every time
+      warnings.simplefilter("ignore", RuntimeWarning)
+      scored = rewards.batched(reward_fn, responses, examples)
+    failures.add(scored)
+    return scored.rewards
 
   return score
 
 
-def _arithmetic(options: dict) -> tuple[Any, CharTokenizer, Scorer]:
+def _arithmetic(options: dict) -> tuple[Any, CharTokenizer, Callable]:
   tokenizer = CharTokenizer(arithmetic.ALPHABET)
   reward = lambda response, example: arithmetic.reward(response, loader.as_text(example["answer"]))
-  return arithmetic.ArithmeticConfig(**options), tokenizer, _text_scorer(tokenizer, reward)
+  return arithmetic.ArithmeticConfig(**options), tokenizer, reward
 
 
-def _countdown(options: dict) -> tuple[Any, CharTokenizer, Scorer]:
+def _countdown(options: dict) -> tuple[Any, CharTokenizer, Callable]:
   task_config = countdown.CountdownConfig(**options)
   tokenizer = CharTokenizer(countdown.ALPHABET)
   reward = lambda response, example: countdown.reward(
       response, example["numbers"], int(example["target"]), format_score=task_config.format_score)
-  return task_config, tokenizer, _text_scorer(tokenizer, reward)
+  return task_config, tokenizer, reward
 
 
 TEXT_TASKS = {"arithmetic": _arithmetic, "countdown": _countdown}
@@ -156,7 +165,7 @@ def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> T
     task_config = calculator.CalculatorConfig(**options)
     prompt_length, response_length = config.max_prompt_length, task_config.episode_length
   else:
-    task_config, tokenizer, score = TEXT_TASKS[name](options)
+    task_config, tokenizer, reward = TEXT_TASKS[name](options)
     prompt_length, response_length = config.max_prompt_length, config.max_response_length
   # Named by the task's settings: runs with other options never share a data_dir's files.
   settings = hashlib.sha256(repr(task_config).encode()).hexdigest()[:12]
@@ -195,9 +204,11 @@ def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> T
                      actions=Actions(allowed=target_sum.allowed_in_rows(task_config)),
                      token_texts=target_sum.token_names, **common)
   if name != "key_token":
+    failures = rewards.FailureCount()
     return TrainTask(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
                      stop_tokens=(tokenizer.eos_id,), encode=loader.text_encoder(tokenizer),
-                     score=score, token_texts=tokenizer.token_texts, **common)
+                     score=_text_scorer(tokenizer, reward, failures),
+                     token_texts=tokenizer.token_texts, reward_failures=failures, **common)
 
   def score_keys(tokens, mask, examples):
     del mask  # every response has exactly T actions
@@ -269,11 +280,13 @@ def gsm8k_task(config, *, data_dir: str, tokenizer_dir: str | None) -> TrainTask
   if not stops:
     raise ValueError(f"The tokenizer in {tokenizer_dir} has no eos_token and no "
                      "generation_config.json EOS id: responses could never end.")
+  failures = rewards.FailureCount()
   return TrainTask(name="gsm8k", vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
                    stop_tokens=tuple(sorted(stops)), max_prompt_length=config.max_prompt_length,
                    max_response_length=config.max_response_length,
                    sources=builder.as_data_source(), encode=encode,
-                   score=_text_scorer(tokenizer, reward), pretrained_vocab=True,
+                   score=_text_scorer(tokenizer, reward, failures), reward_failures=failures,
+                   pretrained_vocab=True,
                    token_texts=tokenizer.token_texts,
                    truncated_reward=float(config.get("truncated_reward", 0.0)))
 
