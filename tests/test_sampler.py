@@ -58,7 +58,9 @@ def test_cache_and_recompute_agree_under_greedy(model):
   np.testing.assert_array_equal(cached.tokens, recomputed.tokens)
   np.testing.assert_array_equal(cached.mask, recomputed.mask)
   np.testing.assert_array_equal(cached.truncated, recomputed.truncated)
-  np.testing.assert_allclose(cached.logprobs, recomputed.logprobs, atol=1e-4)
+  # float32, cached vs full attention summation order: up to 1.4e-4 apart on some CPUs
+  # (one token of 76 here), with identical greedy tokens.
+  np.testing.assert_allclose(cached.logprobs, recomputed.logprobs, atol=2e-4)
 
 
 def test_contexts_grown_chunk_by_chunk_sample_what_generate_samples_after_the_whole(model):
