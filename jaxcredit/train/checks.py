@@ -221,3 +221,21 @@ def check_learner_inputs(advantage: Callable, objective: Callable | None, *, row
     fixes = "; ".join(f"rollout.{field}: {FIELD_SETTINGS.get(field, 'no setting provides it')}"
                       for field in error.fields)
     raise ValueError(f"{error} This run never provides it: {fixes}.") from None
+
+
+def check_mesh_for_actions(mesh_shape: dict, task_name: str, typed_actions: bool) -> None:
+  """Raises ValueError naming the axes for a mesh XLA cannot partition the learner on when
+  the task restricts the tokens allowed per position (`Actions.allowed`): its SPMD
+  partitioner aborts the process (a C++ check, no Python error) on that table's gather in
+  the sequence-parallel head when the sequence and model axes and the data or fsdp axis
+  are all over 1."""
+  sizes = {axis: mesh_shape.get(axis, 1) for axis in ("data", "fsdp", "sequence", "model")}
+  if not (typed_actions and sizes["sequence"] > 1 and sizes["model"] > 1
+          and sizes["data"] * sizes["fsdp"] > 1):
+    return
+  shape = tuple(sizes.values())
+  raise ValueError(
+      f"Task {task_name!r} restricts the tokens allowed per position, and XLA cannot partition "
+      f"that head over mesh.shape (data, fsdp, sequence, model) = {shape}, where the sequence "
+      "and model axes and the data or fsdp axis are all over 1; use sequence = 1, model = 1, or "
+      "data = fsdp = 1 (e.g. (1, 1, 4, 2) or (2, 2, 2, 1) on 8 devices).")

@@ -105,6 +105,18 @@ class TrainTask:
     return np.where(self.truncated(tokens, mask), np.float32(self.truncated_reward), scores)
 
 
+def task_options(config_class, options: dict):
+  """config_class(**options); ValueError naming task.options and the fields it takes when an
+  option is unknown."""
+  known = {field.name for field in dataclasses.fields(config_class)}
+  unknown = sorted(set(options) - known)
+  if unknown:
+    raise ValueError(f"task.options has {', '.join(map(repr, unknown))}, which "
+                     f"{config_class.__name__} does not take; it takes: "
+                     f"{', '.join(sorted(known))}.")
+  return config_class(**options)
+
+
 def _text_scorer(tokenizer: Tokenizer, reward_fn: Callable[[str, dict], tuple[float, str]],
                  failures: rewards.FailureCount) -> Scorer:
   """Decoded responses scored by `reward_fn` (`rewards.batched`); responses on which it
@@ -123,11 +135,11 @@ def _text_scorer(tokenizer: Tokenizer, reward_fn: Callable[[str, dict], tuple[fl
 def _arithmetic(options: dict) -> tuple[Any, CharTokenizer, Callable]:
   tokenizer = CharTokenizer(arithmetic.ALPHABET)
   reward = lambda response, example: arithmetic.reward(response, loader.as_text(example["answer"]))
-  return arithmetic.ArithmeticConfig(**options), tokenizer, reward
+  return task_options(arithmetic.ArithmeticConfig, options), tokenizer, reward
 
 
 def _countdown(options: dict) -> tuple[Any, CharTokenizer, Callable]:
-  task_config = countdown.CountdownConfig(**options)
+  task_config = task_options(countdown.CountdownConfig, options)
   tokenizer = CharTokenizer(countdown.ALPHABET)
   reward = lambda response, example: countdown.reward(
       response, example["numbers"], int(example["target"]), format_score=task_config.format_score)
@@ -153,16 +165,16 @@ def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> T
   if name == "gsm8k":
     return gsm8k_task(config, data_dir=data_dir, tokenizer_dir=tokenizer)
   if name == "key_token":
-    task_config = key_token.KeyTokenConfig(**options)
+    task_config = task_options(key_token.KeyTokenConfig, options)
     prompt_length, response_length = task_config.prompt_length, task_config.length
   elif name == "key_turns":
-    task_config = key_turns.KeyTurnsConfig(**options)
+    task_config = task_options(key_turns.KeyTurnsConfig, options)
     prompt_length, response_length = 2, task_config.episode_length
   elif name == "target_sum":
-    task_config = target_sum.TargetSumConfig(**options)
+    task_config = task_options(target_sum.TargetSumConfig, options)
     prompt_length, response_length = task_config.prompt_length, task_config.length
   elif name == "calculator":
-    task_config = calculator.CalculatorConfig(**options)
+    task_config = task_options(calculator.CalculatorConfig, options)
     prompt_length, response_length = config.max_prompt_length, task_config.episode_length
   else:
     task_config, tokenizer, reward = TEXT_TASKS[name](options)

@@ -1,13 +1,14 @@
 """Settings no run can use are refused from the CLI in one line, naming the setting, before
 any work: no metrics.jsonl is written (the first greedy eval would write one)."""
 
+import os
 import subprocess
 import sys
 
 import pytest
 
 from tests.cli import train
-from tests.conftest import ROOT
+from tests.conftest import ROOT, xla_flags
 
 ARITHMETIC = ["--config.task.train_size=64", "--config.task.test_size=8", "--config.rl.steps=2"]
 
@@ -31,6 +32,8 @@ ARITHMETIC = ["--config.task.train_size=64", "--config.task.test_size=8", "--con
      "--config.rl.max_staleness=2.5: config.rl.max_staleness takes an int (default 0)"),
     (["--config.mesh.distributed=True"],
      "set --config.mesh.coordinator_address=HOST:PORT"),
+    (["--config.task.options={'digits': 3}"],
+     "task.options has 'digits', which ArithmeticConfig does not take; it takes: max_digits"),
 ])
 def test_unusable_settings_are_refused_in_one_line_before_any_work(tmp_path, overrides, message):
   result = train(tmp_path, *ARITHMETIC, *overrides, tiny=False)
@@ -61,3 +64,18 @@ def test_help_lists_every_config_field_with_its_default_and_meaning():
   assert ("--config.task.instruction=" in result.stdout
           and "the reward reads the number right after the last '####'" in result.stdout)
   assert "--config.advantage.name='grpo'" in result.stdout
+
+
+@pytest.mark.parametrize("task,mesh", [("key_token", "(2,1,2,2)"), ("target_sum", "(1,2,2,2)")])
+def test_a_mesh_xla_cannot_partition_typed_actions_on_is_refused_naming_the_axes(tmp_path, task,
+                                                                                 mesh):
+  """These meshes abort the process inside XLA's SPMD partitioner at the first learner step."""
+  env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8")}
+  options = [] if task == "key_token" else ["--config.task.name=target_sum",
+                                            "--config.task.options={}"]
+  result = train(tmp_path, *options, f"--config.mesh.shape={mesh}", "--config.rl.steps=2", env=env)
+  assert result.returncode == 1, result.stderr[-2000:]
+  assert (f"Task {task!r} restricts the tokens allowed per position, and XLA cannot partition "
+          f"that head over mesh.shape (data, fsdp, sequence, model) = {mesh.replace(',', ', ')}"
+          in result.stderr)
+  assert "Traceback" not in result.stderr and not (tmp_path / "metrics.jsonl").exists()
