@@ -69,3 +69,16 @@ def test_two_processes_checkpoint_resume_and_match_one_process(tmp_path, cli_env
     for key in ("train/reward_mean", "train/loss", "train/grad_norm", "train/kl", "train/entropy"):
       assert abs(a[key] - b[key]) < 1e-4, (key, a["step"], a[key], b[key])
   assert (tmp_path / "multi" / "checkpoints" / "4").exists()
+
+
+def test_settings_one_process_cannot_serve_stop_every_process_with_one_line(tmp_path, cli_env):
+  """The per-token export is single-process: both processes refuse it at start, saying the
+  same, instead of one refusing while the other crashes or waits in a collective."""
+  results = _two_processes(tmp_path / "export", cli_env, "--config.rl.steps=2",
+                           "--config.export.every=1")
+  for code, _, stderr in results:
+    assert code == 1, _diagnosis(stderr)
+    assert ("Stopped: export.every = 1 needs a single-process run (the per-token export is "
+            "computed and written by one process), and this run has 2 processes") in stderr
+    assert "Traceback" not in stderr, _diagnosis(stderr)
+  assert not (tmp_path / "export" / "metrics.jsonl").exists()
