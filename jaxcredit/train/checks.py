@@ -183,9 +183,8 @@ def run_fields(config, *, multi_turn: bool, sampler: bool) -> set[str]:
 
 
 def check_learner_inputs(advantage: Callable, objective: Callable | None, *, rows: int,
-                         columns: int,
-                         group_size: int, fields: Collection[str], extras: Sequence[str] = (),
-                         multi_turn: bool = False) -> None:
+                         columns: int, group_size: int, fields: Collection[str],
+                         extras: Sequence[str] = (), multi_turn: bool = False) -> None:
   """Refuses, before any work, an advantage or objective (None: the advantage alone) that
   needs a Rollout field the run never provides.
 
