@@ -106,8 +106,10 @@ def _rows_logits(hidden_rows, weights, allowed_rows, head: _Head):
   [c, V] and transposes logits rather than hidden rows for [1, c, ...] matmuls."""
   spec = "nd,vd->nv" if head.vocab_major else "nd,dv->nv"
   logits = _einsum(spec, hidden_rows, weights) / head.temperature
-  return (logits if allowed_rows is None
-          else jnp.where(allowed_rows.reshape(logits.shape), logits, -jnp.inf))
+  if allowed_rows is None:
+    return logits
+  allowed_rows = allowed_rows if allowed_rows.ndim == 1 else allowed_rows.reshape(logits.shape)
+  return jnp.where(allowed_rows, logits, -jnp.inf)
 
 
 def _entropy(logits, lse):
@@ -163,9 +165,10 @@ def _take_rows(x, rows):
 
 
 def _allowed_rows(allowed, rows, shape, blocks: int):
-  """allowed [1 or B, T, V'] at block positions rows [R, c] -> [R, c, V'] (None stays None)."""
-  if allowed is None:
-    return None
+  """allowed [1 or B, T, V'] at block positions rows [R, c] -> [R, c, V'] (None and one [V']
+  set for every position stay as they are)."""
+  if allowed is None or allowed.ndim == 1:
+    return allowed
   row = (jnp.arange(blocks)[:, None] * (shape[0] // blocks) + rows // shape[1]
          if allowed.shape[0] > 1 else jnp.zeros_like(rows))
   return allowed[row, rows % shape[1]]
@@ -240,7 +243,7 @@ def _chunked_head_bwd(head: _Head, residuals, cotangents):
     columns = start + jnp.arange(size)
     weights = jax.lax.dynamic_slice_in_dim(unembed, start, size, vocab_axis)
     allowed_columns = (None if allowed is None
-                       else jax.lax.dynamic_slice_in_dim(allowed, start, size, 2))
+                       else jax.lax.dynamic_slice_in_dim(allowed, start, size, allowed.ndim - 1))
 
     def token_step(i, inner):
       d_hidden, d_weights = inner
@@ -299,8 +302,9 @@ def chunked_token_logprobs_and_entropy(
 
   hidden: [B, T, D]; unembed: [D, V], or [V, D] with vocab_major=True (a tied
   embedding table used in place, no transposed copy); tokens: [B, T];
-  allowed: None, [T, V] or [B, T, V] bool (tokens outside it get logit -inf,
-  so pi is the renormalised restricted softmax, as `sampling.mask_logits`).
+  allowed: None, [V] (the same set at every position), [T, V] or [B, T, V] bool
+  (tokens outside it get logit -inf, so pi is the renormalised restricted softmax,
+  as `sampling.mask_logits`).
   where: None (score every position) or [B, T] bool, the positions whose
   results are needed (an RL loss's action tokens): the others return 0 with no
   gradient and cost no logits, so a batch of short responses padded to a long
@@ -361,10 +365,10 @@ def _chunked(hidden, unembed, tokens, chunk_size, temperature, allowed, vocab_ma
         f"hidden{list(hidden.shape)}, unembed{list(unembed.shape)}, "
         f"tokens{list(tokens.shape)}."
     )
-  shapes = ((tokens.shape[1], vocab), (*tokens.shape, vocab))
-  if allowed is not None and allowed.shape not in shapes:
-    raise ValueError(f"allowed must be [T, V] or [B, T, V] = {[*tokens.shape, vocab]}, got "
-                     f"{list(allowed.shape)}.")
+  shapes = ((vocab,), (tokens.shape[1], vocab), (*tokens.shape, vocab))
+  if allowed is not None and jnp.shape(allowed) not in shapes:
+    raise ValueError(f"allowed must be [V], [T, V] or [B, T, V] = {[*tokens.shape, vocab]}, got "
+                     f"{list(jnp.shape(allowed))}.")
   if not isinstance(chunk_size, int) or chunk_size < 1:
     raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
   _check_token_ids(tokens, vocab)
@@ -373,7 +377,7 @@ def _chunked(hidden, unembed, tokens, chunk_size, temperature, allowed, vocab_ma
   if where is not None and jnp.shape(where) != tokens.shape:
     raise ValueError(f"where must be None or [B, T] = {list(tokens.shape)} like tokens, got "
                      f"{list(jnp.shape(where))}.")
-  if allowed is not None:  # [1 or B, T, V]
+  if allowed is not None:  # [V] (every position) or [1 or B, T, V]
     allowed = jnp.asarray(allowed, bool)
     allowed = allowed[None] if allowed.ndim == 2 else allowed
   where = None if where is None else jnp.asarray(where, bool)

@@ -188,3 +188,25 @@ def test_training_starts_from_the_checkpoint(files, tmp_path):
   tokens = torch.as_tensor(np.random.default_rng(0).integers(0, 1024, (2, 64)))
   with torch.no_grad():
     np.testing.assert_array_equal(exported(tokens).logits.numpy(), original(tokens).logits.numpy())
+
+
+def test_a_padded_vocabulary_is_never_sampled_and_the_learner_agrees(files, tmp_path):
+  """The smoke model has 1,024 embedding rows for the tokenizer's 428 ids: the sampler is
+  restricted to the tokenizer's ids (a random policy would draw 58% of its tokens beyond
+  them) and the learner's log-probs are normalised over the same set."""
+  import pandas as pd
+
+  tokenizer_dir, data = files
+  config = _smoke_config(tokenizer_dir, data)
+  config.model.random_init, config.model.dtype = True, "float32"
+  config.rl.recompute_old_logprobs, config.export.every = True, 1
+  loop.run(config, str(tmp_path / "run"))
+  vocab = HFTokenizer(tokenizer_dir).vocab_size
+  assert vocab < config.model.overrides["vocab_size"]
+  tokens = pd.read_parquet(tmp_path / "run" / "tokens")
+  actions = tokens[tokens["is_action"]]
+  assert len(actions) and actions["token_id"].max() < vocab
+  assert not tokens["token"].str.startswith("<id ").any()
+  records = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  gaps = [r["train/mismatch/abs_logp_diff"] for r in records if "train/mismatch/abs_logp_diff" in r]
+  assert gaps and max(gaps) < 1e-4, gaps

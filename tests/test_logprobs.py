@@ -17,14 +17,15 @@ def _logits(shape, seed=0, scale=3.0):
 
 
 def _head_case(rng, b, t, d, v, allowed_rank):
-  """Random hidden [B, T, D], unembed [D, V], allowed (None, [T, V] or [B, T, V]; `full`
+  """Random hidden [B, T, D], unembed [D, V], allowed (None, [V], [T, V] or [B, T, V]; `full`
   is it as [B, T, V]), tokens drawn from the allowed ones, and two [B, T] weights."""
   hidden = rng.normal(size=(b, t, d)).astype(np.float32)
   unembed = rng.normal(size=(d, v)).astype(np.float32)
-  allowed = {0: None, 2: rng.random((t, v)) < 0.5, 3: rng.random((b, t, v)) < 0.5}[allowed_rank]
+  allowed = {0: None, 1: rng.random(v) < 0.5, 2: rng.random((t, v)) < 0.5,
+             3: rng.random((b, t, v)) < 0.5}[allowed_rank]
   full = np.ones((b, t, v), bool) if allowed is None else np.broadcast_to(allowed, (b, t, v)).copy()
   full[..., 0] = True  # every position allows at least one token
-  allowed = None if allowed is None else (full if allowed_rank == 3 else full[0])
+  allowed = None if allowed is None else {1: full[0, 0], 2: full[0], 3: full}[allowed_rank]
   tokens = np.stack([[rng.choice(np.flatnonzero(full[i, j])) for j in range(t)] for i in range(b)])
   return hidden, unembed, allowed, full, tokens, rng.normal(size=(2, b, t)).astype(np.float32)
 
@@ -157,7 +158,8 @@ class ChunkedLogprobsTest(parameterized.TestCase):
   @parameterized.parameters(  # every pair of settings at least once
       (0, False, 1, 1.0), (0, True, 3, 0.6), (0, False, 16, 0.6), (2, True, 1, 0.6),
       (2, False, 3, 1.0), (2, True, 16, 1.0), (3, False, 1, 0.6), (3, True, 3, 1.0),
-      (3, True, 16, 0.6), (0, True, 1, 1.0), (2, False, 1, 0.6), (3, False, 3, 0.6))
+      (3, True, 16, 0.6), (0, True, 1, 1.0), (2, False, 1, 0.6), (3, False, 3, 0.6),
+      (1, False, 3, 0.6), (1, True, 16, 1.0))
   def test_logprobs_and_entropy_with_actions_match_dense(self, allowed_rank, vocab_major, chunk_size,
                                                          temperature):
     rng = np.random.default_rng(2)

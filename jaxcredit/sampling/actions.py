@@ -30,9 +30,10 @@ def observed_inputs(tokens: Array, hidden: Array | None, hidden_token: int) -> A
 class Actions(NamedTuple):
   """Per-column action constraints of [B, L] rows (a pytree).
 
-  allowed:      [L, V] or per row [B, L, V] bool, or None (every token): the
-                policy at column t is the softmax renormalised over
-                allowed[t] (the other logits are -inf).
+  allowed:      [L, V] or per row [B, L, V] bool, [V] (the same set at every
+                column, e.g. a tokenizer's ids within a padded embedding), or
+                None (every token): the policy at column t is the softmax
+                renormalised over allowed[t] (the other logits are -inf).
   hidden:       [L] or per row [B, L] bool, or None: columns whose token is
                 the action taken (recorded, scored, credited) but is fed to
                 the model as `hidden_token` (filler-blind tasks).
@@ -48,7 +49,8 @@ class Actions(NamedTuple):
   def columns(self, start: int, stop: int | None = None) -> "Actions":
     """The constraints of columns start..stop-1 (per-row tables keep their rows)."""
     cut = slice(start, stop)
-    return self._replace(allowed=None if self.allowed is None else self.allowed[..., cut, :],
+    per_column = self.allowed is not None and self.allowed.ndim > 1
+    return self._replace(allowed=self.allowed[..., cut, :] if per_column else self.allowed,
                          hidden=None if self.hidden is None else self.hidden[..., cut])
 
   def observe(self, tokens: Array) -> Array:

@@ -344,6 +344,9 @@ def _response_tables(actions: Actions, batch: int, prompt_len: int, steps: int, 
   width = prompt_len + steps
   allowed = (jnp.ones((width, vocab), bool) if actions.allowed is None
              else jnp.asarray(actions.allowed, bool))
+  if allowed.ndim == 1:  # one set for every column
+    _checks.check_shape(allowed, (vocab,), "actions.allowed")
+    allowed = jnp.broadcast_to(allowed, (width, vocab))
   hidden = jnp.zeros(width, bool) if actions.hidden is None else jnp.asarray(actions.hidden, bool)
   per_row = allowed.ndim == 3
   _checks.check_shape(allowed, (batch, width, vocab) if per_row else (width, vocab),

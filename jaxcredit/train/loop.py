@@ -303,7 +303,8 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
       seed=config.seed, tokenizer=_tokenizer_directory(config)))
   if jax.process_index() == 0:  # after every process has checked the previous one
     checkpoint.write_atomically(workdir / "config.json", lambda tmp: tmp.write_text(config_json))
-  checks.check_mesh_for_actions(dict(mesh.shape), task.name, task.actions.allowed is not None)
+  checks.check_mesh_for_actions(dict(mesh.shape), task.name, task.actions.allowed is not None
+                                and task.actions.allowed.ndim > 1)
   lengths = {split: tasks.split_lengths(task, split) for split in task.sources}  # read once
   data_counts = tasks.check_data(task, lengths=lengths,
                                  max_dropped_fraction=config.task.get("max_dropped_fraction", 0.1))
@@ -312,7 +313,6 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
                                       limit=config.task.get("eval_size"))
   data_counts["data/test/evaluated"] = len(eval_batch["examples"])
   print(f"Greedy eval on {len(eval_batch['examples'])} held-out problems.")
-  source = _rollout_source(config, task, place, local)
   # Built and checked before any work, so that an unknown estimator, loss or extra, or one
   # needing what this run never provides, fails at once.
   advantage = estimators.from_config(config.advantage.to_dict())
@@ -320,7 +320,10 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
   provide_extras = extras.hook(advantage, temperature=config.rl.temperature, task=task)
   _check_learner_inputs(config, task, advantage, objective, sampler=sampler_mesh is not None)
 
-  modules, learner_settings = _learner_modules(config, task, mesh)
+  model = _policy(config.model, task, seed=config.seed)
+  task = tasks.within_tokenizer(task, model.config.vocab_size)
+  source = _rollout_source(config, task, place, local)
+  modules, learner_settings = _learner_modules(config, task, mesh, model)
   graphdef, _ = nnx.split(modules)
   learner_step = learner.make_step(graphdef, advantage=advantage, objective=objective,
                                    settings=learner_settings)
@@ -398,10 +401,10 @@ def _process_0_first(make: Callable):
   return result if first else make()
 
 
-def _learner_modules(config, task: tasks.TrainTask, mesh) -> tuple[dict, learner.Settings]:
+def _learner_modules(config, task: tasks.TrainTask, mesh,
+                     model: Transformer) -> tuple[dict, learner.Settings]:
   """The policy, its optimizer, the frozen reference (and a critic with its
   optimizer), placed on `mesh`; and the learner's settings."""
-  model = _policy(config.model, task, seed=config.seed)
   sharding.shard_model(model, mesh)  # parameters placed by their logical axes
   rl = config.rl
   adam = lambda lr: optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(lr))

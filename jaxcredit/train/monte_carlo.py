@@ -116,9 +116,10 @@ class Continuations:
     self.tokens, self.mask, self.token_valid = tokens, mask, token_valid
     self.key, self.max_rows = key, max_rows
     n, response = task.max_response_length, task.actions.columns(task.max_prompt_length)
-    self.step_allowed = np.ones((2 * n, task.vocab_size), bool)  # response step -> allowed actions
-    if response.allowed is not None:
-      self.step_allowed[:n] = response.allowed
+    # response step -> allowed actions, over the model's (maybe padded) vocabulary
+    self.step_allowed = np.ones((2 * n, model.config.vocab_size), bool)
+    if response.allowed is not None:  # one [V] set holds at every step
+      self.step_allowed[:n if response.allowed.ndim > 1 else None] = response.allowed
     self.step_hidden = np.zeros(2 * n, bool)
     if response.hidden is not None:
       self.step_hidden[:n] = response.hidden

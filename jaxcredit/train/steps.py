@@ -45,7 +45,8 @@ def shifted_logprobs(model, hidden, tokens, temperature: float = 1.0, actions: A
   allowed = actions.allowed
   next_tokens = jnp.pad(tokens[:, 1:], [(0, 0), (0, 1)])
   where = None if scored is None else jnp.pad(jnp.asarray(scored, bool)[:, 1:], [(0, 0), (0, 1)])
-  if allowed is not None:  # [L, V] or [B, L, V]: the row of the token scored at t
+  per_column = allowed is not None and jnp.ndim(allowed) > 1  # else one [V] set for all
+  if per_column:  # [L, V] or [B, L, V]: the row of the token scored at t
     end = [(0, 0)] * (allowed.ndim - 2) + [(0, 1), (0, 0)]
     allowed = jnp.pad(allowed[..., 1:, :], end, constant_values=True)
   head = functools.partial(
@@ -54,7 +55,7 @@ def shifted_logprobs(model, hidden, tokens, temperature: float = 1.0, actions: A
       row_blocks=sharding.batch_shards(batch))
   scores = context_parallel.over_sequence(
       lambda h, n, a, w, u: head(h, u, n, allowed=a, where=w),
-      in_axes=(1, 1, None if allowed is None else allowed.ndim - 2, None if where is None else 1,
+      in_axes=(1, 1, allowed.ndim - 2 if per_column else None, None if where is None else 1,
                None))
   out = scores(hidden, next_tokens, allowed, where, unembed)
   shift = lambda x: jnp.pad(x[:, :-1], [(0, 0), (1, 0)])

@@ -233,6 +233,16 @@ def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> T
                    token_texts=key_token.token_names, **common)
 
 
+def within_tokenizer(task: TrainTask, model_vocab_size: int) -> TrainTask:
+  """`task`, its actions restricted to its tokenizer's ids when the model's embedding has
+  more rows (a padded vocabulary, e.g. Qwen2.5's 151,936 rows for 151,665 tokens): the
+  policy never samples, and its log-probs never count, an id the tokenizer lacks."""
+  if model_vocab_size <= task.vocab_size or task.actions.allowed is not None:
+    return task
+  ids = np.arange(model_vocab_size) < task.vocab_size
+  return dataclasses.replace(task, actions=task.actions._replace(allowed=ids))
+
+
 def key_token_actions(config: key_token.KeyTokenConfig) -> Actions:
   """key_token's typed actions over whole rows: keys at the decisive positions, filler
   elsewhere (`key_token.allowed`), filler hidden from later inputs when filler_blind; the
@@ -314,7 +324,8 @@ def noisy_demonstrations(tokens: np.ndarray, loss_mask: np.ndarray, rng: np.rand
     if not columns:
       continue
     column = rng.choice(columns)
-    choices = np.flatnonzero(allowed[column]) if allowed is not None else np.arange(task.vocab_size)
+    choices = (np.arange(task.vocab_size) if allowed is None
+               else np.flatnonzero(allowed if allowed.ndim == 1 else allowed[column]))
     choices = [
         c for c in choices
         if c != tokens[row, column] and c not in task.stop_tokens and c != task.pad_id
