@@ -206,7 +206,7 @@ class ChunkedLogprobsTest(parameterized.TestCase):
     self.assertLessEqual(max(sizes), max(b * chunk * v, t * v))  # t * v: the allowed table itself
 
   def test_bad_input_raises(self):
-    with pytest.raises(ValueError, match=r"allowed must be \[T, V\] or \[B, T, V\]"):
+    with pytest.raises(ValueError, match=r"allowed must be \[V\], \[T, V\] or \[B, T, V\] = \[1, 2, 5\], got \[3, 5\]"):
       logprobs.chunked_token_logprobs_and_entropy(jnp.zeros((1, 2, 8)), jnp.zeros((8, 5)), jnp.zeros((1, 2), int),
                                                   chunk_size=1, allowed=jnp.ones((3, 5), bool))
     with pytest.raises(ValueError, match=r"unembed\[V,D\]"):
