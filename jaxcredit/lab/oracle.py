@@ -181,10 +181,18 @@ def exact_success(model, config: key_token.KeyTokenConfig, prompts: np.ndarray,
   return np.asarray(tree[0][:, 0], np.float64)
 
 
-def _check_exact(config: key_token.KeyTokenConfig) -> None:
+def not_exact(config: key_token.KeyTokenConfig) -> str | None:
+  """Why key_token under `config` has no exact oracle (E-DEC), or None when it has one."""
   if not (config.filler_blind and config.constrained):
-    raise ValueError("The exact oracle (E-DEC) needs filler_blind and constrained key_token "
-                     "(decisive positions emit keys only); use mc_credit.")
+    return ("the exact oracle (E-DEC) needs filler_blind and constrained key_token "
+            "(decisive positions emit keys only)")
+  return None
+
+
+def _check_exact(config: key_token.KeyTokenConfig) -> None:
+  reason = not_exact(config)
+  if reason:
+    raise ValueError(f"{reason[0].upper()}{reason[1:]}; use mc_credit.")
 
 
 _jitted_values = nnx.jit(decisive_values, static_argnames="config")

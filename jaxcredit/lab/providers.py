@@ -52,10 +52,9 @@ def no_exact_oracle(task: tasks.TrainTask) -> str | None:
   if task.name != "key_token":
     return (f"an exact oracle exists for key_token, target_sum and key_turns only, not "
             f"{task.name!r}; use vineppo (Monte Carlo).")
-  if not (task.config.filler_blind and task.config.constrained):
-    return ("the exact oracle of key_token (E-DEC) needs task.options filler_blind=True and "
-            "constrained=True; use vineppo (Monte Carlo).")
-  return None
+  reason = oracle.not_exact(task.config)
+  return (f"{reason}: set task.options filler_blind=True and constrained=True, or use vineppo "
+          "(Monte Carlo).") if reason else None
 
 
 def _exact_oracle(context: extras.Context, rollout) -> tuple[dict, dict]:

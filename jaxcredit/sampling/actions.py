@@ -46,11 +46,15 @@ class Actions(NamedTuple):
   hidden: Array | None = None
   hidden_token: int = 0
 
+  @property
+  def per_column(self) -> bool:
+    """Whether `allowed` is a table of columns ([L, V] or [B, L, V]), not one [V] set or None."""
+    return self.allowed is not None and self.allowed.ndim > 1
+
   def columns(self, start: int, stop: int | None = None) -> "Actions":
     """The constraints of columns start..stop-1 (per-row tables keep their rows)."""
     cut = slice(start, stop)
-    per_column = self.allowed is not None and self.allowed.ndim > 1
-    return self._replace(allowed=self.allowed[..., cut, :] if per_column else self.allowed,
+    return self._replace(allowed=self.allowed[..., cut, :] if self.per_column else self.allowed,
                          hidden=None if self.hidden is None else self.hidden[..., cut])
 
   def observe(self, tokens: Array) -> Array:

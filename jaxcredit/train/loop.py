@@ -303,8 +303,7 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
       seed=config.seed, tokenizer=_tokenizer_directory(config)))
   if jax.process_index() == 0:  # after every process has checked the previous one
     checkpoint.write_atomically(workdir / "config.json", lambda tmp: tmp.write_text(config_json))
-  checks.check_mesh_for_actions(dict(mesh.shape), task.name, task.actions.allowed is not None
-                                and task.actions.allowed.ndim > 1)
+  checks.check_mesh_for_actions(dict(mesh.shape), task.name, task.actions.per_column)
   lengths = {split: tasks.split_lengths(task, split) for split in task.sources}  # read once
   data_counts = tasks.check_data(task, lengths=lengths,
                                  max_dropped_fraction=config.task.get("max_dropped_fraction", 0.1))

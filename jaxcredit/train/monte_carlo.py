@@ -119,7 +119,7 @@ class Continuations:
     # response step -> allowed actions, over the model's (maybe padded) vocabulary
     self.step_allowed = np.ones((2 * n, model.config.vocab_size), bool)
     if response.allowed is not None:  # one [V] set holds at every step
-      self.step_allowed[:n if response.allowed.ndim > 1 else None] = response.allowed
+      self.step_allowed[:n if response.per_column else None] = response.allowed
     self.step_hidden = np.zeros(2 * n, bool)
     if response.hidden is not None:
       self.step_hidden[:n] = response.hidden

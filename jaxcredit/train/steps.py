@@ -45,7 +45,7 @@ def shifted_logprobs(model, hidden, tokens, temperature: float = 1.0, actions: A
   allowed = actions.allowed
   next_tokens = jnp.pad(tokens[:, 1:], [(0, 0), (0, 1)])
   where = None if scored is None else jnp.pad(jnp.asarray(scored, bool)[:, 1:], [(0, 0), (0, 1)])
-  per_column = allowed is not None and jnp.ndim(allowed) > 1  # else one [V] set for all
+  per_column = actions.per_column  # else None or one [V] set for every column
   if per_column:  # [L, V] or [B, L, V]: the row of the token scored at t
     end = [(0, 0)] * (allowed.ndim - 2) + [(0, 1), (0, 0)]
     allowed = jnp.pad(allowed[..., 1:, :], end, constant_values=True)
