@@ -238,15 +238,3 @@ def check_mesh_for_actions(mesh_shape: dict, task_name: str, typed_actions: bool
       f"that head over mesh.shape (data, fsdp, sequence, model) = {shape}, where the sequence "
       "and model axes and the data or fsdp axis are all over 1; use sequence = 1, model = 1, or "
       "data = fsdp = 1 (e.g. (1, 1, 4, 2) or (2, 2, 2, 1) on 8 devices).")
-
-
-def check_processes(config, process_count: int) -> None:
-  """Raises the same ValueError on every process of a multi-process run for settings only a
-  single process can serve (the per-token export), before any work, so that all of them
-  stop with one line rather than one refusing while the others wait or crash."""
-  export = config.get("export") or {}
-  if process_count > 1 and export.get("every", 0):
-    raise ValueError(
-        f"export.every = {export.every} needs a single-process run (the per-token export is "
-        f"computed and written by one process), and this run has {process_count} processes; "
-        "set --config.export.every=0 on every process.")

@@ -5,7 +5,10 @@ learner's state before and after the update; a background thread computes the cr
 first `export.groups` groups (whole; every group when the batch has fewer) and writes
 WORKDIR/tokens/step_<step>.parquet atomically (read the directory with one
 `pandas.read_parquet(WORKDIR / "tokens")`). The training thread only queues the work: it
-waits for an export only when the previous one is still running.
+waits for an export only when the previous one is still running. In a multi-process run
+every process computes the credit on the training thread, at the same point of its program
+(collectives issued from a thread could interleave with the training step's differently on
+each process), and process 0 gathers the rows and writes them in the background.
 
 Schema (`SCHEMA_VERSION`; one row per real token, prompt tokens included, padding excluded):
 
@@ -42,6 +45,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from jaxcredit import estimators
 from jaxcredit.models import checkpoint
@@ -69,9 +73,6 @@ class Exporter:
   def __init__(self, workdir: pathlib.Path, *, every: int, groups: int, compare: Sequence,
                graphdef, advantage, advantage_config, settings: learner.Settings, task,
                mesh: jax.sharding.Mesh, temperature: float, tensorboard=None):
-    if jax.process_count() > 1:
-      raise ValueError("export.every > 0 needs a single-process run (the export is computed "
-                       "and written by one process); set export.every = 0.")
     self.directory = workdir / DIRECTORY
     self.every, self.groups, self.task, self.mesh = every, groups, task, mesh
     self.tensorboard = tensorboard
@@ -101,8 +102,18 @@ class Exporter:
     Returns the seconds the caller waited (for the previous export, if still running)."""
     started = time.perf_counter()
     self.wait()
-    self._pending = self._pool.submit(self._export, step, rl_step, rollout, examples, before,
-                                      after, key)
+    if jax.process_count() == 1:
+      self._pending = self._pool.submit(self._export, step, rl_step, rollout, examples, before,
+                                        after, key)
+      return time.perf_counter() - started
+    try:
+      arrays = multihost_utils.process_allgather(
+          self.arrays(rl_step, rollout, examples, before, after, key), tiled=True)
+    except Exception as error:  # noqa: BLE001 - as in wait(): reported, skipped
+      self._report(error)
+      return time.perf_counter() - started
+    if jax.process_index() == 0:
+      self._pending = self._pool.submit(self._write, step, rl_step, arrays)
     return time.perf_counter() - started
 
   def wait(self) -> None:
@@ -113,38 +124,50 @@ class Exporter:
       try:
         pending.result()
       except Exception as error:  # noqa: BLE001 - diagnostics must not cost training work
-        self.failures += 1
-        print(f"Warning: the per-token export failed ({type(error).__name__}: {error}); "
-              "training continues without it.", file=sys.stderr, flush=True)
+        self._report(error)
+
+  def _report(self, error: Exception) -> None:
+    self.failures += 1
+    print(f"Warning: the per-token export failed ({type(error).__name__}: {error}); "
+          "training continues without it.", file=sys.stderr, flush=True)
 
   def close(self) -> None:
     self.wait()
     self._pool.shutdown()
 
   def _export(self, step, rl_step, rollout, examples, before, after, key) -> None:
-    with jax.set_mesh(self.mesh):
-      columns = self.columns(step, rl_step, rollout, examples, before, after, key)
+    arrays = self.arrays(rl_step, rollout, examples, before, after, key)
+    self._write(step, rl_step, jax.device_get(arrays))
+
+  def _write(self, step: int, rl_step: int, arrays: tuple) -> None:
+    """Writes the Parquet file (and the TensorBoard text) of `arrays` (host `arrays()`)."""
+    sample, logprobs, credit = arrays
+    rows = min(self.groups * sample.group_size, sample.tokens.shape[0])
+    sample, logprobs, credit = jax.tree.map(lambda x: x[:rows], (sample, logprobs, credit))
+    columns = _token_columns(step, rl_step, sample, logprobs, credit, self.task.token_texts)
     write_parquet(self.directory / file_name(step), columns, self.metadata)
     if self.tensorboard is not None:
       self.tensorboard.add_text("tokens/credit", text_summary(columns), step)
       self.tensorboard.flush()
 
-  def columns(self, step, rl_step, rollout, examples, before, after, key) -> dict:
-    """The export's columns as numpy arrays (module docstring)."""
+  def arrays(self, rl_step, rollout, examples, before, after, key) -> tuple:
+    """(rollout, log-probs after the update, {column: advantages}) of the exported rows: the
+    first `groups` groups, or, in a multi-process run, every row (the learner's batch, which
+    every mesh divides; `_write` keeps the first groups)."""
     missing = any(needed not in rollout.extras for fn in self.compare.values()
                   for component in estimators.components(fn) for needed in component.needs)
-    if self.compare_extras is not None and missing:
-      model = nnx.merge(self._graphdef, before)["model"]
-      context = extras.Context(self.task, model, examples, key, rl_step)
-      computed, _ = self.compare_extras(context, rollout)
-      rollout = rollout.replace(extras={**computed, **rollout.extras})
-    credit = self._credit(before, rollout)
-    rows = min(self.groups * rollout.group_size, rollout.tokens.shape[0])
-    sample = jax.tree.map(lambda x: x[:rows], rollout)
-    logprobs = self._logprobs(nnx.merge(self._graphdef, after)["model"], sample)
-    return _token_columns(step, rl_step, jax.device_get(sample), np.asarray(logprobs),
-                          {name: np.asarray(a[:rows]) for name, a in credit.items()},
-                          self.task.token_texts)
+    with jax.set_mesh(self.mesh):
+      if self.compare_extras is not None and missing:
+        model = nnx.merge(self._graphdef, before)["model"]
+        context = extras.Context(self.task, model, examples, key, rl_step)
+        computed, _ = self.compare_extras(context, rollout)
+        rollout = rollout.replace(extras={**computed, **rollout.extras})
+      credit = self._credit(before, rollout)
+      rows = rollout.tokens.shape[0]
+      if jax.process_count() == 1:
+        rows = min(self.groups * rollout.group_size, rows)
+      sample, credit = jax.tree.map(lambda x: x[:rows], (rollout, credit))
+      return sample, self._logprobs(nnx.merge(self._graphdef, after)["model"], sample), credit
 
 
 def _label(compare) -> str:

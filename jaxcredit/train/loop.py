@@ -76,7 +76,6 @@ def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dic
     # allows 30 s for a first rendezvous, less than process 0's data preparation
     # can take, and reuses the connection afterwards.
     multihost_utils.sync_global_devices("jaxcredit: connected")
-  checks.check_processes(config, jax.process_count())
   with (_stop_signals() as stops, workdir_lock.WorkdirLock(workdir, jax.process_index()),
         contextlib.ExitStack() as scope):
     started, rl = time.perf_counter(), config.rl

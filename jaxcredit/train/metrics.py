@@ -37,6 +37,7 @@ class MetricsWriter:
   def __init__(self, workdir: pathlib.Path, *, resume_step: int | None = None,
                primary: bool = True):
     self.primary = primary
+    self.tensorboard = None
     if not primary:
       return
     self.path = workdir / "metrics.jsonl"
