@@ -120,3 +120,13 @@ def test_readme_multi_host_command_runs_on_two_processes(tmp_path, cli_env):
   tokens = _tokens(tmp_path / "pod")
   assert sorted(set(tokens["rl_step"])) == [1, 2]
   assert len(_train_lines(tmp_path / "pod")) == 2
+
+
+def test_a_refusal_on_process_0_stops_every_process_with_its_line(tmp_path, cli_env):
+  """Process 0 alone builds the task; when it refuses the task's settings, the others stop
+  with the same line instead of waiting for data that never comes."""
+  results = _two_processes(tmp_path / "refused", cli_env, "--config.task.options={'digits': 3}")
+  for code, _, stderr in results:
+    assert code == 1, _diagnosis(stderr)
+    assert ("Stopped: task.options has 'digits', which ArithmeticConfig does not take") in stderr
+    assert "Traceback" not in stderr, _diagnosis(stderr)

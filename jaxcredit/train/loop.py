@@ -390,13 +390,33 @@ def _rollout_source(config, task: tasks.TrainTask, place, local) -> SingleTurn |
 
 def _process_0_first(make: Callable):
   """make() on process 0, then, after every process has reached this point, on
-  the others (which then find what process 0 wrote)."""
-  first = jax.process_index() == 0
-  result = make() if first else None
+  the others (which then find what process 0 wrote). When process 0's make() raises
+  ValueError, every process stops with its message (no process waits for the others)."""
+  if jax.process_count() == 1:
+    return make()
+  first, refusal = jax.process_index() == 0, None
+  try:
+    result = make() if first else None
+  except ValueError as error:
+    refusal = error
   # The coordination service's barrier, not a device collective: its timeout is ours.
   ocp.multihost.get_barrier_sync_fn()(key="jaxcredit: process 0 done",
                                       timeout_ms=PREPARATION_TIMEOUT_S * 1000)
+  message = _from_process_0(str(refusal) if refusal else "")
+  if refusal:
+    raise refusal
+  if message:
+    raise ValueError(message)
   return result if first else make()
+
+
+def _from_process_0(text: str, size: int = 4096) -> str:
+  """Process 0's `text` (at most `size` UTF-8 bytes) on every process."""
+  data = np.zeros(size, np.uint8)
+  encoded = text.encode()[:size]
+  data[:len(encoded)] = np.frombuffer(encoded, np.uint8)
+  data = multihost_utils.broadcast_one_to_all(data)
+  return bytes(np.asarray(data)).rstrip(b"\0").decode(errors="replace")
 
 
 def _learner_modules(config, task: tasks.TrainTask, mesh,
