@@ -79,3 +79,17 @@ def test_a_mesh_xla_cannot_partition_typed_actions_on_is_refused_naming_the_axes
           f"that head over mesh.shape (data, fsdp, sequence, model) = {mesh.replace(',', ', ')}"
           in result.stderr)
   assert "Traceback" not in result.stderr and not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["key_token", "target_sum"])
+def test_typed_actions_train_on_the_mesh_the_refusal_names(tmp_path, task):
+  """(2, 2, 2, 1), the refusal's suggestion: data, fsdp and sequence axes over 1 with typed
+  actions; two RL steps and their checkpoints finish (no deadlock, no abort)."""
+  env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8")}
+  options = [] if task == "key_token" else ["--config.task.name=target_sum",
+                                            "--config.task.options={}"]
+  result = train(tmp_path, *options, "--config.mesh.shape=(2,2,2,1)", "--config.rl.steps=2",
+                 env=env)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert (tmp_path / "checkpoints" / "2").exists()
