@@ -41,27 +41,56 @@ def _timed(fn):
   return out, time.perf_counter() - start
 
 
-def measure(task, preset_name: str, *, prompts: int, group: int, repeats: int, use_cache: bool) -> dict:
+def measure(
+  task, preset_name: str, *, prompts: int, group: int, repeats: int, use_cache: bool
+) -> dict:
   """Median seconds per phase and generated tokens per step."""
   model = Transformer(preset(preset_name, vocab_size=task.vocab_size), rngs=nnx.Rngs(0))
-  modules = {"model": model, "optimizer": nnx.Optimizer(model, optax.adam(1e-4), wrt=nnx.Param),
-             "reference": nnx.clone(model)}
+  modules = {
+    "model": model,
+    "optimizer": nnx.Optimizer(model, optax.adam(1e-4), wrt=nnx.Param),
+    "reference": nnx.clone(model),
+  }
   graphdef, _ = nnx.split(modules)
-  learner_step = learner.make_step(graphdef, advantage=estimators.from_config("grpo"),
-                                   objective=losses.from_config({"policy": {"name": "ppo_clip"}}),
-                                   settings=learner.Settings())
-  data = loader.Loader(task.sources["train"], encode=task.encode, batch_size=prompts,
-                       max_prompt_length=task.max_prompt_length, pad_id=task.pad_id)
+  learner_step = learner.make_step(
+    graphdef,
+    advantage=estimators.from_config("grpo"),
+    objective=losses.from_config({"policy": {"name": "ppo_clip"}}),
+    settings=learner.Settings(),
+  )
+  data = loader.Loader(
+    task.sources["train"],
+    encode=task.encode,
+    batch_size=prompts,
+    max_prompt_length=task.max_prompt_length,
+    pad_id=task.pad_id,
+  )
   phases = {"sampling": [], "scoring": [], "update": []}
   generated = []
   for step in range(repeats + 1):  # step 0 compiles
     batch = data.rl_batch(step, group_size=group)
-    sample, t_sample = _timed(lambda: generate(
-        model, batch["prompts"], batch["prompt_valid"], jax.random.key(step), max_new_tokens=task.max_response_length,
-        stop_tokens=task.stop_tokens, pad_id=task.pad_id, use_cache=use_cache))
+    sample, t_sample = _timed(
+      lambda: generate(
+        model,
+        batch["prompts"],
+        batch["prompt_valid"],
+        jax.random.key(step),
+        max_new_tokens=task.max_response_length,
+        stop_tokens=task.stop_tokens,
+        pad_id=task.pad_id,
+        use_cache=use_cache,
+      )
+    )
     scores, t_score = _timed(lambda: task.score_rows(sample.tokens, sample.mask, batch["examples"]))
-    rollout = Rollout(tokens=sample.tokens, mask=sample.mask, rewards=scores, behaviour_logprobs=sample.logprobs,
-                      group_size=group, positions=sample.positions, token_valid=sample.token_valid)
+    rollout = Rollout(
+      tokens=sample.tokens,
+      mask=sample.mask,
+      rewards=scores,
+      behaviour_logprobs=sample.logprobs,
+      group_size=group,
+      positions=sample.positions,
+      token_valid=sample.token_valid,
+    )
 
     (state, _), t_update = _timed(lambda: learner_step(nnx.state(modules), rollout, None, step))
     nnx.update(modules, state)
@@ -69,7 +98,10 @@ def measure(task, preset_name: str, *, prompts: int, group: int, repeats: int, u
       for name, seconds in zip(phases, (t_sample, t_score, t_update)):
         phases[name].append(seconds)
       generated.append(int(np.asarray(sample.mask).sum()))
-  return {**{k: float(np.median(v)) for k, v in phases.items()}, "tokens": float(np.mean(generated))}
+  return {
+    **{k: float(np.median(v)) for k, v in phases.items()},
+    "tokens": float(np.mean(generated)),
+  }
 
 
 def main():
@@ -79,20 +111,50 @@ def main():
   parser.add_argument("--repeats", type=int, default=5)
   args = parser.parse_args()
   print(f"# RL step benchmark\n\nmachine: {machine()}\n")
-  print(f"arithmetic (quickstart task), {args.prompts} prompts x {args.group} responses, up to 6 new tokens, "
-        f"GRPO + PPO-clip, float32; median of {args.repeats} steps after one compile step\n")
+  print(
+    f"arithmetic (quickstart task), {args.prompts} prompts x {args.group} responses, "
+    "up to 6 new tokens, "
+    f"GRPO + PPO-clip, float32; median of {args.repeats} steps after one compile step\n"
+  )
   rows = []
   with tempfile.TemporaryDirectory() as directory:
     task = _task(directory)
     for name in ("tiny", "small"):
       for use_cache in (True, False):
-        r = measure(task, name, prompts=args.prompts, group=args.group, repeats=args.repeats, use_cache=use_cache)
+        r = measure(
+          task,
+          name,
+          prompts=args.prompts,
+          group=args.group,
+          repeats=args.repeats,
+          use_cache=use_cache,
+        )
         total = r["sampling"] + r["scoring"] + r["update"]
-        rows.append([name, "jaxcredit (KV cache)" if use_cache else "baseline: no-cache sampler",
-                     f"{1e3 * r['sampling']:.1f}", f"{1e3 * r['scoring']:.1f}", f"{1e3 * r['update']:.1f}",
-                     f"{1e3 * total:.1f}", f"{r['tokens'] / total:,.0f}"])
-  print(table(["model", "step", "sampling (ms)", "scoring (ms)", "update (ms)", "total (ms)",
-               "generated tok/s"], rows))
+        rows.append(
+          [
+            name,
+            "jaxcredit (KV cache)" if use_cache else "baseline: no-cache sampler",
+            f"{1e3 * r['sampling']:.1f}",
+            f"{1e3 * r['scoring']:.1f}",
+            f"{1e3 * r['update']:.1f}",
+            f"{1e3 * total:.1f}",
+            f"{r['tokens'] / total:,.0f}",
+          ]
+        )
+  print(
+    table(
+      [
+        "model",
+        "step",
+        "sampling (ms)",
+        "scoring (ms)",
+        "update (ms)",
+        "total (ms)",
+        "generated tok/s",
+      ],
+      rows,
+    )
+  )
 
 
 if __name__ == "__main__":

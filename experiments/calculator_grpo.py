@@ -6,18 +6,20 @@ import pathlib
 import runpy
 
 # The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))["get_config"]
+quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
+  "get_config"
+]
 
 
 def get_config():
   config = quickstart_config()
   config.task.name = "calculator"
   config.task.options = {
-      "n_operands": 3,  # a op b op c, op in + *
-      "min_digits": 2,
-      "max_digits": 3,
-      "max_turns": 3,  # tool calls and the answer share this budget
-      "max_turn_tokens": 16,  # characters per turn, ";" included
+    "n_operands": 3,  # a op b op c, op in + *
+    "min_digits": 2,
+    "max_digits": 3,
+    "max_turns": 3,  # tool calls and the answer share this budget
+    "max_turn_tokens": 16,  # characters per turn, ";" included
   }
   config.task.max_prompt_length = 14  # BOS + "999*999*999=" fits
   config.sft.noise = 0.2  # a fifth of the demonstrations carry one wrong character

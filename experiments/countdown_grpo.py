@@ -4,13 +4,19 @@ import pathlib
 import runpy
 
 # The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))["get_config"]
+quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
+  "get_config"
+]
 
 
 def get_config():
   config = quickstart_config()
   config.task.name = "countdown"
-  config.task.options = {"n_numbers": 3, "max_number": 20, "format_score": 0.1}  # right numbers, wrong value: 0.1
+  config.task.options = {
+    "n_numbers": 3,
+    "max_number": 20,
+    "format_score": 0.1,
+  }  # right numbers, wrong value: 0.1
   config.task.max_prompt_length = 16  # BOS + "20,20,20>8000:" fits
   config.task.max_response_length = 16  # "(20+20)*20" + EOS, plus slack
   config.sft.noise = 0.2  # a fifth of the demonstrations carry one wrong token

@@ -22,30 +22,36 @@ import pathlib
 import runpy
 
 # The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))["get_config"]
+quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
+  "get_config"
+]
 
 
 def get_config():
   config = quickstart_config()
   # Token advantage: 0.7 * GRPO + 0.3 * PRIME, kept on the top 20% entropy tokens.
   config.advantage = {
-      "mask": "high_entropy",  # token selector from estimators.compose.SELECTORS
-      "rho": 0.2,  # fraction of valid tokens kept, by entropy
-      "of": {
-          "sum": [
-              {"weight": 0.7, "name": "grpo"},  # outcome credit, group-normalised
-              {"weight": 0.3, "name": "prime", "beta": 0.05},  # implicit process reward
-          ]
-      },
+    "mask": "high_entropy",  # token selector from estimators.compose.SELECTORS
+    "rho": 0.2,  # fraction of valid tokens kept, by entropy
+    "of": {
+      "sum": [
+        {"weight": 0.7, "name": "grpo"},  # outcome credit, group-normalised
+        {"weight": 0.3, "name": "prime", "beta": 0.05},  # implicit process reward
+      ]
+    },
   }
   # Objective: named terms, each a registered loss with a coefficient.
   config.objective = {
-      "policy": {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28},  # DAPO clip-higher
-      "kl": {"name": "kl", "coef": 0.1, "kind": "k3"},  # KL to the reference as a loss: the anchor
-      "entropy": {  # entropy bonus, linearly annealed to 0 over 1000 steps
-          "name": "entropy",
-          "coef": {"schedule": "linear_schedule", "init_value": 1e-3, "end_value": 0.0,
-                   "transition_steps": 1000},
+    "policy": {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28},  # DAPO clip-higher
+    "kl": {"name": "kl", "coef": 0.1, "kind": "k3"},  # KL to the reference as a loss: the anchor
+    "entropy": {  # entropy bonus, linearly annealed to 0 over 1000 steps
+      "name": "entropy",
+      "coef": {
+        "schedule": "linear_schedule",
+        "init_value": 1e-3,
+        "end_value": 0.0,
+        "transition_steps": 1000,
       },
+    },
   }
   return config

@@ -1,9 +1,12 @@
 """The credit study's first design on key_token (LAB.md section 4); the sweep
 (experiments/credit_study.py) replaces it.
 
-  python -m jaxcredit.lab.study --config experiments/credit_study_v1.py:smoke --workdir DIR   # CI's check: about a minute
-  python -m jaxcredit.lab.study --config experiments/credit_study_v1.py:small --workdir DIR   # ~30 min, 2 CPU cores
-  python -m jaxcredit.lab.study --config experiments/credit_study_v1.py:full --workdir DIR    # one accelerator
+  # CI's check: about a minute
+  python -m jaxcredit.lab.study --config experiments/credit_study_v1.py:smoke --workdir DIR
+  # ~30 min, 2 CPU cores
+  python -m jaxcredit.lab.study --config experiments/credit_study_v1.py:small --workdir DIR
+  # one accelerator
+  python -m jaxcredit.lab.study --config experiments/credit_study_v1.py:full --workdir DIR
 
 key_token (exact credit known: a filler-blind policy, two decisive positions in
 24 tokens, trained from the random policy), measured by its exact expected
@@ -24,7 +27,9 @@ import runpy
 import ml_collections
 
 # The quickstart training config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))["get_config"]
+quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
+  "get_config"
+]
 
 PRESETS = ("smoke", "small", "full")
 
@@ -34,16 +39,22 @@ def _estimators(vine_k: int) -> dict:
   value model (scored on the shared batches with a shadow critic); `learned:
   True` marks credit from another model trained along the run (not scored)."""
   return {
-      "grpo": {"advantage": {"name": "grpo"}},  # (R - mean_g) / std_g on every token
-      "dr_grpo": {"advantage": {"name": "dr_grpo"}},  # R - mean_g
-      "rloo": {"advantage": {"name": "rloo"}},  # R - mean of the other G - 1
-      "ppo_gae": {"advantage": {"name": "gae", "lam": 0.95}, "critic": True},  # learned critic
-      "vineppo": {"advantage": {"name": "vineppo", "k": vine_k, "positions": "stride:4"}},  # MC values
-      "prime": {"advantage": {"name": "prime", "beta": 0.05}, "learned": True},  # implicit PRM
-      "entropy80": {"advantage": {"mask": "high_entropy", "rho": 0.2, "of": "grpo"}},  # top-20% entropy tokens
-      "ktae": {"advantage": {"name": "ktae"}},  # GRPO + per-group key-token scores
-      "oracle": {"advantage": {"name": "oracle"}},  # exact A(s_t, y_t) (uncharged upper bound)
-      "oracle_seq": {"advantage": {"name": "oracle_seq"}},  # R - V(x): exact baseline, no localisation
+    "grpo": {"advantage": {"name": "grpo"}},  # (R - mean_g) / std_g on every token
+    "dr_grpo": {"advantage": {"name": "dr_grpo"}},  # R - mean_g
+    "rloo": {"advantage": {"name": "rloo"}},  # R - mean of the other G - 1
+    "ppo_gae": {"advantage": {"name": "gae", "lam": 0.95}, "critic": True},  # learned critic
+    "vineppo": {
+      "advantage": {"name": "vineppo", "k": vine_k, "positions": "stride:4"}
+    },  # MC values
+    "prime": {"advantage": {"name": "prime", "beta": 0.05}, "learned": True},  # implicit PRM
+    "entropy80": {
+      "advantage": {"mask": "high_entropy", "rho": 0.2, "of": "grpo"}
+    },  # top-20% entropy tokens
+    "ktae": {"advantage": {"name": "ktae"}},  # GRPO + per-group key-token scores
+    "oracle": {"advantage": {"name": "oracle"}},  # exact A(s_t, y_t) (uncharged upper bound)
+    "oracle_seq": {
+      "advantage": {"name": "oracle_seq"}
+    },  # R - V(x): exact baseline, no localisation
   }
 
 
@@ -64,16 +75,22 @@ def _key_token() -> ml_collections.ConfigDict:
   train = quickstart_config()
   train.task.name = "key_token"
   train.task.options = {
-      "length": 24,  # T response tokens
-      "n_decisive": 2,  # K decisive positions (spread: 8 and 16)
-      "n_keys": 4,  # |C|: chance success 1/16
-      "n_fillers": 4,  # |F| filler symbols
-      "rule": "all",  # R = 1 iff both decisive tokens copy their keys
-      "filler_blind": True,  # filler never enters a later input: the exact oracle E-DEC applies
+    "length": 24,  # T response tokens
+    "n_decisive": 2,  # K decisive positions (spread: 8 and 16)
+    "n_keys": 4,  # |C|: chance success 1/16
+    "n_fillers": 4,  # |F| filler symbols
+    "rule": "all",  # R = 1 iff both decisive tokens copy their keys
+    "filler_blind": True,  # filler never enters a later input: the exact oracle E-DEC applies
   }
   train.task.train_size = 4096
   train.task.test_size = 64  # greedy evaluation prompts
-  train.model.overrides = {"n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 4, "d_ff": 256}  # ~0.1M
+  train.model.overrides = {
+    "n_layers": 2,
+    "d_model": 64,
+    "n_heads": 4,
+    "n_kv_heads": 4,
+    "d_ff": 256,
+  }  # ~0.1M
   train.sft.max_steps = 0  # start from the random (near-uniform) policy
   _shared_rl(train)
   train.rl.steps = 100
@@ -91,9 +108,22 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   # Per task: its training config, the estimators run on it, and whether credit is scored
   # against the exact oracle.
   config.tasks = {
-      "key_token": {"train": _key_token(), "scored": True,
-                    "estimators": ["grpo", "dr_grpo", "rloo", "ppo_gae", "vineppo", "prime", "entropy80", "ktae",
-                                   "oracle", "oracle_seq"]},
+    "key_token": {
+      "train": _key_token(),
+      "scored": True,
+      "estimators": [
+        "grpo",
+        "dr_grpo",
+        "rloo",
+        "ppo_gae",
+        "vineppo",
+        "prime",
+        "entropy80",
+        "ktae",
+        "oracle",
+        "oracle_seq",
+      ],
+    },
   }
   config.seeds = [0, 1, 2]  # the unit of replication (init, prompts, sampling)
   config.scale = "rms"  # "rms": scale-matched credit; "native": as the estimator gives it
@@ -105,9 +135,21 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
 
   key_token = config.tasks.key_token.train
   if preset == "smoke":
-    key_token.task.options = {"length": 8, "n_decisive": 2, "n_keys": 3, "n_fillers": 2, "filler_blind": True}
+    key_token.task.options = {
+      "length": 8,
+      "n_decisive": 2,
+      "n_keys": 3,
+      "n_fillers": 2,
+      "filler_blind": True,
+    }
     key_token.task.train_size, key_token.task.test_size = 64, 9
-    key_token.model.overrides = {"n_layers": 1, "d_model": 32, "n_heads": 2, "n_kv_heads": 2, "d_ff": 64}
+    key_token.model.overrides = {
+      "n_layers": 1,
+      "d_model": 32,
+      "n_heads": 2,
+      "n_kv_heads": 2,
+      "d_ff": 64,
+    }
     key_token.rl.steps, key_token.rl.prompts_per_step, key_token.rl.group_size = 5, 4, 4
     key_token.rl.eval_every, key_token.rl.learning_rate = 2, 3e-3
     config.estimators = _estimators(vine_k=2)
@@ -116,15 +158,26 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.score_at = [0.0, 1.0]
     config.mc_check_k, config.mc_check_rows, config.bootstrap, config.resamples = 32, 8, 1000, 2
   elif preset == "full":
-    key_token.model.overrides = {"n_layers": 4, "d_model": 256, "n_heads": 8, "n_kv_heads": 8, "d_ff": 1024}
+    key_token.model.overrides = {
+      "n_layers": 4,
+      "d_model": 256,
+      "n_heads": 8,
+      "n_kv_heads": 8,
+      "d_ff": 1024,
+    }
     key_token.task.options = {**key_token.task.options, "length": 64, "n_decisive": 4}
     key_token.rl.steps, key_token.rl.prompts_per_step, key_token.rl.group_size = 2000, 32, 16
-    config.estimators = {**_estimators(vine_k=9),
-                         "spo_chain": {"advantage": {"name": "spo", "k": 9, "positions": "cutpoints:0.9"}}}
+    config.estimators = {
+      **_estimators(vine_k=9),
+      "spo_chain": {"advantage": {"name": "spo", "k": 9, "positions": "cutpoints:0.9"}},
+    }
     config.tasks.key_token.estimators = [*config.tasks.key_token.estimators, "spo_chain"]
     config.seeds = list(range(10))
     config.score_at = [0.0, 0.25, 0.5, 1.0]
-  for name, spec in config.tasks.items():  # four per-token exports per run (python -m jaxcredit.view)
+  for (
+    name,
+    spec,
+  ) in config.tasks.items():  # four per-token exports per run (python -m jaxcredit.view)
     export = spec.train.export
     export.every, export.groups = max(1, spec.train.rl.steps // 4), 2
     export.compare = ("oracle",) if name == "key_token" else ()

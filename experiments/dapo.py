@@ -10,17 +10,21 @@ import pathlib
 import runpy
 
 # The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))["get_config"]
+quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
+  "get_config"
+]
 
 
 def get_config():
   config = quickstart_config()
   config.advantage = {"name": "grpo"}
-  config.objective = {"policy": {
+  config.objective = {
+    "policy": {
       "name": "ppo_clip",
       "clip_low": 0.2,  # epsilon_low
       "clip_high": 0.28,  # epsilon_high > epsilon_low: clip-higher keeps exploration
       "aggregation": "token-mean",  # every token weighs the same across the batch
-  }}
+    }
+  }
   config.rl.epochs = 2  # updates per batch, so clipping is active
   return config

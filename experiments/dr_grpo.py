@@ -5,14 +5,18 @@ import pathlib
 import runpy
 
 # The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))["get_config"]
+quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
+  "get_config"
+]
 
 
 def get_config():
   config = quickstart_config()
   config.advantage = {"name": "dr_grpo"}  # r - mean_g, no division by the group std
-  config.objective = {"policy": {
+  config.objective = {
+    "policy": {
       "name": "ppo_clip",
       "aggregation": "seq-mean-token-sum-norm",  # sum(l * m) / (B * L)
-  }}
+    }
+  }
   return config

@@ -21,14 +21,16 @@ import runpy
 import ml_collections
 
 # The quickstart training config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))["get_config"]
+quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
+  "get_config"
+]
 
 VARIANTS = {
-    # variant: (architecture preset without a checkpoint, chat-template variables)
-    "qwen2.5": ("qwen2.5-0.5b", {}),
-    "qwen3": ("qwen3-0.6b", {"enable_thinking": False}),  # Qwen3's template: answer without <think>
-    "llama3": ("llama3.2-1b", {}),
-    "smoke": ("qwen2.5-0.5b", {}),  # scaled down below
+  # variant: (architecture preset without a checkpoint, chat-template variables)
+  "qwen2.5": ("qwen2.5-0.5b", {}),
+  "qwen3": ("qwen3-0.6b", {"enable_thinking": False}),  # Qwen3's template: answer without <think>
+  "llama3": ("llama3.2-1b", {}),
+  "smoke": ("qwen2.5-0.5b", {}),  # scaled down below
 }
 
 
@@ -78,11 +80,19 @@ def get_config(variant: str = "qwen2.5") -> ml_collections.ConfigDict:
   config.export.hf = True  # WORKDIR/hf: the final policy as a transformers checkpoint
 
   config.advantage = {"name": "grpo"}  # (R - mean_group) / std_group on every token
-  config.objective = {"policy": {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28}}  # DAPO's clip-higher
+  config.objective = {
+    "policy": {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28}
+  }  # DAPO's clip-higher
 
   if variant == "smoke":  # a CPU check of the whole path in seconds
-    model.overrides = {"n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 1, "d_ff": 128,
-                       "vocab_size": 1024}
+    model.overrides = {
+      "n_layers": 2,
+      "d_model": 64,
+      "n_heads": 4,
+      "n_kv_heads": 1,
+      "d_ff": 128,
+      "vocab_size": 1024,
+    }
     task.max_prompt_length, task.max_response_length, task.eval_size = 160, 8, 4
     rl.steps, rl.prompts_per_step, rl.group_size, rl.minibatches = 2, 2, 4, 2
     rl.eval_every, rl.eval_batch_size = 2, 4

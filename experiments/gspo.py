@@ -4,16 +4,20 @@ import pathlib
 import runpy
 
 # The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))["get_config"]
+quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
+  "get_config"
+]
 
 
 def get_config():
   config = quickstart_config()
   config.advantage = {"name": "grpo"}  # sequence advantages, broadcast to tokens
-  config.objective = {"policy": {
+  config.objective = {
+    "policy": {
       "name": "gspo",
       "clip_low": 3e-4,  # the paper's sequence-ratio clip range
       "clip_high": 4e-4,
-  }}
+    }
+  }
   config.rl.epochs = 2  # a second pass makes the ratio (and so the clip) matter
   return config

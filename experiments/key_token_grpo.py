@@ -5,19 +5,21 @@ import pathlib
 import runpy
 
 # The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))["get_config"]
+quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
+  "get_config"
+]
 
 
 def get_config():
   config = quickstart_config()
   config.task.name = "key_token"
   config.task.options = {
-      "length": 24,  # T response tokens, all actions
-      "n_decisive": 2,  # K decisive positions (spread: 8 and 16)
-      "n_keys": 4,  # |C|: chance success 4^-2
-      "n_fillers": 4,  # |F|
-      "rule": "all",  # reward 1 iff every decisive token copies its key
-      "filler_blind": True,  # filler never enters a later input
+    "length": 24,  # T response tokens, all actions
+    "n_decisive": 2,  # K decisive positions (spread: 8 and 16)
+    "n_keys": 4,  # |C|: chance success 4^-2
+    "n_fillers": 4,  # |F|
+    "rule": "all",  # reward 1 iff every decisive token copies its key
+    "filler_blind": True,  # filler never enters a later input
   }
   config.task.train_size = 4096
   config.task.test_size = 256

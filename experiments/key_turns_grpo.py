@@ -6,16 +6,18 @@ import pathlib
 import runpy
 
 # The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))["get_config"]
+quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
+  "get_config"
+]
 
 
 def get_config():
   config = quickstart_config()
   config.task.name = "key_turns"
   config.task.options = {
-      "n_turns": 4,  # turns per episode (one token each)
-      "decisive": (1, 3),  # turns whose token must copy the key shown just before
-      "n_keys": 3,  # keys drawn per decisive turn
+    "n_turns": 4,  # turns per episode (one token each)
+    "decisive": (1, 3),  # turns whose token must copy the key shown just before
+    "n_keys": 3,  # keys drawn per decisive turn
   }
   config.task.train_size = 4096
   config.task.test_size = 256

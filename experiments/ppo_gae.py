@@ -9,13 +9,17 @@ import pathlib
 import runpy
 
 # The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))["get_config"]
+quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
+  "get_config"
+]
 
 
 def get_config():
   config = quickstart_config()
   config.critic.preset = "tiny"  # separate parameters, same architecture, scalar head
-  config.critic.learning_rate = 3e-4  # the critic starts from scratch, so it learns faster than the policy
+  config.critic.learning_rate = (
+    3e-4  # the critic starts from scratch, so it learns faster than the policy
+  )
   config.critic.lam = 1.0  # value targets: Monte-Carlo returns
   config.advantage = {"name": "gae", "gamma": 1.0, "lam": 0.95}  # per-token credit from the critic
   config.objective = {"policy": {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2}}

@@ -5,16 +5,24 @@ import pathlib
 import runpy
 
 # The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))["get_config"]
+quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
+  "get_config"
+]
 
 
 def get_config():
   config = quickstart_config()
-  config.advantage = {"name": "reinforce_pp"}  # whitened returns of outcome + KL-penalty token rewards
+  config.advantage = {
+    "name": "reinforce_pp"
+  }  # whitened returns of outcome + KL-penalty token rewards
   config.rl.kl_reward_coef = 0.01  # KL to the post-SFT reference as a per-token reward penalty ...
   config.rl.kl_reward_kind = "k1"  # ... with the k1 estimator log pi - log pi_ref
   config.objective = {
-      "policy": {"name": "ppo_clip"},  # clip 0.2 both sides
-      "kl": {"name": "kl", "coef": 0.01, "kind": "k3"},  # and as a k3 loss term (GRPO-style); either can be 0
+    "policy": {"name": "ppo_clip"},  # clip 0.2 both sides
+    "kl": {
+      "name": "kl",
+      "coef": 0.01,
+      "kind": "k3",
+    },  # and as a k3 loss term (GRPO-style); either can be 0
   }
   return config

@@ -1,8 +1,11 @@
 """What staleness does to credit (jaxcredit.lab.staleness).
 
-  python -m jaxcredit.lab.staleness --config experiments/staleness_study.py:smoke --workdir DIR  # CI's check
-  python -m jaxcredit.lab.staleness --config experiments/staleness_study.py:small --workdir DIR  # 2 CPU cores
-  python -m jaxcredit.lab.staleness --config experiments/staleness_study.py:full --workdir DIR   # one accelerator
+  # CI's check
+  python -m jaxcredit.lab.staleness --config experiments/staleness_study.py:smoke --workdir DIR
+  # 2 CPU cores
+  python -m jaxcredit.lab.staleness --config experiments/staleness_study.py:small --workdir DIR
+  # one accelerator
+  python -m jaxcredit.lab.staleness --config experiments/staleness_study.py:full --workdir DIR
 
 key_token with the exact oracle (filler-blind, trained from the random policy, the
 credit study's shared loss and scale-matched advantages), rollouts k = 0, 1, 4, 16
@@ -27,12 +30,12 @@ def _corrections() -> dict:
   mask by pi_old / mu (the sampler's mu)."""
   aggregation = "seq-mean-token-sum-norm"  # the credit study's
   return {
-      "none": {"policy": {"name": "ppo_clip", "aggregation": aggregation}},
-      "tis": {"policy": {"name": "tis", "cap": 2.0, "aggregation": aggregation}},
-      "masked_is": {"policy": {"name": "masked_is", "low": 0.5, "high": 2.0,
-                               "aggregation": aggregation}},
-      "decoupled_ppo": {"policy": {"name": "decoupled_ppo", "cap": 5.0,
-                                   "aggregation": aggregation}},
+    "none": {"policy": {"name": "ppo_clip", "aggregation": aggregation}},
+    "tis": {"policy": {"name": "tis", "cap": 2.0, "aggregation": aggregation}},
+    "masked_is": {
+      "policy": {"name": "masked_is", "low": 0.5, "high": 2.0, "aggregation": aggregation}
+    },
+    "decoupled_ppo": {"policy": {"name": "decoupled_ppo", "cap": 5.0, "aggregation": aggregation}},
   }
 
 
@@ -54,8 +57,13 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   train.rl.learning_rate = 3e-3
   train.rl.eval_every = 10**6  # J(pi) replaces the greedy evaluation (run once, at the end)
   if preset == "smoke":
-    train.task.options = {"length": 8, "n_decisive": 2, "n_keys": 3, "n_fillers": 2,
-                          "filler_blind": True}
+    train.task.options = {
+      "length": 8,
+      "n_decisive": 2,
+      "n_keys": 3,
+      "n_fillers": 2,
+      "filler_blind": True,
+    }
     train.task.train_size, train.task.test_size = 64, 9
     train.rl.prompts_per_step, train.rl.group_size = 4, 4
     config.estimators = {name: config.estimators[name] for name in ("grpo", "oracle")}
@@ -64,7 +72,13 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.updates, config.measure_every = 3, 1
   elif preset == "full":
     train.task.options = {**train.task.options, "length": 24}
-    train.model.overrides = {"n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 4, "d_ff": 256}
+    train.model.overrides = {
+      "n_layers": 2,
+      "d_model": 64,
+      "n_heads": 4,
+      "n_kv_heads": 4,
+      "d_ff": 256,
+    }
     train.rl.learning_rate = 1e-3
     config.seeds = list(range(10))
     config.updates = 300

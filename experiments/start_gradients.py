@@ -2,8 +2,10 @@
 (jaxcredit.lab.start_gradients): the credit study's key_token regimes, measured before any
 update.
 
-  python -m jaxcredit.lab.start_gradients --config experiments/start_gradients.py:smoke --workdir DIR
-  python -m jaxcredit.lab.start_gradients --config experiments/start_gradients.py:t_axis --workdir DIR
+  python -m jaxcredit.lab.start_gradients \
+      --config experiments/start_gradients.py:smoke --workdir DIR
+  python -m jaxcredit.lab.start_gradients \
+      --config experiments/start_gradients.py:t_axis --workdir DIR
 
 t_axis: uniform and peaked filler at T = 24, 96 and 384 (the full preset's regimes, whose
 training at T = 96 and 384 needs an accelerator) and middling filler at T = 24, at every G,
@@ -29,9 +31,15 @@ def get_config(preset: str = "t_axis") -> ml_collections.ConfigDict:
     config.run_regimes = None
   else:
     config = _CREDIT_STUDY["get_config"]("full")
-    config.run_regimes = ("uniform_filler", "uniform_filler_T96", "uniform_filler_T384",
-                          "peaked_filler", "peaked_filler_T96", "peaked_filler_T384",
-                          "mid_filler")
+    config.run_regimes = (
+      "uniform_filler",
+      "uniform_filler_T96",
+      "uniform_filler_T384",
+      "peaked_filler",
+      "peaked_filler_T96",
+      "peaked_filler_T384",
+      "mid_filler",
+    )
     config.seeds = list(range(10))
     # One seed per program: at T = 384, G = 32 (256 responses of 388 tokens) XLA's memory
     # analysis of the compiled program gives 7.2 GiB of temporaries per seed.

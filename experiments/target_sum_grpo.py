@@ -6,18 +6,20 @@ import pathlib
 import runpy
 
 # The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))["get_config"]
+quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
+  "get_config"
+]
 
 
 def get_config():
   config = quickstart_config()
   config.task.name = "target_sum"
   config.task.options = {
-      "n_digits": 6,  # n: at most 6 digits, then EOS (forced)
-      "n_values": 4,  # m: digits 0..3
-      "target_low": 3,  # S ~ U[3, 15]
-      "target_high": 15,
-      "eos_allowed": True,  # the policy may stop early
+    "n_digits": 6,  # n: at most 6 digits, then EOS (forced)
+    "n_values": 4,  # m: digits 0..3
+    "target_low": 3,  # S ~ U[3, 15]
+    "target_high": 15,
+    "eos_allowed": True,  # the policy may stop early
   }
   config.task.train_size = 4096
   config.task.test_size = 256

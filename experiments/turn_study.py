@@ -1,7 +1,9 @@
 """Does turn-level credit matter? (jaxcredit.lab.turn_study)
 
-  python -m jaxcredit.lab.turn_study --config experiments/turn_study.py:smoke --workdir DIR  # CI's check
-  python -m jaxcredit.lab.turn_study --config experiments/turn_study.py:small --workdir DIR  # 2 CPU cores
+  # CI's check
+  python -m jaxcredit.lab.turn_study --config experiments/turn_study.py:smoke --workdir DIR
+  # 2 CPU cores
+  python -m jaxcredit.lab.turn_study --config experiments/turn_study.py:small --workdir DIR
 
 key_turns (one-token turns, decisive turns 1 and 3, outcome reward), trained from the
 random policy, in two regimes: 4 turns, and 8 (four turns after the last key, which cannot
@@ -17,17 +19,19 @@ import runpy
 
 import ml_collections
 
-_key_turns = runpy.run_path(str(pathlib.Path(__file__).with_name("key_turns_grpo.py")))["get_config"]
+_key_turns = runpy.run_path(str(pathlib.Path(__file__).with_name("key_turns_grpo.py")))[
+  "get_config"
+]
 
 PRESETS = ("smoke", "small")
 ESTIMATORS = {
-    "grpo": {"name": "grpo"},
-    "mt_grpo": {"name": "mt_grpo"},
-    "gigpo": {"name": "gigpo"},
-    "turn_baseline": {"name": "turn_baseline", "k": 4},
-    "turn_vine": {"name": "turn_vine", "k": 4},
-    "oracle": {"name": "oracle"},
-    "oracle_seq": {"name": "oracle_seq"},
+  "grpo": {"name": "grpo"},
+  "mt_grpo": {"name": "mt_grpo"},
+  "gigpo": {"name": "gigpo"},
+  "turn_baseline": {"name": "turn_baseline", "k": 4},
+  "turn_vine": {"name": "turn_vine", "k": 4},
+  "oracle": {"name": "oracle"},
+  "oracle_seq": {"name": "oracle_seq"},
 }
 
 
@@ -37,8 +41,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.preset = preset
   train = _key_turns()
-  train.model.overrides = {"n_layers": 1, "d_model": 64, "n_heads": 4, "n_kv_heads": 4,
-                           "d_ff": 128}
+  train.model.overrides = {"n_layers": 1, "d_model": 64, "n_heads": 4, "n_kv_heads": 4, "d_ff": 128}
   train.rl.prompts_per_step, train.rl.group_size = 16, 8
   train.rl.eval_every = 10**6  # J(pi) replaces the greedy evaluation (run once, at the end)
   train.export.every = 0

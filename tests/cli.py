@@ -7,21 +7,43 @@ import sys
 from tests.conftest import ROOT
 
 TINY = [
-    "--config.task.name=key_token", "--config.task.options={'length': 10, 'n_keys': 4, 'filler_blind': True}",
-    "--config.task.train_size=64", "--config.task.test_size=16", "--config.sft.max_steps=0",
-    "--config.rl.prompts_per_step=4", "--config.rl.group_size=4", "--config.rl.eval_every=2",
-    "--config.checkpoint.every=1", "--config.checkpoint.keep=4",
+  "--config.task.name=key_token",
+  "--config.task.options={'length': 10, 'n_keys': 4, 'filler_blind': True}",
+  "--config.task.train_size=64",
+  "--config.task.test_size=16",
+  "--config.sft.max_steps=0",
+  "--config.rl.prompts_per_step=4",
+  "--config.rl.group_size=4",
+  "--config.rl.eval_every=2",
+  "--config.checkpoint.every=1",
+  "--config.checkpoint.keep=4",
 ]
 
 
 def command(workdir, *overrides, config="experiments/quickstart.py", tiny=True) -> list[str]:
-  return [sys.executable, "-m", "jaxcredit.train", "--config", str(ROOT / config),
-          "--workdir", str(workdir), *(TINY if tiny else ()), *overrides]
+  return [
+    sys.executable,
+    "-m",
+    "jaxcredit.train",
+    "--config",
+    str(ROOT / config),
+    "--workdir",
+    str(workdir),
+    *(TINY if tiny else ()),
+    *overrides,
+  ]
 
 
 def train(workdir, *overrides, env=None, **kwargs) -> subprocess.CompletedProcess:
-  return subprocess.run(command(workdir, *overrides, **kwargs), capture_output=True, text=True,
-                        cwd=ROOT, timeout=300, check=False, env=env)
+  return subprocess.run(
+    command(workdir, *overrides, **kwargs),
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    timeout=300,
+    check=False,
+    env=env,
+  )
 
 
 def metrics(workdir) -> list[dict]:

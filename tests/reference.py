@@ -157,7 +157,8 @@ def vtrace(rewards, values, mask, log_rhos, gamma, lam, clip_rho, clip_c):
       ratio = np.exp(float(log_rhos[b, t]))
       rho, c = min(clip_rho, ratio), lam * min(clip_c, ratio)
       value, reward = float(values[b, t]), float(rewards[b, t])
-      vs[b, t] = value + rho * (reward + gamma * next_value - value) + gamma * c * (next_vs - next_value)
+      vs[b, t] = (value + rho * (reward + gamma * next_value - value)
+                  + gamma * c * (next_vs - next_value))
       pg[b, t] = rho * (reward + gamma * (lam * next_vs + (1 - lam) * next_value) - value)
       next_vs, next_value = vs[b, t], value
   return vs, pg
@@ -357,6 +358,7 @@ def segment_advantages(values, evaluated, rewards, mask):
 
 # Off-policy losses: logp (pi_theta), old (pi_old, proximal), beh (mu), [B, T] float64 loops.
 
+
 def is_log_weight(old, beh, mask, level):
   """Per-token log w at level token / sequence (row sum) / geometric (row mean)."""
   old, beh, mask = np.asarray(old, np.float64), np.asarray(beh, np.float64), np.asarray(mask, bool)
@@ -365,8 +367,11 @@ def is_log_weight(old, beh, mask, level):
     row = (old[b] - beh[b])[mask[b]]
     for t in range(old.shape[1]):
       if mask[b, t]:
-        value = {"token": old[b, t] - beh[b, t], "sequence": row.sum(),
-                 "geometric": row.mean() if row.size else 0.0}[level]
+        value = {
+          "token": old[b, t] - beh[b, t],
+          "sequence": row.sum(),
+          "geometric": row.mean() if row.size else 0.0,
+        }[level]
         out[b, t] = min(max(value, -20.0), 20.0)
   return out
 
@@ -392,8 +397,9 @@ def loglinear_proximal(logp, beh, staleness, mask):
   return out
 
 
-def decoupled_ppo(logp, old, beh, adv, mask, cap, cap_mode, level, clip_low, clip_high, dual_clip,
-                  mode):
+def decoupled_ppo(
+  logp, old, beh, adv, mask, cap, cap_mode, level, clip_low, clip_high, dual_clip, mode
+):
   w = np.exp(is_log_weight(old, beh, mask, "geometric" if level == "sequence" else "token"))
   if cap is not None:
     w = np.where(w > cap, 0.0, w) if cap_mode == "mask" else np.minimum(w, cap)
@@ -426,7 +432,8 @@ def dppo(logp, old, adv, mask, divergence, clip_low, clip_high, ratio_cap, mode)
 
 
 def m2_keep(log_w, mask, threshold):
-  """Drop the largest (log w)^2, largest first (row-major ties), until the rest's mean < threshold."""
+  """Drop the largest (log w)^2, largest first (row-major ties), until the rest's mean is below
+  threshold."""
   mask = np.asarray(mask, bool)
   m2 = np.square(np.asarray(log_w, np.float64))
   flat = [(m2[idx], n) for n, idx in enumerate(np.ndindex(m2.shape)) if mask[idx]]
@@ -452,8 +459,9 @@ def sat(logp, old, adv, mask, staleness, clip_low, clip_high, decay, mode):
   out = np.zeros(np.shape(logp))
   for b, s in enumerate(staleness):
     scale = 1.0 / (1.0 + decay * max(s, 0))
-    out[b] = ppo_clip_tokens(logp[b:b + 1], old[b:b + 1], adv[b:b + 1], clip_low * scale,
-                             clip_high * scale)[0]
+    out[b] = ppo_clip_tokens(
+      logp[b : b + 1], old[b : b + 1], adv[b : b + 1], clip_low * scale, clip_high * scale
+    )[0]
   return aggregate(out, mask, mode)
 
 
@@ -498,8 +506,9 @@ def turn_gae(turn_rewards, values, turn_ids, mask, gamma, lam):
   return adv, ret
 
 
-def mt_grpo(turn_rewards, rewards, turn_ids, mask, group_size, outcome_coef, eps=1e-6,
-            scale_by_std=True):
+def mt_grpo(
+  turn_rewards, rewards, turn_ids, mask, group_size, outcome_coef, eps=1e-6, scale_by_std=True
+):
   mask = np.asarray(mask, bool)
   outcome = grpo(rewards, group_size, eps, scale_by_std)
   out = np.zeros(mask.shape)
@@ -514,8 +523,18 @@ def mt_grpo(turn_rewards, rewards, turn_ids, mask, group_size, outcome_coef, eps
   return out
 
 
-def gigpo(turn_rewards, rewards, anchors, turn_ids, mask, group_size, step_coef, gamma, eps=1e-6,
-          scale_by_std=True):
+def gigpo(
+  turn_rewards,
+  rewards,
+  anchors,
+  turn_ids,
+  mask,
+  group_size,
+  step_coef,
+  gamma,
+  eps=1e-6,
+  scale_by_std=True,
+):
   mask = np.asarray(mask, bool)
   episode = grpo(rewards, group_size, eps, scale_by_std)
   out = np.zeros(mask.shape)
@@ -525,11 +544,12 @@ def gigpo(turn_rewards, rewards, anchors, turn_ids, mask, group_size, step_coef,
       turns = list(_turns(turn_ids[b], mask[b]).values())
       rs = [np.sum(np.asarray(turn_rewards[b], np.float64)[p]) for p in turns]
       for k, positions in enumerate(turns):
-        ret = sum(gamma**(j - k) * rs[j] for j in range(k, len(turns)))
+        ret = sum(gamma ** (j - k) * rs[j] for j in range(k, len(turns)))
         steps.append((b, positions, int(anchors[b][positions[0]]), ret))
     for anchor in {s[2] for s in steps}:
       same = [s for s in steps if s[2] == anchor]
-      for (b, positions, _, _), a in zip(same, _normalised([s[3] for s in same], eps,
-                                                             scale_by_std)):
+      for (b, positions, _, _), a in zip(
+        same, _normalised([s[3] for s in same], eps, scale_by_std)
+      ):
         out[b, positions] = episode[b] + step_coef * a
   return out

@@ -57,7 +57,9 @@ class AttentionTest(parameterized.TestCase):
     for impl in ("chunked", "xla"):
       np.testing.assert_allclose(run(impl)(q, k, v), want, atol=1e-5, rtol=1e-5, err_msg=impl)
     weights = np.random.default_rng(1).normal(size=want.shape).astype(np.float32)
-    grad = lambda impl: jax.grad(lambda *x: jnp.sum(weights * run(impl)(*x)), argnums=(0, 1, 2))(q, k, v)
+    grad = lambda impl: jax.grad(lambda *x: jnp.sum(weights * run(impl)(*x)), argnums=(0, 1, 2))(
+      q, k, v
+    )
     chex.assert_trees_all_close(grad("chunked"), grad("xla"), atol=1e-5, rtol=1e-5)
 
   def test_bf16_within_tolerance(self):
@@ -65,8 +67,9 @@ class AttentionTest(parameterized.TestCase):
     q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
     got = attention(q, k, v, query_slots, key_valid, implementation="chunked", block_size=8)
     self.assertEqual(got.dtype, jnp.bfloat16)
-    want = _reference(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), query_slots,
-                      key_valid)
+    want = _reference(
+      q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), query_slots, key_valid
+    )
     np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=2e-2, rtol=2e-2)
 
   def test_memory_is_linear_in_length(self):
@@ -76,16 +79,21 @@ class AttentionTest(parameterized.TestCase):
     q, k, v, query_slots, key_valid = _inputs(b, t, t, n_kv, group, hd)
 
     def largest(impl):
-      fn = jax.grad(lambda q, k, v: jnp.sum(attention(q, k, v, query_slots, key_valid,
-                                                      implementation=impl, block_size=block)),
-                    argnums=(0, 1, 2))
+      fn = jax.grad(
+        lambda q, k, v: jnp.sum(
+          attention(q, k, v, query_slots, key_valid, implementation=impl, block_size=block)
+        ),
+        argnums=(0, 1, 2),
+      )
       return max(_intermediate_sizes(jax.make_jaxpr(fn)(q, k, v).jaxpr))
 
     self.assertGreaterEqual(largest("xla"), b * n_kv * group * t * t)
     self.assertLessEqual(largest("chunked"), max(q.size, b * n_kv * group * block * block))
 
   def test_unknown_implementation_is_refused(self):
-    with pytest.raises(ValueError, match="Unknown attention .flash.; known: chunked, xla, cudnn, splash"):
+    with pytest.raises(
+      ValueError, match="Unknown attention .flash.; known: chunked, xla, cudnn, splash"
+    ):
       preset("tiny", attention="flash")
     with pytest.raises(ValueError, match="attention_block must be a positive int"):
       preset("tiny", attention_block=0)
@@ -94,6 +102,7 @@ class AttentionTest(parameterized.TestCase):
 def test_models_agree_across_implementations():
   """Teacher forcing and cached decoding give the same logits with either attention."""
   from flax import nnx
+
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 20)))
   valid = jnp.asarray(np.arange(20)[None] >= np.array([[0], [6]]))
   outs = {}
@@ -108,19 +117,27 @@ def test_fused_kernel_layout_equals_naive():
   run with jax's XLA implementation on CPU, equals the naive attention, forward
   and gradient."""
   from jaxcredit.models.attention import _fused
+
   q, k, v, query_slots, key_valid = _inputs(2, 9, 9, 2, 3, 8)
-  np.testing.assert_allclose(_fused(q, k, v, query_slots, key_valid, "xla"),
-                             _reference(q, k, v, query_slots, key_valid), atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(
+    _fused(q, k, v, query_slots, key_valid, "xla"),
+    _reference(q, k, v, query_slots, key_valid),
+    atol=1e-5,
+    rtol=1e-5,
+  )
   weights = np.random.default_rng(1).normal(size=q.shape).astype(np.float32)
   grad = lambda f: jax.grad(lambda *x: jnp.sum(weights * f(*x)), argnums=(0, 1, 2))(q, k, v)
   chex.assert_trees_all_close(
-      grad(lambda *x: _fused(*x, query_slots, key_valid, "xla")),
-      grad(lambda *x: attention(*x, query_slots, key_valid, implementation="xla")),
-      atol=1e-5, rtol=1e-5)
+    grad(lambda *x: _fused(*x, query_slots, key_valid, "xla")),
+    grad(lambda *x: attention(*x, query_slots, key_valid, implementation="xla")),
+    atol=1e-5,
+    rtol=1e-5,
+  )
 
 
 def test_an_unavailable_or_too_long_configuration_is_refused():
   from flax import nnx
+
   q, k, v, query_slots, key_valid = _inputs(1, 4, 4, 1, 1, 4)
   if jax.default_backend() != "gpu":
     with pytest.raises(ValueError, match="model.attention='cudnn' .* needs a CUDA GPU.*'chunked'"):
@@ -133,9 +150,15 @@ def test_an_unavailable_or_too_long_configuration_is_refused():
   with pytest.raises(ValueError, match="A row of 17 tokens is longer than model.max_position = 16"):
     model(jnp.zeros((1, 17), jnp.int32))
   from jaxcredit.models import KVCache
+
   with pytest.raises(ValueError, match="model.max_position = 16"):
-    model.decode(jnp.zeros((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32),
-                 jnp.ones((1, 1), bool), KVCache.zeros(model.config, 1, 32), 0)
+    model.decode(
+      jnp.zeros((1, 1), jnp.int32),
+      jnp.zeros((1, 1), jnp.int32),
+      jnp.ones((1, 1), bool),
+      KVCache.zeros(model.config, 1, 32),
+      0,
+    )
   with pytest.raises(ValueError, match="max_position must be a positive int or None"):
     preset("tiny", max_position=0)
 
@@ -145,6 +168,7 @@ def test_splash_kernel_equals_naive_on_real_tokens(t, block):
   """The TPU splash path, run in Pallas interpret mode on CPU: forward and
   gradient equal the naive attention at every real (non-padding) query."""
   from jaxcredit.models.attention import _splash
+
   q, k, v, _, key_valid = _inputs(2, t, t, 2, 2, 8)
   key_valid[-1, :40] = False  # the last row: left padding, then every token real
   key_valid[-1, 40:] = True
@@ -153,8 +177,10 @@ def test_splash_kernel_equals_naive_on_real_tokens(t, block):
   weights = np.random.default_rng(1).normal(size=q.shape).astype(np.float32)
   splash = lambda q, k, v: _splash(q, k, v, jnp.asarray(key_valid), block, interpret=True)
   naive = lambda q, k, v: attention(q, k, v, query_slots, key_valid, implementation="xla")
-  np.testing.assert_allclose(jnp.where(real, splash(q, k, v), 0), jnp.where(real, naive(q, k, v), 0),
-                             atol=1e-5, rtol=1e-5)
-  grad = lambda f: jax.grad(lambda *x: jnp.sum(jnp.where(real, weights * f(*x), 0)),
-                            argnums=(0, 1, 2))(q, k, v)
+  np.testing.assert_allclose(
+    jnp.where(real, splash(q, k, v), 0), jnp.where(real, naive(q, k, v), 0), atol=1e-5, rtol=1e-5
+  )
+  grad = lambda f: jax.grad(
+    lambda *x: jnp.sum(jnp.where(real, weights * f(*x), 0)), argnums=(0, 1, 2)
+  )(q, k, v)
   chex.assert_trees_all_close(grad(splash), grad(naive), atol=1e-5, rtol=1e-5)

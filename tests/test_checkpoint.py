@@ -58,14 +58,19 @@ def _as_reference_params(tensors, hf):
   for i in range(hf["num_hidden_layers"]):
     p = f"model.layers.{i}."
     layers[i] = {
-        "input_layernorm": {"weight": tensors[p + "input_layernorm.weight"]},
-        "post_attention_layernorm": {"weight": tensors[p + "post_attention_layernorm.weight"]},
-        "self_attn": {n: linear(p + "self_attn." + n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")},
-        "mlp": {n: linear(p + "mlp." + n) for n in ("gate_proj", "up_proj", "down_proj")},
+      "input_layernorm": {"weight": tensors[p + "input_layernorm.weight"]},
+      "post_attention_layernorm": {"weight": tensors[p + "post_attention_layernorm.weight"]},
+      "self_attn": {
+        n: linear(p + "self_attn." + n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")
+      },
+      "mlp": {n: linear(p + "mlp." + n) for n in ("gate_proj", "up_proj", "down_proj")},
     }
   stacked = jax.tree.map(lambda *xs: np.stack(xs), *layers.values())  # the model's layer axis
-  params = {"embed_tokens": {"embedding": tensors["model.embed_tokens.weight"]},
-            "norm": {"weight": tensors["model.norm.weight"]}, "layers": stacked}
+  params = {
+    "embed_tokens": {"embedding": tensors["model.embed_tokens.weight"]},
+    "norm": {"weight": tensors["model.norm.weight"]},
+    "layers": stacked,
+  }
   if "lm_head.weight" in tensors:
     params["lm_head"] = {"kernel": tensors["lm_head.weight"].T}
   return params
@@ -77,7 +82,10 @@ def _write(directory, hf, tensors, sharded=False):
     safetensors_numpy.save_file(tensors, directory / "model.safetensors")
     return
   names = sorted(tensors)
-  halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+  halves = {
+    "model-00001-of-00002.safetensors": names[::2],
+    "model-00002-of-00002.safetensors": names[1::2],
+  }
   weight_map = {}
   for shard, shard_names in halves.items():
     safetensors_numpy.save_file({n: tensors[n] for n in shard_names}, directory / shard)
@@ -94,8 +102,9 @@ def test_round_trip_matches_numpy_forward(tmp_path, flavour, sharded):
   assert model.config.qkv_bias == (flavour == "qwen2")
   tokens = np.random.default_rng(1).integers(0, hf["vocab_size"], (2, 7))
   positions = np.broadcast_to(np.arange(7), (2, 7))
-  want, _ = numpy_forward(_as_reference_params(tensors, hf), model.config, tokens, positions,
-                          np.ones((2, 7), bool))
+  want, _ = numpy_forward(
+    _as_reference_params(tensors, hf), model.config, tokens, positions, np.ones((2, 7), bool)
+  )
   np.testing.assert_allclose(model(jnp.asarray(tokens)).logits, want, atol=1e-4)
 
 
@@ -105,16 +114,24 @@ def test_bad_checkpoints_name_the_tensor(tmp_path):
   missing = dict(tensors)
   del missing["model.layers.1.mlp.up_proj.weight"]
   _write(tmp_path, hf, missing)
-  with pytest.raises(ValueError, match=r"missing tensor 'model.layers.1.mlp.up_proj.weight' \(shape \(32, 64\)\)"):
+  with pytest.raises(
+    ValueError, match=r"missing tensor 'model.layers.1.mlp.up_proj.weight' \(shape \(32, 64\)\)"
+  ):
     checkpoint.load_hf_checkpoint(tmp_path)
   wrong = dict(tensors)
   wrong["model.layers.0.self_attn.k_proj.weight"] = np.zeros((8, 32), np.float32)
   _write(tmp_path, hf, wrong)
-  with pytest.raises(ValueError, match=r"'model.layers.0.self_attn.k_proj.weight' has shape \(8, 32\); the config needs \(16, 32\)"):
+  with pytest.raises(
+    ValueError,
+    match=(r"'model.layers.0.self_attn.k_proj.weight' has shape \(8, 32\); "
+           r"the config needs \(16, 32\)"),
+  ):
     checkpoint.load_hf_checkpoint(tmp_path)
   extra = {**tensors, "model.layers.2.mlp.up_proj.weight": np.zeros((64, 32), np.float32)}
   _write(tmp_path, hf, extra)
-  with pytest.raises(ValueError, match="tensors the config does not use: \\['model.layers.2.mlp.up_proj.weight'\\]"):
+  with pytest.raises(
+    ValueError, match="tensors the config does not use: \\['model.layers.2.mlp.up_proj.weight'\\]"
+  ):
     checkpoint.load_hf_checkpoint(tmp_path)
   (tmp_path / "config.json").unlink()
   with pytest.raises(ValueError, match="No config.json"):
@@ -129,10 +146,14 @@ def test_malformed_checkpoint_files_name_the_file(tmp_path):
   _write(tmp_path, hf, tensors)
   weights = tmp_path / "model.safetensors"
   weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # cut off mid-write
-  with pytest.raises(ValueError, match=rf"Checkpoint file {re.escape(str(weights))} could not be read .*truncated"):
+  with pytest.raises(
+    ValueError, match=rf"Checkpoint file {re.escape(str(weights))} could not be read .*truncated"
+  ):
     checkpoint.load_hf_checkpoint(tmp_path)
   _write(tmp_path, {k: v for k, v in hf.items() if k != "hidden_size"}, tensors)
-  with pytest.raises(ValueError, match=rf"{re.escape(str(tmp_path / 'config.json'))}: .*no 'hidden_size' field"):
+  with pytest.raises(
+    ValueError, match=rf"{re.escape(str(tmp_path / 'config.json'))}: .*no 'hidden_size' field"
+  ):
     checkpoint.load_hf_checkpoint(tmp_path)
   (tmp_path / "config.json").write_text('{"hidden_size": 32,')
   with pytest.raises(ValueError, match=r"config.json is not valid JSON"):

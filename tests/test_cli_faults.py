@@ -64,8 +64,9 @@ def test_an_unwritable_checkpoint_directory_fails_before_any_work(tmp_path):
   assert time.perf_counter() - started < 60  # no orbax barrier time-out
 
 
-def test_a_cut_off_metrics_line_and_corrupt_checkpoints_resume_from_the_newest_good_one(finished, tmp_path,
-                                                                                        cli_env):
+def test_a_cut_off_metrics_line_and_corrupt_checkpoints_resume_from_the_newest_good_one(
+  finished, tmp_path, cli_env
+):
   workdir = _copy(finished, tmp_path)
   metrics = workdir / "metrics.jsonl"
   metrics.write_text(metrics.read_text()[:-25])  # a crash mid-write leaves half a line
@@ -78,12 +79,19 @@ def test_a_cut_off_metrics_line_and_corrupt_checkpoints_resume_from_the_newest_g
   assert result.returncode == 0, result.stderr[-3000:]
   assert "Dropped the incomplete last line" in result.stdout
   for step in (4, 3):
-    assert f"Checkpoint {step} in {checkpoints} does not restore" in result.stdout, result.stdout[-3000:]
+    assert f"Checkpoint {step} in {checkpoints} does not restore" in result.stdout, result.stdout[
+      -3000:
+    ]
     assert (workdir / "checkpoints.corrupt" / str(step)).is_dir()  # set aside, never deleted
   assert "Resuming RL at step 2" in result.stdout
   steps = [line["step"] for line in _metrics(workdir)]  # strict JSON again, one line per step
   assert steps == sorted(set(steps)) and steps[-1] == 5
-  assert sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) == [2, 3, 4, 5]  # keep=4
+  assert sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) == [
+    2,
+    3,
+    4,
+    5,
+  ]  # keep=4
 
 
 def test_intact_checkpoints_of_other_settings_are_refused_and_never_moved(finished, tmp_path):
@@ -101,11 +109,16 @@ def test_intact_checkpoints_of_other_settings_are_refused_and_never_moved(finish
   assert not (workdir / "checkpoints.corrupt").exists()
 
 
-@pytest.mark.parametrize("override,differing", [
+@pytest.mark.parametrize(
+  "override,differing",
+  [
     ("--config.rl.group_size=2", "rl.group_size: 4 -> 2"),
     ("--config.model.preset=small", "model.preset: 'tiny' -> 'small'"),
-])
-def test_resuming_with_other_settings_is_refused_naming_them(finished, tmp_path, override, differing):
+  ],
+)
+def test_resuming_with_other_settings_is_refused_naming_them(
+  finished, tmp_path, override, differing
+):
   workdir = _copy(finished, tmp_path)
   saved_config = (workdir / "config.json").read_text()
   result = _train(workdir, "--config.rl.steps=6", override)
@@ -115,10 +128,21 @@ def test_resuming_with_other_settings_is_refused_naming_them(finished, tmp_path,
 
 
 def test_sigterm_during_sft_exits_cleanly(tmp_path):
-  process = subprocess.Popen(_command(tmp_path, "--config.task.name=arithmetic", "--config.task.options={}",
-                                      "--config.sft.max_steps=100000", "--config.sft.batch_size=8",
-                                      "--config.sft.eval_every=100000", "--config.rl.steps=1"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+  process = subprocess.Popen(
+    _command(
+      tmp_path,
+      "--config.task.name=arithmetic",
+      "--config.task.options={}",
+      "--config.sft.max_steps=100000",
+      "--config.sft.batch_size=8",
+      "--config.sft.eval_every=100000",
+      "--config.rl.steps=1",
+    ),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    cwd=ROOT,
+  )
   deadline = time.time() + 300
   while not (tmp_path / "metrics.jsonl").exists():  # written after the first eval, as SFT starts
     assert process.poll() is None and time.time() < deadline, process.stderr.read()[-3000:]
@@ -142,7 +166,9 @@ def test_a_failed_save_is_raised_at_the_next_step_with_its_cause_in_one_line(tmp
   checkpointer.wait()
   shutil.rmtree(tmp_path / "checkpoints")
   (tmp_path / "checkpoints").write_text("the disk went away")  # every later write fails
-  with pytest.raises(checkpoints.CheckpointError, match=r"failed: \w+Error: .*checkpoints") as error:
+  with pytest.raises(
+    checkpoints.CheckpointError, match=r"failed: \w+Error: .*checkpoints"
+  ) as error:
     checkpointer.save(2, {"model": module}, {"rl_step": 2, "step": 2, "gen_tokens": 0}, mesh)
     checkpointer.check()  # what the loop runs at the start of every step
     checkpointer.wait()
@@ -167,7 +193,9 @@ def test_a_save_orbax_declines_is_an_error_not_a_silent_skip(tmp_path):
 def test_metrics_resume_drops_a_cut_off_last_line(tmp_path):
   from jaxcredit.train.metrics import MetricsWriter
 
-  (tmp_path / "metrics.jsonl").write_text('{"step": 1, "a": 1.0}\n{"step": 2, "a": 2.0}\n{"step": 3, "a"')
+  (tmp_path / "metrics.jsonl").write_text(
+    '{"step": 1, "a": 1.0}\n{"step": 2, "a": 2.0}\n{"step": 3, "a"'
+  )
   MetricsWriter(tmp_path, resume_step=2).write(3, {"a": 3.0})
   assert _metrics(tmp_path) == [{"step": 1, "a": 1.0}, {"step": 2, "a": 2.0}, {"step": 3, "a": 3.0}]
 
@@ -178,17 +206,29 @@ def test_a_second_process_on_a_workdir_refuses_naming_the_holder(tmp_path):
   with workdir_lock.WorkdirLock(tmp_path):
     result = _train(tmp_path, "--config.rl.steps=4")
   assert result.returncode != 0
-  assert f"is in use by host {socket.gethostname()} pid {os.getpid()}" in result.stderr, result.stderr[-2000:]
+  assert f"is in use by host {socket.gethostname()} pid {os.getpid()}" in result.stderr, (
+    result.stderr[-2000:]
+  )
   assert "Traceback" not in result.stderr and not (tmp_path / "metrics.jsonl").exists()
 
 
 def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
   from jaxcredit.train import workdir_lock
 
-  holder = subprocess.Popen([sys.executable, "-c", (
-      "import pathlib, sys, time; from jaxcredit.train import workdir_lock\n"
-      f"with workdir_lock.WorkdirLock(pathlib.Path({str(tmp_path)!r})): print('held', flush=True); time.sleep(600)")],
-      stdout=subprocess.PIPE, text=True, cwd=ROOT)
+  holder = subprocess.Popen(
+    [
+      sys.executable,
+      "-c",
+      (
+        "import pathlib, sys, time; from jaxcredit.train import workdir_lock\n"
+        f"with workdir_lock.WorkdirLock(pathlib.Path({str(tmp_path)!r})): "
+        "print('held', flush=True); time.sleep(600)"
+      ),
+    ],
+    stdout=subprocess.PIPE,
+    text=True,
+    cwd=ROOT,
+  )
   assert holder.stdout.readline().strip() == "held"
   with pytest.raises(workdir_lock.WorkdirBusy, match=f"pid {holder.pid}"):
     workdir_lock.WorkdirLock(tmp_path).__enter__()
@@ -208,8 +248,14 @@ def test_rerunning_a_finished_run_with_fewer_steps_changes_nothing(finished, tmp
 
 
 def test_ctrl_c_during_rl_saves_and_exits_cleanly(tmp_path, cli_env):
-  process = subprocess.Popen(_command(tmp_path, "--config.rl.steps=200"), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, cwd=ROOT, env=cli_env)
+  process = subprocess.Popen(
+    _command(tmp_path, "--config.rl.steps=200"),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    cwd=ROOT,
+    env=cli_env,
+  )
   deadline = time.time() + 300
   while not (tmp_path / "checkpoints" / "1").exists():
     assert process.poll() is None and time.time() < deadline, process.stderr.read()[-3000:]
@@ -228,8 +274,11 @@ def test_non_finite_rewards_stop_the_run_naming_task_step_and_row():
   from jaxcredit.train import checks
 
   checks.check_rewards(np.array([0.0, 1.0]), task="arithmetic", rl_step=3)
-  with pytest.raises(ValueError, match=r"Task 'countdown' gave non-finite rewards at RL step 7: row 1 = nan "
-                                       r"\(2 of 4 rows\)"):
+  with pytest.raises(
+    ValueError,
+    match=r"Task 'countdown' gave non-finite rewards at RL step 7: row 1 = nan "
+    r"\(2 of 4 rows\)",
+  ):
     checks.check_rewards(np.array([0.0, np.nan, 1.0, np.inf]), task="countdown", rl_step=7)
 
 
@@ -239,7 +288,11 @@ def test_metrics_stay_strict_json(tmp_path):
   MetricsWriter(tmp_path).write(1, {"a": float("nan"), "b": float("inf"), "c": 2.0})
   line = (tmp_path / "metrics.jsonl").read_text()
   assert json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c} in {line}")) == {
-      "step": 1, "a": None, "b": None, "c": 2.0}
+    "step": 1,
+    "a": None,
+    "b": None,
+    "c": 2.0,
+  }
 
 
 # Multi-device resume. Meshes: "1" (one CPU device), "8" (8 forced devices,
@@ -250,12 +303,16 @@ MESHES = {"1": (1, []), "8": (8, []), "2x2x2": (8, ["--config.mesh.shape=(2,2,1,
 def _on(mesh, cli_env):
   """(overrides, env) that run the CLI on `mesh`."""
   devices, overrides = MESHES[mesh]
-  return overrides, {**cli_env, "XLA_FLAGS": xla_flags(f"--xla_force_host_platform_device_count={devices}")}
+  return overrides, {
+    **cli_env,
+    "XLA_FLAGS": xla_flags(f"--xla_force_host_platform_device_count={devices}"),
+  }
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(finished, tmp_path_factory, cli_env):
-  """uninterrupted(mesh): the workdir of a 4-step run on `mesh` with checkpoints 1-4 (run once per module)."""
+  """uninterrupted(mesh): the workdir of a 4-step run on `mesh` with checkpoints 1-4 (run once
+  per module)."""
   runs = {"1": finished}
 
   def get(mesh):
@@ -280,7 +337,9 @@ def _assert_resumed_like(workdir, reference, after):
     assert sorted(got[step]) == sorted(line)
     for key in line:
       if key != "train/tokens_per_sec":
-        np.testing.assert_allclose(got[step][key], line[key], rtol=1e-4, atol=1e-4, err_msg=f"{key} at {step}")
+        np.testing.assert_allclose(
+          got[step][key], line[key], rtol=1e-4, atol=1e-4, err_msg=f"{key} at {step}"
+        )
 
 
 def _resumed_at(stdout):
@@ -290,8 +349,14 @@ def _resumed_at(stdout):
 
 def _launch(workdir, mesh, cli_env, *overrides):
   mesh_overrides, env = _on(mesh, cli_env)
-  return subprocess.Popen(_command(workdir, *mesh_overrides, *overrides), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+  return subprocess.Popen(
+    _command(workdir, *mesh_overrides, *overrides),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    cwd=ROOT,
+    env=env,
+  )
 
 
 def _wait_for(path, process):
@@ -311,20 +376,26 @@ def test_kill_9_after_a_checkpoint_resumes_exactly_on_8_devices(uninterrupted, t
   overrides, env = _on("8", cli_env)
   result = _train(workdir, "--config.rl.steps=4", *overrides, env=env)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert "Resuming RL at step" in result.stdout and "was written on" not in result.stdout  # same mesh
+  assert (
+    "Resuming RL at step" in result.stdout and "was written on" not in result.stdout
+  )  # same mesh
   # Lines before the resume come from the killed fresh run: fresh runs repeat exactly too.
   _assert_resumed_like(workdir, uninterrupted("8"), after=-1)
 
 
 def test_sigterm_on_a_2x2x2_mesh_saves_and_resumes_exactly(uninterrupted, tmp_path, cli_env):
-  process = _launch(tmp_path, "2x2x2", cli_env, "--config.rl.steps=4", "--config.checkpoint.every=100")
+  process = _launch(
+    tmp_path, "2x2x2", cli_env, "--config.rl.steps=4", "--config.checkpoint.every=100"
+  )
   _wait_for(tmp_path / "metrics.jsonl", process)
   while '"step": 1,' not in (tmp_path / "metrics.jsonl").read_text():  # RL step 1 is logged
     assert process.poll() is None, process.stderr.read()[-3000:]
     time.sleep(0.02)
   process.send_signal(signal.SIGTERM)
   stdout, stderr = process.communicate(timeout=120)
-  assert process.returncode == 0 and "SIGTERM: saved a checkpoint at RL step" in stdout, stderr[-3000:]
+  assert process.returncode == 0 and "SIGTERM: saved a checkpoint at RL step" in stdout, stderr[
+    -3000:
+  ]
   saved = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
   overrides, env = _on("2x2x2", cli_env)
   result = _train(tmp_path, "--config.rl.steps=4", *overrides, env=env)
@@ -344,14 +415,25 @@ def test_a_2x2x2_mesh_trains_like_one_device(uninterrupted):
   assert [line["step"] for line in got] == [line["step"] for line in want] and len(want) == 4
   for a, b in zip(want, got):
     for key in ("train/reward_mean", "train/loss", "train/kl", "train/entropy", "train/grad_norm"):
-      np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-4, err_msg=f"{key} at {a['step']}")
+      np.testing.assert_allclose(
+        b[key], a[key], rtol=1e-4, atol=1e-4, err_msg=f"{key} at {a['step']}"
+      )
 
 
-@pytest.mark.parametrize("written,resumed,message", [
+@pytest.mark.parametrize(
+  "written,resumed,message",
+  [
     ("8", "1", "Checkpoint 2 was written on 8 devices (data=8); resuming on 1 device."),
-    ("1", "2x2x2", "Checkpoint 2 was written on 1 device; resuming on 8 devices (data=2, fsdp=2, model=2)."),
-])
-def test_a_checkpoint_resumes_on_another_mesh(uninterrupted, tmp_path, cli_env, written, resumed, message):
+    (
+      "1",
+      "2x2x2",
+      "Checkpoint 2 was written on 1 device; resuming on 8 devices (data=2, fsdp=2, model=2).",
+    ),
+  ],
+)
+def test_a_checkpoint_resumes_on_another_mesh(
+  uninterrupted, tmp_path, cli_env, written, resumed, message
+):
   workdir = _copy(uninterrupted(written), tmp_path)
   for step in (3, 4):  # as if stopped after checkpoint 2
     shutil.rmtree(workdir / "checkpoints" / str(step))
@@ -363,10 +445,16 @@ def test_a_checkpoint_resumes_on_another_mesh(uninterrupted, tmp_path, cli_env, 
 
 
 def test_a_prompt_budget_that_drops_too_much_data_refuses_to_start(tmp_path):
-  result = _train(tmp_path, "--config.task.name=arithmetic", "--config.task.options={'max_digits': 5}",
-                  "--config.task.max_prompt_length=10")
+  result = _train(
+    tmp_path,
+    "--config.task.name=arithmetic",
+    "--config.task.options={'max_digits': 5}",
+    "--config.task.max_prompt_length=10",
+  )
   assert result.returncode != 0
-  assert "have prompts longer than max_prompt_length = 10 tokens" in result.stderr, result.stderr[-2000:]
+  assert "have prompts longer than max_prompt_length = 10 tokens" in result.stderr, result.stderr[
+    -2000:
+  ]
   assert "Traceback" not in result.stderr and not (tmp_path / "metrics.jsonl").exists()
 
 
@@ -374,4 +462,6 @@ def test_data_counts_and_truncation_are_logged(finished):
   first, *rl = _metrics(finished)
   assert first["step"] == 0 and first["data/test/evaluated"] == first["data/test/examples"] == 16
   assert first["data/train/dropped"] == 0 and first["data/train/examples"] == 64
-  assert all(line["train/truncated"] == 0.0 for line in rl)  # key_token responses have a fixed length
+  assert all(
+    line["train/truncated"] == 0.0 for line in rl
+  )  # key_token responses have a fixed length

@@ -73,7 +73,9 @@ def test_shipped_experiment_objective_matches_numpy(step):
   entropy_coef = 1e-3 * max(0.0, 1 - step / 1000)
   entropy = -np.asarray(rollout.entropy, np.float64)[mask].mean()
   kl_coef = config.objective["kl"]["coef"]
-  np.testing.assert_allclose(loss, policy + kl_coef * kl + entropy_coef * entropy, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(
+    loss, policy + kl_coef * kl + entropy_coef * entropy, rtol=1e-5, atol=1e-7
+  )
   np.testing.assert_allclose(metrics["kl/value"], kl, rtol=1e-5)
   np.testing.assert_allclose(metrics["entropy/coef"], entropy_coef, rtol=1e-5, atol=1e-9)
   assert {"loss", "policy/clipfrac", "policy/value", "kl/coef"} <= set(metrics)
@@ -86,13 +88,16 @@ def test_factories_match_config():
   estimate = estimators.get("rloo")(rollout)
   outputs = jc.PolicyOutputs(logprobs=rollout.behaviour_logprobs - 0.05, entropy=rollout.entropy)
   by_hand = losses.combine(
-      policy=losses.ppo_clip(clip_high=0.28),
-      kl=losses.kl_term(coef=0.1, kind="k3"),
-      entropy=losses.entropy_term(coef=optax.linear_schedule(1e-3, 0.0, 1000)),
+    policy=losses.ppo_clip(clip_high=0.28),
+    kl=losses.kl_term(coef=0.1, kind="k3"),
+    entropy=losses.entropy_term(coef=optax.linear_schedule(1e-3, 0.0, 1000)),
   )
   by_config = losses.from_config(load_experiment("credit_mix").objective)
-  np.testing.assert_allclose(by_hand(outputs, rollout, estimate, 10)[0],
-                             by_config(outputs, rollout, estimate, 10)[0], rtol=1e-6)
+  np.testing.assert_allclose(
+    by_hand(outputs, rollout, estimate, 10)[0],
+    by_config(outputs, rollout, estimate, 10)[0],
+    rtol=1e-6,
+  )
 
 
 def test_bad_configs_raise():

@@ -13,12 +13,25 @@ from jaxcredit.train import extras
 
 
 def test_advantage_configs_list_their_estimators_settings_and_needs():
-  config = {"scale": "rms", "of": {"sum": [{"weight": 0.5, "name": "vineppo", "k": 9}, "oracle_seq",
-                                           {"mask": "high_entropy", "rho": 0.2, "of": {"name": "prime"}}]}}
-  found = [(c.name, dict(c.settings), c.needs) for c in estimators.components(estimators.from_config(config))]
-  assert found == [("vineppo", {"k": 9, "positions": "all"}, ("mc_values", "mc_evaluated")),
-                   ("oracle_seq", {}, ("oracle_values",)),
-                   ("prime", {"beta": 0.05, "gamma": 1.0}, ("prm_logprobs",))]
+  config = {
+    "scale": "rms",
+    "of": {
+      "sum": [
+        {"weight": 0.5, "name": "vineppo", "k": 9},
+        "oracle_seq",
+        {"mask": "high_entropy", "rho": 0.2, "of": {"name": "prime"}},
+      ]
+    },
+  }
+  found = [
+    (c.name, dict(c.settings), c.needs)
+    for c in estimators.components(estimators.from_config(config))
+  ]
+  assert found == [
+    ("vineppo", {"k": 9, "positions": "all"}, ("mc_values", "mc_evaluated")),
+    ("oracle_seq", {}, ("oracle_values",)),
+    ("prime", {"beta": 0.05, "gamma": 1.0}, ("prm_logprobs",)),
+  ]
   assert estimators.components(lambda rollout: None) == ()  # a hand-written advantage function
 
 
@@ -27,14 +40,18 @@ def test_estimators_that_need_nothing_get_no_hook():
 
 
 def test_an_unknown_setting_is_refused_when_the_config_is_read():
-  with pytest.raises(ValueError, match="Estimator 'vineppo' has no setting 'kk'; it takes: k, positions"):
+  with pytest.raises(
+    ValueError, match="Estimator 'vineppo' has no setting 'kk'; it takes: k, positions"
+  ):
     estimators.from_config({"name": "vineppo", "kk": 4})
   with pytest.raises(ValueError, match="Estimator 'grpo' has no setting 'lam'"):
     estimators.from_config({"name": "grpo", "lam": 0.9})
 
 
 def test_a_needed_extra_without_a_provider_is_named_at_set_up():
-  with pytest.raises(ValueError, match=r"'remax' needs rollout.extras\['baseline_rewards'\], which no registered"):
+  with pytest.raises(
+    ValueError, match=r"'remax' needs rollout.extras\['baseline_rewards'\], which no registered"
+  ):
     extras.hook(estimators.from_config("remax"))
 
 
@@ -48,16 +65,30 @@ def test_a_user_estimator_and_its_provider_plug_in_through_the_registries():
   @extras.register("test_bonus")
   def make_bonus(settings, *, temperature):
     made.append((dict(settings), temperature))
-    return lambda context, rollout: ({"test_bonus": settings["size"] * rollout.rewards[:, None]
-                                      * jnp.ones(rollout.shape)}, {"bonus_calls": 1})
+    return lambda context, rollout: (
+      {"test_bonus": settings["size"] * rollout.rewards[:, None] * jnp.ones(rollout.shape)},
+      {"bonus_calls": 1},
+    )
 
   try:
-    advantage = estimators.from_config({"sum": [{"name": "test_bonus", "size": 2.0, "weight": 1.0},
-                                                {"name": "test_bonus", "weight": 0.5}]})
+    advantage = estimators.from_config(
+      {
+        "sum": [
+          {"name": "test_bonus", "size": 2.0, "weight": 1.0},
+          {"name": "test_bonus", "weight": 0.5},
+        ]
+      }
+    )
     hook = extras.hook(advantage, temperature=0.7)
-    assert made == [({"weight": 1.0, "size": 2.0}, 0.7)]  # one provider, from the first estimator needing it
-    rollout = Rollout(tokens=jnp.zeros((2, 3), jnp.int32), mask=jnp.asarray([[0, 1, 1], [0, 1, 0]], bool),
-                      rewards=jnp.asarray([1.0, 0.0]), group_size=2)
+    assert made == [
+      ({"weight": 1.0, "size": 2.0}, 0.7)
+    ]  # one provider, from the first estimator needing it
+    rollout = Rollout(
+      tokens=jnp.zeros((2, 3), jnp.int32),
+      mask=jnp.asarray([[0, 1, 1], [0, 1, 0]], bool),
+      rewards=jnp.asarray([1.0, 0.0]),
+      group_size=2,
+    )
     computed, metrics = hook(extras.Context(None, None, [], jax.random.key(0), 0), rollout)
     assert metrics == {"bonus_calls": 1}
     estimate = advantage(rollout.replace(extras=computed))
@@ -70,11 +101,15 @@ def test_a_user_estimator_and_its_provider_plug_in_through_the_registries():
 def test_the_trainer_finds_the_labs_oracle_without_importing_the_lab():
   """Importing the training loop loads no lab module; asking for the oracle loads
   its provider through the "jaxcredit.extras" entry point."""
-  code = ("import sys\n"
-          "from jaxcredit import estimators\n"
-          "from jaxcredit.train import extras, loop\n"
-          "print(sorted(m for m in sys.modules if m.startswith('jaxcredit.lab')))\n"
-          "hook = extras.hook(estimators.from_config('oracle'))\n"
-          "print(hook is not None, 'jaxcredit.lab.providers' in sys.modules)\n")
-  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+  code = (
+    "import sys\n"
+    "from jaxcredit import estimators\n"
+    "from jaxcredit.train import extras, loop\n"
+    "print(sorted(m for m in sys.modules if m.startswith('jaxcredit.lab')))\n"
+    "hook = extras.hook(estimators.from_config('oracle'))\n"
+    "print(hook is not None, 'jaxcredit.lab.providers' in sys.modules)\n"
+  )
+  result = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
+  )
   assert result.stdout.splitlines() == ["[]", "True True"]

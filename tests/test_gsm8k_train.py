@@ -24,16 +24,23 @@ from tests.conftest import ROOT, load_experiment  # noqa: E402
 from tests.hf_tokenizers import save_qwen_style  # noqa: E402
 
 
-def _write_gsm8k(directory: pathlib.Path, sizes=(("train", 24), ("test", 8)), seed=0) -> pathlib.Path:
+def _write_gsm8k(
+  directory: pathlib.Path, sizes=(("train", 24), ("test", 8)), seed=0
+) -> pathlib.Path:
   rng = random.Random(seed)
   directory.mkdir(parents=True, exist_ok=True)
   for split, n in sizes:
     lines = []
     for _ in range(n):
       a, b = rng.randint(2, 99), rng.randint(2, 99)
-      lines.append(json.dumps({
-          "question": f"Natalia sold {a} clips in April and {b} in May. How many did she sell?",
-          "answer": f"She sold {a} + {b} = <<{a}+{b}={a + b}>>{a + b} clips.\n#### {a + b}"}))
+      lines.append(
+        json.dumps(
+          {
+            "question": f"Natalia sold {a} clips in April and {b} in May. How many did she sell?",
+            "answer": f"She sold {a} + {b} = <<{a}+{b}={a + b}>>{a + b} clips.\n#### {a + b}",
+          }
+        )
+      )
     (directory / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
   return directory
 
@@ -51,7 +58,9 @@ def _smoke_config(tokenizer, data, **task):
   return config
 
 
-def test_prompts_are_the_checkpoints_chat_template_and_rewards_read_the_final_number(files, tmp_path):
+def test_prompts_are_the_checkpoints_chat_template_and_rewards_read_the_final_number(
+  files, tmp_path
+):
   tokenizer_dir, data = files
   config = _smoke_config(tokenizer_dir, data)
   task = tasks.make(config.task, data_dir=str(tmp_path), seed=0, tokenizer=str(tokenizer_dir))
@@ -60,8 +69,9 @@ def test_prompts_are_the_checkpoints_chat_template_and_rewards_read_the_final_nu
   question = example["prompt"].decode()
   prompt, completion = task.encode(example)
   messages = [{"role": "user", "content": question + config.task.instruction}]
-  assert prompt == list(reference.apply_chat_template(messages, add_generation_prompt=True,
-                                                      return_dict=False))
+  assert prompt == list(
+    reference.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+  )
   assert reference.decode(prompt).endswith("<|im_start|>assistant\n")
   assert completion[-1] == reference.convert_tokens_to_ids("<|im_end|>")
   assert task.stop_tokens == (reference.convert_tokens_to_ids("<|im_end|>"),)
@@ -69,45 +79,66 @@ def test_prompts_are_the_checkpoints_chat_template_and_rewards_read_the_final_nu
 
   answer = example["answer"].decode()
   ours = HFTokenizer(tokenizer_dir)
-  rows = [ours.encode(f"so {answer} in all\n#### {answer}", add_eos=True),
-          ours.encode(f"#### {int(answer) + 1}", add_eos=True),
-          ours.encode(f"#### {answer}")]  # right, but cut off by the budget: no EOS
+  rows = [
+    ours.encode(f"so {answer} in all\n#### {answer}", add_eos=True),
+    ours.encode(f"#### {int(answer) + 1}", add_eos=True),
+    ours.encode(f"#### {answer}"),
+  ]  # right, but cut off by the budget: no EOS
   width = task.max_prompt_length + max(map(len, rows))
   tokens = np.full((3, width), task.pad_id)
   mask = np.zeros((3, width), bool)
   for row, ids in enumerate(rows):
-    tokens[row, task.max_prompt_length:task.max_prompt_length + len(ids)] = ids
-    mask[row, task.max_prompt_length:task.max_prompt_length + len(ids)] = True
+    tokens[row, task.max_prompt_length : task.max_prompt_length + len(ids)] = ids
+    mask[row, task.max_prompt_length : task.max_prompt_length + len(ids)] = True
   np.testing.assert_array_equal(task.score_rows(tokens, mask, [example] * 3), [1.0, 0.0, 0.0])
 
 
 def test_plain_prompts_and_bad_settings(files, tmp_path):
   tokenizer_dir, data = files
-  plain = tasks.make(_smoke_config(tokenizer_dir, data, prompt="plain").task,
-                     data_dir=str(tmp_path), seed=0, tokenizer=str(tokenizer_dir))
+  plain = tasks.make(
+    _smoke_config(tokenizer_dir, data, prompt="plain").task,
+    data_dir=str(tmp_path),
+    seed=0,
+    tokenizer=str(tokenizer_dir),
+  )
   example = plain.sources["test"][0]
   assert HFTokenizer(tokenizer_dir).decode(plain.encode(example)[0]) == (
-      example["prompt"].decode() + load_experiment("gsm8k_grpo", "smoke").task.instruction)
+    example["prompt"].decode() + load_experiment("gsm8k_grpo", "smoke").task.instruction
+  )
   config = _smoke_config(tokenizer_dir, data)
   with pytest.raises(ValueError, match="needs a Hugging Face tokenizer"):
     tasks.make(config.task, data_dir=str(tmp_path), seed=0, tokenizer=None)
   with pytest.raises(ValueError, match="task.prompt"):
-    tasks.make(_smoke_config(tokenizer_dir, data, prompt="xml").task, data_dir=str(tmp_path),
-               seed=0, tokenizer=str(tokenizer_dir))
+    tasks.make(
+      _smoke_config(tokenizer_dir, data, prompt="xml").task,
+      data_dir=str(tmp_path),
+      seed=0,
+      tokenizer=str(tokenizer_dir),
+    )
   small = _smoke_config(tokenizer_dir, data).model
   small.overrides = {**small.overrides, "vocab_size": 100}
-  with pytest.raises(ValueError, match=r"vocabulary \(100 ids\) is smaller than the task tokenizer's"):
+  with pytest.raises(
+    ValueError, match=r"vocabulary \(100 ids\) is smaller than the task tokenizer's"
+  ):
     loop._policy(small, plain, seed=0)
   with pytest.raises(ValueError, match="test.jsonl"):
-    tasks.make(_smoke_config(tokenizer_dir, tmp_path / "empty").task, data_dir=str(tmp_path),
-               seed=0, tokenizer=str(tokenizer_dir))
+    tasks.make(
+      _smoke_config(tokenizer_dir, tmp_path / "empty").task,
+      data_dir=str(tmp_path),
+      seed=0,
+      tokenizer=str(tokenizer_dir),
+    )
 
 
 def test_edited_data_are_prepared_afresh(files, tmp_path):
   tokenizer_dir, _ = files
   data = _write_gsm8k(tmp_path / "data", seed=1)
-  make = lambda: tasks.make(_smoke_config(tokenizer_dir, data).task, data_dir=str(tmp_path / "prepared"),
-                            seed=0, tokenizer=str(tokenizer_dir))
+  make = lambda: tasks.make(
+    _smoke_config(tokenizer_dir, data).task,
+    data_dir=str(tmp_path / "prepared"),
+    seed=0,
+    tokenizer=str(tokenizer_dir),
+  )
   before = make().sources["train"][0]["prompt"]
   _write_gsm8k(data, seed=2)
   assert make().sources["train"][0]["prompt"] != before
@@ -126,9 +157,15 @@ def _run_readme_smoke_command(files, workdir, *overrides) -> subprocess.Complete
   """The README's smoke command with this test's paths (and `overrides` appended)."""
   tokenizer_dir, data = files
   command = _readme_smoke_command()
-  assert command[:3] == ["python", "-m", "jaxcredit.train"] and "--config.model.random_init=True" in command
-  paths = {"--workdir": workdir, "--config.task.tokenizer": tokenizer_dir,
-           "--config.task.jsonl_dir": data}
+  assert (
+    command[:3] == ["python", "-m", "jaxcredit.train"]
+    and "--config.model.random_init=True" in command
+  )
+  paths = {
+    "--workdir": workdir,
+    "--config.task.tokenizer": tokenizer_dir,
+    "--config.task.jsonl_dir": data,
+  }
   argv = [sys.executable, *command[1:], *overrides]
   for i, arg in enumerate(argv):
     for flag, path in paths.items():
@@ -139,13 +176,27 @@ def _run_readme_smoke_command(files, workdir, *overrides) -> subprocess.Complete
   return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["--config.task.eval_size=0"], "task.eval_size (None: every test problem) must be a positive int, got 0"),
-    (["--config.task.eval_size=-1"], "task.eval_size (None: every test problem) must be a positive int, got -1"),
-    (["--config.model.random_init=False", "--config.model.checkpoint={tokenizer}"],
-     "model.overrides sets d_ff, d_model, n_heads, n_kv_heads, n_layers, vocab_size, which change the shape"),
-])
-def test_the_smoke_command_refuses_unusable_settings_naming_them(files, tmp_path, overrides, message):
+@pytest.mark.parametrize(
+  "overrides,message",
+  [
+    (
+      ["--config.task.eval_size=0"],
+      "task.eval_size (None: every test problem) must be a positive int, got 0",
+    ),
+    (
+      ["--config.task.eval_size=-1"],
+      "task.eval_size (None: every test problem) must be a positive int, got -1",
+    ),
+    (
+      ["--config.model.random_init=False", "--config.model.checkpoint={tokenizer}"],
+      "model.overrides sets d_ff, d_model, n_heads, n_kv_heads, n_layers, vocab_size, "
+      "which change the shape",
+    ),
+  ],
+)
+def test_the_smoke_command_refuses_unusable_settings_naming_them(
+  files, tmp_path, overrides, message
+):
   overrides = [o.format(tokenizer=files[0]) for o in overrides]
   result = _run_readme_smoke_command(files, tmp_path / "run", *overrides)
   assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
@@ -157,7 +208,9 @@ def test_the_readme_smoke_command_trains_and_exports(files, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   records = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
   assert max(r["step"] for r in records) == 2
-  assert any("train/reward_mean" in r for r in records) and any("eval/accuracy" in r for r in records)
+  assert any("train/reward_mean" in r for r in records) and any(
+    "eval/accuracy" in r for r in records
+  )
   exported = tmp_path / "run" / "hf"
   assert (exported / "chat_template.jinja").exists() and (exported / "tokenizer.json").exists()
   model = transformers.AutoModelForCausalLM.from_pretrained(exported)
@@ -168,10 +221,16 @@ def test_training_starts_from_the_checkpoint(files, tmp_path):
   """A run whose updates round away exports exactly the checkpoint it loaded."""
   tokenizer_dir, data = files
   checkpoint_dir = tmp_path / "checkpoint"
-  hf_config = transformers.Qwen2Config(vocab_size=1024, hidden_size=64, intermediate_size=96,
-                                       num_hidden_layers=2, num_attention_heads=4,
-                                       num_key_value_heads=1, tie_word_embeddings=True,
-                                       rope_theta=1e6)
+  hf_config = transformers.Qwen2Config(
+    vocab_size=1024,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    tie_word_embeddings=True,
+    rope_theta=1e6,
+  )
   torch.manual_seed(0)
   original = transformers.AutoModelForCausalLM.from_config(hf_config).eval()
   original.save_pretrained(checkpoint_dir)

@@ -19,10 +19,16 @@ TEXT_VERIFIERS = {
     "format": rewards.format_reward,
 }
 HOSTILE_TEXT = st.one_of(
-    st.text(),
-    st.text(alphabet=st.characters(categories=["Nd", "Cc", "Zs", "P", "S"])),  # any digits, controls, symbols
-    st.builds(lambda a, b: f"{a}#### {b}", st.text(max_size=20), st.text(alphabet="0123456789,.-", max_size=60)),
-    st.builds(lambda a, b: f"<answer>{a}</answer>{b}", st.text(max_size=30), st.text(max_size=10)),
+  st.text(),
+  st.text(
+    alphabet=st.characters(categories=["Nd", "Cc", "Zs", "P", "S"])
+  ),  # any digits, controls, symbols
+  st.builds(
+    lambda a, b: f"{a}#### {b}",
+    st.text(max_size=20),
+    st.text(alphabet="0123456789,.-", max_size=60),
+  ),
+  st.builds(lambda a, b: f"<answer>{a}</answer>{b}", st.text(max_size=30), st.text(max_size=10)),
 )
 
 
@@ -34,10 +40,19 @@ def test_text_verifiers_never_raise(name, response):
   assert 0.0 <= reward <= 1.0 and isinstance(reason, str)
 
 
-@pytest.mark.parametrize("response", [
-    HUGE_NUMBER, f"#### {HUGE_NUMBER}", f"-{HUGE_NUMBER}.{HUGE_NUMBER}", "#### \u0661\u0662\u0665", "#### 12\x00 5",
-    f"\x1b[31m{HUGE_NUMBER}", f"<answer>{HUGE_NUMBER}</answer>", f"<answer>{HUGE_NUMBER}+3</answer>",
-])
+@pytest.mark.parametrize(
+  "response",
+  [
+    HUGE_NUMBER,
+    f"#### {HUGE_NUMBER}",
+    f"-{HUGE_NUMBER}.{HUGE_NUMBER}",
+    "#### \u0661\u0662\u0665",
+    "#### 12\x00 5",
+    f"\x1b[31m{HUGE_NUMBER}",
+    f"<answer>{HUGE_NUMBER}</answer>",
+    f"<answer>{HUGE_NUMBER}+3</answer>",
+  ],
+)
 @pytest.mark.parametrize("name", ["arithmetic", "countdown", "gsm8k"])
 def test_huge_numbers_unicode_digits_and_control_characters_score_zero(name, response):
   reward, reason = TEXT_VERIFIERS[name](response)
@@ -49,16 +64,18 @@ def test_gsm8k_numbers_of_any_length_compare_exactly():
   assert gsm8k.reward(f"#### 00{HUGE_NUMBER}.000", HUGE_NUMBER)[0] == 1.0
   assert gsm8k.normalize_number("1,234.50") == "1234.5"
   assert gsm8k.normalize_number("-0.0") == "0"
-  assert gsm8k.normalize_number("\u0661\u0662\u0665") is None  # Arabic-Indic digits are not a GSM8K number
+  assert (
+    gsm8k.normalize_number("\u0661\u0662\u0665") is None
+  )  # Arabic-Indic digits are not a GSM8K number
 
 
 DEGENERATE_MB = {
-    "answer tags": "<answer>" * (1 << 17),
-    "closing tags": "</answer>" * (1 << 17),
-    "digits": "7" * (1 << 20),
-    "hashes": "####" * (1 << 18),
-    "separators": "1,;." * (1 << 18),
-    "whitespace": " \t\n\r" * (1 << 18),
+  "answer tags": "<answer>" * (1 << 17),
+  "closing tags": "</answer>" * (1 << 17),
+  "digits": "7" * (1 << 20),
+  "hashes": "####" * (1 << 18),
+  "separators": "1,;." * (1 << 18),
+  "whitespace": " \t\n\r" * (1 << 18),
 }
 
 

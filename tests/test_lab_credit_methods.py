@@ -115,11 +115,14 @@ def test_the_trainers_ktae_provider_scores_the_sampled_rollout():
 
 
 def test_ktae_and_spo_estimators():
-  rollout = testing.strategies.make_rollout(np.random.default_rng(1), batch=8, length=7, group_size=4)
+  rollout = testing.strategies.make_rollout(np.random.default_rng(1), batch=8, length=7,
+                                            group_size=4)
   mask = np.asarray(rollout.mask)
   grpo = np.asarray(estimators.get("grpo")(rollout).advantages)
   ktae = np.asarray(estimators.get("ktae")(rollout).advantages)
-  np.testing.assert_allclose(ktae, grpo + np.where(mask, rollout.extras["ktae_scores"], 0.0), atol=1e-6)
+  np.testing.assert_allclose(
+    ktae, grpo + np.where(mask, rollout.extras["ktae_scores"], 0.0), atol=1e-6
+  )
   vine = np.asarray(estimators.get("vineppo")(rollout).advantages)
   spo = np.asarray(estimators.get("spo")(rollout, prob_threshold=0.5).advantages)
   confident = np.exp(np.asarray(rollout.behaviour_logprobs)) > 0.5
@@ -128,21 +131,38 @@ def test_ktae_and_spo_estimators():
 
 
 def test_implicit_prm_starts_at_the_policy_and_learns_the_outcome(tmp_path):
-  config = ml_collections.ConfigDict({"name": "key_token", "options": {"length": 6}, "train_size": 8, "test_size": 4})
+  config = ml_collections.ConfigDict(
+    {"name": "key_token", "options": {"length": 6}, "train_size": 8, "test_size": 4}
+  )
   task = tasks.make(config, data_dir=str(tmp_path), seed=0)
   model = Transformer(preset("tiny", vocab_size=32), rngs=nnx.Rngs(0))
   examples = [task.sources["train"][i] for i in range(4) for _ in range(4)]
   prompts = np.stack([e["prompt"] for e in examples])
-  sample = generate(model, prompts, np.ones(prompts.shape, bool), jax.random.key(0), max_new_tokens=6,
-                    actions=task.actions)
+  sample = generate(
+    model,
+    prompts,
+    np.ones(prompts.shape, bool),
+    jax.random.key(0),
+    max_new_tokens=6,
+    actions=task.actions,
+  )
   rewards = task.score(np.asarray(sample.tokens)[:, 4:], np.asarray(sample.mask)[:, 4:], examples)
-  rollout = Rollout(tokens=sample.tokens, mask=sample.mask, rewards=jnp.asarray(rewards), behaviour_logprobs=sample.logprobs,
-                    ref_logprobs=sample.logprobs, group_size=4, positions=sample.positions,
-                    token_valid=sample.token_valid)
+  rollout = Rollout(
+    tokens=sample.tokens,
+    mask=sample.mask,
+    rewards=jnp.asarray(rewards),
+    behaviour_logprobs=sample.logprobs,
+    ref_logprobs=sample.logprobs,
+    group_size=4,
+    positions=sample.positions,
+    token_valid=sample.token_valid,
+  )
   prm = implicit_prm.ImplicitPRM(beta=0.5, learning_rate=3e-3)
   extras, metrics = prm(task, model, rollout)
   mask = np.asarray(sample.mask)
-  np.testing.assert_allclose(np.asarray(extras["prm_logprobs"])[mask], np.asarray(sample.logprobs)[mask], atol=1e-4)
+  np.testing.assert_allclose(
+    np.asarray(extras["prm_logprobs"])[mask], np.asarray(sample.logprobs)[mask], atol=1e-4
+  )
   losses = [metrics["prm_loss"]] + [prm(task, model, rollout)[1]["prm_loss"] for _ in range(20)]
   assert losses[-1] < 0.9 * losses[0], losses
   assert prm.prm is not model  # the policy itself is untouched

@@ -22,16 +22,28 @@ OPTIONS = {"length": 6, "n_decisive": 2, "n_keys": 3, "n_fillers": 2, "filler_bl
 
 @pytest.fixture(scope="module")
 def setting(tmp_path_factory):
-  config = ml_collections.ConfigDict({"name": "key_token", "options": OPTIONS, "train_size": 8, "test_size": 4})
+  config = ml_collections.ConfigDict(
+    {"name": "key_token", "options": OPTIONS, "train_size": 8, "test_size": 4}
+  )
   task = tasks.make(config, data_dir=str(tmp_path_factory.mktemp("data")), seed=0)
   model = Transformer(preset("tiny", vocab_size=key_token.VOCAB_SIZE), rngs=nnx.Rngs(0))
   rng = np.random.default_rng(1)
-  state = nnx.state(model, nnx.Param)  # peaked, prompt-dependent conditionals instead of near-uniform ones
-  nnx.update(model, jax.tree.map(lambda x: x * 4 + 0.05 * rng.normal(size=x.shape).astype(x.dtype), state))
+  state = nnx.state(
+    model, nnx.Param
+  )  # peaked, prompt-dependent conditionals instead of near-uniform ones
+  nnx.update(
+    model, jax.tree.map(lambda x: x * 4 + 0.05 * rng.normal(size=x.shape).astype(x.dtype), state)
+  )
   examples = [task.sources["train"][i] for i in range(4) for _ in range(4)]
   prompts = np.stack([e["prompt"] for e in examples])
-  sample = generate(model, prompts, np.ones(prompts.shape, bool), jax.random.key(1), max_new_tokens=6,
-                    actions=task.actions)
+  sample = generate(
+    model,
+    prompts,
+    np.ones(prompts.shape, bool),
+    jax.random.key(1),
+    max_new_tokens=6,
+    actions=task.actions,
+  )
   return task, model, examples, sample
 
 
@@ -44,12 +56,14 @@ def _brute_force_values(model, config, examples, tokens):
   for row, example in enumerate(examples):
     rows = np.concatenate([np.tile(example["prompt"], (len(responses), 1)), responses], 1)
     logp = oracle._teacher_forced_logprobs(
-        model, np.concatenate([rows[:, :p], key_token.observe(responses, config)], 1),
-        np.concatenate([np.ones((p, key_token.VOCAB_SIZE), bool), allowed]))
-    step_logp = np.take_along_axis(logp[:, p - 1:-1], responses[..., None], 2)[..., 0]  # [S, T]
+      model,
+      np.concatenate([rows[:, :p], key_token.observe(responses, config)], 1),
+      np.concatenate([np.ones((p, key_token.VOCAB_SIZE), bool), allowed]),
+    )
+    step_logp = np.take_along_axis(logp[:, p - 1 : -1], responses[..., None], 2)[..., 0]  # [S, T]
     rewards = key_token.reward(responses, np.tile(example["targets"], (len(responses), 1)), config)
     for t in range(config.length):
-      consistent = (responses[:, :t] == tokens[row, p:p + t]).all(axis=1)
+      consistent = (responses[:, :t] == tokens[row, p : p + t]).all(axis=1)
       log_weights = step_logp[consistent, t:].sum(axis=1)
       weights = np.exp(log_weights - log_weights.max())
       values[row, p + t] = np.sum(weights * rewards[consistent]) / np.sum(weights)
@@ -59,7 +73,9 @@ def _brute_force_values(model, config, examples, tokens):
 def test_decisive_oracle_equals_brute_force_enumeration(setting):
   task, model, examples, sample = setting
   targets = np.stack([e["targets"] for e in examples])
-  exact = oracle.decisive_credit(model, key_token.KeyTokenConfig(**OPTIONS), sample.tokens, sample.mask, targets)
+  exact = oracle.decisive_credit(
+    model, key_token.KeyTokenConfig(**OPTIONS), sample.tokens, sample.mask, targets
+  )
   mask = np.asarray(sample.mask)
   want = _brute_force_values(model, key_token.KeyTokenConfig(**OPTIONS), examples, sample.tokens)
   np.testing.assert_allclose(np.asarray(exact.values)[mask], want[mask], atol=1e-5)
@@ -84,8 +100,14 @@ def test_tree_oracle_equals_brute_force_enumeration_with_visible_filler(setting,
   rng = np.random.default_rng(2)
   examples = [e for e in (key_token.make_example(rng, config) for _ in range(4)) for _ in range(4)]
   prompts, targets = (np.stack([e[k] for e in examples]) for k in ("prompt", "targets"))
-  sample = generate(model, prompts, np.ones(prompts.shape, bool), jax.random.key(2),
-                    max_new_tokens=config.length, actions=tasks.key_token_actions(config))
+  sample = generate(
+    model,
+    prompts,
+    np.ones(prompts.shape, bool),
+    jax.random.key(2),
+    max_new_tokens=config.length,
+    actions=tasks.key_token_actions(config),
+  )
   credit = tree_oracle.tree_credit(model, config, sample.tokens, sample.mask, targets)
   mask, p = np.asarray(sample.mask), config.prompt_length
   want = _brute_force_values(model, config, examples, sample.tokens)
@@ -98,7 +120,7 @@ def test_tree_oracle_equals_brute_force_enumeration_with_visible_filler(setting,
   last, filler = config.decisive_positions[-1], np.ones(config.length, bool)
   filler[config.decisive_positions] = False
   assert np.abs(advantages[:, p:][:, filler & (np.arange(config.length) < last)]).max() > 1e-4
-  assert np.all(advantages[:, p + last + 1:] == 0)
+  assert np.all(advantages[:, p + last + 1 :] == 0)
   # LAB.md's count: |F|^(p_K - K + 1) paths, times |C|^(K - 1) unless a wrong key decides R.
   branching = 1 if rule == "all" else config.n_keys ** (config.n_decisive - 1)
   assert tree_oracle.passes_per_prompt(config) == 2 ** (last - 1) * branching
@@ -112,17 +134,31 @@ def test_tree_oracle_equals_the_decisive_oracle_when_filler_is_blind(setting):
   decisive = oracle.decisive_credit(model, config, sample.tokens, sample.mask, targets)
   for got, want in ((tree.values, decisive.values), (tree.advantages, decisive.advantages)):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
-  with pytest.raises(ValueError, match=r"E-TREE needs 32 teacher-forced paths \(4 prompts x "
-                                       r"8\), over max_passes = 31"):
+  with pytest.raises(
+    ValueError,
+    match=r"E-TREE needs 32 teacher-forced paths \(4 prompts x "
+    r"8\), over max_passes = 31",
+  ):
     tree_oracle.tree_credit(model, config, sample.tokens, sample.mask, targets, max_passes=31)
 
 
 def _exact_and_mc(setting, *, k, seed):
   task, model, examples, sample = setting
   targets = np.stack([e["targets"] for e in examples])
-  exact = oracle.decisive_credit(model, key_token.KeyTokenConfig(**OPTIONS), sample.tokens, sample.mask, targets)
-  mc = oracle.mc_credit(model, task, sample.tokens, sample.mask, sample.token_valid, examples,
-                        jax.random.key(seed), k=k, positions="all")
+  exact = oracle.decisive_credit(
+    model, key_token.KeyTokenConfig(**OPTIONS), sample.tokens, sample.mask, targets
+  )
+  mc = oracle.mc_credit(
+    model,
+    task,
+    sample.tokens,
+    sample.mask,
+    sample.token_valid,
+    examples,
+    jax.random.key(seed),
+    k=k,
+    positions="all",
+  )
   return exact, mc
 
 
@@ -131,23 +167,38 @@ def test_monte_carlo_values_agree_with_the_exact_oracle_within_their_standard_er
   exact, mc = _exact_and_mc(setting, k=128, seed=2)
   mask = np.asarray(sample.mask)
   np.testing.assert_array_equal(np.asarray(mc.evaluated), mask)
-  se = np.asarray(oracle.mc_value_stats(jnp.zeros((1, 128)), jnp.ones((1, 128), bool))[2])  # AC floor
-  value_se = np.maximum(np.sqrt(np.clip(np.asarray(exact.values) * (1 - np.asarray(exact.values)), 0, None) / 128),
-                        se[0] / 4)
+  se = np.asarray(
+    oracle.mc_value_stats(jnp.zeros((1, 128)), jnp.ones((1, 128), bool))[2]
+  )  # AC floor
+  value_se = np.maximum(
+    np.sqrt(np.clip(np.asarray(exact.values) * (1 - np.asarray(exact.values)), 0, None) / 128),
+    se[0] / 4,
+  )
   z = (np.asarray(mc.values) - np.asarray(exact.values))[mask] / value_se[mask]
   assert np.abs(z).max() < 4.5, np.abs(z).max()
   assert 0.3 < np.mean(z**2) < 2.0, np.mean(z**2)
   # Plain MC credit telescopes exactly to R - V_hat(x) (LAB.md 2.4, T1).
   rewards = task.score(np.asarray(sample.tokens)[:, 4:], mask[:, 4:], examples)
-  np.testing.assert_allclose(np.asarray(mc.advantages).sum(1), rewards - np.asarray(mc.values)[:, 4], atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(mc.advantages).sum(1), rewards - np.asarray(mc.values)[:, 4], atol=1e-5
+  )
   assert mc.cost["rollouts"] == mask.sum() * 128 and mc.cost["gen_tokens"] > 0
   assert np.all(np.asarray(mc.adv_stderr)[mask] > 0)
 
 
 def test_budgeted_monte_carlo_evaluates_fewer_positions(setting):
   task, model, examples, sample = setting
-  mc = oracle.mc_credit(model, task, sample.tokens, sample.mask, sample.token_valid, examples,
-                        jax.random.key(3), k=4, positions="stride:3")
+  mc = oracle.mc_credit(
+    model,
+    task,
+    sample.tokens,
+    sample.mask,
+    sample.token_valid,
+    examples,
+    jax.random.key(3),
+    k=4,
+    positions="stride:3",
+  )
   evaluated = np.asarray(mc.evaluated)
   np.testing.assert_array_equal(evaluated.sum(1), 2)  # response steps 0 and 3 of 6
   assert mc.cost["rollouts"] == evaluated.sum() * 4
@@ -159,7 +210,9 @@ def test_mc_value_stats_against_numpy():
   returns[0] = 1.0
   valid = rng.random((6, 10)) < 0.8
   valid[1] = False
-  mean, var, se = (np.asarray(x) for x in oracle.mc_value_stats(jnp.asarray(returns), jnp.asarray(valid)))
+  mean, var, se = (
+    np.asarray(x) for x in oracle.mc_value_stats(jnp.asarray(returns), jnp.asarray(valid))
+  )
   for m in range(6):
     r = returns[m][valid[m]]
     if len(r) == 0:
@@ -200,7 +253,9 @@ def test_calibration_check_accepts_mc_values_and_rejects_an_off_by_one_bug(setti
   good = study.monte_carlo_check(exact.values, mc, 64, np.random.default_rng(0))
   assert good["states"] > 10 and good["passes_t2"], good
   shifted = np.concatenate([np.asarray(mc.values)[:, 1:], np.asarray(mc.values)[:, -1:]], axis=1)
-  bad = study.monte_carlo_check(exact.values, mc.replace(values=jnp.asarray(shifted)), 64, np.random.default_rng(0))
+  bad = study.monte_carlo_check(
+    exact.values, mc.replace(values=jnp.asarray(shifted)), 64, np.random.default_rng(0)
+  )
   assert not bad["passes_t2"] and bad["x2"] > bad["x2_null_q999"], bad
 
 
@@ -208,8 +263,18 @@ def test_rao_blackwellised_credit_agrees_with_the_exact_oracle(setting):
   """LAB.md 2.4 T3: rb credit (1 - pi)(Q_y - Q_-) is unbiased, and exactly 0 where pi(y) = 1."""
   task, model, examples, sample = setting
   exact, _ = _exact_and_mc(setting, k=1, seed=0)
-  rb = oracle.rb_credit(model, task, sample.tokens, sample.mask, sample.token_valid, examples, jax.random.key(5),
-                        k=64, positions="all", logprobs=np.asarray(sample.logprobs))
+  rb = oracle.rb_credit(
+    model,
+    task,
+    sample.tokens,
+    sample.mask,
+    sample.token_valid,
+    examples,
+    jax.random.key(5),
+    k=64,
+    positions="all",
+    logprobs=np.asarray(sample.logprobs),
+  )
   mask = np.asarray(sample.mask)
   error = (np.asarray(rb.advantages) - np.asarray(exact.advantages))[mask]
   se = np.asarray(rb.adv_stderr)[mask]
@@ -222,12 +287,19 @@ def test_rao_blackwellised_credit_agrees_with_the_exact_oracle(setting):
   assert np.abs(np.asarray(rb.advantages)[mask]).max() > 0.01  # not trivially zero
   assert rb.cost["rollouts"] == 2 * 64 * mask.sum()
   with pytest.raises(ValueError, match="needs the behaviour logprobs"):
-    oracle.rb_credit(model, task, sample.tokens, sample.mask, sample.token_valid, examples, jax.random.key(5), k=2)
+    oracle.rb_credit(
+      model, task, sample.tokens, sample.mask, sample.token_valid, examples, jax.random.key(5), k=2
+    )
 
 
 def test_rb_advantages_formula():
-  adv, se = oracle.rb_advantages(jnp.array([0.9, 0.2]), jnp.array([0.4, 0.2]), jnp.array([0.75, 1.0]),
-                                 jnp.array([0.3, 0.1]), jnp.array([0.4, 0.1]))
+  adv, se = oracle.rb_advantages(
+    jnp.array([0.9, 0.2]),
+    jnp.array([0.4, 0.2]),
+    jnp.array([0.75, 1.0]),
+    jnp.array([0.3, 0.1]),
+    jnp.array([0.4, 0.1]),
+  )
   np.testing.assert_allclose(adv, [0.25 * 0.5, 0.0], atol=1e-7)
   np.testing.assert_allclose(se, [0.25 * 0.5, 0.0], atol=1e-7)
 
@@ -241,13 +313,22 @@ def test_exact_success_is_the_prompt_value_and_the_mean_sampled_reward(setting):
   prompts, targets = (np.stack([e[k] for e in firsts]) for k in ("prompt", "targets"))
   got = oracle.exact_success(model, config, prompts, targets)
   np.testing.assert_allclose(
-      got, _brute_force_values(model, config, firsts, np.asarray(sample.tokens)[::4])[:, p],
-      atol=1e-5)
+    got, _brute_force_values(model, config, firsts, np.asarray(sample.tokens)[::4])[:, p], atol=1e-5
+  )
   n = 2048
-  drawn = generate(model, np.repeat(prompts, n, 0), np.ones((4 * n, p), bool), jax.random.key(7),
-                   max_new_tokens=config.length, actions=task.actions)
-  rewards = task.score(np.asarray(drawn.tokens)[:, p:], np.asarray(drawn.mask)[:, p:],
-                       [e for e in firsts for _ in range(n)]).reshape(4, n)
+  drawn = generate(
+    model,
+    np.repeat(prompts, n, 0),
+    np.ones((4 * n, p), bool),
+    jax.random.key(7),
+    max_new_tokens=config.length,
+    actions=task.actions,
+  )
+  rewards = task.score(
+    np.asarray(drawn.tokens)[:, p:],
+    np.asarray(drawn.mask)[:, p:],
+    [e for e in firsts for _ in range(n)],
+  ).reshape(4, n)
   stderr = np.maximum(np.sqrt(got * (1 - got) / n), 1 / n)
   assert np.all(np.abs(rewards.mean(1) - got) < 4.5 * stderr), (rewards.mean(1), got)
   assert got.std() > 0.01  # the prompts differ: a per-prompt value, not one number

@@ -23,13 +23,21 @@ def test_correlations_against_direct_formulas(seed):
   np.testing.assert_allclose(got["r_pool"].value, np.corrcoef(est[w], oracle[w])[0, 1], atol=1e-10)
   keep = w.any(axis=1)
   demean = lambda x: np.concatenate([x[b][w[b]] - x[b][w[b]].mean() for b in np.flatnonzero(keep)])
-  np.testing.assert_allclose(got["r_within"].value, np.corrcoef(demean(est), demean(oracle))[0, 1], atol=1e-10)
+  np.testing.assert_allclose(
+    got["r_within"].value, np.corrcoef(demean(est), demean(oracle))[0, 1], atol=1e-10
+  )
   total = ((oracle[w] - oracle[w].mean()) ** 2).sum()
   between = total - (demean(oracle) ** 2).sum()
   np.testing.assert_allclose(got["eta2"].value, between / total, atol=1e-10)
-  rows = [np.corrcoef(est[b][w[b]], oracle[b][w[b]])[0, 1] for b in np.flatnonzero(keep) if w[b].sum() >= 4]
+  rows = [
+    np.corrcoef(est[b][w[b]], oracle[b][w[b]])[0, 1]
+    for b in np.flatnonzero(keep)
+    if w[b].sum() >= 4
+  ]
   lengths = [w[b].sum() - 3 for b in np.flatnonzero(keep) if w[b].sum() >= 4]
-  np.testing.assert_allclose(got["r_row"].value, np.tanh(np.average(np.arctanh(rows), weights=lengths)), atol=1e-10)
+  np.testing.assert_allclose(
+    got["r_row"].value, np.tanh(np.average(np.arctanh(rows), weights=lengths)), atol=1e-10
+  )
 
 
 def test_sequence_level_credit_is_bounded_by_the_ceiling_and_the_row_mean_attains_it():
@@ -41,7 +49,9 @@ def test_sequence_level_credit_is_bounded_by_the_ceiling_and_the_row_mean_attain
   constant = np.where(w, np.random.default_rng(0).normal(size=(w.shape[0], 1)), 0.0)  # GRPO-like
   got = scores.correlations(constant, oracle, w)
   assert got["r_pool"].value <= got["ceiling"].value + 1e-12 and got["r2_within"].value == 0.0
-  assert not got["r_within"].defined and not got["r_row"].defined  # constant rows: undefined, not zero
+  assert (
+    not got["r_within"].defined and not got["r_row"].defined
+  )  # constant rows: undefined, not zero
 
 
 def test_spearman_matches_scipy_with_ties():
@@ -58,8 +68,9 @@ def test_sign_agreement_counts_only_credit_above_noise():
   scope = w & (np.abs(oracle) > np.maximum(0.01, 2 * se))
   agree = np.sign(est[scope]) == np.sign(oracle[scope])
   assert got["sa"] == scores.Stat(agree.mean(), True, int(scope.sum()))
-  np.testing.assert_allclose(got["sa_weighted"].value,
-                             (np.abs(oracle[scope]) * agree).sum() / np.abs(oracle[scope]).sum())
+  np.testing.assert_allclose(
+    got["sa_weighted"].value, (np.abs(oracle[scope]) * agree).sum() / np.abs(oracle[scope]).sum()
+  )
 
 
 def test_decisive_mass_and_top_k_of_a_uniform_estimator_are_chance():
@@ -74,8 +85,9 @@ def test_decisive_mass_and_top_k_of_a_uniform_estimator_are_chance():
   assert scores.top_k_overlap(uniform, oracle, w, k=2).value == pytest.approx(2 / 10)
   assert scores.top_k_overlap(oracle, oracle, w, k=2).value == pytest.approx(1.0)
   # Ties at the threshold share the remaining places: top-1 of [3, 3, 1] vs top-1 of [1, 0, 0].
-  assert scores.top_k_overlap(np.array([[3.0, 3.0, 1.0]]), np.array([[1.0, 0.0, 0.0]]), np.ones((1, 3), bool),
-                              k=1).value == pytest.approx(0.5)
+  assert scores.top_k_overlap(
+    np.array([[3.0, 3.0, 1.0]]), np.array([[1.0, 0.0, 0.0]]), np.ones((1, 3), bool), k=1
+  ).value == pytest.approx(0.5)
 
 
 def test_scale_nmse_is_the_best_non_negative_rescaling():
@@ -108,7 +120,9 @@ def test_resampling_noise_against_direct_formulas():
   scale = (oracle * mean)[w].sum() / (mean**2)[w].sum()
   spread = ((oracle[w] - oracle[w].mean()) ** 2).sum()
   np.testing.assert_allclose(got["rcn"].value, (scale * samples).var(0)[w].sum() / spread)
-  np.testing.assert_allclose(got["bias_ratio"].value, ((scale * mean - oracle)[w] ** 2).sum() / spread)
+  np.testing.assert_allclose(
+    got["bias_ratio"].value, ((scale * mean - oracle)[w] ** 2).sum() / spread
+  )
   steady = scores.resampling_noise(np.repeat(oracle[None], 4, 0), oracle, w)
   assert steady["rcn"].value == 0.0 and steady["bias_ratio"].value == pytest.approx(0.0, abs=1e-12)
   assert not scores.resampling_noise(samples, np.zeros((5, 7)), w)["rcn"].defined

@@ -81,12 +81,29 @@ def test_study_run_configs_are_scale_matched_and_seeded():
 
 def test_smoke_study_writes_the_report(tmp_path):
   result = subprocess.run(
-      [sys.executable, "-m", "jaxcredit.lab.study", "--config", str(ROOT / "experiments/credit_study_v1.py:smoke"),
-       "--workdir", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
+    [
+      sys.executable,
+      "-m",
+      "jaxcredit.lab.study",
+      "--config",
+      str(ROOT / "experiments/credit_study_v1.py:smoke"),
+      "--workdir",
+      str(tmp_path),
+    ],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    timeout=600,
+    check=False,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   text = (tmp_path / "report.md").read_text()
-  for heading in ("## Sample efficiency: key_token", "## Oracle agreement",
-                  "## Monte-Carlo values vs exact values", "## Credit viewer"):
+  for heading in (
+    "## Sample efficiency: key_token",
+    "## Oracle agreement",
+    "## Monte-Carlo values vs exact values",
+    "## Credit viewer",
+  ):
     assert heading in text
   assert "arithmetic" not in text  # not part of the study
   # One seed: every interval is n/a, never a zero-width range.
@@ -96,12 +113,19 @@ def test_smoke_study_writes_the_report(tmp_path):
   assert {s["estimator"] for s in scores} == {"oracle", "grpo", "vineppo"}
   oracle_rows = [s for s in scores if s["estimator"] == "oracle"]
   assert all(s["r_pool"]["value"] == pytest.approx(1.0) for s in oracle_rows)
-  assert all(s["rcn"]["defined"] and s["rcn"]["value"] == 0.0 for s in oracle_rows)  # exact: no resampling noise
+  assert all(
+    s["rcn"]["defined"] and s["rcn"]["value"] == 0.0 for s in oracle_rows
+  )  # exact: no resampling noise
   grpo = [s for s in scores if s["estimator"] == "grpo"]
   # A constant-per-response credit explains no within-response credit and cannot beat the ceiling.
-  assert all(s["r2_within"]["value"] == 0.0 and s["r_pool"]["value"] <= s["ceiling"]["value"] + 1e-9 for s in grpo)
+  assert all(
+    s["r2_within"]["value"] == 0.0 and s["r_pool"]["value"] <= s["ceiling"]["value"] + 1e-9
+    for s in grpo
+  )
   table = (tmp_path / "scores.csv").read_text().splitlines()
-  assert table[0].startswith("task,step,estimator,gen_tokens,r_pool") and len(table) == len(scores) + 1
+  assert (
+    table[0].startswith("task,step,estimator,gen_tokens,r_pool") and len(table) == len(scores) + 1
+  )
   checks = [json.loads(line) for line in (tmp_path / "mc_check.jsonl").read_text().splitlines()]
   assert checks and all(c["telescoping_error"] < 1e-5 for c in checks)
   for figure in ("learning_curves_key_token.png", "credit_heatmap.png"):
@@ -118,22 +142,30 @@ def test_smoke_study_writes_the_report(tmp_path):
     assert 0 <= curve["zero_variance_groups"] <= 1
   # Each cell's per-token export, linked from the report; the viewer writes the linked pages.
   links = re.findall(r"\]\((runs/[^)]+/credit\.html)\)", text)
-  assert sorted(links) == [f"runs/{cell}/seed0/credit.html"
-                           for cell in ("key_token/grpo", "key_token/oracle", "key_token/vineppo")]
+  assert sorted(links) == [
+    f"runs/{cell}/seed0/credit.html"
+    for cell in ("key_token/grpo", "key_token/oracle", "key_token/vineppo")
+  ]
   assert view_cli.main([str(tmp_path)]) == 0
   assert all((tmp_path / link).exists() for link in links)
 
 
 def test_read_curve_pairs_each_measurement_with_the_tokens_generated_before_it(tmp_path):
   hooked = lambda j, p: {"train/hook/exact_success": j, "train/hook/exact_pass@4": p}
-  lines = [{"step": 0, "eval/accuracy": 0.0},
-           {"step": 1, "train/gen_tokens": 50, "train/zero_variance_groups": 0.5, **hooked(0.1, 0.3)},
-           {"step": 2, "train/gen_tokens": 100, "train/zero_variance_groups": 0.25},
-           {"step": 3, "train/gen_tokens": 150, "train/zero_variance_groups": 0.0, **hooked(0.4, 0.7)}]
+  lines = [
+    {"step": 0, "eval/accuracy": 0.0},
+    {"step": 1, "train/gen_tokens": 50, "train/zero_variance_groups": 0.5, **hooked(0.1, 0.3)},
+    {"step": 2, "train/gen_tokens": 100, "train/zero_variance_groups": 0.25},
+    {"step": 3, "train/gen_tokens": 150, "train/zero_variance_groups": 0.0, **hooked(0.4, 0.7)},
+  ]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
   assert exact_metrics.read_curve(tmp_path) == {
-      "updates": [0, 2], "success": [0.1, 0.4], "pass@k": {"4": [0.3, 0.7]}, "gen_tokens": [0, 100],
-      "zero_variance_groups": 0.25}
+    "updates": [0, 2],
+    "success": [0.1, 0.4],
+    "pass@k": {"4": [0.3, 0.7]},
+    "gen_tokens": [0, 100],
+    "zero_variance_groups": 0.25,
+  }
 
 
 def test_a_signalled_run_stops_the_study_unfinished_and_a_rerun_completes_it(tmp_path):
@@ -157,8 +189,11 @@ def test_a_signalled_run_stops_the_study_unfinished_and_a_rerun_completes_it(tmp
   assert not (run_dir / "wall_seconds.json").exists()
   first_part = json.loads((run_dir / "wall_seconds_partial.json").read_text())
   seconds = study.train_once(config, run_dir, None, "tiny")
-  steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-           if "train/loss" in line]
+  steps = [
+    json.loads(line)["step"]
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    if "train/loss" in line
+  ]
   assert steps == [1, 2, 3]  # the rerun went on from the checkpoint at step 2
   assert seconds > first_part and json.loads((run_dir / "wall_seconds.json").read_text()) == seconds
   assert study.train_once(config, run_dir, None, "tiny") == seconds  # finished: not trained again

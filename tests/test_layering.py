@@ -6,14 +6,31 @@ import pathlib
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "jaxcredit"
 
 # DESIGN.md "Layers", bottom (0) to top; a module may import its own layer and those below.
-LAYERS = ["rollout", "logprobs", "estimators", "losses", "models", "tasks", "sampling", "rollouts", "train",
-          "lab", "view"]
+LAYERS = [
+  "rollout",
+  "logprobs",
+  "estimators",
+  "losses",
+  "models",
+  "tasks",
+  "sampling",
+  "rollouts",
+  "train",
+  "lab",
+  "view",
+]
 # Helpers outside the stack: the leaf utilities sit below everything; the rest (CLI tools, the
 # test kit, the package facade) sit above the pure layers and below training.
-LEVELS = {**{name: level for level, name in enumerate(LAYERS)},
-          "_checks": -1, "_masking": -1, "registry": -1,
-          "__init__": LAYERS.index("losses"), "demo": LAYERS.index("losses"), "testing": LAYERS.index("losses"),
-          "plot": LAYERS.index("train")}
+LEVELS = {
+  **{name: level for level, name in enumerate(LAYERS)},
+  "_checks": -1,
+  "_masking": -1,
+  "registry": -1,
+  "__init__": LAYERS.index("losses"),
+  "demo": LAYERS.index("losses"),
+  "testing": LAYERS.index("losses"),
+  "plot": LAYERS.index("train"),
+}
 
 
 def _unit(module: str) -> str:
@@ -23,11 +40,14 @@ def _unit(module: str) -> str:
 
 
 def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
-  """(line, module) of every jaxcredit import in a file, `from jaxcredit import x` resolved to jaxcredit.x."""
+  """(line, module) of every jaxcredit import in a file, `from jaxcredit import x` resolved to
+  jaxcredit.x."""
   found = []
   for node in ast.walk(ast.parse(path.read_text(), str(path))):
     if isinstance(node, ast.Import):
-      found += [(node.lineno, alias.name) for alias in node.names if alias.name.startswith("jaxcredit")]
+      found += [
+        (node.lineno, alias.name) for alias in node.names if alias.name.startswith("jaxcredit")
+      ]
     elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
       if node.module == "jaxcredit":
         found += [(node.lineno, f"jaxcredit.{alias.name}") for alias in node.names]
@@ -49,7 +69,9 @@ def _violations(package: pathlib.Path = PACKAGE) -> list[str]:
     for line, imported in _imports(path):
       target = _unit(imported)
       if target in LEVELS and LEVELS[target] > LEVELS[own]:
-        problems.append(f"{path.relative_to(package.parent)}:{line} ({own}) imports {imported} ({target})")
+        problems.append(
+          f"{path.relative_to(package.parent)}:{line} ({own}) imports {imported} ({target})"
+        )
   return problems
 
 
@@ -66,8 +88,9 @@ def test_the_check_sees_an_upward_import(tmp_path):
   """The check itself can fail: an estimator importing the trainer or the lab is reported."""
   (tmp_path / "jaxcredit" / "estimators").mkdir(parents=True)
   (tmp_path / "jaxcredit" / "estimators" / "bad.py").write_text(
-      "from jaxcredit.train import loop\nfrom jaxcredit import lab\nfrom jaxcredit import rollout\n")
+    "from jaxcredit.train import loop\nfrom jaxcredit import lab\nfrom jaxcredit import rollout\n"
+  )
   assert _violations(tmp_path / "jaxcredit") == [
-      "jaxcredit/estimators/bad.py:1 (estimators) imports jaxcredit.train (train)",
-      "jaxcredit/estimators/bad.py:2 (estimators) imports jaxcredit.lab (lab)",
+    "jaxcredit/estimators/bad.py:1 (estimators) imports jaxcredit.train (train)",
+    "jaxcredit/estimators/bad.py:2 (estimators) imports jaxcredit.lab (lab)",
   ]

@@ -13,7 +13,10 @@ TOKENIZER = CharTokenizer(arithmetic.ALPHABET)
 
 def _source(n=23, seed=0):
   rng = np.random.default_rng(seed)
-  return [arithmetic.make_example(rng, arithmetic.ArithmeticConfig(min_digits=1, max_digits=4)) for _ in range(n)]
+  return [
+    arithmetic.make_example(rng, arithmetic.ArithmeticConfig(min_digits=1, max_digits=4))
+    for _ in range(n)
+  ]
 
 
 def _loader(source, **kw):
@@ -26,7 +29,7 @@ def test_rl_batch_layout():
   batch = _loader(source).rl_batch(0, group_size=3)
   assert batch["prompts"].shape == (12, 12)
   for g in range(4):
-    rows = batch["prompts"][3 * g: 3 * g + 3]
+    rows = batch["prompts"][3 * g : 3 * g + 3]
     assert (rows == rows[0]).all()
     example = batch["examples"][3 * g]
     text = TOKENIZER.decode(rows[0][batch["prompt_valid"][3 * g]])
@@ -65,15 +68,17 @@ def test_resume_gives_the_same_stream(steps, resume):
   assert full[resume:] == restarted
   flat = np.concatenate([np.asarray(f) for f in full])
   for epoch_start in range(0, len(flat) - 10, 11):  # every epoch is a permutation
-    assert sorted(flat[epoch_start: epoch_start + 11]) == list(range(11))
+    assert sorted(flat[epoch_start : epoch_start + 11]) == list(range(11))
 
 
 def test_process_shards_are_disjoint_and_cover_the_global_batch():
   source = _source(40)
   whole = _loader(source, batch_size=8)
   for step in range(6):
-    shards = [_loader(source, batch_size=8, process_index=p, process_count=4).example_indices(step)
-              for p in range(4)]
+    shards = [
+      _loader(source, batch_size=8, process_index=p, process_count=4).example_indices(step)
+      for p in range(4)
+    ]
     np.testing.assert_array_equal(np.concatenate(shards), whole.example_indices(step))
   with pytest.raises(ValueError, match="batch_size 8 is not divisible by process_count 3"):
     _loader(source, batch_size=8, process_count=3)
@@ -109,10 +114,17 @@ def test_ids_encoder_for_key_token():
 
 def test_readme_tasks_example_runs(tmp_path):
   block = readme_block("loader.Loader(")
-  block = block.replace("/tmp/jaxcredit_data", str(tmp_path)).replace("train_size=2000", "train_size=64, test_size=8")
+  block = block.replace("/tmp/jaxcredit_data", str(tmp_path)).replace(
+    "train_size=2000", "train_size=64, test_size=8"
+  )
   namespace = {"step": 3}
-  exec(block.replace("scores, reasons", "responses = [e['answer'].decode() for e in batch['examples']]\nscores, reasons"),
-       namespace)
+  exec(
+    block.replace(
+      "scores, reasons",
+      "responses = [e['answer'].decode() for e in batch['examples']]\nscores, reasons",
+    ),
+    namespace,
+  )
   assert namespace["batch"]["prompts"].shape == (256, 10)
   assert namespace["scores"].mean() == 1.0
 

@@ -40,7 +40,9 @@ class TokenLogprobsTest(parameterized.TestCase):
     got = self.variant(lambda l, t: logprobs.token_logprobs(l, t, temperature=temperature))(
         logits, tokens
     )
-    np.testing.assert_allclose(got, reference.token_logprobs(logits, tokens, temperature), atol=1e-5)
+    np.testing.assert_allclose(
+      got, reference.token_logprobs(logits, tokens, temperature), atol=1e-5
+    )
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_bf16_logits_accumulate_in_float32(self):
@@ -48,7 +50,9 @@ class TokenLogprobsTest(parameterized.TestCase):
     tokens = np.random.default_rng(1).integers(0, 300, (2, 4))
     got = self.variant(logprobs.token_logprobs)(jnp.asarray(logits, jnp.bfloat16), tokens)
     self.assertEqual(got.dtype, jnp.float32)
-    want = reference.token_logprobs(np.asarray(jnp.asarray(logits, jnp.bfloat16), np.float64), tokens)
+    want = reference.token_logprobs(
+      np.asarray(jnp.asarray(logits, jnp.bfloat16), np.float64), tokens
+    )
     np.testing.assert_allclose(got, want, atol=1e-4)
 
   def test_shape_mismatch_raises(self):
@@ -57,7 +61,6 @@ class TokenLogprobsTest(parameterized.TestCase):
 
 
 class TokenEntropyTest(parameterized.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.parameters((1, 1, 2), (3, 5, 7), (2, 9, 50))
   def test_matches_reference(self, *shape):
@@ -91,7 +94,6 @@ def _intermediate_sizes(jaxpr):
 
 
 class ChunkedLogprobsTest(parameterized.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.product(bt=[(1, 1), (2, 7), (3, 16)], chunk_size=[1, 3, 8, 32])
   def test_value_and_grads_match_dense(self, bt, chunk_size):
@@ -110,9 +112,9 @@ class ChunkedLogprobsTest(parameterized.TestCase):
     want = jax.value_and_grad(objective(dense), argnums=(0, 1))(hidden, unembed)
     chex.assert_trees_all_close(got, want, atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(
-        chunked(hidden, unembed),
-        reference.token_logprobs(np.einsum("btd,dv->btv", hidden, unembed), tokens),
-        atol=1e-4,
+      chunked(hidden, unembed),
+      reference.token_logprobs(np.einsum("btd,dv->btv", hidden, unembed), tokens),
+      atol=1e-4,
     )
 
   def test_temperature_and_bf16(self):
@@ -122,11 +124,13 @@ class ChunkedLogprobsTest(parameterized.TestCase):
     tokens = rng.integers(0, 30, (2, 5))
     got = logprobs.chunked_token_logprobs(hidden, unembed, tokens, chunk_size=2, temperature=0.5)
     self.assertEqual(got.dtype, jnp.float32)
-    logits = np.einsum("btd,dv->btv", np.asarray(hidden, np.float64), np.asarray(unembed, np.float64))
+    logits = np.einsum(
+      "btd,dv->btv", np.asarray(hidden, np.float64), np.asarray(unembed, np.float64)
+    )
     np.testing.assert_allclose(got, reference.token_logprobs(logits, tokens, 0.5), atol=1e-3)
     grads = jax.grad(
-        lambda h, w: jnp.sum(logprobs.chunked_token_logprobs(h, w, tokens, chunk_size=2)),
-        argnums=(0, 1),
+      lambda h, w: jnp.sum(logprobs.chunked_token_logprobs(h, w, tokens, chunk_size=2)),
+      argnums=(0, 1),
     )(hidden, unembed)
     self.assertEqual([g.dtype for g in grads], [jnp.bfloat16, jnp.bfloat16])
 
@@ -135,43 +139,71 @@ class ChunkedLogprobsTest(parameterized.TestCase):
     hidden, unembed = jnp.zeros((b, t, d)), jnp.zeros((d, v))
     tokens = jnp.zeros((b, t), int)
     fn = jax.value_and_grad(
-        lambda h, w: jnp.sum(logprobs.chunked_token_logprobs(h, w, tokens, chunk_size=chunk)),
-        argnums=(0, 1),
+      lambda h, w: jnp.sum(logprobs.chunked_token_logprobs(h, w, tokens, chunk_size=chunk)),
+      argnums=(0, 1),
     )
     largest = max(_intermediate_sizes(jax.make_jaxpr(fn)(hidden, unembed).jaxpr))
     self.assertLessEqual(largest, b * chunk * v)
     dense = jax.value_and_grad(lambda h, w: jnp.sum(_dense_logp(h, w, tokens)), argnums=(0, 1))
-    self.assertGreaterEqual(max(_intermediate_sizes(jax.make_jaxpr(dense)(hidden, unembed).jaxpr)), b * t * v)
+    self.assertGreaterEqual(
+      max(_intermediate_sizes(jax.make_jaxpr(dense)(hidden, unembed).jaxpr)), b * t * v
+    )
 
   def test_backward_holds_no_vocabulary_sized_float32_accumulator(self):
     """XLA's compiled temporaries of the gradient stay below one [D, V] float32
     array (the d unembed columns are written in place, chunk by chunk)."""
     b, t, d, v = 2, 32, 64, 50000
-    args = (jax.ShapeDtypeStruct((b, t, d), jnp.float32), jax.ShapeDtypeStruct((d, v), jnp.float32),
-            jax.ShapeDtypeStruct((b, t), jnp.int32))
-    grad = jax.jit(jax.grad(lambda h, w, tok: jnp.sum(
-        logprobs.chunked_token_logprobs(h, w, tok, chunk_size=4)), argnums=(0, 1)))
+    args = (
+      jax.ShapeDtypeStruct((b, t, d), jnp.float32),
+      jax.ShapeDtypeStruct((d, v), jnp.float32),
+      jax.ShapeDtypeStruct((b, t), jnp.int32),
+    )
+    grad = jax.jit(
+      jax.grad(
+        lambda h, w, tok: jnp.sum(logprobs.chunked_token_logprobs(h, w, tok, chunk_size=4)),
+        argnums=(0, 1),
+      )
+    )
     temp = grad.lower(*args).compile().memory_analysis().temp_size_in_bytes
     self.assertLess(temp, 0.75 * d * v * 4)
 
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.parameters(  # every pair of settings at least once
-      (0, False, 1, 1.0), (0, True, 3, 0.6), (0, False, 16, 0.6), (2, True, 1, 0.6),
-      (2, False, 3, 1.0), (2, True, 16, 1.0), (3, False, 1, 0.6), (3, True, 3, 1.0),
-      (3, True, 16, 0.6), (0, True, 1, 1.0), (2, False, 1, 0.6), (3, False, 3, 0.6),
-      (1, False, 3, 0.6), (1, True, 16, 1.0))
-  def test_logprobs_and_entropy_with_actions_match_dense(self, allowed_rank, vocab_major, chunk_size,
-                                                         temperature):
+    (0, False, 1, 1.0),
+    (0, True, 3, 0.6),
+    (0, False, 16, 0.6),
+    (2, True, 1, 0.6),
+    (2, False, 3, 1.0),
+    (2, True, 16, 1.0),
+    (3, False, 1, 0.6),
+    (3, True, 3, 1.0),
+    (3, True, 16, 0.6),
+    (0, True, 1, 1.0),
+    (2, False, 1, 0.6),
+    (3, False, 3, 0.6),
+    (1, False, 3, 0.6),
+    (1, True, 16, 1.0),
+  )
+  def test_logprobs_and_entropy_with_actions_match_dense(
+    self, allowed_rank, vocab_major, chunk_size, temperature
+  ):
     rng = np.random.default_rng(2)
     b, t, d, v = 2, 7, 8, 24
-    hidden, unembed, allowed, full, tokens, (w_logp, w_entropy) = _head_case(rng, b, t, d, v,
-                                                                             allowed_rank)
+    hidden, unembed, allowed, full, tokens, (w_logp, w_entropy) = _head_case(
+      rng, b, t, d, v, allowed_rank
+    )
     stored = unembed.T if vocab_major else unembed
 
     def chunked(h, w):
       return logprobs.chunked_token_logprobs_and_entropy(
-          h, w, tokens, chunk_size=chunk_size, temperature=temperature, allowed=allowed,
-          vocab_major=vocab_major)
+        h,
+        w,
+        tokens,
+        chunk_size=chunk_size,
+        temperature=temperature,
+        allowed=allowed,
+        vocab_major=vocab_major,
+      )
 
     def dense(h, w):
       logits = jnp.einsum("btd,vd->btv" if vocab_major else "btd,dv->btv", h, w) / temperature
@@ -189,9 +221,15 @@ class ChunkedLogprobsTest(parameterized.TestCase):
     logp, entropy = self.variant(chunked)(hidden, stored)
     np.testing.assert_allclose(logp, reference.token_logprobs(logits, tokens), atol=1e-4)
     np.testing.assert_allclose(entropy, reference.token_entropy(logits), atol=1e-4)
-    only_logp = logprobs.chunked_token_logprobs(hidden, stored, tokens, chunk_size=chunk_size,
-                                                temperature=temperature, allowed=allowed,
-                                                vocab_major=vocab_major)
+    only_logp = logprobs.chunked_token_logprobs(
+      hidden,
+      stored,
+      tokens,
+      chunk_size=chunk_size,
+      temperature=temperature,
+      allowed=allowed,
+      vocab_major=vocab_major,
+    )
     np.testing.assert_allclose(only_logp, logp, atol=1e-6)
 
   def test_entropy_head_never_materialises_full_logits(self):
@@ -199,23 +237,46 @@ class ChunkedLogprobsTest(parameterized.TestCase):
     hidden, embedding = jnp.zeros((b, t, d)), jnp.zeros((v, d))
     tokens = jnp.zeros((b, t), int)
     fn = jax.value_and_grad(
-        lambda h, w: jnp.sum(sum(logprobs.chunked_token_logprobs_and_entropy(
-            h, w, tokens, chunk_size=chunk, vocab_major=True, allowed=jnp.ones((t, v), bool)))),
-        argnums=(0, 1))
+      lambda h, w: jnp.sum(
+        sum(
+          logprobs.chunked_token_logprobs_and_entropy(
+            h, w, tokens, chunk_size=chunk, vocab_major=True, allowed=jnp.ones((t, v), bool)
+          )
+        )
+      ),
+      argnums=(0, 1),
+    )
     sizes = list(_intermediate_sizes(jax.make_jaxpr(fn)(hidden, embedding).jaxpr))
     self.assertLessEqual(max(sizes), max(b * chunk * v, t * v))  # t * v: the allowed table itself
 
   def test_bad_input_raises(self):
-    with pytest.raises(ValueError, match=r"allowed must be \[V\], \[T, V\] or \[B, T, V\] = \[1, 2, 5\], got \[3, 5\]"):
-      logprobs.chunked_token_logprobs_and_entropy(jnp.zeros((1, 2, 8)), jnp.zeros((8, 5)), jnp.zeros((1, 2), int),
-                                                  chunk_size=1, allowed=jnp.ones((3, 5), bool))
+    with pytest.raises(
+      ValueError,
+      match=r"allowed must be \[V\], \[T, V\] or \[B, T, V\] = \[1, 2, 5\], got \[3, 5\]",
+    ):
+      logprobs.chunked_token_logprobs_and_entropy(
+        jnp.zeros((1, 2, 8)),
+        jnp.zeros((8, 5)),
+        jnp.zeros((1, 2), int),
+        chunk_size=1,
+        allowed=jnp.ones((3, 5), bool),
+      )
     with pytest.raises(ValueError, match=r"unembed\[V,D\]"):
-      logprobs.chunked_token_logprobs(jnp.zeros((1, 2, 8)), jnp.zeros((8, 5)), jnp.zeros((1, 2), int),
-                                      chunk_size=1, vocab_major=True)
+      logprobs.chunked_token_logprobs(
+        jnp.zeros((1, 2, 8)),
+        jnp.zeros((8, 5)),
+        jnp.zeros((1, 2), int),
+        chunk_size=1,
+        vocab_major=True,
+      )
     with pytest.raises(ValueError, match=r"unembed\[9, 5\]"):
-      logprobs.chunked_token_logprobs(jnp.zeros((1, 2, 8)), jnp.zeros((9, 5)), jnp.zeros((1, 2), int), chunk_size=1)
+      logprobs.chunked_token_logprobs(
+        jnp.zeros((1, 2, 8)), jnp.zeros((9, 5)), jnp.zeros((1, 2), int), chunk_size=1
+      )
     with pytest.raises(ValueError, match="chunk_size must be a positive int"):
-      logprobs.chunked_token_logprobs(jnp.zeros((1, 2, 8)), jnp.zeros((8, 5)), jnp.zeros((1, 2), int), chunk_size=0)
+      logprobs.chunked_token_logprobs(
+        jnp.zeros((1, 2, 8)), jnp.zeros((8, 5)), jnp.zeros((1, 2), int), chunk_size=0
+      )
 
 
 class ScoredPositionsTest(parameterized.TestCase):
@@ -223,14 +284,17 @@ class ScoredPositionsTest(parameterized.TestCase):
   are computed, packed to the front of each block of rows."""
 
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.parameters((0, 1, 3, False), (3, 2, 1, True), (0, 2, 16, True),
-                            (3, 1, 16, False), (3, 4, 3, False))
-  def test_scored_positions_match_dense_and_the_rest_is_zero(self, allowed_rank, row_blocks,
-                                                             chunk_size, vocab_major):
+  @parameterized.parameters(
+    (0, 1, 3, False), (3, 2, 1, True), (0, 2, 16, True), (3, 1, 16, False), (3, 4, 3, False)
+  )
+  def test_scored_positions_match_dense_and_the_rest_is_zero(
+    self, allowed_rank, row_blocks, chunk_size, vocab_major
+  ):
     rng = np.random.default_rng(3)
     b, t, d, v = 4, 9, 8, 24
-    hidden, unembed, allowed, full, tokens, (w_logp, w_entropy) = _head_case(rng, b, t, d, v,
-                                                                             allowed_rank)
+    hidden, unembed, allowed, full, tokens, (w_logp, w_entropy) = _head_case(
+      rng, b, t, d, v, allowed_rank
+    )
     where = rng.random((b, t)) < 0.4
     where[1] = False  # a row with nothing scored
     where[2] = True  # and one with everything
@@ -239,8 +303,15 @@ class ScoredPositionsTest(parameterized.TestCase):
 
     def chunked(h, w):
       return logprobs.chunked_token_logprobs_and_entropy(
-          h, w, tokens, chunk_size=chunk_size, allowed=allowed, vocab_major=vocab_major,
-          where=where, row_blocks=row_blocks)
+        h,
+        w,
+        tokens,
+        chunk_size=chunk_size,
+        allowed=allowed,
+        vocab_major=vocab_major,
+        where=where,
+        row_blocks=row_blocks,
+      )
 
     def dense(h, w):
       h = jnp.where(where[..., None], h, 0.0)
@@ -249,30 +320,36 @@ class ScoredPositionsTest(parameterized.TestCase):
       return logprobs.token_logprobs(logits, tokens), logprobs.token_entropy(logits)
 
     def objective(fn):
-      return lambda h, w: sum(jnp.sum(jnp.where(where, x * y, 0.0))
-                              for x, y in zip((w_logp, w_entropy), fn(h, w)))
+      return lambda h, w: sum(
+        jnp.sum(jnp.where(where, x * y, 0.0)) for x, y in zip((w_logp, w_entropy), fn(h, w))
+      )
 
-    value, grads = self.variant(jax.value_and_grad(objective(chunked), argnums=(0, 1)))(hidden,
-                                                                                        stored)
+    value, grads = self.variant(jax.value_and_grad(objective(chunked), argnums=(0, 1)))(
+      hidden, stored
+    )
     want_value, want_grads = jax.value_and_grad(objective(dense), argnums=(0, 1))(hidden, stored)
     np.testing.assert_allclose(value, want_value, atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(grads[1], want_grads[1], atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(grads[0][where], want_grads[0][where], atol=1e-4, rtol=1e-4)
     np.testing.assert_array_equal(grads[0][~where], 0.0)
     logp, entropy = self.variant(chunked)(hidden, stored)
-    logits = np.einsum("btd,dv->btv", np.where(where[..., None], hidden, 0.0).astype(np.float64),
-                       unembed)
+    logits = np.einsum(
+      "btd,dv->btv", np.where(where[..., None], hidden, 0.0).astype(np.float64), unembed
+    )
     logits = np.where(full, logits, -np.inf)
-    np.testing.assert_allclose(logp, np.where(where, reference.token_logprobs(logits, tokens), 0.0),
-                               atol=1e-4)
-    np.testing.assert_allclose(entropy, np.where(where, reference.token_entropy(logits), 0.0),
-                               atol=1e-4)
+    np.testing.assert_allclose(
+      logp, np.where(where, reference.token_logprobs(logits, tokens), 0.0), atol=1e-4
+    )
+    np.testing.assert_allclose(
+      entropy, np.where(where, reference.token_entropy(logits), 0.0), atol=1e-4
+    )
 
   def test_nothing_scored_gives_zeros_and_zero_gradients(self):
     hidden, unembed = jnp.ones((2, 5, 4)), jnp.ones((4, 7))
     tokens, where = jnp.zeros((2, 5), int), jnp.zeros((2, 5), bool)
-    fn = lambda h, w: jnp.sum(logprobs.chunked_token_logprobs(h, w, tokens, chunk_size=2,
-                                                                where=where))
+    fn = lambda h, w: jnp.sum(
+      logprobs.chunked_token_logprobs(h, w, tokens, chunk_size=2, where=where)
+    )
     value, grads = jax.jit(jax.value_and_grad(fn, argnums=(0, 1)))(hidden, unembed)
     self.assertEqual(float(value), 0.0)
     for g in grads:
@@ -282,5 +359,7 @@ class ScoredPositionsTest(parameterized.TestCase):
     args = (jnp.zeros((2, 3, 4)), jnp.zeros((4, 5)), jnp.zeros((2, 3), int))
     with pytest.raises(ValueError, match=r"where must be None or \[B, T\] = \[2, 3\]"):
       logprobs.chunked_token_logprobs(*args, chunk_size=1, where=jnp.ones((3, 2), bool))
-    with pytest.raises(ValueError, match="row_blocks must be a positive int dividing the batch B = 2"):
+    with pytest.raises(
+      ValueError, match="row_blocks must be a positive int dividing the batch B = 2"
+    ):
       logprobs.chunked_token_logprobs(*args, chunk_size=1, row_blocks=3)

@@ -12,19 +12,28 @@ from jaxcredit.models.transformer import KVCache, Transformer
 
 TINY = preset("tiny")
 VARIANTS = {
-    "tied": TINY,
-    "untied+bias+value": TINY.replace(tie_embeddings=False, qkv_bias=True, value_head=True, n_kv_heads=4),
+  "tied": TINY,
+  "untied+bias+value": TINY.replace(
+    tie_embeddings=False, qkv_bias=True, value_head=True, n_kv_heads=4
+  ),
 }
 # transformers is the reference for these (tests/test_hf_parity.py); here the cache path must agree.
 CACHED_VARIANTS = {
-    **VARIANTS,
-    "qk_norm+head_dim+llama3_rope": TINY.replace(qk_norm=True, head_dim=48, rope_scaling=RopeScaling(
-        factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16)),
+  **VARIANTS,
+  "qk_norm+head_dim+llama3_rope": TINY.replace(
+    qk_norm=True,
+    head_dim=48,
+    rope_scaling=RopeScaling(
+      factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16
+    ),
+  ),
 }
 
 
 def _params(model) -> dict:
-  return jax.tree.map(lambda x: np.asarray(x, np.float64), nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+  return jax.tree.map(
+    lambda x: np.asarray(x, np.float64), nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  )
 
 
 def numpy_forward(params, config, tokens, positions, token_valid):
@@ -67,7 +76,9 @@ def numpy_forward(params, config, tokens, positions, token_valid):
     gate = linear(mlp["gate_proj"], h)
     x = x + linear(mlp["down_proj"], gate / (1 + np.exp(-gate)) * linear(mlp["up_proj"], h))
   hidden = norm(x, params["norm"]["weight"])
-  unembed = params["embed_tokens"]["embedding"].T if config.tie_embeddings else params["lm_head"]["kernel"]
+  unembed = (
+    params["embed_tokens"]["embedding"].T if config.tie_embeddings else params["lm_head"]["kernel"]
+  )
   values = linear(params["value_head"], hidden)[..., 0] if config.value_head else None
   return hidden @ unembed, values
 
@@ -94,13 +105,22 @@ def _left_padded_batch(rng, batch, length, vocab):
 def test_forward_matches_numpy(variant):
   config = VARIANTS[variant]
   model = _perturbed_model(config)
-  tokens, positions, token_valid = _left_padded_batch(np.random.default_rng(1), 3, 11, config.vocab_size)
-  out = jax.jit(lambda m, *a: m(a[0], positions=a[1], token_valid=a[2]))(model, tokens, positions, token_valid)
+  tokens, positions, token_valid = _left_padded_batch(
+    np.random.default_rng(1), 3, 11, config.vocab_size
+  )
+  out = jax.jit(lambda m, *a: m(a[0], positions=a[1], token_valid=a[2]))(
+    model, tokens, positions, token_valid
+  )
   want_logits, want_values = numpy_forward(_params(model), config, tokens, positions, token_valid)
-  np.testing.assert_allclose(np.where(token_valid[..., None], out.logits, 0),
-                             np.where(token_valid[..., None], want_logits, 0), atol=2e-4)
+  np.testing.assert_allclose(
+    np.where(token_valid[..., None], out.logits, 0),
+    np.where(token_valid[..., None], want_logits, 0),
+    atol=2e-4,
+  )
   if config.value_head:
-    np.testing.assert_allclose(np.where(token_valid, out.values, 0), np.where(token_valid, want_values, 0), atol=2e-4)
+    np.testing.assert_allclose(
+      np.where(token_valid, out.values, 0), np.where(token_valid, want_values, 0), atol=2e-4
+    )
   np.testing.assert_allclose(out.hidden @ np.asarray(model.unembed), out.logits, atol=1e-3)
 
 
@@ -109,8 +129,11 @@ def test_left_padding_does_not_change_valid_outputs():
   tokens = np.random.default_rng(3).integers(0, TINY.vocab_size, (1, 6))
   padded = np.concatenate([np.zeros((1, 3), int), tokens], 1)
   valid = np.arange(9)[None] >= 3
-  out = model(jnp.asarray(padded), positions=jnp.asarray(np.maximum(np.arange(9) - 3, 0))[None],
-              token_valid=jnp.asarray(valid))
+  out = model(
+    jnp.asarray(padded),
+    positions=jnp.asarray(np.maximum(np.arange(9) - 3, 0))[None],
+    token_valid=jnp.asarray(valid),
+  )
   np.testing.assert_allclose(out.logits[:, 3:], model(jnp.asarray(tokens)).logits, atol=1e-4)
 
 
@@ -118,20 +141,32 @@ def test_left_padding_does_not_change_valid_outputs():
 def test_cached_decode_equals_full_forward(variant):
   config = CACHED_VARIANTS[variant]
   model = _perturbed_model(config, 4)
-  tokens, positions, token_valid = _left_padded_batch(np.random.default_rng(5), 2, 10, config.vocab_size)
+  tokens, positions, token_valid = _left_padded_batch(
+    np.random.default_rng(5), 2, 10, config.vocab_size
+  )
   full = model(tokens, positions=positions, token_valid=token_valid)
   for layers in (None, model.unstacked_layers()):  # stacked layers sliced per call, or once
     cache = KVCache.zeros(config, 2, 12)
-    prefill, cache = model.decode(tokens[:, :6], positions[:, :6], token_valid[:, :6], cache, 0,
-                                  layers=layers)
+    prefill, cache = model.decode(
+      tokens[:, :6], positions[:, :6], token_valid[:, :6], cache, 0, layers=layers
+    )
     outs = [prefill.logits]
     for s in range(6, 10):
-      step, cache = model.decode(tokens[:, s:s + 1], positions[:, s:s + 1], token_valid[:, s:s + 1], cache, s,
-                                 layers=layers)
+      step, cache = model.decode(
+        tokens[:, s : s + 1],
+        positions[:, s : s + 1],
+        token_valid[:, s : s + 1],
+        cache,
+        s,
+        layers=layers,
+      )
       outs.append(step.logits)
     cached = np.concatenate(outs, 1)
-    np.testing.assert_allclose(np.where(token_valid[..., None], cached, 0),
-                               np.where(token_valid[..., None], full.logits, 0), atol=2e-4)
+    np.testing.assert_allclose(
+      np.where(token_valid[..., None], cached, 0),
+      np.where(token_valid[..., None], full.logits, 0),
+      atol=2e-4,
+    )
 
 
 def test_bf16_compute_is_close_to_float32():
@@ -158,8 +193,7 @@ def test_remat_takes_effect_in_the_compiled_gradient():
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (4, 64)))
   temps, grads, logits = {}, {}, {}
   for remat, scan in [("none", True), ("block", True), ("dots_saveable", True), ("none", False)]:
-    model = Transformer(preset("tiny", n_layers=4, remat=remat, scan_layers=scan),
-                        rngs=nnx.Rngs(0))
+    model = Transformer(preset("tiny", n_layers=4, remat=remat, scan_layers=scan), rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(model)
     loss = lambda s: jnp.sum(jax.nn.log_softmax(nnx.merge(graphdef, s)(tokens).logits)[..., 0])
     grad = jax.jit(jax.grad(loss))

@@ -15,16 +15,33 @@ import pytest
 
 from tests.test_train import ROOT, _train_lines
 
-STEPS = ["--config.task.train_size=200", "--config.task.test_size=16", "--config.sft.max_steps=4",
-         "--config.sft.batch_size=16", "--config.sft.eval_every=4", "--config.rl.prompts_per_step=4",
-         "--config.rl.group_size=4", "--config.rl.eval_every=2", "--config.checkpoint.every=1",
-         "--config.task.truncated_reward=-1.0",  # mixed rewards from the start: non-zero updates
-         "--config.export.every=2"]
+STEPS = [
+  "--config.task.train_size=200",
+  "--config.task.test_size=16",
+  "--config.sft.max_steps=4",
+  "--config.sft.batch_size=16",
+  "--config.sft.eval_every=4",
+  "--config.rl.prompts_per_step=4",
+  "--config.rl.group_size=4",
+  "--config.rl.eval_every=2",
+  "--config.checkpoint.every=1",
+  "--config.task.truncated_reward=-1.0",  # mixed rewards from the start: non-zero updates
+  "--config.export.every=2",
+]
 
 
 def _command(workdir, *overrides):
-  return [sys.executable, "-m", "jaxcredit.train", "--config", str(ROOT / "experiments/quickstart.py"),
-          "--workdir", str(workdir), *STEPS, *overrides]
+  return [
+    sys.executable,
+    "-m",
+    "jaxcredit.train",
+    "--config",
+    str(ROOT / "experiments/quickstart.py"),
+    "--workdir",
+    str(workdir),
+    *STEPS,
+    *overrides,
+  ]
 
 
 def _free_port() -> int:
@@ -39,18 +56,34 @@ def _two_processes(workdir, env, *overrides, command=None):
   block one process while the other waits for it in a collective."""
   port = _free_port()
   command = command or _command(workdir)
-  logs = [(workdir.parent / f"process{i}.out", workdir.parent / f"process{i}.err") for i in range(2)]
+  logs = [
+    (workdir.parent / f"process{i}.out", workdir.parent / f"process{i}.err") for i in range(2)
+  ]
   processes = []
   for i, (out, err) in enumerate(logs):
     with open(out, "w") as stdout, open(err, "w") as stderr:
-      processes.append(subprocess.Popen(
-          [*command, *overrides, "--config.mesh.distributed=True",
-           f"--config.mesh.coordinator_address=localhost:{port}",
-           "--config.mesh.num_processes=2", f"--config.mesh.process_id={i}"],
-          stdout=stdout, stderr=stderr, text=True, cwd=ROOT,
-          env={**env, "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
-               # one compilation cache per process: none reads an entry another is writing
-               "JAX_COMPILATION_CACHE_DIR": f"{env['JAX_COMPILATION_CACHE_DIR']}-process{i}"}))
+      processes.append(
+        subprocess.Popen(
+          [
+            *command,
+            *overrides,
+            "--config.mesh.distributed=True",
+            f"--config.mesh.coordinator_address=localhost:{port}",
+            "--config.mesh.num_processes=2",
+            f"--config.mesh.process_id={i}",
+          ],
+          stdout=stdout,
+          stderr=stderr,
+          text=True,
+          cwd=ROOT,
+          env={
+            **env,
+            "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+            # one compilation cache per process: none reads an entry another is writing
+            "JAX_COMPILATION_CACHE_DIR": f"{env['JAX_COMPILATION_CACHE_DIR']}-process{i}",
+          },
+        )
+      )
   codes = [p.wait(timeout=600) for p in processes]
   return [(code, out.read_text(), err.read_text()) for code, (out, err) in zip(codes, logs)]
 
@@ -67,8 +100,15 @@ def _tokens(workdir) -> pd.DataFrame:
 
 @pytest.mark.slow
 def test_two_processes_checkpoint_resume_and_match_one_process(tmp_path, cli_env):
-  single = subprocess.run(_command(tmp_path / "single", "--config.rl.steps=4"), capture_output=True,
-                          text=True, cwd=ROOT, env=cli_env, timeout=600, check=False)
+  single = subprocess.run(
+    _command(tmp_path / "single", "--config.rl.steps=4"),
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    env=cli_env,
+    timeout=600,
+    check=False,
+  )
   assert single.returncode == 0, single.stderr[-3000:]
   for steps in (2, 4):  # the second run resumes from the first one's checkpoint at step 2
     results = _two_processes(tmp_path / "multi", cli_env, f"--config.rl.steps={steps}")
@@ -97,8 +137,9 @@ def _readme_multi_host_command(workdir) -> list[str]:
   """README "Scaling out"'s multi-host command, with `workdir` for its workdir."""
   block = re.search(r"## Scaling out.*?```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
   commands = " ".join(block.group(1).replace("\\\n", " ").splitlines()).split("python -m ")
-  words = shlex.split(next(c for c in commands if "--config.mesh.distributed=True" in c),
-                      comments=True)
+  words = shlex.split(
+    next(c for c in commands if "--config.mesh.distributed=True" in c), comments=True
+  )
   words[words.index("--workdir") + 1] = str(workdir)
   return [sys.executable, "-m", *words]
 
@@ -109,10 +150,17 @@ def test_readme_multi_host_command_runs_on_two_processes(tmp_path, cli_env):
   sizes, the per-token export on: process 0 writes the export and the metrics."""
   command = _readme_multi_host_command(tmp_path / "pod")
   assert "--config.export.every=0" not in command
-  sizes = ["--config.task.train_size=512", "--config.task.test_size=64", "--config.sft.max_steps=2",
-           "--config.sft.batch_size=64", "--config.sft.eval_every=2", "--config.rl.steps=2",
-           "--config.rl.prompts_per_step=16", "--config.rl.group_size=4",
-           "--config.export.every=1"]
+  sizes = [
+    "--config.task.train_size=512",
+    "--config.task.test_size=64",
+    "--config.sft.max_steps=2",
+    "--config.sft.batch_size=64",
+    "--config.sft.eval_every=2",
+    "--config.rl.steps=2",
+    "--config.rl.prompts_per_step=16",
+    "--config.rl.group_size=4",
+    "--config.export.every=1",
+  ]
   env = {**cli_env, "XLA_FLAGS": "--xla_force_host_platform_device_count=32"}
   results = _two_processes(tmp_path / "pod", env, *sizes, command=command)
   for code, _, stderr in results:

@@ -129,7 +129,8 @@ class OffPolicyReferenceTest(parameterized.TestCase):
                                                clip_high=0.1)[0])(logp)
     p, q = np.exp(logp.astype(np.float64)), np.exp(old.astype(np.float64))
     keep = np.where(adv > 0, p - q <= 0.1, p - q >= -0.05)
-    want = np.where(mask & keep, -adv * np.minimum(np.exp(logp - old.astype(np.float64)), 20) / n, 0)
+    ratio = np.exp(logp - old.astype(np.float64))
+    want = np.where(mask & keep, -adv * np.minimum(ratio, 20) / n, 0)
     np.testing.assert_allclose(grad, want, atol=1e-6)
     grad = jax.grad(lambda l: losses.topr_loss(l, beh, adv, mask, level="token")[0])(logp)
     alpha = np.where(adv <= 0, np.minimum(np.exp(logp.astype(np.float64) - beh), 1.0), 1.0)
@@ -148,10 +149,15 @@ class OffPolicyReferenceTest(parameterized.TestCase):
 
 def _on_policy_rollout(seed=0):
   logp, _, _, adv, mask, stale = _batch((6, 8), seed=seed)
-  rollout = jc.Rollout(tokens=jnp.zeros(mask.shape, jnp.int32), mask=jnp.asarray(mask),
-                       rewards=jnp.asarray(np.arange(6) % 2, jnp.float32),
-                       behaviour_logprobs=jnp.asarray(logp), old_logprobs=jnp.asarray(logp),
-                       staleness=jnp.asarray(stale), group_size=2)
+  rollout = jc.Rollout(
+    tokens=jnp.zeros(mask.shape, jnp.int32),
+    mask=jnp.asarray(mask),
+    rewards=jnp.asarray(np.arange(6) % 2, jnp.float32),
+    behaviour_logprobs=jnp.asarray(logp),
+    old_logprobs=jnp.asarray(logp),
+    staleness=jnp.asarray(stale),
+    group_size=2,
+  )
   return rollout, jc.Estimate(advantages=jnp.asarray(np.where(mask, adv, 0.0), jnp.float32))
 
 
@@ -165,7 +171,8 @@ def test_on_policy_reduces_to_ppo_clip(name):
   rollout, estimate = _on_policy_rollout()
   outputs = jc.PolicyOutputs(logprobs=rollout.behaviour_logprobs)
   value_and_grad = lambda loss: jax.value_and_grad(
-      lambda o: losses.get(loss)(o, rollout, estimate)[0])(outputs)
+    lambda o: losses.get(loss)(o, rollout, estimate)[0]
+  )(outputs)
   value, grad = value_and_grad(name)
   ppo_value, ppo_grad = value_and_grad("ppo_clip")
   np.testing.assert_allclose(grad.logprobs, ppo_grad.logprobs, atol=1e-7)
@@ -233,10 +240,12 @@ def test_loglinear_decoupled_ppo_through_the_registry():
   rollout = rollout.replace(old_logprobs=None, behaviour_logprobs=rollout.behaviour_logprobs - 0.1)
   outputs = jc.PolicyOutputs(logprobs=rollout.behaviour_logprobs + 0.1)
   got, _ = losses.get("decoupled_ppo")(outputs, rollout, estimate, proximal="loglinear")
-  prox = losses.loglinear_proximal_logprobs(outputs.logprobs, rollout.behaviour_logprobs,
-                                            rollout.staleness, rollout.mask)
-  want, _ = losses.decoupled_ppo_loss(outputs.logprobs, prox, rollout.behaviour_logprobs,
-                                      estimate.advantages, rollout.mask)
+  prox = losses.loglinear_proximal_logprobs(
+    outputs.logprobs, rollout.behaviour_logprobs, rollout.staleness, rollout.mask
+  )
+  want, _ = losses.decoupled_ppo_loss(
+    outputs.logprobs, prox, rollout.behaviour_logprobs, estimate.advantages, rollout.mask
+  )
   np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
@@ -262,7 +271,9 @@ def test_missing_behaviour_logprobs_names_the_loss_and_field(name):
 def test_missing_old_logprobs_is_an_error_not_a_unit_weight(name):
   rollout, estimate = _on_policy_rollout()
   outputs = jc.PolicyOutputs(logprobs=rollout.old_logprobs)
-  with pytest.raises(ValueError, match=f"{name} needs rollout.old_logprobs.*recompute_old_logprobs"):
+  with pytest.raises(
+    ValueError, match=f"{name} needs rollout.old_logprobs.*recompute_old_logprobs"
+  ):
     losses.get(name)(outputs, rollout.replace(old_logprobs=None), estimate)
 
 
@@ -282,5 +293,6 @@ def test_bad_hyperparameters_name_the_field():
     losses.sat_loss(logp, old, adv, mask, stale[:1])
   rollout, estimate = _on_policy_rollout()
   with pytest.raises(ValueError, match="sat needs rollout.staleness"):
-    losses.get("sat")(jc.PolicyOutputs(rollout.old_logprobs), rollout.replace(staleness=None),
-                      estimate)
+    losses.get("sat")(
+      jc.PolicyOutputs(rollout.old_logprobs), rollout.replace(staleness=None), estimate
+    )

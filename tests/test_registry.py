@@ -19,34 +19,40 @@ def make_rollout(batch=8, length=10, group_size=4, seed=0, poisoned=True) -> jc.
   fill = (lambda x: poison(x, mask)) if poisoned else (lambda x: x)
   token = lambda: fill(rng.normal(size=(batch, length)).astype(np.float32))
   logprobs = fill(-rng.exponential(1.0, size=(batch, length)).astype(np.float32))
-  sum_pi_squared = fill(np.exp(logprobs) ** 2 + 0.1 * rng.random((batch, length)).astype(np.float32))
+  sum_pi_squared = fill(
+    np.exp(logprobs) ** 2 + 0.1 * rng.random((batch, length)).astype(np.float32)
+  )
   return jc.Rollout(
-      tokens=jnp.asarray(rng.integers(0, 32, (batch, length))),
-      mask=jnp.asarray(mask),
-      rewards=jnp.asarray(rng.integers(0, 2, batch).astype(np.float32)),
-      behaviour_logprobs=jnp.asarray(logprobs),
-      old_logprobs=jnp.asarray(logprobs + fill(0.05 * rng.normal(size=(batch, length)).astype(np.float32))),
-      staleness=jnp.asarray(rng.integers(0, 4, batch)),
-      ref_logprobs=jnp.asarray(logprobs + fill(0.1 * rng.normal(size=(batch, length)).astype(np.float32))),
-      values=jnp.asarray(token()),
-      token_rewards=jnp.asarray(0.1 * token()),
-      entropy=jnp.asarray(fill(rng.exponential(1.0, size=(batch, length)).astype(np.float32))),
-      turn_ids=jnp.asarray(testing.strategies.make_turn_ids(rng, batch, length)),
-      extras={
-          "baseline_rewards": jnp.asarray(rng.integers(0, 2, batch).astype(np.float32)),
-          "sum_pi_squared": jnp.asarray(sum_pi_squared),
-          "target_logprobs": jnp.asarray(logprobs + fill(0.2 * token())),
-          "mc_values": jnp.asarray(token()),
-          "mc_evaluated": jnp.asarray(rng.random((batch, length)) < 0.5),
-          "oracle_advantages": jnp.asarray(token()),
-          "oracle_values": jnp.asarray(token()),
-          "shuffle_priorities": jnp.asarray(rng.random((batch, length)), jnp.float32),
-          "ktae_scores": jnp.asarray(token()),
-          "turn_rewards": jnp.asarray(token()),
-          "turn_anchors": jnp.asarray(rng.integers(0, 3, (batch, length))),
-          "turn_baselines": jnp.asarray(token()),
-      },
-      group_size=group_size,
+    tokens=jnp.asarray(rng.integers(0, 32, (batch, length))),
+    mask=jnp.asarray(mask),
+    rewards=jnp.asarray(rng.integers(0, 2, batch).astype(np.float32)),
+    behaviour_logprobs=jnp.asarray(logprobs),
+    old_logprobs=jnp.asarray(
+      logprobs + fill(0.05 * rng.normal(size=(batch, length)).astype(np.float32))
+    ),
+    staleness=jnp.asarray(rng.integers(0, 4, batch)),
+    ref_logprobs=jnp.asarray(
+      logprobs + fill(0.1 * rng.normal(size=(batch, length)).astype(np.float32))
+    ),
+    values=jnp.asarray(token()),
+    token_rewards=jnp.asarray(0.1 * token()),
+    entropy=jnp.asarray(fill(rng.exponential(1.0, size=(batch, length)).astype(np.float32))),
+    turn_ids=jnp.asarray(testing.strategies.make_turn_ids(rng, batch, length)),
+    extras={
+      "baseline_rewards": jnp.asarray(rng.integers(0, 2, batch).astype(np.float32)),
+      "sum_pi_squared": jnp.asarray(sum_pi_squared),
+      "target_logprobs": jnp.asarray(logprobs + fill(0.2 * token())),
+      "mc_values": jnp.asarray(token()),
+      "mc_evaluated": jnp.asarray(rng.random((batch, length)) < 0.5),
+      "oracle_advantages": jnp.asarray(token()),
+      "oracle_values": jnp.asarray(token()),
+      "shuffle_priorities": jnp.asarray(rng.random((batch, length)), jnp.float32),
+      "ktae_scores": jnp.asarray(token()),
+      "turn_rewards": jnp.asarray(token()),
+      "turn_anchors": jnp.asarray(rng.integers(0, 3, (batch, length))),
+      "turn_baselines": jnp.asarray(token()),
+    },
+    group_size=group_size,
   )
 
 
@@ -80,7 +86,9 @@ def test_adapters_match_their_functions():
   np.testing.assert_allclose(adv, want_adv, atol=1e-5)
   np.testing.assert_allclose(ret, want_ret, atol=1e-5)
   reinforce = estimators.get("reinforce")(rollout, gamma=0.5).advantages
-  np.testing.assert_allclose(reinforce, reference.discounted_returns(token_rewards, mask, 0.5), atol=1e-5)
+  np.testing.assert_allclose(
+    reinforce, reference.discounted_returns(token_rewards, mask, 0.5), atol=1e-5
+  )
 
 
 @pytest.mark.parametrize("name", losses.names())
@@ -89,9 +97,9 @@ def test_every_loss_is_finite_with_finite_gradient(name):
   estimate = estimators.get("gae")(rollout)
   nan_outside = lambda x: jnp.where(rollout.mask, x, jnp.nan)
   outputs = jc.PolicyOutputs(
-      logprobs=nan_outside(rollout.behaviour_logprobs + 0.1),
-      entropy=nan_outside(rollout.entropy * 0.9),
-      values=nan_outside(rollout.values + 0.1),
+    logprobs=nan_outside(rollout.behaviour_logprobs + 0.1),
+    entropy=nan_outside(rollout.entropy * 0.9),
+    values=nan_outside(rollout.values + 0.1),
   )
 
   def loss(outputs):
@@ -113,25 +121,38 @@ def test_loss_adapters_match_their_functions():
   outputs = jc.PolicyOutputs(logprobs=rollout.behaviour_logprobs + 0.05)
   for anchor in (rollout, rollout.replace(old_logprobs=None)):  # proximal, else behaviour
     got, _ = losses.get("ppo_clip")(outputs, anchor, estimate, clip_high=0.28)
-    want, _ = losses.ppo_clip_loss(outputs.logprobs, anchor.proximal_logprobs(by="test"),
-                                   estimate.advantages, rollout.mask, clip_high=0.28)
+    want, _ = losses.ppo_clip_loss(
+      outputs.logprobs,
+      anchor.proximal_logprobs(by="test"),
+      estimate.advantages,
+      rollout.mask,
+      clip_high=0.28,
+    )
     np.testing.assert_allclose(got, want)
   assert rollout.proximal_logprobs(by="test") is rollout.old_logprobs
   seq = losses.sequence_advantages(estimate.advantages, rollout.mask)
   has_tokens = np.asarray(rollout.mask).any(1)
   np.testing.assert_allclose(
-      np.asarray(seq)[has_tokens], reference.rloo(rollout.rewards, 2)[has_tokens], atol=1e-5)
+    np.asarray(seq)[has_tokens], reference.rloo(rollout.rewards, 2)[has_tokens], atol=1e-5
+  )
   mask = np.asarray(rollout.mask)
   policy = np.where(mask, np.asarray(outputs.logprobs, np.float64), 0).sum(1)
   ref = np.where(mask, np.asarray(rollout.ref_logprobs, np.float64), 0).sum(1)
   dpo, _ = losses.get("dpo")(outputs, rollout, estimate, beta=0.5)
-  np.testing.assert_allclose(dpo, reference.dpo(policy[0::2], policy[1::2], ref[0::2], ref[1::2], 0.5), atol=1e-5)
+  np.testing.assert_allclose(
+    dpo, reference.dpo(policy[0::2], policy[1::2], ref[0::2], ref[1::2], 0.5), atol=1e-5
+  )
 
 
 def test_unknown_names_list_known_ones():
-  with pytest.raises(ValueError, match="Unknown estimator 'gpro'; known: dr_grpo, gae, gigpo, gpg, grpo, "):
+  with pytest.raises(
+    ValueError, match="Unknown estimator 'gpro'; known: dr_grpo, gae, gigpo, gpg, grpo, "
+  ):
     estimators.get("gpro")
-  with pytest.raises(ValueError, match="Unknown loss 'ppo'; known: cispo, clip_cov, decoupled_ppo, dpo, dppo, entropy, "):
+  with pytest.raises(
+    ValueError,
+    match="Unknown loss 'ppo'; known: cispo, clip_cov, decoupled_ppo, dpo, dppo, entropy, ",
+  ):
     losses.get("ppo")
 
 
@@ -161,10 +182,13 @@ def test_rollout_validation_names_the_problem():
   with pytest.raises(ValueError, match=r"gae needs rollout.values"):
     estimators.get("gae")(rollout.replace(values=None))
   with pytest.raises(ValueError, match=r"dpo needs pairs: group_size must be 2"):
-    losses.get("dpo")(jc.PolicyOutputs(rollout.behaviour_logprobs), rollout, estimators.get("grpo")(rollout))
+    losses.get("dpo")(
+      jc.PolicyOutputs(rollout.behaviour_logprobs), rollout, estimators.get("grpo")(rollout)
+    )
   with pytest.raises(ValueError, match=r"outputs.logprobs\[8, 9\]"):
-    losses.get("ppo_clip")(jc.PolicyOutputs(rollout.behaviour_logprobs[:, :9]), rollout,
-                           estimators.get("grpo")(rollout))
+    losses.get("ppo_clip")(
+      jc.PolicyOutputs(rollout.behaviour_logprobs[:, :9]), rollout, estimators.get("grpo")(rollout)
+    )
 
 
 def test_rollout_is_a_pytree_with_static_group_size():
@@ -186,6 +210,7 @@ def test_readme_examples_run():
     grouped = np.asarray(rollout.rewards).reshape(-1, 4)
     want = (grouped - grouped.max(1, keepdims=True)).reshape(-1)
     np.testing.assert_allclose(
-        namespace["estimate"].advantages, np.where(rollout.mask, want[:, None], 0.0))
+      namespace["estimate"].advantages, np.where(rollout.mask, want[:, None], 0.0)
+    )
   finally:
     estimators.REGISTRY.unregister("max_baseline")

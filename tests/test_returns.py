@@ -125,27 +125,34 @@ class GaeTest(parameterized.TestCase):
     with pytest.raises(ValueError, match="rank 2"):
       estimators.discounted_returns(jnp.zeros(4), jnp.ones(4), gamma=1.0)
     with pytest.raises(ValueError, match="n must be a positive int"):
-      estimators.n_step_returns(jnp.zeros((2, 4)), jnp.zeros((2, 4)), jnp.ones((2, 4)), n=0, gamma=1.0)
+      estimators.n_step_returns(jnp.zeros((2, 4)), jnp.zeros((2, 4)), jnp.ones((2, 4)), n=0,
+                                gamma=1.0)
     with pytest.raises(ValueError, match=r"log_rhos\[2, 5\]"):
-      estimators.vtrace(jnp.zeros((2, 4)), jnp.zeros((2, 4)), jnp.ones((2, 4)), jnp.zeros((2, 5)), gamma=1.0)
+      estimators.vtrace(
+        jnp.zeros((2, 4)), jnp.zeros((2, 4)), jnp.ones((2, 4)), jnp.zeros((2, 5)), gamma=1.0
+      )
     with pytest.raises(ValueError, match="Unknown GAE method 'fast'"):
-      estimators.gae(jnp.zeros((2, 4)), jnp.zeros((2, 4)), jnp.ones((2, 4)),
-                     gamma=1.0, lam=1.0, method="fast")
+      estimators.gae(
+        jnp.zeros((2, 4)), jnp.zeros((2, 4)), jnp.ones((2, 4)), gamma=1.0, lam=1.0, method="fast"
+      )
 
 
 class ClassicalEstimatorsTest(parameterized.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.product(shape=SHAPES, gamma_lam=[(1.0, 1.0), (0.9, 0.5), (0.99, 0.0)],
-                         method=estimators.GAE_METHODS)
+  @parameterized.product(
+    shape=SHAPES, gamma_lam=[(1.0, 1.0), (0.9, 0.5), (0.99, 0.0)], method=estimators.GAE_METHODS
+  )
   def test_lambda_returns(self, shape, gamma_lam, method):
     gamma, lam = gamma_lam
     rng = np.random.default_rng(6)
     mask = random_mask(rng, shape)
     rewards, values = rng.normal(size=(2, *shape)).astype(np.float32)
-    got = self.variant(lambda r, v, m: estimators.lambda_returns(
-        r, v, m, gamma=gamma, lam=lam, method=method))(poison(rewards, mask), poison(values, mask), mask)
-    np.testing.assert_allclose(got, reference.lambda_returns(rewards, values, mask, gamma, lam), atol=1e-4)
+    got = self.variant(
+      lambda r, v, m: estimators.lambda_returns(r, v, m, gamma=gamma, lam=lam, method=method)
+    )(poison(rewards, mask), poison(values, mask), mask)
+    np.testing.assert_allclose(
+      got, reference.lambda_returns(rewards, values, mask, gamma, lam), atol=1e-4
+    )
 
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.product(shape=SHAPES, n=[1, 3, 40], method=estimators.GAE_METHODS)  # 40 > T
@@ -153,21 +160,27 @@ class ClassicalEstimatorsTest(parameterized.TestCase):
     rng = np.random.default_rng(7)
     mask = random_mask(rng, shape)
     rewards, values = rng.normal(size=(2, *shape)).astype(np.float32)
-    got = self.variant(lambda r, v, m: estimators.n_step_returns(
-        r, v, m, n=n, gamma=0.9, method=method))(poison(rewards, mask), poison(values, mask), mask)
-    np.testing.assert_allclose(got, reference.n_step_returns(rewards, values, mask, n, 0.9), atol=1e-4)
+    got = self.variant(
+      lambda r, v, m: estimators.n_step_returns(r, v, m, n=n, gamma=0.9, method=method)
+    )(poison(rewards, mask), poison(values, mask), mask)
+    np.testing.assert_allclose(
+      got, reference.n_step_returns(rewards, values, mask, n, 0.9), atol=1e-4
+    )
 
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.product(shape=SHAPES, lam=[1.0, 0.8], clips=[(1.0, 1.0), (2.0, 0.5)],
-                         method=estimators.GAE_METHODS)
+  @parameterized.product(
+    shape=SHAPES, lam=[1.0, 0.8], clips=[(1.0, 1.0), (2.0, 0.5)], method=estimators.GAE_METHODS
+  )
   def test_vtrace(self, shape, lam, clips, method):
     rng = np.random.default_rng(8)
     mask = random_mask(rng, shape)
     rewards, values = rng.normal(size=(2, *shape)).astype(np.float32)
     log_rhos = (0.5 * rng.normal(size=shape)).astype(np.float32)
-    got = self.variant(lambda r, v, m, lr: estimators.vtrace(
-        r, v, m, lr, gamma=0.95, lam=lam, clip_rho=clips[0], clip_c=clips[1], method=method))(
-        poison(rewards, mask), poison(values, mask), mask, poison(log_rhos, mask, np.inf))
+    got = self.variant(
+      lambda r, v, m, lr: estimators.vtrace(
+        r, v, m, lr, gamma=0.95, lam=lam, clip_rho=clips[0], clip_c=clips[1], method=method
+      )
+    )(poison(rewards, mask), poison(values, mask), mask, poison(log_rhos, mask, np.inf))
     want = reference.vtrace(rewards, values, mask, log_rhos, 0.95, lam, *clips)
     chex.assert_trees_all_close(got, want, atol=1e-4)
 
@@ -178,14 +191,15 @@ class ClassicalEstimatorsTest(parameterized.TestCase):
     rewards, values = rng.normal(size=(2, 4, 12)).astype(np.float32)
     vs, _ = estimators.vtrace(rewards, values, mask, np.zeros_like(rewards), gamma=0.9, lam=0.7)
     np.testing.assert_allclose(
-        vs, estimators.lambda_returns(rewards, values, mask, gamma=0.9, lam=0.7), atol=1e-5)
+      vs, estimators.lambda_returns(rewards, values, mask, gamma=0.9, lam=0.7), atol=1e-5
+    )
 
 
 @settings(max_examples=10)  # eager gradients of a scan: seconds per example
 @given(
-    shape=st.sampled_from(SHAPES),  # few shapes: eager grads compile once per shape
-    seed=st.integers(0, 2**16),
-    value=st.sampled_from([np.nan, np.inf, -np.inf]),
+  shape=st.sampled_from(SHAPES),  # few shapes: eager grads compile once per shape
+  seed=st.integers(0, 2**16),
+  value=st.sampled_from([np.nan, np.inf, -np.inf]),
 )
 def test_masked_values_change_nothing(shape, seed, value):
   """Poisoning masked rewards/values changes neither outputs nor gradients; outputs there are 0."""

@@ -40,8 +40,10 @@ def test_failures_are_counted_and_reported_every_step(tmp_path, monkeypatch, cap
   reported = output.out + output.err
   assert len(failures) == 3 and all(0 < f < 16 for f in failures), failures
   for step, failed in enumerate(failures, start=1):
-    assert (f"RL step {step}: the reward function raised on {int(failed)} of 16 responses, scored 0 "
-            "(first: reward function raised ZeroDivisionError: a bug in the verifier)") in reported
+    assert (
+      f"RL step {step}: the reward function raised on {int(failed)} of 16 responses, scored 0 "
+      "(first: reward function raised ZeroDivisionError: a bug in the verifier)"
+    ) in reported
 
 
 def test_a_step_whose_whole_batch_fails_saves_the_updates_and_stops(tmp_path, monkeypatch):
@@ -54,8 +56,11 @@ def test_a_step_whose_whole_batch_fails_saves_the_updates_and_stops(tmp_path, mo
     return reward(response, answer)
 
   monkeypatch.setattr(arithmetic, "reward", breaks_after_two_steps)
-  with pytest.raises(ValueError, match=r"At RL step 3 the reward function raised on 16 of 16 "
-                     r"responses, at least task.max_reward_failures = 1.0 .* resume from RL step 2"):
+  with pytest.raises(
+    ValueError,
+    match=r"At RL step 3 the reward function raised on 16 of 16 "
+    r"responses, at least task.max_reward_failures = 1.0 .* resume from RL step 2",
+  ):
     loop.run(_config(5), str(tmp_path))
   assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [2]
   assert [r["step"] for r in _records(tmp_path)] == [1, 2]
@@ -63,8 +68,11 @@ def test_a_step_whose_whole_batch_fails_saves_the_updates_and_stops(tmp_path, mo
 
 def test_a_lower_limit_stops_on_part_of_a_batch(tmp_path, monkeypatch):
   reward = arithmetic.reward
-  monkeypatch.setattr(arithmetic, "reward", lambda response, answer: (
-      reward(response, answer) if len(response) % 2 else np.log(-1) / 0))  # raises on half
+  monkeypatch.setattr(
+    arithmetic,
+    "reward",
+    lambda response, answer: reward(response, answer) if len(response) % 2 else np.log(-1) / 0,
+  )  # raises on half
   config = _config(3)
   config.task.max_reward_failures = 0.25
   with pytest.raises(ValueError, match=r"At RL step 1 the reward function raised on \d+ of 16"):

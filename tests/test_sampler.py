@@ -21,7 +21,9 @@ def model():
   state = nnx.state(model, nnx.Param)
   rng = np.random.default_rng(0)
   # Larger weights than the init so that distributions are peaked and stop tokens occur.
-  nnx.update(model, jax.tree.map(lambda x: x * 8 + 0.02 * rng.normal(size=x.shape).astype(x.dtype), state))
+  nnx.update(
+    model, jax.tree.map(lambda x: x * 8 + 0.02 * rng.normal(size=x.shape).astype(x.dtype), state)
+  )
   return model
 
 
@@ -33,11 +35,22 @@ def _prompts(seed=0, batch=4, length=7):
   return jnp.asarray(np.where(valid, tokens, 0)), jnp.asarray(valid)
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, None, None), (0.7, 8, None), (1.3, None, 0.9)])
+@pytest.mark.parametrize(
+  "temperature,top_k,top_p", [(1.0, None, None), (0.7, 8, None), (1.3, None, 0.9)]
+)
 def test_behaviour_logprobs_equal_teacher_forcing(model, temperature, top_k, top_p):
   prompts, valid = _prompts()
-  out = generate(model, prompts, valid, jax.random.key(1), max_new_tokens=9, temperature=temperature,
-                 top_k=top_k, top_p=top_p, stop_tokens=(5, 7))
+  out = generate(
+    model,
+    prompts,
+    valid,
+    jax.random.key(1),
+    max_new_tokens=9,
+    temperature=temperature,
+    top_k=top_k,
+    top_p=top_p,
+    stop_tokens=(5, 7),
+  )
   forced = model(out.tokens, positions=out.positions, token_valid=out.token_valid)
   logits = forced.logits[:, :-1]
   want_logp = token_logprobs(logits, out.tokens[:, 1:], temperature=temperature)
@@ -45,8 +58,12 @@ def test_behaviour_logprobs_equal_teacher_forcing(model, temperature, top_k, top
   mask = np.asarray(out.mask[:, 1:])
   assert mask.any()
   # Tolerance: float32, cached vs full attention summation order.
-  np.testing.assert_allclose(np.asarray(out.logprobs[:, 1:])[mask], np.asarray(want_logp)[mask], atol=1e-4)
-  np.testing.assert_allclose(np.asarray(out.entropy[:, 1:])[mask], np.asarray(want_entropy)[mask], atol=1e-4)
+  np.testing.assert_allclose(
+    np.asarray(out.logprobs[:, 1:])[mask], np.asarray(want_logp)[mask], atol=1e-4
+  )
+  np.testing.assert_allclose(
+    np.asarray(out.entropy[:, 1:])[mask], np.asarray(want_entropy)[mask], atol=1e-4
+  )
   np.testing.assert_array_equal(np.asarray(out.logprobs)[~np.asarray(out.mask)], 0.0)
 
 
@@ -72,15 +89,20 @@ def test_contexts_grown_chunk_by_chunk_sample_what_generate_samples_after_the_wh
   second = jnp.where(second_valid, second, 0)
   whole, whole_valid = np.zeros((4, 11), np.int32), np.zeros((4, 11), bool)
   for row in range(4):  # each row's two parts, joined and left-padded
-    ids = np.concatenate([np.asarray(part)[row][np.asarray(valid)[row]]
-                          for part, valid in ((first, first_valid), (second, second_valid))])
-    whole[row, 11 - len(ids):], whole_valid[row, 11 - len(ids):] = ids, True
+    ids = np.concatenate(
+      [
+        np.asarray(part)[row][np.asarray(valid)[row]]
+        for part, valid in ((first, first_valid), (second, second_valid))
+      ]
+    )
+    whole[row, 11 - len(ids) :], whole_valid[row, 11 - len(ids) :] = ids, True
   kwargs = dict(max_new_tokens=8, temperature=1.0, stop_tokens=(5,))
   want = generate(model, whole, whole_valid, jax.random.key(7), **kwargs)
   contexts = start_contexts(model, first, first_valid, slots=5 + 6 + 8)
   contexts = extend_contexts(model, contexts, second, second_valid)
-  got, contexts = continue_contexts(model, contexts, jax.random.key(7),
-                                    done=jnp.zeros(4, bool), **kwargs)
+  got, contexts = continue_contexts(
+    model, contexts, jax.random.key(7), done=jnp.zeros(4, bool), **kwargs
+  )
   response = slice(whole.shape[1], None)
   np.testing.assert_array_equal(got.tokens, want.tokens[:, response])
   np.testing.assert_array_equal(got.mask, want.mask[:, response])
@@ -97,31 +119,40 @@ def test_rows_done_before_a_continuation_sample_nothing(model):
   prompts, valid = _prompts(6)
   contexts = start_contexts(model, prompts, valid, slots=7 + 6)
   done = jnp.asarray([True, False, True, False])
-  got, after = continue_contexts(model, contexts, jax.random.key(0), max_new_tokens=6, done=done,
-                                 stop_tokens=(5,))
+  got, after = continue_contexts(
+    model, contexts, jax.random.key(0), max_new_tokens=6, done=done, stop_tokens=(5,)
+  )
   assert not np.asarray(got.mask)[[0, 2]].any() and np.asarray(got.mask)[[1, 3]].all(axis=1).any()
   np.testing.assert_array_equal(np.asarray(got.truncated)[[0, 2]], False)
-  np.testing.assert_array_equal(after.length, np.asarray(valid).sum(1) + np.asarray(got.mask).sum(1))
+  np.testing.assert_array_equal(
+    after.length, np.asarray(valid).sum(1) + np.asarray(got.mask).sum(1)
+  )
 
 
 def test_stop_tokens_end_the_response(model):
   prompts, valid = _prompts(3, batch=8)
-  out = generate(model, prompts, valid, jax.random.key(3), max_new_tokens=16, stop_tokens=(5, 7), pad_id=0)
+  out = generate(
+    model, prompts, valid, jax.random.key(3), max_new_tokens=16, stop_tokens=(5, 7), pad_id=0
+  )
   tokens, mask = np.asarray(out.tokens[:, 7:]), np.asarray(out.mask[:, 7:])
   stopped = 0
   for row_tokens, row_mask, truncated in zip(tokens, mask, np.asarray(out.truncated)):
     hits = np.flatnonzero(np.isin(row_tokens, (5, 7)) & row_mask)
-    assert truncated == (hits.size == 0)  # cut off by the budget exactly when no stop token was sampled
+    assert truncated == (
+      hits.size == 0
+    )  # cut off by the budget exactly when no stop token was sampled
     if hits.size:
       stopped += 1
       end = hits[0]
-      assert row_mask[: end + 1].all() and not row_mask[end + 1:].any()
-      assert (row_tokens[end + 1:] == 0).all()
+      assert row_mask[: end + 1].all() and not row_mask[end + 1 :].any()
+      assert (row_tokens[end + 1 :] == 0).all()
     else:
       assert row_mask.all()
   assert stopped > 0
   unbounded = generate(model, prompts, valid, jax.random.key(3), max_new_tokens=4, pad_id=0)
-  assert not np.asarray(unbounded.truncated).any()  # no stop tokens: fixed-length responses, never cut off
+  assert not np.asarray(
+    unbounded.truncated
+  ).any()  # no stop tokens: fixed-length responses, never cut off
 
 
 @pytest.mark.parametrize("use_actions", [False, True])
@@ -158,7 +189,10 @@ def test_right_padding_matches_left_padding(model):
   length = prompts.shape[1]
   n_valid = valid.sum(1, keepdims=True)
   source = (jnp.arange(length)[None] + (length - n_valid)) % length
-  right, right_valid = jnp.take_along_axis(prompts, source, 1), jnp.take_along_axis(valid, source, 1)
+  right, right_valid = (
+    jnp.take_along_axis(prompts, source, 1),
+    jnp.take_along_axis(valid, source, 1),
+  )
   np.testing.assert_array_equal(left_align(right, right_valid)[0], prompts)
   a = generate(model, prompts, valid, jax.random.key(5), max_new_tokens=6)
   b = generate(model, right, right_valid, jax.random.key(5), max_new_tokens=6, padding="right")
@@ -167,7 +201,9 @@ def test_right_padding_matches_left_padding(model):
 
 def test_deterministic_under_key_and_greedy_limits(model):
   prompts, valid = _prompts(5)
-  sample = lambda seed, **kw: generate(model, prompts, valid, jax.random.key(seed), max_new_tokens=8, **kw).tokens
+  sample = lambda seed, **kw: (
+    generate(model, prompts, valid, jax.random.key(seed), max_new_tokens=8, **kw).tokens
+  )
   np.testing.assert_array_equal(sample(0), sample(0))
   assert not np.array_equal(sample(0), sample(1))
   greedy = sample(0, temperature=0.0)
@@ -194,7 +230,9 @@ def test_readme_models_example_runs(model):
   exec(block.replace('preset("tiny")', 'preset("tiny", vocab_size=32)'), namespace)
   out, logp = namespace["out"], namespace["logp"]
   mask = np.asarray(out.mask[:, 1:])
-  np.testing.assert_allclose(np.asarray(logp)[mask], np.asarray(out.logprobs[:, 1:])[mask], atol=1e-4)
+  np.testing.assert_allclose(
+    np.asarray(logp)[mask], np.asarray(out.logprobs[:, 1:])[mask], atol=1e-4
+  )
 
 
 def test_action_mask_and_hidden_steps_match_the_learner(model):
@@ -209,30 +247,58 @@ def test_action_mask_and_hidden_steps_match_the_learner(model):
   allowed = rng.random((steps_, vocab)) < 0.3
   allowed[:, 9] = True  # at least one action per step
   hidden = np.arange(steps_) % 3 != 1
-  rows = Actions(np.concatenate([np.ones((prompts.shape[1], vocab), bool), allowed]),
-                 np.concatenate([np.zeros(prompts.shape[1], bool), hidden]), 4)
+  rows = Actions(
+    np.concatenate([np.ones((prompts.shape[1], vocab), bool), allowed]),
+    np.concatenate([np.zeros(prompts.shape[1], bool), hidden]),
+    4,
+  )
   out = generate(model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, actions=rows)
-  response = np.asarray(out.tokens)[:, prompts.shape[1]:]
+  response = np.asarray(out.tokens)[:, prompts.shape[1] :]
   assert allowed[np.arange(steps_)[None], response].all()
-  rollout = Rollout(tokens=out.tokens, mask=out.mask, rewards=jnp.zeros(6), group_size=1,
-                    positions=out.positions, token_valid=out.token_valid)
+  rollout = Rollout(
+    tokens=out.tokens,
+    mask=out.mask,
+    rewards=jnp.zeros(6),
+    group_size=1,
+    positions=out.positions,
+    token_valid=out.token_valid,
+  )
   forced = policy_outputs(model, rollout, 1.0, rows)
   mask = np.asarray(out.mask)
-  np.testing.assert_allclose(np.asarray(forced.logprobs)[mask], np.asarray(out.logprobs)[mask], atol=1e-4)
-  np.testing.assert_allclose(np.asarray(forced.entropy)[mask], np.asarray(out.entropy)[mask], atol=1e-4)
+  np.testing.assert_allclose(
+    np.asarray(forced.logprobs)[mask], np.asarray(out.logprobs)[mask], atol=1e-4
+  )
+  np.testing.assert_allclose(
+    np.asarray(forced.entropy)[mask], np.asarray(out.entropy)[mask], atol=1e-4
+  )
   # A hidden token never reaches a later input: changing it leaves every later log-prob unchanged.
   changed = np.asarray(out.tokens).copy()
   column = prompts.shape[1] + 2  # response step 2 is hidden
   changed[:, column] = np.where(changed[:, column] == 9, 10, 9)
   again = policy_outputs(model, rollout.replace(tokens=jnp.asarray(changed)), 1.0, rows)
-  np.testing.assert_allclose(np.asarray(again.logprobs)[:, column + 1:], np.asarray(forced.logprobs)[:, column + 1:],
-                             atol=1e-6)
-  recomputed = generate(model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, actions=rows,
-                        temperature=0.0, use_cache=False)
-  cached = generate(model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, actions=rows, temperature=0.0)
+  np.testing.assert_allclose(
+    np.asarray(again.logprobs)[:, column + 1 :],
+    np.asarray(forced.logprobs)[:, column + 1 :],
+    atol=1e-6,
+  )
+  recomputed = generate(
+    model,
+    prompts,
+    valid,
+    jax.random.key(5),
+    max_new_tokens=steps_,
+    actions=rows,
+    temperature=0.0,
+    use_cache=False,
+  )
+  cached = generate(
+    model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, actions=rows, temperature=0.0
+  )
   np.testing.assert_array_equal(cached.tokens, recomputed.tokens)
   with pytest.raises(ValueError, match="actions.allowed must have shape"):
-    generate(model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, actions=Actions(allowed[:3]))
+    generate(
+      model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, actions=Actions(allowed[:3])
+    )
 
 
 def test_per_row_action_masks_and_hidden_steps_equal_row_by_row_sampling(model):
@@ -242,13 +308,29 @@ def test_per_row_action_masks_and_hidden_steps_equal_row_by_row_sampling(model):
   allowed = rng.random((3, width, CONFIG.vocab_size)) < 0.4
   allowed[..., 11] = True
   hidden = rng.random((3, width)) < 0.5
-  hidden[:, :prompts.shape[1]] = False
+  hidden[:, : prompts.shape[1]] = False
   for use_cache in (True, False):
-    together = generate(model, prompts, valid, jax.random.key(0), max_new_tokens=5, temperature=0.0,
-                        actions=Actions(allowed, hidden, 4), use_cache=use_cache)
+    together = generate(
+      model,
+      prompts,
+      valid,
+      jax.random.key(0),
+      max_new_tokens=5,
+      temperature=0.0,
+      actions=Actions(allowed, hidden, 4),
+      use_cache=use_cache,
+    )
     for row in range(3):
-      alone = generate(model, prompts[row:row + 1], valid[row:row + 1], jax.random.key(0), max_new_tokens=5,
-                       temperature=0.0, actions=Actions(allowed[row], hidden[row], 4), use_cache=use_cache)
+      alone = generate(
+        model,
+        prompts[row : row + 1],
+        valid[row : row + 1],
+        jax.random.key(0),
+        max_new_tokens=5,
+        temperature=0.0,
+        actions=Actions(allowed[row], hidden[row], 4),
+        use_cache=use_cache,
+      )
       np.testing.assert_array_equal(together.tokens[row], alone.tokens[0])
       # The logits are large (weights x 8): the batch size may change float32 sum orders.
       np.testing.assert_allclose(together.logprobs[row], alone.logprobs[0], rtol=2e-3, atol=1e-5)
@@ -273,7 +355,7 @@ def _reference_inverse_cdf(probs, u_block, u_token, block):
 def test_inverse_cdf_sample_matches_a_float64_reference(vocab, block):
   rng = np.random.default_rng(vocab)
   probs = rng.random((64, vocab)) * (rng.random((64, vocab)) < 0.6)  # zeros
-  probs[::2, block:2 * block] = 0.0  # a whole block without mass (where V has a second block)
+  probs[::2, block : 2 * block] = 0.0  # a whole block without mass (where V has a second block)
   probs[:, 0] += 1e-3  # every row has mass
   u = rng.random((2, 64))
   u[:, :4] = [[0.0, 1.0 - 2**-24, 0.5, 1.0 - 2**-24], [0.0, 1.0 - 2**-24, 1.0 - 2**-24, 0.0]]
@@ -291,8 +373,9 @@ def test_inverse_cdf_sample_never_draws_zero_probability_at_the_edges():
     assert (np.asarray(probs)[np.arange(3), np.asarray(got)] > 0).all(), u
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p",
-                         [(1.0, None, None), (0.7, 5, None), (1.3, None, 0.8)])
+@pytest.mark.parametrize(
+  "temperature,top_k,top_p", [(1.0, None, None), (0.7, 5, None), (1.3, None, 0.8)]
+)
 def test_sample_token_draws_the_truncated_softmax(temperature, top_k, top_p):
   """Frequencies of 200k draws against the float64 target distribution (z-scores < 5)."""
   rng = np.random.default_rng(1)
@@ -305,12 +388,20 @@ def test_sample_token_draws_the_truncated_softmax(temperature, top_k, top_p):
     p[order[top_k:]] = 0
   if top_p is not None:
     mass = np.cumsum(p[order]) / p.sum()
-    p[order[np.searchsorted(mass, top_p) + 1:]] = 0
+    p[order[np.searchsorted(mass, top_p) + 1 :]] = 0
   p /= p.sum()
   draws, batch = 200_000, 1000
-  sample = jax.jit(jax.vmap(lambda k: sample_token(
-      jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (batch, 300)), k, temperature=temperature,
-      top_k=top_k, top_p=top_p)))
+  sample = jax.jit(
+    jax.vmap(
+      lambda k: sample_token(
+        jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (batch, 300)),
+        k,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+      )
+    )
+  )
   tokens = np.asarray(sample(jax.random.split(jax.random.key(0), draws // batch))).ravel()
   counts = np.bincount(tokens, minlength=300)
   assert counts[p == 0].sum() == 0

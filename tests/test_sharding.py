@@ -40,9 +40,19 @@ print(json.dumps({
 
 
 def test_eight_device_forward_equals_one_device():
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": str(ROOT)}
-  result = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+  env = {
+    **os.environ,
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    "PYTHONPATH": str(ROOT),
+  }
+  result = subprocess.run(
+    [sys.executable, "-c", SCRIPT],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   report = json.loads(result.stdout.strip().splitlines()[-1])
   assert report["devices"] == 8
@@ -57,12 +67,16 @@ def test_specs_replicate_what_a_mesh_axis_does_not_divide():
   model = Transformer(preset("tiny"), rngs=nnx.Rngs(0))
   specs = sharding.param_shardings(model, mesh)
   assert specs["layers"]["self_attn"]["q_proj"]["kernel"].spec == jax.sharding.PartitionSpec(
-      None, "fsdp", "model")
+    None, "fsdp", "model"
+  )
   assert specs["norm"]["weight"].spec == jax.sharding.PartitionSpec(None)
   fake = type("FakeMesh", (), {"shape": {"data": 1, "fsdp": 3, "sequence": 1, "model": 1}})()
-  assert sharding._spec((128, 64), ("embed", "mlp"), fake, sharding.DEFAULT_RULES) == \
-      jax.sharding.PartitionSpec(None, "model")
-  np.testing.assert_equal(len(jax.tree.leaves(specs)), len(jax.tree.leaves(nnx.state(model, nnx.Param))))
+  assert sharding._spec(
+    (128, 64), ("embed", "mlp"), fake, sharding.DEFAULT_RULES
+  ) == jax.sharding.PartitionSpec(None, "model")
+  np.testing.assert_equal(
+    len(jax.tree.leaves(specs)), len(jax.tree.leaves(nnx.state(model, nnx.Param)))
+  )
 
 
 SEQUENCE_SCRIPT = """
@@ -119,11 +133,19 @@ print(json.dumps({
 
 
 def _sequence_run(length, mesh_shape, dtype="float32", temperature=1.0):
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-         "PYTHONPATH": str(ROOT)}
+  env = {
+    **os.environ,
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    "PYTHONPATH": str(ROOT),
+  }
   result = subprocess.run(
-      [sys.executable, "-c", SEQUENCE_SCRIPT, json.dumps([length, mesh_shape, dtype, temperature])],
-      env=env, capture_output=True, text=True, timeout=600, check=False)
+    [sys.executable, "-c", SEQUENCE_SCRIPT, json.dumps([length, mesh_shape, dtype, temperature])],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    check=False,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   return json.loads(result.stdout.strip().splitlines()[-1])
 

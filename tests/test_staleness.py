@@ -46,10 +46,17 @@ def test_the_lag_is_the_mode_clamped_at_the_step_and_depends_only_on_seed_and_st
   assert {none.lag(t) for t in range(20)} == {0}
 
 
-@pytest.mark.parametrize("field, value, message", [
+@pytest.mark.parametrize(
+  "field, value, message",
+  [
     ("max_staleness", -1, "rl.max_staleness must be an int >= 0, got -1"),
-    ("staleness_mode", "random", "rl.staleness_mode must be one of fixed, uniform, periodic, got 'random'"),
-])
+    (
+      "staleness_mode",
+      "random",
+      "rl.staleness_mode must be one of fixed, uniform, periodic, got 'random'",
+    ),
+  ],
+)
 def test_bad_staleness_settings_name_the_field(field, value, message):
   config = load_experiment("quickstart")
   config.rl[field] = value
@@ -69,8 +76,10 @@ def test_a_workdir_from_before_the_staleness_fields_resumes_as_synchronous():
 
 def _config(steps: int, **rl):
   config = load_experiment("quickstart")
-  config.task.name, config.task.options = "key_token", {"length": 10, "n_keys": 4,
-                                                        "filler_blind": True}
+  config.task.name, config.task.options = (
+    "key_token",
+    {"length": 10, "n_keys": 4, "filler_blind": True},
+  )
   config.task.train_size, config.task.test_size, config.sft.max_steps = 64, 16, 0
   config.rl.prompts_per_step, config.rl.group_size = 4, 4
   config.rl.steps, config.rl.eval_every, config.checkpoint.every = steps, 100, 1
@@ -82,8 +91,11 @@ def _config(steps: int, **rl):
 
 def _train_records(workdir) -> list[dict]:
   lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-  return [{k: v for k, v in line.items() if k not in ("train/tokens_per_sec", "time")}
-          for line in lines if "train/loss" in line]
+  return [
+    {k: v for k, v in line.items() if k not in ("train/tokens_per_sec", "time")}
+    for line in lines
+    if "train/loss" in line
+  ]
 
 
 def test_zero_staleness_is_the_synchronous_run_bit_for_bit(tmp_path):
@@ -119,13 +131,17 @@ def test_stale_sampling_follows_the_lag_and_resumes_exactly(tmp_path):
     np.testing.assert_allclose(resumed[2][key], value, rtol=1e-6, atol=1e-7, err_msg=key)
 
 
-@pytest.mark.parametrize("advantage,critic", [
+@pytest.mark.parametrize(
+  "advantage,critic",
+  [
     ({"sum": [{"weight": 0.7, "name": "grpo"}, {"weight": 0.3, "name": "prime"}]}, None),
     ({"name": "gae", "lam": 0.95}, "tiny"),
-])
+  ],
+)
 def test_estimators_that_keep_state_resume_exactly(tmp_path, advantage, critic):
   """PRIME's implicit PRM and a critic are checkpointed with the policy: 2 updates, then a
   resume to 4, log what 4 straight updates log."""
+
   def config(steps):
     run = _config(steps)
     run.advantage, run.critic.preset = advantage, critic
@@ -138,5 +154,6 @@ def test_estimators_that_keep_state_resume_exactly(tmp_path, advantage, critic):
   assert len(resumed) == len(straight) == 4
   for step in (2, 3):
     for key, value in straight[step].items():
-      np.testing.assert_allclose(resumed[step][key], value, rtol=1e-5, atol=1e-7,
-                                 err_msg=f"update {step + 1}: {key}")
+      np.testing.assert_allclose(
+        resumed[step][key], value, rtol=1e-5, atol=1e-7, err_msg=f"update {step + 1}: {key}"
+      )

@@ -69,7 +69,9 @@ def test_builder_builds_without_tensorflow(tmp_path):
   example = sources["train"][5]
   assert arithmetic.reward(example["completion"].decode(), example["answer"].decode())[0] == 1.0
   assert "tensorflow" not in sys.modules
-  again = builders.get("arithmetic", data_dir=str(tmp_path / "again"), train_size=40, test_size=8, seed=3)
+  again = builders.get(
+    "arithmetic", data_dir=str(tmp_path / "again"), train_size=40, test_size=8, seed=3
+  )
   again.download_and_prepare()
   np.testing.assert_equal(again.as_data_source()["train"][5], example)
 
@@ -84,14 +86,31 @@ def test_unknown_task_and_config_list_known_ones(tmp_path):
 
 
 def test_prepare_cli_prints_sizes_and_examples(tmp_path, capsys):
-  prepare.main(["--task", "arithmetic", "--data_dir", str(tmp_path), "--config", "mul_2to3_scratchpad",
-                "--train_size", "12", "--test_size", "4", "--show", "2"])
+  prepare.main(
+    [
+      "--task",
+      "arithmetic",
+      "--data_dir",
+      str(tmp_path),
+      "--config",
+      "mul_2to3_scratchpad",
+      "--train_size",
+      "12",
+      "--test_size",
+      "4",
+      "--show",
+      "2",
+    ]
+  )
   out = capsys.readouterr().out
   assert "train: 12 examples" in out and "test: 4 examples" in out
   assert out.count("prompt=") == 4 and "completion=P:" in out
 
 
-COUNTDOWN_CONFIGS = [countdown.CountdownConfig(), countdown.CountdownConfig(n_numbers=3, max_number=20)]
+COUNTDOWN_CONFIGS = [
+  countdown.CountdownConfig(),
+  countdown.CountdownConfig(n_numbers=3, max_number=20),
+]
 
 
 @given(seed=st.integers(0, 2**32 - 1), config=st.sampled_from(COUNTDOWN_CONFIGS))
@@ -108,7 +127,9 @@ def test_countdown_reference_scores_one_and_corruptions_do_not(seed, config):
   CharTokenizer(countdown.ALPHABET).encode(example["prompt"] + example["completion"])
 
 
-@pytest.mark.parametrize("attack", [
+@pytest.mark.parametrize(
+  "attack",
+  [
     "__import__('os').system('rm -rf /')",
     "1+2; import os",
     "2**100",
@@ -121,32 +142,41 @@ def test_countdown_reference_scores_one_and_corruptions_do_not(seed, config):
     "(1)/(2-2)",
     "",
     "lambda: 0",
-])
+  ],
+)
 def test_countdown_verifier_rejects_malformed_and_injection(attack):
   score, reason = countdown.reward(attack, [1, 2], 3)
   assert score == 0.0 and (reason.startswith("malformed") or reason.startswith("uses")), reason
 
 
 def test_countdown_builder(tmp_path):
-  builder = builders.get("countdown", data_dir=str(tmp_path), config="n3", train_size=16, test_size=4)
+  builder = builders.get(
+    "countdown", data_dir=str(tmp_path), config="n3", train_size=16, test_size=4
+  )
   builder.download_and_prepare()
   source = builder.as_data_source()["train"]
   assert len(source) == 16
   example = source[3]
-  assert countdown.reward(example["completion"].decode(), example["numbers"], int(example["target"]))[0] == 1.0
+  assert (
+    countdown.reward(example["completion"].decode(), example["numbers"], int(example["target"]))[0]
+    == 1.0
+  )
 
 
 GSM8K_LINES = [
-    {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
-    {"question": "A shirt costs $1,250 and is discounted by $250.50. Price?",
-     "answer": "1250 - 250.5 = 999.5\n#### 999.50"},
+  {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
+  {
+    "question": "A shirt costs $1,250 and is discounted by $250.50. Price?",
+    "answer": "1250 - 250.5 = 999.5\n#### 999.50",
+  },
 ]
 
 
 def _write_gsm8k(directory, train_lines, test_lines):
   for name, lines in (("train.jsonl", train_lines), ("test.jsonl", test_lines)):
-    (directory / name).write_text("".join(line if isinstance(line, str) else json.dumps(line) + "\n"
-                                          for line in lines))
+    (directory / name).write_text(
+      "".join(line if isinstance(line, str) else json.dumps(line) + "\n" for line in lines)
+    )
 
 
 def test_gsm8k_builder_from_manual_dir(tmp_path):
@@ -162,21 +192,31 @@ def test_gsm8k_builder_from_manual_dir(tmp_path):
   assert "tensorflow" not in sys.modules
 
 
-@pytest.mark.parametrize("response,want", [
-    ("so the answer is #### 7", 1.0), ("He has 7 apples.", 1.0), ("7.0", 1.0), ("#### 8", 0.0),
-    ("I think 7, no wait, 9", 0.0), ("no idea", 0.0),
-])
+@pytest.mark.parametrize(
+  "response,want",
+  [
+    ("so the answer is #### 7", 1.0),
+    ("He has 7 apples.", 1.0),
+    ("7.0", 1.0),
+    ("#### 8", 0.0),
+    ("I think 7, no wait, 9", 0.0),
+    ("no idea", 0.0),
+  ],
+)
 def test_gsm8k_reward(response, want):
   assert gsm8k.reward(response, "7")[0] == want
   assert gsm8k.reward("total $1,234.", "1234")[0] == 1.0
 
 
-@pytest.mark.parametrize("bad_line,message", [
+@pytest.mark.parametrize(
+  "bad_line,message",
+  [
     ("{not json\n", "malformed GSM8K line"),
     (json.dumps({"question": "q"}) + "\n", "missing field 'answer'"),
     (json.dumps({"question": "q", "answer": "no final"}) + "\n", "no '#### <final answer>' line"),
     (json.dumps({"question": "q", "answer": "#### seven"}) + "\n", "'seven' is not a number"),
-])
+  ],
+)
 def test_gsm8k_malformed_line_names_file_and_line(tmp_path, bad_line, message):
   _write_gsm8k(tmp_path, [GSM8K_LINES[0], bad_line], [])
   with pytest.raises(ValueError, match=rf"train.jsonl:2: .*{re.escape(message)}"):
@@ -193,17 +233,21 @@ def test_batched_rewards_with_reasons():
   np.testing.assert_array_equal(scores, [1.0, 0.0, 0.0])
   assert reasons == ["correct", "wrong answer '13' (want '12')", "no answer"]
   assert not failed.any()
-  scores, reasons, failed = rewards.batched(countdown.reward, ["1+2", "1*2"], [[1, 2], [1, 2]], [3, 3])
+  scores, reasons, failed = rewards.batched(
+    countdown.reward, ["1+2", "1*2"], [[1, 2], [1, 2]], [3, 3]
+  )
   np.testing.assert_allclose(scores, [1.0, 0.1])
   with pytest.raises(ValueError, match=r"Got 2 responses but per-example fields of lengths \[1\]"):
     rewards.batched(arithmetic.reward, ["1", "2"], ["1"])
 
 
 KEY_CONFIGS = [
-    key_token.KeyTokenConfig(),
-    key_token.KeyTokenConfig(length=12, n_decisive=3, n_keys=4, placement="late", rule="count"),
-    key_token.KeyTokenConfig(length=10, n_decisive=4, n_keys=2, placement="early", rule="modsum", key_fn="shift"),
-    key_token.KeyTokenConfig(length=6, n_decisive=1, shared_alphabet=True, filler_blind=True),
+  key_token.KeyTokenConfig(),
+  key_token.KeyTokenConfig(length=12, n_decisive=3, n_keys=4, placement="late", rule="count"),
+  key_token.KeyTokenConfig(
+    length=10, n_decisive=4, n_keys=2, placement="early", rule="modsum", key_fn="shift"
+  ),
+  key_token.KeyTokenConfig(length=6, n_decisive=1, shared_alphabet=True, filler_blind=True),
 ]
 
 
@@ -215,7 +259,9 @@ def _rule_reference(response, targets, config):
   if config.rule == "count":
     return sum(hits) / len(hits)
   in_alphabet = all(p in config.keys for p in picked)
-  return float(in_alphabet and sum(p - int(t) for p, t in zip(picked, targets)) % config.n_keys == 0)
+  return float(
+    in_alphabet and sum(p - int(t) for p, t in zip(picked, targets)) % config.n_keys == 0
+  )
 
 
 @given(seed=st.integers(0, 2**32 - 1), config=st.sampled_from(KEY_CONFIGS))
@@ -223,7 +269,11 @@ def test_key_token_rewards(seed, config):
   rng = np.random.default_rng(seed)
   example = key_token.make_example(rng, config)
   prompt, targets = example["prompt"], example["targets"]
-  assert prompt[0] == key_token.BOS and prompt[-1] == key_token.SEP and len(prompt) == config.prompt_length
+  assert (
+    prompt[0] == key_token.BOS
+    and prompt[-1] == key_token.SEP
+    and len(prompt) == config.prompt_length
+  )
   symbols = prompt[1:-1] - key_token.KEY0
   shift = np.arange(1, config.n_decisive + 1) if config.key_fn == "shift" else 0
   np.testing.assert_array_equal(targets - key_token.KEY0, (symbols + shift) % config.n_keys)
@@ -251,7 +301,9 @@ def test_key_token_observation_noise_and_errors():
   assert (seen[0, config.decisive_positions] == responses[0, config.decisive_positions]).all()
   assert (np.delete(seen[0], config.decisive_positions) == key_token.FILL).all()
   unconstrained = key_token.allowed(key_token.KeyTokenConfig(constrained=False))
-  assert unconstrained[:, 5:8].all() and unconstrained[:, 13:15].all() and not unconstrained[:, :5].any()
+  assert (
+    unconstrained[:, 5:8].all() and unconstrained[:, 13:15].all() and not unconstrained[:, :5].any()
+  )
   noisy_config = key_token.KeyTokenConfig(noise=0.2)
   flipped = key_token.noisy(np.ones(20000, np.float32), np.random.default_rng(0), noisy_config)
   assert abs(1 - flipped.mean() - 0.2) < 0.02
@@ -262,7 +314,9 @@ def test_key_token_observation_noise_and_errors():
 
 
 def test_key_token_builder(tmp_path):
-  builder = builders.get("key_token", data_dir=str(tmp_path), config="t24_k2_blind", train_size=10, test_size=2)
+  builder = builders.get(
+    "key_token", data_dir=str(tmp_path), config="t24_k2_blind", train_size=10, test_size=2
+  )
   builder.download_and_prepare()
   example = builder.as_data_source()["train"][4]
   config = builder.builder_config.task
@@ -275,12 +329,16 @@ def test_format_reward_and_key_token_reasons():
   assert rewards.format_reward("<answer>1+2</answer> and more")[0] == 0.0
   assert rewards.format_reward("12", r"[0-9]+")[0] == 1.0
   config = key_token.KeyTokenConfig()
-  reasons = key_token.explain(np.array([[13, 13, 7, 13, 13, 5, 13, 13]]), np.array([[7, 6]]), config)
+  reasons = key_token.explain(
+    np.array([[13, 13, 7, 13, 13, 5, 13, 13]]), np.array([[7, 6]]), config
+  )
   assert reasons == ["hits p=2:ok, p=5:5!=6"]
 
 
 def test_gsm8k_non_utf8_and_empty_files_name_the_file(tmp_path):
-  (tmp_path / "train.jsonl").write_bytes(json.dumps(GSM8K_LINES[0]).encode() + b"\n" + b'{"question": "\xff\xfe"}\n')
+  (tmp_path / "train.jsonl").write_bytes(
+    json.dumps(GSM8K_LINES[0]).encode() + b"\n" + b'{"question": "\xff\xfe"}\n'
+  )
   with pytest.raises(ValueError, match=r"train.jsonl:2: malformed GSM8K line: not UTF-8"):
     list(gsm8k.read_jsonl(tmp_path / "train.jsonl"))
   manual = tmp_path / "manual"
@@ -288,4 +346,6 @@ def test_gsm8k_non_utf8_and_empty_files_name_the_file(tmp_path):
   _write_gsm8k(manual, GSM8K_LINES, [])
   builder = builders.get("gsm8k", data_dir=str(tmp_path / "data"))
   with pytest.raises(ValueError, match=r"test.jsonl: no GSM8K examples \(the file is empty\)"):
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(manual)))
+    builder.download_and_prepare(
+      download_config=tfds.download.DownloadConfig(manual_dir=str(manual))
+    )

@@ -25,7 +25,9 @@ class SequenceBaselinesTest(parameterized.TestCase):
   @parameterized.parameters(*GROUPINGS, (1, 1))
   def test_grpo_batch_std(self, batch, group_size):
     rewards = _binary(batch, 0)
-    got = self.variant(lambda r: estimators.grpo_batch_std_advantages(r, group_size=group_size))(rewards)
+    got = self.variant(lambda r: estimators.grpo_batch_std_advantages(r, group_size=group_size))(
+      rewards
+    )
     np.testing.assert_allclose(got, reference.grpo_batch_std(rewards, group_size), atol=1e-5)
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -34,7 +36,9 @@ class SequenceBaselinesTest(parameterized.TestCase):
     rng = np.random.default_rng(1)
     rewards = rng.normal(size=batch).astype(np.float32)
     lengths = rng.integers(0, 5, batch)
-    got = self.variant(lambda r, l: estimators.opo_advantages(r, l, group_size=group_size))(rewards, lengths)
+    got = self.variant(lambda r, l: estimators.opo_advantages(r, l, group_size=group_size))(
+      rewards, lengths
+    )
     np.testing.assert_allclose(got, reference.opo(rewards, lengths, group_size), atol=1e-5)
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -43,16 +47,21 @@ class SequenceBaselinesTest(parameterized.TestCase):
     batch, group_size = grouping
     rewards = _binary(batch, 2)
     rewards[:group_size] = 1.0  # one all-correct group
-    got = self.variant(lambda r: estimators.pass_at_k_advantages(r, group_size=group_size, k=k))(rewards)
+    got = self.variant(lambda r: estimators.pass_at_k_advantages(r, group_size=group_size, k=k))(
+      rewards
+    )
     np.testing.assert_allclose(got, reference.pass_at_k(rewards, group_size, k), atol=1e-5)
 
   def test_pass_at_1_is_grpo_with_population_std(self):
     rewards = _binary(16, 3)
     grouped = rewards.reshape(-1, 8)
     std = grouped.std(axis=1, keepdims=True)
-    want = np.where(std > 0, (grouped - grouped.mean(1, keepdims=True)) / np.where(std > 0, std, 1), 0)
+    want = np.where(
+      std > 0, (grouped - grouped.mean(1, keepdims=True)) / np.where(std > 0, std, 1), 0
+    )
     np.testing.assert_allclose(
-        estimators.pass_at_k_advantages(rewards, group_size=8, k=1), want.reshape(-1), atol=1e-5)
+      estimators.pass_at_k_advantages(rewards, group_size=8, k=1), want.reshape(-1), atol=1e-5
+    )
     with pytest.raises(ValueError, match=r"k must be an int in \[1, group_size=8\]"):
       estimators.pass_at_k_advantages(rewards, group_size=8, k=9)
 
@@ -62,8 +71,9 @@ class SequenceBaselinesTest(parameterized.TestCase):
     batch, group_size = grouping
     rewards = _binary(batch, 4)
     rewards[:group_size] = 0.0  # a degenerate group
-    got = self.variant(lambda r: estimators.gpg_advantages(
-        r, group_size=group_size, scale_by_std=scale_by_std))(rewards)
+    got = self.variant(
+      lambda r: estimators.gpg_advantages(r, group_size=group_size, scale_by_std=scale_by_std)
+    )(rewards)
     np.testing.assert_allclose(got, reference.gpg(rewards, group_size, scale_by_std), atol=1e-5)
 
   def test_remax(self):
@@ -74,14 +84,15 @@ class SequenceBaselinesTest(parameterized.TestCase):
 
 
 class TokenCreditTest(parameterized.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.product(shape=SHAPES, shift_mean=[True, False])
   def test_whiten(self, shape, shift_mean):
     rng = np.random.default_rng(5)
     mask = random_mask(rng, shape)
     x = (3 + 2 * rng.normal(size=shape)).astype(np.float32)
-    got = self.variant(lambda x, m: estimators.whiten(x, m, shift_mean=shift_mean))(poison(x, mask), mask)
+    got = self.variant(lambda x, m: estimators.whiten(x, m, shift_mean=shift_mean))(
+      poison(x, mask), mask
+    )
     np.testing.assert_allclose(got, reference.whiten(x, mask, shift_mean), atol=1e-4)
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -92,8 +103,11 @@ class TokenCreditTest(parameterized.TestCase):
     scores = rng.random((4, 3)).astype(np.float32)
     ends = rng.integers(-1, 13, (4, 3))
     step_mask = rng.random((4, 3)) > 0.2
-    got = self.variant(lambda s, e, m, sm: estimators.prm_token_rewards(
-        s, e, m, step_mask=sm, form=form, temperature=temperature))(scores, ends, mask, step_mask)
+    got = self.variant(
+      lambda s, e, m, sm: estimators.prm_token_rewards(
+        s, e, m, step_mask=sm, form=form, temperature=temperature
+      )
+    )(scores, ends, mask, step_mask)
     want = reference.prm_token_rewards(scores, ends, step_mask, mask, form, temperature)
     np.testing.assert_allclose(got, want, atol=1e-5)
 
@@ -103,7 +117,8 @@ class TokenCreditTest(parameterized.TestCase):
     mask = np.ones((1, 8), bool)
     placed = estimators.prm_token_rewards(scores, ends, mask, form="min", temperature=0.01)
     np.testing.assert_allclose(
-        estimators.discounted_returns(placed, mask, gamma=1.0)[0, 0], 0.2, atol=1e-3)
+      estimators.discounted_returns(placed, mask, gamma=1.0)[0, 0], 0.2, atol=1e-3
+    )
 
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.parameters((8, 2), (8, 4), (4, 1))
@@ -115,9 +130,12 @@ class TokenCreditTest(parameterized.TestCase):
     tokens = rng.integers(0, 11, (batch, 9))
     logp = np.asarray(logprobs.token_logprobs(logits, tokens))
     sum_sq = np.asarray(logprobs.token_sum_probs_squared(logits))
-    np.testing.assert_allclose(sum_sq, (np.exp(reference.log_softmax(logits)) ** 2).sum(-1), atol=1e-6)
-    got = self.variant(lambda *a: estimators.optimal_token_baseline_advantages(
-        *a, group_size=group_size))(poison(returns, mask), poison(logp, mask), poison(sum_sq, mask), mask)
+    np.testing.assert_allclose(
+      sum_sq, (np.exp(reference.log_softmax(logits)) ** 2).sum(-1), atol=1e-6
+    )
+    got = self.variant(
+      lambda *a: estimators.optimal_token_baseline_advantages(*a, group_size=group_size)
+    )(poison(returns, mask), poison(logp, mask), poison(sum_sq, mask), mask)
     want = reference.optimal_token_baseline(returns, logp, sum_sq, mask, group_size)
     np.testing.assert_allclose(got, want, atol=1e-4)
 
@@ -127,8 +145,11 @@ class TokenCreditTest(parameterized.TestCase):
     rng = np.random.default_rng(8)
     mask = random_mask(rng, (6, 20))
     entropy = rng.random((6, 20)).astype(np.float32)
-    got = np.asarray(self.variant(lambda e, m: estimators.high_entropy_mask(e, m, rho=rho))(
-        poison(entropy, mask), mask))
+    got = np.asarray(
+      self.variant(lambda e, m: estimators.high_entropy_mask(e, m, rho=rho))(
+        poison(entropy, mask), mask
+      )
+    )
     n_keep = int(np.ceil(rho * mask.sum()))
     threshold = np.sort(entropy[mask])[::-1][n_keep - 1]
     np.testing.assert_array_equal(got, mask & (entropy >= threshold))
@@ -145,7 +166,8 @@ class TokenCreditTest(parameterized.TestCase):
     np.testing.assert_allclose(weights, np.where(mask, -logp / (-logp[mask]).mean(), 0), rtol=1e-5)
     np.testing.assert_allclose(weights[mask].mean(), 1.0, rtol=1e-5)
     implicit = self.variant(lambda a, b, m: estimators.implicit_process_rewards(a, b, m, beta=0.1))(
-        poison(logp, mask), ref_logp, mask)
+      poison(logp, mask), ref_logp, mask
+    )
     np.testing.assert_allclose(implicit, np.where(mask, 0.1 * (logp - ref_logp), 0), atol=1e-6)
 
 

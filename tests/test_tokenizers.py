@@ -50,7 +50,9 @@ def test_hf_tokenizer_from_tokenizer_json(tmp_path):
   batch, valid = tok.encode_batch(["hello", "hello world"], length=3, add_bos=True)
   np.testing.assert_array_equal(batch, [[0, 1, 3], [1, 3, 4]])
   np.testing.assert_array_equal(valid, [[0, 1, 1], [1, 1, 1]])
-  with pytest.raises(ValueError, match="Special token '<mask>' is not in the tokenizer's vocabulary"):
+  with pytest.raises(
+    ValueError, match="Special token '<mask>' is not in the tokenizer's vocabulary"
+  ):
     HFTokenizer(tmp_path, eos_token="<mask>")
   with pytest.raises(ValueError, match="No tokenizer.json"):
     HFTokenizer(tmp_path / "missing")
@@ -75,8 +77,9 @@ def test_hf_token_texts_are_byte_level_pieces_as_transformers_reads_them(tmp_pat
   ids = tok.encode(text) + [tok.eos_id]
   byte_of = {c: b for b, c in bytes_to_unicode().items()}
   pieces = reference.convert_ids_to_tokens(ids)
-  expected = [bytes(byte_of[c] for c in piece).decode("utf-8", "backslashreplace")
-              for piece in pieces[:-1]] + ["<|im_end|>"]
+  expected = [
+    bytes(byte_of[c] for c in piece).decode("utf-8", "backslashreplace") for piece in pieces[:-1]
+  ] + ["<|im_end|>"]
   texts = tok.token_texts(ids)
   assert texts == expected
   assert any("\\x" in t for t in texts), "the test text must split a character across tokens"

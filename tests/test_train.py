@@ -42,9 +42,14 @@ def test_plot_cli(tmp_path):
     (run / "metrics.jsonl").write_text("".join(
         json.dumps({"step": s, "eval/accuracy": scale * s / 10}) + "\n" for s in range(0, 50, 10)))
   out = tmp_path / "curves.png"
-  plot.main([str(tmp_path / "grpo"), str(tmp_path / "rloo"), "--metric", "eval/accuracy", "--out", str(out)])
+  plot.main(
+    [str(tmp_path / "grpo"), str(tmp_path / "rloo"), "--metric", "eval/accuracy", "--out", str(out)]
+  )
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  assert plot.read_metric(tmp_path / "rloo", "eval/accuracy") == ([0, 10, 20, 30, 40], [0.0, 0.5, 1.0, 1.5, 2.0])
+  assert plot.read_metric(tmp_path / "rloo", "eval/accuracy") == (
+    [0, 10, 20, 30, 40],
+    [0.0, 0.5, 1.0, 1.5, 2.0],
+  )
   import pytest
 
   with pytest.raises(ValueError, match="has no 'train/loss' entries"):
@@ -53,9 +58,22 @@ def test_plot_cli(tmp_path):
     plot.read_metric(tmp_path, "eval/accuracy")
 
 
-EXPERIMENTS = ["quickstart", "dr_grpo", "rloo", "reinforce_pp", "gspo", "dapo", "credit_mix", "ppo_gae",
-               "countdown_grpo", "key_token_grpo", "key_turns_grpo", "calculator_grpo", "target_sum_grpo",
-               "gsm8k_grpo"]
+EXPERIMENTS = [
+  "quickstart",
+  "dr_grpo",
+  "rloo",
+  "reinforce_pp",
+  "gspo",
+  "dapo",
+  "credit_mix",
+  "ppo_gae",
+  "countdown_grpo",
+  "key_token_grpo",
+  "key_turns_grpo",
+  "calculator_grpo",
+  "target_sum_grpo",
+  "gsm8k_grpo",
+]
 
 
 def test_every_experiment_builds_its_advantage_and_objective():
@@ -65,13 +83,21 @@ def test_every_experiment_builds_its_advantage_and_objective():
   import jaxcredit as jc
   from jaxcredit import estimators, losses, testing
 
-  rollout = testing.strategies.make_rollout(np.random.default_rng(0), batch=8, length=6, group_size=4)
-  outputs = jc.PolicyOutputs(logprobs=rollout.behaviour_logprobs - 0.01, entropy=rollout.entropy, values=rollout.values)
+  rollout = testing.strategies.make_rollout(
+    np.random.default_rng(0), batch=8, length=6, group_size=4
+  )
+  outputs = jc.PolicyOutputs(
+    logprobs=rollout.behaviour_logprobs - 0.01, entropy=rollout.entropy, values=rollout.values
+  )
   for name in EXPERIMENTS:
     config = load_experiment(name)
-    advantage = config.advantage if isinstance(config.advantage, str) else config.advantage.to_dict()
+    advantage = (
+      config.advantage if isinstance(config.advantage, str) else config.advantage.to_dict()
+    )
     estimate = jax.jit(estimators.from_config(advantage))(rollout)
-    loss, metrics = jax.jit(losses.from_config(config.objective.to_dict()))(outputs, rollout, estimate, 0)
+    loss, metrics = jax.jit(losses.from_config(config.objective.to_dict()))(
+      outputs, rollout, estimate, 0
+    )
     assert np.isfinite(loss) and "loss" in metrics, name
 
 
@@ -79,14 +105,25 @@ def test_every_experiment_builds_its_advantage_and_objective():
 # (the study configs run at their smoke presets in their test_lab_* modules, and gsm8k_grpo,
 # which needs a checkpoint's tokenizer and JSONL files, at its smoke preset in
 # test_gsm8k_train).
-STUDIES = ("credit_study", "credit_study_v1", "length_bias", "staleness_study", "start_gradients",
-           "turn_study")
-SHIPPED = sorted(p.stem for p in (ROOT / "experiments").glob("*.py")
-                 if p.stem not in (*STUDIES, "gsm8k_grpo"))
+STUDIES = (
+  "credit_study",
+  "credit_study_v1",
+  "length_bias",
+  "staleness_study",
+  "start_gradients",
+  "turn_study",
+)
+SHIPPED = sorted(
+  p.stem for p in (ROOT / "experiments").glob("*.py") if p.stem not in (*STUDIES, "gsm8k_grpo")
+)
 SMALL = [  # no SFT (test_multiprocess trains from SFT) but for countdown's noisy demonstrations
-    "--config.task.train_size=64", "--config.task.test_size=8", "--config.sft.max_steps=0",
-    "--config.rl.steps=2",
-    "--config.rl.prompts_per_step=4", "--config.rl.group_size=4", "--config.rl.eval_every=2",
+  "--config.task.train_size=64",
+  "--config.task.test_size=8",
+  "--config.sft.max_steps=0",
+  "--config.rl.steps=2",
+  "--config.rl.prompts_per_step=4",
+  "--config.rl.group_size=4",
+  "--config.rl.eval_every=2",
 ]
 
 
@@ -99,7 +136,9 @@ def test_the_shipped_configs_are_the_documented_ones():
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
   export = ["--config.export.hf=True"] if name == "quickstart" else []
-  sft = ["--config.sft.max_steps=2", "--config.sft.batch_size=8"] if name == "countdown_grpo" else []
+  sft = (
+    ["--config.sft.max_steps=2", "--config.sft.batch_size=8"] if name == "countdown_grpo" else []
+  )
   # Without SFT every quickstart response is wrong; a truncated one scoring -1 mixes the rewards.
   mixed = ["--config.task.truncated_reward=-1.0"] if name == "ppo_gae" else []
   result = _run(tmp_path, *SMALL, *export, *sft, *mixed, config=name, env=cli_env)
@@ -109,8 +148,14 @@ def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
   assert "eval/accuracy" in train[-1]
   if name == "quickstart":
     assert all("step" in line for line in _metrics(tmp_path))
-    for key in ("train/loss", "train/entropy", "train/kl", "train/tokens_per_sec", "train/policy/approx_kl",
-                "train/zero_variance_groups"):
+    for key in (
+      "train/loss",
+      "train/entropy",
+      "train/kl",
+      "train/tokens_per_sec",
+      "train/policy/approx_kl",
+      "train/zero_variance_groups",
+    ):
       assert key in train[-1], key
     assert abs(train[0]["train/policy/ratio_mean"] - 1.0) < 1e-4  # sampler and learner agree
     assert abs(train[0]["train/kl"]) < 1e-5  # the reference is the policy at the start of RL
@@ -119,12 +164,16 @@ def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
     # The finished policy, exported in transformers' format (checked against transformers
     # itself in test_hf_parity), loads back with the task's stop token as its EOS.
     exported = load_hf_checkpoint(tmp_path / "hf")
-    assert exported.config.vocab_size == json.loads((tmp_path / "hf" / "config.json").read_text())[
-        "vocab_size"]
+    assert (
+      exported.config.vocab_size
+      == json.loads((tmp_path / "hf" / "config.json").read_text())["vocab_size"]
+    )
     assert stop_tokens(tmp_path / "hf") == (CharTokenizer(arithmetic.ALPHABET).eos_id,)
   if name == "reinforce_pp":  # the KL reward penalty starts at 0 (policy == reference), then moves
     assert "train/kl/value" in train[-1]
-    assert abs(train[0]["train/kl_reward_penalty"]) < 1e-6 and train[1]["train/kl_reward_penalty"] != 0.0
+    assert (
+      abs(train[0]["train/kl_reward_penalty"]) < 1e-6 and train[1]["train/kl_reward_penalty"] != 0.0
+    )
   if name == "credit_mix":  # PRIME's implicit PRM is trained in the rollout hook
     assert "train/hook/prm_loss" in train[-1]
   if name == "ppo_gae":  # metrics are the last of four updates: the policy has moved, not far
@@ -134,22 +183,42 @@ def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
 
 
 KEY_TOKEN = [
-    "--config.task.name=key_token", "--config.task.options={'length': 10, 'n_keys': 4, 'filler_blind': True}",
-    "--config.task.train_size=64", "--config.task.test_size=16", "--config.sft.max_steps=0",
-    "--config.rl.prompts_per_step=4", "--config.rl.group_size=4",
+  "--config.task.name=key_token",
+  "--config.task.options={'length': 10, 'n_keys': 4, 'filler_blind': True}",
+  "--config.task.train_size=64",
+  "--config.task.test_size=16",
+  "--config.sft.max_steps=0",
+  "--config.rl.prompts_per_step=4",
+  "--config.rl.group_size=4",
 ]
 
 
 def _run(workdir, *overrides, config="quickstart", env=None):
-  command = [sys.executable, "-m", "jaxcredit.train", "--config", str(ROOT / f"experiments/{config}.py"),
-             "--workdir", str(workdir), *overrides]
-  return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600, check=False, env=env)
+  command = [
+    sys.executable,
+    "-m",
+    "jaxcredit.train",
+    "--config",
+    str(ROOT / f"experiments/{config}.py"),
+    "--workdir",
+    str(workdir),
+    *overrides,
+  ]
+  return subprocess.run(
+    command, capture_output=True, text=True, cwd=ROOT, timeout=600, check=False, env=env
+  )
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   # Adam at lr 1e38 overflows the parameters after one update; the next loss is not finite.
-  result = _run(tmp_path, *KEY_TOKEN, "--config.rl.steps=4", "--config.rl.eval_every=4",
-                "--config.checkpoint.every=1", "--config.rl.learning_rate=1e38")
+  result = _run(
+    tmp_path,
+    *KEY_TOKEN,
+    "--config.rl.steps=4",
+    "--config.rl.eval_every=4",
+    "--config.checkpoint.every=1",
+    "--config.rl.learning_rate=1e38",
+  )
   assert result.returncode != 0
   assert "Non-finite loss" in result.stderr and "last good checkpoint is step 1" in result.stderr
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1"]

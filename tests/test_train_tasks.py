@@ -17,14 +17,27 @@ OPTIONS = {
 
 def _task(name, tmp_path):
   options, prompt, response = OPTIONS[name]
-  config = ml_collections.ConfigDict({"name": name, "options": options, "train_size": 24, "test_size": 8,
-                                      "max_prompt_length": prompt, "max_response_length": response})
+  config = ml_collections.ConfigDict(
+    {
+      "name": name,
+      "options": options,
+      "train_size": 24,
+      "test_size": 8,
+      "max_prompt_length": prompt,
+      "max_response_length": response,
+    }
+  )
   return tasks.make(config, data_dir=str(tmp_path), seed=0)
 
 
 def _demonstrations(task, rows=8):
-  data = loader.Loader(task.sources["train"], encode=task.encode, batch_size=rows,
-                       max_prompt_length=task.max_prompt_length, pad_id=task.pad_id)
+  data = loader.Loader(
+    task.sources["train"],
+    encode=task.encode,
+    batch_size=rows,
+    max_prompt_length=task.max_prompt_length,
+    pad_id=task.pad_id,
+  )
   return data.sft_batch(0, length=task.max_prompt_length + task.max_response_length), data
 
 
@@ -50,7 +63,9 @@ def test_noisy_demonstrations_change_one_allowed_token_per_corrupted_row(tmp_pat
   batch, _ = _demonstrations(task)
   tokens, loss_mask = batch["tokens"], batch["loss_mask"]
   rng = np.random.default_rng(0)
-  np.testing.assert_array_equal(tasks.noisy_demonstrations(tokens, loss_mask, rng, rate=0.0, task=task), tokens)
+  np.testing.assert_array_equal(
+    tasks.noisy_demonstrations(tokens, loss_mask, rng, rate=0.0, task=task), tokens
+  )
   noisy = tasks.noisy_demonstrations(tokens, loss_mask, rng, rate=1.0, task=task)
   changed = noisy != tokens
   np.testing.assert_array_equal(changed.sum(axis=1), 1)
@@ -61,8 +76,9 @@ def test_noisy_demonstrations_change_one_allowed_token_per_corrupted_row(tmp_pat
 
 def test_runs_with_other_task_options_never_share_a_data_dirs_files(tmp_path):
   def examples(**options):
-    config = ml_collections.ConfigDict({"name": "key_turns", "options": options,
-                                        "train_size": 4, "test_size": 4})
+    config = ml_collections.ConfigDict(
+      {"name": "key_turns", "options": options, "train_size": 4, "test_size": 4}
+    )
     source = tasks.make(config, data_dir=str(tmp_path), seed=0).sources["train"]
     return [source[i] for i in range(len(source))]
 
@@ -74,15 +90,25 @@ def test_runs_with_other_task_options_never_share_a_data_dirs_files(tmp_path):
 
 def test_unknown_task_lists_the_known_ones(tmp_path):
   config = ml_collections.ConfigDict({"name": "chess", "options": {}})
-  with pytest.raises(ValueError, match="Unknown task 'chess'; known: arithmetic, countdown, calculator, key_token, key_turns, target_sum, gsm8k"):
+  with pytest.raises(
+    ValueError,
+    match="Unknown task 'chess'; known: arithmetic, countdown, calculator, key_token, key_turns, "
+    "target_sum, gsm8k",
+  ):
     tasks.make(config, data_dir=str(tmp_path), seed=0)
 
 
-@pytest.mark.parametrize("override,message", [
+@pytest.mark.parametrize(
+  "override,message",
+  [
     ({"rl.minibatches": 3}, "not divisible by rl.minibatches = 3"),
-    ({"rl.minibatches": 64}, "a minibatch of 4 rows does not hold whole groups of rl.group_size = 8"),
+    (
+      {"rl.minibatches": 64},
+      "a minibatch of 4 rows does not hold whole groups of rl.group_size = 8",
+    ),
     ({"sft.batch_size": 250}, "sft.batch_size = 250 is not divisible by the 4"),
-])
+  ],
+)
 def test_batch_sizes_that_do_not_split_raise(override, message):
   config = load_experiment("quickstart")
   for key, value in override.items():
@@ -100,23 +126,35 @@ def test_minibatches_partition_whole_groups():
   for epoch in orders.reshape(2, 12):
     np.testing.assert_array_equal(np.sort(epoch), np.arange(rows))  # each epoch sees every row once
   in_groups = orders.reshape(4, -1, group)
-  assert (in_groups % group == np.arange(group)).all() and (in_groups // group == in_groups[..., :1] // group).all()
+  assert (in_groups % group == np.arange(group)).all() and (
+    in_groups // group == in_groups[..., :1] // group
+  ).all()
   assert not np.array_equal(orders[0], orders[2])  # a fresh group order per epoch
   assert learner.minibatch_orders(rows, group, 2, 1, 0, 5) is None  # one minibatch: the whole batch
 
 
 def _arithmetic(tmp_path, **fields):
-  config = {"name": "arithmetic", "options": {"min_digits": 2, "max_digits": 5}, "train_size": 200,
-            "test_size": 50, "max_prompt_length": 16, "max_response_length": 7, **fields}
+  config = {
+    "name": "arithmetic",
+    "options": {"min_digits": 2, "max_digits": 5},
+    "train_size": 200,
+    "test_size": 50,
+    "max_prompt_length": 16,
+    "max_response_length": 7,
+    **fields,
+  }
   return tasks.make(ml_collections.ConfigDict(config), data_dir=str(tmp_path), seed=0)
 
 
 def _rows(task, responses: list[list[int]]):
   """[B, P + N] rows holding `responses` after an empty prompt, and their action mask."""
   p, n = task.max_prompt_length, task.max_response_length
-  tokens, mask = np.zeros((len(responses), p + n), np.int32), np.zeros((len(responses), p + n), bool)
+  tokens, mask = (
+    np.zeros((len(responses), p + n), np.int32),
+    np.zeros((len(responses), p + n), bool),
+  )
   for row, response in enumerate(responses):
-    tokens[row, p:p + len(response)], mask[row, p:p + len(response)] = response, True
+    tokens[row, p : p + len(response)], mask[row, p : p + len(response)] = response, True
   return tokens, mask
 
 
@@ -130,7 +168,9 @@ def test_a_response_cut_off_by_the_budget_scores_the_truncation_rule(tmp_path):
   cut, finished = tokenizer.encode("12"), tokenizer.encode("1") + [tokenizer.eos_id]
   tokens, mask = _rows(task, [cut, finished])
   response = slice(task.max_prompt_length, None)
-  np.testing.assert_array_equal(task.score(tokens[:, response], mask[:, response], [example] * 2), [1.0, 0.0])
+  np.testing.assert_array_equal(
+    task.score(tokens[:, response], mask[:, response], [example] * 2), [1.0, 0.0]
+  )
   np.testing.assert_array_equal(task.truncated(tokens, mask), [True, False])
   np.testing.assert_array_equal(task.score_rows(tokens, mask, [example] * 2), [0.0, 0.0])
   lenient = _arithmetic(tmp_path, max_response_length=2, truncated_reward=-0.5)
@@ -141,10 +181,20 @@ def test_a_response_cut_off_by_the_budget_scores_the_truncation_rule(tmp_path):
 
 def test_data_beyond_the_budgets_is_counted_and_too_much_refuses_to_start(tmp_path, capsys):
   task = _arithmetic(tmp_path, max_prompt_length=10, max_response_length=5)
-  lengths = {split: np.asarray([[len(ids) for ids in task.encode(task.sources[split][i])]
-                                for i in range(len(task.sources[split]))]) for split in ("train", "test")}
-  with pytest.raises(ValueError, match=r"\d+ of 50 test examples \(\d+\.\d%\) have prompts longer than "
-                                       r"max_prompt_length = 10 tokens .* task.max_dropped_fraction = 0.1"):
+  lengths = {
+    split: np.asarray(
+      [
+        [len(ids) for ids in task.encode(task.sources[split][i])]
+        for i in range(len(task.sources[split]))
+      ]
+    )
+    for split in ("train", "test")
+  }
+  with pytest.raises(
+    ValueError,
+    match=r"\d+ of 50 test examples \(\d+\.\d%\) have prompts longer than "
+    r"max_prompt_length = 10 tokens .* task.max_dropped_fraction = 0.1",
+  ):
     tasks.check_data(task, max_dropped_fraction=0.1)
   report = tasks.check_data(task, max_dropped_fraction=1.0)
   for split, (prompt, answer) in ((s, lengths[s].T) for s in lengths):
@@ -153,7 +203,11 @@ def test_data_beyond_the_budgets_is_counted_and_too_much_refuses_to_start(tmp_pa
     assert report[f"data/{split}/unrewardable"] == np.sum(answer > 5) > 0
   out = capsys.readouterr().out
   assert f"test: dropped {report['data/test/dropped']} of 50 examples" in out
-  assert f"Warning: {report['data/test/unrewardable']} of 50 test answers need more than max_response_length" in out
+  assert (
+    f"Warning: {report['data/test/unrewardable']} of 50 test answers need more than "
+    "max_response_length"
+    in out
+  )
   batch = tasks.evaluation_batch(task)  # each fitting test problem exactly once
   fitting = [task.sources["test"][i] for i in np.flatnonzero(lengths["test"][:, 0] <= 10)]
   assert len(batch["examples"]) == len(fitting) == 50 - report["data/test/dropped"]
@@ -165,10 +219,12 @@ def test_evaluation_chunks_share_one_shape_and_cover_every_prompt_once():
   batch = {"prompts": prompts, "prompt_valid": prompts % 2 == 0, "examples": list("abcde")}
   chunks = list(tasks.batch_chunks(batch, 2))
   assert [rows for _, rows in chunks] == [2, 2, 1]
-  assert all(chunk["prompts"].shape == (2, 3) and len(chunk["examples"]) == 2 for chunk, _ in chunks)
+  assert all(
+    chunk["prompts"].shape == (2, 3) and len(chunk["examples"]) == 2 for chunk, _ in chunks
+  )
   real = lambda key: np.concatenate([chunk[key][:rows] for chunk, rows in chunks])
   np.testing.assert_array_equal(real("prompts"), prompts)
   np.testing.assert_array_equal(real("prompt_valid"), batch["prompt_valid"])
   assert sum((chunk["examples"][:rows] for chunk, rows in chunks), []) == list("abcde")
-  (whole, rows), = tasks.batch_chunks(batch, None)
+  ((whole, rows),) = tasks.batch_chunks(batch, None)
   assert rows == 5 and whole["examples"] == list("abcde")

@@ -25,16 +25,24 @@ class ValueCreditTest(parameterized.TestCase):
   @parameterized.parameters(*SHAPES)
   def test_segment_advantages_match_reference(self, batch, length):
     values, evaluated, rewards, mask = _inputs((batch, length), batch + length)
-    got = self.variant(estimators.segment_advantages)(poison(values, evaluated & mask), evaluated, rewards, mask)
-    np.testing.assert_allclose(got, reference.segment_advantages(values, evaluated, rewards, mask), atol=1e-6)
+    got = self.variant(estimators.segment_advantages)(
+      poison(values, evaluated & mask), evaluated, rewards, mask
+    )
+    np.testing.assert_allclose(
+      got, reference.segment_advantages(values, evaluated, rewards, mask), atol=1e-6
+    )
 
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.parameters(*SHAPES)
   def test_every_position_evaluated_is_gae_lambda_zero_and_telescopes(self, batch, length):
     values, _, rewards, mask = _inputs((batch, length), 7 * batch + length)
     got = self.variant(estimators.values_to_advantages)(values, rewards, mask)
-    np.testing.assert_allclose(got, reference.segment_advantages(values, mask, rewards, mask), atol=1e-6)
-    np.testing.assert_allclose(estimators.segment_advantages(values, mask, rewards, mask), got, atol=1e-6)
+    np.testing.assert_allclose(
+      got, reference.segment_advantages(values, mask, rewards, mask), atol=1e-6
+    )
+    np.testing.assert_allclose(
+      estimators.segment_advantages(values, mask, rewards, mask), got, atol=1e-6
+    )
     # F1: a response's token credits sum to R - V(first action); empty rows sum to 0.
     first = estimators.first_value(values, mask)
     want = np.where(mask.any(axis=1), rewards - first, 0.0)

@@ -154,12 +154,18 @@ def test_spans_are_the_exported_tokens_coloured_by_credit(page, quickstart_expor
     spans = row.query_selector_all(".tok")
     assert [s.text_content() for s in spans] == [_shown(t) for t in columns["token"][rows]]
     credit = columns["advantage"][rows & columns["is_action"]]
-    values = [float(s.get_attribute("data-value")) for s in row.query_selector_all(".tok:not(.prompt)")]
+    values = [float(s.get_attribute("data-value"))
+              for s in row.query_selector_all(".tok:not(.prompt)")]
     np.testing.assert_allclose(values, credit, rtol=1e-6)
   # Colour: green above 0, red below, white at 0, further from white the larger |credit|.
   spans = page.query_selector_all(".tok:not(.prompt)")
-  seen = [(float(s.get_attribute("data-value")), _rgb(s.evaluate("e => getComputedStyle(e).backgroundColor")))
-          for s in spans]
+  seen = [
+    (
+      float(s.get_attribute("data-value")),
+      _rgb(s.evaluate("e => getComputedStyle(e).backgroundColor")),
+    )
+    for s in spans
+  ]
   assert any(v > 0 for v, _ in seen) and any(v < 0 for v, _ in seen), "both signs are needed"
   for value, (r, g, b) in seen:
     if value > 0:
@@ -185,19 +191,26 @@ def test_estimator_switch_and_side_by_side_change_what_is_shown(page, quickstart
   first = page.query_selector(".response")
   group, sample = int(first.get_attribute("data-group")), int(first.get_attribute("data-sample"))
   rows = (columns["group"] == group) & (columns["sample"] == sample) & columns["is_action"]
-  read = lambda selector: [float(s.get_attribute("data-value")) for s in page.query_selector_all(selector)]
-  selector = f'.response[data-group="{group}"][data-sample="{sample}"] .tokens[data-credit="rloo"] .tok'
+  read = lambda selector: [
+    float(s.get_attribute("data-value")) for s in page.query_selector_all(selector)
+  ]
+  selector = (
+    f'.response[data-group="{group}"][data-sample="{sample}"] .tokens[data-credit="rloo"] .tok'
+  )
   page.select_option("#credit", "rloo")
   np.testing.assert_allclose(read(selector), columns["advantage.rloo"][rows], rtol=1e-6)
   assert not np.allclose(columns["advantage.rloo"], columns["advantage"])  # a visible change
   assert page.query_selector_all(".tokens[data-credit='grpo']") == []
   page.check("#pair")
   page.select_option("#other", "grpo")
-  boxes = page.query_selector_all(f'.response[data-group="{group}"][data-sample="{sample}"] .tokens')
+  boxes = page.query_selector_all(
+    f'.response[data-group="{group}"][data-sample="{sample}"] .tokens'
+  )
   assert [b.get_attribute("data-credit") for b in boxes] == ["rloo", "grpo"]
   assert [b.query_selector(".caption").text_content() for b in boxes] == ["rloo", "grpo"]
-  np.testing.assert_allclose(read(selector.replace('"rloo"', '"grpo"')), columns["advantage"][rows],
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    read(selector.replace('"rloo"', '"grpo"')), columns["advantage"][rows], rtol=1e-6
+  )
 
 
 def test_hover_shows_the_exported_numbers(page, quickstart_export):
@@ -207,9 +220,14 @@ def test_hover_shows_the_exported_numbers(page, quickstart_export):
   span.hover()
   tip = page.text_content("#tooltip")
   assert page.is_visible("#tooltip")
-  for label, column in (("behaviour logprob", "behaviour_logprob"), ("logprob", "logprob"),
-                        ("entropy", "entropy"), ("ratio", "ratio"), ("grpo", "advantage"),
-                        ("rloo", "advantage.rloo")):
+  for label, column in (
+    ("behaviour logprob", "behaviour_logprob"),
+    ("logprob", "logprob"),
+    ("entropy", "entropy"),
+    ("ratio", "ratio"),
+    ("grpo", "advantage"),
+    ("rloo", "advantage.rloo"),
+  ):
     assert f"\n{label} {columns[column][k]:.4f}" in tip, (label, tip)
   assert f"id {columns['token_id'][k]}" in tip and json.dumps(columns["token"][k]) in tip
 
@@ -217,17 +235,22 @@ def test_hover_shows_the_exported_numbers(page, quickstart_export):
 def test_step_selector_sorting_and_filters(page, quickstart_export):
   steps, _ = view.read_export(quickstart_export)
   assert page.eval_on_selector_all("#step option", "os => os.map(o => o.textContent)") == [
-      str(s.step) for s in steps]
+    str(s.step) for s in steps
+  ]
   page.select_option("#step", "0")
   assert f"RL update {steps[0].rl_step}" in page.text_content("#summary")
   page.select_option("#view", "responses")
   page.select_option("#sort", "reward_low")
-  rewards = [float(re.search(r"reward (\S+)", m.text_content()).group(1))
-             for m in page.query_selector_all(".response .meta")]
+  rewards = [
+    float(re.search(r"reward (\S+)", m.text_content()).group(1))
+    for m in page.query_selector_all(".response .meta")
+  ]
   assert rewards == sorted(rewards) and len(rewards) == min(20, 4 * GROUP_SIZE)
   page.fill("#min_reward", "0")
-  kept = [float(re.search(r"reward (\S+)", m.text_content()).group(1))
-          for m in page.query_selector_all(".response .meta")]
+  kept = [
+    float(re.search(r"reward (\S+)", m.text_content()).group(1))
+    for m in page.query_selector_all(".response .meta")
+  ]
   columns = steps[0].columns
   _, first = np.unique(columns["group"] * GROUP_SIZE + columns["sample"], return_index=True)
   assert all(r >= 0 for r in kept) and len(kept) == int(np.sum(columns["reward"][first] >= 0))
@@ -235,7 +258,9 @@ def test_step_selector_sorting_and_filters(page, quickstart_export):
 
 def test_script_in_a_token_is_shown_not_run(browser, tmp_path):
   payload = "<script>window.pwned = 1</script><img src=x onerror='window.pwned = 2'>"
-  _synthetic_step(tmp_path / "tokens" / export.file_name(1), tokens=("<bos>", payload, "\\xe6\\x95"))
+  _synthetic_step(
+    tmp_path / "tokens" / export.file_name(1), tokens=("<bos>", payload, "\\xe6\\x95")
+  )
   assert view_cli.main([str(tmp_path)]) == 0
   page = browser.new_page()
   page.goto((tmp_path / "credit.html").resolve().as_uri())
@@ -252,8 +277,11 @@ def test_serve_serves_the_page_on_localhost(tmp_path):
   import urllib.request
 
   _synthetic_step(tmp_path / "tokens" / export.file_name(1))
-  server = subprocess.Popen([sys.executable, "-m", "jaxcredit.view", str(tmp_path), "--serve", "--port", "0"],
-                            stdout=subprocess.PIPE, text=True)
+  server = subprocess.Popen(
+    [sys.executable, "-m", "jaxcredit.view", str(tmp_path), "--serve", "--port", "0"],
+    stdout=subprocess.PIPE,
+    text=True,
+  )
   try:
     lines = [server.stdout.readline() for _ in range(2)]
     url = re.search(r"Serving (http://127\.0\.0\.1:\d+/credit\.html)", lines[1]).group(1)

@@ -188,8 +188,7 @@ class Gsm8k(tfds.core.GeneratorBasedBuilder):
     return {split: self._generate_examples(path) for split, path in files.items()}
 
   def _generate_examples(self, path):
-    for index, example in enumerate(gsm8k.read_jsonl(path)):
-      yield index, example
+    yield from enumerate(gsm8k.read_jsonl(path))
 
 
 BUILDERS = {"arithmetic": Arithmetic, "calculator": Calculator, "countdown": Countdown,

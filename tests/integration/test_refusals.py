@@ -59,25 +59,33 @@ def test_help_lists_every_config_field_with_its_default_and_meaning():
                            "experiments/gsm8k_grpo.py:smoke", "--help"], capture_output=True,
                           text=True, cwd=ROOT, timeout=120, check=False)
   assert result.returncode == 0, result.stderr[-2000:]
-  assert "--config.rl.max_staleness=0\n      k > 0: update t's rollouts are sampled" in result.stdout
+  assert (
+    "--config.rl.max_staleness=0\n      k > 0: update t's rollouts are sampled" in result.stdout
+  )
   assert "--config.task.eval_size=4\n      greedy eval on the first" in result.stdout
-  assert ("--config.task.instruction=" in result.stdout
-          and "the reward reads the number right after the last '####'" in result.stdout)
+  assert (
+    "--config.task.instruction=" in result.stdout
+    and "the reward reads the number right after the last '####'" in result.stdout
+  )
   assert "--config.advantage.name='grpo'" in result.stdout
 
 
 @pytest.mark.parametrize("task,mesh", [("key_token", "(2,1,2,2)"), ("target_sum", "(1,2,2,2)")])
-def test_a_mesh_xla_cannot_partition_typed_actions_on_is_refused_naming_the_axes(tmp_path, task,
-                                                                                 mesh):
+def test_a_mesh_xla_cannot_partition_typed_actions_on_is_refused_naming_the_axes(
+  tmp_path, task, mesh
+):
   """These meshes abort the process inside XLA's SPMD partitioner at the first learner step."""
   env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8")}
-  options = [] if task == "key_token" else ["--config.task.name=target_sum",
-                                            "--config.task.options={}"]
+  options = (
+    [] if task == "key_token" else ["--config.task.name=target_sum", "--config.task.options={}"]
+  )
   result = train(tmp_path, *options, f"--config.mesh.shape={mesh}", "--config.rl.steps=2", env=env)
   assert result.returncode == 1, result.stderr[-2000:]
-  assert (f"Task {task!r} restricts the tokens allowed per position, and XLA cannot partition "
-          f"that head over mesh.shape (data, fsdp, sequence, model) = {mesh.replace(',', ', ')}"
-          in result.stderr)
+  assert (
+    f"Task {task!r} restricts the tokens allowed per position, and XLA cannot partition "
+    f"that head over mesh.shape (data, fsdp, sequence, model) = {mesh.replace(',', ', ')}"
+    in result.stderr
+  )
   assert "Traceback" not in result.stderr and not (tmp_path / "metrics.jsonl").exists()
 
 
@@ -87,9 +95,11 @@ def test_typed_actions_train_on_the_mesh_the_refusal_names(tmp_path, task):
   """(2, 2, 2, 1), the refusal's suggestion: data, fsdp and sequence axes over 1 with typed
   actions; two RL steps and their checkpoints finish (no deadlock, no abort)."""
   env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8")}
-  options = [] if task == "key_token" else ["--config.task.name=target_sum",
-                                            "--config.task.options={}"]
-  result = train(tmp_path, *options, "--config.mesh.shape=(2,2,2,1)", "--config.rl.steps=2",
-                 env=env)
+  options = (
+    [] if task == "key_token" else ["--config.task.name=target_sum", "--config.task.options={}"]
+  )
+  result = train(
+    tmp_path, *options, "--config.mesh.shape=(2,2,2,1)", "--config.rl.steps=2", env=env
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   assert (tmp_path / "checkpoints" / "2").exists()
