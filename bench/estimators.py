@@ -119,7 +119,7 @@ def main():
   rows = []
   for batch, length in SHAPES:
     r, v, m = (jnp.asarray(x) for x in make_inputs(batch, length))
-    jitted = {f"jaxcredit {meth}": jaxcredit_gae(meth) for meth in estimators.GAE_METHODS}
+    jitted = {f"jaxcredit {meth}": jaxcredit_gae(meth) for meth in estimators.RECURRENCE_METHODS}
     if rlax_fn is not None:
       jitted["rlax vmapped"] = rlax_fn
     jitted["tunix-style scan"] = tunix_style_gae()

@@ -204,7 +204,7 @@ def test_returns_and_values_carry_across_observation_spans(seed):
   values = rng.normal(size=(batch, length)).astype(np.float32)
   rewards[spans], values[spans] = np.nan, np.inf  # what an observation carries never leaks
   compact_mask = _compact(mask, mask)
-  for method in estimators.GAE_METHODS:
+  for method in estimators.RECURRENCE_METHODS:
     advantages, returns = estimators.gae(jnp.asarray(rewards), jnp.asarray(values),
                                          jnp.asarray(mask), gamma=0.9, lam=0.8, method=method)
     want_adv, want_ret = estimators.gae(jnp.asarray(_compact(rewards, mask)),

@@ -76,7 +76,7 @@ class GaeTest(parameterized.TestCase):
     self.assertTrue(np.all(np.isfinite(grad)))
     self.assertTrue(np.all(np.asarray(grad)[~mask] == 0.0))
 
-  @parameterized.parameters(*estimators.GAE_METHODS)
+  @parameterized.parameters(*estimators.RECURRENCE_METHODS)
   def test_methods_agree(self, method):
     rng = np.random.default_rng(5)
     mask = random_mask(rng, (6, 40))
@@ -131,7 +131,7 @@ class GaeTest(parameterized.TestCase):
       estimators.vtrace(
         jnp.zeros((2, 4)), jnp.zeros((2, 4)), jnp.ones((2, 4)), jnp.zeros((2, 5)), gamma=1.0
       )
-    with pytest.raises(ValueError, match="Unknown GAE method 'fast'"):
+    with pytest.raises(ValueError, match="Unknown recurrence method 'fast'"):
       estimators.gae(
         jnp.zeros((2, 4)), jnp.zeros((2, 4)), jnp.ones((2, 4)), gamma=1.0, lam=1.0, method="fast"
       )
@@ -140,8 +140,8 @@ class GaeTest(parameterized.TestCase):
 class ClassicalEstimatorsTest(parameterized.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.product(
-    shape=SHAPES, gamma_lam=[(1.0, 1.0), (0.9, 0.5), (0.99, 0.0)], method=estimators.GAE_METHODS
-  )
+    shape=SHAPES, gamma_lam=[(1.0, 1.0), (0.9, 0.5), (0.99, 0.0)],
+    method=estimators.RECURRENCE_METHODS)
   def test_lambda_returns(self, shape, gamma_lam, method):
     gamma, lam = gamma_lam
     rng = np.random.default_rng(6)
@@ -155,7 +155,7 @@ class ClassicalEstimatorsTest(parameterized.TestCase):
     )
 
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.product(shape=SHAPES, n=[1, 3, 40], method=estimators.GAE_METHODS)  # 40 > T
+  @parameterized.product(shape=SHAPES, n=[1, 3, 40], method=estimators.RECURRENCE_METHODS)  # 40 > T
   def test_n_step_returns(self, shape, n, method):
     rng = np.random.default_rng(7)
     mask = random_mask(rng, shape)
@@ -169,8 +169,8 @@ class ClassicalEstimatorsTest(parameterized.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.product(
-    shape=SHAPES, lam=[1.0, 0.8], clips=[(1.0, 1.0), (2.0, 0.5)], method=estimators.GAE_METHODS
-  )
+    shape=SHAPES, lam=[1.0, 0.8], clips=[(1.0, 1.0), (2.0, 0.5)],
+    method=estimators.RECURRENCE_METHODS)
   def test_vtrace(self, shape, lam, clips, method):
     rng = np.random.default_rng(8)
     mask = random_mask(rng, shape)

@@ -35,7 +35,7 @@ def _episodes(batch, length, seed, turns=4):
 class TurnCreditTest(parameterized.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.product(seed=[0, 1, 2], method=list(estimators.GAE_METHODS))
+  @parameterized.product(seed=[0, 1, 2], method=list(estimators.RECURRENCE_METHODS))
   def test_turn_gae_matches_reference(self, seed, method):
     turn_rewards, values, _, _, turn_ids, mask = _episodes(6, 24, seed)
     fn = self.variant(lambda r, v, i, m: estimators.turn_gae(r, v, i, m, gamma=0.9, lam=0.7,

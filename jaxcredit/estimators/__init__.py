@@ -35,8 +35,8 @@ from jaxcredit.estimators.registered import (
     register,
     token_level_rewards,
 )
+from jaxcredit.estimators.recurrence import METHODS as RECURRENCE_METHODS
 from jaxcredit.estimators.returns import (
-    GAE_METHODS,
     discounted_returns,
     gae,
     lambda_returns,
@@ -79,7 +79,7 @@ __all__ = [
     "first_value",
     "from_config",
     "gae",
-    "GAE_METHODS",
+    "RECURRENCE_METHODS",
     "get",
     "gigpo_advantages",
     "gpg_advantages",

@@ -5,7 +5,7 @@ All recursions run backwards over *valid* positions only: a masked position
 position, and after the last valid token the episode is terminal (V = 0,
 A = 0). Inputs at masked positions are ignored (even NaN/Inf) and outputs
 there are 0. Shapes: [B, T]. `method` picks the recurrence implementation
-(see `recurrence.METHODS`); None picks the fastest for the backend.
+(`RECURRENCE_METHODS`); None picks the fastest for the backend.
 """
 
 import math
@@ -15,15 +15,8 @@ from jax import Array
 
 from jaxcredit import _checks
 from jaxcredit._masking import as_bool, sanitise
-from jaxcredit.estimators import recurrence
+from jaxcredit.estimators.recurrence import masked_recurrence, next_carry, next_valid
 from jaxcredit.logprobs import LOG_RATIO_BOUND
-from jaxcredit.estimators.recurrence import (
-    masked_recurrence,
-    next_carry,
-    next_valid,
-)
-
-GAE_METHODS = recurrence.METHODS
 
 
 def _prepare(mask: Array, **arrays: Array) -> tuple[Array, ...]:
@@ -78,7 +71,6 @@ def gae(
   + gamma lam C_next, so V_next never has to be looked up separately.
   """
   _checks.check_token_and_seq({"rewards": rewards, "values": values, "mask": mask}, {})
-  _checks.check_choice(method or recurrence.default_method(), GAE_METHODS, "GAE method")
   _check_discounts(gamma=gamma, lam=lam)
   valid = as_bool(mask)
   rewards, values = rewards.astype(jnp.float32), values.astype(jnp.float32)
