@@ -4,7 +4,8 @@ credit viewer's load time in headless Chromium.
   python -m bench.viewer [--steps 12] [--out bench/results/viewer.md]
   python -m bench.viewer --screenshot WORKDIR OUT.png   # the viewer of a run, oracle side by side
 
-1. Training: the quickstart's RL (32 prompts x 8 samples, no SFT) with the export off, and
+1. Training: the quickstart's RL (32 prompts x 8 samples, no SFT) on 2-3 digit addition
+   (`ADDITION`, a longer response than the quickstart's 2-digit problems) with the export off, and
    with `export.every = 1` (4 groups, RLOO beside GRPO): median seconds between consecutive
    steps' metric writes after the first two (which compile), and the training thread's wait
    per export (`train/export_wait_ms`: queueing, and waiting for the previous export).
@@ -29,6 +30,7 @@ from bench.common import machine, table
 ROOT = pathlib.Path(__file__).parent.parent
 CHROMIUM = "/usr/bin/chromium"
 TOKENS_PER_RESPONSE, PROMPT_TOKENS, GROUP_SIZE = 1000, 16, 8
+ADDITION = "--config.task.options={'min_digits': 2, 'max_digits': 3, 'reverse_answer': True}"
 
 
 def _train(workdir: pathlib.Path, steps: int, every: int) -> tuple[float, list[float]]:
@@ -38,7 +40,7 @@ def _train(workdir: pathlib.Path, steps: int, every: int) -> tuple[float, list[f
              "--config.sft.max_steps=0", f"--config.rl.steps={steps}",
              "--config.rl.eval_every=1000000", "--config.checkpoint.every=1000000",
              f"--config.export.every={every}", "--config.task.train_size=2048",
-             "--config.task.test_size=16"]
+             "--config.task.test_size=16", ADDITION]
   subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
   lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   train = [line for line in lines if "train/loss" in line]

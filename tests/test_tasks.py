@@ -3,6 +3,7 @@
 import json
 import re
 import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -74,6 +75,40 @@ def test_builder_builds_without_tensorflow(tmp_path):
   )
   again.download_and_prepare()
   np.testing.assert_equal(again.as_data_source()["train"][5], example)
+
+
+def _problems(tmp_path, task, **sizes) -> dict:
+  builder = builders.get("arithmetic", data_dir=str(tmp_path),
+                         config=builders.ProceduralConfig(name="held", task=task), seed=0, **sizes)
+  builder.download_and_prepare()
+  return {split: [(int(e["a"]), int(e["b"])) for e in source]
+          for split, source in builder.as_data_source().items()}
+
+
+def test_held_out_splits_share_no_problem_and_zero_keeps_the_data(tmp_path):
+  two_digits = dict(min_digits=2, max_digits=2)
+  sizes = dict(train_size=3000, test_size=300)
+  held = _problems(tmp_path / "held", arithmetic.ArithmeticConfig(**two_digits, held_out=0.1),
+                   **sizes)
+  assert not set(held["train"]) & set(held["test"])
+  # Every test problem, and no training one, hashes into the lowest tenth.
+  share = lambda a, b: zlib.crc32(f"{a}+{b}=".encode()) / 2**32 < 0.1
+  assert all(share(*p) for p in held["test"]) and not any(share(*p) for p in held["train"])
+  shared = _problems(tmp_path / "shared", arithmetic.ArithmeticConfig(**two_digits), **sizes)
+  assert set(shared["train"]) & set(shared["test"])  # 8,100 problems: most test ones are seen
+  rng = lambda split, i: np.random.default_rng([0, {"train": 0, "test": 1}[split], i])
+  for split in ("train", "test"):  # held_out = 0: make_example's examples, as before (TFDS
+    want = [arithmetic.make_example(rng(split, i), arithmetic.ArithmeticConfig(**two_digits))
+            for i in range(len(shared[split]))]  # stores them in an order of its own)
+    assert sorted(shared[split]) == sorted((e["a"], e["b"]) for e in want)
+
+
+def test_held_out_refuses_a_problem_space_it_leaves_empty():
+  with pytest.raises(ValueError, match="No test problem in 1000 draws"):
+    arithmetic.split_example(np.random.default_rng(0), arithmetic.ArithmeticConfig(
+        min_digits=1, max_digits=1, held_out=1e-9), "test", max_draws=1000)
+  with pytest.raises(ValueError, match="Need 0 <= held_out < 1, got 1.0"):
+    arithmetic.ArithmeticConfig(held_out=1.0)
 
 
 def test_unknown_task_and_config_list_known_ones(tmp_path):

@@ -7,9 +7,14 @@ outcome reward alone), optionally preceded by a step-by-step scratchpad:
   mul: `P:<partial products a*b_j, reversed, comma-separated>;<answer>`
 The final answer follows the last `;` (or is the whole response without a
 scratchpad). Rewards are exact match on the extracted answer.
+
+With `held_out` > 0 the splits share no problem: a stable hash of the prompt puts
+that fraction of all problems in the test split's share (`in_test_share`), and
+each split draws only from its own.
 """
 
 import dataclasses
+import zlib
 
 import numpy as np
 
@@ -23,15 +28,19 @@ OPERATIONS = {"add": "+", "mul": "*"}
 class ArithmeticConfig:
   """min_digits/max_digits: operand length range (the difficulty knob);
   operation: "add" or "mul"; scratchpad: show carries / partial products;
-  reverse_answer: write the answer least-significant digit first."""
+  reverse_answer: write the answer least-significant digit first; held_out: the
+  fraction of problems only the test split draws (0: both splits draw from all)."""
 
   min_digits: int = 2
   max_digits: int = 3
   operation: str = "add"
   scratchpad: bool = False
   reverse_answer: bool = True
+  held_out: float = 0.0
 
   def __post_init__(self):
+    if not 0.0 <= self.held_out < 1.0:
+      raise ValueError(f"Need 0 <= held_out < 1, got {self.held_out}.")
     if self.operation not in OPERATIONS:
       raise ValueError(f"Unknown operation {self.operation!r}; known: {', '.join(OPERATIONS)}.")
     if not 1 <= self.min_digits <= self.max_digits:
@@ -72,6 +81,24 @@ def make_example(rng: np.random.Generator, config: ArithmeticConfig) -> dict:
       "a": a,
       "b": b,
   }
+
+
+def in_test_share(prompt: str, config: ArithmeticConfig) -> bool:
+  """Whether a problem belongs to the test split's share: crc32(prompt) in the lowest
+  `held_out` fraction of its range."""
+  return zlib.crc32(prompt.encode()) < config.held_out * 2**32
+
+
+def split_example(rng: np.random.Generator, config: ArithmeticConfig, split: str,
+                  max_draws: int = 100_000) -> dict:
+  """`make_example` redrawn (from `rng`) until the problem is in `split`'s share when
+  config.held_out > 0; ValueError when `max_draws` draws find none."""
+  for _ in range(max_draws):
+    example = make_example(rng, config)
+    if not config.held_out or in_test_share(example["prompt"], config) == (split == "test"):
+      return example
+  raise ValueError(f"No {split} problem in {max_draws} draws from {config}: the problems are "
+                   "too few for held_out to leave each split some; change held_out or the digits.")
 
 
 def extract_answer(response: str) -> str | None:

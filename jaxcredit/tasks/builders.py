@@ -52,7 +52,12 @@ class _ProceduralBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
     size = config.train_size if split == "train" else config.test_size
     for index in range(size):
       rng = np.random.default_rng([config.seed, _SPLIT_IDS[split], index])
-      yield index, type(self).make_example(rng, config.task)
+      yield index, self._example(rng, config.task, split)
+
+  def _example(self, rng: np.random.Generator, task, split: str) -> dict:
+    """One example of `split` (every split draws from the same distribution)."""
+    del split
+    return type(self).make_example(rng, task)
 
 
 class Arithmetic(_ProceduralBuilder):
@@ -66,6 +71,10 @@ class Arithmetic(_ProceduralBuilder):
       "a": np.int64,
       "b": np.int64,
   }
+
+  def _example(self, rng, task, split):
+    return arithmetic.split_example(rng, task, split)  # task.held_out: splits share no problem
+
   BUILDER_CONFIGS = [
       ProceduralConfig(name="add_2to3_reversed", task=arithmetic.ArithmeticConfig(),
                        description="a+b, 2-3 digits, reversed answer"),
