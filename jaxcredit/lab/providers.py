@@ -61,7 +61,7 @@ def _exact_oracle(context: extras.Context, rollout) -> tuple[dict, dict]:
   return exact_credit(context.model, context.task, rollout, context.examples)
 
 
-def _at_temperature_one(temperature: float) -> extras.Provide:
+def _at_temperature_one(temperature: float) -> extras.Hook:
   if temperature != 1.0:
     raise ValueError(
         f"The exact oracle is computed at temperature 1, not rl.temperature = {temperature}.")
@@ -73,7 +73,7 @@ extras.register("oracle_advantages", "oracle_values", refuses=no_exact_oracle)(
 
 
 @extras.register("shuffle_priorities")
-def _shuffle(settings, *, temperature: float) -> extras.Provide:
+def _shuffle(settings, *, temperature: float) -> extras.Hook:
   """[B, T] uniform draws in [0, 1) that permute the oracle's credit (`oracle_shuffled`)."""
   del settings, temperature
   return lambda context, rollout: (

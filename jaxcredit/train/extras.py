@@ -50,9 +50,12 @@ class Context(NamedTuple):
   rl_step: int
 
 
-Provide = Callable[[Context, Rollout], tuple[dict, dict]]
-Factory = Callable[..., Provide]  # factory(settings: Mapping, *, temperature: float) -> Provide
 Hook = Callable[[Context, Rollout], tuple[dict, dict]]
+"""hook(context, rollout) -> (extras, metrics): a provider of rollout.extras, or a hook the
+training loop runs after the providers, before the learner step (`loop.run(rollout_hook=)`):
+`extras` are added to rollout.extras, `metrics` are logged under train/hook/ (a "gen_tokens"
+entry is charged to the run's generated-token count). Hooks see whole batches."""
+Factory = Callable[..., Hook]  # factory(settings: Mapping, *, temperature: float) -> Hook
 
 PROVIDERS: Registry[Factory] = Registry("extras provider")
 
@@ -99,7 +102,7 @@ def hook(advantage: estimators.compose.AdvantageFn, *, temperature: float = 1.0,
   (each provider once, made from the first estimator that needs it), or None
   when they need none. Raises ValueError at once for a key with no provider, or
   whose provider refuses `task` (when given)."""
-  made: dict[Factory, Provide] = {}
+  made: dict[Factory, Hook] = {}
   for component in estimators.components(advantage):
     for key in component.needs:
       factory = provider_factory(key, needed_by=component.name)
@@ -153,7 +156,7 @@ def chain(*hooks: Hook | None) -> Chain | None:
 
 
 @register(*estimators.registered.MC_VALUES)
-def _monte_carlo_values(settings: Mapping, *, temperature: float) -> Provide:
+def _monte_carlo_values(settings: Mapping, *, temperature: float) -> Hook:
   """V(s_t) from `k` continuations per position at `positions` (monte_carlo.mc_credit)."""
   k, positions = int(settings["k"]), str(settings["positions"])
 
@@ -181,7 +184,7 @@ class _ImplicitPRMProvider:
 
 
 @register("prm_logprobs")
-def _implicit_prm(settings: Mapping, *, temperature: float) -> Provide:
+def _implicit_prm(settings: Mapping, *, temperature: float) -> Hook:
   """PRIME's implicit PRM (implicit_prm.ImplicitPRM), trained on each batch after scoring it."""
   return _ImplicitPRMProvider(
       implicit_prm.ImplicitPRM(beta=float(settings["beta"]), temperature=temperature))
@@ -200,7 +203,7 @@ register("ktae_scores")(lambda settings, *, temperature: _ktae_scores)
 
 
 @register("turn_baselines")
-def _turn_baselines(settings: Mapping, *, temperature: float) -> Provide:
+def _turn_baselines(settings: Mapping, *, temperature: float) -> Hook:
   """Per-turn baselines of a multi-turn task: the mean reward of `k` continuations
   branched from each turn's start (`rollouts.MultiTurn.returns_to_go`)."""
   samples = int(settings["k"])

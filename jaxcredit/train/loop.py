@@ -46,12 +46,6 @@ from jaxcredit.tasks import loader
 from jaxcredit.train import (checkpoints, checks, export, extras, learner, metrics, overlap,
                              staleness, steps, tasks, workdir_lock)
 
-RolloutHook = extras.Hook
-"""hook(context: extras.Context, rollout) -> (extras, metrics): runs after the
-extras providers, before the learner step; `extras` are added to
-rollout.extras, `metrics` are logged under train/hook/ (a "gen_tokens" entry
-is charged to the run's generated-token count). Providers and hooks see whole
-batches, so they are single-process."""
 
 # TransformerConfig fields that change a model's parameter shapes (a checkpoint's weights).
 SHAPE_FIELDS = frozenset({"vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
@@ -59,7 +53,7 @@ SHAPE_FIELDS = frozenset({"vocab_size", "d_model", "n_layers", "n_heads", "n_kv_
 PREPARATION_TIMEOUT_S = 3600  # how long other processes wait for process 0's data
 
 
-def run(config, workdir: str, *, rollout_hook: RolloutHook | None = None) -> dict:
+def run(config, workdir: str, *, rollout_hook: extras.Hook | None = None) -> dict:
   """Trains as the module docstring says; returns the final metrics, with
   "stopped": whether a signal ended the run before its last step.
 
