@@ -83,3 +83,13 @@ def cli_env() -> dict:
   """Environment for CLI subprocesses: this one, with the run's compilation cache."""
   return dict(os.environ)
 
+
+
+def pytest_collection_modifyitems(config, items):
+  """Marks the tests `tests/slow_tests.txt` lists (0.5 s or more on 2 cores) `slow`."""
+  del config
+  from tests import slow_tests
+  slow = slow_tests.read()
+  for item in items:
+    if item.nodeid in slow:
+      item.add_marker(pytest.mark.slow)

@@ -11,7 +11,6 @@ import sys
 
 import numpy as np
 import pandas as pd
-import pytest
 
 from tests.test_train import ROOT, _train_lines
 
@@ -98,7 +97,6 @@ def _tokens(workdir) -> pd.DataFrame:
   return pd.read_parquet(workdir / "tokens").sort_values(["step", "group", "sample", "position"])
 
 
-@pytest.mark.slow
 def test_two_processes_checkpoint_resume_and_match_one_process(tmp_path, cli_env):
   single = subprocess.run(
     _command(tmp_path / "single", "--config.rl.steps=4"),
@@ -144,7 +142,6 @@ def _readme_multi_host_command(workdir) -> list[str]:
   return [sys.executable, "-m", *words]
 
 
-@pytest.mark.slow
 def test_readme_multi_host_command_runs_on_two_processes(tmp_path, cli_env):
   """The command as the README writes it (its mesh over 2 x 32 CPU devices), at a small run's
   sizes, the per-token export on: process 0 writes the export and the metrics."""

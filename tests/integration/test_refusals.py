@@ -33,7 +33,8 @@ ARITHMETIC = ["--config.task.train_size=64", "--config.task.test_size=8", "--con
     (["--config.mesh.distributed=True"],
      "set --config.mesh.coordinator_address=HOST:PORT"),
     (["--config.task.options={'digits': 3}"],
-     "task.options has 'digits', which ArithmeticConfig does not take; it takes: max_digits"),
+     "task.options has 'digits', which ArithmeticConfig does not take; it takes: held_out, "
+     "max_digits"),
 ])
 def test_unusable_settings_are_refused_in_one_line_before_any_work(tmp_path, overrides, message):
   result = train(tmp_path, *ARITHMETIC, *overrides, tiny=False)
@@ -89,7 +90,6 @@ def test_a_mesh_xla_cannot_partition_typed_actions_on_is_refused_naming_the_axes
   assert "Traceback" not in result.stderr and not (tmp_path / "metrics.jsonl").exists()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("task", ["key_token", "target_sum"])
 def test_typed_actions_train_on_the_mesh_the_refusal_names(tmp_path, task):
   """(2, 2, 2, 1), the refusal's suggestion: data, fsdp and sequence axes over 1 with typed
