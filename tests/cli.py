@@ -6,7 +6,7 @@ import sys
 
 from tests.conftest import ROOT
 
-TINY = [
+KEY_TOKEN = [  # a tiny key_token run from the random policy
   "--config.task.name=key_token",
   "--config.task.options={'length': 10, 'n_keys': 4, 'filler_blind': True}",
   "--config.task.train_size=64",
@@ -14,6 +14,9 @@ TINY = [
   "--config.sft.max_steps=0",
   "--config.rl.prompts_per_step=4",
   "--config.rl.group_size=4",
+]
+TINY = [
+  *KEY_TOKEN,
   "--config.rl.eval_every=2",
   "--config.checkpoint.every=1",
   "--config.checkpoint.keep=4",

@@ -10,6 +10,7 @@ import pytest
 
 from jaxcredit.models import load_hf_checkpoint, stop_tokens
 from jaxcredit.tasks import CharTokenizer, arithmetic
+from tests.cli import KEY_TOKEN
 from tests.conftest import load_experiment
 
 ROOT = pathlib.Path(__file__).parent.parent
@@ -180,17 +181,6 @@ def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
     assert 0 < abs(train[0]["train/policy/ratio_mean"] - 1.0) < 0.2
     assert train[0]["train/critic/mse"] > 0 and train[0]["train/critic/grad_norm"] > 0
     assert "train/critic/value_mean" in train[1]
-
-
-KEY_TOKEN = [
-  "--config.task.name=key_token",
-  "--config.task.options={'length': 10, 'n_keys': 4, 'filler_blind': True}",
-  "--config.task.train_size=64",
-  "--config.task.test_size=16",
-  "--config.sft.max_steps=0",
-  "--config.rl.prompts_per_step=4",
-  "--config.rl.group_size=4",
-]
 
 
 def _run(workdir, *overrides, config="quickstart", env=None):
