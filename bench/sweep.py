@@ -4,7 +4,7 @@ core side by side (the sweep's `workers`).
 
 python -m bench.sweep [--widths 20 40 70] [--group-sizes 8 32] [--updates 24]
 
-Memory: XLA compiles the program of a small-preset cell (`experiments/credit_study.py:small`,
+Memory: XLA compiles the program of a small-preset cell (`studies/credit_study/configs.py:small`,
 uniform filler, its gradient measurements included) for `width` runs and reports its
 temporaries (`memory_analysis()`; nothing is run). Throughput: a cell of `--updates`
 updates at G = 8 and the small preset's program width, run once to compile and then timed:
@@ -26,7 +26,8 @@ import time
 import jax
 
 from bench.common import machine, table
-from jaxcredit.lab import batched, sweep
+from jaxcredit.lab import batched
+from studies.credit_study import sweep
 
 GiB = 2**30
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -247,7 +247,7 @@ def test_select_positions():
 
 def test_calibration_check_accepts_mc_values_and_rejects_an_off_by_one_bug(setting):
   """LAB.md 2.4 T2 and T4: correct MC values pass the X^2 test; V_hat(s_{t+1}) stored at t fails."""
-  from jaxcredit.lab import study
+  from studies.credit_study import runner as study
 
   exact, mc = _exact_and_mc(setting, k=64, seed=4)
   good = study.monte_carlo_check(exact.values, mc, 64, np.random.default_rng(0))

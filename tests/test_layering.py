@@ -1,4 +1,5 @@
-"""Imports only point down the layers of DESIGN.md: read every module's imports with `ast`."""
+"""Imports only point down the layers of DESIGN.md, and the package never imports the studies
+built on it: read every module's imports with `ast`."""
 
 import ast
 import pathlib
@@ -39,19 +40,18 @@ def _unit(module: str) -> str:
   return parts[1] if len(parts) > 1 else "__init__"
 
 
-def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
-  """(line, module) of every jaxcredit import in a file, `from jaxcredit import x` resolved to
-  jaxcredit.x."""
+def _imports(path: pathlib.Path, top: str = "jaxcredit") -> list[tuple[int, str]]:
+  """(line, module) of every import of package `top` in a file, `from top import x` resolved
+  to top.x."""
   found = []
   for node in ast.walk(ast.parse(path.read_text(), str(path))):
     if isinstance(node, ast.Import):
-      found += [
-        (node.lineno, alias.name) for alias in node.names if alias.name.startswith("jaxcredit")
-      ]
+      found += [(node.lineno, alias.name) for alias in node.names
+                if alias.name == top or alias.name.startswith(f"{top}.")]
     elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-      if node.module == "jaxcredit":
-        found += [(node.lineno, f"jaxcredit.{alias.name}") for alias in node.names]
-      elif node.module.startswith("jaxcredit."):
+      if node.module == top:
+        found += [(node.lineno, f"{top}.{alias.name}") for alias in node.names]
+      elif node.module.startswith(f"{top}."):
         found.append((node.lineno, node.module))
   return found
 
@@ -66,6 +66,8 @@ def _violations(package: pathlib.Path = PACKAGE) -> list[str]:
   problems = []
   for path, module in _modules(package):
     own = _unit(module)
+    problems += [f"{path.relative_to(package.parent)}:{line} ({own}) imports {imported} (studies)"
+                 for line, imported in _imports(path, "studies")]
     for line, imported in _imports(path):
       target = _unit(imported)
       if target in LEVELS and LEVELS[target] > LEVELS[own]:
@@ -85,12 +87,16 @@ def test_no_module_imports_from_a_higher_layer():
 
 
 def test_the_check_sees_an_upward_import(tmp_path):
-  """The check itself can fail: an estimator importing the trainer or the lab is reported."""
+  """The check itself can fail: an estimator importing the trainer or the lab, and the lab
+  importing a study, are reported."""
   (tmp_path / "jaxcredit" / "estimators").mkdir(parents=True)
   (tmp_path / "jaxcredit" / "estimators" / "bad.py").write_text(
     "from jaxcredit.train import loop\nfrom jaxcredit import lab\nfrom jaxcredit import rollout\n"
   )
+  (tmp_path / "jaxcredit" / "lab").mkdir()
+  (tmp_path / "jaxcredit" / "lab" / "bad.py").write_text("from studies.credit_study import sweep\n")
   assert _violations(tmp_path / "jaxcredit") == [
     "jaxcredit/estimators/bad.py:1 (estimators) imports jaxcredit.train (train)",
     "jaxcredit/estimators/bad.py:2 (estimators) imports jaxcredit.lab (lab)",
+    "jaxcredit/lab/bad.py:1 (lab) imports studies.credit_study (studies)",
   ]

@@ -307,7 +307,7 @@ def _needs(advantages) -> set[str]:
   missing = needs - set(EXTRAS)
   if missing:
     raise ValueError(f"Batched cells compute the extras {', '.join(EXTRAS)}; the estimator "
-                     f"needs {', '.join(sorted(missing))} too (train it with lab.study).")
+                     f"needs {', '.join(sorted(missing))} too (train it with `jaxcredit.train`).")
   return needs
 
 

@@ -1,0 +1,335 @@
+"""The credit sweep's report tables (`sweep.write_report`): paired comparisons with
+GRPO (bootstrap intervals, sign-flip p-values Holm-adjusted across a cell's arms, TOST
+equivalence), J at equal charged tokens, the budget check, the gradient measurements, the
+critic's ranking, and the localisation gain Delta_loc = oracle - oracle_seq against G and
+GRPO's gradient noise (table, slopes, figure), with the mechanism's prediction checked.
+"""
+
+import pathlib
+
+import numpy as np
+import scipy.stats
+
+from jaxcredit.lab import batched, statistics
+from studies.credit_study import report
+
+VERDICT_ALPHA = 0.05
+
+
+def compare(summary: dict, metric: str, margin: float, rng) -> dict:
+  """{arm: {"delta": (mean, low, high), "p", "p_holm", "p_tost", "verdict"}} of each arm's
+  per-seed `metric` minus GRPO's on the same seeds; Holm across the arms."""
+  base = summary["grpo"]
+  out = {}
+  for arm, per_seed in summary.items():
+    if arm == "grpo":
+      continue
+    seeds = sorted(set(per_seed) & set(base))
+    d = np.asarray([per_seed[s][metric] - base[s][metric] for s in seeds])
+    out[arm] = {"delta": statistics.reported_ci(d, rng, 10000),
+                "p": statistics.sign_flip_p(d, rng),
+                "p_tost": statistics.tost(d, margin)}
+  for arm, p in zip(out, statistics.holm([c["p"] for c in out.values()])):
+    c = out[arm]
+    c["p_holm"] = float(p)
+    c["verdict"] = (f"n/a (below {statistics.MIN_SEEDS} seeds)" if c["delta"][1] is None else
+                    "higher" if p <= VERDICT_ALPHA and c["delta"][0] > 0 else
+                    "lower" if p <= VERDICT_ALPHA else
+                    f"equivalent (±{margin})" if c["p_tost"] <= VERDICT_ALPHA else "inconclusive")
+  return out
+
+
+def comparison_table(comparisons: dict, metric: str) -> list[str]:
+  lines = [f"| arm | Δ {metric} vs grpo [95% CI] | p (sign-flip) | p (Holm) | p (TOST) | "
+           "verdict |", "|---|---|---|---|---|---|"]
+  for arm, c in comparisons.items():
+    lines.append(f"| {arm} | {report.fmt_interval(*c['delta'])} | {c['p']:.4f} | "
+                 f"{c['p_holm']:.4f} | {c['p_tost']:.4f} | {c['verdict']} |")
+  return lines
+
+
+def charged_table(curves: dict, budget: float, rng) -> list[str]:
+  """The arms charged for more tokens than they sample (Monte-Carlo continuations) against
+  GRPO at equal charged tokens: per arm, the tokens charged per run and their multiple of
+  its samples, the samples that fit in the cell's `budget` of charged tokens, and J at that
+  budget (each run's curve read at charged = budget, linear between its measurements)
+  paired by seed with GRPO's J at the end of its run (which spends exactly the budget).
+  Empty when no arm is charged more or GRPO is not in the cell."""
+  charged = {arm: runs for arm, runs in curves.items()
+             if any("charged_tokens" in curve for curve in runs.values())}
+  if not charged or "grpo" not in curves:
+    return []
+  lines = ["At equal charged tokens (sampled + Monte-Carlo continuations), against GRPO at "
+           f"the cell's budget of {budget:,.0f}:", "",
+           "| arm | charged tokens / run | × its samples | samples within the budget | "
+           "J at the budget [95% CI] | Δ vs grpo [95% CI] | p (sign-flip) |",
+           "|---|---|---|---|---|---|---|"]
+  for arm, runs in charged.items():
+    seeds = sorted(set(runs) & set(curves["grpo"]))
+    spent = [runs[s].get("charged_tokens", runs[s]["gen_tokens"]) for s in seeds]
+    at_budget = np.asarray([np.interp(budget, t, runs[s]["success"])
+                            for t, s in zip(spent, seeds)])
+    difference = at_budget - np.asarray([curves["grpo"][s]["success"][-1] for s in seeds])
+    multiple = np.mean([t[-1] / runs[s]["gen_tokens"][-1] for t, s in zip(spent, seeds)])
+    lines.append(
+        f"| {arm} | {np.mean([t[-1] for t in spent]):,.0f} | {multiple:.1f} | "
+        f"{budget / multiple:,.0f} | "
+        f"{report.fmt_interval(*statistics.reported_ci(at_budget, rng, 10000))} | "
+        f"{report.fmt_interval(*statistics.reported_ci(difference, rng, 10000))} | "
+        f"{statistics.sign_flip_p(difference, rng):.4f} |")
+  return lines
+
+
+LOCALISED = ("final", "auc")  # the metrics Delta_loc is taken on
+FILLER_SHARE, SIGNAL_FRACTION, NOISY_TOKENS = (  # its regressors
+    "GRPO's filler share at the start", "GRPO's signal fraction at the start",
+    "GRPO's effective noisy tokens")
+
+
+def filler_share(run: dict) -> np.ndarray:
+  """|g_filler| / (|g_filler| + |g_decisive|) at each gradient measurement of a run."""
+  filler, decisive = np.asarray(run["filler_norm"]), np.asarray(run["decisive_norm"])
+  return filler / np.maximum(filler + decisive, 1e-30)
+
+
+def _localisation_runs(summaries: dict, curves: dict) -> list[dict]:
+  """One row per (regime, G, seed) with oracle and oracle_seq: Delta_loc = oracle -
+  oracle_seq on each LOCALISED metric, and the regressors of that seed: log2 G, GRPO's
+  effective noisy tokens (mean over its updates) and, where the cell measured gradients,
+  GRPO's filler share and signal fraction at the first measurement (the start of
+  training)."""
+  rows = []
+  for regime, by_g in summaries.items():
+    for g, summary in sorted(by_g.items()):
+      if not {"oracle", "oracle_seq"} <= set(summary):
+        continue
+      grpo = curves[regime][g].get("grpo", {})
+      for seed in sorted(set(summary["oracle"]) & set(summary["oracle_seq"])):
+        x = {"log₂ G": float(np.log2(g))}
+        if "noisy_tokens" in grpo.get(seed, {}):
+          x[NOISY_TOKENS] = float(grpo[seed]["noisy_tokens"])
+        if "filler_norm" in grpo.get(seed, {}):
+          x[FILLER_SHARE] = float(filler_share(grpo[seed])[0])
+          x[SIGNAL_FRACTION] = float(grpo[seed]["signal_fraction"][0])
+        rows.append({"regime": regime, "g": g, "x": x, "delta": {
+            m: summary["oracle"][seed][m] - summary["oracle_seq"][seed][m] for m in LOCALISED}})
+  return rows
+
+
+def localisation(summaries: dict, curves: dict, rng) -> tuple[list[str], dict, list[dict]]:
+  """The localisation gain Delta_loc = oracle - oracle_seq (paired by seed) on final J and
+  AUC per (regime, G), with GRPO's gradient noise there; and Delta_loc's OLS slope on each
+  regressor of `_localisation_runs` (per regime, and over every regime when there are
+  several), with a bootstrap interval over runs. H2 predicts a negative slope on log2 G
+  (more samples average the filler noise away) and positive ones on GRPO's filler share
+  and noisy tokens.
+  Returns (table lines, {(group, metric, regressor): (slope, low, high)}, the runs)."""
+  rows = _localisation_runs(summaries, curves)
+  lines = ["| regime | G | Δ_loc = oracle − oracle_seq, final J [95% CI] | p (sign-flip) | "
+           f"Δ_loc, AUC [95% CI] | p (sign-flip) | {FILLER_SHARE} | {SIGNAL_FRACTION} | "
+           f"{NOISY_TOKENS} |", "|---|---|---|---|---|---|---|---|---|"]
+  for regime, g in dict.fromkeys((r["regime"], r["g"]) for r in rows):
+    cell = [r for r in rows if (r["regime"], r["g"]) == (regime, g)]
+    stats = []
+    for metric in LOCALISED:
+      d = np.asarray([r["delta"][metric] for r in cell])
+      stats += [report.fmt_interval(*statistics.reported_ci(d, rng, 10000)),
+                f"{statistics.sign_flip_p(d, rng):.4f}"]
+    noise = [f"{np.mean([r['x'][name] for r in cell]):.2f}" if name in cell[0]["x"] else "—"
+             for name in (FILLER_SHARE, SIGNAL_FRACTION, NOISY_TOKENS)]
+    lines.append(f"| {regime} | {g} | " + " | ".join(stats + noise) + " |")
+  groups = {regime: [r for r in rows if r["regime"] == regime]
+            for regime in dict.fromkeys(r["regime"] for r in rows)}
+  if len(groups) > 1:
+    groups["every regime"] = rows
+  slopes = {}
+  for group, members in groups.items():
+    for name in members[0]["x"] if members else ():
+      if not all(name in r["x"] for r in members):
+        continue
+      x = np.asarray([r["x"][name] for r in members])
+      if np.ptp(x) == 0:
+        continue
+      for metric in LOCALISED:
+        y = np.asarray([r["delta"][metric] for r in members])
+        slopes[(group, metric, name)] = statistics.ols_slope(x, y, rng)
+  return lines, slopes, rows
+
+
+def oracle_speedup(summary: dict) -> float | None:
+  """GRPO's tokens to 0.9 x the best plateau over the oracle's (medians over the seeds that
+  reach it, `report.summarise`'s "tau"); None when either arm is missing or never reaches it."""
+  taus = [[m["tau"] for m in summary.get(arm, {}).values() if m["tau"] is not None]
+          for arm in ("grpo", "oracle")]
+  if not all(taus) or np.median(taus[1]) <= 0:
+    return None
+  return float(np.median(taus[0]) / np.median(taus[1]))
+
+
+def alignment_check(summaries: dict, curves: dict) -> list[str]:
+  """What the mechanism predicts for the learning curves, checked: where GRPO's gradient at
+  the start points further from the exact-credit gradient (a lower cosine), exact credit
+  should reach the plateau sooner relative to GRPO. Per (regime, G) cell with gradient
+  measurements: GRPO's cosine at the first measurement (mean over seeds) and the speed-up
+  tau_grpo / tau_oracle (medians over the seeds reaching 0.9 x the best plateau); across the
+  cells, Spearman's rank correlation of the two (predicted negative)."""
+  lines = ["| regime | G | GRPO's gradient cosine to exact at the start | oracle's speed-up "
+           "(GRPO's tokens to 0.9 × best ÷ the oracle's) |", "|---|---|---|---|"]
+  pairs = []
+  for regime, by_g in summaries.items():
+    for g, summary in sorted(by_g.items()):
+      grpo = curves[regime][g].get("grpo", {})
+      if not {"grpo", "oracle"} <= set(summary) or not all(
+          "cosine_to_exact" in run for run in grpo.values()):
+        continue
+      cosine = float(np.mean([run["cosine_to_exact"][0] for run in grpo.values()]))
+      speedup = oracle_speedup(summary)
+      lines.append(f"| {regime} | {g} | {cosine:.2f} | "
+                   + ("—" if speedup is None else f"{speedup:.1f}×") + " |")
+      if speedup is not None:
+        pairs.append((cosine, speedup))
+  if len(pairs) < 3:
+    return lines + ["", f"(Spearman's ρ needs 3 cells where both arms reach the level; "
+                        f"{len(pairs)} here.)"]
+  rho, p = scipy.stats.spearmanr(*zip(*pairs))
+  return lines + ["", f"Across the {len(pairs)} cells, Spearman's ρ of GRPO's starting cosine "
+                      f"with the oracle's speed-up = {rho:+.2f} (p = {p:.3f}; the mechanism "
+                      "predicts ρ < 0)."]
+
+
+def localisation_figure(workdir: pathlib.Path, rows: list[dict], rng) -> list[str]:
+  """localisation.png: Delta_loc on AUC per (regime, G) cell (mean over seeds, 95% bootstrap
+  bars from 5 seeds) against each regressor of `_localisation_runs` every run has: log2 G,
+  GRPO's effective noisy tokens, its filler share and its signal fraction."""
+  plt = report._pyplot()
+  if plt is None or not rows:
+    return []
+  names = [name for name in rows[0]["x"] if all(name in r["x"] for r in rows)]
+  fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
+  for regime in dict.fromkeys(r["regime"] for r in rows):
+    cells = {}
+    for r in rows:
+      if r["regime"] == regime:
+        cells.setdefault(r["g"], []).append(r)
+    for ax, name in zip(axes[0], names):
+      x = [np.mean([r["x"][name] for r in cell]) for cell in cells.values()]
+      ci = [statistics.bootstrap_ci([r["delta"]["auc"] for r in cell], rng, 2000)
+            for cell in cells.values()]
+      mean = np.asarray([c[0] for c in ci])
+      bars = np.asarray([[c[0] - c[1], c[2] - c[0]] if len(cell) >= statistics.MIN_SEEDS
+                         else [0.0, 0.0] for c, cell in zip(ci, cells.values())]).T
+      ax.errorbar(x, mean, yerr=bars, marker="o", capsize=3, label=regime)
+  for ax, name in zip(axes[0], names):
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.set_xlabel(name)
+    ax.set_ylabel("Δ_loc on AUC (oracle − oracle_seq)")
+    ax.grid(alpha=0.3)
+  axes[0][0].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(workdir / "localisation.png", dpi=120)
+  plt.close(fig)
+  return ["![localisation gain against G and GRPO's gradient noise](localisation.png)", "",
+          "What to see: if sequence-level credit suffices because its filler noise averages "
+          "out (H1, H2), the gain from localising exact credit falls as G grows (first "
+          "panel), as GRPO's credit and gradient carry less filler noise (noisy tokens, "
+          "filler share) and as its gradient carries more consistent signal (signal "
+          "fraction). Each point is a (regime, G) cell: the mean over seeds with its 95% "
+          "bootstrap interval."]
+
+
+def filler_entropy(by_g: dict) -> str:
+  """The mean entropy of the policy on filler tokens in the first batch of each run."""
+  first = [curve["filler_entropy"] for cell in by_g.values() for result in cell["arms"].values()
+           for curve in result["curves"].values() if "filler_entropy" in curve]
+  return (f"Filler entropy of the starting policy: {np.mean(first):.3f} nats (mean over runs; "
+          f"ln |F| is uniform)." if first else "")
+
+
+def budget_check(summary: dict, level: float, budget: int) -> str:
+  """Whether the cell's budget Z gave GRPO room to plateau: Z over GRPO's median tokens to
+  J = level (0.9 x the best arm's plateau) on the seeds that reach it; the protocol asks
+  for at least 3."""
+  reached = [m["tau"] for m in summary["grpo"].values() if m["tau"] is not None]
+  if not reached:
+    return f"Budget: GRPO did not reach J = {level:.3f} within Z = {budget:,} tokens."
+  tau = float(np.median(reached))
+  return (f"Budget: GRPO reaches J = {level:.3f} (0.9 × the best plateau) after {tau:,.0f} "
+          f"tokens (median of the {len(reached)}/{len(summary['grpo'])} seeds that do): "
+          f"Z = {budget / max(tau, 1.0):.1f} × that (the protocol asks ≥ 3).")
+
+
+def mechanism_table(curves: dict) -> list[str]:
+  """Each arm's gradient measurements (`batched.mechanism`) at the measured checkpoints,
+  means over seeds: cosine with the exact-credit gradient, signal fraction, and the filler
+  share |g_filler| / (|g_filler| + |g_decisive|)."""
+  runs = {arm: list(by_seed.values()) for arm, by_seed in curves.items()}
+  if not all("cosine_to_exact" in run for by_arm in runs.values() for run in by_arm):
+    return []
+  first = runs[next(iter(runs))][0]
+  tokens = first.get("mechanism_gen_tokens", first["gen_tokens"])  # (every evaluation)
+  mean = lambda arm, f: np.mean([f(run) for run in runs[arm]], axis=0)
+  cell = lambda values: " / ".join(f"{v:.2f}" for v in values)
+  everywhere = lambda name: all(name in run for by_arm in runs.values() for run in by_arm)
+  noisy_header = " effective noisy tokens (mean over updates) |" if everywhere(
+      "noisy_tokens") else ""
+  implicit_header = (" credit cosine to exact, raw | ... as the gradient sees it |"
+                     if everywhere("implicit_credit_cosine") else "")
+  at = " / ".join(f"{t / 1e3:,.0f}k" for t in tokens)
+  lines = [f"Gradient measurements after {at} generated tokens (means over seeds; "
+           "`lab.batched`): cosine of the arm's policy gradient with the exact-credit "
+           "gradient on the same batch; signal fraction |mean g|² / mean |g|² over fresh "
+           "batches; filler share of the gradient |g_filler| / (|g_filler| + |g_decisive|)"
+           + ("; effective noisy tokens: the credit weight |A_t| / max |A| summed over a "
+              "response's non-decisive tokens (broadcast: T − K; a batch without credit counts 0)"
+              if noisy_header else "")
+           + ("; the cosine over tokens of the arm's credit with the exact credit, raw and "
+              "averaged over the responses of a group that share the token's state and take "
+              "it (identical state-action pairs share one gradient term: GRPO's implicit "
+              "process reward, arXiv 2509.21154)" if implicit_header else "") + ".",
+           "",
+           "| arm | cosine to exact | signal fraction | filler share |" + implicit_header
+           + noisy_header,
+           "|---|---|---|---|" + "---|" * (2 * bool(implicit_header) + bool(noisy_header))]
+  for arm in runs:
+    lines.append(f"| {arm} | {cell(mean(arm, lambda r: r['cosine_to_exact']))} | "
+                 f"{cell(mean(arm, lambda r: r['signal_fraction']))} | "
+                 f"{cell(mean(arm, filler_share))} |"
+                 + (f" {cell(mean(arm, lambda r: r['credit_cosine']))} | "
+                    f"{cell(mean(arm, lambda r: r['implicit_credit_cosine']))} |"
+                    if implicit_header else "")
+                 + (f" {mean(arm, lambda r: r['noisy_tokens']):.1f} |" if noisy_header else ""))
+  return lines
+
+
+def ranking_table(curves: dict) -> list[str]:
+  """The critic's ranking of alternative steps (`batched.ranking`) for the arms that trained
+  a critic, at the measured checkpoints (means over seeds): top-1 agreement with the exact
+  values for the critic, a random order and Monte-Carlo values of k continuations."""
+  runs = {arm: list(by_seed.values()) for arm, by_seed in curves.items()
+          if all("critic_top1" in run for run in by_seed.values())}
+  if not runs:
+    return []
+  first = next(iter(runs.values()))[0]
+  at = " / ".join(f"{t / 1e3:,.0f}k" for t in first["mechanism_gen_tokens"])
+  columns = [name for name in batched.RANKING if name in first]
+  lines = [f"Ranking the alternative keys at each decisive position (top-1 agreement with the "
+           f"exact values; means over seeds after {at} generated tokens): the critic trained "
+           "beside the arm, a random order, and Monte-Carlo values of k continuations per "
+           "alternative (ties broken at random).", "",
+           "| arm | " + " | ".join(name.replace("_top1", "") for name in columns) + " |",
+           "|---|" + "---|" * len(columns)]
+  for arm, by_arm in runs.items():
+    lines.append(f"| {arm} | " + " | ".join(
+        " / ".join(f"{v:.2f}" for v in np.mean([run[name] for run in by_arm], axis=0))
+        for name in columns) + " |")
+  return lines
+
+
+def busy_seconds(spans) -> float:
+  """The length of the union of the (start, end) spans: the time during which at least one
+  piece ran."""
+  busy, reached = 0.0, -np.inf
+  for start, end in sorted(spans):
+    busy += max(0.0, end - max(start, reached))
+    reached = max(reached, end)
+  return busy

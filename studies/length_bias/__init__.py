@@ -1,0 +1,1 @@
+"""The length-bias study (README.md beside this file)."""

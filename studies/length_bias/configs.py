@@ -1,0 +1,50 @@
+"""Dr. GRPO's length bias on target_sum (studies.length_bias).
+
+  python -m studies.length_bias --config studies/length_bias/configs.py:smoke --workdir DIR  # CI
+  python -m studies.length_bias --config studies/length_bias/configs.py:small --workdir DIR
+
+Arms: GRPO as published (std-normalised advantages, each response's loss divided by its
+length), GRPO without the length division, and Dr. GRPO (neither). target_sum responses
+stop at a sampled EOS, so their length is the policy's choice; two regimes, one where the
+task rewards length and one where it does not.
+"""
+
+import ml_collections
+
+PRESETS = ("smoke", "small")
+
+
+def get_config(preset: str = "small") -> ml_collections.ConfigDict:
+  if preset not in PRESETS:
+    raise ValueError(f"Unknown preset {preset!r}; known: {', '.join(PRESETS)}.")
+  config = ml_collections.ConfigDict()
+  config.preset = preset
+  config.regimes = {
+      # Up to 6 digits in 0..3: S in [3, 15] needs up to 5 digits, so a longer response
+      # reaches a larger sum (the task rewards length)...
+      "length_rewarded": {"n_digits": 6, "n_values": 4, "target_low": 3, "target_high": 15},
+      # ...S in [1, 3] is one digit away, and zeros pad at no cost (it does not).
+      "length_free": {"n_digits": 6, "n_values": 4, "target_low": 1, "target_high": 3},
+  }
+  config.model = {"preset": "tiny",
+                  "overrides": {"n_layers": 1, "d_model": 32, "n_heads": 4, "n_kv_heads": 4,
+                                "d_ff": 128}}
+  config.arms = {
+      "grpo": {"advantage": "grpo", "aggregation": "seq-mean-token-mean"},
+      "grpo_token_sum": {"advantage": "grpo", "aggregation": "seq-mean-token-sum-norm"},
+      "dr_grpo": {"advantage": "dr_grpo", "aggregation": "seq-mean-token-sum-norm"},
+  }
+  config.group_size, config.prompts_per_step = 8, 8
+  config.updates, config.eval_every = 1000, 100
+  config.learning_rate = 3e-3
+  config.seeds = [0, 1, 2, 3, 4]
+  if preset == "smoke":
+    config.regimes = {"smoke": {"n_digits": 3, "n_values": 3, "target_low": 1,
+                                "target_high": 5}}
+    config.model.overrides = {"n_layers": 1, "d_model": 32, "n_heads": 2, "n_kv_heads": 2,
+                              "d_ff": 64}
+    config.group_size, config.prompts_per_step = 2, 4
+    config.updates, config.eval_every = 4, 2
+    config.seeds = [0, 1]
+    config.arms = {name: config.arms[name].to_dict() for name in ("grpo", "dr_grpo")}
+  return config

@@ -1,0 +1,1 @@
+"""The staleness study (README.md beside this file)."""

@@ -1,0 +1,1 @@
+"""The start-gradient study (README.md beside this file)."""

@@ -1,0 +1,1 @@
+"""The turn study (README.md beside this file)."""

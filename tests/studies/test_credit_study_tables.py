@@ -1,0 +1,124 @@
+"""The credit sweep's report tables (lab.sweep_tables)."""
+
+import numpy as np
+import pytest
+
+from jaxcredit.lab import batched, statistics
+from studies.credit_study import tables
+
+
+def _summary(deltas: dict, seeds: int = 10) -> dict:
+  rng = np.random.default_rng(0)
+  base = rng.uniform(0.2, 0.4, seeds)
+  make = lambda values: {s: {"final": float(v)} for s, v in enumerate(values)}
+  return {"grpo": make(base), **{arm: make(base + d + rng.normal(0, noise, seeds))
+                                 for arm, (d, noise) in deltas.items()}}
+
+
+def test_comparisons_call_higher_lower_equivalent_or_inconclusive_after_holm():
+  summary = _summary({"better": (0.2, 0.02), "worse": (-0.2, 0.02), "same": (0.0, 0.005),
+                      "noisy": (0.0, 0.3)})
+  out = tables.compare(summary, "final", 0.05, np.random.default_rng(0))
+  assert [out[a]["verdict"] for a in ("better", "worse", "same", "noisy")] == [
+      "higher", "lower", "equivalent (±0.05)", "inconclusive"]
+  np.testing.assert_allclose([out[a]["p_holm"] for a in out],
+                             statistics.holm([out[a]["p"] for a in out]))
+  low, high = out["better"]["delta"][1:]
+  assert low < 0.2 < high
+  few = tables.compare(_summary({"better": (0.2, 0.02)}, seeds=3), "final", 0.05,
+                             np.random.default_rng(0))
+  assert few["better"]["delta"][1:] == (None, None)  # n/a below 5 seeds, never a range
+  assert few["better"]["verdict"] == "n/a (below 5 seeds)"
+
+
+def test_the_budget_check_compares_z_with_grpos_median_tokens_to_the_level():
+  summary = {"grpo": {s: {"tau": t} for s, t in enumerate([100, 300, None, 200])}}
+  text = tables.budget_check(summary, 0.85, 600)
+  assert "after 200 tokens (median of the 3/4 seeds that do): Z = 3.0 ×" in text
+  summary = {"grpo": {0: {"tau": None}}}
+  assert tables.budget_check(summary, 0.85, 600) == (
+      "Budget: GRPO did not reach J = 0.850 within Z = 600 tokens.")
+
+
+def test_busy_time_is_the_union_of_the_pieces_spans():
+  """Overlapping pieces count once, a pause between sessions not at all (float64 loop over
+  one-second ticks as the reference)."""
+  rng = np.random.default_rng(0)
+  for _ in range(20):
+    starts = rng.integers(0, 200, 6)
+    spans = [(float(s), float(s + rng.integers(0, 40))) for s in starts]
+    ticks = {t for start, end in spans for t in range(int(start), int(end))}
+    assert tables.busy_seconds(spans) == len(ticks)
+  assert tables.busy_seconds([(0.0, 10.0), (5.0, 20.0), (1000.0, 1010.0)]) == 30.0
+
+
+def test_localisation_regresses_the_gain_on_log_g_and_on_grpos_gradient_noise():
+  rng = np.random.default_rng(1)
+  summaries, curves, truth = {}, {}, []
+  for g in (4, 8, 16, 32):
+    share = rng.uniform(0.5, 0.9, 10)  # GRPO's filler share at the start, per seed
+    gain = 0.3 - 0.05 * np.log2(g) + 0.2 * share + rng.normal(0, 0.01, 10)
+    summaries[g] = {"oracle_seq": {s: {"final": 0.5, "auc": 0.2} for s in range(10)},
+                    "oracle": {s: {"final": 0.5 + gain[s], "auc": 0.2 + gain[s]}
+                               for s in range(10)}}
+    curves[g] = {"grpo": {s: {"filler_norm": [share[s], 0.0], "decisive_norm":
+                              [1 - share[s], 1.0], "signal_fraction": [0.1, 0.5]}
+                          for s in range(10)}}
+    truth += [(np.log2(g), share[s], gain[s]) for s in range(10)]
+  lines, slopes, rows = tables.localisation({"r": summaries}, {"r": curves},
+                                                  np.random.default_rng(0))
+  x_g, x_share, y = np.asarray(truth).T
+  for name, x in (("log₂ G", x_g), ("GRPO's filler share at the start", x_share)):
+    slope, low, high = slopes[("r", "auc", name)]
+    assert slope == pytest.approx(np.polyfit(x, y, 1)[0], rel=1e-9)  # OLS of the pairs
+    assert low < slope < high
+  assert slopes[("r", "auc", "log₂ G")][2] < 0  # the gain falls with G here
+  # A regressor that does not vary (the signal fraction) gets no slope.
+  assert ("r", "auc", "GRPO's signal fraction at the start") not in slopes
+  assert len(rows) == 40 and lines[2].startswith("| r | 4 | ")
+  assert lines[2].endswith(f" | {np.mean(x_share[:10]):.2f} | 0.10 | — |")
+
+
+def test_the_alignment_check_ranks_grpos_starting_cosine_against_the_oracles_speed_up():
+  summaries, curves = {"r": {}}, {"r": {}}
+  for g, cosine, speedup in ((4, 0.1, 4.0), (8, 0.2, 3.0), (16, 0.3, 2.0), (32, 0.4, None)):
+    tau = lambda arm, s: (None if speedup is None and arm == "oracle" else
+                          100.0 * s * (speedup or 1) if arm == "grpo" else 100.0 * s)
+    summaries["r"][g] = {arm: {s: {"tau": tau(arm, s)} for s in (1, 2, 3)}
+                         for arm in ("grpo", "oracle")}
+    curves["r"][g] = {"grpo": {s: {"cosine_to_exact": [cosine + 0.01 * s, 0.9]}
+                               for s in (1, 2, 3)}}
+  lines = tables.alignment_check(summaries, curves)
+  assert lines[2] == "| r | 4 | 0.12 | 4.0× |" and lines[5] == "| r | 32 | 0.42 | — |"
+  assert lines[-1].startswith("Across the 3 cells, Spearman's ρ of GRPO's starting cosine "
+                              "with the oracle's speed-up = -1.00")
+  del summaries["r"][8]
+  assert tables.alignment_check(summaries, curves)[-1] == (
+      "(Spearman's ρ needs 3 cells where both arms reach the level; 2 here.)")
+
+
+def test_the_charged_table_reads_monte_carlo_runs_at_grpos_budget_of_charged_tokens():
+  grpo = {s: {"success": [0.1, 0.5, 0.9 - s / 10], "gen_tokens": [0, 100, 200]} for s in (0, 1)}
+  ladder = {s: {"success": [0.1, 0.3 + s / 10, 0.6], "gen_tokens": [0, 100, 200],
+                "charged_tokens": [0, 1000, 2000]} for s in (0, 1)}
+  lines = tables.charged_table({"grpo": grpo, "oracle_mc_1": ladder, "oracle": grpo},
+                                     200, np.random.default_rng(0))
+  # At 200 charged tokens the ladder runs are a fifth of the way to their first measurement:
+  # J = 0.1 + 0.2 (0.2 + s / 10), s = 0, 1; GRPO ends at 0.9 and 0.8.
+  at_budget = [0.1 + 0.2 * 0.2, 0.1 + 0.2 * 0.3]
+  delta = np.mean(at_budget) - np.mean([0.9, 0.8])
+  assert len(lines) == 5 and lines[-1].startswith("| oracle_mc_1 | 2,000 | 10.0 | 20 | ")
+  assert f"{np.mean(at_budget):.3f} (n/a)" in lines[-1] and f"{delta:.3f} (n/a)" in lines[-1]
+  assert tables.charged_table({"grpo": grpo, "oracle": grpo}, 200,
+                                    np.random.default_rng(0)) == []
+
+
+def test_the_ranking_table_lists_the_arms_that_trained_a_critic():
+  run = lambda shift: {"mechanism_gen_tokens": [0, 5000], "critic_top1": [0.25, 0.5 + shift],
+                       **{name: [0.25, 0.75] for name in batched.RANKING[1:]}}
+  lines = tables.ranking_table({"grpo": {0: {"gen_tokens": [0]}},
+                                      "ppo_gae": {0: run(0.0), 1: run(0.1)}})
+  assert "after 0k / 5k generated tokens" in lines[0]
+  assert lines[2] == "| arm | critic | random | mc1 | mc4 | mc16 | mc64 |"
+  assert lines[-1] == "| ppo_gae | 0.25 / 0.55 | " + " | ".join(["0.25 / 0.75"] * 5) + " |"
+  assert tables.ranking_table({"grpo": {0: {"gen_tokens": [0]}}}) == []

@@ -1,0 +1,94 @@
+"""The study's evidence by hypothesis, read back from sweep cells written to disk."""
+
+import json
+
+import numpy as np
+import pytest
+
+from studies.credit_study import verdicts
+
+TOKENS = [0.0, *np.arange(1, 11) * 1000.0]  # 11 measurements
+
+
+def _curve(plateau: float, reached_at: int, **mechanism) -> dict:
+  """J at 0.1 until measurement `reached_at` (at most 7: the last 3, final J, are the
+  plateau), where it is exactly 0.9, then `plateau`."""
+  success = [0.1] * reached_at + [0.9] + [plateau] * (10 - reached_at)
+  return {"updates": list(range(11)), "success": success, "gen_tokens": TOKENS,
+          "pass@k": {"16": success}, "zero_variance_groups": 0.5, **mechanism}
+
+
+def _write(workdir, regime: str, g: int, arms: dict) -> None:
+  path = workdir / "cells" / regime / f"G{g}.json"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps({"arms": {arm: {"curves": {str(s): c for s, c in runs.items()},
+                                             "learning_rate": 1e-3}
+                                       for arm, runs in arms.items()}}))
+
+
+def test_a_cells_evidence_pairs_by_seed_and_reads_the_oracles_speed_up():
+  rng = np.random.default_rng(0)
+  seeds = range(8)  # the smallest sign-flip p, 2 / 2^8, survives Holm over two arms
+  grpo_final = rng.uniform(0.9, 1.0, 8)
+  seq_final = rng.uniform(0.9, 1.0, 8)
+  curves = {
+      # GRPO reaches 0.9 (0.9 x the oracle's plateau of 1) at 5,000 or 7,000 tokens, the
+      # oracle at 2,000: a speed-up of median(5k, 7k) / 2k = 3.
+      "grpo": {s: _curve(grpo_final[s], 5 + 2 * (s % 2), cosine_to_exact=[0.2 + s, 0.0],
+                         filler_norm=[3.0, 1.0], decisive_norm=[1.0, 1.0]) for s in seeds},
+      "oracle": {s: _curve(1.0, 2) for s in seeds},
+      "oracle_seq": {s: _curve(seq_final[s], 7) for s in seeds}}
+  e = verdicts.cell_evidence(curves, rng)
+  assert e["speedup"] == pytest.approx(3.0)
+  assert e["final"]["oracle"]["delta"][0] == pytest.approx(np.mean(1.0 - grpo_final))
+  np.testing.assert_allclose(e["loc"], 1.0 - seq_final)
+  assert e["cosine"] == pytest.approx(3.7) and e["filler_share"] == pytest.approx(0.75)
+  assert e["final"]["oracle"]["verdict"] == "higher"
+
+
+def test_the_verdicts_read_every_workdirs_cells_regress_on_log_g_and_draw_the_figure(tmp_path):
+  rng = np.random.default_rng(1)
+  first, second = tmp_path / "small", tmp_path / "regimes"
+  truth = []
+  for g in (4, 8, 16):
+    # oracle - GRPO on final J: 0.3 - 0.1 log2 G plus noise, per seed.
+    gap = 0.3 - 0.1 * np.log2(g) + rng.normal(0, 0.05, 6)
+    truth += [(np.log2(g), d) for d in gap]
+    _write(first, "a", g, {"grpo": {s: _curve(0.6 - gap[s], 3) for s in range(6)},
+                           "oracle": {s: _curve(0.6, 3) for s in range(6)}})
+  _write(second, "b", 8, {"grpo": {s: _curve(0.5, 3) for s in range(3)},
+                          "oracle": {s: _curve(0.6, 3) for s in range(3)}})
+  evidence = verdicts.write([first, second], tmp_path / "out")
+  assert sorted(evidence) == ["a", "b"] and sorted(evidence["a"]) == [4, 8, 16]
+  text = (tmp_path / "out" / "verdicts.md").read_text()
+  x, y = np.asarray(truth).T
+  row = next(line for line in text.splitlines()
+             if line.startswith("| a | oracle − GRPO, final J |"))
+  assert f"| {np.polyfit(x, y, 1)[0]:+.3f} [" in row
+  assert "| b | 8 | 0.500 (0.500) | 0.100 (n/a), n/a (below 5 seeds) |" in text
+  assert (tmp_path / "out" / "differences.png").stat().st_size > 0
+  # Each comparison draws its own bootstrap stream: regime a's rows do not move when
+  # another regime's workdir (6 seeds: bootstrapped) is read first or left out.
+  third = tmp_path / "third"
+  _write(third, "c", 8, {"grpo": {s: _curve(0.5 - 0.01 * s, 3) for s in range(6)},
+                         "oracle": {s: _curve(0.6, 3) for s in range(6)}})
+  verdicts.write([third, first], tmp_path / "b_first")
+  verdicts.write([first], tmp_path / "alone")
+  rows = lambda path: [line for line in (path / "verdicts.md").read_text().splitlines()
+                       if line.startswith("| a |")]
+  assert rows(tmp_path / "alone") == rows(tmp_path / "b_first") == rows(tmp_path / "out")
+  assert len(rows(tmp_path / "out")) > 3
+
+
+def test_a_regime_in_two_workdirs_or_a_workdir_without_cells_is_refused(tmp_path):
+  for workdir in (tmp_path / "one", tmp_path / "two"):
+    _write(workdir, "a", 4, {"grpo": {0: _curve(0.5, 3)}})
+  with pytest.raises(ValueError, match="Regime 'a' is in both"):
+    verdicts.read_cells([tmp_path / "one", tmp_path / "two"])
+  with pytest.raises(ValueError, match="holds no cells"):
+    verdicts.read_cells([tmp_path / "empty"])
+
+
+def test_a_numbered_family_of_arms_is_ordered_by_its_number():
+  assert verdicts._ordered(["oracle", "oracle_mc_1", "oracle_mc_16", "grpo", "oracle_mc_4"]) == [
+      "oracle", "oracle_mc_1", "oracle_mc_4", "oracle_mc_16", "grpo"]
