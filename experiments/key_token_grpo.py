@@ -1,4 +1,4 @@
-"""GRPO on key_token (LAB.md section 1.1): two decisive positions in 24 tokens,
+"""GRPO on key_token: two decisive positions in 24 tokens,
 filler hidden from the model, no SFT - the policy starts at chance (1/16)."""
 
 import pathlib

@@ -1,4 +1,4 @@
-"""GRPO on target_sum (LAB.md section 1.2): up to 6 digits in 0..3 that must sum to
+"""GRPO on target_sum: up to 6 digits in 0..3 that must sum to
 S ~ U[3, 15], EOS allowed; a digit that overshoots, or leaves S out of reach, decides the
 reward at once. No SFT: the policy starts from random digits and stops."""
 

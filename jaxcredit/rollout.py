@@ -1,6 +1,6 @@
 """The batch that estimators and losses read: what was sampled and scored.
 
-Layout (DESIGN.md): `[B, T]` token arrays, `[B]` sequence arrays; rows
+Layout: `[B, T]` token arrays, `[B]` sequence arrays; rows
 `g*G ... g*G+G-1` answer the same prompt when `group_size=G`.
 """
 

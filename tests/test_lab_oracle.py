@@ -121,7 +121,7 @@ def test_tree_oracle_equals_brute_force_enumeration_with_visible_filler(setting,
   filler[config.decisive_positions] = False
   assert np.abs(advantages[:, p:][:, filler & (np.arange(config.length) < last)]).max() > 1e-4
   assert np.all(advantages[:, p + last + 1 :] == 0)
-  # LAB.md's count: |F|^(p_K - K + 1) paths, times |C|^(K - 1) unless a wrong key decides R.
+  # E-TREE's count: |F|^(p_K - K + 1) paths, times |C|^(K - 1) unless a wrong key decides R.
   branching = 1 if rule == "all" else config.n_keys ** (config.n_decisive - 1)
   assert tree_oracle.passes_per_prompt(config) == 2 ** (last - 1) * branching
   assert credit.cost["passes"] == 4 * tree_oracle.passes_per_prompt(config)
@@ -177,7 +177,7 @@ def test_monte_carlo_values_agree_with_the_exact_oracle_within_their_standard_er
   z = (np.asarray(mc.values) - np.asarray(exact.values))[mask] / value_se[mask]
   assert np.abs(z).max() < 4.5, np.abs(z).max()
   assert 0.3 < np.mean(z**2) < 2.0, np.mean(z**2)
-  # Plain MC credit telescopes exactly to R - V_hat(x) (LAB.md 2.4, T1).
+  # Plain MC credit telescopes exactly to R - V_hat(x) (test T1).
   rewards = task.score(np.asarray(sample.tokens)[:, 4:], mask[:, 4:], examples)
   np.testing.assert_allclose(
     np.asarray(mc.advantages).sum(1), rewards - np.asarray(mc.values)[:, 4], atol=1e-5
@@ -246,7 +246,8 @@ def test_select_positions():
 
 
 def test_calibration_check_accepts_mc_values_and_rejects_an_off_by_one_bug(setting):
-  """LAB.md 2.4 T2 and T4: correct MC values pass the X^2 test; V_hat(s_{t+1}) stored at t fails."""
+  """Tests T2 and T4 of Monte-Carlo values: correct MC values pass the X^2 test; V_hat(s_{t+1})
+  stored at t fails."""
   from studies.credit_study import runner as study
 
   exact, mc = _exact_and_mc(setting, k=64, seed=4)
@@ -260,7 +261,7 @@ def test_calibration_check_accepts_mc_values_and_rejects_an_off_by_one_bug(setti
 
 
 def test_rao_blackwellised_credit_agrees_with_the_exact_oracle(setting):
-  """LAB.md 2.4 T3: rb credit (1 - pi)(Q_y - Q_-) is unbiased, and exactly 0 where pi(y) = 1."""
+  """Test T3: rb credit (1 - pi)(Q_y - Q_-) is unbiased, and exactly 0 where pi(y) = 1."""
   task, model, examples, sample = setting
   exact, _ = _exact_and_mc(setting, k=1, seed=0)
   rb = oracle.rb_credit(

@@ -1,4 +1,4 @@
-"""Imports only point down the layers of DESIGN.md, and the package never imports the studies
+"""Imports only point down the package's layers, and the package never imports the studies
 built on it: read every module's imports with `ast`."""
 
 import ast
@@ -6,7 +6,7 @@ import pathlib
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "jaxcredit"
 
-# DESIGN.md "Layers", bottom (0) to top; a module may import its own layer and those below.
+# The layers, bottom (0) to top; a module may import its own layer and those below.
 LAYERS = [
   "rollout",
   "logprobs",

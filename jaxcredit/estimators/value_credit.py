@@ -3,7 +3,7 @@ rollouts, an exact oracle): the pure part of VinePPO and of the lab's oracles.
 
 With gamma = 1 and one outcome reward R per response, the advantage of the
 action at t is A_t = V(s_{t+1}) - V(s_t), with V(s_L) := R after the last
-action (so sum_t A_t = R - V(s_0), LAB.md fact F1).
+action (so sum_t A_t = R - V(s_0): the credit telescopes).
 """
 
 import jax.numpy as jnp

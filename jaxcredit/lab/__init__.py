@@ -1,2 +1,2 @@
-"""The credit-assignment lab: oracle token credit, scores against it, and the study
-runner (LAB.md)."""
+"""The credit-assignment lab: oracle token credit, scores against it, statistics,
+exact metrics and the batched runner that studies (`studies/`) build on."""

@@ -5,7 +5,7 @@ Rows use the training layout: [B, L] with L = P + N (a left-padded prompt,
 then N response slots); `mask` marks actions. With gamma = 1 and an outcome
 reward R, A_t = V(s_{t+1}) - V(s_t) and V after the last action is R.
 
-  decisive_credit(model, task_config, tokens, mask, targets)   exact (E-DEC, LAB.md 1.1)
+  decisive_credit(model, task_config, tokens, mask, targets)   exact (E-DEC)
   exact_success(model, task_config, prompts, targets)          exact V(x), J(pi) = its mean
   decisive_values / credit_from_values                         the same, traceable (jit, vmap)
   mc_credit(model, task, tokens, mask, token_valid, examples, key, k=..., positions=...)
@@ -56,7 +56,7 @@ _jitted_log_softmax = nnx.jit(_masked_log_softmax)
 
 def decisive_values(model, config: key_token.KeyTokenConfig, prompts: Array,
                     targets: Array) -> list[Array]:
-  """The exact value tree of filler-blind key_token (E-DEC, LAB.md 1.1) at temperature 1;
+  """The exact value tree of filler-blind key_token (E-DEC) at temperature 1;
   traceable (jit, vmap over seeds).
 
   prompts: [n, K + 2] prompt ids; targets: [n, K] the key ids each must copy. Returns
@@ -113,7 +113,7 @@ def credit_from_values(tree: Sequence[Array], decided: Array,
 
 def decisive_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray, mask: np.ndarray,
                     targets: np.ndarray) -> Credit:
-  """Exact credit on filler-blind key_token (E-DEC, LAB.md 1.1), temperature 1: the value
+  """Exact credit on filler-blind key_token (E-DEC), temperature 1: the value
   tree of each distinct prompt (`decisive_values`, one batched pass) read along each row's
   decisive tokens (`credit_from_values`).
 
@@ -200,7 +200,7 @@ _jitted_values = nnx.jit(decisive_values, static_argnames="config")
 
 def rb_advantages(q_taken: Array, q_others: Array, p_taken: Array, se_taken: Array,
                   se_others: Array) -> tuple[Array, Array]:
-  """Rao-Blackwellised credit (LAB.md 1.3, fact F2): A = (1 - pi)(Q_y - Q_-),
+  """Rao-Blackwellised credit: A = (1 - pi)(Q_y - Q_-),
   SE = (1 - pi) sqrt(SE_y^2 + SE_-^2). q_taken: Q(s_t, y_t); q_others: the
   mean Q of the other actions under pi (rollouts whose first token is drawn
   with y_t banned); p_taken: pi(y_t | s_t). All [M]."""

@@ -6,7 +6,7 @@ and `oracle_shuffled` estimators) and ["shuffle_priorities"] (`oracle_shuffled`)
 with `jaxcredit.train.extras`; the training loop finds them through the
 "jaxcredit.extras" entry point, so `train` never imports the lab. The oracle's
 teacher-forced passes are not charged to the run's generated tokens: it is an
-upper bound on information (LAB.md 4.3).
+upper bound on information.
 """
 
 import jax

@@ -1,4 +1,4 @@
-"""How well an estimator's [B, T] credit matches oracle credit (LAB.md section 3).
+"""How well an estimator's [B, T] credit matches oracle credit.
 
 All statistics are computed on the host in float64 over the scored tokens
 W = mask & evaluated. Rows with no scored token are dropped. Each returns a
@@ -184,7 +184,7 @@ def score(est, oracle, weights, *, stderr=None, decisive=None) -> dict[str, Stat
 
 
 def resampling_noise(samples, oracle, weights) -> dict[str, Stat]:
-  """Stability of credit across resampled batches (LAB.md 3.6).
+  """Stability of credit across resampled batches.
 
   samples: [R, J, T] an estimator's credit on J fixed probe responses, each
   time with a fresh group around it (and fresh Monte-Carlo keys); oracle,

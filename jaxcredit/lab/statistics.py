@@ -1,4 +1,4 @@
-"""Paired comparisons over seeds, as the credit study reports them (LAB.md section 4).
+"""Paired comparisons over seeds, as the lab's studies report them.
 
   sign_flip_p(differences)            exact two-sided p of "mean difference = 0"
   holm(p_values)                      Holm step-down adjusted p-values (family-wise error)

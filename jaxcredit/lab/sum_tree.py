@@ -1,4 +1,4 @@
-"""E-TREE on target_sum: exact token credit for any policy (LAB.md 1.2 and 1.4).
+"""E-TREE on target_sum: exact token credit for any policy.
 
 The response tree of a prompt holds every prefix of k < n digits; each has m digit
 children and, where the policy may stop, an EOS leaf whose reward is known. After n

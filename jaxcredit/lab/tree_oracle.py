@@ -1,7 +1,7 @@
-"""E-TREE: exact token credit on key_token for any policy, filler visible or not (LAB.md 1.4).
+"""E-TREE: exact token credit on key_token for any policy, filler visible or not.
 
 With filler visible, a later decisive conditional can depend on an earlier filler token, so
-filler carries real credit (LAB.md Proposition 1) and E-DEC (`oracle.decisive_credit`) does
+filler carries real credit and E-DEC (`oracle.decisive_credit`) does
 not apply. E-TREE enumerates the response tree up to the last decisive position p_K:
 
   1. Expand. Every prefix of the first p_K response positions, one child per allowed action;

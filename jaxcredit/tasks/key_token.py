@@ -1,5 +1,5 @@
 """`key_token`: a credit-assignment probe where a few known positions decide the
-reward and the rest is filler (the lab's Task 1; see LAB.md §1.1).
+reward and the rest is filler (an exact task of the credit lab, `jaxcredit.lab`).
 
 Token ids (V = 32): 0 PAD, 1 BOS, 2 SEP, 3 EOS, 4 FILL (input placeholder,
 never an action), 5-12 key symbols K0..K7 (the alphabet C is the first

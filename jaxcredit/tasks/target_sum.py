@@ -1,5 +1,5 @@
-"""`target_sum`: a credit probe where early choices constrain later ones (the lab's
-Task 2; LAB.md 1.2).
+"""`target_sum`: a credit probe where early choices constrain later ones (an exact
+task of the credit lab, `jaxcredit.lab`).
 
 Token ids (V = 24): 0 PAD, 1 BOS, 2 SEP, 3 EOS, 4-13 the digits 0..9 (prompt numerals
 and actions), 14-23 reserved.

@@ -182,7 +182,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.group_sizes = (8,)
     config.runs_per_program = 30  # three PRIME arms x 10 seeds: no padding to 40 runs
   if preset == "mc_ladder":
-    # The Monte-Carlo ladder (LAB.md 4.1): how much of the exact credit's gain survives K
+    # The Monte-Carlo ladder: how much of the exact credit's gain survives K
     # continuations per state, at equal samples and at equal charged tokens, at G = 8 in both
     # filler regimes beside the core arms (read back from a copy of the small preset's
     # workdir, as for the entropy preset).
@@ -263,7 +263,7 @@ def _full_regimes(regimes: dict, task: dict) -> dict:
   regimes["visible_filler_T8"] = {
       "task": {**task, "length": 8, "n_fillers": 2, "filler_blind": False},
       "budget_scale": 8 / 24}
-  # target_sum (LAB.md 1.2): up to 6 digits in 0..3 summing to S ~ U[3, 15], EOS allowed;
+  # target_sum: up to 6 digits in 0..3 summing to S ~ U[3, 15], EOS allowed;
   # the decisive digits differ from response to response. E-TREE: 4^5 = 1,024 paths per
   # prompt. 7 response slots: the T = 24 cells' updates.
   # The language-like task (zipf_explain): a 128-token explanation in a Zipfian bigram

@@ -1,4 +1,4 @@
-"""The credit study's first design on key_token (LAB.md section 4); the sweep
+"""The credit study's first design on key_token; the sweep
 (studies/credit_study/configs.py) replaces it.
 
   # CI's check: about a minute

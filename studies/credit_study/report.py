@@ -349,7 +349,7 @@ def write(study, workdir: pathlib.Path, curves: dict, wall: dict) -> None:
       "## Monte-Carlo values vs exact values",
       "",
       "Plain MC values (K continuations per state) against the exact values on the same "
-      "responses (LAB.md 2.4): X² against its exact parametric-bootstrap null; T1 checks that MC "
+      "responses: X² against its exact parametric-bootstrap null; T1 checks that MC "
       "credit telescopes to R − V̂(x); rb: Rao-Blackwellised token credit (1 − π)(Q̂_y − Q̂₋) "
       "against the exact credit (Agresti–Coull SEs are conservative near 0 and 1, so coverage "
       "above 0.95 and mean z² below 1 are expected).",

@@ -78,7 +78,7 @@ def decisive_mask(task: tasks.TrainTask, shape) -> np.ndarray:
 
 def monte_carlo_check(exact_values, mc: oracle.Credit, k: int, rng: np.random.Generator,
                       *, draws: int = 2000) -> dict:
-  """LAB.md 2.4 T2: calibration of V_hat against the exact V [B, T] on states
+  """Test T2 of Monte-Carlo values: calibration of V_hat against the exact V [B, T] on states
   with V in [0.05, 0.95]: X^2 = sum (k_s - K V)^2 / (K V (1 - V)) against its
   exact parametric-bootstrap null (Binomial(K, V))."""
   evaluated = np.asarray(mc.evaluated)
@@ -104,7 +104,7 @@ def monte_carlo_check(exact_values, mc: oracle.Credit, k: int, rng: np.random.Ge
 
 
 def rb_check(exact_advantages, rb: oracle.Credit, mask: np.ndarray) -> dict:
-  """LAB.md 2.4 T3 for Rao-Blackwellised credit against the exact credit [B, T]:
+  """Test T3 for Rao-Blackwellised credit against the exact credit [B, T]:
   coverage of the 95% interval A_hat +- 1.96 SE, mean z^2 and mean error, over
   actions with SE > 1e-3."""
   error = (np.asarray(rb.advantages, np.float64) - np.asarray(exact_advantages, np.float64))[mask]
@@ -121,10 +121,9 @@ def rb_check(exact_advantages, rb: oracle.Credit, mask: np.ndarray) -> dict:
 
 
 class ShadowCritic:
-  """A value model trained on another run's batches without affecting it (LAB.md
-  4.4): same architecture as the policy with a value head, one Adam step per
-  batch towards Monte-Carlo returns. `values` must be read before `update`
-  on the same batch, so scored credit never sees its own labels."""
+  """A value model trained on another run's batches without affecting it: same architecture as the
+  policy with a value head, one Adam step per batch towards Monte-Carlo returns. `values` must be
+  read before `update` on the same batch, so scored credit never sees its own labels."""
 
   def __init__(self, model_config, actions, learning_rate: float):
     self.critic = Transformer(model_config.replace(value_head=True), rngs=nnx.Rngs(1))
@@ -237,7 +236,7 @@ class ScoringHook:
 
   def mc_check(self, task, model, rollout, examples, key, oracle_values, oracle_advantages,
                rl_step) -> dict:
-    """LAB.md 2.4 on the first `study.mc_check_rows` rows: plain Monte-Carlo values
+    """The Monte-Carlo checks on the first `study.mc_check_rows` rows: plain Monte-Carlo values
     against the exact ones (T2 calibration, T1 telescoping) and Rao-Blackwellised
     credit against the exact credit (T3)."""
     rows = slice(0, self.study.mc_check_rows)
