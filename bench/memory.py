@@ -38,7 +38,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from bench.common import machine, table
 from jaxcredit import logprobs, losses
 from jaxcredit.models import Transformer, preset, sharding
-from jaxcredit.train import steps
+from jaxcredit.train import forward
 
 GiB = 2**30
 VARIANTS = {
@@ -56,7 +56,8 @@ def rl_gradient(graphdef, chunked_head: bool, logits_per_chunk: int):
     model = nnx.merge(graphdef, state)
     if chunked_head:
       out = model(tokens, logits=False)
-      logp, _ = steps.shifted_logprobs(model, out.hidden, tokens, logits_per_chunk=logits_per_chunk)
+      logp, _ = forward.shifted_logprobs(model, out.hidden, tokens,
+                                         logits_per_chunk=logits_per_chunk)
     else:
       logits = model(tokens).logits
       logp = jnp.pad(logprobs.token_logprobs(logits[:, :-1], tokens[:, 1:]), [(0, 0), (1, 0)])
@@ -108,7 +109,7 @@ def main():
   parser.add_argument("--shapes", nargs="+",
                       default=["8x1024", "8x4096", "1x32768", "1x131072/8"])
   parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
-  parser.add_argument("--logits_per_chunk", type=int, default=steps.LOGITS_PER_CHUNK)
+  parser.add_argument("--logits_per_chunk", type=int, default=forward.LOGITS_PER_CHUNK)
   parser.add_argument("--depths", nargs="+", type=int, default=None)
   args = parser.parse_args()
   devices = max(parse_shape(shape)[2] for shape in args.shapes)

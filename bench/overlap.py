@@ -50,7 +50,7 @@ def _config(task: str, options: dict, prompts: int, group: int, steps: int):
 def _timed_run(config, workdir: str, warmup: int, verifier_s: float) -> tuple[float, float]:
   """Median seconds between consecutive RL steps' metric writes, and median seconds of
   sampling + scoring a batch, after `warmup` steps."""
-  from jaxcredit.rollouts import SingleTurn
+  from jaxcredit.rollout_sources import SingleTurn
   from jaxcredit.train import loop, metrics
   written, sampling = [], []
   write, sample = metrics.MetricsWriter.write, SingleTurn.__call__

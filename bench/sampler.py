@@ -22,7 +22,7 @@ from flax import nnx
 
 from bench.common import machine, table, time_call, time_calls
 from jaxcredit.models import Transformer, preset
-from jaxcredit.rollouts import MultiTurn
+from jaxcredit.rollout_sources import MultiTurn
 from jaxcredit.sampling import generate, sample_token
 
 DRAW_SHAPES = [(32, 8192), (8, 151936)]  # [B, V]: the small peers shape; Qwen2.5's vocabulary

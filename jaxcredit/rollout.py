@@ -62,7 +62,7 @@ class Rollout:
                               padding is invisible to attention.
   turn_ids:      [B, T]|None  int turn of each token in a multi-turn episode: the
                               turn's actions and the observation answering them
-                              (`rollouts.MultiTurn`); -1 outside any turn.
+                              (`rollout_sources.MultiTurn`); -1 outside any turn.
   extras:        dict         further arrays an estimator needs, by name (e.g.
                               "baseline_rewards" [B] for ReMax,
                               "sum_pi_squared" [B, T] for OTB).

@@ -10,7 +10,7 @@ import pytest
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
-from jaxcredit.models import checkpoint  # noqa: E402
+from jaxcredit.models import huggingface  # noqa: E402
 from tests.test_model import numpy_forward  # noqa: E402
 
 HF_CONFIGS = {
@@ -98,7 +98,7 @@ def test_round_trip_matches_numpy_forward(tmp_path, flavour, sharded):
   hf = HF_CONFIGS[flavour]
   tensors = _random_checkpoint(hf)
   _write(tmp_path, hf, tensors, sharded)
-  model = checkpoint.load_hf_checkpoint(tmp_path)
+  model = huggingface.load_hf_checkpoint(tmp_path)
   assert model.config.qkv_bias == (flavour == "qwen2")
   tokens = np.random.default_rng(1).integers(0, hf["vocab_size"], (2, 7))
   positions = np.broadcast_to(np.arange(7), (2, 7))
@@ -117,7 +117,7 @@ def test_bad_checkpoints_name_the_tensor(tmp_path):
   with pytest.raises(
     ValueError, match=r"missing tensor 'model.layers.1.mlp.up_proj.weight' \(shape \(32, 64\)\)"
   ):
-    checkpoint.load_hf_checkpoint(tmp_path)
+    huggingface.load_hf_checkpoint(tmp_path)
   wrong = dict(tensors)
   wrong["model.layers.0.self_attn.k_proj.weight"] = np.zeros((8, 32), np.float32)
   _write(tmp_path, hf, wrong)
@@ -126,18 +126,18 @@ def test_bad_checkpoints_name_the_tensor(tmp_path):
     match=(r"'model.layers.0.self_attn.k_proj.weight' has shape \(8, 32\); "
            r"the config needs \(16, 32\)"),
   ):
-    checkpoint.load_hf_checkpoint(tmp_path)
+    huggingface.load_hf_checkpoint(tmp_path)
   extra = {**tensors, "model.layers.2.mlp.up_proj.weight": np.zeros((64, 32), np.float32)}
   _write(tmp_path, hf, extra)
   with pytest.raises(
     ValueError, match="tensors the config does not use: \\['model.layers.2.mlp.up_proj.weight'\\]"
   ):
-    checkpoint.load_hf_checkpoint(tmp_path)
+    huggingface.load_hf_checkpoint(tmp_path)
   (tmp_path / "config.json").unlink()
   with pytest.raises(ValueError, match="No config.json"):
-    checkpoint.load_hf_checkpoint(tmp_path)
+    huggingface.load_hf_checkpoint(tmp_path)
   with pytest.raises(ValueError, match="Unsupported model_type 'gpt2'"):
-    checkpoint.config_from_hf({**hf, "model_type": "gpt2"})
+    huggingface.config_from_hf({**hf, "model_type": "gpt2"})
 
 
 def test_malformed_checkpoint_files_name_the_file(tmp_path):
@@ -149,16 +149,16 @@ def test_malformed_checkpoint_files_name_the_file(tmp_path):
   with pytest.raises(
     ValueError, match=rf"Checkpoint file {re.escape(str(weights))} could not be read .*truncated"
   ):
-    checkpoint.load_hf_checkpoint(tmp_path)
+    huggingface.load_hf_checkpoint(tmp_path)
   _write(tmp_path, {k: v for k, v in hf.items() if k != "hidden_size"}, tensors)
   with pytest.raises(
     ValueError, match=rf"{re.escape(str(tmp_path / 'config.json'))}: .*no 'hidden_size' field"
   ):
-    checkpoint.load_hf_checkpoint(tmp_path)
+    huggingface.load_hf_checkpoint(tmp_path)
   (tmp_path / "config.json").write_text('{"hidden_size": 32,')
   with pytest.raises(ValueError, match=r"config.json is not valid JSON"):
-    checkpoint.load_hf_checkpoint(tmp_path)
+    huggingface.load_hf_checkpoint(tmp_path)
   _write(tmp_path, hf, tensors, sharded=True)
   (tmp_path / "model.safetensors.index.json").write_text('{"weights": {}}')
   with pytest.raises(ValueError, match=r"model.safetensors.index.json has no 'weight_map' field"):
-    checkpoint.load_hf_checkpoint(tmp_path)
+    huggingface.load_hf_checkpoint(tmp_path)

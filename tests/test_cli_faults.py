@@ -271,15 +271,15 @@ def test_ctrl_c_during_rl_saves_and_exits_cleanly(tmp_path, cli_env):
 def test_non_finite_rewards_stop_the_run_naming_task_step_and_row():
   import numpy as np
 
-  from jaxcredit.train import checks
+  from jaxcredit.train import refusals
 
-  checks.check_rewards(np.array([0.0, 1.0]), task="arithmetic", rl_step=3)
+  refusals.check_rewards(np.array([0.0, 1.0]), task="arithmetic", rl_step=3)
   with pytest.raises(
     ValueError,
     match=r"Task 'countdown' gave non-finite rewards at RL step 7: row 1 = nan "
     r"\(2 of 4 rows\)",
   ):
-    checks.check_rewards(np.array([0.0, np.nan, 1.0, np.inf]), task="countdown", rl_step=7)
+    refusals.check_rewards(np.array([0.0, np.nan, 1.0, np.inf]), task="countdown", rl_step=7)
 
 
 def test_metrics_stay_strict_json(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from jaxcredit.models import checkpoint  # noqa: E402
+from jaxcredit.models import huggingface  # noqa: E402
 
 SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
              num_attention_heads=4, max_position_embeddings=512, initializer_range=0.1)
@@ -52,7 +52,7 @@ def _hf_logits(model, tokens=TOKENS) -> np.ndarray:
 
 
 def _logits(directory, tokens=TOKENS, **overrides) -> np.ndarray:
-  model = checkpoint.load_hf_checkpoint(directory, **overrides)
+  model = huggingface.load_hf_checkpoint(directory, **overrides)
   return np.asarray(model(jnp.asarray(tokens)).logits, np.float32)
 
 
@@ -71,7 +71,7 @@ def test_the_comparison_sees_a_wrong_rope(tmp_path):
   """A check that can fail: the llama3 model read without its RoPE scaling is off."""
   model = _hf_model("llama3")
   model.save_pretrained(tmp_path)
-  config = checkpoint.config_from_hf(json.loads((tmp_path / "config.json").read_text()))
+  config = huggingface.config_from_hf(json.loads((tmp_path / "config.json").read_text()))
   wrong = _logits(tmp_path, rope_scaling=None)
   assert config.rope_scaling is not None
   assert _relative_error(wrong, _hf_logits(model)) > 1e-3
@@ -100,7 +100,7 @@ def test_bf16_checkpoints_load_exactly(tmp_path):
   reread = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
   want = _hf_logits(reread.eval())
   assert _relative_error(_logits(tmp_path), want) <= 1e-5
-  loaded = checkpoint.load_hf_checkpoint(tmp_path, param_dtype=jnp.bfloat16)
+  loaded = huggingface.load_hf_checkpoint(tmp_path, param_dtype=jnp.bfloat16)
   embedding = loaded.embed_tokens.embedding[...]
   assert embedding.dtype == jnp.bfloat16
   np.testing.assert_array_equal(
@@ -117,7 +117,7 @@ def test_sharded_checkpoints_load(tmp_path):
   index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
   (tmp_path / sorted(set(index["weight_map"].values()))[-1]).unlink()
   with pytest.raises(ValueError, match=r"model-.*\.safetensors.* is missing"):
-    checkpoint.load_hf_checkpoint(tmp_path)
+    huggingface.load_hf_checkpoint(tmp_path)
 
 
 def test_stop_tokens_come_from_generation_config(tmp_path):
@@ -125,11 +125,11 @@ def test_stop_tokens_come_from_generation_config(tmp_path):
   model.generation_config.eos_token_id = [5, 7]
   model.save_pretrained(tmp_path)
   assert json.loads((tmp_path / "generation_config.json").read_text())["eos_token_id"] == [5, 7]
-  assert checkpoint.stop_tokens(tmp_path) == (5, 7)
+  assert huggingface.stop_tokens(tmp_path) == (5, 7)
   (tmp_path / "generation_config.json").unlink()
   config = json.loads((tmp_path / "config.json").read_text())
   (tmp_path / "config.json").write_text(json.dumps({**config, "eos_token_id": 3}))
-  assert checkpoint.stop_tokens(tmp_path) == (3,)
+  assert huggingface.stop_tokens(tmp_path) == (3,)
 
 
 @pytest.mark.parametrize("field, value, named", [
@@ -147,7 +147,7 @@ def test_unimplemented_fields_are_refused_by_name(tmp_path, field, value, named)
   config = json.loads((tmp_path / "config.json").read_text())
   (tmp_path / "config.json").write_text(json.dumps({**config, field: value}))
   with pytest.raises(ValueError, match=rf"config\.json.*{named}"):
-    checkpoint.load_hf_checkpoint(tmp_path)
+    huggingface.load_hf_checkpoint(tmp_path)
 
 
 def test_a_tensor_of_the_wrong_dtype_is_refused(tmp_path):
@@ -158,17 +158,17 @@ def test_a_tensor_of_the_wrong_dtype_is_refused(tmp_path):
   tensors["model.norm.weight"] = tensors["model.norm.weight"].astype(np.int32)
   save_file(tensors, tmp_path / "model.safetensors")
   with pytest.raises(ValueError, match=r"model\.norm\.weight.*int32"):
-    checkpoint.load_hf_checkpoint(tmp_path)
+    huggingface.load_hf_checkpoint(tmp_path)
 
 
 @pytest.mark.parametrize("variant", ["qwen2_untied_gqa", "qwen3", "llama3"])
 def test_exported_policies_load_in_transformers_to_the_same_logits(tmp_path, variant):
   model = _hf_model(variant)
   model.save_pretrained(tmp_path / "original")
-  ours = checkpoint.load_hf_checkpoint(tmp_path / "original")
+  ours = huggingface.load_hf_checkpoint(tmp_path / "original")
   (tmp_path / "tokenizer").mkdir()
   (tmp_path / "tokenizer" / "tokenizer_config.json").write_text('{"model_max_length": 512}')
-  checkpoint.save_hf_checkpoint(ours, tmp_path / "exported", tokenizer=tmp_path / "tokenizer",
+  huggingface.save_hf_checkpoint(ours, tmp_path / "exported", tokenizer=tmp_path / "tokenizer",
                                 stop_tokens=(3, 4))
   exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
   assert type(exported) is type(model)
@@ -177,7 +177,7 @@ def test_exported_policies_load_in_transformers_to_the_same_logits(tmp_path, var
   assert (tmp_path / "exported" / "tokenizer_config.json").exists()
   assert not list((tmp_path / "exported").glob(".*.tmp"))
   # And back: the exported directory loads here to the same parameters.
-  again = checkpoint.load_hf_checkpoint(tmp_path / "exported")
+  again = huggingface.load_hf_checkpoint(tmp_path / "exported")
   resolved = lambda config: config.replace(head_dim=config.resolved_head_dim)
   assert resolved(again.config) == resolved(ours.config)
   np.testing.assert_array_equal(np.asarray(again.embed_tokens.embedding[...]),
@@ -187,7 +187,7 @@ def test_exported_policies_load_in_transformers_to_the_same_logits(tmp_path, var
 def test_a_value_head_is_not_exported(tmp_path):
   model = _hf_model("qwen2_tied_kv1")
   model.save_pretrained(tmp_path / "original")
-  critic = checkpoint.load_hf_checkpoint(tmp_path / "original", value_head=True)
-  checkpoint.save_hf_checkpoint(critic, tmp_path / "exported")
+  critic = huggingface.load_hf_checkpoint(tmp_path / "original", value_head=True)
+  huggingface.save_hf_checkpoint(critic, tmp_path / "exported")
   exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
   assert _relative_error(_hf_logits(exported), _hf_logits(model)) <= 1e-5

@@ -8,7 +8,7 @@ from flax import nnx
 
 from jaxcredit.lab import turn_oracle
 from jaxcredit.models import Transformer, preset
-from jaxcredit.rollouts import MultiTurn
+from jaxcredit.rollout_sources import MultiTurn
 from jaxcredit.tasks import key_turns
 from jaxcredit.tasks.key_token import FILL, SEP
 

@@ -395,7 +395,7 @@ def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact
   the alternative keys at each decisive position are scored against the exact values,
   which equal the host oracle's on the same responses with the key changed, and the
   critic's values of those states equal the learner's critic_values."""
-  from jaxcredit.train import steps
+  from jaxcredit.train import forward
 
   ppo_gae = {"name": "gae", "lam": 0.95}
   cell = _cell("grpo", ppo_gae, mechanism_batches=1)
@@ -422,7 +422,7 @@ def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact
       host = oracle.decisive_credit(model, TASK, changed, batch.mask, row_targets)
       np.testing.assert_allclose(exact[:, k, c], np.asarray(host.values)[:, p + position + 1],
                                  atol=1e-6)
-      learner_values = steps.critic_values(critic, batch.replace(tokens=jnp.asarray(changed)),
+      learner_values = forward.critic_values(critic, batch.replace(tokens=jnp.asarray(changed)),
                                            batched._task(cell).actions)
       np.testing.assert_allclose(scores[:, k, c], learner_values[:, p + position + 1], atol=1e-6)
   # top-1 agreement against a loop; a random order scores the share of exact maxima; many

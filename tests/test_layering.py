@@ -15,7 +15,7 @@ LAYERS = [
   "models",
   "tasks",
   "sampling",
-  "rollouts",
+  "rollout_sources",
   "train",
   "lab",
   "view",
@@ -25,6 +25,7 @@ LAYERS = [
 LEVELS = {
   **{name: level for level, name in enumerate(LAYERS)},
   "_checks": -1,
+  "atomic": -1,
   "_masking": -1,
   "registry": -1,
   "__init__": LAYERS.index("losses"),

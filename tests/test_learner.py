@@ -9,7 +9,7 @@ from flax import nnx
 from jaxcredit import estimators, losses
 from jaxcredit.models import Transformer, preset
 from jaxcredit.rollout import Rollout
-from jaxcredit.train import learner, steps
+from jaxcredit.train import forward, learner
 
 LEARNING_RATE = 0.5
 OBJECTIVE = {"policy": {"name": "ppo_clip"}}
@@ -39,7 +39,7 @@ def _rollout(model) -> Rollout:
     positions=jnp.tile(jnp.arange(8), (4, 1)),
     token_valid=jnp.ones((4, 8), bool),
   )
-  behaviour = steps.policy_outputs(model, rollout, 1.0)  # on-policy: every ratio starts at 1
+  behaviour = forward.policy_outputs(model, rollout, 1.0)  # on-policy: every ratio starts at 1
   return rollout.replace(behaviour_logprobs=behaviour.logprobs, entropy=behaviour.entropy)
 
 
@@ -72,14 +72,15 @@ def test_two_minibatches_equal_two_sequential_updates_and_average_their_metrics(
   # The same two updates, one after the other, with plain SGD.
   model = nnx.clone(modules["model"])
   scored = rollout.replace(
-    ref_logprobs=steps.policy_outputs(modules["reference"], rollout, 1.0).logprobs
+    ref_logprobs=forward.policy_outputs(modules["reference"], rollout, 1.0).logprobs
   )
   estimate = estimators.from_config("grpo")(scored)
   objective = losses.from_config(OBJECTIVE)
   seen = []
   value_and_grad = nnx.jit(
     lambda model, mini, mini_estimate: nnx.value_and_grad(
-      lambda m: objective(steps.policy_outputs(m, mini, 1.0), mini, mini_estimate, 3), has_aux=True
+      lambda m: objective(forward.policy_outputs(m, mini, 1.0), mini, mini_estimate, 3),
+      has_aux=True,
     )(model)
   )
   for rows in orders:
@@ -152,7 +153,7 @@ def test_critic_values_are_computed_once_and_present_ones_are_kept():
   rollout = _rollout(modules["model"])
   settings = learner.Settings(critic=learner.CriticSettings())
   computed = learner.prepare({**modules, "critic": critic}, rollout, settings).values
-  np.testing.assert_allclose(computed, steps.critic_values(critic, rollout), atol=1e-6)
+  np.testing.assert_allclose(computed, forward.critic_values(critic, rollout), atol=1e-6)
   given = jnp.full(rollout.mask.shape, 0.5)
   kept = learner.prepare({**modules, "critic": None}, rollout.replace(values=given), settings)
   np.testing.assert_array_equal(kept.values, given)

@@ -9,8 +9,8 @@ from flax import nnx
 
 from jaxcredit import estimators
 from jaxcredit.models import Transformer, preset
-from jaxcredit.rollouts import MultiTurn
-from jaxcredit.train import steps
+from jaxcredit.rollout_sources import MultiTurn
+from jaxcredit.train import forward
 
 CONFIG = preset("tiny", vocab_size=32)
 TURN_END = 5
@@ -91,7 +91,7 @@ def test_layout_rewards_and_behaviour_logprobs(model):
   assert np.asarray(rollout.extras["cut_turns"]).sum() == cut
   assert 0 < cut < 18, "the test should see turns ended by the token and by the budget"
   # The learner's teacher-forced pass over the assembled rows reproduces the sampler's numbers.
-  forced = steps.policy_outputs(model, rollout, 1.0)
+  forced = forward.policy_outputs(model, rollout, 1.0)
   np.testing.assert_allclose(np.asarray(rollout.behaviour_logprobs)[mask],
                              np.asarray(forced.logprobs)[mask], atol=1e-4)
   np.testing.assert_allclose(np.asarray(rollout.entropy)[mask], np.asarray(forced.entropy)[mask],
@@ -102,7 +102,7 @@ def test_layout_rewards_and_behaviour_logprobs(model):
 def test_the_cache_kept_across_turns_samples_what_full_prefills_sample(model, monkeypatch):
   """reuse_cache (prefill each turn's new observation; rebuild when the slots run out)
   against a full prefill every turn: the same key, the same episodes."""
-  from jaxcredit.rollouts import multi_turn
+  from jaxcredit.rollout_sources import multi_turn
 
   starts = []
   counted = lambda *args, **kwargs: starts.append(1) or multi_turn.start_contexts.__wrapped__(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxcredit.models import sharding
-from jaxcredit.train import checks
+from jaxcredit.train import refusals
 from tests.conftest import ROOT, load_experiment, xla_flags
 
 SCRIPT = """
@@ -108,7 +108,7 @@ def test_bad_overlap_settings_name_the_field(field, value, message):
   section, name = field.split(".")
   config[section][name] = value
   with pytest.raises(ValueError, match=message):
-    checks.validate_config(config)
+    refusals.validate_config(config)
 
 
 def test_a_sampler_needs_devices_of_its_own():

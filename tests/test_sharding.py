@@ -85,7 +85,7 @@ import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
 from jaxcredit.models import Transformer, preset, sharding
 from jaxcredit.sampling import Actions, prompt_positions
-from jaxcredit.train import steps
+from jaxcredit.train import forward
 
 length, mesh_shape, dtype, temperature = json.loads(sys.argv[1])
 cfg = preset("tiny", attention="chunked", attention_block=256, remat="block",
@@ -103,7 +103,7 @@ actions = Actions(allowed=allowed)
 def loss(state, tokens):
   m = nnx.merge(graphdef, state)
   out = m(tokens, positions=prompt_positions(valid), token_valid=valid, logits=False)
-  logp, entropy = steps.shifted_logprobs(m, out.hidden, tokens, temperature, actions,
+  logp, entropy = forward.shifted_logprobs(m, out.hidden, tokens, temperature, actions,
                                          scored=valid)  # packed per batch shard
   return jnp.sum(jnp.where(valid, logp * advantages, 0.0)) / length, (logp, entropy)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxcredit.train import checks, loop, staleness
+from jaxcredit.train import loop, refusals, staleness
 from tests.conftest import load_experiment
 
 
@@ -61,17 +61,17 @@ def test_bad_staleness_settings_name_the_field(field, value, message):
   config = load_experiment("quickstart")
   config.rl[field] = value
   with pytest.raises(ValueError, match=message):
-    checks.validate_config(config)
+    refusals.validate_config(config)
 
 
 def test_a_workdir_from_before_the_staleness_fields_resumes_as_synchronous():
   config = json.loads(load_experiment("quickstart").to_json())
   saved = json.loads(json.dumps(config))
   del saved["rl"]["max_staleness"], saved["rl"]["staleness_mode"]
-  checks.check_resumable(saved, config)
+  refusals.check_resumable(saved, config)
   config["rl"]["max_staleness"] = 1
   with pytest.raises(ValueError, match="rl.max_staleness: 0 -> 1"):
-    checks.check_resumable(saved, config)
+    refusals.check_resumable(saved, config)
 
 
 def _config(steps: int, **rl):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from jaxcredit.tasks import loader
-from jaxcredit.train import checks, learner, tasks
+from jaxcredit.train import learner, refusals, tasks
 from tests.conftest import load_experiment
 
 OPTIONS = {
@@ -115,8 +115,8 @@ def test_batch_sizes_that_do_not_split_raise(override, message):
     section, field = key.split(".")
     config[section][field] = value
   with pytest.raises(ValueError, match=message):
-    checks.check_batch_sizes(config, devices=4)
-  checks.check_batch_sizes(load_experiment("quickstart"), devices=4)
+    refusals.check_batch_sizes(config, devices=4)
+  refusals.check_batch_sizes(load_experiment("quickstart"), devices=4)
 
 
 def test_minibatches_partition_whole_groups():

@@ -13,7 +13,7 @@ from flax import nnx
 from jaxcredit.lab import explain_oracle
 from jaxcredit.models import Transformer, preset
 from jaxcredit.tasks import zipf_explain as zx
-from jaxcredit.train import steps as train_steps
+from jaxcredit.train import forward
 
 MARK, KEY0, WORD0 = zx.MARK, zx.KEY0, zx.WORD0
 
@@ -148,7 +148,7 @@ def _taught(config, steps: int = 150):
   the time: it writes MARKs and keys where they go, and is unsure of the answers."""
   model = Transformer(preset("tiny", vocab_size=zx.VOCAB_SIZE), rngs=nnx.Rngs(0))
   optimizer = nnx.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param)
-  step = train_steps.sft_step()
+  step = forward.sft_step()
   rng = np.random.default_rng(0)
   for _ in range(steps):
     examples = [zx.make_example(rng, config, key_accuracy=0.5) for _ in range(32)]

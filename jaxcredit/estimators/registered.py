@@ -292,7 +292,8 @@ def _ktae(rollout: Rollout, *, eps: float = 1e-6):
 
 
 def _turns(rollout: Rollout, by: str) -> tuple:
-  """(turn_rewards [B, T], turn_ids [B, T]) of a multi-turn rollout (`rollouts.MultiTurn`)."""
+  """(turn_rewards [B, T], turn_ids [B, T]) of a multi-turn rollout
+  (`rollout_sources.MultiTurn`)."""
   rollout.require("turn_ids", by=by)
   return rollout.extra("turn_rewards", by=by), rollout.turn_ids
 
@@ -325,7 +326,7 @@ def _gigpo(rollout: Rollout, *, step_coef: float = 1.0, gamma: float = 0.95, eps
            scale_by_std: bool = True):
   """GiGPO (`turn_credit.gigpo_advantages`): the episode group's GRPO advantage plus
   step_coef times the step group's, step groups by extras["turn_anchors"] (the
-  environment state at each turn's start, `rollouts.MultiTurn`)."""
+  environment state at each turn's start, `rollout_sources.MultiTurn`)."""
   turn_rewards, turn_ids = _turns(rollout, "gigpo")
   return turn_credit.gigpo_advantages(
       turn_rewards, rollout.rewards, rollout.extra("turn_anchors", by="gigpo"), turn_ids,
@@ -337,7 +338,7 @@ def _gigpo(rollout: Rollout, *, step_coef: float = 1.0, gamma: float = 0.95, eps
 def _turn_vine(rollout: Rollout):
   """VinePPO over turns: A_k = r_k + V(h_(k+1)) - V(h_k), each turn-start value V(h_k) the
   mean reward from turn k on of `k` continuations branched from the turn's start
-  (extras["turn_baselines"], `rollouts.MultiTurn.returns_to_go`; V = 0 after the last
+  (extras["turn_baselines"], `rollout_sources.MultiTurn.returns_to_go`; V = 0 after the last
   turn): TD(0) over turns on Monte-Carlo values (`turn_credit.turn_gae` with lam = 0).
   An unbiased estimate of the exact turn credit for any k; with many continuations, the
   lab's Monte-Carlo turn oracle where no exact one exists."""
@@ -352,7 +353,7 @@ def _turn_vine(rollout: Rollout):
 def _turn_baseline(rollout: Rollout):
   """The rewards from each turn on minus extras["turn_baselines"]: the mean of `k`
   continuations branched from the turn's start (`turn_credit.turn_baseline_advantages`,
-  `rollouts.MultiTurn.returns_to_go`), an unbiased per-turn baseline."""
+  `rollout_sources.MultiTurn.returns_to_go`), an unbiased per-turn baseline."""
   turn_rewards, turn_ids = _turns(rollout, "turn_baseline")
   return turn_credit.turn_baseline_advantages(
       turn_rewards, rollout.extra("turn_baselines", by="turn_baseline"), turn_ids, rollout.mask)

@@ -1,4 +1,4 @@
-"""Turn-level credit for multi-turn episodes (the layout of `rollouts.MultiTurn`).
+"""Turn-level credit for multi-turn episodes (the layout of `rollout_sources.MultiTurn`).
 
 A turn is the run of action tokens (mask True) that share a turn id
 (turn_ids [B, T], non-decreasing along a row, -1 outside turns). Its first
@@ -172,7 +172,7 @@ def turn_baseline_advantages(turn_rewards: Array, baselines: Array, turn_ids: Ar
   """A_k = G_k - b_k on every token of turn k, G_k = sum_(j >= k) r_j the rewards from
   turn k on and b_k = baselines at turn k's first action token. When b_k is a function
   of the history before turn k only (e.g. the mean return of continuations branched
-  from the turn's start, `rollouts.MultiTurn.returns_to_go`), E[A_k | history] = 0:
+  from the turn's start, `rollout_sources.MultiTurn.returns_to_go`), E[A_k | history] = 0:
   the baseline adds no bias, for any number of turns. All [B, T]; float32 [B, T]."""
   _checks.check_token_and_seq(
       {"turn_rewards": turn_rewards, "baselines": baselines, "turn_ids": turn_ids, "mask": mask},

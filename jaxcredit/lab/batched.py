@@ -69,8 +69,7 @@ from jaxcredit.models import Transformer, TransformerConfig
 from jaxcredit.rollout import Estimate, Rollout
 from jaxcredit.sampling import Actions, generate
 from jaxcredit.tasks import key_token, target_sum, zipf_explain
-from jaxcredit.train import implicit_prm, learner, token_statistics
-from jaxcredit.train import steps as train_steps
+from jaxcredit.train import forward, implicit_prm, learner, token_statistics
 
 PROMPT_STREAM, SAMPLE_STREAM, EXTRAS_STREAM, NOISE_STREAM = 0, 1, 2, 3
 EXTRAS = ("oracle_advantages", "oracle_values", "shuffle_priorities", "ktae_scores",
@@ -410,10 +409,10 @@ def with_models(models: dict, batch: Rollout, actions: Actions,
   updates it: with `prm_beta` the PRM also takes that step here (`implicit_prm.update`, in
   place), whose pre-update log-probs are the batch's."""
   if "critic" in models:
-    batch = batch.replace(values=train_steps.critic_values(models["critic"], batch, actions))
+    batch = batch.replace(values=forward.critic_values(models["critic"], batch, actions))
   if "prm" in models:
     logprobs = lambda model: jnp.where(
-        batch.mask, train_steps.policy_outputs(model, batch, 1.0, actions).logprobs, 0.0)
+        batch.mask, forward.policy_outputs(model, batch, 1.0, actions).logprobs, 0.0)
     batch = batch.replace(ref_logprobs=logprobs(models["reference"]))
     if prm_beta is None:
       prm_logprobs = logprobs(models["prm"])
@@ -535,7 +534,7 @@ def make_run(cell: Cell):
       tokens, mask = demonstrations(jax.random.fold_in(key, step))
       demo = Rollout(tokens=tokens, mask=mask, rewards=jnp.zeros(tokens.shape[0]))
       nll = lambda m: losses.aggregate(
-          -train_steps.policy_outputs(m, demo, 1.0, actions).logprobs, mask, "token-mean")
+          -forward.policy_outputs(m, demo, 1.0, actions).logprobs, mask, "token-mean")
       adam.update(model, nnx.grad(nll)(model))
       return nnx.state((model, adam)), None
 
@@ -544,7 +543,7 @@ def make_run(cell: Cell):
 
   def gradient(model, batch, advantages):
     """The objective's gradient [P] (flattened) for these token advantages."""
-    loss = lambda m: objective(train_steps.policy_outputs(m, batch, 1.0, actions), batch,
+    loss = lambda m: objective(forward.policy_outputs(m, batch, 1.0, actions), batch,
                                Estimate(advantages=advantages))[0]
     return jax.flatten_util.ravel_pytree(nnx.grad(loss)(model))[0]
 

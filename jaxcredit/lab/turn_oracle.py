@@ -124,7 +124,7 @@ def success(model, config: KeyTurnsConfig, prompt: np.ndarray) -> float:
 
 def turn_credit(model, config: KeyTurnsConfig, tokens: np.ndarray,
                 token_valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """(values [B, K + 1], credit [B, L]) of rows laid out by `rollouts.MultiTurn`
+  """(values [B, K + 1], credit [B, L]) of rows laid out by `rollout_sources.MultiTurn`
   (module docstring). Every row must hold a whole episode after the same prompt."""
   tokens, token_valid = np.asarray(tokens), np.asarray(token_valid, bool)
   rows = [row[valid] for row, valid in zip(tokens, token_valid)]

@@ -1,6 +1,6 @@
 """Policy and critic models: a Flax NNX Llama 3 / Qwen2 / Qwen3-style transformer."""
 
-from jaxcredit.models.checkpoint import (config_from_hf, hf_config, load_hf_checkpoint,
+from jaxcredit.models.huggingface import (config_from_hf, hf_config, load_hf_checkpoint,
                                          read_config, save_hf_checkpoint, stop_tokens)
 from jaxcredit.models import sharding
 from jaxcredit.models.config import PRESETS, RopeScaling, TransformerConfig, preset

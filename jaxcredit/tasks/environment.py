@@ -19,7 +19,7 @@ the state a turn starts from, for estimators that group turns from equal
 states (GiGPO). Without it, the turn index and the observation before the
 turn stand for the state.
 
-`rollouts.MultiTurn` drives a batch of episodes against a model.
+`rollout_sources.MultiTurn` drives a batch of episodes against a model.
 """
 
 from typing import Any, Protocol
@@ -28,7 +28,7 @@ import numpy as np
 
 
 class Environment(Protocol):
-  """What `rollouts.MultiTurn` drives (module docstring)."""
+  """What `rollout_sources.MultiTurn` drives (module docstring)."""
 
   def reset(self, rng: np.random.Generator, example: Any) -> tuple[Any, np.ndarray]: ...
 

@@ -48,7 +48,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from jaxcredit import estimators
-from jaxcredit.models import checkpoint
+from jaxcredit.atomic import write_atomically
 from jaxcredit.rollout import Rollout
 from jaxcredit.train import extras, learner
 
@@ -231,7 +231,7 @@ def write_parquet(path: pathlib.Path, columns: dict, metadata: dict) -> None:
   arrays = {name: pa.array(values, from_pandas=True) for name, values in columns.items()}
   table = pa.table(arrays).replace_schema_metadata(metadata)
   path.parent.mkdir(parents=True, exist_ok=True)
-  checkpoint.write_atomically(path, lambda tmp: pq.write_table(table, str(tmp)))
+  write_atomically(path, lambda tmp: pq.write_table(table, str(tmp)))
 
 
 def text_summary(columns: dict) -> str:

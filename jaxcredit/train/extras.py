@@ -205,7 +205,7 @@ register("ktae_scores")(lambda settings, *, temperature: _ktae_scores)
 @register("turn_baselines")
 def _turn_baselines(settings: Mapping, *, temperature: float) -> Hook:
   """Per-turn baselines of a multi-turn task: the mean reward of `k` continuations
-  branched from each turn's start (`rollouts.MultiTurn.returns_to_go`)."""
+  branched from each turn's start (`rollout_sources.MultiTurn.returns_to_go`)."""
   samples = int(settings["k"])
 
   def provide(context: Context, rollout: Rollout) -> tuple[dict, dict]:

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxcredit.train import steps
+from jaxcredit.train import forward
 
 
 class ImplicitPRM:
@@ -48,7 +48,7 @@ class ImplicitPRM:
 def loss(prm, rollout, actions, beta: float, temperature: float):
   """(BCE(sigmoid(beta sum_t (log pi_phi - log pi_ref)), R), the PRM's log-probs [B, L],
   0 off the mask) of a rollout with ref_logprobs."""
-  logprobs = steps.policy_outputs(prm, rollout, temperature, actions).logprobs
+  logprobs = forward.policy_outputs(prm, rollout, temperature, actions).logprobs
   valid = rollout.mask
   score = beta * jnp.sum(jnp.where(valid, logprobs - rollout.ref_logprobs, 0.0), axis=1)
   return (jnp.mean(optax.sigmoid_binary_cross_entropy(score, rollout.rewards)),

@@ -35,7 +35,7 @@ from jax import Array
 from jaxcredit import estimators, losses
 from jaxcredit.rollout import Estimate, Rollout
 from jaxcredit.sampling import Actions
-from jaxcredit.train import steps
+from jaxcredit.train import forward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Settings:
   kl_reward_kind: str = "k1"
   recompute_old_logprobs: bool = False  # one forward pass: rollout.old_logprobs
   critic: CriticSettings | None = None
-  logits_per_chunk: int = steps.LOGITS_PER_CHUNK  # logits held at a time by the log-prob head
+  logits_per_chunk: int = forward.LOGITS_PER_CHUNK  # logits held at a time by the log-prob head
 
 
 def policy_update(model, optimizer, rollout: Rollout, estimate: Estimate, rl_step, objective,
@@ -68,7 +68,7 @@ def policy_update(model, optimizer, rollout: Rollout, estimate: Estimate, rl_ste
   grad norm."""
 
   def loss_fn(model):
-    return objective(steps.policy_outputs(model, rollout, temperature, actions, logits_per_chunk),
+    return objective(forward.policy_outputs(model, rollout, temperature, actions, logits_per_chunk),
                      rollout, estimate, rl_step)
 
   (_, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
@@ -85,7 +85,7 @@ def critic_update(critic, optimizer, rollout: Rollout, settings: CriticSettings,
                               gamma=settings.gamma, lam=settings.lam)
 
   def loss_fn(critic):
-    values = steps.critic_values(critic, rollout, actions)
+    values = forward.critic_values(critic, rollout, actions)
     return losses.value_loss(values, rollout.values, targets, rollout.mask, clip=settings.clip)
 
   (loss, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(critic)
@@ -96,7 +96,7 @@ def critic_update(critic, optimizer, rollout: Rollout, settings: CriticSettings,
 def reference_logprobs(reference, rollout: Rollout, settings: Settings) -> Array:
   """[B, L] log-probs of the rollout's tokens under a frozen policy (the reference, or the
   policy itself before its updates)."""
-  return jax.lax.stop_gradient(steps.policy_outputs(
+  return jax.lax.stop_gradient(forward.policy_outputs(
       reference, rollout, settings.temperature, settings.actions,
       settings.logits_per_chunk).logprobs)
 
@@ -118,7 +118,7 @@ def prepare(models: dict, rollout: Rollout, settings: Settings) -> Rollout:
         coef=settings.kl_reward_coef, kind=settings.kl_reward_kind))
   if settings.critic is not None and rollout.values is None:
     rollout = rollout.replace(
-        values=steps.critic_values(models["critic"], rollout, settings.actions))
+        values=forward.critic_values(models["critic"], rollout, settings.actions))
   return rollout
 
 

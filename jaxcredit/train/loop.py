@@ -5,7 +5,7 @@
 Stage 1 (optional) fits task demonstrations (optionally corrupted, so the
 starting policy is imperfect) by cross-entropy until greedy eval accuracy
 reaches `sft.target_accuracy` (stopping by accuracy, not step count).
-Stage 2 repeats: a rollout source (`jaxcredit.rollouts.SingleTurn`, or
+Stage 2 repeats: a rollout source (`jaxcredit.rollout_sources.SingleTurn`, or
 `MultiTurn` for a task with an environment) samples `group_size` responses
 (episodes) per prompt and scores them; the extras providers the
 estimators need (`jaxcredit.train.extras`, e.g. Monte-Carlo values for
@@ -33,19 +33,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import tqdm
 import orbax.checkpoint as ocp
+import tqdm
 from flax import nnx
 from jax.experimental import multihost_utils
 
 from jaxcredit import estimators, losses
-from jaxcredit.models import Transformer, checkpoint, preset, sharding
+from jaxcredit.atomic import write_atomically
+from jaxcredit.models import Transformer, huggingface, preset, sharding
 from jaxcredit.rollout import Rollout
-from jaxcredit.rollouts import MultiTurn, SingleTurn
+from jaxcredit.rollout_sources import MultiTurn, SingleTurn
 from jaxcredit.tasks import loader
-from jaxcredit.train import (checkpoints, checks, export, extras, learner, metrics, overlap,
-                             staleness, steps, tasks, workdir_lock)
-
+from jaxcredit.train import (
+  checkpoints,
+  export,
+  extras,
+  forward,
+  learner,
+  metrics,
+  overlap,
+  refusals,
+  staleness,
+  tasks,
+  workdir_lock,
+)
 
 # TransformerConfig fields that change a model's parameter shapes (a checkpoint's weights).
 SHAPE_FIELDS = frozenset({"vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
@@ -61,7 +72,7 @@ def run(config, workdir: str, *, rollout_hook: extras.Hook | None = None) -> dic
   SIGTERM (preemption) or Ctrl-C during RL finishes the step, saves a
   checkpoint and returns; during SFT, which has no checkpoints, it stops
   cleanly before RL; a second Ctrl-C exits at once."""
-  checks.validate_config(config)
+  refusals.validate_config(config)
   workdir = pathlib.Path(workdir)
   checkpoints.check_writable(workdir)
   if config.mesh.distributed:  # one process per host; every host runs this same program
@@ -229,7 +240,7 @@ class _Trainer:
       rollout = jax.device_put(self.sampler.sample(batch, key, rl_step),
                                sharding.batch_sharding(self.mesh))
     local_rewards = self.local(rollout.rewards)
-    checks.check_rewards(local_rewards, task=self.config.task.name, rl_step=rl_step + 1)
+    refusals.check_rewards(local_rewards, task=self.config.task.name, rl_step=rl_step + 1)
     if self.stale.max_staleness or self.sampler is not None:
       rollout = rollout.replace(staleness=self.place(np.full(local_rewards.shape, lag, np.int32)))
     return batch, rollout
@@ -270,7 +281,7 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
   resumed = checkpointer.latest_step() is not None
   config_json = config.to_json_best_effort(indent=2)
   if resumed and (workdir / "config.json").exists():
-    checks.check_resumable(json.loads((workdir / "config.json").read_text()),
+    refusals.check_resumable(json.loads((workdir / "config.json").read_text()),
                            json.loads(config_json))
     if checkpointer.latest_step() >= config.rl.steps:
       print(f"{workdir} is already at RL step {checkpointer.latest_step()} >= rl.steps = "
@@ -281,7 +292,7 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
                         else (sharding.make_mesh(config.mesh.shape), None))
   batch_spec = sharding.batch_sharding(mesh).spec
   for batch_mesh in filter(None, (mesh, sampler_mesh)):
-    checks.check_batch_sizes(config, math.prod(
+    refusals.check_batch_sizes(config, math.prod(
         batch_mesh.shape[a] for a in sharding.batch_sharding(batch_mesh).spec[0] or ()))
   # Every process holds its own rows of a global batch (the loader's slice): these
   # assemble them into one global array and take a process's rows back for scoring.
@@ -295,8 +306,8 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
       config.task, data_dir=config.task.get("data_dir") or str(workdir / "data"),
       seed=config.seed, tokenizer=_tokenizer_directory(config)))
   if jax.process_index() == 0:  # after every process has checked the previous one
-    checkpoint.write_atomically(workdir / "config.json", lambda tmp: tmp.write_text(config_json))
-  checks.check_mesh_for_actions(dict(mesh.shape), task.name, task.actions.per_column)
+    write_atomically(workdir / "config.json", lambda tmp: tmp.write_text(config_json))
+  refusals.check_mesh_for_actions(dict(mesh.shape), task.name, task.actions.per_column)
   lengths = {split: tasks.split_lengths(task, split) for split in task.sources}  # read once
   data_counts = tasks.check_data(task, lengths=lengths,
                                  max_dropped_fraction=config.task.get("max_dropped_fraction", 0.1))
@@ -351,22 +362,22 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
 
 def _check_learner_inputs(config, task: tasks.TrainTask, advantage, objective, *,
                           sampler: bool) -> None:
-  """Refuses (`checks.check_learner_inputs`) an advantage, objective or exported comparison
+  """Refuses (`refusals.check_learner_inputs`) an advantage, objective or exported comparison
   that needs what this run never provides, before any work."""
   rl, multi_turn = config.rl, task.environment is not None
   shape = dict(rows=rl.prompts_per_step * rl.group_size,
                columns=task.max_prompt_length + task.max_response_length,
                group_size=rl.group_size,
-               fields=checks.run_fields(config, multi_turn=multi_turn, sampler=sampler),
+               fields=refusals.run_fields(config, multi_turn=multi_turn, sampler=sampler),
                multi_turn=multi_turn)
   needs = lambda fn: [key for c in estimators.components(fn) for key in c.needs]
-  checks.check_learner_inputs(advantage, objective, extras=needs(advantage), **shape)
+  refusals.check_learner_inputs(advantage, objective, extras=needs(advantage), **shape)
   settings = config.get("export") or {}
   for compare in (settings.get("compare") or ()) if settings.get("every", 0) else ():
     try:
       fn = estimators.from_config(compare)
       extras.hook(fn, temperature=rl.temperature, task=task)
-      checks.check_learner_inputs(fn, None, extras=needs(fn), **shape)
+      refusals.check_learner_inputs(fn, None, extras=needs(fn), **shape)
     except ValueError as error:
       raise ValueError(f"export.compare entry {compare!r}: {error}") from None
 
@@ -443,7 +454,7 @@ def _learner_modules(config, task: tasks.TrainTask, mesh,
 
 
 def _logits_per_chunk(config) -> int:
-  return config.rl.get("logits_per_chunk") or steps.LOGITS_PER_CHUNK
+  return config.rl.get("logits_per_chunk") or forward.LOGITS_PER_CHUNK
 
 
 def _tokenizer_directory(config) -> str | None:
@@ -473,10 +484,10 @@ def _policy(model_config, task: tasks.TrainTask, *, seed: int) -> Transformer:
           f"checkpoint's model (model.checkpoint = {path}), so its weights would not fit: set "
           "--config.model.random_init=True (that shape, random weights) or "
           "--config.model.overrides={} (the checkpoint as it is).")
-    model = checkpoint.load_hf_checkpoint(path, **overrides)
+    model = huggingface.load_hf_checkpoint(path, **overrides)
   else:
     if path:
-      architecture = checkpoint.read_config(path, **overrides)
+      architecture = huggingface.read_config(path, **overrides)
     else:
       vocab = {} if task.pretrained_vocab else {"vocab_size": task.vocab_size}
       architecture = preset(model_config.preset, **{**vocab, **overrides})
@@ -496,7 +507,7 @@ def _warm_start(t: _Trainer, stops: list) -> tuple[float, bool]:
   t.writer.write(0, {"eval/accuracy": accuracy, **t.data_counts})
   if config.sft.max_steps:
     sft_data = t.train_loader(config.sft.batch_size)
-    sft_update = steps.sft_step(t.task.actions, _logits_per_chunk(t.config))
+    sft_update = forward.sft_step(t.task.actions, _logits_per_chunk(t.config))
     sft_optimizer = nnx.Optimizer(model, optax.adam(config.sft.learning_rate), wrt=nnx.Param)
     for sft_step in tqdm.trange(config.sft.max_steps, desc="sft", mininterval=2.0):
       batch = sft_data.sft_batch(sft_step,
@@ -557,7 +568,7 @@ def _export_tokens(t: _Trainer, rl_step: int, rollout: Rollout, batch: dict, sta
 
 def _export_hf(t: _Trainer) -> None:
   """With export.hf, WORKDIR/hf holds the finished policy as a transformers checkpoint
-  (`models.checkpoint.save_hf_checkpoint`; written by process 0 from gathered weights)."""
+  (`models.huggingface.save_hf_checkpoint`; written by process 0 from gathered weights)."""
   export = t.config.get("export")
   if not (export and export.get("hf")) or t.counters["rl_step"] < t.config.rl.steps:
     return
@@ -568,7 +579,7 @@ def _export_hf(t: _Trainer) -> None:
     nnx.update(model, jax.tree.map(lambda x: multihost_utils.process_allgather(x, tiled=True),
                                    state))
   if jax.process_index() == 0:
-    directory = checkpoint.save_hf_checkpoint(model, t.workdir / "hf",
+    directory = huggingface.save_hf_checkpoint(model, t.workdir / "hf",
                                               tokenizer=_tokenizer_directory(t.config),
                                               stop_tokens=t.task.stop_tokens)
     print(f"Exported the policy to {directory} (transformers format).")

@@ -6,7 +6,7 @@ import math
 import pathlib
 import sys
 
-from jaxcredit.models import checkpoint
+from jaxcredit.atomic import write_atomically
 
 
 def _summary_writer_class():
@@ -54,7 +54,7 @@ class MetricsWriter:
     kept_lines = [
         line for line in _complete_lines(self.path) if json.loads(line)["step"] <= resume_step
     ]
-    checkpoint.write_atomically(self.path, lambda tmp: tmp.write_text("".join(kept_lines)))
+    write_atomically(self.path, lambda tmp: tmp.write_text("".join(kept_lines)))
 
   def write(self, step: int, metrics: dict) -> None:
     """Appends one line; a NaN or infinite value is written as null (strict JSON)."""

@@ -26,7 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxcredit.models import sharding
 from jaxcredit.rollout import Rollout
-from jaxcredit.rollouts import SingleTurn
+from jaxcredit.rollout_sources import SingleTurn
 from jaxcredit.train import staleness
 
 

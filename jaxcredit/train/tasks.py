@@ -6,7 +6,7 @@
   task.score_rows(tokens [B, P + N], mask, examples)  # + the truncation rule
   task.actions                                 # typed actions, filler-blind (sampling.Actions)
   task.token_texts(ids) -> list[str]           # each token alone, readable (exports, viewer)
-  task.environment                             # multi-turn tasks: what rollouts.MultiTurn drives
+  task.environment                             # multi-turn: what rollout_sources.MultiTurn drives
 
 Rows are laid out as the sampler lays them out: a prompt left-padded to
 `max_prompt_length`, then `max_response_length` response slots. Text tasks
@@ -28,8 +28,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxcredit import _checks
-from jaxcredit.models import checkpoint
-from jaxcredit.rollouts import MultiTurn
+from jaxcredit.models import huggingface
+from jaxcredit.rollout_sources import MultiTurn
 from jaxcredit.sampling import Actions
 from jaxcredit.tasks import (CharTokenizer, HFTokenizer, Tokenizer, arithmetic, builders,
                              calculator, countdown, gsm8k, key_token, key_turns, loader,
@@ -258,8 +258,8 @@ def _environment_rewards(name: str) -> Scorer:
 
   def score(tokens, mask, examples):
     raise ValueError(f"Task {name!r} is multi-turn: its rewards come from its environment "
-                     "(rollouts.MultiTurn), so whole responses cannot be scored on their own "
-                     "(e.g. by Monte-Carlo continuations).")
+                     "(rollout_sources.MultiTurn), so whole responses cannot be scored on their "
+                     "own (e.g. by Monte-Carlo continuations).")
 
   return score
 
@@ -298,7 +298,7 @@ def gsm8k_task(config, *, data_dir: str, tokenizer_dir: str | None) -> TrainTask
   builder.download_and_prepare(
       download_config=tfds.download.DownloadConfig(manual_dir=config.jsonl_dir))
   reward = lambda response, example: gsm8k.reward(response, loader.as_text(example["answer"]))
-  stops = {tokenizer.eos_id, *checkpoint.stop_tokens(tokenizer_dir)} - {None}
+  stops = {tokenizer.eos_id, *huggingface.stop_tokens(tokenizer_dir)} - {None}
   if not stops:
     raise ValueError(f"The tokenizer in {tokenizer_dir} has no eos_token and no "
                      "generation_config.json EOS id: responses could never end.")

@@ -40,8 +40,7 @@ from jaxcredit import estimators
 from jaxcredit.lab import exact_metrics, oracle, scores
 from jaxcredit.models import Transformer
 from jaxcredit.sampling import generate
-from jaxcredit.train import extras, learner, loop, tasks
-from jaxcredit.train import steps as train_steps
+from jaxcredit.train import extras, forward, learner, loop, tasks
 from studies.credit_study import report
 
 # Offsets folded into the scoring key: every random draw of the scoring has its own stream.
@@ -131,7 +130,7 @@ class ShadowCritic:
     # Regression towards Monte-Carlo returns.
     regression = learner.CriticSettings(clip=None, gamma=1.0, lam=1.0)
     self._values = nnx.jit(
-        lambda critic, rollout: train_steps.critic_values(critic, rollout, actions))
+        lambda critic, rollout: forward.critic_values(critic, rollout, actions))
     self._update = nnx.jit(lambda critic, optimizer, rollout: learner.critic_update(
         critic, optimizer, rollout, regression, actions))
 

@@ -35,8 +35,9 @@ from concurrent import futures
 import jax
 import numpy as np
 
+from jaxcredit.atomic import write_atomically
 from jaxcredit.lab import batched, cell_tasks, exact_metrics
-from jaxcredit.models import checkpoint, preset
+from jaxcredit.models import preset
 from studies.credit_study import report, tables
 
 
@@ -187,7 +188,7 @@ def _write_piece(path: pathlib.Path, written: dict, new_arms: dict, expected: di
            "compile_seconds": written.get("compile_seconds", 0.0) + trained["compile_seconds"],
            "spans": [*written.get("spans", []), span]}
   path.parent.mkdir(parents=True, exist_ok=True)
-  checkpoint.write_atomically(path, lambda tmp: tmp.write_text(json.dumps(piece)))
+  write_atomically(path, lambda tmp: tmp.write_text(json.dumps(piece)))
   return json.loads(path.read_text())
 
 

@@ -35,8 +35,8 @@ import time
 
 import numpy as np
 
+from jaxcredit.atomic import write_atomically
 from jaxcredit.lab import batched, statistics
-from jaxcredit.models import checkpoint
 from jaxcredit.tasks import key_token
 from studies.credit_study import report, sweep
 
@@ -95,7 +95,7 @@ def run(study, workdir: str) -> dict:
         print(f"[start gradients] {regime} G={g}: {len(study.seeds)} seeds", flush=True)
         stored = {"signature": expected, **measure(study, regime, g)}
         path.parent.mkdir(exist_ok=True)
-        checkpoint.write_atomically(path, lambda tmp: tmp.write_text(json.dumps(stored)))
+        write_atomically(path, lambda tmp: tmp.write_text(json.dumps(stored)))
       results.setdefault(regime, {})[g] = stored
   (workdir / "report.md").write_text(write_report(study, workdir, results, missing))
   print(f"[start gradients] wrote {workdir / 'report.md'}", flush=True)

@@ -163,8 +163,8 @@ FIELD_SETTINGS = {
     "token_rewards": "set rl.kl_reward_coef > 0 (a per-token KL penalty)",
     "turn_ids": "use a multi-turn task (key_turns or calculator)",
 }
-# What a multi-turn rollout adds to rollout.extras (`rollouts.MultiTurn`): name -> (per token,
-# dtype).
+# What a multi-turn rollout adds to rollout.extras (`rollout_sources.MultiTurn`): name ->
+# (per token, dtype).
 EPISODE_EXTRAS = {"turn_rewards": (True, jnp.float32), "turn_anchors": (True, jnp.int32),
                   "turns": (False, jnp.int32), "cut_turns": (False, jnp.int32),
                   "env_seeds": (False, jnp.uint32)}

@@ -14,13 +14,13 @@ ValueError naming it: a checkpoint loads exactly or not at all.
 
 import dataclasses
 import json
-import os
 import pathlib
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxcredit.atomic import write_atomically
 from jaxcredit.models.config import RopeScaling, TransformerConfig
 from jaxcredit.models.transformer import Transformer
 
@@ -336,10 +336,3 @@ def save_hf_checkpoint(model: Transformer, path: str | pathlib.Path, *,
     write_atomically(directory / name, lambda temporary: temporary.write_bytes(data))
   return directory
 
-
-def write_atomically(path: pathlib.Path, write) -> None:
-  """write(temporary path) then rename it to `path`: a reader (or a crash) sees
-  the old file or the new one, never a part."""
-  temporary = path.with_name(f".{path.name}.tmp")
-  write(temporary)
-  os.replace(temporary, path)
