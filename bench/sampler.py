@@ -21,6 +21,7 @@ import numpy as np
 from flax import nnx
 
 from bench.common import machine, table, time_call, time_calls
+from bench.no_cache import RebuildingMultiTurn, generate_without_cache
 from jaxcredit.models import Transformer, preset
 from jaxcredit.rollout_sources import MultiTurn
 from jaxcredit.sampling import generate, sample_token
@@ -69,12 +70,11 @@ def multi_turn_rows(batch: int, prompt: int, turns: int, repeats: int) -> list[l
     prompts = {"prompts": rng.integers(1, config.vocab_size, (batch, prompt)),
                "prompt_valid": np.ones((batch, prompt), bool), "examples": [{}] * batch}
     play = {}
-    for reuse in (True, False):
-      source = MultiTurn(ToolEnv(turns, config.vocab_size), max_turns=turns,
-                         max_turn_tokens=turn_tokens, max_episode_tokens=turns * (turn_tokens + 96),
-                         reuse_cache=reuse)
-      play["kept" if reuse else "full prefill"] = (
-          lambda key, source=source: source(model, prompts, key).tokens)
+    for label, source_type in (("kept", MultiTurn), ("full prefill", RebuildingMultiTurn)):
+      source = source_type(ToolEnv(turns, config.vocab_size), max_turns=turns,
+                           max_turn_tokens=turn_tokens,
+                           max_episode_tokens=turns * (turn_tokens + 96))
+      play[label] = lambda key, source=source: source(model, prompts, key).tokens
     kept, full = (np.asarray(fn(jax.random.key(0))) for fn in play.values())
     np.testing.assert_array_equal(kept, full)  # the same episodes
     seconds = time_calls(play, jax.random.key(0), repeats=repeats)
@@ -104,9 +104,9 @@ def main():
     prompts = jnp.asarray(rng.integers(0, config.vocab_size, (args.batch, args.prompt)))
     valid = jnp.ones(prompts.shape, bool)
     results = {}
-    for use_cache in (True, False):
-      run = lambda key: generate(model, prompts, valid, key, max_new_tokens=args.new,
-                                 use_cache=use_cache).tokens
+    for use_cache, sample in ((True, generate), (False, generate_without_cache)):
+      run = lambda key, sample=sample: sample(model, prompts, valid, key,
+                                              max_new_tokens=args.new).tokens
       seconds = time_call(run, jax.random.key(0), repeats=args.repeats if use_cache else 1)
       results[use_cache] = args.batch * args.new / seconds
     params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

@@ -19,6 +19,7 @@ import optax
 from flax import nnx
 
 from bench.common import machine, table
+from bench.no_cache import generate_without_cache
 from jaxcredit import estimators, losses
 from jaxcredit.models import Transformer, preset
 from jaxcredit.rollout import Rollout
@@ -70,7 +71,7 @@ def measure(
   for step in range(repeats + 1):  # step 0 compiles
     batch = data.rl_batch(step, group_size=group)
     sample, t_sample = _timed(
-      lambda: generate(
+      lambda: (generate if use_cache else generate_without_cache)(
         model,
         batch["prompts"],
         batch["prompt_valid"],
@@ -78,7 +79,6 @@ def measure(
         max_new_tokens=task.max_response_length,
         stop_tokens=task.stop_tokens,
         pad_id=task.pad_id,
-        use_cache=use_cache,
       )
     )
     scores, t_score = _timed(lambda: task.score_rows(sample.tokens, sample.mask, batch["examples"]))

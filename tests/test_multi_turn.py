@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from bench.no_cache import RebuildingMultiTurn
 from jaxcredit import estimators
 from jaxcredit.models import Transformer, preset
 from jaxcredit.rollout_sources import MultiTurn
@@ -100,8 +101,8 @@ def test_layout_rewards_and_behaviour_logprobs(model):
 
 
 def test_the_cache_kept_across_turns_samples_what_full_prefills_sample(model, monkeypatch):
-  """reuse_cache (prefill each turn's new observation; rebuild when the slots run out)
-  against a full prefill every turn: the same key, the same episodes."""
+  """The cache kept across turns (prefill each turn's new observation; rebuild when the slots
+  run out) against a full prefill every turn: the same key, the same episodes."""
   from jaxcredit.rollout_sources import multi_turn
 
   starts = []
@@ -110,10 +111,10 @@ def test_the_cache_kept_across_turns_samples_what_full_prefills_sample(model, mo
   counted.__wrapped__ = multi_turn.start_contexts
   monkeypatch.setattr(multi_turn, "start_contexts", counted)
   rollouts = {}
-  for reuse in (True, False):
+  for reuse, source_type in ((True, MultiTurn), (False, RebuildingMultiTurn)):
     starts.clear()
-    source = MultiTurn(CountingEnv(turns=6, reset_length=3), max_turns=6, max_turn_tokens=4,
-                       max_episode_tokens=40, turn_end_tokens=(TURN_END,), reuse_cache=reuse)
+    source = source_type(CountingEnv(turns=6, reset_length=3), max_turns=6, max_turn_tokens=4,
+                         max_episode_tokens=40, turn_end_tokens=(TURN_END,))
     rollouts[reuse] = source(model, _batch(rows=5), jax.random.key(5))
     rollouts[reuse, "starts"] = len(starts)
   assert 1 < rollouts[True, "starts"] < rollouts[False, "starts"] == 6  # rebuilt when full

@@ -10,6 +10,7 @@ from jaxcredit.logprobs import token_entropy, token_logprobs
 from jaxcredit.models import Transformer, preset
 from jaxcredit.sampling import (Actions, continue_contexts, extend_contexts, generate,
                                 inverse_cdf_sample, left_align, sample_token, start_contexts)
+from bench.no_cache import generate_without_cache
 from tests.conftest import readme_block
 
 CONFIG = preset("tiny", vocab_size=32)
@@ -71,7 +72,7 @@ def test_cache_and_recompute_agree_under_greedy(model):
   prompts, valid = _prompts(2)
   kwargs = dict(max_new_tokens=12, temperature=0.0, stop_tokens=(5,))
   cached = generate(model, prompts, valid, jax.random.key(0), **kwargs)
-  recomputed = generate(model, prompts, valid, jax.random.key(0), use_cache=False, **kwargs)
+  recomputed = generate_without_cache(model, prompts, valid, jax.random.key(0), **kwargs)
   np.testing.assert_array_equal(cached.tokens, recomputed.tokens)
   np.testing.assert_array_equal(cached.mask, recomputed.mask)
   np.testing.assert_array_equal(cached.truncated, recomputed.truncated)
@@ -281,7 +282,7 @@ def test_action_mask_and_hidden_steps_match_the_learner(model):
     np.asarray(forced.logprobs)[:, column + 1 :],
     atol=1e-6,
   )
-  recomputed = generate(
+  recomputed = generate_without_cache(
     model,
     prompts,
     valid,
@@ -289,7 +290,6 @@ def test_action_mask_and_hidden_steps_match_the_learner(model):
     max_new_tokens=steps_,
     actions=rows,
     temperature=0.0,
-    use_cache=False,
   )
   cached = generate(
     model, prompts, valid, jax.random.key(5), max_new_tokens=steps_, actions=rows, temperature=0.0
@@ -309,8 +309,8 @@ def test_per_row_action_masks_and_hidden_steps_equal_row_by_row_sampling(model):
   allowed[..., 11] = True
   hidden = rng.random((3, width)) < 0.5
   hidden[:, : prompts.shape[1]] = False
-  for use_cache in (True, False):
-    together = generate(
+  for sample in (generate, generate_without_cache):
+    together = sample(
       model,
       prompts,
       valid,
@@ -318,10 +318,9 @@ def test_per_row_action_masks_and_hidden_steps_equal_row_by_row_sampling(model):
       max_new_tokens=5,
       temperature=0.0,
       actions=Actions(allowed, hidden, 4),
-      use_cache=use_cache,
     )
     for row in range(3):
-      alone = generate(
+      alone = sample(
         model,
         prompts[row : row + 1],
         valid[row : row + 1],
@@ -329,7 +328,6 @@ def test_per_row_action_masks_and_hidden_steps_equal_row_by_row_sampling(model):
         max_new_tokens=5,
         temperature=0.0,
         actions=Actions(allowed[row], hidden[row], 4),
-        use_cache=use_cache,
       )
       np.testing.assert_array_equal(together.tokens[row], alone.tokens[0])
       # The logits are large (weights x 8): the batch size may change float32 sum orders.

@@ -43,8 +43,7 @@ block of slots shared by the batch (`_bucket` columns, left-padded), then
 decodes the turn. The rows' blocks leave pad slots behind (the shorter rows'
 observations and turns); when the next block and turn would not fit in the
 P + E + max_turn_tokens slots, the cache is rebuilt from the rows' whole
-contexts, packed (`reuse_cache=False` does that every turn: the reference,
-which re-prefills O(turns) times the context).
+contexts, packed.
 """
 
 import copy
@@ -116,8 +115,6 @@ class MultiTurn:
   turn_end_tokens:    ids that end a turn (kept in it); () makes every turn
                       exactly max_turn_tokens long.
   place / local:      this process's rows <-> the global batch-sharded array.
-  reuse_cache:        keep the KV cache from turn to turn (module docstring); False
-                      prefills every row's whole context every turn.
   """
 
   env: Environment
@@ -130,7 +127,6 @@ class MultiTurn:
   pad_id: int = 0
   place: Callable[[np.ndarray], Array] = jnp.asarray
   local: Callable[[Array], np.ndarray] = np.asarray
-  reuse_cache: bool = True
 
   def __post_init__(self):
     for name in ("max_turns", "max_turn_tokens", "max_episode_tokens"):
@@ -244,6 +240,12 @@ class MultiTurn:
     key = repr(anchor(state)) if anchor else f"{turn}:{observation.tolist()}"
     return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
+  def _rebuild(self, cache: "_Cache", width: int, slots: int) -> bool:
+    """Whether the turn rebuilds the cache from the whole contexts: there is none yet, or the
+    next `width` columns of observations and the turn would not fit in its `slots`."""
+    return (cache.contexts is None
+            or int(cache.contexts.slot) + width + self.max_turn_tokens > slots)
+
   def _sample_turn(self, model, prompts, prompt_valid, episodes: _Episodes, cache: "_Cache",
                    key) -> dict:
     """One turn for every row not done, after its context (prompt and episode so far):
@@ -254,8 +256,7 @@ class MultiTurn:
     new = np.where(episodes.done, 0, episodes.length - cache.columns)
     most_new = self._global_max(new)  # every process builds the same shapes
     width = _bucket(most_new, self.max_episode_tokens) if most_new else 0
-    if (cache.contexts is None or not self.reuse_cache
-        or int(cache.contexts.slot) + width + self.max_turn_tokens > slots):
+    if self._rebuild(cache, width, slots):
       contexts = [np.concatenate([prompts[row, prompt_valid[row]],
                                   episodes.tokens[row, :episodes.length[row]]])
                   for row in range(rows)]

@@ -46,7 +46,7 @@ from jax import Array
 from jaxcredit import _checks
 from jaxcredit.logprobs import token_entropy, token_logprobs
 from jaxcredit.models.transformer import KVCache, Transformer
-from jaxcredit.sampling.actions import Actions, mask_logits, observed_inputs
+from jaxcredit.sampling.actions import Actions, mask_logits
 
 
 class SampleOutput(NamedTuple):
@@ -263,34 +263,6 @@ def _generate_cached(graphdef, state, prompts, prompt_valid, key, allowed, hidde
   return _assemble(prompts, prompt_valid, buffers, done, settings, decode_steps)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 7))
-def _generate_recompute(graphdef, state, prompts, prompt_valid, key, allowed, hidden,
-                        settings: _Sampling):
-  """The no-cache baseline: re-runs the whole [B, P + N] buffer every step."""
-  model = nnx.merge(graphdef, state)
-  batch, prompt_len = prompts.shape
-  pad = jnp.zeros((batch, settings.max_new_tokens), prompts.dtype)
-  tokens = jnp.concatenate([prompts, pad], axis=1)
-  token_valid = jnp.concatenate([prompt_valid, pad.astype(bool)], axis=1)
-
-  def step(carry, i):
-    tokens, token_valid, done = carry
-    hidden_rows = jnp.concatenate([jnp.zeros((prompt_len, *hidden.shape[1:]), bool), hidden]).T
-    inputs = observed_inputs(tokens, hidden_rows, settings.hidden_token)
-    out = model(inputs, positions=prompt_positions(token_valid), token_valid=token_valid)
-    logits = jax.lax.dynamic_index_in_dim(out.logits, prompt_len + i - 1, axis=1, keepdims=False)
-    token, logp, entropy, active, done = _response_step(logits, jax.random.fold_in(key, i), done,
-                                                         allowed[i], settings)
-    tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, prompt_len + i))
-    token_valid = jax.lax.dynamic_update_slice(token_valid, active[:, None], (0, prompt_len + i))
-    return (tokens, token_valid, done), (token, logp, entropy, active)
-
-  init = (tokens, token_valid, jnp.zeros((batch,), bool))
-  (_, _, done), steps = jax.lax.scan(step, init, jnp.arange(settings.max_new_tokens))
-  return _assemble(prompts, prompt_valid, steps, done, settings,
-                   jnp.int32(settings.max_new_tokens))
-
-
 def generate(
     model: Transformer,
     prompts: Array,
@@ -304,7 +276,6 @@ def generate(
     stop_tokens: tuple[int, ...] = (),
     pad_id: int = 0,
     padding: str = "left",
-    use_cache: bool = True,
     actions: Actions | None = None,
     stop_when_done: bool = True,
 ) -> SampleOutput:
@@ -313,8 +284,7 @@ def generate(
   prompts, prompt_valid: [B, P] (`padding` says which side holds the pads).
   temperature 0 is greedy; top_k / top_p truncate the sampling distribution.
   A row stops after emitting one of `stop_tokens` (that token is part of the
-  response); later slots hold `pad_id` with mask False. use_cache=False
-  re-runs the full prefix at every step (the slow reference). actions: the
+  response); later slots hold `pad_id` with mask False. actions: the
   allowed tokens ([P + N, V] or per row [B, P + N, V]) and hidden columns
   ([P + N] or [B, P + N]) of the output rows, N = max_new_tokens (module
   docstring); None allows and shows every token. stop_when_done: the cached
@@ -322,6 +292,16 @@ def generate(
   equals the full N-step run's; False always runs N steps, e.g. to time a
   fixed amount of decoding).
   """
+  graphdef, state, prompts, prompt_valid, allowed, hidden, settings = _prepare(
+      model, prompts, prompt_valid, max_new_tokens, temperature, top_k, top_p, stop_tokens, pad_id,
+      padding, actions, stop_when_done)
+  return _generate_cached(graphdef, state, prompts, prompt_valid, key, allowed, hidden, settings)
+
+
+def _prepare(model, prompts, prompt_valid, max_new_tokens, temperature, top_k, top_p, stop_tokens,
+             pad_id, padding, actions, stop_when_done) -> tuple:
+  """`generate`'s arguments checked and laid out for a jitted sampler: (graphdef, state,
+  prompts, prompt_valid, allowed, hidden, settings), prompts left-aligned and observed."""
   _check_generate_args(prompts, prompt_valid, max_new_tokens, temperature, top_k, top_p, padding)
   prompts, prompt_valid = jnp.asarray(prompts), jnp.asarray(prompt_valid).astype(bool)
   if padding == "right":
@@ -334,8 +314,7 @@ def generate(
                        tuple(int(t) for t in stop_tokens), int(pad_id), int(actions.hidden_token),
                        bool(stop_when_done))
   graphdef, state = nnx.split(model)
-  run = _generate_cached if use_cache else _generate_recompute
-  return run(graphdef, state, prompts, prompt_valid, key, allowed, hidden, settings)
+  return graphdef, state, prompts, prompt_valid, allowed, hidden, settings
 
 
 def _response_tables(actions: Actions, batch: int, prompt_len: int, steps: int, vocab: int):
