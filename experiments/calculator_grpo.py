@@ -2,17 +2,11 @@
 reads its result (`=2001;`) and answers (`A2001;`), after a noisy SFT warm start on
 demonstration episodes (trained on the policy's turns, not the tool's replies)."""
 
-import pathlib
-import runpy
-
-# The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
-  "get_config"
-]
+from jaxcredit.train import base_config
 
 
 def get_config():
-  config = quickstart_config()
+  config = base_config.get_config()
   config.task.name = "calculator"
   config.task.options = {
     "n_operands": 3,  # a op b op c, op in + *

@@ -1,16 +1,10 @@
 """GRPO on Countdown with three numbers (the TinyZero task), after a noisy SFT warm start."""
 
-import pathlib
-import runpy
-
-# The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
-  "get_config"
-]
+from jaxcredit.train import base_config
 
 
 def get_config():
-  config = quickstart_config()
+  config = base_config.get_config()
   config.task.name = "countdown"
   config.task.options = {
     "n_numbers": 3,

@@ -4,7 +4,7 @@ tokens, trained with a clip-higher PPO objective plus a scheduled entropy
 bonus and a k3 KL term.
 
 PRIME's implicit PRM (a copy of the policy trained on outcome labels each
-step, `jaxcredit.lab.hooks`) keeps token credit non-zero even when a whole
+step, `jaxcredit.train.implicit_prm`) keeps token credit non-zero even when a whole
 group has the same reward, so without a firm KL anchor the policy drifts
 from the reference and collapses; the KL coefficient below is what keeps it
 stable here (with coef 0.01 accuracy fell from 0.19 to 0 and the KL rose to
@@ -18,17 +18,11 @@ objective terms compose, not a better recipe. The `advantage` and
 `jaxcredit.losses.from_config`.
 """
 
-import pathlib
-import runpy
-
-# The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
-  "get_config"
-]
+from jaxcredit.train import base_config
 
 
 def get_config():
-  config = quickstart_config()
+  config = base_config.get_config()
   # Token advantage: 0.7 * GRPO + 0.3 * PRIME, kept on the top 20% entropy tokens.
   config.advantage = {
     "mask": "high_entropy",  # token selector from estimators.compose.SELECTORS

@@ -6,17 +6,11 @@ epochs per batch, so the clip is active. Token-mean aggregation, DAPO's other
 change, is already `ppo_clip`'s default and so the quickstart's as well.
 """
 
-import pathlib
-import runpy
-
-# The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
-  "get_config"
-]
+from jaxcredit.train import base_config
 
 
 def get_config():
-  config = quickstart_config()
+  config = base_config.get_config()
   config.advantage = {"name": "grpo"}
   config.objective = {
     "policy": {

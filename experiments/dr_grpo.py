@@ -1,17 +1,11 @@
 """Dr. GRPO (Liu et al., 2025) on the quickstart task: no std scaling, and a
 constant length normaliser so long responses are not down-weighted."""
 
-import pathlib
-import runpy
-
-# The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
-  "get_config"
-]
+from jaxcredit.train import base_config
 
 
 def get_config():
-  config = quickstart_config()
+  config = base_config.get_config()
   config.advantage = {"name": "dr_grpo"}  # r - mean_g, no division by the group std
   config.objective = {
     "policy": {

@@ -15,15 +15,10 @@ checkpoint is given) starts from random weights: for throughput and memory
 measurements; the tokenizer then comes from --config.task.tokenizer.
 """
 
-import pathlib
-import runpy
 
 import ml_collections
 
-# The quickstart training config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
-  "get_config"
-]
+from jaxcredit.train import base_config
 
 VARIANTS = {
   # variant: (architecture preset without a checkpoint, chat-template variables)
@@ -38,7 +33,7 @@ def get_config(variant: str = "qwen2.5") -> ml_collections.ConfigDict:
   if variant not in VARIANTS:
     raise ValueError(f"Unknown gsm8k_grpo variant {variant!r}; known: {', '.join(VARIANTS)}.")
   architecture, template_variables = VARIANTS[variant]
-  config = quickstart_config()
+  config = base_config.get_config()
   placeholder = ml_collections.config_dict.placeholder
 
   task = config.task

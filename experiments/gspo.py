@@ -1,16 +1,10 @@
 """GSPO (Zheng et al., 2025) on the quickstart task: sequence-level ratio and clipping."""
 
-import pathlib
-import runpy
-
-# The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
-  "get_config"
-]
+from jaxcredit.train import base_config
 
 
 def get_config():
-  config = quickstart_config()
+  config = base_config.get_config()
   config.advantage = {"name": "grpo"}  # sequence advantages, broadcast to tokens
   config.objective = {
     "policy": {

@@ -1,17 +1,11 @@
 """GRPO on key_token: two decisive positions in 24 tokens,
 filler hidden from the model, no SFT - the policy starts at chance (1/16)."""
 
-import pathlib
-import runpy
-
-# The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
-  "get_config"
-]
+from jaxcredit.train import base_config
 
 
 def get_config():
-  config = quickstart_config()
+  config = base_config.get_config()
   config.task.name = "key_token"
   config.task.options = {
     "length": 24,  # T response tokens, all actions

@@ -2,17 +2,11 @@
 turns 1 and 3 and the episode pays 1 iff both copy it; no SFT, so the policy starts
 near chance (1/32 per decisive turn)."""
 
-import pathlib
-import runpy
-
-# The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
-  "get_config"
-]
+from jaxcredit.train import base_config
 
 
 def get_config():
-  config = quickstart_config()
+  config = base_config.get_config()
   config.task.name = "key_turns"
   config.task.options = {
     "n_turns": 4,  # turns per episode (one token each)

@@ -5,17 +5,11 @@ to Monte-Carlo returns (critic.lam = 1) while the policy uses lambda = 0.95:
 the decoupled lambda of VC-PPO (Yuan et al., 2025).
 """
 
-import pathlib
-import runpy
-
-# The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
-  "get_config"
-]
+from jaxcredit.train import base_config
 
 
 def get_config():
-  config = quickstart_config()
+  config = base_config.get_config()
   config.critic.preset = "tiny"  # separate parameters, same architecture, scalar head
   config.critic.learning_rate = (
     3e-4  # the critic starts from scratch, so it learns faster than the policy

@@ -1,17 +1,11 @@
 """REINFORCE++ (Hu, 2025) on the quickstart task: batch-whitened returns of the
 outcome reward plus a per-token KL-to-reference reward penalty."""
 
-import pathlib
-import runpy
-
-# The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
-  "get_config"
-]
+from jaxcredit.train import base_config
 
 
 def get_config():
-  config = quickstart_config()
+  config = base_config.get_config()
   config.advantage = {
     "name": "reinforce_pp"
   }  # whitened returns of outcome + KL-penalty token rewards

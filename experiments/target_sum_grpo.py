@@ -2,17 +2,11 @@
 S ~ U[3, 15], EOS allowed; a digit that overshoots, or leaves S out of reach, decides the
 reward at once. No SFT: the policy starts from random digits and stops."""
 
-import pathlib
-import runpy
-
-# The quickstart config, to be overridden below.
-quickstart_config = runpy.run_path(str(pathlib.Path(__file__).with_name("quickstart.py")))[
-  "get_config"
-]
+from jaxcredit.train import base_config
 
 
 def get_config():
-  config = quickstart_config()
+  config = base_config.get_config()
   config.task.name = "target_sum"
   config.task.options = {
     "n_digits": 6,  # n: at most 6 digits, then EOS (forced)

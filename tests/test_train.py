@@ -77,6 +77,34 @@ EXPERIMENTS = [
 ]
 
 
+def test_every_experiment_is_the_base_config_with_overrides():
+  """Each experiment holds every field the loop reads (base_config's, but a task's own data
+  fields), and no field the base does not define outside `task` (a task's own settings)."""
+  from jaxcredit.train import base_config, refusals
+
+  base = refusals._field_names(base_config.get_config())
+  for name in EXPERIMENTS:
+    config = load_experiment(name)
+    refusals.check_complete(config)
+    extra = {f for f in refusals._field_names(config) - base if not f.startswith("task.")}
+    assert not extra, (name, extra)
+  assert load_experiment("quickstart").to_dict() == base_config.get_config().to_dict()
+
+
+def test_a_config_missing_a_base_field_is_refused_naming_it():
+  from jaxcredit.train import refusals
+
+  config = load_experiment("rloo")
+  del config.rl["eval_batch_size"], config.model["remat"]
+  with pytest.raises(ValueError, match=r"The config lacks model\.remat, rl\.eval_batch_size: "
+                                       r"build it on jaxcredit\.train\.base_config"):
+    refusals.validate_config(config)
+  del config.task["options"]  # a task's data fields may go (gsm8k reads files)
+  config = load_experiment("gsm8k_grpo", "smoke")
+  assert "options" not in config.task
+  refusals.check_complete(config)
+
+
 def test_every_experiment_builds_its_advantage_and_objective():
   import jax
   import numpy as np

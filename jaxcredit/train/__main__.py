@@ -15,7 +15,7 @@ import tokenize
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxcredit.train import checkpoints, loop, workdir_lock
+from jaxcredit.train import base_config, checkpoints, loop, workdir_lock
 
 _CONFIG = config_flags.DEFINE_config_file("config", None,
                                           "Experiment config file (experiments/*.py).")
@@ -78,10 +78,8 @@ def config_help(spec: str) -> str:
   path, _, argument = spec.partition(":")
   get_config = runpy.run_path(path)["get_config"]
   config = get_config(argument) if argument else get_config()
-  source = pathlib.Path(path).read_text()
-  bases = [pathlib.Path(path).with_name(name).read_text()
-           for name in re.findall(r'with_name\("(\w+\.py)"\)', source)]
-  comments = field_comments(*bases, source)
+  comments = field_comments(pathlib.Path(base_config.__file__).read_text(),
+                            pathlib.Path(path).read_text())
 
   def leaves(node, prefix=""):
     for key, value in node.items():

@@ -84,89 +84,91 @@ def run(config, workdir: str, *, rollout_hook: extras.Hook | None = None) -> dic
   with (_stop_signals() as stops, workdir_lock.WorkdirLock(workdir, jax.process_index()),
         contextlib.ExitStack() as scope):
     started, rl = time.perf_counter(), config.rl
-    t = _setup(config, workdir)
-    if t is None:  # already finished
+    trainer = _setup(config, workdir)
+    if trainer is None:  # already finished
       return {"step": None, "stopped": False}
-    scope.enter_context(jax.set_mesh(t.mesh))  # the model reads the `sequence` axis from it
-    accuracy, stopped = (None, False) if t.resumed else _warm_start(t, stops)
+    scope.enter_context(jax.set_mesh(trainer.mesh))  # the model reads the `sequence` axis from it
+    accuracy, stopped = (None, False) if trainer.resumed else _warm_start(trainer, stops)
     if stopped:  # during SFT
-      return {"eval/accuracy": accuracy, "step": t.counters["step"], "stopped": True}
+      return {"eval/accuracy": accuracy, "step": trainer.counters["step"], "stopped": True}
     started_rl, key = time.perf_counter(), jax.random.key(config.seed)
-    add_extras = extras.chain(t.provide_extras, rollout_hook)
-    progress = tqdm.tqdm(range(t.counters["rl_step"], rl.steps), desc="rl",
-                         initial=t.counters["rl_step"], total=rl.steps, mininterval=2.0)
+    add_extras = extras.chain(trainer.provide_extras, rollout_hook)
+    progress = tqdm.tqdm(range(trainer.counters["rl_step"], rl.steps), desc="rl",
+                         initial=trainer.counters["rl_step"], total=rl.steps, mininterval=2.0)
     sampled = None  # with a sampler of its own: the next update's batch, sampled already
     for rl_step in progress:
       # An asynchronous save that failed stops the run here, not one save later.
-      t.checkpointer.check()
+      trainer.checkpointer.check()
       step_started = time.perf_counter()
-      batch, rollout = sampled or t.sample(rl_step, key)
-      reward_failures = _reward_failures(t, rl_step)
-      if t.sampler is not None and t.sampler.due(rl_step):
-        t.sampler.push(t.modules["model"])
-      rollout, record = _add_extras(t, rollout, batch, rl_step, add_extras)
+      batch, rollout = sampled or trainer.sample(rl_step, key)
+      reward_failures = _reward_failures(trainer, rl_step)
+      if trainer.sampler is not None and trainer.sampler.due(rl_step):
+        trainer.sampler.push(trainer.modules["model"])
+      rollout, record = _add_extras(trainer, rollout, batch, rl_step, add_extras)
       orders = learner.minibatch_orders(rollout.tokens.shape[0], rl.group_size, rl.epochs,
                                         rl.minibatches, config.seed, rl_step)
-      before_update = t.stale.capture(t.modules["model"])
-      state, update_metrics = t.learner_step(nnx.state(t.modules), rollout, orders, rl_step)
-      if t.exporter is not None and t.exporter.due(rl_step):  # per-token, off this thread
-        record["train/export_wait_ms"] = _export_tokens(t, rl_step, rollout, batch, state)
+      before_update = trainer.stale.capture(trainer.modules["model"])
+      state, update_metrics = trainer.learner_step(nnx.state(trainer.modules), rollout, orders,
+                                                   rl_step)
+      # Per-token export, off this thread.
+      if trainer.exporter is not None and trainer.exporter.due(rl_step):
+        record["train/export_wait_ms"] = _export_tokens(trainer, rl_step, rollout, batch, state)
       # Dispatched, not finished: the sampler's devices sample the next batch meanwhile.
-      sampled = (t.sample(rl_step + 1, key)
-                 if t.sampler is not None and rl_step + 1 < rl.steps and not stops else None)
-      _check_finite(update_metrics, rl_step, t)
-      nnx.update(t.modules, state)
-      t.stale.push(before_update)
+      sampled = (trainer.sample(rl_step + 1, key)
+                 if trainer.sampler is not None and rl_step + 1 < rl.steps and not stops else None)
+      _check_finite(update_metrics, rl_step, trainer)
+      nnx.update(trainer.modules, state)
+      trainer.stale.push(before_update)
       generated = int(jnp.sum(rollout.mask))
-      t.counters.update(rl_step=rl_step + 1, step=t.counters["step"] + 1,
-                        gen_tokens=t.counters["gen_tokens"] + generated)
+      trainer.counters.update(rl_step=rl_step + 1, step=trainer.counters["step"] + 1,
+                        gen_tokens=trainer.counters["gen_tokens"] + generated)
       record.update({f"train/{k}": v for k, v in update_metrics.items()})
       # truncated: cut off by the budget (the task's rule scored it); gen_tokens:
       # cumulative, hooks' rollouts included.
       record.update({"train/truncated": jnp.mean(rollout.truncated),
                      "train/reward_failures": reward_failures,
                      "train/tokens_per_sec": generated / (time.perf_counter() - step_started),
-                     "train/gen_tokens": t.counters["gen_tokens"]})
+                     "train/gen_tokens": trainer.counters["gen_tokens"]})
       if (rl_step + 1) % rl.eval_every == 0 or rl_step + 1 == rl.steps:
-        accuracy = record["eval/accuracy"] = t.evaluate()
+        accuracy = record["eval/accuracy"] = trainer.evaluate()
         _report(rl_step + 1, record)
       progress.set_postfix(reward=f"{record['train/reward_mean']:.3f}",
                            kl=f"{float(record['train/kl']):.4f}", accuracy=accuracy, refresh=False)
-      t.writer.write(t.counters["step"], record)
+      trainer.writer.write(trainer.counters["step"], record)
       # Read once: a signal arriving between the save and the message waits for the next
       # step, rather than being reported as saved when the save had already been passed by.
       stopping = bool(stops)
       if stopping or (rl_step + 1) % config.checkpoint.every == 0 or rl_step + 1 == rl.steps:
-        t.checkpointer.save(rl_step + 1, t.checkpointed(), dict(t.counters), t.mesh)
+        trainer.save(rl_step + 1)
       if stopping:
         tqdm.tqdm.write(
             f"{stops[0]}: saved a checkpoint at RL step {rl_step + 1}; rerun to resume.")
         break
     progress.close()
-    t.checkpointer.wait()
-    if t.exporter is not None:
-      t.exporter.close()
-    t.writer.close()
-    _export_hf(t)
-    accuracy = t.evaluate() if accuracy is None else accuracy
+    trainer.checkpointer.wait()
+    if trainer.exporter is not None:
+      trainer.exporter.close()
+    trainer.writer.close()
+    _export_hf(trainer)
+    accuracy = trainer.evaluate() if accuracy is None else accuracy
     now = time.perf_counter()
     # Wall time of this process (a resumed run counts only its own part); set-up and
     # compilation included.
     return {
         "eval/accuracy": accuracy,
-        "step": t.counters["step"],
+        "step": trainer.counters["step"],
         "seconds": round(now - started, 1),
         "seconds_before_rl": round(started_rl - started, 1),
         "seconds_rl": round(now - started_rl, 1),
-        "stopped": t.counters["rl_step"] < rl.steps,
+        "stopped": trainer.counters["rl_step"] < rl.steps,
     }
 
 
 def _connect(mesh) -> None:
   """jax.distributed.initialize with mesh.coordinator_address, num_processes and process_id;
   a ValueError naming those settings when the cluster cannot be detected or joined."""
-  settings = {field: mesh.get(field) for field in ("coordinator_address", "num_processes",
-                                                   "process_id")}
+  settings = {field: mesh[field] for field in ("coordinator_address", "num_processes",
+                                                "process_id")}
   try:
     jax.distributed.initialize(**settings)
   except (ValueError, RuntimeError) as error:
@@ -198,9 +200,10 @@ def _stop_signals():
       signal.signal(signum, handler)
 
 
-@dataclasses.dataclass
-class _Trainer:
-  """Everything the loop reads, built once by `_setup`."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Trainer:
+  """Everything a training run reads, built once by `_setup`; `counters` is the one part that
+  changes (in place) as the run goes."""
 
   config: object
   workdir: pathlib.Path
@@ -222,8 +225,8 @@ class _Trainer:
   stale: staleness.StaleParameters  # the parameters stale rollouts are sampled with
   sampler: overlap.Sampler | None  # the sampler's own devices (mesh.sampler_shape)
   rl_data: loader.Loader
-  writer: metrics.MetricsWriter | None = None
-  exporter: export.Exporter | None = None  # export.every > 0: per-token Parquet (train.export)
+  writer: metrics.MetricsWriter
+  exporter: export.Exporter | None  # export.every > 0: per-token Parquet (train.export)
 
   def sample(self, rl_step: int, key: jax.Array) -> tuple[dict, Rollout]:
     """Update rl_step's prompts and their scored rollout, on the learner's mesh, sampled
@@ -246,19 +249,19 @@ class _Trainer:
     return batch, rollout
 
   def checkpointed(self) -> dict:
-    """The modules a checkpoint holds: the learner's, the stale snapshots, the sampler's
-    parameters (those the next batch is sampled with) and the extras providers' state
-    (PRIME's implicit PRM)."""
-    sampler = {} if self.sampler is None else {"sampler": self.sampler.model}
-    providers = {} if self.provide_extras is None else self.provide_extras.modules()
-    return {**self.modules, **self.stale.snapshots, **sampler, **providers}
+    """The modules a checkpoint holds (`_checkpointed`)."""
+    return _checkpointed(self.modules, self.stale, self.sampler, self.provide_extras)
+
+  def save(self, rl_step: int) -> None:
+    """Checkpoints the modules and counters as of RL step `rl_step` (asynchronously)."""
+    self.checkpointer.save(rl_step, self.checkpointed(), dict(self.counters), self.mesh)
 
   def evaluate(self) -> float:
     """Greedy accuracy (fraction of held-out prompts with reward 1)."""
     greedy = dataclasses.replace(self.source, temperature=0.0, group_size=1, place=jnp.asarray,
                                  local=np.asarray)
     rewards = []
-    for chunk, rows in tasks.batch_chunks(self.eval_batch, self.config.rl.get("eval_batch_size")):
+    for chunk, rows in tasks.batch_chunks(self.eval_batch, self.config.rl.eval_batch_size):
       rollout = greedy(self.modules["model"], chunk, jax.random.key(0))
       rewards.append(np.asarray(rollout.rewards)[:rows])
     failed, scored, reason = self.task.reward_failures.take()  # kept apart from training's
@@ -268,13 +271,27 @@ class _Trainer:
     return float(np.mean(np.concatenate(rewards) >= 1.0))
 
   def train_loader(self, batch_size: int) -> loader.Loader:
-    task = self.task
-    return loader.Loader(task.sources["train"], encode=task.encode, batch_size=batch_size,
-                         max_prompt_length=task.max_prompt_length, seed=self.config.seed,
-                         pad_id=task.pad_id, prompt_lengths=self.prompt_lengths)
+    return _train_loader(self.task, self.config.seed, self.prompt_lengths, batch_size)
 
 
-def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
+def _checkpointed(modules: dict, stale: staleness.StaleParameters,
+                  sampler: overlap.Sampler | None, provide_extras: extras.Chain | None) -> dict:
+  """The modules a checkpoint holds: the learner's, the stale snapshots, the sampler's
+  parameters (those the next batch is sampled with) and the extras providers' state
+  (PRIME's implicit PRM)."""
+  sampler = {} if sampler is None else {"sampler": sampler.model}
+  providers = {} if provide_extras is None else provide_extras.modules()
+  return {**modules, **stale.snapshots, **sampler, **providers}
+
+
+def _train_loader(task: tasks.TrainTask, seed: int, prompt_lengths: np.ndarray,
+                  batch_size: int) -> loader.Loader:
+  return loader.Loader(task.sources["train"], encode=task.encode, batch_size=batch_size,
+                       max_prompt_length=task.max_prompt_length, seed=seed, pad_id=task.pad_id,
+                       prompt_lengths=prompt_lengths)
+
+
+def _setup(config, workdir: pathlib.Path) -> Trainer | None:
   """Checks, data, models, the learner step and the checkpoint state (restored
   when resuming); None (saying so) when the workdir is already at rl.steps."""
   checkpointer = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.checkpoint.keep)
@@ -287,7 +304,7 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
       print(f"{workdir} is already at RL step {checkpointer.latest_step()} >= rl.steps = "
             f"{config.rl.steps}: nothing to do (config.json left as it was).")
       return None
-  sampler_shape = config.mesh.get("sampler_shape")
+  sampler_shape = config.mesh.sampler_shape
   mesh, sampler_mesh = (sharding.split_meshes(config.mesh.shape, sampler_shape) if sampler_shape
                         else (sharding.make_mesh(config.mesh.shape), None))
   batch_spec = sharding.batch_sharding(mesh).spec
@@ -303,17 +320,17 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
   # Data: a procedural TFDS dataset, read by step so that batches are reproducible.
   # Process 0 prepares it; the others read it once it is there.
   task = _process_0_first(lambda: tasks.make(
-      config.task, data_dir=config.task.get("data_dir") or str(workdir / "data"),
+      config.task, data_dir=config.task.data_dir or str(workdir / "data"),
       seed=config.seed, tokenizer=_tokenizer_directory(config)))
   if jax.process_index() == 0:  # after every process has checked the previous one
     write_atomically(workdir / "config.json", lambda tmp: tmp.write_text(config_json))
   refusals.check_mesh_for_actions(dict(mesh.shape), task.name, task.actions.per_column)
   lengths = {split: tasks.split_lengths(task, split) for split in task.sources}  # read once
   data_counts = tasks.check_data(task, lengths=lengths,
-                                 max_dropped_fraction=config.task.get("max_dropped_fraction", 0.1))
+                                 max_dropped_fraction=config.task.max_dropped_fraction)
   # Each test problem that fits, once.
   eval_batch = tasks.evaluation_batch(task, lengths["test"][:, 0],
-                                      limit=config.task.get("eval_size"))
+                                      limit=config.task.eval_size)
   data_counts["data/test/evaluated"] = len(eval_batch["examples"])
   print(f"Greedy eval on {len(eval_batch['examples'])} held-out problems.")
   # Built and checked before any work, so that an unknown estimator, loss or extra, or one
@@ -332,32 +349,36 @@ def _setup(config, workdir: pathlib.Path) -> _Trainer | None:
                                    settings=learner_settings)
   reference_logprobs = nnx.jit(functools.partial(learner.reference_logprobs,
                                                  settings=learner_settings))
-  counters = {"rl_step": 0, "step": 0, "gen_tokens": 0}
-  stale = staleness.StaleParameters(modules["model"], config.rl.get("max_staleness", 0),
-                                    config.rl.get("staleness_mode", "fixed"), config.seed)
+  stale = staleness.StaleParameters(modules["model"], config.rl.max_staleness,
+                                    config.rl.staleness_mode, config.seed)
   sampler = None if sampler_mesh is None else overlap.Sampler(
-      modules["model"], sampler_mesh, source, config.rl.get("sync_every", 1))
-  t = _Trainer(config, workdir, checkpointer, resumed, counters, mesh, place, local, task,
-               data_counts, lengths["train"][:, 0], eval_batch, source, modules, learner_step,
-               provide_extras, reference_logprobs, stale, sampler, None)
-  t.rl_data = t.train_loader(config.rl.prompts_per_step)
+      modules["model"], sampler_mesh, source, config.rl.sync_every)
+  prompt_lengths = lengths["train"][:, 0]
+  rl_data = _train_loader(task, config.seed, prompt_lengths, config.rl.prompts_per_step)
+  counters = {"rl_step": 0, "step": 0, "gen_tokens": 0}
   if provide_extras is not None:  # their state exists before a restore fills it
     provide_extras.start(modules["model"])
   if resumed:
-    t.counters = checkpointer.restore(t.checkpointed(), mesh)
+    counters = checkpointer.restore(_checkpointed(modules, stale, sampler, provide_extras), mesh)
     if sampler is not None:  # restored onto the learner's mesh: back to the sampler's devices
       sharding.shard_model(sampler.model, sampler.mesh)
-    print(f"Resuming RL at step {t.counters['rl_step']} from {workdir / 'checkpoints'}.")
-  t.writer = metrics.MetricsWriter(workdir, resume_step=t.counters["step"] if resumed else None,
-                                   primary=jax.process_index() == 0)
-  settings = config.get("export") or {}
-  if settings.get("every", 0):
-    t.exporter = export.Exporter(
-        workdir, every=settings.every, groups=settings.get("groups", 2),
-        compare=tuple(settings.get("compare") or ()), graphdef=graphdef, advantage=advantage,
-        advantage_config=config.advantage.to_dict(), settings=learner_settings, task=task,
-        mesh=mesh, temperature=config.rl.temperature, tensorboard=t.writer.tensorboard)
-  return t
+    print(f"Resuming RL at step {counters['rl_step']} from {workdir / 'checkpoints'}.")
+  writer = metrics.MetricsWriter(workdir, resume_step=counters["step"] if resumed else None,
+                                 primary=jax.process_index() == 0)
+  settings = config.export
+  exporter = export.Exporter(
+      workdir, every=settings.every, groups=settings.groups,
+      compare=tuple(settings.compare or ()), graphdef=graphdef, advantage=advantage,
+      advantage_config=config.advantage.to_dict(), settings=learner_settings, task=task,
+      mesh=mesh, temperature=config.rl.temperature,
+      tensorboard=writer.tensorboard) if settings.every else None
+  return Trainer(
+      config=config, workdir=workdir, checkpointer=checkpointer, resumed=resumed,
+      counters=counters, mesh=mesh, place=place, local=local, task=task,
+      data_counts=data_counts, prompt_lengths=prompt_lengths, eval_batch=eval_batch,
+      source=source, modules=modules, learner_step=learner_step,
+      provide_extras=provide_extras, reference_logprobs=reference_logprobs, stale=stale,
+      sampler=sampler, rl_data=rl_data, writer=writer, exporter=exporter)
 
 
 def _check_learner_inputs(config, task: tasks.TrainTask, advantage, objective, *,
@@ -372,8 +393,7 @@ def _check_learner_inputs(config, task: tasks.TrainTask, advantage, objective, *
                multi_turn=multi_turn)
   needs = lambda fn: [key for c in estimators.components(fn) for key in c.needs]
   refusals.check_learner_inputs(advantage, objective, extras=needs(advantage), **shape)
-  settings = config.get("export") or {}
-  for compare in (settings.get("compare") or ()) if settings.get("every", 0) else ():
+  for compare in (config.export.compare or ()) if config.export.every else ():
     try:
       fn = estimators.from_config(compare)
       extras.hook(fn, temperature=rl.temperature, task=task)
@@ -438,7 +458,7 @@ def _learner_modules(config, task: tasks.TrainTask, mesh,
   if config.critic.preset:
     critic = Transformer(
         preset(config.critic.preset, vocab_size=task.vocab_size, value_head=True,
-               **config.model.get("overrides", {})), rngs=nnx.Rngs(config.seed + 1))
+               **config.model.overrides), rngs=nnx.Rngs(config.seed + 1))
     sharding.shard_model(critic, mesh)
     modules.update(
         critic=critic, critic_optimizer=nnx.Optimizer(critic, adam(config.critic.learning_rate),
@@ -448,18 +468,18 @@ def _learner_modules(config, task: tasks.TrainTask, mesh,
   settings = learner.Settings(temperature=rl.temperature, actions=task.actions, epochs=rl.epochs,
                               minibatches=rl.minibatches, kl_reward_coef=rl.kl_reward_coef,
                               kl_reward_kind=rl.kl_reward_kind, critic=critic_settings,
-                              recompute_old_logprobs=rl.get("recompute_old_logprobs", False),
+                              recompute_old_logprobs=rl.recompute_old_logprobs,
                               logits_per_chunk=_logits_per_chunk(config))
   return sharding.place_state(modules, mesh), settings
 
 
 def _logits_per_chunk(config) -> int:
-  return config.rl.get("logits_per_chunk") or forward.LOGITS_PER_CHUNK
+  return config.rl.logits_per_chunk
 
 
 def _tokenizer_directory(config) -> str | None:
   """Where a pretrained task's tokenizer lives: task.tokenizer, else model.checkpoint."""
-  return config.task.get("tokenizer") or config.model.get("checkpoint")
+  return config.task.tokenizer or config.model.checkpoint
 
 
 def _policy(model_config, task: tasks.TrainTask, *, seed: int) -> Transformer:
@@ -468,16 +488,16 @@ def _policy(model_config, task: tasks.TrainTask, *, seed: int) -> Transformer:
   (vocabulary sized to the task's tokenizer unless it is a pretrained one).
   model.overrides replace config fields; model.dtype (the compute dtype),
   model.attention, model.remat and model.scan_layers set theirs."""
-  overrides = dict(model_config.get("overrides") or {})
+  overrides = dict(model_config.overrides or {})
   overrides.update({field: model_config[field] for field in ("attention", "remat")
-                    if model_config.get(field)})
-  if model_config.get("scan_layers") is not None:
+                    if model_config[field]})
+  if model_config.scan_layers is not None:
     overrides["scan_layers"] = bool(model_config.scan_layers)
-  if model_config.get("dtype"):
+  if model_config.dtype:
     overrides["dtype"] = jnp.dtype(model_config.dtype)
-  path = model_config.get("checkpoint")
-  if path and not model_config.get("random_init", False):
-    reshaping = sorted(set(model_config.get("overrides") or {}) & SHAPE_FIELDS)
+  path = model_config.checkpoint
+  if path and not model_config.random_init:
+    reshaping = sorted(set(model_config.overrides or {}) & SHAPE_FIELDS)
     if reshaping:
       raise ValueError(
           f"model.overrides sets {', '.join(reshaping)}, which change the shape of the "
@@ -498,30 +518,30 @@ def _policy(model_config, task: tasks.TrainTask, *, seed: int) -> Transformer:
   return model
 
 
-def _warm_start(t: _Trainer, stops: list) -> tuple[float, bool]:
+def _warm_start(trainer: Trainer, stops: list) -> tuple[float, bool]:
   """Stage 1: greedy eval of the initial policy, then SFT until `sft.target_accuracy`;
   the reference becomes the post-SFT policy. Returns (accuracy, whether a stop
   signal ended SFT)."""
-  config, model = t.config, t.modules["model"]
-  accuracy = t.evaluate()
-  t.writer.write(0, {"eval/accuracy": accuracy, **t.data_counts})
+  config, model = trainer.config, trainer.modules["model"]
+  accuracy = trainer.evaluate()
+  trainer.writer.write(0, {"eval/accuracy": accuracy, **trainer.data_counts})
   if config.sft.max_steps:
-    sft_data = t.train_loader(config.sft.batch_size)
-    sft_update = forward.sft_step(t.task.actions, _logits_per_chunk(t.config))
+    sft_data = trainer.train_loader(config.sft.batch_size)
+    sft_update = forward.sft_step(trainer.task.actions, _logits_per_chunk(trainer.config))
     sft_optimizer = nnx.Optimizer(model, optax.adam(config.sft.learning_rate), wrt=nnx.Param)
     for sft_step in tqdm.trange(config.sft.max_steps, desc="sft", mininterval=2.0):
-      batch = sft_data.sft_batch(sft_step,
-                                 length=t.task.max_prompt_length + t.task.max_response_length)
-      loss_mask = t.task.sft_loss_mask(batch["tokens"], batch["loss_mask"])
+      batch = sft_data.sft_batch(
+          sft_step, length=trainer.task.max_prompt_length + trainer.task.max_response_length)
+      loss_mask = trainer.task.sft_loss_mask(batch["tokens"], batch["loss_mask"])
       tokens = tasks.noisy_demonstrations(batch["tokens"], loss_mask,
                                           np.random.default_rng([config.seed, sft_step]),
-                                          rate=config.sft.noise, task=t.task)
+                                          rate=config.sft.noise, task=trainer.task)
       loss = sft_update(model, sft_optimizer,
-                        *map(t.place, (tokens, loss_mask, batch["token_valid"])))
-      step = t.counters["step"] = sft_step + 1
+                        *map(trainer.place, (tokens, loss_mask, batch["token_valid"])))
+      step = trainer.counters["step"] = sft_step + 1
       if step % config.sft.eval_every == 0:
-        accuracy = t.evaluate()
-        t.writer.write(step, {"sft/loss": loss, "eval/accuracy": accuracy})
+        accuracy = trainer.evaluate()
+        trainer.writer.write(step, {"sft/loss": loss, "eval/accuracy": accuracy})
         tqdm.tqdm.write(
             f"sft step {step:5d} | loss {float(loss):.3f} | eval accuracy {accuracy:.3f}")
         if accuracy >= config.sft.target_accuracy:
@@ -530,95 +550,96 @@ def _warm_start(t: _Trainer, stops: list) -> tuple[float, bool]:
         tqdm.tqdm.write(
             f"{stops[0]} during SFT (step {step}): stopped before RL without a checkpoint; "
             "a rerun starts SFT over.")
-        t.writer.close()
+        trainer.writer.close()
         return accuracy, True
-  nnx.update(t.modules["reference"], nnx.state(model))  # the reference is the post-SFT policy
-  t.stale.reset(model)  # and so are the parameters stale rollouts start from
-  if t.provide_extras is not None:  # and the providers' state (PRIME's PRM starts as it)
-    t.provide_extras.start(model)
-  if t.sampler is not None:
-    t.sampler.push(model)
+  nnx.update(trainer.modules["reference"], nnx.state(model))  # the reference is the post-SFT policy
+  trainer.stale.reset(model)  # and so are the parameters stale rollouts start from
+  if trainer.provide_extras is not None:  # and the providers' state (PRIME's PRM starts as it)
+    trainer.provide_extras.start(model)
+  if trainer.sampler is not None:
+    trainer.sampler.push(model)
   return accuracy, False
 
 
-def _add_extras(t: _Trainer, rollout: Rollout, batch: dict, rl_step: int,
+def _add_extras(trainer: Trainer, rollout: Rollout, batch: dict, rl_step: int,
                 hook: extras.Hook | None) -> tuple[Rollout, dict]:
   """The rollout with the reference log-probs (PRIME's implicit PRM reads them)
   and the hook's extras (none without a hook); its metrics as train/hook/..."""
   if hook is None:
     return rollout, {}
-  rollout = rollout.replace(ref_logprobs=t.reference_logprobs(t.modules["reference"], rollout))
-  context = extras.Context(t.task, t.modules["model"], batch["examples"],
-                           jax.random.fold_in(jax.random.key(t.config.seed + 1), rl_step), rl_step)
+  rollout = rollout.replace(
+      ref_logprobs=trainer.reference_logprobs(trainer.modules["reference"], rollout))
+  key = jax.random.fold_in(jax.random.key(trainer.config.seed + 1), rl_step)
+  context = extras.Context(trainer.task, trainer.modules["model"], batch["examples"], key, rl_step)
   more_extras, metrics = hook(context, rollout)
   rollout = rollout.replace(extras={**rollout.extras, **more_extras})
-  t.counters["gen_tokens"] += int(metrics.get("gen_tokens", 0))
+  trainer.counters["gen_tokens"] += int(metrics.get("gen_tokens", 0))
   return rollout, {f"train/hook/{k}": v for k, v in metrics.items()}
 
 
-def _export_tokens(t: _Trainer, rl_step: int, rollout: Rollout, batch: dict, state) -> float:
+def _export_tokens(trainer: Trainer, rl_step: int, rollout: Rollout, batch: dict, state) -> float:
   """Queues update rl_step's per-token export (train.export) with the modules' states before
-  (still in t.modules) and after (`state`) the update; the milliseconds this thread waited."""
-  waited = t.exporter.submit(
-      step=t.counters["step"] + 1, rl_step=rl_step, rollout=rollout, examples=batch["examples"],
-      before=staleness.snapshot(nnx.state(t.modules)), after=staleness.snapshot(state),
-      key=jax.random.fold_in(jax.random.key(t.config.seed + 2), rl_step))
+  (still in trainer.modules) and after (`state`) the update; the milliseconds this thread waited."""
+  waited = trainer.exporter.submit(
+      step=trainer.counters["step"] + 1, rl_step=rl_step, rollout=rollout,
+      examples=batch["examples"],
+      before=staleness.snapshot(nnx.state(trainer.modules)), after=staleness.snapshot(state),
+      key=jax.random.fold_in(jax.random.key(trainer.config.seed + 2), rl_step))
   return 1e3 * waited
 
 
-def _export_hf(t: _Trainer) -> None:
+def _export_hf(trainer: Trainer) -> None:
   """With export.hf, WORKDIR/hf holds the finished policy as a transformers checkpoint
   (`models.huggingface.save_hf_checkpoint`; written by process 0 from gathered weights)."""
-  export = t.config.get("export")
-  if not (export and export.get("hf")) or t.counters["rl_step"] < t.config.rl.steps:
+  if not trainer.config.export.hf or trainer.counters["rl_step"] < trainer.config.rl.steps:
     return
-  model = t.modules["model"]
+  model = trainer.modules["model"]
   if jax.process_count() > 1:
     model = nnx.clone(model)
     state = nnx.state(model, nnx.Param)
     nnx.update(model, jax.tree.map(lambda x: multihost_utils.process_allgather(x, tiled=True),
                                    state))
   if jax.process_index() == 0:
-    directory = huggingface.save_hf_checkpoint(model, t.workdir / "hf",
-                                              tokenizer=_tokenizer_directory(t.config),
-                                              stop_tokens=t.task.stop_tokens)
+    directory = huggingface.save_hf_checkpoint(model, trainer.workdir / "hf",
+                                              tokenizer=_tokenizer_directory(trainer.config),
+                                              stop_tokens=trainer.task.stop_tokens)
     print(f"Exported the policy to {directory} (transformers format).")
 
 
-def _reward_failures(t: _Trainer, rl_step: int) -> int:
+def _reward_failures(trainer: Trainer, rl_step: int) -> int:
   """How many responses scored since the last call (this batch's, and any continuations
   scored for the previous update's extras) got 0 because the reward function raised; each
   such batch is reported. When they are task.max_reward_failures of those scored or more,
   the run saves a checkpoint of the updates so far and stops (ValueError)."""
-  failed, scored, reason = t.task.reward_failures.take()
+  failed, scored, reason = trainer.task.reward_failures.take()
   if not failed:
     return 0
   tqdm.tqdm.write(f"RL step {rl_step + 1}: the reward function raised on {failed} of {scored} "
                   f"responses, scored 0 (first: {reason}).")
-  limit = t.config.task.get("max_reward_failures", 1.0)
+  limit = trainer.config.task.max_reward_failures
   if failed < limit * scored:
     return failed
-  if rl_step > (t.checkpointer.latest_step() or 0):
-    t.checkpointer.save(rl_step, t.checkpointed(), dict(t.counters), t.mesh)
-  t.checkpointer.wait()
+  if rl_step > (trainer.checkpointer.latest_step() or 0):
+    trainer.save(rl_step)
+  trainer.checkpointer.wait()
   raise ValueError(
       f"At RL step {rl_step + 1} the reward function raised on {failed} of {scored} responses, "
       f"at least task.max_reward_failures = {limit} of them (first: {reason}). Fix the reward "
-      f"function and rerun to resume from RL step {t.checkpointer.latest_step() or 0}.")
+      f"function and rerun to resume from RL step {trainer.checkpointer.latest_step() or 0}.")
 
 
-def _check_finite(update_metrics: dict, rl_step: int, t: _Trainer) -> None:
+def _check_finite(update_metrics: dict, rl_step: int, trainer: Trainer) -> None:
   """FloatingPointError naming the step and the last good checkpoint when the loss or gradient
   is not finite."""
   loss, grad_norm = float(update_metrics["loss"]), float(update_metrics["grad_norm"])
   if np.isfinite(loss) and np.isfinite(grad_norm):
     return
-  t.checkpointer.wait()
-  latest = t.checkpointer.latest_step()
+  trainer.checkpointer.wait()
+  latest = trainer.checkpointer.latest_step()
   raise FloatingPointError(
       f"Non-finite loss ({loss}) or gradient norm ({grad_norm}) at RL step {rl_step + 1}; "
       "stopped without saving. "
-      + (f"The last good checkpoint is step {latest} in {t.workdir / 'checkpoints'}."
+      + (f"The last good checkpoint is step {latest} in {trainer.workdir / 'checkpoints'}."
          if latest is not None else "No checkpoint had been written yet."))
 
 

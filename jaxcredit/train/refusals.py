@@ -6,12 +6,12 @@ from collections.abc import Callable, Collection, Sequence
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from jaxcredit.models import sharding
 from jaxcredit.rollout import MissingFields, PolicyOutputs, Rollout
-from jaxcredit.train import overlap, staleness
-
+from jaxcredit.train import base_config, overlap, staleness
 
 # Settings a resumed run must share with the run that wrote its checkpoints.
 RESUME_FIELDS = ("seed", "task", "model", "critic.preset", "rl.group_size", "rl.prompts_per_step",
@@ -19,7 +19,8 @@ RESUME_FIELDS = ("seed", "task", "model", "critic.preset", "rl.group_size", "rl.
                  "advantage", "objective")
 # What a config.json written before a field existed meant by its absence.
 RESUME_DEFAULTS = {"rl.max_staleness": 0, "rl.staleness_mode": "fixed", "rl.sync_every": 1,
-                   "mesh.sampler_shape": None, "task.max_reward_failures": 1.0}
+                   "mesh.sampler_shape": None, "task.max_reward_failures": 1.0,
+                   "model.random_init": False}
 
 
 def check_resumable(saved: dict, config: dict) -> None:
@@ -58,8 +59,37 @@ def _number_in(value, name, low, high=float("inf"), *, low_open=False):
   return ok, f"{name} must be a number in {bounds}, got {value!r}"
 
 
+# Base fields a task may drop: the data it builds (a task reading files has no sizes or options).
+TASK_DATA_FIELDS = ("task.options", "task.train_size", "task.test_size")
+# Fields whose contents are free-form (a spec or a task's own options), not config fields.
+OPEN_FIELDS = ("advantage", "objective", "task.options", "model.overrides")
+
+
+def _field_names(config, prefix: str = "") -> set[str]:
+  """The dotted names of a ConfigDict's fields, down to its leaves (`OPEN_FIELDS` are leaves)."""
+  names = set()
+  for key, value in config.items():
+    names.add(prefix + key)
+    if isinstance(value, ml_collections.ConfigDict) and prefix + key not in OPEN_FIELDS:
+      names |= _field_names(value, f"{prefix}{key}.")
+  return names
+
+
+def check_complete(config) -> None:
+  """Raises ValueError naming the fields of `base_config` that `config` lacks (the loop reads
+  every one of them), except a task's data fields (`TASK_DATA_FIELDS`)."""
+  missing = sorted(_field_names(base_config.get_config()) - _field_names(config)
+                   - set(TASK_DATA_FIELDS))
+  if missing:
+    raise ValueError(f"The config lacks {', '.join(missing)}: build it on "
+                     "jaxcredit.train.base_config.get_config(), which holds every field and its "
+                     "default, and override what differs.")
+
+
 def validate_config(config) -> None:
-  """Raises ValueError naming the field for hyperparameters no run can use."""
+  """Raises ValueError naming the field for a config that lacks one (`check_complete`) or
+  hyperparameters no run can use."""
+  check_complete(config)
   rl, sft = config.rl, config.sft
   problems = [
       _positive_int(rl.group_size, "rl.group_size"),
@@ -82,33 +112,32 @@ def validate_config(config) -> None:
       _number_in(rl.kl_reward_coef, "rl.kl_reward_coef", 0.0),
       _number_in(sft.target_accuracy, "sft.target_accuracy", 0.0, 1.0),
       _number_in(sft.noise, "sft.noise", 0.0, 1.0),
-      _number_in(config.task.get("max_dropped_fraction", 0.1), "task.max_dropped_fraction",
+      _number_in(config.task.max_dropped_fraction, "task.max_dropped_fraction",
                  0.0, 1.0),
-      _number_in(config.task.get("max_reward_failures", 1.0), "task.max_reward_failures",
+      _number_in(config.task.max_reward_failures, "task.max_reward_failures",
                  0.0, 1.0, low_open=True),
   ]
   task = config.task
   problems += [_positive_int(task[field], f"task.{field}")
                for field in ("train_size", "test_size", "max_prompt_length", "max_response_length")
                if field in task]
-  if task.get("eval_size") is not None:
+  if task.eval_size is not None:
     problems.append(_positive_int(task.eval_size, "task.eval_size (None: every test problem)"))
-  if rl.get("eval_batch_size") is not None:
+  if rl.eval_batch_size is not None:
     problems.append(_positive_int(rl.eval_batch_size, "rl.eval_batch_size (None: one batch)"))
-  export = config.get("export") or {}
-  if export.get("every", 0):
-    problems += [_positive_int(export.every, "export.every"),
-                 _positive_int(export.get("groups", 2), "export.groups")]
-  staleness.check_settings(rl.get("max_staleness", 0), rl.get("staleness_mode", "fixed"))
-  truncated_reward = config.task.get("truncated_reward", 0.0)
+  if config.export.every:
+    problems += [_positive_int(config.export.every, "export.every"),
+                 _positive_int(config.export.groups, "export.groups")]
+  staleness.check_settings(rl.max_staleness, rl.staleness_mode)
+  truncated_reward = config.task.truncated_reward
   problems.append((isinstance(truncated_reward, (int, float)) and math.isfinite(truncated_reward),
                    f"task.truncated_reward must be a finite number, got {truncated_reward!r}"))
   if config.mesh.shape is not None:
     sharding.check_mesh_shape(config.mesh.shape)
-  overlap.check_settings(rl.get("sync_every", 1))
-  if config.mesh.get("sampler_shape") is not None:
+  overlap.check_settings(rl.sync_every)
+  if config.mesh.sampler_shape is not None:
     sharding.check_mesh_shape(config.mesh.sampler_shape, field="mesh.sampler_shape")
-    problems.append((rl.get("max_staleness", 0) == 0,
+    problems.append((rl.max_staleness == 0,
                      "rl.max_staleness must be 0 with mesh.sampler_shape (the sampler's own "
                      f"devices set the staleness through rl.sync_every), got {rl.max_staleness!r}"))
   if config.critic.preset:
@@ -175,8 +204,8 @@ def run_fields(config, *, multi_turn: bool, sampler: bool) -> set[str]:
   log-probs, and those that settings switch on (`FIELD_SETTINGS`)."""
   rl = config.rl
   switched = {"values": bool(config.critic.preset),
-              "old_logprobs": bool(rl.get("recompute_old_logprobs", False)),
-              "staleness": bool(rl.get("max_staleness", 0)) or sampler,
+              "old_logprobs": bool(rl.recompute_old_logprobs),
+              "staleness": bool(rl.max_staleness) or sampler,
               "token_rewards": bool(rl.kl_reward_coef), "turn_ids": multi_turn}
   return {"behaviour_logprobs", "entropy", "truncated", "positions", "token_valid",
           "ref_logprobs", *(field for field, on in switched.items() if on)}

@@ -21,17 +21,9 @@ advantages divided by their batch RMS so one learning rate serves all
 scores every estimator's credit on the same batches against the exact oracle.
 """
 
-import pathlib
-import runpy
-
 import ml_collections
 
-# The quickstart training config, to be overridden below.
-quickstart_config = runpy.run_path(
-  str(pathlib.Path(__file__).resolve().parents[2].joinpath("experiments", "quickstart.py"))
-)[
-  "get_config"
-]
+from jaxcredit.train import base_config
 
 PRESETS = ("smoke", "small", "full")
 
@@ -74,7 +66,7 @@ def _shared_rl(train: ml_collections.ConfigDict) -> None:
 
 
 def key_token_train() -> ml_collections.ConfigDict:
-  train = quickstart_config()
+  train = base_config.get_config()
   train.task.name = "key_token"
   train.task.options = {
     "length": 24,  # T response tokens

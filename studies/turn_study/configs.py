@@ -14,13 +14,9 @@ sequence-level control oracle_seq; exact J(pi) against generated tokens, and eac
 credit scored per turn against the exact turn credit.
 """
 
-import pathlib
-import runpy
-
 import ml_collections
 
-_EXPERIMENTS = pathlib.Path(__file__).resolve().parents[2] / "experiments"
-_key_turns = runpy.run_path(str(_EXPERIMENTS / "key_turns_grpo.py"))["get_config"]
+from experiments import key_turns_grpo
 
 PRESETS = ("smoke", "small")
 ESTIMATORS = {
@@ -39,7 +35,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     raise ValueError(f"Unknown preset {preset!r}; known: {', '.join(PRESETS)}.")
   config = ml_collections.ConfigDict()
   config.preset = preset
-  train = _key_turns()
+  train = key_turns_grpo.get_config()
   train.model.overrides = {"n_layers": 1, "d_model": 64, "n_heads": 4, "n_kv_heads": 4, "d_ff": 128}
   train.rl.prompts_per_step, train.rl.group_size = 16, 8
   train.rl.eval_every = 10**6  # J(pi) replaces the greedy evaluation (run once, at the end)
