@@ -9,7 +9,7 @@ from absl.testing import parameterized
 
 from jaxcredit.models import Transformer, preset
 from jaxcredit.models.attention import attention
-from tests.test_logprobs import _intermediate_sizes
+from tests.unit.test_logprobs import _intermediate_sizes
 
 
 def _reference(q, k, v, query_slots, key_valid):

@@ -13,7 +13,7 @@ from jaxcredit.tasks import CharTokenizer, arithmetic
 from tests.cli import KEY_TOKEN
 from tests.conftest import load_experiment
 
-ROOT = pathlib.Path(__file__).parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_metrics_writer_keeps_an_earlier_run(tmp_path):

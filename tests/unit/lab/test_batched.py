@@ -270,7 +270,7 @@ def test_a_target_sum_batch_carries_its_rule_reward_and_e_tree_credit():
 def test_a_ktae_arm_reads_its_groups_token_statistics():
   """KTAE in a batched cell: the batch's key-token scores (with the TF term) equal the
   float64 reference on its tokens and rewards (its runs train: the PRIME test below)."""
-  from tests.test_lab_credit_methods import _ktae_reference
+  from tests.unit.lab.test_credit_methods import _ktae_reference
 
   cell = _cell("grpo", "ktae")
   model = Transformer(MODEL, rngs=nnx.Rngs(0))

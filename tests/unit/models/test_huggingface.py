@@ -11,7 +11,7 @@ import pytest
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 from jaxcredit.models import huggingface  # noqa: E402
-from tests.test_model import numpy_forward  # noqa: E402
+from tests.unit.models.test_model import numpy_forward  # noqa: E402
 
 HF_CONFIGS = {
     "qwen2": dict(model_type="qwen2", vocab_size=48, hidden_size=32, num_hidden_layers=2,

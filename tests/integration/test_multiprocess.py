@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-from tests.test_train import ROOT, _train_lines
+from tests.integration.test_train import ROOT, _train_lines
 
 STEPS = [
   "--config.task.train_size=200",

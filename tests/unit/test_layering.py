@@ -4,7 +4,7 @@ built on it: read every module's imports with `ast`."""
 import ast
 import pathlib
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "jaxcredit"
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "jaxcredit"
 
 # The layers, bottom (0) to top; a module may import its own layer and those below.
 LAYERS = [

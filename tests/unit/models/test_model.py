@@ -17,7 +17,8 @@ VARIANTS = {
     tie_embeddings=False, qkv_bias=True, value_head=True, n_kv_heads=4
   ),
 }
-# transformers is the reference for these (tests/test_hf_parity.py); here the cache path must agree.
+# transformers is the reference for these (tests/unit/models/test_hf_parity.py); here the
+# cache path must agree.
 CACHED_VARIANTS = {
   **VARIANTS,
   "qk_norm+head_dim+llama3_rope": TINY.replace(

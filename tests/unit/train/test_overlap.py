@@ -18,7 +18,7 @@ import json, pathlib, sys
 import jax
 from jaxcredit.models import sharding
 from jaxcredit.train import loop, overlap
-from tests.test_staleness import _config, _train_records
+from tests.unit.train.test_staleness import _config, _train_records
 
 sampled_on = set()
 sample = overlap.Sampler.sample

@@ -10,7 +10,7 @@ from absl.testing import parameterized
 from jaxcredit import losses
 from tests import reference
 from tests.conftest import poison, random_mask
-from tests.test_losses import _policy_batch
+from tests.unit.losses.test_losses import _policy_batch
 
 SHAPES = [(1, 1), (4, 9), (6, 17)]
 
