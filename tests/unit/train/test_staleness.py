@@ -99,9 +99,9 @@ def _train_records(workdir) -> list[dict]:
 
 
 def test_zero_staleness_is_the_synchronous_run_bit_for_bit(tmp_path):
-  """k = 0 (uniform mode even) against a config without the staleness fields at all."""
+  """k = 0 (uniform mode even) against the base config's synchronous run (k = 0, fixed)."""
   synchronous = _config(2)
-  del synchronous.rl["max_staleness"], synchronous.rl["staleness_mode"]
+  assert (synchronous.rl.max_staleness, synchronous.rl.staleness_mode) == (0, "fixed")
   loop.run(synchronous, str(tmp_path / "sync"))
   loop.run(_config(2, max_staleness=0, staleness_mode="uniform"), str(tmp_path / "k0"))
   assert _train_records(tmp_path / "sync") == _train_records(tmp_path / "k0")
