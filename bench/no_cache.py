@@ -23,7 +23,7 @@ def generate_without_cache(model, prompts, prompt_valid, key, *, max_new_tokens:
   """`jaxcredit.sampling.generate` without its KV cache: the same arguments and output."""
   graphdef, state, prompts, prompt_valid, allowed, hidden, settings = sampler._prepare(
       model, prompts, prompt_valid, max_new_tokens, temperature, top_k, top_p, stop_tokens,
-      pad_id, padding, actions, False)
+      pad_id, padding, actions, stop_when_done=False)
   return _recompute(graphdef, state, prompts, prompt_valid, key, allowed, hidden, settings)
 
 
@@ -51,7 +51,7 @@ def _recompute(graphdef, state, prompts, prompt_valid, key, allowed, hidden, set
   init = (tokens, token_valid, jnp.zeros((batch,), bool))
   (_, _, done), steps = jax.lax.scan(step, init, jnp.arange(settings.max_new_tokens))
   return sampler._assemble(prompts, prompt_valid, steps, done, settings,
-                   jnp.int32(settings.max_new_tokens))
+                           jnp.int32(settings.max_new_tokens))
 
 
 class RebuildingMultiTurn(MultiTurn):

@@ -11,6 +11,8 @@ start, then GRPO on 2-digit addition with a tiny transformer, on a CPU).
 
 import ml_collections
 
+from jaxcredit.train import forward
+
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0  # model init, data order and sampling
@@ -94,7 +96,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Greedy eval decodes this many prompts at a time (None: all at once).
   config.rl.eval_batch_size = ml_collections.config_dict.placeholder(int)
   # The log-prob head reads at most this many logits at a time (from hidden states in chunks).
-  config.rl.logits_per_chunk = 2**26
+  config.rl.logits_per_chunk = forward.LOGITS_PER_CHUNK
   # True: one extra forward pass per step gives rollout.old_logprobs (the learner's own log-probs
   # before its updates; the off-policy losses need them) and the mismatch/... metrics.
   config.rl.recompute_old_logprobs = False

@@ -469,12 +469,8 @@ def _learner_modules(config, task: tasks.TrainTask, mesh,
                               minibatches=rl.minibatches, kl_reward_coef=rl.kl_reward_coef,
                               kl_reward_kind=rl.kl_reward_kind, critic=critic_settings,
                               recompute_old_logprobs=rl.recompute_old_logprobs,
-                              logits_per_chunk=_logits_per_chunk(config))
+                              logits_per_chunk=rl.logits_per_chunk)
   return sharding.place_state(modules, mesh), settings
-
-
-def _logits_per_chunk(config) -> int:
-  return config.rl.logits_per_chunk
 
 
 def _tokenizer_directory(config) -> str | None:
@@ -527,7 +523,7 @@ def _warm_start(trainer: Trainer, stops: list) -> tuple[float, bool]:
   trainer.writer.write(0, {"eval/accuracy": accuracy, **trainer.data_counts})
   if config.sft.max_steps:
     sft_data = trainer.train_loader(config.sft.batch_size)
-    sft_update = forward.sft_step(trainer.task.actions, _logits_per_chunk(trainer.config))
+    sft_update = forward.sft_step(trainer.task.actions, trainer.config.rl.logits_per_chunk)
     sft_optimizer = nnx.Optimizer(model, optax.adam(config.sft.learning_rate), wrt=nnx.Param)
     for sft_step in tqdm.trange(config.sft.max_steps, desc="sft", mininterval=2.0):
       batch = sft_data.sft_batch(

@@ -97,6 +97,7 @@ def validate_config(config) -> None:
       _positive_int(rl.epochs, "rl.epochs"),
       _positive_int(rl.minibatches, "rl.minibatches"),
       _positive_int(rl.eval_every, "rl.eval_every"),
+      _positive_int(rl.logits_per_chunk, "rl.logits_per_chunk"),
       _positive_int(sft.batch_size, "sft.batch_size"),
       _positive_int(sft.eval_every, "sft.eval_every"),
       _positive_int(config.checkpoint.every, "checkpoint.every"),

@@ -107,6 +107,17 @@ def test_a_config_missing_a_base_field_is_refused_naming_it():
   refusals.check_complete(config)
 
 
+def test_the_log_prob_chunk_must_be_a_positive_int():
+  from jaxcredit.train import refusals
+
+  for value in (None, 0):
+    config = load_experiment("quickstart")
+    config.rl.logits_per_chunk = value
+    message = f"rl.logits_per_chunk must be a positive int, got {value}"
+    with pytest.raises(ValueError, match=message):
+      refusals.validate_config(config)
+
+
 def test_every_experiment_builds_its_advantage_and_objective():
   import jax
   import numpy as np
