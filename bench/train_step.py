@@ -20,12 +20,12 @@ from flax import nnx
 
 from bench.common import machine, table
 from bench.no_cache import generate_without_cache
-from jaxcredit import estimators, losses
+from jaxcredit import estimators, losses, tasks
 from jaxcredit.models import Transformer, preset
 from jaxcredit.rollout import Rollout
 from jaxcredit.sampling import generate
 from jaxcredit.tasks import loader
-from jaxcredit.train import learner, tasks
+from jaxcredit.train import learner
 
 
 def _task(directory: str):

@@ -17,7 +17,6 @@ import numpy as np
 from jaxcredit.lab import explain_oracle, oracle, sum_tree, tree_oracle
 from jaxcredit.sampling import Actions
 from jaxcredit.tasks import key_token, target_sum, zipf_explain
-from jaxcredit.train import tasks
 
 TaskConfig = (key_token.KeyTokenConfig | target_sum.TargetSumConfig
               | zipf_explain.ZipfExplainConfig)
@@ -50,7 +49,7 @@ class KeyToken:
   config_type, vocab_size = key_token.KeyTokenConfig, key_token.VOCAB_SIZE
 
   def __init__(self, config: key_token.KeyTokenConfig, eval_prompts: int):
-    self.config, self.actions, self.stop_tokens = config, tasks.key_token_actions(config), ()
+    self.config, self.actions, self.stop_tokens = config, key_token.row_actions(config), ()
     self.decisive = config.prompt_length + config.decisive_positions
     self.eval_prompts = prompts_of(
         evaluation_symbols(config.n_keys, config.n_decisive, eval_prompts), config)

@@ -25,9 +25,10 @@ import numpy as np
 from flax import nnx
 from jax import Array
 
+from jaxcredit import tasks
 from jaxcredit.sampling import mask_logits
 from jaxcredit.tasks import key_token
-from jaxcredit.train import monte_carlo, tasks
+from jaxcredit.train import monte_carlo
 from jaxcredit.train.monte_carlo import (Credit, mc_credit, mc_value_stats, returns_stats,
                                          select_positions)
 

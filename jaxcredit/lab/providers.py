@@ -12,8 +12,9 @@ upper bound on information.
 import jax
 import numpy as np
 
+from jaxcredit import tasks
 from jaxcredit.lab import oracle, sum_tree, turn_oracle
-from jaxcredit.train import extras, tasks
+from jaxcredit.train import extras
 
 
 def exact_credit(model, task: tasks.TrainTask, rollout, examples) -> tuple[dict, dict]:

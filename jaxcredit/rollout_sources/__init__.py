@@ -8,7 +8,7 @@ example of each row, for the reward), rows of a group contiguous. A source
 samples from `model`, scores what it sampled and returns the `Rollout` the
 learner reads. `SingleTurn` (one response per row, an outcome reward) is the
 one the training loop uses for reasoning tasks; `MultiTurn` alternates turns
-of the model with a `tasks.environment.Environment`'s observations.
+of the model with a `rollout_sources.environment.Environment`'s observations.
 """
 
 from jaxcredit.rollout_sources.multi_turn import MultiTurn

@@ -60,7 +60,7 @@ from jax import Array
 from jaxcredit.rollout import Rollout
 from jaxcredit.sampling import (continue_contexts, extend_contexts, prompt_positions,
                                 start_contexts)
-from jaxcredit.tasks.environment import Environment, as_observation, as_reward
+from jaxcredit.rollout_sources.environment import Environment, as_observation, as_reward
 
 
 @dataclasses.dataclass
@@ -108,7 +108,7 @@ class _Episodes:
 class MultiTurn:
   """Drives `env` against the model for up to `max_turns` turns per row (module docstring).
 
-  env:                the `tasks.environment.Environment`, run per row on the host.
+  env:                the `rollout_sources.environment.Environment`, run per row on the host.
   max_turns:          turns per episode; an episode not done after them is truncated.
   max_turn_tokens:    action tokens sampled per turn at most.
   max_episode_tokens: context columns after the prompt (observations and actions).

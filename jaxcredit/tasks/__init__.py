@@ -1,6 +1,19 @@
-"""Tasks with verifiable rewards, their tokenizers and data."""
+"""Tasks with verifiable rewards, their tokenizers and data, each registered by name.
 
-from jaxcredit.tasks import chat_template
+  task = tasks.make(config.task, data_dir=..., seed=0)   # a TrainTask bound to its data
+  tasks.names()                                          # every registered task
+  tasks.register(tasks.Task(name=..., options=..., data=..., train=...))
+
+Each built-in task is one module that registers itself on import.
+"""
+
+from jaxcredit.tasks import (arithmetic, calculator, chat_template, countdown, gsm8k, key_token,
+                             key_turns, target_sum)
+from jaxcredit.tasks.task import (Task, TrainTask, get, make, multi_turn_source, names,
+                                  options_of, register, unregister, within_tokenizer)
 from jaxcredit.tasks.tokenizers import CharTokenizer, HFTokenizer, Tokenizer
 
-__all__ = ["CharTokenizer", "HFTokenizer", "Tokenizer", "chat_template"]
+__all__ = ["CharTokenizer", "HFTokenizer", "Task", "Tokenizer", "TrainTask", "arithmetic",
+           "calculator", "chat_template", "countdown", "get", "gsm8k", "key_token", "key_turns",
+           "make", "multi_turn_source", "names", "options_of", "register", "target_sum",
+           "unregister", "within_tokenizer"]

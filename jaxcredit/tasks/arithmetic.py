@@ -17,8 +17,9 @@ import dataclasses
 import zlib
 
 import numpy as np
+import tensorflow_datasets as tfds
 
-from jaxcredit.tasks import rewards
+from jaxcredit.tasks import builders, loader, procedural, rewards, task
 
 ALPHABET = "0123456789+*=;:,CP"
 OPERATIONS = {"add": "+", "mul": "*"}
@@ -110,3 +111,48 @@ def extract_answer(response: str) -> str | None:
 def reward(response: str, answer: str) -> tuple[float, str]:
   """1.0 when the extracted answer equals `answer` exactly, else 0.0; with a reason."""
   return rewards.exact_match(extract_answer(response), answer)
+
+
+class Arithmetic(builders.ProceduralBuilder):
+  """Multi-digit addition / multiplication."""
+
+  make_example = staticmethod(make_example)
+  FEATURES = {
+      "prompt": tfds.features.Text(),
+      "completion": tfds.features.Text(),
+      "answer": tfds.features.Text(),
+      "a": np.int64,
+      "b": np.int64,
+  }
+
+  def _example(self, rng, options, split):
+    return split_example(rng, options, split)  # options.held_out: splits share no problem
+
+  BUILDER_CONFIGS = [
+      builders.ProceduralConfig(name="add_2to3_reversed", task=ArithmeticConfig(),
+                                description="a+b, 2-3 digits, reversed answer"),
+      builders.ProceduralConfig(
+          name="add_3to5_scratchpad",
+          task=ArithmeticConfig(min_digits=3, max_digits=5, scratchpad=True),
+          description="a+b, 3-5 digits, carries then reversed answer",
+      ),
+      builders.ProceduralConfig(
+          name="mul_2to3_scratchpad",
+          task=ArithmeticConfig(operation="mul", scratchpad=True),
+          description="a*b, 2-3 digits, partial products then reversed answer",
+      ),
+  ]
+
+
+def train_task(config, *, data_dir: str, seed: int,
+               tokenizer: str | None = None) -> task.TrainTask:
+  """arithmetic bound to its data: characters over ALPHABET, rewarded by `reward`."""
+  del tokenizer
+  return procedural.character_task(
+      "arithmetic", config, task.options_of(ArithmeticConfig, config), ALPHABET,
+      lambda response, example: reward(response, loader.as_text(example["answer"])),
+      data_dir=data_dir, seed=seed)
+
+
+TASK = task.register(task.Task(name="arithmetic", options=ArithmeticConfig, data=Arithmetic,
+                               train=train_task))

@@ -17,8 +17,10 @@ be wrong (it forgot +215); `C47*38+215;` `=2001;` `A2001;` is right.
 import dataclasses
 
 import numpy as np
+import tensorflow_datasets as tfds
 
 from jaxcredit import _checks
+from jaxcredit.tasks import builders, loader, procedural, task
 from jaxcredit.tasks.countdown import ExpressionError, parse
 from jaxcredit.tasks.loader import as_text
 from jaxcredit.tasks.tokenizers import CharTokenizer
@@ -79,7 +81,8 @@ def evaluate(expression: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class CalculatorEnv:
-  """The calculator environment (`tasks.environment.Environment`); the state is the answer."""
+  """The calculator environment (`rollout_sources.environment.Environment`); the state is
+  the answer."""
 
   tokenizer: CharTokenizer = CharTokenizer(ALPHABET)
 
@@ -105,3 +108,41 @@ def demonstration_actions(completion: str) -> np.ndarray:
     actions[i] = not in_reply
     in_reply = in_reply and char != TURN_END
   return actions
+
+
+class Calculator(builders.ProceduralBuilder):
+  """Arithmetic with a calculator tool."""
+
+  make_example = staticmethod(make_example)
+  FEATURES = {
+      "prompt": tfds.features.Text(),
+      "completion": tfds.features.Text(),
+      "answer": tfds.features.Text(),
+  }
+  BUILDER_CONFIGS = [
+      builders.ProceduralConfig(name="n3", task=CalculatorConfig(),
+                                description="3 operands of 2-3 digits, + and *"),
+  ]
+
+
+def train_task(config, *, data_dir: str, seed: int,
+               tokenizer: str | None = None) -> task.TrainTask:
+  """calculator bound to its data: a multi-turn task whose rewards come from `CalculatorEnv`;
+  SFT trains on the policy's turns of a demonstration only."""
+  del tokenizer
+  options = task.options_of(CalculatorConfig, config)
+  characters = CharTokenizer(ALPHABET)
+  return task.TrainTask(
+      vocab_size=characters.vocab_size, pad_id=characters.pad_id, stop_tokens=(),
+      max_prompt_length=config.max_prompt_length, max_response_length=options.episode_length,
+      encode=loader.text_encoder(characters, eos=False),
+      score=task.environment_rewards("calculator"), token_texts=characters.token_texts,
+      environment=CalculatorEnv(characters), max_turns=options.max_turns,
+      max_turn_tokens=options.max_turn_tokens,
+      turn_end_tokens=tuple(characters.encode(TURN_END)),
+      demonstration_actions=lambda ids: demonstration_actions(characters.decode(ids)),
+      **procedural.fields("calculator", config, options, data_dir=data_dir, seed=seed))
+
+
+TASK = task.register(task.Task(name="calculator", options=CalculatorConfig, data=Calculator,
+                               train=train_task))

@@ -12,8 +12,9 @@ import re
 from fractions import Fraction
 
 import numpy as np
+import tensorflow_datasets as tfds
 
-from jaxcredit.tasks import rewards
+from jaxcredit.tasks import builders, procedural, rewards, task
 
 ALPHABET = "".join(dict.fromkeys("0123456789+-*/(),>: <answer></answer>"))  # unique characters
 _TOKEN = re.compile(r"[0-9]+|[-+*/()]")  # ASCII digits only
@@ -147,3 +148,37 @@ def reward(response: str, numbers, target: int, *, format_score: float = 0.1) ->
   if value != target:
     return format_score, f"evaluates to {value}, not {target}"
   return 1.0, "correct"
+
+
+class Countdown(builders.ProceduralBuilder):
+  """Reach a target from numbers with + - * /."""
+
+  make_example = staticmethod(make_example)
+  FEATURES = {
+      "prompt": tfds.features.Text(),
+      "completion": tfds.features.Text(),
+      "numbers": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+      "target": np.int64,
+  }
+  BUILDER_CONFIGS = [
+      builders.ProceduralConfig(name="n4", task=CountdownConfig(),
+                                description="4 numbers in [1, 99]"),
+      builders.ProceduralConfig(name="n3", task=CountdownConfig(n_numbers=3),
+                                description="3 numbers"),
+  ]
+
+
+def train_task(config, *, data_dir: str, seed: int,
+               tokenizer: str | None = None) -> task.TrainTask:
+  """countdown bound to its data: characters over ALPHABET, rewarded by `reward`."""
+  del tokenizer
+  options = task.options_of(CountdownConfig, config)
+  return procedural.character_task(
+      "countdown", config, options, ALPHABET,
+      lambda response, example: reward(response, example["numbers"], int(example["target"]),
+                                       format_score=options.format_score),
+      data_dir=data_dir, seed=seed)
+
+
+TASK = task.register(task.Task(name="countdown", options=CountdownConfig, data=Countdown,
+                               train=train_task))

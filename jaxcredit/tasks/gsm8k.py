@@ -10,12 +10,18 @@ by its last number (verl's `method="flexible"`). Both sides are compared as
 canonical number text (`normalize_number`).
 """
 
+import hashlib
 import json
 import pathlib
 import re
 from collections.abc import Iterator
 
-from jaxcredit.tasks import rewards
+import tensorflow_datasets as tfds
+
+from jaxcredit import _checks
+from jaxcredit.models import huggingface
+from jaxcredit.tasks import loader, rewards, task
+from jaxcredit.tasks.tokenizers import HFTokenizer
 
 SPLIT_FILES = {"train": "train.jsonl", "test": "test.jsonl"}
 # ASCII digits only: a unicode digit is not part of a GSM8K number.
@@ -115,3 +121,83 @@ def manual_files(directory: str | pathlib.Path) -> dict[str, pathlib.Path]:
     raise ValueError(
         f"GSM8K needs {', '.join(SPLIT_FILES.values())} in {directory}; missing {missing}.")
   return files
+
+
+class Gsm8k(tfds.core.GeneratorBasedBuilder):
+  """GSM8K-format JSONL (`train.jsonl`, `test.jsonl`) from a manual directory.
+
+  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=DIR))
+  """
+
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "First release."}
+  MANUAL_DOWNLOAD_INSTRUCTIONS = "Place GSM8K's train.jsonl and test.jsonl in the manual directory."
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+        "prompt": tfds.features.Text(),
+        "completion": tfds.features.Text(),
+        "answer": tfds.features.Text(),
+    }))
+
+  def _split_generators(self, dl_manager):
+    files = manual_files(dl_manager.manual_dir)
+    return {split: self._generate_examples(path) for split, path in files.items()}
+
+  def _generate_examples(self, path):
+    yield from enumerate(read_jsonl(path))
+
+
+def train_task(config, *, data_dir: str, seed: int,
+               tokenizer: str | None = None) -> task.TrainTask:
+  """GSM8K-format JSONL with a pretrained checkpoint's tokenizer and chat template.
+
+  config: jsonl_dir (train.jsonl and test.jsonl), prompt ("chat": the chat
+  template's rendering of [system_prompt] + question + instruction, with the
+  assistant header; "plain": BOS + question + instruction), instruction,
+  system_prompt, template_variables, max_prompt_length, max_response_length,
+  truncated_reward. The data are prepared under `data_dir`/gsm8k-<digest of
+  the files>, so edited files are never served from a stale copy. Stop tokens:
+  the tokenizer's eos_token and the directory's generation_config.json EOS ids.
+  The reward is 1 when the response's final number equals the answer's. `tokenizer`: the
+  Hugging Face tokenizer directory; `seed` is unused (the files are the data).
+  """
+  del seed
+  if not tokenizer:
+    raise ValueError("Task gsm8k needs a Hugging Face tokenizer: set --config.model.checkpoint "
+                     "(a checkpoint directory with tokenizer.json) or --config.task.tokenizer.")
+  if not config.get("jsonl_dir"):
+    raise ValueError("Task gsm8k needs --config.task.jsonl_dir: a directory holding GSM8K's "
+                     "train.jsonl and test.jsonl.")
+  prompt = config.get("prompt", "chat")
+  _checks.check_choice(prompt, ("chat", "plain"), "task.prompt")
+  tokens = HFTokenizer(tokenizer)
+  instruction = config.get("instruction", "")
+  if prompt == "chat":
+    encode = loader.chat_encoder(tokens, instruction=instruction,
+                                 system_prompt=config.get("system_prompt"),
+                                 template_variables=dict(config.get("template_variables") or {}))
+  else:
+    encode = loader.text_encoder(tokens, instruction=instruction)
+  files = manual_files(config.jsonl_dir)
+  digest = hashlib.sha256(b"".join(path.read_bytes() for path in files.values())).hexdigest()
+  builder = Gsm8k(data_dir=str(pathlib.Path(data_dir) / f"gsm8k-{digest[:16]}"),
+                  file_format="array_record")
+  builder.download_and_prepare(
+      download_config=tfds.download.DownloadConfig(manual_dir=config.jsonl_dir))
+  score_text = lambda response, example: reward(response, loader.as_text(example["answer"]))
+  stops = {tokens.eos_id, *huggingface.stop_tokens(tokenizer)} - {None}
+  if not stops:
+    raise ValueError(f"The tokenizer in {tokenizer} has no eos_token and no "
+                     "generation_config.json EOS id: responses could never end.")
+  failures = rewards.FailureCount()
+  return task.TrainTask(
+      name="gsm8k", vocab_size=tokens.vocab_size, pad_id=tokens.pad_id,
+      stop_tokens=tuple(sorted(stops)), max_prompt_length=config.max_prompt_length,
+      max_response_length=config.max_response_length, sources=builder.as_data_source(),
+      encode=encode, score=task.text_scorer(tokens, score_text, failures),
+      reward_failures=failures, pretrained_vocab=True, token_texts=tokens.token_texts,
+      truncated_reward=float(config.get("truncated_reward", 0.0)))
+
+
+TASK = task.register(task.Task(name="gsm8k", options=None, data=Gsm8k, train=train_task))

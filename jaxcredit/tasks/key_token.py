@@ -20,8 +20,11 @@ the decisive positions P = {p_1 < ... < p_K} are placed "spread"
 import dataclasses
 
 import numpy as np
+import tensorflow_datasets as tfds
 
 from jaxcredit import _checks
+from jaxcredit.sampling import Actions
+from jaxcredit.tasks import builders, loader, procedural, task
 
 PAD, BOS, SEP, EOS, FILL = 0, 1, 2, 3, 4
 KEY0, FILLER0 = 5, 13
@@ -182,3 +185,56 @@ def noisy(rewards: np.ndarray, rng: np.random.Generator, config: KeyTokenConfig)
   """Flips binary rewards with probability config.noise (exact value eps + (1 - 2 eps) R)."""
   flips = rng.random(rewards.shape) < config.noise
   return np.where(flips, 1.0 - rewards, rewards).astype(np.float32)
+
+
+class KeyToken(builders.ProceduralBuilder):
+  """Token-level credit probe; ids, not text."""
+
+  make_example = staticmethod(make_example)
+  FEATURES = {
+      "prompt": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+      "targets": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+      "decisive": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+      "completion": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+  }
+  BUILDER_CONFIGS = [
+      builders.ProceduralConfig(name="t8_k2_all", task=KeyTokenConfig(),
+                                description="T=8, K=2, |C|=3, |F|=2, spread, rule all"),
+      builders.ProceduralConfig(
+          name="t24_k2_blind",
+          task=KeyTokenConfig(length=24, n_keys=4, n_fillers=4, filler_blind=True),
+          description="T=24, K=2, |C|=4, |F|=4, filler-blind",
+      ),
+  ]
+
+
+def row_actions(config: KeyTokenConfig) -> Actions:
+  """The typed actions over whole rows: keys at the decisive positions, filler elsewhere
+  (`allowed`), filler hidden from later inputs when filler_blind; the prompt is always
+  seen."""
+  hidden = observe(np.zeros(config.length, np.int32), config) == FILL
+  hidden_in_rows = np.concatenate([np.zeros(config.prompt_length, bool), hidden])
+  return Actions(allowed=allowed_in_rows(config),
+                 hidden=hidden_in_rows if hidden.any() else None, hidden_token=FILL)
+
+
+def train_task(config, *, data_dir: str, seed: int,
+               tokenizer: str | None = None) -> task.TrainTask:
+  """key_token bound to its data: ids, exactly T actions per response, `row_actions`."""
+  del tokenizer
+  options = task.options_of(KeyTokenConfig, config)
+
+  def score(tokens, mask, examples):
+    del mask  # every response has exactly T actions
+    targets = np.stack([np.asarray(e["targets"]) for e in examples])
+    return reward(tokens, targets, options)
+
+  return task.TrainTask(
+      vocab_size=VOCAB_SIZE, pad_id=PAD, stop_tokens=(), max_prompt_length=options.prompt_length,
+      max_response_length=options.length, encode=loader.ids_encoder, score=score,
+      actions=row_actions(options), token_texts=token_names,
+      **procedural.fields("key_token", config, options, data_dir=data_dir, seed=seed))
+
+
+TASK = task.register(task.Task(name="key_token", options=KeyTokenConfig, data=KeyToken,
+                               train=train_task))

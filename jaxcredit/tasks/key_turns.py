@@ -27,9 +27,11 @@ histories is small.
 import dataclasses
 
 import numpy as np
+import tensorflow_datasets as tfds
 
 from jaxcredit import _checks
-from jaxcredit.tasks.key_token import BOS, FILL, KEY0, SEP, VOCAB_SIZE, token_names
+from jaxcredit.tasks import builders, loader, procedural, task
+from jaxcredit.tasks.key_token import BOS, FILL, KEY0, PAD, SEP, VOCAB_SIZE, token_names
 
 __all__ = ["KeyTurnsConfig", "KeyTurnsEnv", "VOCAB_SIZE", "demonstration_actions", "make_example",
            "token_names"]
@@ -102,7 +104,8 @@ class _State:
 
 @dataclasses.dataclass(frozen=True)
 class KeyTurnsEnv:
-  """The key_turns environment (`tasks.environment.Environment`); pure: the state is a value."""
+  """The key_turns environment (`rollout_sources.environment.Environment`); pure: the state
+  is a value."""
 
   config: KeyTurnsConfig
 
@@ -130,3 +133,38 @@ class KeyTurnsEnv:
     else:
       reward = float(done and state.right == len(config.decisive))
     return state, config.observation(state.turn, state.keys), reward, done
+
+
+class KeyTurns(builders.ProceduralBuilder):
+  """Multi-turn credit probe; ids, not text."""
+
+  make_example = staticmethod(make_example)
+  FEATURES = {
+      "prompt": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+      "keys": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+      "completion": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+  }
+  BUILDER_CONFIGS = [
+      builders.ProceduralConfig(name="n4_d2", task=KeyTurnsConfig(),
+                                description="4 one-token turns, decisive turns 1 and 3, 3 keys"),
+  ]
+
+
+def train_task(config, *, data_dir: str, seed: int,
+               tokenizer: str | None = None) -> task.TrainTask:
+  """key_turns bound to its data: a multi-turn task on ids whose rewards come from
+  `KeyTurnsEnv`; SFT trains on the policy's turns of a demonstration only."""
+  del tokenizer
+  options = task.options_of(KeyTurnsConfig, config)
+  return task.TrainTask(
+      vocab_size=VOCAB_SIZE, pad_id=PAD, stop_tokens=(), max_prompt_length=2,
+      max_response_length=options.episode_length, encode=loader.ids_encoder,
+      score=task.environment_rewards("key_turns"), token_texts=token_names,
+      environment=KeyTurnsEnv(options), max_turns=options.n_turns,
+      max_turn_tokens=options.turn_length,
+      demonstration_actions=lambda ids: demonstration_actions(ids, options),
+      **procedural.fields("key_turns", config, options, data_dir=data_dir, seed=seed))
+
+
+TASK = task.register(task.Task(name="key_turns", options=KeyTurnsConfig, data=KeyTurns,
+                               train=train_task))

@@ -5,6 +5,7 @@ python -m jaxcredit.tasks.prepare --task arithmetic --data_dir DIR [--config NAM
 
 import argparse
 
+from jaxcredit import tasks
 from jaxcredit.tasks import builders
 
 
@@ -15,7 +16,7 @@ def _text(value) -> str:
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--task", required=True,
-                      help=f"one of {', '.join(sorted(builders.BUILDERS))}")
+                      help=f"one of {', '.join(tasks.names())}")
   parser.add_argument("--data_dir", required=True, help="where the array_record files go")
   parser.add_argument("--config", default=None, help="builder config name (default: the first)")
   parser.add_argument("--show", type=int, default=3, help="examples to print per split")

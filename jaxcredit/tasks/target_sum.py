@@ -21,8 +21,11 @@ import dataclasses
 import functools
 
 import numpy as np
+import tensorflow_datasets as tfds
 
 from jaxcredit import _checks
+from jaxcredit.sampling import Actions
+from jaxcredit.tasks import builders, loader, procedural, task
 
 PAD, BOS, SEP, EOS, DIGIT0 = 0, 1, 2, 3, 4
 VOCAB_SIZE = 24
@@ -181,3 +184,38 @@ def make_example(rng: np.random.Generator, config: TargetSumConfig) -> dict:
   completion = np.asarray([DIGIT0 + d for d in values] + [EOS], np.int32)
   return {"prompt": prompts(np.asarray([target]), config)[0], "target": target,
           "completion": completion}
+
+
+class TargetSum(builders.ProceduralBuilder):
+  """Credit probe with sequential dependence; ids."""
+
+  make_example = staticmethod(make_example)
+  FEATURES = {
+      "prompt": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+      "target": np.int64,
+      "completion": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+  }
+  BUILDER_CONFIGS = [
+      builders.ProceduralConfig(
+          name="n6_m4", task=TargetSumConfig(),
+          description="up to 6 digits in 0..3 summing to S ~ U[3, 15], EOS allowed"),
+  ]
+
+
+def train_task(config, *, data_dir: str, seed: int,
+               tokenizer: str | None = None) -> task.TrainTask:
+  """target_sum bound to its data: ids, responses ending at a sampled or forced EOS."""
+  del tokenizer
+  options = task.options_of(TargetSumConfig, config)
+  return task.TrainTask(
+      vocab_size=VOCAB_SIZE, pad_id=PAD, stop_tokens=(EOS,),
+      max_prompt_length=options.prompt_length, max_response_length=options.length,
+      encode=loader.ids_encoder,
+      score=lambda tokens, mask, examples: reward(
+          tokens, np.asarray([int(e["target"]) for e in examples]), options),
+      actions=Actions(allowed=allowed_in_rows(options)), token_texts=token_names,
+      **procedural.fields("target_sum", config, options, data_dir=data_dir, seed=seed))
+
+
+TASK = task.register(task.Task(name="target_sum", options=TargetSumConfig, data=TargetSum,
+                               train=train_task))

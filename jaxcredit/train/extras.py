@@ -27,10 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from jaxcredit import estimators
+from jaxcredit import estimators, tasks
 from jaxcredit.registry import Registry
 from jaxcredit.rollout import Rollout
-from jaxcredit.train import implicit_prm, monte_carlo, tasks, token_statistics
+from jaxcredit.train import implicit_prm, monte_carlo, token_statistics
 
 ENTRY_POINTS = "jaxcredit.extras"
 
@@ -38,7 +38,7 @@ ENTRY_POINTS = "jaxcredit.extras"
 class Context(NamedTuple):
   """What a provider may read besides the rollout.
 
-  task: the run's `train.tasks.TrainTask`; model: the policy that sampled the
+  task: the run's `tasks.TrainTask`; model: the policy that sampled the
   rollout; examples: the task example of each row; key: a PRNG key for this
   step (shared by all providers); rl_step: the step index.
   """

@@ -38,7 +38,7 @@ import tqdm
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from jaxcredit import estimators, losses
+from jaxcredit import estimators, losses, tasks
 from jaxcredit.atomic import write_atomically
 from jaxcredit.models import Transformer, huggingface, preset, sharding
 from jaxcredit.rollout import Rollout
@@ -46,6 +46,7 @@ from jaxcredit.rollout_sources import MultiTurn, SingleTurn
 from jaxcredit.tasks import loader
 from jaxcredit.train import (
   checkpoints,
+  data,
   export,
   extras,
   forward,
@@ -54,7 +55,6 @@ from jaxcredit.train import (
   overlap,
   refusals,
   staleness,
-  tasks,
   workdir_lock,
 )
 
@@ -261,7 +261,7 @@ class Trainer:
     greedy = dataclasses.replace(self.source, temperature=0.0, group_size=1, place=jnp.asarray,
                                  local=np.asarray)
     rewards = []
-    for chunk, rows in tasks.batch_chunks(self.eval_batch, self.config.rl.eval_batch_size):
+    for chunk, rows in data.batch_chunks(self.eval_batch, self.config.rl.eval_batch_size):
       rollout = greedy(self.modules["model"], chunk, jax.random.key(0))
       rewards.append(np.asarray(rollout.rewards)[:rows])
     failed, scored, reason = self.task.reward_failures.take()  # kept apart from training's
@@ -325,11 +325,11 @@ def _setup(config, workdir: pathlib.Path) -> Trainer | None:
   if jax.process_index() == 0:  # after every process has checked the previous one
     write_atomically(workdir / "config.json", lambda tmp: tmp.write_text(config_json))
   refusals.check_mesh_for_actions(dict(mesh.shape), task.name, task.actions.per_column)
-  lengths = {split: tasks.split_lengths(task, split) for split in task.sources}  # read once
-  data_counts = tasks.check_data(task, lengths=lengths,
+  lengths = {split: data.split_lengths(task, split) for split in task.sources}  # read once
+  data_counts = data.check_data(task, lengths=lengths,
                                  max_dropped_fraction=config.task.max_dropped_fraction)
   # Each test problem that fits, once.
-  eval_batch = tasks.evaluation_batch(task, lengths["test"][:, 0],
+  eval_batch = data.evaluation_batch(task, lengths["test"][:, 0],
                                       limit=config.task.eval_size)
   data_counts["data/test/evaluated"] = len(eval_batch["examples"])
   print(f"Greedy eval on {len(eval_batch['examples'])} held-out problems.")
@@ -529,7 +529,7 @@ def _warm_start(trainer: Trainer, stops: list) -> tuple[float, bool]:
       batch = sft_data.sft_batch(
           sft_step, length=trainer.task.max_prompt_length + trainer.task.max_response_length)
       loss_mask = trainer.task.sft_loss_mask(batch["tokens"], batch["loss_mask"])
-      tokens = tasks.noisy_demonstrations(batch["tokens"], loss_mask,
+      tokens = data.noisy_demonstrations(batch["tokens"], loss_mask,
                                           np.random.default_rng([config.seed, sft_step]),
                                           rate=config.sft.noise, task=trainer.task)
       loss = sft_update(model, sft_optimizer,

@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
+from jaxcredit import tasks
 from jaxcredit.estimators import segment_advantages, segment_endpoints
 from jaxcredit.sampling import Actions, generate
-from jaxcredit.train import tasks
 
 _segment_advantages, _segment_endpoints = jax.jit(segment_advantages), jax.jit(segment_endpoints)
 # Continuation keys are fold_in(key, MC_STREAM): never shared with an estimator's.

@@ -36,11 +36,11 @@ from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
 
-from jaxcredit import estimators
+from jaxcredit import estimators, tasks
 from jaxcredit.lab import exact_metrics, oracle, scores
 from jaxcredit.models import Transformer
 from jaxcredit.sampling import generate
-from jaxcredit.train import extras, forward, learner, loop, tasks
+from jaxcredit.train import extras, forward, learner, loop
 from studies.credit_study import report
 
 # Offsets folded into the scoring key: every random draw of the scoring has its own stream.

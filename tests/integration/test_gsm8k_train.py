@@ -18,8 +18,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from jaxcredit import tasks  # noqa: E402
 from jaxcredit.tasks import HFTokenizer  # noqa: E402
-from jaxcredit.train import loop, tasks  # noqa: E402
+from jaxcredit.train import loop  # noqa: E402
 from tests.conftest import ROOT, load_experiment  # noqa: E402
 from tests.hf_tokenizers import save_qwen_style  # noqa: E402
 

@@ -73,8 +73,8 @@ def _key_turns_batch(tmp_path, rows=8):
   import ml_collections
   from flax import nnx
 
+  from jaxcredit import tasks
   from jaxcredit.models import Transformer, preset
-  from jaxcredit.train import tasks
 
   config = ml_collections.ConfigDict({"name": "key_turns", "options": {}, "train_size": rows,
                                       "test_size": 4})

@@ -342,7 +342,7 @@ def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_
   tokens the real continuations generate."""
   import ml_collections
 
-  from jaxcredit.train import tasks
+  from jaxcredit import tasks
 
   k = 8
   options = {f.name: getattr(TASK, f.name) for f in dataclasses.fields(TASK)}

@@ -8,11 +8,11 @@ import scipy.special
 import scipy.stats
 from flax import nnx
 
-from jaxcredit import estimators, testing
+from jaxcredit import estimators, tasks, testing
 from jaxcredit.models import Transformer, preset
 from jaxcredit.rollout import Rollout
 from jaxcredit.sampling import generate
-from jaxcredit.train import implicit_prm, tasks, token_statistics
+from jaxcredit.train import implicit_prm, token_statistics
 
 
 def _entropy(p):

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxcredit import tasks
 from jaxcredit.lab import oracle, tree_oracle
 from jaxcredit.models import Transformer, preset
 from jaxcredit.sampling import generate
 from jaxcredit.tasks import key_token
-from jaxcredit.train import tasks
 from tests.conftest import random_mask
 
 OPTIONS = {"length": 6, "n_decisive": 2, "n_keys": 3, "n_fillers": 2, "filler_blind": True}
@@ -106,7 +106,7 @@ def test_tree_oracle_equals_brute_force_enumeration_with_visible_filler(setting,
     np.ones(prompts.shape, bool),
     jax.random.key(2),
     max_new_tokens=config.length,
-    actions=tasks.key_token_actions(config),
+    actions=key_token.row_actions(config),
   )
   credit = tree_oracle.tree_credit(model, config, sample.tokens, sample.mask, targets)
   mask, p = np.asarray(sample.mask), config.prompt_length

@@ -54,8 +54,8 @@ def test_demonstration_actions_are_the_policy_turns():
 def test_sft_rows_train_on_the_policy_turns_only(tmp_path):
   import ml_collections
 
+  from jaxcredit import tasks
   from jaxcredit.tasks import loader
-  from jaxcredit.train import tasks
 
   config = ml_collections.ConfigDict({"name": "calculator", "options": {}, "train_size": 16,
                                       "test_size": 4, "max_prompt_length": 14,

@@ -103,7 +103,7 @@ def test_a_response_without_eos_or_with_a_foreign_token_earns_nothing():
 def test_the_training_task_scores_rows_from_its_tfds_data(tmp_path):
   import ml_collections
 
-  from jaxcredit.train import tasks
+  from jaxcredit import tasks
 
   config = ml_collections.ConfigDict({"name": "target_sum", "options": {}, "train_size": 16,
                                       "test_size": 4})

@@ -4,8 +4,9 @@ import ml_collections
 import numpy as np
 import pytest
 
+from jaxcredit import tasks
 from jaxcredit.tasks import loader
-from jaxcredit.train import learner, refusals, tasks
+from jaxcredit.train import data, learner, refusals
 from tests.conftest import load_experiment
 
 OPTIONS = {
@@ -64,9 +65,9 @@ def test_noisy_demonstrations_change_one_allowed_token_per_corrupted_row(tmp_pat
   tokens, loss_mask = batch["tokens"], batch["loss_mask"]
   rng = np.random.default_rng(0)
   np.testing.assert_array_equal(
-    tasks.noisy_demonstrations(tokens, loss_mask, rng, rate=0.0, task=task), tokens
+    data.noisy_demonstrations(tokens, loss_mask, rng, rate=0.0, task=task), tokens
   )
-  noisy = tasks.noisy_demonstrations(tokens, loss_mask, rng, rate=1.0, task=task)
+  noisy = data.noisy_demonstrations(tokens, loss_mask, rng, rate=1.0, task=task)
   changed = noisy != tokens
   np.testing.assert_array_equal(changed.sum(axis=1), 1)
   assert loss_mask[changed].all()
@@ -92,8 +93,8 @@ def test_unknown_task_lists_the_known_ones(tmp_path):
   config = ml_collections.ConfigDict({"name": "chess", "options": {}})
   with pytest.raises(
     ValueError,
-    match="Unknown task 'chess'; known: arithmetic, countdown, calculator, key_token, key_turns, "
-    "target_sum, gsm8k",
+    match="Unknown task 'chess'; known: arithmetic, calculator, countdown, gsm8k, key_token, "
+    "key_turns, target_sum",
   ):
     tasks.make(config, data_dir=str(tmp_path), seed=0)
 
@@ -195,8 +196,8 @@ def test_data_beyond_the_budgets_is_counted_and_too_much_refuses_to_start(tmp_pa
     match=r"\d+ of 50 test examples \(\d+\.\d%\) have prompts longer than "
     r"max_prompt_length = 10 tokens .* task.max_dropped_fraction = 0.1",
   ):
-    tasks.check_data(task, max_dropped_fraction=0.1)
-  report = tasks.check_data(task, max_dropped_fraction=1.0)
+    data.check_data(task, max_dropped_fraction=0.1)
+  report = data.check_data(task, max_dropped_fraction=1.0)
   for split, (prompt, answer) in ((s, lengths[s].T) for s in lengths):
     assert report[f"data/{split}/examples"] == len(prompt)
     assert report[f"data/{split}/dropped"] == np.sum(prompt > 10) > 0
@@ -208,7 +209,7 @@ def test_data_beyond_the_budgets_is_counted_and_too_much_refuses_to_start(tmp_pa
     "max_response_length"
     in out
   )
-  batch = tasks.evaluation_batch(task)  # each fitting test problem exactly once
+  batch = data.evaluation_batch(task)  # each fitting test problem exactly once
   fitting = [task.sources["test"][i] for i in np.flatnonzero(lengths["test"][:, 0] <= 10)]
   assert len(batch["examples"]) == len(fitting) == 50 - report["data/test/dropped"]
   assert sorted(e["prompt"] for e in batch["examples"]) == sorted(e["prompt"] for e in fitting)
@@ -217,7 +218,7 @@ def test_data_beyond_the_budgets_is_counted_and_too_much_refuses_to_start(tmp_pa
 def test_evaluation_chunks_share_one_shape_and_cover_every_prompt_once():
   prompts = np.arange(5 * 3).reshape(5, 3)
   batch = {"prompts": prompts, "prompt_valid": prompts % 2 == 0, "examples": list("abcde")}
-  chunks = list(tasks.batch_chunks(batch, 2))
+  chunks = list(data.batch_chunks(batch, 2))
   assert [rows for _, rows in chunks] == [2, 2, 1]
   assert all(
     chunk["prompts"].shape == (2, 3) and len(chunk["examples"]) == 2 for chunk, _ in chunks
@@ -226,5 +227,5 @@ def test_evaluation_chunks_share_one_shape_and_cover_every_prompt_once():
   np.testing.assert_array_equal(real("prompts"), prompts)
   np.testing.assert_array_equal(real("prompt_valid"), batch["prompt_valid"])
   assert sum((chunk["examples"][:rows] for chunk, rows in chunks), []) == list("abcde")
-  ((whole, rows),) = tasks.batch_chunks(batch, None)
+  ((whole, rows),) = data.batch_chunks(batch, None)
   assert rows == 5 and whole["examples"] == list("abcde")

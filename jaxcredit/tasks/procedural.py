@@ -1,0 +1,38 @@
+"""What every generated task's `TrainTask` shares: its data, generated and prepared as TFDS
+array_record files from the task's options, and (for text tasks) a character tokenizer."""
+
+import hashlib
+from collections.abc import Callable
+
+from jaxcredit.tasks import builders, loader, rewards, task
+from jaxcredit.tasks.tokenizers import CharTokenizer
+
+
+def fields(name: str, config, options, *, data_dir: str, seed: int) -> dict:
+  """The `TrainTask` fields every generated task shares (name, sources, config,
+  truncated_reward): its train and test splits of config.train_size and config.test_size
+  examples generated with `options` from `seed`, built under `data_dir` (or reused) and named
+  by the options' digest, so that runs with other options never share files."""
+  settings = hashlib.sha256(repr(options).encode()).hexdigest()[:12]
+  builder = builders.get(name, data_dir=data_dir,
+                         config=builders.ProceduralConfig(name=f"run_{settings}", task=options),
+                         train_size=config.train_size, test_size=config.test_size, seed=seed)
+  builder.download_and_prepare()
+  return dict(name=name, sources=builder.as_data_source(), config=options,
+              truncated_reward=float(config.get("truncated_reward", 0.0)))
+
+
+def character_task(name: str, config, options, alphabet: str,
+                   reward: Callable[[str, dict], tuple[float, str]], *, data_dir: str,
+                   seed: int) -> task.TrainTask:
+  """A generated text task on a character tokenizer over `alphabet`: prompts and responses
+  within config.max_prompt_length and config.max_response_length, a response ending at EOS,
+  scored by `reward(response text, example)` (`task.text_scorer`)."""
+  tokenizer = CharTokenizer(alphabet)
+  failures = rewards.FailureCount()
+  return task.TrainTask(
+      vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, stop_tokens=(tokenizer.eos_id,),
+      max_prompt_length=config.max_prompt_length,
+      max_response_length=config.max_response_length, encode=loader.text_encoder(tokenizer),
+      score=task.text_scorer(tokenizer, reward, failures), token_texts=tokenizer.token_texts,
+      reward_failures=failures, **fields(name, config, options, data_dir=data_dir, seed=seed))

@@ -1,0 +1,211 @@
+"""What training needs from a task, and the registry that names every task.
+
+  task = tasks.make(config.task, data_dir=..., seed=0)   # the run's TrainTask
+  task.sources["train"], task.encode            # for tasks.loader.Loader
+  task.score(tokens [B, N], mask [B, N], examples) -> [B] float rewards
+  task.score_rows(tokens [B, P + N], mask, examples)  # + the truncation rule
+  task.actions                                 # typed actions, filler-blind (sampling.Actions)
+  task.token_texts(ids) -> list[str]           # each token alone, readable (exports, viewer)
+  task.environment                             # multi-turn: what rollout_sources.MultiTurn drives
+
+A task is one module of `jaxcredit.tasks` that ends with one `register(Task(...))`: its name,
+the dataclass of its options and how it binds to data for training (`Task.train`). Rows are
+laid out as the sampler lays them out: a prompt left-padded to `max_prompt_length`, then
+`max_response_length` response slots.
+"""
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxcredit.registry import Registry
+from jaxcredit.rollout_sources import MultiTurn
+from jaxcredit.sampling import Actions
+from jaxcredit.tasks import loader, rewards
+from jaxcredit.tasks.tokenizers import Tokenizer
+
+Scorer = Callable[[np.ndarray, np.ndarray, Sequence[dict]], np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainTask:
+  """A task bound to its data. `score` maps [B, N] response ids and their
+  action mask to [B] rewards in [0, 1]; `actions` (`sampling.Actions` over
+  the [P + N] columns of a row) lists the tokens allowed at each response step
+  and the steps fed back to the model as its `hidden_token`. A response cut off by the budget
+  (stop tokens exist and none was emitted) is scored `truncated_reward` by
+  `score_rows`, whatever the verifier would say of its text: `#### 12` cut
+  from `#### 125` must not pass for a complete answer of 12."""
+
+  name: str
+  vocab_size: int
+  pad_id: int
+  stop_tokens: tuple[int, ...]
+  max_prompt_length: int
+  max_response_length: int
+  sources: dict
+  encode: loader.Encoder
+  score: Scorer
+  actions: Actions = Actions()
+  config: Any = None  # the task's own config (e.g. key_token.KeyTokenConfig)
+  truncated_reward: float = 0.0
+  # True: a pretrained tokenizer, whose ids the model's own (padded) vocabulary covers;
+  # False: the model is built with exactly vocab_size ids.
+  pretrained_vocab: bool = False
+  # Each token id on its own as readable text (Tokenizer.token_texts; key_token's names).
+  token_texts: Callable[[Sequence[int]], list[str]] = lambda ids: [str(int(i)) for i in ids]
+  # Multi-turn tasks: the `rollout_sources.environment.Environment` that rewards episodes (then
+  # max_response_length is the episode's columns after the prompt), turns per episode,
+  # action tokens per turn and the tokens that end a turn early.
+  environment: Any = None
+  max_turns: int = 0
+  max_turn_tokens: int = 0
+  turn_end_tokens: tuple[int, ...] = ()
+  # Responses whose reward function raised (scored 0), counted for the loop to report.
+  reward_failures: rewards.FailureCount = dataclasses.field(default_factory=rewards.FailureCount)
+  # Multi-turn tasks: [n] completion ids of a demonstration -> [n] bool, its policy tokens
+  # (not the environment's observations); SFT trains on those only.
+  demonstration_actions: Callable[[np.ndarray], np.ndarray] | None = None
+
+  def sft_loss_mask(self, tokens: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
+    """[B, L] loss_mask of SFT rows, restricted to the policy's tokens of multi-turn
+    demonstrations (unchanged for single-turn tasks)."""
+    if self.demonstration_actions is None:
+      return loss_mask
+    restricted = np.zeros_like(loss_mask)
+    for row, (ids, completion) in enumerate(zip(tokens, loss_mask)):
+      columns = np.flatnonzero(completion)
+      restricted[row, columns] = self.demonstration_actions(ids[columns])
+    return restricted
+
+  def truncated(self, tokens, mask) -> np.ndarray:
+    """[B] bool: whole [B, P + N] rows whose response holds no stop token
+    (all False for tasks without stop tokens: their responses have a fixed length)."""
+    response = slice(self.max_prompt_length, None)
+    in_response = np.asarray(mask, bool)[:, response]
+    stopped = np.isin(np.asarray(tokens)[:, response], self.stop_tokens) & in_response
+    return ~stopped.any(axis=1) if self.stop_tokens else np.zeros(len(stopped), bool)
+
+  def score_rows(self, tokens, mask, examples: Sequence[dict]) -> np.ndarray:
+    """[B] rewards of whole [B, P + N] rows: `score` of the response (after the
+    prompt columns), `truncated_reward` where it was cut off by the budget."""
+    response = slice(self.max_prompt_length, None)
+    scores = self.score(np.asarray(tokens)[:, response], np.asarray(mask)[:, response], examples)
+    return np.where(self.truncated(tokens, mask), np.float32(self.truncated_reward), scores)
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """A task as jaxcredit knows it, registered under `name` (`register`).
+
+  options: the dataclass of the task's own settings (a run's `task.options` are its
+  fields, `options_of`); data: its TFDS builder class (`builders.get`); train:
+  `(config.task, *, data_dir, seed, tokenizer) -> TrainTask`, the task bound to its data
+  for the training loop.
+  """
+
+  name: str
+  options: type | None
+  data: type
+  train: Callable[..., TrainTask]
+
+
+_TASKS: Registry = Registry("task")
+
+
+def register(task: Task, *, overwrite: bool = False) -> Task:
+  """Registers `task` under its name (ValueError if taken, unless `overwrite`); returns it."""
+  _TASKS.register(task.name, overwrite=overwrite)(task)
+  return task
+
+
+def unregister(name: str) -> None:
+  """Removes task `name` (e.g. a test's temporary registration)."""
+  _TASKS.unregister(name)
+
+
+def get(name: str) -> Task:
+  """The task registered as `name`; ValueError listing the known ones."""
+  return _TASKS.get(name)
+
+
+def names() -> list[str]:
+  """Every registered task's name, sorted."""
+  return _TASKS.names()
+
+
+def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> TrainTask:
+  """The training task `config.name` bound to its data (built under `data_dir`, or reused).
+
+  config: the run's `task` config: name, options (the task's own fields), train_size,
+  test_size, max_prompt_length, max_response_length (tasks whose options fix them ignore
+  them), truncated_reward, and the task's own fields (e.g. gsm8k's jsonl_dir); tokenizer: a
+  Hugging Face tokenizer directory, for tasks on a pretrained vocabulary.
+  """
+  return get(config.name).train(config, data_dir=data_dir, seed=seed, tokenizer=tokenizer)
+
+
+def options_of(config_class, config):
+  """config_class(**config.task.options); ValueError naming task.options and the fields it
+  takes when an option is unknown."""
+  options = dict(config.get("options") or {})
+  known = {field.name for field in dataclasses.fields(config_class)}
+  unknown = sorted(set(options) - known)
+  if unknown:
+    raise ValueError(f"task.options has {', '.join(map(repr, unknown))}, which "
+                     f"{config_class.__name__} does not take; it takes: "
+                     f"{', '.join(sorted(known))}.")
+  return config_class(**options)
+
+
+def text_scorer(tokenizer: Tokenizer, reward_fn: Callable[[str, dict], tuple[float, str]],
+                failures: rewards.FailureCount) -> Scorer:
+  """Decoded responses scored by `reward_fn` (`rewards.batched`); responses on which it
+  raises score 0 and are counted in `failures`."""
+  def score(tokens, mask, examples):
+    responses = [tokenizer.decode(row[m]) for row, m in zip(tokens, mask)]
+    with warnings.catch_warnings():  # counted instead, and reported by the loop every time
+      warnings.simplefilter("ignore", RuntimeWarning)
+      scored = rewards.batched(reward_fn, responses, examples)
+    failures.add(scored)
+    return scored.rewards
+
+  return score
+
+
+def environment_rewards(name: str) -> Scorer:
+  """The `score` of a multi-turn task: its rewards come from its environment, turn by turn."""
+
+  def score(tokens, mask, examples):
+    raise ValueError(f"Task {name!r} is multi-turn: its rewards come from its environment "
+                     "(rollout_sources.MultiTurn), so whole responses cannot be scored on their "
+                     "own (e.g. by Monte-Carlo continuations).")
+
+  return score
+
+
+def within_tokenizer(task: TrainTask, model_vocab_size: int) -> TrainTask:
+  """`task`, its actions restricted to its tokenizer's ids when the model's embedding has
+  more rows (a padded vocabulary, e.g. Qwen2.5's 151,936 rows for 151,665 tokens): the
+  policy never samples, and its log-probs never count, an id the tokenizer lacks."""
+  if model_vocab_size <= task.vocab_size or task.actions.allowed is not None:
+    return task
+  ids = np.arange(model_vocab_size) < task.vocab_size
+  return dataclasses.replace(task, actions=task.actions._replace(allowed=ids))
+
+
+def multi_turn_source(task: TrainTask, *, group_size: int = 1, temperature: float = 1.0,
+                      place: Callable = jnp.asarray, local: Callable = np.asarray) -> MultiTurn:
+  """The rollout source of a task with an environment (ValueError for one without)."""
+  if task.environment is None:
+    raise ValueError(f"Task {task.name!r} has no environment: it is not multi-turn.")
+  return MultiTurn(task.environment, max_turns=task.max_turns,
+                   max_turn_tokens=task.max_turn_tokens,
+                   max_episode_tokens=task.max_response_length,
+                   turn_end_tokens=task.turn_end_tokens, group_size=group_size,
+                   temperature=temperature, pad_id=task.pad_id, place=place, local=local)
