@@ -36,9 +36,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bench.common import machine, table
-from jaxcredit import logprobs, losses
+from jaxcredit import forward, logprobs, losses
 from jaxcredit.models import Transformer, preset, sharding
-from jaxcredit.train import forward
 
 GiB = 2**30
 VARIANTS = {

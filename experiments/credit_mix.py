@@ -4,7 +4,7 @@ tokens, trained with a clip-higher PPO objective plus a scheduled entropy
 bonus and a k3 KL term.
 
 PRIME's implicit PRM (a copy of the policy trained on outcome labels each
-step, `jaxcredit.train.implicit_prm`) keeps token credit non-zero even when a whole
+step, `jaxcredit.credit.implicit_prm`) keeps token credit non-zero even when a whole
 group has the same reward, so without a firm KL anchor the policy drifts
 from the reference and collapses; the KL coefficient below is what keeps it
 stable here (with coef 0.01 accuracy fell from 0.19 to 0 and the KL rose to

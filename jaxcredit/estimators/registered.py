@@ -35,7 +35,7 @@ def register(name: str, *, needs: tuple[str, ...] = (), settings: dict | None = 
 
   needs: the rollout.extras keys it reads; before the learner step, the
   extras provider registered for each key computes it
-  (`jaxcredit.train.extras`). settings: {name: default} of the providers'
+  (`jaxcredit.credit.extras`). settings: {name: default} of the providers'
   own hyperparameters (e.g. the Monte-Carlo `k`), accepted in an advantage
   config beside the estimator's keyword arguments and handed to the providers.
   """
@@ -149,7 +149,7 @@ def _prime(rollout: Rollout, *, beta: float = 0.05, gamma: float = 1.0):
   of implicit process rewards beta (log pi_prm - log pi_ref), each centred by
   the leave-one-out mean of the other responses' per-token implicit reward.
   pi_prm is rollout.extras["prm_logprobs"] when present (the implicit PRM
-  trained in the loop, `jaxcredit.train.implicit_prm`), else rollout.behaviour_logprobs."""
+  trained in the loop, `jaxcredit.credit.implicit_prm`), else rollout.behaviour_logprobs."""
   rollout.require("ref_logprobs", by="prime")
   if "prm_logprobs" in rollout.extras:
     prm_logp = rollout.extra("prm_logprobs", by="prime")
@@ -227,7 +227,7 @@ def _vineppo(rollout: Rollout):
   """VinePPO (Kazemnejad et al., 2024, arXiv 2410.01679): Monte-Carlo values
   V(s_t) at the positions in extras["mc_evaluated"] (extras["mc_values"], from
   `k` rollouts per position at `positions`, see
-  `jaxcredit.train.monte_carlo`); each segment's V(next point) - V(point) is
+  `jaxcredit.credit.monte_carlo`); each segment's V(next point) - V(point) is
   copied to its tokens."""
   return value_credit.segment_advantages(
       rollout.extra("mc_values", by="vineppo"), rollout.extra("mc_evaluated", by="vineppo"),
@@ -283,7 +283,7 @@ def _spo(rollout: Rollout, *, prob_threshold: float = 0.9):
 def _ktae(rollout: Rollout, *, eps: float = 1e-6):
   """KTAE (arXiv 2505.16826): the GRPO advantage plus a per-group key-token score
   kappa of each token's type, extras["ktae_scores"] [B, T]
-  (`jaxcredit.train.token_statistics.ktae_scores`: Fisher's exact test and
+  (`jaxcredit.credit.token_statistics.ktae_scores`: Fisher's exact test and
   information gain of the token's presence against correctness, signed by
   Cohen's h)."""
   scores = rollout.extra("ktae_scores", by="ktae")

@@ -63,13 +63,14 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxcredit import estimators, losses
+from jaxcredit import estimators, forward, losses
+from jaxcredit.credit import implicit_prm, token_statistics
 from jaxcredit.lab import cell_tasks, sum_tree, tree_oracle
 from jaxcredit.models import Transformer, TransformerConfig
 from jaxcredit.rollout import Estimate, Rollout
 from jaxcredit.sampling import Actions, generate
 from jaxcredit.tasks import key_token, target_sum, zipf_explain
-from jaxcredit.train import forward, implicit_prm, learner, token_statistics
+from jaxcredit.train import learner
 
 PROMPT_STREAM, SAMPLE_STREAM, EXTRAS_STREAM, NOISE_STREAM = 0, 1, 2, 3
 EXTRAS = ("oracle_advantages", "oracle_values", "shuffle_priorities", "ktae_scores",

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jaxcredit.credit import extras
 from jaxcredit.lab import oracle, sum_tree, turn_oracle
-from jaxcredit.train import extras
 
 PASS_AT = (1, 4, 16, 64)
 METRIC = "train/hook/exact_success"

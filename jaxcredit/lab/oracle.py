@@ -13,7 +13,7 @@ reward R, A_t = V(s_{t+1}) - V(s_t) and V after the last action is R.
   rb_credit(..., logprobs=...)                                  Rao-Blackwellised Monte Carlo
 
 The Monte-Carlo machinery (`mc_credit`, `select_positions`, `mc_value_stats`)
-lives in `jaxcredit.train.monte_carlo`, where VinePPO training uses it.
+lives in `jaxcredit.credit.monte_carlo`, where VinePPO training uses it.
 """
 
 import itertools
@@ -26,10 +26,10 @@ from flax import nnx
 from jax import Array
 
 from jaxcredit import tasks
+from jaxcredit.credit import monte_carlo
 from jaxcredit.sampling import mask_logits
 from jaxcredit.tasks import key_token
-from jaxcredit.train import monte_carlo
-from jaxcredit.train.monte_carlo import (Credit, mc_credit, mc_value_stats, returns_stats,
+from jaxcredit.credit.monte_carlo import (Credit, mc_credit, mc_value_stats, returns_stats,
                                          select_positions)
 
 TAKEN_STREAM, BANNED_STREAM = 1, 2  # continuation streams of Q(s_t, y_t) and of Q with y_t banned

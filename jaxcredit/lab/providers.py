@@ -3,7 +3,7 @@
 Importing this module registers the providers of rollout.extras
 ["oracle_advantages"] and ["oracle_values"] (read by the `oracle`, `oracle_seq`
 and `oracle_shuffled` estimators) and ["shuffle_priorities"] (`oracle_shuffled`)
-with `jaxcredit.train.extras`; the training loop finds them through the
+with `jaxcredit.credit.extras`; the training loop finds them through the
 "jaxcredit.extras" entry point, so `train` never imports the lab. The oracle's
 teacher-forced passes are not charged to the run's generated tokens: it is an
 upper bound on information.
@@ -13,8 +13,8 @@ import jax
 import numpy as np
 
 from jaxcredit import tasks
+from jaxcredit.credit import extras
 from jaxcredit.lab import oracle, sum_tree, turn_oracle
-from jaxcredit.train import extras
 
 
 def exact_credit(model, task: tasks.TrainTask, rollout, examples) -> tuple[dict, dict]:

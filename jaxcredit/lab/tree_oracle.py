@@ -30,9 +30,9 @@ import numpy as np
 from flax import nnx
 from jax import Array
 
+from jaxcredit.credit.monte_carlo import Credit
 from jaxcredit.lab import oracle
 from jaxcredit.tasks import key_token
-from jaxcredit.train.monte_carlo import Credit
 
 MAX_PASSES = 2**17  # teacher-forced paths over all prompts: a guard, never a silent truncation
 

@@ -11,7 +11,7 @@ start, then GRPO on 2-digit addition with a tiny transformer, on a CPU).
 
 import ml_collections
 
-from jaxcredit.train import forward
+from jaxcredit import forward
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()

@@ -49,8 +49,9 @@ from jax.experimental import multihost_utils
 
 from jaxcredit import estimators
 from jaxcredit.atomic import write_atomically
+from jaxcredit.credit import extras
 from jaxcredit.rollout import Rollout
-from jaxcredit.train import extras, learner
+from jaxcredit.train import learner
 
 SCHEMA_VERSION = 1
 DIRECTORY = "tokens"

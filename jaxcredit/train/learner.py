@@ -32,10 +32,9 @@ import optax
 from flax import nnx
 from jax import Array
 
-from jaxcredit import estimators, losses
+from jaxcredit import estimators, forward, losses
 from jaxcredit.rollout import Estimate, Rollout
 from jaxcredit.sampling import Actions
-from jaxcredit.train import forward
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ reaches `sft.target_accuracy` (stopping by accuracy, not step count).
 Stage 2 repeats: a rollout source (`jaxcredit.rollout_sources.SingleTurn`, or
 `MultiTurn` for a task with an environment) samples `group_size` responses
 (episodes) per prompt and scores them; the extras providers the
-estimators need (`jaxcredit.train.extras`, e.g. Monte-Carlo values for
+estimators need (`jaxcredit.credit.extras`, e.g. Monte-Carlo values for
 `vineppo`) and an optional rollout hook add extras; the learner step
 (`jaxcredit.train.learner`: reference log-probs,
 KL penalty, critic values, `config.advantage`, `rl.epochs x rl.minibatches`
@@ -38,8 +38,9 @@ import tqdm
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from jaxcredit import estimators, losses, tasks
+from jaxcredit import estimators, forward, losses, tasks
 from jaxcredit.atomic import write_atomically
+from jaxcredit.credit import extras
 from jaxcredit.models import Transformer, huggingface, preset, sharding
 from jaxcredit.rollout import Rollout
 from jaxcredit.rollout_sources import MultiTurn, SingleTurn
@@ -48,8 +49,6 @@ from jaxcredit.train import (
   checkpoints,
   data,
   export,
-  extras,
-  forward,
   learner,
   metrics,
   overlap,

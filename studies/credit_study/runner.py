@@ -11,7 +11,7 @@ first design, below.
 For every task, estimator and seed the study trains a policy with
 `jaxcredit.train.loop.run` (same initialisation, prompts and evaluation per
 seed; the rollouts or oracle values an estimator needs come from the extras
-providers, `jaxcredit.train.extras` and `lab.providers`) and measures its exact
+providers, `jaxcredit.credit.extras` and `lab.providers`) and measures its exact
 expected success J(pi) and pass@k on held-out prompts (`lab.exact_metrics`). During the first
 seed's GRPO run it scores every estimator's credit on the same batches
 against the exact oracle (`lab.scores`) and checks Monte-Carlo values against
@@ -36,11 +36,12 @@ from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
 
-from jaxcredit import estimators, tasks
+from jaxcredit import estimators, forward, tasks
+from jaxcredit.credit import extras
 from jaxcredit.lab import exact_metrics, oracle, scores
 from jaxcredit.models import Transformer
 from jaxcredit.sampling import generate
-from jaxcredit.train import extras, forward, learner, loop
+from jaxcredit.train import learner, loop
 from studies.credit_study import report
 
 # Offsets folded into the scoring key: every random draw of the scoring has its own stream.

@@ -23,9 +23,9 @@ import ml_collections
 import numpy as np
 
 from jaxcredit import estimators
+from jaxcredit.credit import extras
 from jaxcredit.lab import exact_metrics, scores, turn_oracle
 from jaxcredit.tasks import key_turns
-from jaxcredit.train import extras
 from studies.credit_study import runner as credit_study
 from studies.credit_study import sweep
 from studies.credit_study.report import fmt_interval, machine, t_interval

@@ -98,8 +98,8 @@ def test_per_turn_reduces_each_turns_action_tokens():
 
 def test_turn_scores_put_the_oracle_at_one_and_measure_grpo_against_the_exact_credit(tmp_path):
   from jaxcredit import estimators
+  from jaxcredit.credit import extras
   from jaxcredit.lab import providers, turn_oracle
-  from jaxcredit.train import extras
 
   task, model, examples, rollout = _key_turns_batch(tmp_path, rows=16)
   rollout = rollout.replace(group_size=4)

@@ -270,7 +270,7 @@ def test_a_target_sum_batch_carries_its_rule_reward_and_e_tree_credit():
 def test_a_ktae_arm_reads_its_groups_token_statistics():
   """KTAE in a batched cell: the batch's key-token scores (with the TF term) equal the
   float64 reference on its tokens and rewards (its runs train: the PRIME test below)."""
-  from tests.unit.lab.test_credit_methods import _ktae_reference
+  from tests.unit.credit.test_credit_methods import _ktae_reference
 
   cell = _cell("grpo", "ktae")
   model = Transformer(MODEL, rngs=nnx.Rngs(0))
@@ -287,7 +287,7 @@ def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does
   its runs train."""
   import types
 
-  from jaxcredit.train import implicit_prm
+  from jaxcredit.credit import implicit_prm
 
   cell, prm_rate = _cell("grpo", "prime"), 3e-3  # the arm's rate reaches the PRM's Adam
   model = Transformer(MODEL, rngs=nnx.Rngs(0))
@@ -395,7 +395,7 @@ def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact
   the alternative keys at each decisive position are scored against the exact values,
   which equal the host oracle's on the same responses with the key changed, and the
   critic's values of those states equal the learner's critic_values."""
-  from jaxcredit.train import forward
+  from jaxcredit import forward
 
   ppo_gae = {"name": "gae", "lam": 0.95}
   cell = _cell("grpo", ppo_gae, mechanism_batches=1)

@@ -120,8 +120,8 @@ def test_the_oracle_provider_and_exact_success_hook_serve_target_sum(model, tmp_
   import ml_collections
 
   from jaxcredit import Rollout, tasks
+  from jaxcredit.credit import extras
   from jaxcredit.lab import exact_metrics, providers
-  from jaxcredit.train import extras
 
   task_config = {"n_digits": 3, "n_values": 3, "target_low": 1, "target_high": 5}
   task = tasks.make(ml_collections.ConfigDict({"name": "target_sum", "options": task_config,

@@ -83,9 +83,9 @@ SEQUENCE_SCRIPT = """
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
+from jaxcredit import forward
 from jaxcredit.models import Transformer, preset, sharding
 from jaxcredit.sampling import Actions, prompt_positions
-from jaxcredit.train import forward
 
 length, mesh_shape, dtype, temperature = json.loads(sys.argv[1])
 cfg = preset("tiny", attention="chunked", attention_block=256, remat="block",

@@ -8,10 +8,9 @@ import pytest
 from flax import nnx
 
 from bench.no_cache import RebuildingMultiTurn
-from jaxcredit import estimators
+from jaxcredit import estimators, forward
 from jaxcredit.models import Transformer, preset
 from jaxcredit.rollout_sources import MultiTurn
-from jaxcredit.train import forward
 
 CONFIG = preset("tiny", vocab_size=32)
 TURN_END = 5

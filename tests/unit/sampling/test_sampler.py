@@ -239,8 +239,8 @@ def test_readme_models_example_runs(model):
 def test_action_mask_and_hidden_steps_match_the_learner(model):
   """Sampled actions stay in the allowed sets, and teacher forcing with the same
   transforms (forward.policy_outputs with Actions) reproduces the behaviour log-probs."""
+  from jaxcredit.forward import policy_outputs
   from jaxcredit.rollout import Rollout
-  from jaxcredit.train.forward import policy_outputs
 
   prompts, valid = _prompts(3, batch=6)
   steps_, vocab = 8, CONFIG.vocab_size

@@ -10,10 +10,10 @@ import optax
 import pytest
 from flax import nnx
 
+from jaxcredit import forward
 from jaxcredit.lab import explain_oracle
 from jaxcredit.models import Transformer, preset
 from jaxcredit.tasks import zipf_explain as zx
-from jaxcredit.train import forward
 
 MARK, KEY0, WORD0 = zx.MARK, zx.KEY0, zx.WORD0
 

@@ -6,10 +6,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxcredit import estimators, losses
+from jaxcredit import estimators, forward, losses
 from jaxcredit.models import Transformer, preset
 from jaxcredit.rollout import Rollout
-from jaxcredit.train import forward, learner
+from jaxcredit.train import learner
 
 LEARNING_RATE = 0.5
 OBJECTIVE = {"policy": {"name": "ppo_clip"}}

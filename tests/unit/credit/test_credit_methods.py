@@ -9,10 +9,10 @@ import scipy.stats
 from flax import nnx
 
 from jaxcredit import estimators, tasks, testing
+from jaxcredit.credit import implicit_prm, token_statistics
 from jaxcredit.models import Transformer, preset
 from jaxcredit.rollout import Rollout
 from jaxcredit.sampling import generate
-from jaxcredit.train import implicit_prm, token_statistics
 
 
 def _entropy(p):
@@ -98,7 +98,7 @@ def test_ktae_scores_put_each_types_kappa_on_its_tokens_per_group_jit_and_vmap()
 def test_the_trainers_ktae_provider_scores_the_sampled_rollout():
   """extras.hook for ktae: the key-token scores of the rollout's tokens and rewards, over
   the policy's vocabulary."""
-  from jaxcredit.train import extras
+  from jaxcredit.credit import extras
 
   rollout = testing.strategies.make_rollout(np.random.default_rng(2), batch=8, length=7,
                                             group_size=4)

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import pytest
 
 from jaxcredit import estimators
+from jaxcredit.credit import extras
 from jaxcredit.rollout import Rollout
-from jaxcredit.train import extras
 
 
 def test_advantage_configs_list_their_estimators_settings_and_needs():
@@ -104,7 +104,7 @@ def test_the_trainer_finds_the_labs_oracle_without_importing_the_lab():
   code = (
     "import sys\n"
     "from jaxcredit import estimators\n"
-    "from jaxcredit.train import extras, loop\n"
+    "from jaxcredit.credit import extras\nfrom jaxcredit.train import loop\n"
     "print(sorted(m for m in sys.modules if m.startswith('jaxcredit.lab')))\n"
     "hook = extras.hook(estimators.from_config('oracle'))\n"
     "print(hook is not None, 'jaxcredit.lab.providers' in sys.modules)\n"

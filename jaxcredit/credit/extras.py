@@ -28,9 +28,9 @@ import numpy as np
 from jax import Array
 
 from jaxcredit import estimators, tasks
+from jaxcredit.credit import implicit_prm, monte_carlo, token_statistics
 from jaxcredit.registry import Registry
 from jaxcredit.rollout import Rollout
-from jaxcredit.train import implicit_prm, monte_carlo, token_statistics
 
 ENTRY_POINTS = "jaxcredit.extras"
 

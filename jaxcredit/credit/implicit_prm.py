@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxcredit.train import forward
+from jaxcredit import forward
 
 
 class ImplicitPRM:
