@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 from jax import Array
@@ -161,3 +162,19 @@ class PolicyOutputs(NamedTuple):
   logprobs: Array
   entropy: Array | None = None
   values: Array | None = None
+
+
+@chex.dataclass(frozen=True)
+class Credit:
+  """Token credit A(s_t, y_t) = Q(s_t, y_t) - V(s_t), exact or estimated.
+
+  advantages [B, L]: A(s_t, y_t) at actions (0 elsewhere); values [B, L]: V(s_t)
+  where evaluated; adv_stderr [B, L]: 0 for exact oracles, the Monte-Carlo
+  standard error otherwise; evaluated [B, L] bool: V is known there; cost:
+  rollouts, gen_tokens, prefill_tokens and tf_tokens (teacher-forced) spent."""
+
+  advantages: Array
+  values: Array
+  adv_stderr: Array
+  evaluated: Array
+  cost: dict

@@ -7,6 +7,6 @@ statistics (KTAE), and the extras registry that provides each estimator what it 
 """
 
 from jaxcredit.credit import extras, implicit_prm, monte_carlo, token_statistics
-from jaxcredit.credit.monte_carlo import Credit
+from jaxcredit.rollout import Credit
 
 __all__ = ["Credit", "extras", "implicit_prm", "monte_carlo", "token_statistics"]

@@ -6,20 +6,20 @@ and an outcome reward R, a segment's credit is V(next point) - V(point), and
 V after the last action is R.
 
   mc_credit(model, task, tokens, mask, token_valid, examples, key, k=..., positions=...)
+  rb_credit(..., logprobs=...)          Rao-Blackwellised: A = (1 - pi)(Q_y - Q_-)
   Continuations(...).returns(pairs)     [M, K] rewards of K continuations per (row, column)
   select_positions(mask, logprobs, spec)  where V is evaluated ("all", "stride:k", "cutpoints:tau")
   mc_value_stats(returns, valid)        means and standard errors of K returns per state
 
 Rows use the training layout: [B, L] with L = P + N (a left-padded prompt,
-then N response slots); `mask` marks actions. The lab's oracles
-(`jaxcredit.lab.oracle`) build on the same continuations.
+then N response slots); `mask` marks actions. The credit lab scores these estimates
+against the tasks' exact oracles.
 """
 
 import dataclasses
 import math
 from collections.abc import Sequence
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,27 +27,13 @@ from jax import Array
 
 from jaxcredit import tasks
 from jaxcredit.estimators import segment_advantages, segment_endpoints
+from jaxcredit.rollout import Credit
 from jaxcredit.sampling import Actions, generate
 
 _segment_advantages, _segment_endpoints = jax.jit(segment_advantages), jax.jit(segment_endpoints)
 # Continuation keys are fold_in(key, MC_STREAM): never shared with an estimator's.
 MC_STREAM = 0x0AC1E
-
-
-@chex.dataclass(frozen=True)
-class Credit:
-  """Token credit A(s_t, y_t) = Q(s_t, y_t) - V(s_t), exact or estimated.
-
-  advantages [B, L]: A(s_t, y_t) at actions (0 elsewhere); values [B, L]: V(s_t)
-  where evaluated; adv_stderr [B, L]: 0 for exact oracles, the Monte-Carlo
-  standard error otherwise; evaluated [B, L] bool: V is known there; cost:
-  rollouts, gen_tokens, prefill_tokens and tf_tokens (teacher-forced) spent."""
-
-  advantages: Array
-  values: Array
-  adv_stderr: Array
-  evaluated: Array
-  cost: dict
+TAKEN_STREAM, BANNED_STREAM = 1, 2  # continuation streams of Q(s_t, y_t) and of Q with y_t banned
 
 
 def mc_value_stats(returns: Array, valid: Array, *,
@@ -257,3 +243,47 @@ class MonteCarloStart:
                             max_rows=max_rows)
     return cls(tokens, mask, evaluated, np.argwhere(evaluated),
                task.score_rows(tokens, mask, examples), sampler)
+
+
+def rb_advantages(q_taken: Array, q_others: Array, p_taken: Array, se_taken: Array,
+                  se_others: Array) -> tuple[Array, Array]:
+  """Rao-Blackwellised credit: A = (1 - pi)(Q_y - Q_-),
+  SE = (1 - pi) sqrt(SE_y^2 + SE_-^2). q_taken: Q(s_t, y_t); q_others: the
+  mean Q of the other actions under pi (rollouts whose first token is drawn
+  with y_t banned); p_taken: pi(y_t | s_t). All [M]."""
+  weight = 1.0 - p_taken
+  return weight * (q_taken - q_others), weight * jnp.sqrt(se_taken**2 + se_others**2)
+
+
+def rb_credit(model, task: tasks.TrainTask, tokens: np.ndarray, mask: np.ndarray,
+              token_valid: np.ndarray, examples: Sequence[dict], key: Array, *, k: int,
+              positions: str = "all", logprobs: np.ndarray | None = None, temperature: float = 1.0,
+              max_rows: int = 4096) -> Credit:
+  """Rao-Blackwellised Monte-Carlo credit at the positions `select_positions` picks:
+  A_t = (1 - pi_t)(Q_y - Q_-) from k continuations of s_t + y_t and k of s_t
+  with y_t banned at the first step (`rb_advantages`; 2k rollouts per
+  position); unevaluated actions get 0 with adv_stderr 0. Arguments as
+  `mc_credit`; `logprobs` (pi(y_t | s_t)) is required."""
+  if logprobs is None:
+    raise ValueError("rb_credit needs the behaviour logprobs (pi(y_t | s_t)).")
+  start = MonteCarloStart.make(model, task, tokens, mask, token_valid, examples, key, k=k,
+                               positions=positions, logprobs=logprobs, temperature=temperature,
+                               max_rows=max_rows)
+  tokens, mask, rewards, sampler = start.tokens, start.mask, start.rewards, start.sampler
+  rows, columns = start.pairs[:, 0], start.pairs[:, 1]
+  last_action = mask.shape[1] - 1 - np.argmax(mask[:, ::-1], axis=1)
+  last = columns == last_action[rows]
+  q_y, se_y = returns_stats(sampler.returns(np.stack([rows, columns + 1], 1), stream=TAKEN_STREAM))
+  q_y, se_y = np.where(last, rewards[rows], q_y), np.where(last, 0.0, se_y)  # Q(s_T-1, y) = R
+  q_minus, se_minus = returns_stats(
+      sampler.returns(start.pairs, ban=tokens[rows, columns], stream=BANNED_STREAM))
+  p_taken = np.exp(np.asarray(logprobs, np.float64)[rows, columns])
+  adv, se = (np.asarray(x) for x in rb_advantages(q_y, q_minus, p_taken, se_y, se_minus))
+  advantages, adv_stderr, values = (np.zeros(tokens.shape) for _ in range(3))
+  advantages[rows, columns], adv_stderr[rows, columns] = adv, se
+  values[rows, columns] = p_taken * q_y + (1 - p_taken) * q_minus  # an unbiased V(s_t)
+  return Credit(advantages=jnp.asarray(advantages, jnp.float32),
+                values=jnp.asarray(values, jnp.float32),
+                adv_stderr=jnp.asarray(adv_stderr, jnp.float32),
+                evaluated=jnp.asarray(start.evaluated),
+                cost=sampler.cost())

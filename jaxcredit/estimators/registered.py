@@ -237,7 +237,7 @@ def _vineppo(rollout: Rollout):
 @register("oracle", needs=("oracle_advantages",))
 def _oracle(rollout: Rollout):
   """Exact token credit A(s_t, y_t) from extras["oracle_advantages"] (the lab's
-  exact oracles, e.g. `jaxcredit.lab.oracle.decisive_credit` on key_token)."""
+  exact oracles, e.g. `jaxcredit.tasks.key_token.oracle.decisive_credit`)."""
   return jnp.where(as_bool(rollout.mask), rollout.extra("oracle_advantages", by="oracle"), 0.0)
 
 

@@ -1,5 +1,5 @@
 """Study cells with the seeds vmapped inside one jit: key_token, target_sum and zipf_explain
-runs as pure functions (the tasks' adapters: `cell_tasks`).
+runs as pure functions (each task's registered traceable form, `tasks.Task.traceable`).
 
   cell = batched.Cell(task=key_token.KeyTokenConfig(...), model=preset("tiny", ...),
                       arms=({"scale": "rms", "of": "grpo"}, {"scale": "rms", "of": "oracle"}),
@@ -17,10 +17,10 @@ One run is a pure function of its arm (an index into cell.arms), learning rate a
     each with the KV-cache sampler at temperature 1 (keys folded from
     `jax.random.key(seed)` and u; target_sum's responses end at EOS); the rule scores them;
   - the extras the estimator needs: the exact oracle's credit and values under the
-    sampling policy (key_token: E-DEC, `oracle.decisive_values`, with filler hidden;
-    E-TREE, `tree_oracle.value_tree`, with filler visible; target_sum: E-TREE,
-    `sum_tree.value_tree`; zipf_explain, which has no exact oracle: the Rao-Blackwellised
-    Monte-Carlo values of `explain_oracle` at each response's cuts, its own draws), the
+    sampling policy (key_token: E-DEC, `key_token.oracle.decisive_values`, with filler
+    hidden; E-TREE, `key_token.oracle.value_tree`, with filler visible; target_sum: E-TREE,
+    `target_sum.oracle.value_tree`; zipf_explain, which has no exact oracle: the Rao-Blackwellised
+    Monte-Carlo values of `zipf_explain.oracle` at each response's cuts, its own draws), the
     permutation draws of `oracle_shuffled`, KTAE's key-token
     scores (`token_statistics.ktae_scores`); for a
     Monte-Carlo arm (`vineppo` at every action, the `oracle_mc_K` ladder) the values
@@ -63,9 +63,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxcredit import estimators, forward, losses
+from jaxcredit import estimators, forward, losses, tasks
 from jaxcredit.credit import implicit_prm, token_statistics
-from jaxcredit.lab import cell_tasks, sum_tree, tree_oracle
 from jaxcredit.models import Transformer, TransformerConfig
 from jaxcredit.rollout import Estimate, Rollout
 from jaxcredit.sampling import Actions, generate
@@ -78,6 +77,9 @@ EXTRAS = ("oracle_advantages", "oracle_values", "shuffle_priorities", "ktae_scor
 UPDATE_METRICS = ("reward_mean", "zero_variance_groups", "entropy", "grad_norm")
 
 WARMUP_STREAM, MECHANISM_STREAM, MC_STREAM, CRITIC_STREAM = 4, 5, 6, 7
+# The options of the tasks whose traceable form a cell runs.
+TaskOptions = (key_token.KeyTokenConfig | target_sum.TargetSumConfig
+               | zipf_explain.ZipfExplainConfig)
 ORACLE_STREAM, EVAL_STREAM = 8, 9  # a Monte-Carlo oracle's draws (zipf_explain)
 CRITICS = ("gae",)  # estimators that read a learned critic's values V(s_t) (rollout.values)
 CRITIC_LEARNING_RATE = 1e-3  # the critic's Adam (the policy's rate is tuned per arm)
@@ -115,7 +117,7 @@ class Cell:
   """One study cell: the task, the policy architecture, the arms (`estimators.from_config`
   specs) and the training settings its runs share."""
 
-  task: cell_tasks.TaskConfig
+  task: TaskOptions
   model: TransformerConfig
   arms: tuple[str | Mapping, ...]
   group_size: int
@@ -149,7 +151,7 @@ class Cell:
       if self.warmup is not None or self.mechanism_batches:
         raise ValueError("target_sum cells run without a warmup and without the gradient "
                          "measurements (both are defined by key_token's decisive positions).")
-      paths = sum_tree.passes_per_prompt(self.task)
+      paths = target_sum.oracle.passes_per_prompt(self.task)
     elif isinstance(self.task, zipf_explain.ZipfExplainConfig):
       if self.mechanism_batches or (self.warmup is not None
                                     and self.warmup.filler_probs is not None):
@@ -161,7 +163,7 @@ class Cell:
       raise ValueError("Batched cells measure J(pi) with the exact oracle: key_token must be "
                        "constrained (keys at the decisive positions, filler elsewhere).")
     else:
-      paths = 0 if self.task.filler_blind else tree_oracle.passes_per_prompt(self.task)
+      paths = 0 if self.task.filler_blind else key_token.oracle.passes_per_prompt(self.task)
     if paths > MAX_TREE_PATHS:
       raise ValueError(f"The exact oracle (E-TREE) runs {paths:,} paths per prompt, over "
                        f"{MAX_TREE_PATHS:,}: on key_token place the decisive positions earlier "
@@ -424,8 +426,9 @@ def with_models(models: dict, batch: Rollout, actions: Actions,
   return batch
 
 
-def _task(cell: Cell) -> "cell_tasks.KeyToken | cell_tasks.TargetSum":
-  return cell_tasks.task_of(cell.task, cell.eval_prompts)
+def _task(cell: Cell):
+  """The traceable form of the cell's task (`tasks.Task.traceable`)."""
+  return tasks.of_options(cell.task).traceable(cell.task, cell.eval_prompts)
 
 
 def _policy(cell: Cell, seed) -> Transformer:
@@ -548,7 +551,7 @@ def make_run(cell: Cell):
                                Estimate(advantages=advantages))[0]
     return jax.flatten_util.ravel_pytree(nnx.grad(loss)(model))[0]
 
-  ranked = critic and isinstance(task, cell_tasks.KeyToken) and config.filler_blind
+  ranked = critic and isinstance(task, key_token.traceable.Traceable) and config.filler_blind
 
   def mechanism(models, advantage, key, mc_k):
     """Over `cell.mechanism_batches` fresh batches from the current policy: the cosine of
@@ -579,7 +582,7 @@ def make_run(cell: Cell):
       if ranked:
         prompts = batch.tokens[::group, :prompt_len]
         symbols = prompts[:, 1:1 + config.n_decisive] - key_token.KEY0
-        _, targets = cell_tasks.prompts_of(symbols, config)
+        _, targets = key_token.traceable.prompts_of(symbols, config)
         alternatives = alternative_values(task.value_tree(model, prompts, targets, None),
                                           batch.tokens, config, group)
         ranks = ranking(critic_alternatives(models["critic"], batch, config, actions),
@@ -622,11 +625,11 @@ def make_run(cell: Cell):
       recorded = {"generated": jnp.sum(batch.mask, dtype=jnp.float32),
                   "continuations": continuation_tokens(batch.mask, mc_k, config.length),
                   **{name: metrics[name] for name in UPDATE_METRICS}}
-      if isinstance(task, cell_tasks.KeyToken):  # every response has T actions
+      if isinstance(task, key_token.traceable.Traceable):  # every response has T actions
         recorded.update(filler_entropy=jnp.mean(batch.entropy[:, filler_columns]),
                         noisy_tokens=noisy_tokens(advantage(batch).advantages, batch.mask,
                                                   decisive_columns))
-      elif isinstance(task, cell_tasks.TargetSum):  # responses stop at EOS: their lengths
+      elif isinstance(task, target_sum.traceable.Traceable):  # responses stop at EOS: their lengths
         recorded.update(zip(("length_correct", "length_incorrect"),
                             lengths_by_outcome(batch.mask, batch.rewards)))
         recorded["incorrect_share"] = jnp.mean(batch.rewards <= 0.5)

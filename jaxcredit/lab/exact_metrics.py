@@ -1,11 +1,10 @@
-"""Exact policy metrics on held-out prompts, from the oracle's V^pi(x) (key_token,
-target_sum; on key_turns, whose prompts are all alike, J(pi) from `turn_oracle.success`
-only).
+"""Exact policy metrics on held-out prompts, from the V^pi(x) of the exact oracle the task
+registers (`tasks.Task.oracle.held_out_success`: key_token, target_sum, key_turns).
 
   hook = exact_metrics.hook(every=10)            # a rollout hook for jaxcredit.train.loop.run
   curve = exact_metrics.read_curve(run_dir)      # what it logged, against generated tokens
 
-With p(x) = V^pi(x) the exact success probability of prompt x (`oracle.exact_success`):
+With p(x) = V^pi(x) the exact success probability of prompt x:
 
   J(pi)  = mean_x p(x)                            expected success, no sampling noise
   pass@k = mean_x [1 - (1 - p(x))^k]              a sample of k responses holds a success
@@ -22,8 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jaxcredit import tasks
 from jaxcredit.credit import extras
-from jaxcredit.lab import oracle, sum_tree, turn_oracle
 
 PASS_AT = (1, 4, 16, 64)
 METRIC = "train/hook/exact_success"
@@ -43,19 +42,11 @@ def hook(every: int, ks: Sequence[int] = PASS_AT) -> extras.Hook:
     del rollout
     if context.rl_step % every:
       return {}, {}
-    if context.task.name == "key_turns":  # every prompt is [BOS, SEP]; the keys are hidden
-      prompt = np.asarray(context.task.sources["test"][0]["prompt"])
-      return {}, {"exact_success": turn_oracle.success(context.model, context.task.config, prompt)}
-    target_sum = context.task.name == "target_sum"
     if not held_out:
       test = context.task.sources["test"]
-      examples = [test[i] for i in range(len(test))]
-      held_out.update(prompts=np.stack([e["prompt"] for e in examples]),
-                      targets=np.stack([e["target" if target_sum else "targets"]
-                                        for e in examples]))
-    exact_success = sum_tree.exact_success if target_sum else oracle.exact_success
-    success = exact_success(context.model, context.task.config, held_out["prompts"],
-                            held_out["targets"])
+      held_out["examples"] = [test[i] for i in range(len(test))]
+    oracle = tasks.get(context.task.name).oracle
+    success = oracle.held_out_success(context.model, context.task.config, held_out["examples"])
     return {}, {"exact_success": float(np.mean(success)),
                 **{f"exact_pass@{k}": pass_at_k(success, k) for k in ks}}
 

@@ -10,52 +10,29 @@ upper bound on information.
 """
 
 import jax
-import numpy as np
 
 from jaxcredit import tasks
 from jaxcredit.credit import extras
-from jaxcredit.lab import oracle, sum_tree, turn_oracle
 
 
 def exact_credit(model, task: tasks.TrainTask, rollout, examples) -> tuple[dict, dict]:
-  """({"oracle_advantages", "oracle_values"}, metrics) of the exact oracle for `task`:
-  filler-blind key_token (token credit, E-DEC), target_sum (token credit, E-TREE), or
-  key_turns (turn credit A_k = V(h_(k+1)) - V(h_k) on each turn's action, V(h_k) there as
-  the value)."""
-  if task.name == "key_turns":
-    values, credit = turn_oracle.turn_credit(model, task.config, rollout.tokens,
-                                             rollout.token_valid)
-    before = np.zeros(credit.shape, np.float32)  # V(h_k) on turn k's action (one per turn)
-    mask = np.asarray(rollout.mask, bool)
-    for row in range(len(mask)):
-      before[row, np.flatnonzero(mask[row])] = values[row, :mask[row].sum()]
-    return ({"oracle_advantages": credit.astype(np.float32), "oracle_values": before},
-            {"oracle_passes": 1})
+  """({"oracle_advantages", "oracle_values"}, metrics) of the exact oracle the task
+  registers (`tasks.Task.oracle`): e.g. key_token's E-DEC, target_sum's E-TREE, key_turns'
+  turn credit. ValueError naming why where the task, or its options, have none."""
   reason = no_exact_oracle(task)
   if reason:
     raise ValueError(reason)
-  tokens, mask = np.asarray(rollout.tokens), np.asarray(rollout.mask)
-  if task.name == "target_sum":
-    targets = np.asarray([int(e["target"]) for e in examples])
-    credit = sum_tree.tree_credit(model, task.config, tokens, mask, targets)
-  else:
-    targets = np.stack([np.asarray(e["targets"]) for e in examples])
-    credit = oracle.decisive_credit(model, task.config, tokens, mask, targets)
-  return ({"oracle_advantages": credit.advantages, "oracle_values": credit.values},
-          {"oracle_passes": credit.cost["passes"]})
+  return tasks.get(task.name).oracle.exact_extras(model, task.config, rollout, examples)
 
 
 def no_exact_oracle(task: tasks.TrainTask) -> str | None:
-  """Why `task` has no exact oracle (None when it has one): only key_token (filler-blind
-  and constrained), target_sum and key_turns do."""
-  if task.name in ("target_sum", "key_turns"):
-    return None
-  if task.name != "key_token":
-    return (f"an exact oracle exists for key_token, target_sum and key_turns only, not "
-            f"{task.name!r}; use vineppo (Monte Carlo).")
-  reason = oracle.not_exact(task.config)
-  return (f"{reason}: set task.options filler_blind=True and constrained=True, or use vineppo "
-          "(Monte Carlo).") if reason else None
+  """Why `task` has no exact oracle (None when it has one)."""
+  oracle = tasks.get(task.name).oracle
+  if oracle is None:
+    exact = [name for name in tasks.names() if tasks.get(name).oracle is not None]
+    return (f"an exact oracle exists for {', '.join(exact)} only, not {task.name!r}; use "
+            "vineppo (Monte Carlo).")
+  return oracle.no_exact_oracle(task.config)
 
 
 def _exact_oracle(context: extras.Context, rollout) -> tuple[dict, dict]:

@@ -1,8 +1,12 @@
-"""What every generated task's `TrainTask` shares: its data, generated and prepared as TFDS
-array_record files from the task's options, and (for text tasks) a character tokenizer."""
+"""What generated tasks share: their `TrainTask`'s data, generated and prepared as TFDS
+array_record files from the task's options, a character tokenizer for text tasks, and the
+batched lab's evaluation prompts."""
 
 import hashlib
+import itertools
 from collections.abc import Callable
+
+import numpy as np
 
 from jaxcredit.tasks import builders, loader, rewards, task
 from jaxcredit.tasks.tokenizers import CharTokenizer
@@ -36,3 +40,12 @@ def character_task(name: str, config, options, alphabet: str,
       max_response_length=config.max_response_length, encode=loader.text_encoder(tokenizer),
       score=task.text_scorer(tokenizer, reward, failures), token_texts=tokenizer.token_texts,
       reward_failures=failures, **fields(name, config, options, data_dir=data_dir, seed=seed))
+
+
+def evaluation_symbols(n_keys: int, count: int, limit: int) -> np.ndarray:
+  """[n, count] key symbols (indices into C, |C| = n_keys) of the evaluation prompts: all
+  |C|^count when that is at most `limit`, else `limit` drawn uniformly (a fixed stream, the
+  same for every seed and cell)."""
+  if n_keys**count <= limit:
+    return np.asarray(list(itertools.product(range(n_keys), repeat=count)))
+  return np.random.default_rng(0).integers(0, n_keys, (limit, count))

@@ -104,15 +104,24 @@ class Task:
   """A task as jaxcredit knows it, registered under `name` (`register`).
 
   options: the dataclass of the task's own settings (a run's `task.options` are its
-  fields, `options_of`); data: its TFDS builder class (`builders.get`); train:
-  `(config.task, *, data_dir, seed, tokenizer) -> TrainTask`, the task bound to its data
-  for the training loop.
+  fields, `options_of`). Each of the rest is None where the task lacks it:
+  data: its TFDS builder class (`builders.get`); train: `(config.task, *, data_dir, seed,
+  tokenizer) -> TrainTask`, the task bound to its data for the training loop;
+  traceable: `(options, eval_prompts) -> ` its pure, traceable form for the batched lab
+  (`jaxcredit.lab.batched`: prompts, rewards, exact values and credit inside one jit);
+  oracle: its exact oracle for training runs, an object (a module) with
+  `no_exact_oracle(options) -> str | None` (why these options have none),
+  `exact_extras(model, options, rollout, examples) -> (extras, metrics)` (the exact
+  "oracle_advantages" and "oracle_values" of a rollout) and
+  `held_out_success(model, options, examples) -> [n]` (each held-out prompt's exact V(x)).
   """
 
   name: str
   options: type | None
-  data: type
-  train: Callable[..., TrainTask]
+  data: type | None = None
+  train: Callable[..., TrainTask] | None = None
+  traceable: Callable | None = None
+  oracle: Any = None
 
 
 _TASKS: Registry = Registry("task")
@@ -147,7 +156,22 @@ def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> T
   them), truncated_reward, and the task's own fields (e.g. gsm8k's jsonl_dir); tokenizer: a
   Hugging Face tokenizer directory, for tasks on a pretrained vocabulary.
   """
-  return get(config.name).train(config, data_dir=data_dir, seed=seed, tokenizer=tokenizer)
+  task = get(config.name)
+  if task.train is None:
+    trained = [name for name in names() if get(name).train is not None]
+    raise ValueError(f"Task {task.name!r} runs in the batched lab only; the training loop takes: "
+                     f"{', '.join(trained)}.")
+  return task.train(config, data_dir=data_dir, seed=seed, tokenizer=tokenizer)
+
+
+def of_options(options) -> Task:
+  """The registered task whose options dataclass `options` is an instance of (ValueError
+  naming the registered ones otherwise)."""
+  for name in names():
+    if get(name).options is not None and isinstance(options, get(name).options):
+      return get(name)
+  raise ValueError(f"{type(options).__name__} is the options of no registered task; "
+                   f"registered: {', '.join(names())}.")
 
 
 def options_of(config_class, config):

@@ -269,7 +269,7 @@ def _full_regimes(regimes: dict, task: dict) -> dict:
   # The language-like task (zipf_explain): a 128-token explanation in a Zipfian bigram
   # grammar of 32 words whose 2 answers (after MARKs the writer places) decide R, from a
   # policy SFT'd for 1,200 steps on the grammar's demonstrations, their answers at chance.
-  # J and the credit are the Rao-Blackwellised Monte-Carlo oracle's (lab.explain_oracle).
+  # J and the credit are the Rao-Blackwellised Monte-Carlo oracle's (tasks.zipf_explain.oracle).
   # The budget scales with T.
   regimes["zipf_explain_T128"] = {
       "task_name": "zipf_explain",

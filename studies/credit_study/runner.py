@@ -37,9 +37,10 @@ from flax import nnx
 from ml_collections import config_flags
 
 from jaxcredit import estimators, forward, tasks
-from jaxcredit.credit import extras
-from jaxcredit.lab import exact_metrics, oracle, scores
+from jaxcredit.credit import extras, monte_carlo
+from jaxcredit.lab import exact_metrics, scores
 from jaxcredit.models import Transformer
+from jaxcredit.rollout import Credit
 from jaxcredit.sampling import generate
 from jaxcredit.train import learner, loop
 from studies.credit_study import report
@@ -76,7 +77,7 @@ def decisive_mask(task: tasks.TrainTask, shape) -> np.ndarray:
   return out
 
 
-def monte_carlo_check(exact_values, mc: oracle.Credit, k: int, rng: np.random.Generator,
+def monte_carlo_check(exact_values, mc: Credit, k: int, rng: np.random.Generator,
                       *, draws: int = 2000) -> dict:
   """Test T2 of Monte-Carlo values: calibration of V_hat against the exact V [B, T] on states
   with V in [0.05, 0.95]: X^2 = sum (k_s - K V)^2 / (K V (1 - V)) against its
@@ -103,7 +104,7 @@ def monte_carlo_check(exact_values, mc: oracle.Credit, k: int, rng: np.random.Ge
   }
 
 
-def rb_check(exact_advantages, rb: oracle.Credit, mask: np.ndarray) -> dict:
+def rb_check(exact_advantages, rb: Credit, mask: np.ndarray) -> dict:
   """Test T3 for Rao-Blackwellised credit against the exact credit [B, T]:
   coverage of the 95% interval A_hat +- 1.96 SE, mean z^2 and mean error, over
   actions with SE > 1e-3."""
@@ -243,16 +244,16 @@ class ScoringHook:
     tokens, mask = np.asarray(rollout.tokens)[rows], np.asarray(rollout.mask)[rows]
     token_valid, examples = np.asarray(rollout.token_valid)[rows], examples[rows]
     k = self.study.mc_check_k
-    check = oracle.mc_credit(model, task, tokens, mask, token_valid, examples,
-                             jax.random.fold_in(key, MC_CHECK_STREAM), k=k, positions="all")
+    check = monte_carlo.mc_credit(model, task, tokens, mask, token_valid, examples,
+                                  jax.random.fold_in(key, MC_CHECK_STREAM), k=k, positions="all")
     result = monte_carlo_check(
         np.asarray(oracle_values)[rows], check, k, np.random.default_rng(rl_step))
     rewards = np.asarray(rollout.rewards)[rows]
     telescoping = np.abs(np.asarray(check.advantages).sum(1) - (rewards - np.asarray(
         estimators.first_value(check.values, mask)))).max()
-    rb = oracle.rb_credit(model, task, tokens, mask, token_valid, examples,
-                          jax.random.fold_in(key, RB_CHECK_STREAM), k=k, positions="all",
-                          logprobs=np.asarray(rollout.behaviour_logprobs)[rows])
+    rb = monte_carlo.rb_credit(model, task, tokens, mask, token_valid, examples,
+                               jax.random.fold_in(key, RB_CHECK_STREAM), k=k, positions="all",
+                               logprobs=np.asarray(rollout.behaviour_logprobs)[rows])
     result.update(rb_check(oracle_advantages[rows], rb, mask))
     return {"telescoping_error": float(telescoping), **result}
 

@@ -35,8 +35,9 @@ from concurrent import futures
 import jax
 import numpy as np
 
+from jaxcredit import tasks
 from jaxcredit.atomic import write_atomically
-from jaxcredit.lab import batched, cell_tasks, exact_metrics
+from jaxcredit.lab import batched, exact_metrics
 from jaxcredit.models import preset
 from studies.credit_study import report, tables
 
@@ -53,11 +54,12 @@ def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> b
   its prompts per update (`prompts_per_step`): H2's other two axes."""
   spec = study.regimes[regime]
   name = regime_task(study, regime)
-  if name not in cell_tasks.TASKS:
+  batchable = [name for name in tasks.names() if tasks.get(name).traceable is not None]
+  if name not in batchable:
     raise ValueError(f"Regime {regime!r}: unknown task_name {name!r}; known: "
-                     f"{', '.join(cell_tasks.TASKS)}.")
-  task_ops = cell_tasks.TASKS[name]
-  task = task_ops.config_type(**spec.task)
+                     f"{', '.join(batchable)}.")
+  task_ops = tasks.get(name)
+  task = task_ops.options(**spec.task)
   prompts_per_step = spec.get("prompts_per_step", study.prompts_per_step)
   tokens_per_update = prompts_per_step * group_size * task.length
   blocks = study.eval_points
@@ -71,7 +73,7 @@ def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> b
       warmup["filler_probs"] = tuple(warmup["filler_probs"])
     warmup = batched.Warmup(**warmup)
   return batched.Cell(
-      task=task, model=preset(study.model.preset, vocab_size=task_ops.vocab_size,
+      task=task, model=preset(study.model.preset, vocab_size=task_ops.traceable.vocab_size,
                               **model_overrides),
       arms=tuple({"scale": "rms", "of": plain(arm)} for arm in study.arms.values()),
       prm_learning_rates=tuple(arm_settings(study, arm).get("prm_learning_rate")

@@ -5,7 +5,7 @@ turn oracle on key_turns, at equal generated tokens.
 
 In each regime (key_turns options, e.g. turns after the last decisive one), every
 (estimator, seed) run trains with `jaxcredit.train.loop.run` (same initialisation and
-prompts per seed) and logs the exact J(pi) (`turn_oracle.success`) every `measure_every`
+prompts per seed) and logs the exact J(pi) (`key_turns.oracle.success`) every `measure_every`
 updates against the tokens generated so far, continuations of the per-turn baseline
 included, and scores its own credit per turn against the exact turn credit
 (`turn_score_hook`). The report compares the arms at the largest token budget every run of
@@ -24,7 +24,7 @@ import numpy as np
 
 from jaxcredit import estimators
 from jaxcredit.credit import extras
-from jaxcredit.lab import exact_metrics, scores, turn_oracle
+from jaxcredit.lab import exact_metrics, scores
 from jaxcredit.tasks import key_turns
 from studies.credit_study import runner as credit_study
 from studies.credit_study import sweep
@@ -74,8 +74,8 @@ def turn_score_hook(advantage_config, every: int) -> extras.Hook:
     if context.rl_step % every:
       return {}, {}
     config = context.task.config
-    _, credit = turn_oracle.turn_credit(context.model, config, rollout.tokens,
-                                        rollout.token_valid)
+    _, credit = key_turns.oracle.turn_credit(context.model, config, rollout.tokens,
+                                             rollout.token_valid)
     layout = (rollout.turn_ids, rollout.mask, config.n_turns)
     mine = per_turn(advantage(rollout).advantages, *layout)
     exact = per_turn(credit, *layout, reduce=np.sum)

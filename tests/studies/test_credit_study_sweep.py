@@ -286,7 +286,6 @@ def test_a_target_sum_regime_runs_through_the_sweep(tmp_path):
   named."""
   from flax import nnx
 
-  from jaxcredit.lab import sum_tree
   from jaxcredit.models import Transformer
   from jaxcredit.tasks import target_sum
 
@@ -305,8 +304,8 @@ def test_a_target_sum_regime_runs_through_the_sweep(tmp_path):
   cell_config = sweep.cell_of(study, "sums", 2)
   prompts = np.asarray([[target_sum.BOS, target_sum.DIGIT0 + 3, target_sum.DIGIT0,
                          target_sum.DIGIT0 + s, target_sum.SEP] for s in range(1, 6)])
-  start = sum_tree.exact_success(Transformer(cell_config.model, rngs=nnx.Rngs(1)),
-                                 cell_config.task, prompts, np.arange(1, 6))
+  start = target_sum.oracle.exact_success(Transformer(cell_config.model, rngs=nnx.Rngs(1)),
+                                          cell_config.task, prompts, np.arange(1, 6))
   for arm in study.arms:
     assert cell["arms"][arm]["curves"]["1"]["success"][0] == pytest.approx(start.mean(), abs=1e-6)
   text = (tmp_path / "report.md").read_text()

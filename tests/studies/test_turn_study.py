@@ -99,7 +99,8 @@ def test_per_turn_reduces_each_turns_action_tokens():
 def test_turn_scores_put_the_oracle_at_one_and_measure_grpo_against_the_exact_credit(tmp_path):
   from jaxcredit import estimators
   from jaxcredit.credit import extras
-  from jaxcredit.lab import providers, turn_oracle
+  from jaxcredit.lab import providers
+  from jaxcredit.tasks import key_turns
 
   task, model, examples, rollout = _key_turns_batch(tmp_path, rows=16)
   rollout = rollout.replace(group_size=4)
@@ -118,7 +119,7 @@ def test_turn_scores_put_the_oracle_at_one_and_measure_grpo_against_the_exact_cr
                                                       jax.numpy.float32))
   _, grpo = turn_study.turn_score_hook({"name": "grpo"}, every=3)(context, rollout)
   # Against an independent reading: every turn of an episode gets its group-normalised reward.
-  _, credit = turn_oracle.turn_credit(model, task.config, rollout.tokens, rollout.token_valid)
+  _, credit = key_turns.oracle.turn_credit(model, task.config, rollout.tokens, rollout.token_valid)
   exact = credit[np.asarray(rollout.mask, bool)].reshape(16, 4)
   mine = np.asarray(estimators.get("grpo")(rollout).advantages)[:, -1:].repeat(4, 1)
   assert grpo["turn_score/r_pool"] == pytest.approx(np.corrcoef(mine.ravel(), exact.ravel())[0, 1])
@@ -133,11 +134,13 @@ def test_turn_scores_put_the_oracle_at_one_and_measure_grpo_against_the_exact_cr
 
 
 def test_the_oracle_provider_gives_exact_turn_credit_on_key_turns(tmp_path):
-  from jaxcredit.lab import providers, turn_oracle
+  from jaxcredit.lab import providers
+  from jaxcredit.tasks import key_turns
 
   task, model, examples, rollout = _key_turns_batch(tmp_path)
   extras, _ = providers.exact_credit(model, task, rollout, examples)
-  values, credit = turn_oracle.turn_credit(model, task.config, rollout.tokens, rollout.token_valid)
+  values, credit = key_turns.oracle.turn_credit(model, task.config, rollout.tokens,
+                                                rollout.token_valid)
   mask = np.asarray(rollout.mask)
   np.testing.assert_array_equal(extras["oracle_advantages"], credit.astype(np.float32))
   np.testing.assert_allclose(extras["oracle_values"][mask].reshape(8, 4), values[:, :4],

@@ -11,9 +11,10 @@ import pytest
 from flax import nnx
 
 from jaxcredit import estimators
-from jaxcredit.lab import batched, cell_tasks, oracle, tree_oracle
+from jaxcredit.lab import batched
 from jaxcredit.models import Transformer, preset
-from jaxcredit.tasks import key_token
+from jaxcredit.credit import monte_carlo
+from jaxcredit.tasks import key_token, procedural
 from jaxcredit.testing import strategies
 
 TASK = key_token.KeyTokenConfig(length=6, n_decisive=2, n_keys=3, n_fillers=2, filler_blind=True)
@@ -71,15 +72,15 @@ def test_the_exact_oracle_traces_under_vmap_over_policies():
   """decisive_values under jit and vmap over two policies equals each policy's host oracle
   (itself checked against brute-force enumeration in test_lab_oracle)."""
   symbols = np.array([[0, 1], [2, 2], [1, 0]])
-  prompts, targets = cell_tasks.prompts_of(symbols, TASK)
+  prompts, targets = key_token.traceable.prompts_of(symbols, TASK)
   graphdef, _ = nnx.split(Transformer(MODEL, rngs=nnx.Rngs(0)))
   states = [nnx.state(Transformer(MODEL, rngs=nnx.Rngs(seed))) for seed in (0, 1)]
   stacked = jax.tree.map(lambda *x: jnp.stack(x), *states)
-  roots = jax.jit(jax.vmap(lambda s: oracle.decisive_values(
+  roots = jax.jit(jax.vmap(lambda s: key_token.oracle.decisive_values(
       nnx.merge(graphdef, s), TASK, prompts, targets)[0][:, 0]))(stacked)
   for seed, state in enumerate(states):
-    host = oracle.exact_success(nnx.merge(graphdef, state), TASK, np.asarray(prompts),
-                                np.asarray(targets))
+    host = key_token.oracle.exact_success(nnx.merge(graphdef, state), TASK, np.asarray(prompts),
+                                          np.asarray(targets))
     np.testing.assert_allclose(np.asarray(roots[seed]), host, atol=1e-6)
 
 
@@ -89,7 +90,8 @@ def test_prompts_are_laid_out_as_the_task_builds_them(key_fn):
   rng = np.random.default_rng(0)
   for _ in range(20):
     example = key_token.make_example(rng, config)
-    prompt, targets = cell_tasks.prompts_of(example["prompt"][1:-1] - key_token.KEY0, config)
+    prompt, targets = key_token.traceable.prompts_of(example["prompt"][1:-1] - key_token.KEY0,
+                                                     config)
     np.testing.assert_array_equal(prompt, example["prompt"])
     np.testing.assert_array_equal(targets, example["targets"])
 
@@ -121,12 +123,12 @@ def test_vmapped_runs_equal_their_runs_alone_and_start_at_the_policys_exact_succ
   finals = grid["success"][:, -1].reshape(2, 2, 2)
   assert np.all(finals[0] != finals[1]) and np.all(finals[:, 0] != finals[:, 1])
   # Before any update: the exact J of the freshly initialised policy of that seed.
-  symbols = cell_tasks.evaluation_symbols(TASK.n_keys, TASK.n_decisive, cell.eval_prompts)
+  symbols = procedural.evaluation_symbols(TASK.n_keys, TASK.n_decisive, cell.eval_prompts)
   assert len(symbols) == 9  # every prompt of |C|^K = 9
-  prompts, targets = cell_tasks.prompts_of(symbols, TASK)
+  prompts, targets = key_token.traceable.prompts_of(symbols, TASK)
   for row, seed in enumerate((3, 5)):
-    start = oracle.exact_success(Transformer(MODEL, rngs=nnx.Rngs(seed)), TASK,
-                                 np.asarray(prompts), np.asarray(targets))
+    start = key_token.oracle.exact_success(Transformer(MODEL, rngs=nnx.Rngs(seed)), TASK,
+                                           np.asarray(prompts), np.asarray(targets))
     np.testing.assert_allclose(grid["success"][row, 0], start.mean(), atol=1e-6)
     for k in cell.pass_at:
       np.testing.assert_allclose(grid["pass@k"][k][row, 0], np.mean(1 - (1 - start) ** k),
@@ -161,10 +163,10 @@ def test_with_visible_filler_runs_use_e_tree_and_filler_carries_exact_credit():
   visible = dataclasses.replace(TASK, filler_blind=False)
   result = batched.Runner(_cell("grpo", "oracle", task=visible, mechanism_batches=1)).train(
       [(0, 1e-2, 3), (1, 1e-2, 3)])
-  symbols = cell_tasks.evaluation_symbols(visible.n_keys, visible.n_decisive, 256)
-  prompts, targets = cell_tasks.prompts_of(symbols, visible)
-  roots = tree_oracle.value_tree(Transformer(MODEL, rngs=nnx.Rngs(3)), visible, prompts,
-                                 targets)[0]
+  symbols = procedural.evaluation_symbols(visible.n_keys, visible.n_decisive, 256)
+  prompts, targets = key_token.traceable.prompts_of(symbols, visible)
+  roots = key_token.oracle.value_tree(Transformer(MODEL, rngs=nnx.Rngs(3)), visible, prompts,
+                                      targets)[0]
   np.testing.assert_allclose(result["success"][:, 0], np.mean(roots), atol=1e-6)
   # The exact credit's own gradient and credit; a function of (state, token) with every
   # earlier token in the state, so sharing leaves it as it is; and some of it on filler.
@@ -245,9 +247,8 @@ def test_bad_cells_and_runs_are_refused_naming_the_problem():
 
 def test_a_target_sum_batch_carries_its_rule_reward_and_e_tree_credit():
   """make_rollout on target_sum: rewards are the task's rule, the oracle extras equal
-  sum_tree.tree_credit on the same rows (the host entry point, tested against
+  target_sum.oracle.tree_credit on the same rows (the host entry point, tested against
   enumeration)."""
-  from jaxcredit.lab import sum_tree
   from jaxcredit.tasks import target_sum
 
   task = target_sum.TargetSumConfig(n_digits=3, n_values=3, target_low=1, target_high=5)
@@ -259,7 +260,7 @@ def test_a_target_sum_batch_carries_its_rule_reward_and_e_tree_credit():
   targets = (tokens[:, 2] - target_sum.DIGIT0) * 10 + tokens[:, 3] - target_sum.DIGIT0
   response = np.where(mask[:, 5:], tokens[:, 5:], target_sum.PAD)
   np.testing.assert_array_equal(batch.rewards, target_sum.reward(response, targets, task))
-  exact = sum_tree.tree_credit(model, task, tokens, mask, targets)
+  exact = target_sum.oracle.tree_credit(model, task, tokens, mask, targets)
   np.testing.assert_allclose(batch.extras["oracle_advantages"], exact.advantages, atol=1e-6)
   np.testing.assert_allclose(batch.extras["oracle_values"], exact.values, atol=1e-6)
   assert (mask[:, 5:].sum(1) < 4).any()  # some responses stop before n digits
@@ -337,7 +338,7 @@ def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does
 
 def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_them(tmp_path):
   """A Monte-Carlo arm's values (k continuations from every action's state, drawn as
-  Binomial(k, V) / k) against real continuations of the same batch (`oracle.mc_credit`):
+  Binomial(k, V) / k) against real continuations of the same batch (`monte_carlo.mc_credit`):
   both scatter around the exact V with variance V (1 - V) / k, and the charge is the
   tokens the real continuations generate."""
   import ml_collections
@@ -362,8 +363,8 @@ def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_
   prompt_len = TASK.prompt_length
   tokens = np.asarray(batch.tokens)
   examples = [{"prompt": row[:prompt_len], "targets": row[1:prompt_len - 1]} for row in tokens]
-  real = oracle.mc_credit(model, task, tokens, mask, batch.token_valid, examples,
-                          jax.random.key(5), k=k, positions="all")
+  real = monte_carlo.mc_credit(model, task, tokens, mask, batch.token_valid, examples,
+                               jax.random.key(5), k=k, positions="all")
   spread = np.sqrt(values * (1 - values) / k)[mask]
   inner = spread > 0.02
   for name, estimate in (("drawn", drawn), ("real", np.asarray(real.values))):
@@ -410,8 +411,9 @@ def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact
   critic = batched._critic(cell, model, 0)
   batch = batched.make_rollout(cell)(model, jax.random.key(1))
   tokens, p = np.asarray(batch.tokens), TASK.prompt_length
-  prompts, targets = cell_tasks.prompts_of(tokens[::cell.group_size, 1:3] - key_token.KEY0, TASK)
-  tree = oracle.decisive_values(model, TASK, prompts, targets)
+  symbols = tokens[::cell.group_size, 1:3] - key_token.KEY0
+  prompts, targets = key_token.traceable.prompts_of(symbols, TASK)
+  tree = key_token.oracle.decisive_values(model, TASK, prompts, targets)
   exact = np.asarray(batched.alternative_values(tree, batch.tokens, TASK, cell.group_size))
   scores = np.asarray(batched.critic_alternatives(critic, batch, TASK, batched._task(cell).actions))
   row_targets = np.repeat(np.asarray(targets), cell.group_size, axis=0)
@@ -419,7 +421,7 @@ def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact
     for c in range(TASK.n_keys):
       changed = tokens.copy()
       changed[:, p + position] = key_token.KEY0 + c
-      host = oracle.decisive_credit(model, TASK, changed, batch.mask, row_targets)
+      host = key_token.oracle.decisive_credit(model, TASK, changed, batch.mask, row_targets)
       np.testing.assert_allclose(exact[:, k, c], np.asarray(host.values)[:, p + position + 1],
                                  atol=1e-6)
       learner_values = forward.critic_values(critic, batch.replace(tokens=jnp.asarray(changed)),
@@ -441,11 +443,10 @@ def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact
 
 
 def test_a_zipf_explain_batch_carries_the_monte_carlo_oracles_credit():
-  """zipf_explain in a batched cell: the batch's oracle credit is explain_oracle's at the
+  """zipf_explain in a batched cell: the batch's oracle credit is zipf_explain.oracle's at the
   response's cuts with the rollout's key (it telescopes to R - V-hat(s_0) in every row);
   J(pi) at an evaluation is the mean of the prompts' V-hat(s_0); the task's
   demonstrations follow the warmup's key accuracy; measurements are refused."""
-  from jaxcredit.lab import explain_oracle
   from jaxcredit.tasks import zipf_explain
 
   task = zipf_explain.ZipfExplainConfig(length=8, n_answers=2, n_keys=2, n_words=4, branching=3)
@@ -457,10 +458,10 @@ def test_a_zipf_explain_batch_carries_the_monte_carlo_oracles_credit():
   tokens, mask = np.asarray(batch.tokens), np.asarray(batch.mask)
   targets = tokens[:, 1:3] - zipf_explain.KEY0
   key = jax.random.fold_in(jax.random.key(5), batched.ORACLE_STREAM)
-  cuts = explain_oracle.cuts_of(batch.tokens[:, task.prompt_length:], task, adapter.CUT_STRIDE)
-  values, _ = explain_oracle.rb_values(model, tokens, targets, cuts, key, task,
-                                       n_paths=adapter.CREDIT_PATHS)
-  _, credit = explain_oracle.credit_from_cuts(values, cuts, task.length)
+  cuts = zipf_explain.oracle.cuts_of(batch.tokens[:, task.prompt_length:], task, adapter.CUT_STRIDE)
+  values, _ = zipf_explain.oracle.rb_values(model, tokens, targets, cuts, key, task,
+                                            n_paths=adapter.CREDIT_PATHS)
+  _, credit = zipf_explain.oracle.credit_from_cuts(values, cuts, task.length)
   p = task.prompt_length
   np.testing.assert_allclose(batch.extras["oracle_advantages"][:, p:], credit, atol=1e-6)
   assert np.all(mask[:, p:]) and not np.any(mask[:, :p])
@@ -470,9 +471,9 @@ def test_a_zipf_explain_batch_carries_the_monte_carlo_oracles_credit():
   prompts, eval_targets = adapter.eval_prompts
   assert prompts.shape == (4, 4)  # all |C|^K = 4 prompts
   success = adapter.success(adapter.value_tree(model, prompts, eval_targets, jax.random.key(1)))
-  expected, _ = explain_oracle.rb_values(model, jnp.pad(prompts, [(0, 0), (0, 8)]), eval_targets,
-                                         jnp.zeros(1, jnp.int32), jax.random.key(1), task,
-                                         n_paths=adapter.EVAL_PATHS)
+  expected, _ = zipf_explain.oracle.rb_values(
+      model, jnp.pad(prompts, [(0, 0), (0, 8)]), eval_targets, jnp.zeros(1, jnp.int32),
+      jax.random.key(1), task, n_paths=adapter.EVAL_PATHS)
   np.testing.assert_allclose(success, expected[:, 0], atol=1e-6)
   demo_prompts, responses = adapter.demonstrations(jax.random.key(2), batched.Warmup(
       steps=1, key_accuracy=1.0, batch_size=64), 64)

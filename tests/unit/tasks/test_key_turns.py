@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxcredit.lab import turn_oracle
 from jaxcredit.models import Transformer, preset
 from jaxcredit.rollout_sources import MultiTurn
 from jaxcredit.tasks import key_turns
@@ -99,7 +98,7 @@ def test_uniform_policy_values_are_the_closed_form(config):
   (1/V)^(decisive turns from k on), and J = (1/V)^|decisive|."""
   model = _model(0.0)
   rollout, _ = _episodes(model, 8, seed=0, config=config)
-  values, credit = turn_oracle.turn_credit(model, config, rollout.tokens, rollout.token_valid)
+  values, credit = key_turns.oracle.turn_credit(model, config, rollout.tokens, rollout.token_valid)
   v = 1 / key_turns.VOCAB_SIZE
   for row, row_values in enumerate(values):
     tokens = np.asarray(rollout.tokens[row])[np.asarray(rollout.token_valid[row])]
@@ -111,7 +110,7 @@ def test_uniform_policy_values_are_the_closed_form(config):
     np.testing.assert_allclose(row_values[-1], rollout.rewards[row])
   np.testing.assert_allclose(credit.sum(axis=1), values[:, -1] - values[:, 0], atol=1e-12)
   np.testing.assert_array_equal(credit[~np.asarray(rollout.mask)], 0.0)
-  np.testing.assert_allclose(turn_oracle.success(model, config, np.asarray([1, 2])), v**2,
+  np.testing.assert_allclose(key_turns.oracle.success(model, config, np.asarray([1, 2])), v**2,
                              rtol=1e-5)
 
 
@@ -121,8 +120,8 @@ def test_exact_values_match_sampled_episodes(config):
   over sampled rows estimates J, and at the end it is the mean reward."""
   model = _key_leaning_model()
   rollout, _ = _episodes(model, 512, seed=1, config=config)
-  values, credit = turn_oracle.turn_credit(model, config, rollout.tokens, rollout.token_valid)
-  j = turn_oracle.success(model, config, np.asarray([1, 2]))
+  values, credit = key_turns.oracle.turn_credit(model, config, rollout.tokens, rollout.token_valid)
+  j = key_turns.oracle.success(model, config, np.asarray([1, 2]))
   assert 0.01 < j < 0.99, j
   np.testing.assert_array_equal(values[:, -1], np.asarray(rollout.rewards))
   after = np.asarray(rollout.turn_ids) > max(config.decisive)  # turns that cannot matter
@@ -135,10 +134,10 @@ def test_exact_values_match_sampled_episodes(config):
 def test_the_oracle_refuses_what_it_cannot_enumerate():
   model = _model(0.0)
   with pytest.raises(ValueError, match="turn_length = 1"):
-    turn_oracle.value_tree(model, key_turns.KeyTurnsConfig(turn_length=2), np.asarray([1, 2]))
+    key_turns.oracle.value_tree(model, key_turns.KeyTurnsConfig(turn_length=2), np.asarray([1, 2]))
   with pytest.raises(ValueError, match="too many"):
-    turn_oracle.value_tree(model, key_turns.KeyTurnsConfig(n_turns=8, decisive=(7,)),
-                           np.asarray([1, 2]))
+    key_turns.oracle.value_tree(model, key_turns.KeyTurnsConfig(n_turns=8, decisive=(7,)),
+                                np.asarray([1, 2]))
 
 
 def test_turn_estimators_on_sampled_episodes():
@@ -195,7 +194,7 @@ def test_the_per_turn_baseline_is_unbiased_and_reads_only_the_history():
   rollout, examples = _episodes(model, 128, seed=2)
   baselines, generated = _source().returns_to_go(model, rollout, examples, samples=4,
                                                  key=jax.random.key(9))
-  values, _ = turn_oracle.turn_credit(model, CONFIG, rollout.tokens, rollout.token_valid)
+  values, _ = key_turns.oracle.turn_credit(model, CONFIG, rollout.tokens, rollout.token_valid)
   mask, turn_ids = np.asarray(rollout.mask), np.asarray(rollout.turn_ids)
   starts = np.asarray(estimators.turn_starts(turn_ids, mask))
   assert starts.sum() == 128 * CONFIG.n_turns and generated > 0
@@ -230,7 +229,7 @@ def test_turn_vine_estimates_the_exact_turn_credit_and_sharpens_with_continuatio
 
   model = _key_leaning_model()
   rollout, examples = _episodes(model, 64, seed=3)
-  _, exact = turn_oracle.turn_credit(model, CONFIG, rollout.tokens, rollout.token_valid)
+  _, exact = key_turns.oracle.turn_credit(model, CONFIG, rollout.tokens, rollout.token_valid)
   mask, turn_ids = np.asarray(rollout.mask), np.asarray(rollout.turn_ids)
   starts = np.asarray(estimators.turn_starts(turn_ids, mask))
   exact = exact[starts].reshape(64, CONFIG.n_turns)

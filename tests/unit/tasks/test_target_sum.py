@@ -44,7 +44,7 @@ def test_reward_and_demonstrations_follow_the_rule(options):
     np.testing.assert_array_equal(ts.reward(rows, np.full(len(rows), target), config),
                                   list(truth.values()))
     # The dynamic programme counts exactly the rewarded responses.
-    assert ts._completions(config, target)[0, 0, config.n_values] == sum(truth.values())
+    assert ts.definition._completions(config, target)[0, 0, config.n_values] == sum(truth.values())
   for _ in range(50):
     example = ts.make_example(rng, config)
     completion = example["completion"]

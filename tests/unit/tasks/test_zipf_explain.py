@@ -11,7 +11,6 @@ import pytest
 from flax import nnx
 
 from jaxcredit import forward
-from jaxcredit.lab import explain_oracle
 from jaxcredit.models import Transformer, preset
 from jaxcredit.tasks import zipf_explain as zx
 
@@ -176,7 +175,7 @@ def test_rao_blackwellised_values_match_exhaustive_enumeration_with_less_varianc
   cuts = np.arange(config.length + 1)
   exact = _enumerated_values(model, prompts, responses, targets, cuts, config)
   assert exact[:, 0].min() > 0.05 and exact[1, 2:].max() == 0.0 and exact[2, 1:].max() == 0.0
-  estimate = jax.jit(explain_oracle.rb_values, static_argnums=(5,),
+  estimate = jax.jit(zx.oracle.rb_values, static_argnums=(5,),
                      static_argnames=("n_paths", "rao_blackwell"))
   errors = {}
   for rb in (True, False):
@@ -193,8 +192,8 @@ def test_rao_blackwellised_values_match_exhaustive_enumeration_with_less_varianc
   live = exact[:, :-1] > 0.01
   assert np.all(errors[True][:, :-1][live] < errors[False][:, :-1][live])
   with pytest.raises(ValueError, match=r"Expected rows \[B, 9\], targets \[B, 2\]"):
-    explain_oracle.rb_values(model, rows[:, :8], targets, cuts, jax.random.key(0), config,
-                             n_paths=2)
+    zx.oracle.rb_values(model, rows[:, :8], targets, cuts, jax.random.key(0), config,
+                        n_paths=2)
 
 
 def test_credit_from_cut_values_telescopes_and_prices_marks_and_answers_exactly():
@@ -205,13 +204,13 @@ def test_credit_from_cut_values_telescopes_and_prices_marks_and_answers_exactly(
   responses = np.full((3, 12), WORD0)
   responses[0, [3, 8]], responses[0, [4, 9]] = MARK, KEY0  # two answers
   responses[1, [0, 4, 10]], responses[1, [1, 5, 11]] = MARK, KEY0  # a third MARK
-  cuts = np.asarray(explain_oracle.cuts_of(jnp.asarray(responses), config, stride=4))
+  cuts = np.asarray(zx.oracle.cuts_of(jnp.asarray(responses), config, stride=4))
   assert cuts.shape == (3, 2 + 2 + 9) and np.all(np.diff(cuts, axis=1) >= 0)
   assert set(cuts[0]) == {0, 3, 4, 5, 8, 9, 10, 12} and set(cuts[2]) == {0, 4, 8, 12}
   assert set(cuts[1]) == {0, 1, 2, 4, 5, 6, 8, 10, 11, 12}
   rng = np.random.default_rng(3)
   values = rng.random(cuts.shape)
-  got_values, credit = (np.asarray(x) for x in explain_oracle.credit_from_cuts(
+  got_values, credit = (np.asarray(x) for x in zx.oracle.credit_from_cuts(
       jnp.asarray(values), jnp.asarray(cuts), config.length))
   for row in range(3):
     last = {c: values[row, i] for i, c in enumerate(cuts[row])}  # the last estimate wins

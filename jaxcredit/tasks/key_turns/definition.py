@@ -19,7 +19,7 @@ Rewards (rule "all"): 1 at the last turn iff every decisive turn was right,
 0 on every other turn. With per_turn_rewards, each right decisive turn pays
 1 / |decisive| when it is taken (the sum is the fraction right).
 
-The exact value of every history is computable (`jaxcredit.lab.turn_oracle`):
+The exact value of every history is computable (`jaxcredit.tasks.key_turns.oracle`):
 only the right key continues a decisive turn, so the tree of reachable
 histories is small.
 """
@@ -164,7 +164,3 @@ def train_task(config, *, data_dir: str, seed: int,
       max_turn_tokens=options.turn_length,
       demonstration_actions=lambda ids: demonstration_actions(ids, options),
       **procedural.fields("key_turns", config, options, data_dir=data_dir, seed=seed))
-
-
-TASK = task.register(task.Task(name="key_turns", options=KeyTurnsConfig, data=KeyTurns,
-                               train=train_task))

@@ -215,7 +215,3 @@ def train_task(config, *, data_dir: str, seed: int,
           tokens, np.asarray([int(e["target"]) for e in examples]), options),
       actions=Actions(allowed=allowed_in_rows(options)), token_texts=token_names,
       **procedural.fields("target_sum", config, options, data_dir=data_dir, seed=seed))
-
-
-TASK = task.register(task.Task(name="target_sum", options=TargetSumConfig, data=TargetSum,
-                               train=train_task))

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcredit.models.transformer import KVCache, Transformer
-from jaxcredit.tasks import zipf_explain
+from jaxcredit.tasks.zipf_explain import definition as zipf_explain
 
 
 def rb_values(model: Transformer, rows, targets, cuts, key,

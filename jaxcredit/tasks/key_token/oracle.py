@@ -1,8 +1,13 @@
-"""E-TREE: exact token credit on key_token for any policy, filler visible or not.
+"""Exact token credit on key_token under any policy, at temperature 1.
 
-With filler visible, a later decisive conditional can depend on an earlier filler token, so
-filler carries real credit and E-DEC (`oracle.decisive_credit`) does
-not apply. E-TREE enumerates the response tree up to the last decisive position p_K:
+E-DEC (filler-blind key_token): the policy cannot see filler, so V(s_t) depends only on the
+decisive keys emitted so far; `decisive_values` enumerates the |C|^k prefixes of decisive
+keys of each prompt (W_k [n, |C|^k]), `credit_from_values` reads each response's values
+along its keys.
+
+E-TREE (filler visible or not): with filler visible, a later decisive conditional can
+depend on an earlier filler token, so filler carries real credit and E-DEC does not apply.
+E-TREE enumerates the response tree up to the last decisive position p_K:
 
   1. Expand. Every prefix of the first p_K response positions, one child per allowed action;
      under rule `all` a wrong key at p_1..p_(K-1) makes R = 0 determined, so only the
@@ -21,18 +26,143 @@ not apply. E-TREE enumerates the response tree up to the last decisive position 
 Values are those of the rule's reward (a `noise` flip is not modelled, as in E-DEC).
 `value_tree` and `credit_from_tree` are traceable (the lab's batched runs call them inside
 their jit); `tree_credit` is the host entry point on sampled rows.
+
+The oracle the training loop and the credit lab read (`tasks.Task.oracle`): `no_exact_oracle`,
+`exact_extras` (E-DEC on sampled rows) and `held_out_success` (V(x) of held-out prompts).
 """
 
 import itertools
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax import Array
 
-from jaxcredit.credit.monte_carlo import Credit
-from jaxcredit.lab import oracle
-from jaxcredit.tasks import key_token
+from jaxcredit.rollout import Credit
+from jaxcredit.tasks import exact
+from jaxcredit.tasks.key_token import definition as key_token
+
+def decisive_values(model, config: key_token.KeyTokenConfig, prompts: Array,
+                    targets: Array) -> list[Array]:
+  """The exact value tree of filler-blind key_token (E-DEC) at temperature 1;
+  traceable (jit, vmap over seeds).
+
+  prompts: [n, K + 2] prompt ids; targets: [n, K] the key ids each must copy. Returns
+  [W_0, ..., W_K], W_k: [n, |C|^k] float32, W_k[i, u] = E[R | x_i, the first k decisive
+  tokens are u], u a lexicographic index over C (key index = id - KEY0). The policy's
+  conditional at decisive position p_k depends only on the prompt and the decisive tokens
+  before it (filler is hidden), so one teacher-forced pass over |C|^(K-1) rows per prompt
+  (decisive prefixes, FILL elsewhere) gives every conditional pi(c | x, u_<k); then
+  W_K(u) = R(u) (the rule) and W_k(u) = sum_c pi(c | x, u) W_(k+1)(u c).
+  """
+  _check_exact(config)
+  n_keys, n_decisive, prompt_len = config.n_keys, config.n_decisive, config.prompt_length
+  positions = config.decisive_positions
+  prefixes = np.asarray(list(itertools.product(range(n_keys), repeat=n_decisive - 1)),
+                        np.int32).reshape(-1, n_decisive - 1)  # [M, K - 1], M = |C|^(K-1)
+  response = np.full((len(prefixes), config.length), key_token.FILL, np.int32)
+  response[:, positions[:-1]] = key_token.KEY0 + prefixes
+  response[:, positions[-1]] = key_token.KEY0
+  n = prompts.shape[0]
+  rows = jnp.concatenate([jnp.repeat(jnp.asarray(prompts, jnp.int32), len(prefixes), axis=0),
+                          jnp.tile(jnp.asarray(response), (n, 1))], axis=1)
+  allowed = key_token.allowed_in_rows(config)
+  logp = exact.masked_log_softmax(model, rows,
+                                  np.concatenate([allowed[1:], np.ones_like(allowed[:1])]))
+  # [n, M, K, |C|]: pi(. | x, prefix) at each decisive position.
+  probs = jnp.exp(logp[:, prompt_len + positions - 1][..., config.keys]).reshape(
+      n, len(prefixes), n_decisive, n_keys)
+  leaves = np.asarray(list(itertools.product(range(n_keys), repeat=n_decisive)), np.int32)
+  tree = [key_token.rule_reward(key_token.KEY0 + jnp.asarray(leaves)[None],
+                                jnp.asarray(targets)[:, None], config)]
+  for k in reversed(range(n_decisive)):
+    # The row whose first k decisive tokens are u (index j) and whose others are C[0]: j C^(K-1-k).
+    conditional = probs[:, np.arange(n_keys**k) * n_keys**(n_decisive - 1 - k), k]
+    tree.insert(0, jnp.sum(conditional * tree[0].reshape(n, n_keys**k, n_keys), axis=-1))
+  return tree
+
+
+def credit_from_values(tree: Sequence[Array], decided: Array,
+                       config: key_token.KeyTokenConfig) -> tuple[Array, Array]:
+  """Exact (values, advantages) [B, T] over the response positions of B responses whose
+  decisive tokens are `decided` [B, K] (ids), from each row's value tree `tree` (W_k [B,
+  |C|^k], `decisive_values` gathered per row): V(s_t) = W_k(t)(d_<k(t)) with k(t) = #{p < t};
+  A = W_(k+1)(d_<=k) - W_k(d_<k) at p_k and 0 on filler. Traceable."""
+  n_keys, n_decisive = config.n_keys, config.n_decisive
+  index, after = jnp.zeros(decided.shape[0], jnp.int32), [tree[0][:, 0]]
+  for k in range(n_decisive):
+    index = index * n_keys + (decided[:, k] - key_token.KEY0)
+    after.append(jnp.take_along_axis(tree[k + 1], index[:, None], axis=1)[:, 0])
+  after = jnp.stack(after, axis=1)  # [B, K + 1]: the value after the first k decisive tokens
+  decided_before = np.searchsorted(config.decisive_positions, np.arange(config.length), "left")
+  advantages = jnp.zeros((decided.shape[0], config.length), after.dtype).at[
+      :, config.decisive_positions].set(after[:, 1:] - after[:, :-1])
+  return after[:, decided_before], advantages
+
+
+def decisive_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray, mask: np.ndarray,
+                    targets: np.ndarray) -> Credit:
+  """Exact credit on filler-blind key_token (E-DEC), temperature 1: the value
+  tree of each distinct prompt (`decisive_values`, one batched pass) read along each row's
+  decisive tokens (`credit_from_values`).
+
+  tokens, mask: [B, L] rows (prompt K + 2 ids, then the T response ids); targets: [B, K]
+  the keys each row must copy. Values and advantages are 0 off `mask`.
+  """
+  _check_exact(config)
+  tokens, mask = np.asarray(tokens), np.asarray(mask, bool)
+  prompt_len = config.prompt_length
+  if tokens.shape[1] != prompt_len + config.length:
+    raise ValueError(f"Expected rows of {prompt_len} + {config.length} tokens, got "
+                     f"{tokens.shape}.")
+  prompts, first, inverse = np.unique(tokens[:, :prompt_len], axis=0, return_index=True,
+                                      return_inverse=True)
+  tree = _jitted_values(model, config, prompts, np.asarray(targets)[first])
+  tree = [w[inverse.reshape(-1)] for w in tree]
+  response = tokens[:, prompt_len:]
+  values, advantages = (
+      np.concatenate([np.zeros((len(tokens), prompt_len)), np.asarray(x, np.float64)], 1)
+      for x in credit_from_values(tree, jnp.asarray(response[:, config.decisive_positions]),
+                                  config))
+  values, advantages = np.where(mask, values, 0.0), np.where(mask, advantages, 0.0)
+  passes = len(prompts) * config.n_keys**(config.n_decisive - 1)
+  return Credit(
+      advantages=jnp.asarray(advantages, jnp.float32), values=jnp.asarray(values, jnp.float32),
+      adv_stderr=jnp.zeros(tokens.shape, jnp.float32), evaluated=jnp.asarray(mask),
+      cost={"passes": passes, "tf_tokens": passes * tokens.shape[1], "rollouts": 0, "gen_tokens": 0,
+            "prefill_tokens": 0},
+  )
+
+
+def exact_success(model, config: key_token.KeyTokenConfig, prompts: np.ndarray,
+                  targets: np.ndarray) -> np.ndarray:
+  """[n] float64 V^pi(x) = E_pi[R | x] of each prompt at temperature 1, exactly
+  (filler-blind key_token): the root of its value tree (`decisive_values`). Its mean over
+  held-out prompts is the policy's expected success J(pi), free of the sampling noise of a
+  measured accuracy.
+
+  prompts: [n, K + 2] prompt ids; targets: [n, K] the keys each must copy."""
+  tree = _jitted_values(model, config, np.asarray(prompts), np.asarray(targets))
+  return np.asarray(tree[0][:, 0], np.float64)
+
+
+def not_exact(config: key_token.KeyTokenConfig) -> str | None:
+  """Why key_token under `config` has no exact oracle (E-DEC), or None when it has one."""
+  if not (config.filler_blind and config.constrained):
+    return ("the exact oracle (E-DEC) needs filler_blind and constrained key_token "
+            "(decisive positions emit keys only)")
+  return None
+
+
+def _check_exact(config: key_token.KeyTokenConfig) -> None:
+  reason = not_exact(config)
+  if reason:
+    raise ValueError(f"{reason[0].upper()}{reason[1:]}; use mc_credit.")
+
+
+_jitted_values = nnx.jit(decisive_values, static_argnames="config")
+
 
 MAX_PASSES = 2**17  # teacher-forced paths over all prompts: a guard, never a silent truncation
 
@@ -97,8 +227,8 @@ def value_tree(model, config: key_token.KeyTokenConfig, prompts, targets) -> lis
   inputs, responses = _paths(config, prompts, targets)
   n, paths, width = inputs.shape
   allowed = key_token.allowed_in_rows(config)[:width]
-  logp = oracle._masked_log_softmax(model, inputs.reshape(n * paths, width),
-                                    np.concatenate([allowed[1:], allowed[-1:]]))
+  logp = exact.masked_log_softmax(model, inputs.reshape(n * paths, width),
+                                   np.concatenate([allowed[1:], allowed[-1:]]))
   start = config.prompt_length - 1  # the column whose output is the distribution of position 0
   probs = [jnp.exp(logp[:, start + t, o]).reshape(n, paths, len(o)) for t, o in enumerate(options)]
   targets = jnp.asarray(targets, jnp.int32)
@@ -168,10 +298,33 @@ def tree_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray, mas
   allowed = key_token.allowed(config)
   if not np.all(np.take_along_axis(allowed[None], response[..., None], axis=2)[..., 0]):
     raise ValueError("A response holds a token the task does not allow at its position.")
-  return oracle.tree_credit_rows(
+  return exact.tree_credit_rows(
       tokens, mask, prompt_len, per_prompt=passes_per_prompt(config),
       path_length=prompt_len + int(config.decisive_positions[-1]) + 1, max_passes=max_passes,
       advice="place the decisive positions earlier, or use mc_credit",
       credit_of=lambda prompts, first, inverse: credit_from_tree(
           _jitted_tree(model, config, prompts, targets[first]), inverse, response, targets,
           config))
+
+
+def no_exact_oracle(config: key_token.KeyTokenConfig) -> str | None:
+  """Why a training run on key_token under `config` has no exact oracle (None: it has)."""
+  reason = not_exact(config)
+  return (f"{reason}: set task.options filler_blind=True and constrained=True, or use vineppo "
+          "(Monte Carlo).") if reason else None
+
+
+def exact_extras(model, config: key_token.KeyTokenConfig, rollout, examples) -> tuple[dict, dict]:
+  """({"oracle_advantages", "oracle_values"} [B, L], {"oracle_passes"}) of a training
+  rollout: E-DEC (`decisive_credit`)."""
+  targets = np.stack([np.asarray(e["targets"]) for e in examples])
+  credit = decisive_credit(model, config, np.asarray(rollout.tokens), np.asarray(rollout.mask),
+                           targets)
+  return ({"oracle_advantages": credit.advantages, "oracle_values": credit.values},
+          {"oracle_passes": credit.cost["passes"]})
+
+
+def held_out_success(model, config: key_token.KeyTokenConfig, examples) -> np.ndarray:
+  """[n] exact success probabilities V(x) of held-out examples (`exact_success`)."""
+  return exact_success(model, config, np.stack([e["prompt"] for e in examples]),
+                       np.stack([e["targets"] for e in examples]))

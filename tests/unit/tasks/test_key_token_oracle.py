@@ -11,10 +11,10 @@ import pytest
 from flax import nnx
 
 from jaxcredit import tasks
-from jaxcredit.lab import oracle, tree_oracle
+from jaxcredit.credit import monte_carlo
 from jaxcredit.models import Transformer, preset
 from jaxcredit.sampling import generate
-from jaxcredit.tasks import key_token
+from jaxcredit.tasks import exact, key_token
 from tests.conftest import random_mask
 
 OPTIONS = {"length": 6, "n_decisive": 2, "n_keys": 3, "n_fillers": 2, "filler_blind": True}
@@ -47,6 +47,17 @@ def setting(tmp_path_factory):
   return task, model, examples, sample
 
 
+_log_softmax = nnx.jit(exact.masked_log_softmax)
+
+
+def _teacher_forced_logprobs(model, inputs: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+  """[n, L, V] float64: [:, i] is log pi(. | inputs[:, :i + 1]), the distribution of token
+  i + 1, restricted to allowed[i + 1] (allowed: [L, V] over row columns)."""
+  allowed_next = np.concatenate([allowed[1:], np.ones_like(allowed[:1])])
+  return np.asarray(_log_softmax(model, jnp.asarray(inputs), jnp.asarray(allowed_next)),
+                    np.float64)
+
+
 def _brute_force_values(model, config, examples, tokens):
   """V(s_t) by enumerating every allowed response (teacher-forced probabilities, float64)."""
   allowed = key_token.allowed(config)
@@ -55,7 +66,7 @@ def _brute_force_values(model, config, examples, tokens):
   values = np.zeros(tokens.shape)
   for row, example in enumerate(examples):
     rows = np.concatenate([np.tile(example["prompt"], (len(responses), 1)), responses], 1)
-    logp = oracle._teacher_forced_logprobs(
+    logp = _teacher_forced_logprobs(
       model,
       np.concatenate([rows[:, :p], key_token.observe(responses, config)], 1),
       np.concatenate([np.ones((p, key_token.VOCAB_SIZE), bool), allowed]),
@@ -73,7 +84,7 @@ def _brute_force_values(model, config, examples, tokens):
 def test_decisive_oracle_equals_brute_force_enumeration(setting):
   task, model, examples, sample = setting
   targets = np.stack([e["targets"] for e in examples])
-  exact = oracle.decisive_credit(
+  exact = key_token.oracle.decisive_credit(
     model, key_token.KeyTokenConfig(**OPTIONS), sample.tokens, sample.mask, targets
   )
   mask = np.asarray(sample.mask)
@@ -87,7 +98,8 @@ def test_decisive_oracle_equals_brute_force_enumeration(setting):
   assert np.all(np.asarray(exact.advantages)[~decisive] == 0)
   assert np.abs(np.asarray(exact.advantages)[decisive]).max() > 0.01
   with pytest.raises(ValueError, match="filler_blind"):
-    oracle.decisive_credit(model, key_token.KeyTokenConfig(), sample.tokens, sample.mask, targets)
+    key_token.oracle.decisive_credit(model, key_token.KeyTokenConfig(), sample.tokens,
+                                     sample.mask, targets)
 
 
 VISIBLE = {"length": 6, "n_decisive": 2, "n_keys": 3, "n_fillers": 2}  # filler seen by later inputs
@@ -108,7 +120,7 @@ def test_tree_oracle_equals_brute_force_enumeration_with_visible_filler(setting,
     max_new_tokens=config.length,
     actions=key_token.row_actions(config),
   )
-  credit = tree_oracle.tree_credit(model, config, sample.tokens, sample.mask, targets)
+  credit = key_token.oracle.tree_credit(model, config, sample.tokens, sample.mask, targets)
   mask, p = np.asarray(sample.mask), config.prompt_length
   want = _brute_force_values(model, config, examples, sample.tokens)
   np.testing.assert_allclose(np.asarray(credit.values)[mask], want[mask], atol=1e-5)
@@ -123,15 +135,15 @@ def test_tree_oracle_equals_brute_force_enumeration_with_visible_filler(setting,
   assert np.all(advantages[:, p + last + 1 :] == 0)
   # E-TREE's count: |F|^(p_K - K + 1) paths, times |C|^(K - 1) unless a wrong key decides R.
   branching = 1 if rule == "all" else config.n_keys ** (config.n_decisive - 1)
-  assert tree_oracle.passes_per_prompt(config) == 2 ** (last - 1) * branching
-  assert credit.cost["passes"] == 4 * tree_oracle.passes_per_prompt(config)
+  assert key_token.oracle.passes_per_prompt(config) == 2 ** (last - 1) * branching
+  assert credit.cost["passes"] == 4 * key_token.oracle.passes_per_prompt(config)
 
 
 def test_tree_oracle_equals_the_decisive_oracle_when_filler_is_blind(setting):
   _, model, examples, sample = setting
   config, targets = key_token.KeyTokenConfig(**OPTIONS), np.stack([e["targets"] for e in examples])
-  tree = tree_oracle.tree_credit(model, config, sample.tokens, sample.mask, targets)
-  decisive = oracle.decisive_credit(model, config, sample.tokens, sample.mask, targets)
+  tree = key_token.oracle.tree_credit(model, config, sample.tokens, sample.mask, targets)
+  decisive = key_token.oracle.decisive_credit(model, config, sample.tokens, sample.mask, targets)
   for got, want in ((tree.values, decisive.values), (tree.advantages, decisive.advantages)):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
   with pytest.raises(
@@ -139,16 +151,16 @@ def test_tree_oracle_equals_the_decisive_oracle_when_filler_is_blind(setting):
     match=r"E-TREE needs 32 teacher-forced paths \(4 prompts x "
     r"8\), over max_passes = 31",
   ):
-    tree_oracle.tree_credit(model, config, sample.tokens, sample.mask, targets, max_passes=31)
+    key_token.oracle.tree_credit(model, config, sample.tokens, sample.mask, targets, max_passes=31)
 
 
 def _exact_and_mc(setting, *, k, seed):
   task, model, examples, sample = setting
   targets = np.stack([e["targets"] for e in examples])
-  exact = oracle.decisive_credit(
+  exact = key_token.oracle.decisive_credit(
     model, key_token.KeyTokenConfig(**OPTIONS), sample.tokens, sample.mask, targets
   )
-  mc = oracle.mc_credit(
+  mc = monte_carlo.mc_credit(
     model,
     task,
     sample.tokens,
@@ -168,7 +180,7 @@ def test_monte_carlo_values_agree_with_the_exact_oracle_within_their_standard_er
   mask = np.asarray(sample.mask)
   np.testing.assert_array_equal(np.asarray(mc.evaluated), mask)
   se = np.asarray(
-    oracle.mc_value_stats(jnp.zeros((1, 128)), jnp.ones((1, 128), bool))[2]
+    monte_carlo.mc_value_stats(jnp.zeros((1, 128)), jnp.ones((1, 128), bool))[2]
   )  # AC floor
   value_se = np.maximum(
     np.sqrt(np.clip(np.asarray(exact.values) * (1 - np.asarray(exact.values)), 0, None) / 128),
@@ -188,7 +200,7 @@ def test_monte_carlo_values_agree_with_the_exact_oracle_within_their_standard_er
 
 def test_budgeted_monte_carlo_evaluates_fewer_positions(setting):
   task, model, examples, sample = setting
-  mc = oracle.mc_credit(
+  mc = monte_carlo.mc_credit(
     model,
     task,
     sample.tokens,
@@ -211,7 +223,7 @@ def test_mc_value_stats_against_numpy():
   valid = rng.random((6, 10)) < 0.8
   valid[1] = False
   mean, var, se = (
-    np.asarray(x) for x in oracle.mc_value_stats(jnp.asarray(returns), jnp.asarray(valid))
+    np.asarray(x) for x in monte_carlo.mc_value_stats(jnp.asarray(returns), jnp.asarray(valid))
   )
   for m in range(6):
     r = returns[m][valid[m]]
@@ -225,7 +237,8 @@ def test_mc_value_stats_against_numpy():
     assert np.isclose(se[m], np.sqrt(p * (1 - p) / len(r)), atol=1e-6)
   assert se[0] > 0  # all successes still report uncertainty (Agresti-Coull)
   real = rng.normal(size=(3, 5)).astype(np.float32)
-  _, _, se_real = oracle.mc_value_stats(jnp.asarray(real), jnp.ones((3, 5), bool), binary=False)
+  _, _, se_real = monte_carlo.mc_value_stats(jnp.asarray(real), jnp.ones((3, 5), bool),
+                                             binary=False)
   np.testing.assert_allclose(se_real, real.std(axis=1, ddof=1) / np.sqrt(5), rtol=1e-5)
 
 
@@ -233,16 +246,16 @@ def test_select_positions():
   rng = np.random.default_rng(1)
   mask = random_mask(rng, (6, 12))
   logprobs = np.log(rng.random((6, 12)))
-  np.testing.assert_array_equal(oracle.select_positions(mask, None, "all"), mask)
-  stride = np.asarray(oracle.select_positions(mask, None, "stride:3"))
-  cut = np.asarray(oracle.select_positions(mask, logprobs, "cutpoints:0.5"))
+  np.testing.assert_array_equal(monte_carlo.select_positions(mask, None, "all"), mask)
+  stride = np.asarray(monte_carlo.select_positions(mask, None, "stride:3"))
+  cut = np.asarray(monte_carlo.select_positions(mask, logprobs, "cutpoints:0.5"))
   for b in range(6):
     actions = np.flatnonzero(mask[b])
     np.testing.assert_array_equal(np.flatnonzero(stride[b]), actions[::3])
     want = [t for i, t in enumerate(actions) if i == 0 or np.exp(logprobs[b, t]) < 0.5]
     np.testing.assert_array_equal(np.flatnonzero(cut[b]), want)
   with pytest.raises(ValueError, match="Unknown positions 'every'"):
-    oracle.select_positions(mask, None, "every")
+    monte_carlo.select_positions(mask, None, "every")
 
 
 def test_calibration_check_accepts_mc_values_and_rejects_an_off_by_one_bug(setting):
@@ -264,7 +277,7 @@ def test_rao_blackwellised_credit_agrees_with_the_exact_oracle(setting):
   """Test T3: rb credit (1 - pi)(Q_y - Q_-) is unbiased, and exactly 0 where pi(y) = 1."""
   task, model, examples, sample = setting
   exact, _ = _exact_and_mc(setting, k=1, seed=0)
-  rb = oracle.rb_credit(
+  rb = monte_carlo.rb_credit(
     model,
     task,
     sample.tokens,
@@ -288,13 +301,13 @@ def test_rao_blackwellised_credit_agrees_with_the_exact_oracle(setting):
   assert np.abs(np.asarray(rb.advantages)[mask]).max() > 0.01  # not trivially zero
   assert rb.cost["rollouts"] == 2 * 64 * mask.sum()
   with pytest.raises(ValueError, match="needs the behaviour logprobs"):
-    oracle.rb_credit(
+    monte_carlo.rb_credit(
       model, task, sample.tokens, sample.mask, sample.token_valid, examples, jax.random.key(5), k=2
     )
 
 
 def test_rb_advantages_formula():
-  adv, se = oracle.rb_advantages(
+  adv, se = monte_carlo.rb_advantages(
     jnp.array([0.9, 0.2]),
     jnp.array([0.4, 0.2]),
     jnp.array([0.75, 1.0]),
@@ -312,7 +325,7 @@ def test_exact_success_is_the_prompt_value_and_the_mean_sampled_reward(setting):
   config = key_token.KeyTokenConfig(**OPTIONS)
   firsts, p = examples[::4], config.prompt_length  # the 4 distinct prompts
   prompts, targets = (np.stack([e[k] for e in firsts]) for k in ("prompt", "targets"))
-  got = oracle.exact_success(model, config, prompts, targets)
+  got = key_token.oracle.exact_success(model, config, prompts, targets)
   np.testing.assert_allclose(
     got, _brute_force_values(model, config, firsts, np.asarray(sample.tokens)[::4])[:, p], atol=1e-5
   )

@@ -19,6 +19,9 @@ digits EOS is forced, so a prefix of n digits is a leaf too. Then:
 A digit that overshoots S gets A_t = -V(s_t) and every later token A = 0, without
 special cases: the recursion gives V = 0 below it. `value_tree` and `credit_from_tree`
 are traceable; `tree_credit` is the host entry point on sampled rows.
+
+The oracle the training loop reads (`tasks.Task.oracle`): `no_exact_oracle`, `exact_extras`
+(E-TREE on sampled rows) and `held_out_success` (V(x) of held-out prompts).
 """
 
 import itertools
@@ -28,9 +31,9 @@ import numpy as np
 from flax import nnx
 from jax import Array
 
-from jaxcredit.credit.monte_carlo import Credit
-from jaxcredit.lab import oracle
-from jaxcredit.tasks import target_sum
+from jaxcredit.rollout import Credit
+from jaxcredit.tasks import exact
+from jaxcredit.tasks.target_sum import definition as target_sum
 
 MAX_PASSES = 2**17  # teacher-forced paths over all prompts: a guard, never a silent truncation
 
@@ -59,7 +62,7 @@ def value_tree(model, config: target_sum.TargetSumConfig, prompts, targets) -> l
                            axis=2).reshape(count * len(paths), -1)
   width = inputs.shape[1]
   allowed_next = target_sum.allowed_in_rows(config)[1:width + 1]
-  logp = oracle._masked_log_softmax(model, inputs, allowed_next).reshape(count, len(paths),
+  logp = exact.masked_log_softmax(model, inputs, allowed_next).reshape(count, len(paths),
                                                                            width, -1)
   actions = np.concatenate([[target_sum.EOS], config.digits])
   start = config.prompt_length - 1  # the column whose output is the distribution of digit 0
@@ -147,10 +150,32 @@ def tree_credit(model, config: target_sum.TargetSumConfig, tokens: np.ndarray, m
   if not np.all(fits | ~in_response) or not np.all((response == target_sum.EOS).any(axis=1)):
     raise ValueError("A response holds a token the task does not allow at its position, or "
                      "no EOS.")
-  return oracle.tree_credit_rows(
+  return exact.tree_credit_rows(
       tokens, mask, prompt_len, per_prompt=passes_per_prompt(config),
       path_length=prompt_len + config.n_digits - 1, max_passes=max_passes,
       advice="fewer digits (n_digits) or values (n_values), or use mc_credit",
       credit_of=lambda prompts, first, inverse: credit_from_tree(
           _jitted_tree(model, config, prompts, targets[first]), inverse, response, targets,
           config))
+
+
+def no_exact_oracle(config: target_sum.TargetSumConfig) -> None:
+  """target_sum always has its exact oracle (E-TREE)."""
+  del config
+
+
+def exact_extras(model, config: target_sum.TargetSumConfig, rollout,
+                 examples) -> tuple[dict, dict]:
+  """({"oracle_advantages", "oracle_values"} [B, L], {"oracle_passes"}) of a training
+  rollout (`tree_credit`)."""
+  targets = np.asarray([int(e["target"]) for e in examples])
+  credit = tree_credit(model, config, np.asarray(rollout.tokens), np.asarray(rollout.mask),
+                       targets)
+  return ({"oracle_advantages": credit.advantages, "oracle_values": credit.values},
+          {"oracle_passes": credit.cost["passes"]})
+
+
+def held_out_success(model, config: target_sum.TargetSumConfig, examples) -> np.ndarray:
+  """[n] exact success probabilities V(x) of held-out examples (`exact_success`)."""
+  return exact_success(model, config, np.stack([e["prompt"] for e in examples]),
+                       np.stack([e["target"] for e in examples]))

@@ -234,7 +234,3 @@ def train_task(config, *, data_dir: str, seed: int,
       max_response_length=options.length, encode=loader.ids_encoder, score=score,
       actions=row_actions(options), token_texts=token_names,
       **procedural.fields("key_token", config, options, data_dir=data_dir, seed=seed))
-
-
-TASK = task.register(task.Task(name="key_token", options=KeyTokenConfig, data=KeyToken,
-                               train=train_task))

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxcredit.lab import sum_tree
 from jaxcredit.models import Transformer, preset
 from jaxcredit.tasks import target_sum as ts
 
@@ -86,7 +85,7 @@ def test_tree_values_and_credit_equal_enumeration(model, options):
   rows, targets = np.stack(rows), np.asarray(targets)
   mask = np.zeros(rows.shape, bool)
   mask[:, 5:] = rows[:, 5:] != ts.PAD
-  credit = sum_tree.tree_credit(model, config, rows, mask, targets)
+  credit = ts.oracle.tree_credit(model, config, rows, mask, targets)
   for row, expected in enumerate(expected_values):
     got_values = np.asarray(credit.values)[row, 5:5 + len(expected) - 1]
     np.testing.assert_allclose(got_values, expected[:-1], atol=2e-5)
@@ -96,7 +95,7 @@ def test_tree_values_and_credit_equal_enumeration(model, options):
   # Along every response the advantages telescope to R - V(x).
   np.testing.assert_allclose(np.asarray(credit.advantages).sum(1),
                              [e[-1] - e[0] for e in expected_values], atol=5e-5)
-  success = sum_tree.exact_success(model, config, rows[:, :5], targets)
+  success = ts.oracle.exact_success(model, config, rows[:, :5], targets)
   np.testing.assert_allclose(success, [e[0] for e in expected_values], atol=2e-5)
 
 
@@ -104,19 +103,19 @@ def test_bad_rows_and_trees_too_large_are_named(model):
   config = ts.TargetSumConfig()
   rows = np.zeros((2, 12), np.int32)
   with pytest.raises(ValueError, match=r"Expected rows \[B, 5 \+ 7\] and targets \[B\]"):
-    sum_tree.tree_credit(model, config, rows[:, :11], rows[:, :11] > 0, np.zeros(2))
+    ts.oracle.tree_credit(model, config, rows[:, :11], rows[:, :11] > 0, np.zeros(2))
   mask = np.zeros(rows.shape, bool)
   mask[:, 5:] = True
   with pytest.raises(ValueError, match="does not allow at its position, or no EOS"):
-    sum_tree.tree_credit(model, config, rows, mask, np.zeros(2))
+    ts.oracle.tree_credit(model, config, rows, mask, np.zeros(2))
   rows[:, 5], mask[:, 6:] = ts.EOS, False  # stop at once: valid rows
   with pytest.raises(ValueError, match=r"needs 1,024 teacher-forced paths .* over max_passes"):
-    sum_tree.tree_credit(model, config, rows, mask, np.zeros(2), max_passes=1000)
+    ts.oracle.tree_credit(model, config, rows, mask, np.zeros(2), max_passes=1000)
 
 
 def test_the_oracle_provider_and_exact_success_hook_serve_target_sum(model, tmp_path):
   """The training loop's extras provider of the `oracle` estimators and the exact J(pi)
-  hook, on target_sum rows and prompts from its TFDS data: equal to sum_tree's."""
+  hook, on target_sum rows and prompts from its TFDS data: equal to its oracle's."""
   import ml_collections
 
   from jaxcredit import Rollout, tasks
@@ -136,14 +135,14 @@ def test_the_oracle_provider_and_exact_success_hook_serve_target_sum(model, tmp_
   rollout = Rollout(tokens=rows, mask=mask, rewards=np.ones(4, np.float32))
   got, _ = providers.exact_credit(model, task, rollout, examples)
   targets = np.asarray([int(e["target"]) for e in examples])
-  want = sum_tree.tree_credit(model, task.config, rows, mask, targets)
+  want = ts.oracle.tree_credit(model, task.config, rows, mask, targets)
   np.testing.assert_allclose(got["oracle_advantages"], want.advantages, atol=1e-6)
   np.testing.assert_allclose(got["oracle_values"], want.values, atol=1e-6)
   test = [task.sources["test"][i] for i in range(6)]
   context = extras.Context(task=task, model=model, examples=examples,
                            key=jax.random.key(0), rl_step=0)
   _, metrics = exact_metrics.hook(1, ks=(4,))(context, rollout)
-  success = sum_tree.exact_success(model, task.config, np.stack([e["prompt"] for e in test]),
-                                   np.asarray([int(e["target"]) for e in test]))
+  success = ts.oracle.exact_success(model, task.config, np.stack([e["prompt"] for e in test]),
+                                    np.asarray([int(e["target"]) for e in test]))
   np.testing.assert_allclose(metrics["exact_success"], success.mean(), atol=1e-6)
   np.testing.assert_allclose(metrics["exact_pass@4"], np.mean(1 - (1 - success) ** 4), atol=1e-6)

@@ -19,6 +19,9 @@ teacher-forced pass, and sums back from the leaves.
       values [B, K + 1]: V at each turn start of each row (V_K: its reward),
       credit [B, L]: A_k = V(h_(k+1)) - V(h_k) on turn k's action tokens.
   success(model, config)  J(pi): the expected reward of an episode.
+
+The oracle the training loop reads (`tasks.Task.oracle`): `no_exact_oracle`, `exact_extras`
+(turn credit on sampled episodes) and `held_out_success`.
 """
 
 import jax
@@ -27,7 +30,7 @@ import numpy as np
 from flax import nnx
 
 from jaxcredit.tasks.key_token import FILL, SEP
-from jaxcredit.tasks.key_turns import KeyTurnsConfig
+from jaxcredit.tasks.key_turns.definition import KeyTurnsConfig
 
 MAX_NODES = 500_000
 ROWS_PER_PASS = 4096
@@ -146,3 +149,28 @@ def turn_credit(model, config: KeyTurnsConfig, tokens: np.ndarray,
     for k, end in enumerate(starts[:-1]):
       credit[b, columns[end]] = values[b, k + 1] - values[b, k]
   return values, credit
+
+
+def no_exact_oracle(config: KeyTurnsConfig) -> None:
+  """key_turns always has its exact oracle."""
+  del config
+
+
+def exact_extras(model, config: KeyTurnsConfig, rollout, examples) -> tuple[dict, dict]:
+  """({"oracle_advantages", "oracle_values"} [B, L], {"oracle_passes"}) of sampled
+  episodes: the turn credit A_k = V(h_(k+1)) - V(h_k) on each turn's action, V(h_k) there
+  as the value (`turn_credit`)."""
+  del examples  # the episodes hold their observations
+  values, credit = turn_credit(model, config, rollout.tokens, rollout.token_valid)
+  before = np.zeros(credit.shape, np.float32)  # V(h_k) on turn k's action (one per turn)
+  mask = np.asarray(rollout.mask, bool)
+  for row in range(len(mask)):
+    before[row, np.flatnonzero(mask[row])] = values[row, :mask[row].sum()]
+  return ({"oracle_advantages": credit.astype(np.float32), "oracle_values": before},
+          {"oracle_passes": 1})
+
+
+def held_out_success(model, config: KeyTurnsConfig, examples) -> np.ndarray:
+  """[n] V(x) of held-out examples: every prompt is [BOS, SEP] (the keys are hidden), so
+  each is J(pi) (`success`)."""
+  return np.full(len(examples), success(model, config, np.asarray(examples[0]["prompt"])))
