@@ -26,7 +26,7 @@ import time
 import jax
 
 from bench.common import machine, table
-from jaxcredit.lab import batched
+from jaxcredit.lab import batched, cells
 from studies.credit_study import sweep
 
 GiB = 2**30
@@ -52,7 +52,7 @@ def temp_gib(study, group_size: int, width: int) -> float:
   return compiled.memory_analysis().temp_size_in_bytes / GiB
 
 
-def short_cell(study, updates: int) -> batched.Cell:
+def short_cell(study, updates: int) -> cells.Cell:
   cell = sweep.cell_of(study, "uniform_filler", 8)
   return dataclasses.replace(cell, updates=updates, eval_every=updates // 4,
                              mechanism_evals=(0, 4))

@@ -82,20 +82,23 @@ def policy_outputs(model, rollout: Rollout, temperature: float, actions: Actions
   return PolicyOutputs(logprobs=logp, entropy=entropy, values=values)
 
 
+def sft_loss(model, tokens, loss_mask, token_valid=None, actions: Actions = Actions(),
+             logits_per_chunk: int = LOGITS_PER_CHUNK) -> Array:
+  """The mean negative log-likelihood of the completion tokens (loss_mask) of [B, L] rows
+  (token-mean), every token valid unless `token_valid` says. Traceable."""
+  out = _forward(model, tokens, token_valid, None, actions)
+  logp, _ = shifted_logprobs(model, out.hidden, tokens, actions=actions,
+                             logits_per_chunk=logits_per_chunk, entropy=False, scored=loss_mask)
+  return losses.aggregate(-logp, loss_mask, "token-mean")
+
+
 def sft_step(actions: Actions = Actions(), logits_per_chunk: int = LOGITS_PER_CHUNK):
-  """A jitted cross-entropy step on the completion tokens (loss_mask) of [B, L] rows."""
+  """A jitted cross-entropy step (`sft_loss`) on the completion tokens of [B, L] rows."""
 
   @nnx.jit
   def step(model, optimizer, tokens, loss_mask, token_valid):
-
-    def loss_fn(model):
-      out = _forward(model, tokens, token_valid, None, actions)
-      logp, _ = shifted_logprobs(model, out.hidden, tokens, actions=actions,
-                                 logits_per_chunk=logits_per_chunk, entropy=False,
-                                 scored=loss_mask)
-      return losses.aggregate(-logp, loss_mask, "token-mean")
-
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    loss, grads = nnx.value_and_grad(sft_loss)(model, tokens, loss_mask, token_valid, actions,
+                                               logits_per_chunk)
     optimizer.update(model, grads)
     return loss
 

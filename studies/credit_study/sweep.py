@@ -37,7 +37,7 @@ import numpy as np
 
 from jaxcredit import tasks
 from jaxcredit.atomic import write_atomically
-from jaxcredit.lab import batched, exact_metrics
+from jaxcredit.lab import batched, cells, diagnostics, exact_metrics
 from jaxcredit.models import preset
 from studies.credit_study import report, tables
 
@@ -47,7 +47,7 @@ def regime_task(study, regime: str) -> str:
   return study.regimes[regime].get("task_name", "key_token")
 
 
-def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> batched.Cell:
+def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> cells.Cell:
   """The batched cell of (regime, G) with every arm: the budget's updates (`budget`, else the
   G's token_budget, times the regime's budget_scale, 1 unless given), eval points spread
   evenly. A regime may change the study's policy (`model_overrides`, over the study's) and
@@ -71,8 +71,8 @@ def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> b
   if warmup is not None:
     if warmup.get("filler_probs") is not None:
       warmup["filler_probs"] = tuple(warmup["filler_probs"])
-    warmup = batched.Warmup(**warmup)
-  return batched.Cell(
+    warmup = cells.Warmup(**warmup)
+  return cells.Cell(
       task=task, model=preset(study.model.preset, vocab_size=task_ops.traceable.vocab_size,
                               **model_overrides),
       arms=tuple({"scale": "rms", "of": plain(arm)} for arm in study.arms.values()),
@@ -96,7 +96,7 @@ def arm_settings(study, arm: str) -> dict:
   return {"prm_learning_rate": float(rates[arm])} if arm in rates else {}
 
 
-def tuning_cell(study, regime: str) -> batched.Cell:
+def tuning_cell(study, regime: str) -> cells.Cell:
   """The cell the learning rates are tuned in: G = tuning_group_size, at the
   tuning_token_budget when the study sets one (else that G's budget)."""
   return cell_of(study, regime, study.tuning_group_size, study.get("tuning_token_budget"))
@@ -114,8 +114,8 @@ def _curve(result: dict, row: int) -> dict:
           **({"filler_entropy": float(result["filler_entropy"][row, 0]),
               "noisy_tokens": float(result["noisy_tokens"][row].mean())}
              if "filler_entropy" in result else {}),
-          **{name: result[name][row].tolist() for name in batched.MECHANISM + batched.RANKING
-             if name in result},
+          **{name: result[name][row].tolist()
+             for name in diagnostics.MECHANISM + diagnostics.RANKING if name in result},
           **({"mechanism_gen_tokens": result["mechanism_gen_tokens"][row].tolist()}
              if "mechanism_gen_tokens" in result else {})}
 
@@ -128,7 +128,7 @@ def _auc(curve: dict) -> float:
 PER_ARM = ("arms", "prm_learning_rates")  # Cell fields an arm's record holds (arm_settings)
 
 
-def signature(cell: batched.Cell, seeds, learning_rates=None) -> dict:
+def signature(cell: cells.Cell, seeds, learning_rates=None) -> dict:
   """What a piece's results depend on besides its arms, in JSON types: the cell's settings
   but its arms' (PER_ARM), the seeds, and for a tuning its grid of learning rates (a
   cell's arms record their own)."""
@@ -194,7 +194,7 @@ def _write_piece(path: pathlib.Path, written: dict, new_arms: dict, expected: di
   return json.loads(path.read_text())
 
 
-def _runner(cell: batched.Cell, runners: dict) -> batched.Runner:
+def _runner(cell: cells.Cell, runners: dict) -> batched.Runner:
   """The cell's runner, built once (`runners`: (G, updates) -> Runner)."""
   key = (cell.group_size, cell.updates)
   if key not in runners:

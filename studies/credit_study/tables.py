@@ -10,7 +10,7 @@ import pathlib
 import numpy as np
 import scipy.stats
 
-from jaxcredit.lab import batched, statistics
+from jaxcredit.lab import diagnostics, statistics
 from studies.credit_study import report
 
 VERDICT_ALPHA = 0.05
@@ -259,7 +259,7 @@ def budget_check(summary: dict, level: float, budget: int) -> str:
 
 
 def mechanism_table(curves: dict) -> list[str]:
-  """Each arm's gradient measurements (`batched.mechanism`) at the measured checkpoints,
+  """Each arm's gradient measurements (`diagnostics.mechanism`) at the measured checkpoints,
   means over seeds: cosine with the exact-credit gradient, signal fraction, and the filler
   share |g_filler| / (|g_filler| + |g_decisive|)."""
   runs = {arm: list(by_seed.values()) for arm, by_seed in curves.items()}
@@ -302,7 +302,7 @@ def mechanism_table(curves: dict) -> list[str]:
 
 
 def ranking_table(curves: dict) -> list[str]:
-  """The critic's ranking of alternative steps (`batched.ranking`) for the arms that trained
+  """The critic's ranking of alternative steps (`diagnostics.ranking`) for the arms that trained
   a critic, at the measured checkpoints (means over seeds): top-1 agreement with the exact
   values for the critic, a random order and Monte-Carlo values of k continuations."""
   runs = {arm: list(by_seed.values()) for arm, by_seed in curves.items()
@@ -311,7 +311,7 @@ def ranking_table(curves: dict) -> list[str]:
     return []
   first = next(iter(runs.values()))[0]
   at = " / ".join(f"{t / 1e3:,.0f}k" for t in first["mechanism_gen_tokens"])
-  columns = [name for name in batched.RANKING if name in first]
+  columns = [name for name in diagnostics.RANKING if name in first]
   lines = [f"Ranking the alternative keys at each decisive position (top-1 agreement with the "
            f"exact values; means over seeds after {at} generated tokens): the critic trained "
            "beside the arm, a random order, and Monte-Carlo values of k continuations per "

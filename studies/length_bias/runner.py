@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from jaxcredit.lab import batched
+from jaxcredit.lab import batched, cells
 from jaxcredit.models import preset
 from jaxcredit.tasks import target_sum
 from studies.credit_study.report import fmt_interval, machine, t_interval
@@ -35,10 +35,10 @@ from studies.credit_study.report import fmt_interval, machine, t_interval
 LENGTHS = ("length_incorrect", "length_correct")
 
 
-def cell_of(study, regime: str, arm: str) -> batched.Cell:
+def cell_of(study, regime: str, arm: str) -> cells.Cell:
   """The batched cell of one arm in one regime (a target_sum configuration)."""
   spec = study.arms[arm]
-  return batched.Cell(
+  return cells.Cell(
       task=target_sum.TargetSumConfig(**study.regimes[regime]),
       model=preset(study.model.preset, vocab_size=target_sum.VOCAB_SIZE, **study.model.overrides),
       arms=(spec.advantage,), group_size=study.group_size,

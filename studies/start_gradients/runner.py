@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 from jaxcredit.atomic import write_atomically
-from jaxcredit.lab import batched, statistics
+from jaxcredit.lab import batched, cells, statistics
 from jaxcredit.tasks import key_token
 from studies.credit_study import report, sweep
 
@@ -45,7 +45,7 @@ GRPO = {"scale": "rms", "of": "grpo"}  # the sweep's GRPO arm
 PREDICTED_SLOPE = 0.5
 
 
-def start_cell(study, regime: str, group_size: int) -> batched.Cell:
+def start_cell(study, regime: str, group_size: int) -> cells.Cell:
   """The (regime, G) cell of `sweep.cell_of` with GRPO's arm alone, one update (a cell has
   at least one) and the gradient measurements at evaluation 0 only."""
   cell = sweep.cell_of(study, regime, group_size)
@@ -125,12 +125,12 @@ def slopes(study, results: dict, rng) -> dict:
   for regime, by_g in results.items():
     for g, cell in by_g.items():
       groups.setdefault((family(regime), g), []).append((filler_tokens(study, regime), cell))
-  for key, cells in groups.items():
-    if len({n for n, _ in cells}) < 2:
+  for key, measured in groups.items():
+    if len({n for n, _ in measured}) < 2:
       continue
-    x = np.concatenate([np.full(len(c["filler_norm"]), np.log(n)) for n, c in cells])
+    x = np.concatenate([np.full(len(c["filler_norm"]), np.log(n)) for n, c in measured])
     with np.errstate(divide="ignore"):
-      y = np.concatenate([np.log(_ratio(c)) for _, c in cells])
+      y = np.concatenate([np.log(_ratio(c)) for _, c in measured])
     kept = np.isfinite(y)  # a zero filler part (log 0) cannot be fitted on a log scale
     out[key] = statistics.ols_slope(x[kept], y[kept], rng)
   return out

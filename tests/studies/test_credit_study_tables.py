@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from jaxcredit.lab import batched, statistics
+from jaxcredit.lab import diagnostics, statistics
 from studies.credit_study import tables
 
 
@@ -115,7 +115,7 @@ def test_the_charged_table_reads_monte_carlo_runs_at_grpos_budget_of_charged_tok
 
 def test_the_ranking_table_lists_the_arms_that_trained_a_critic():
   run = lambda shift: {"mechanism_gen_tokens": [0, 5000], "critic_top1": [0.25, 0.5 + shift],
-                       **{name: [0.25, 0.75] for name in batched.RANKING[1:]}}
+                       **{name: [0.25, 0.75] for name in diagnostics.RANKING[1:]}}
   lines = tables.ranking_table({"grpo": {0: {"gen_tokens": [0]}},
                                       "ppo_gae": {0: run(0.0), 1: run(0.1)}})
   assert "after 0k / 5k generated tokens" in lines[0]

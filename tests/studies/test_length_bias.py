@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxcredit.lab import batched
+from jaxcredit.lab import batched, diagnostics
 from studies.length_bias import configs
 from studies.length_bias import runner as length_bias
 
@@ -17,9 +17,9 @@ def test_lengths_by_outcome_against_a_loop():
   rewards = (rng.uniform(size=9) < 0.4).astype(np.float32)
   lengths = mask.sum(1)
   want = [lengths[rewards == 1].mean(), lengths[rewards == 0].mean()]
-  for fn in (batched.lengths_by_outcome, jax.jit(batched.lengths_by_outcome)):
+  for fn in (diagnostics.lengths_by_outcome, jax.jit(diagnostics.lengths_by_outcome)):
     np.testing.assert_allclose(fn(jnp.asarray(mask), jnp.asarray(rewards)), want, rtol=1e-6)
-  none_right = batched.lengths_by_outcome(jnp.asarray(mask), jnp.zeros(9))
+  none_right = diagnostics.lengths_by_outcome(jnp.asarray(mask), jnp.zeros(9))
   np.testing.assert_allclose(none_right, [0.0, lengths.mean()], rtol=1e-6)
 
 

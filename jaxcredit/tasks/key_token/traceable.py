@@ -54,7 +54,7 @@ class Traceable:
     return rewards
 
   def demonstrations(self, key, warmup, count: int):
-    """[count, T] SFT responses (`jaxcredit.lab.batched.Warmup`): filler from
+    """[count, T] SFT responses (`jaxcredit.lab.cells.Warmup`): filler from
     warmup.filler_probs, the right key at each decisive position with probability
     warmup.key_accuracy, else a uniform key; and their prompts [count, P]."""
     config = self.config

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from jaxcredit import estimators
-from jaxcredit.lab import batched
+from jaxcredit.lab import arms, batched, cells, diagnostics
 from jaxcredit.models import Transformer, preset
 from jaxcredit.credit import monte_carlo
 from jaxcredit.tasks import key_token, procedural
@@ -99,7 +99,7 @@ def test_prompts_are_laid_out_as_the_task_builds_them(key_fn):
 def _cell(*arms, **changes):
   settings = dict(task=TASK, model=MODEL, arms=tuple({"scale": "rms", "of": a} for a in arms),
                   group_size=4, prompts_per_step=3, updates=6, eval_every=3)
-  return batched.Cell(**{**settings, **changes})
+  return cells.Cell(**{**settings, **changes})
 
 
 def test_vmapped_runs_equal_their_runs_alone_and_start_at_the_policys_exact_success():
@@ -112,7 +112,7 @@ def test_vmapped_runs_equal_their_runs_alone_and_start_at_the_policys_exact_succ
   grid = runner.train(runs)
   alone = runner.train([runs[-1], runs[0]], width=len(runs))  # padded with copies of runs[0]
   for key in ("success", "reward_mean", "zero_variance_groups", "grad_norm", "filler_entropy",
-              *batched.MECHANISM):
+              *diagnostics.MECHANISM):
     np.testing.assert_allclose(grid[key][[-1, 0]], alone[key], rtol=1e-5, atol=1e-6)
   assert grid["success"].shape == (8, 3)
   np.testing.assert_array_equal(grid["gen_tokens"], [[0, 216, 432]] * 8)  # T tokens a response
@@ -153,7 +153,7 @@ def test_vmapped_runs_equal_their_runs_alone_and_start_at_the_policys_exact_succ
   assert set(np.round(grid["noisy_tokens"][grpo_runs].ravel(), 5)) <= {0.0, 4.0}
   # Measured at chosen evaluations only: the same numbers there, nothing else changed.
   chosen = batched.Runner(dataclasses.replace(cell, mechanism_evals=(0, 2))).train(runs)
-  for key in batched.MECHANISM:
+  for key in diagnostics.MECHANISM:
     np.testing.assert_allclose(chosen[key], grid[key][:, [0, 2]], rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(chosen["success"], grid["success"], rtol=1e-5, atol=1e-6)
   np.testing.assert_array_equal(chosen["mechanism_gen_tokens"], [[0, 432]] * 8)
@@ -186,10 +186,10 @@ def test_noisy_tokens_against_a_float64_loop():
     weight = np.where(m, np.abs(a), 0.0)
     if weight.max() > 0:
       rows.append(sum(weight[t] / weight.max() for t in range(9) if not decisive[t]))
-  for fn in (batched.noisy_tokens, jax.jit(batched.noisy_tokens)):
+  for fn in (diagnostics.noisy_tokens, jax.jit(diagnostics.noisy_tokens)):
     np.testing.assert_allclose(fn(jnp.asarray(advantages, jnp.float32), mask, decisive),
                                np.mean(rows), rtol=1e-5)
-  assert batched.noisy_tokens(jnp.zeros((2, 3)), jnp.ones((2, 3), bool), decisive[:3]) == 0.0
+  assert diagnostics.noisy_tokens(jnp.zeros((2, 3)), jnp.ones((2, 3), bool), decisive[:3]) == 0.0
 
 
 def test_implicit_credit_against_a_loop_over_shared_states():
@@ -208,17 +208,17 @@ def test_implicit_credit_against_a_loop_over_shared_states():
               if tokens[j, t] == tokens[i, t]
               and all(tokens[j, d] == tokens[i, d] for d in range(t) if decisive[d])]
       expected[i, t] = credit[same, t].mean()
-  got = jax.jit(batched.implicit_credit, static_argnums=3)(jnp.asarray(credit, jnp.float32),
+  got = jax.jit(diagnostics.implicit_credit, static_argnums=3)(jnp.asarray(credit, jnp.float32),
                                                           tokens, decisive, group)
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(batched.implicit_credit(credit, tokens, decisive, 1), credit)
+  np.testing.assert_allclose(diagnostics.implicit_credit(credit, tokens, decisive, 1), credit)
 
 
 def test_a_warm_start_sets_the_regime_confident_filler_and_a_starting_success():
   """SFT on demonstrations with filler F0 99% of the time and the right keys half the time:
   the filler entropy falls far below a fresh policy's, and J starts near the
   demonstrations' success (1/2 + 1/2 * 1/3 per key, two keys: 0.44), not at chance (1/9)."""
-  warmup = batched.Warmup(steps=150, filler_probs=(0.99, 0.01), key_accuracy=0.5)
+  warmup = cells.Warmup(steps=150, filler_probs=(0.99, 0.01), key_accuracy=0.5)
   result = batched.Runner(_cell("grpo", warmup=warmup)).train([(0, 1e-3, 0), (0, 1e-3, 1)])
   assert np.all(result["filler_entropy"][:, 0] < 0.15), result["filler_entropy"][:, 0]
   assert np.all(np.abs(result["success"][:, 0] - (2 / 3) ** 2) < 0.08), result["success"][:, 0]
@@ -234,9 +234,9 @@ def test_bad_cells_and_runs_are_refused_naming_the_problem():
   with pytest.raises(ValueError, match="needs baseline_rewards too"):
     batched.make_run(_cell("grpo", "remax"))
   with pytest.raises(ValueError, match="warmup.filler_probs must be 2 probabilities"):
-    _cell("grpo", warmup=batched.Warmup(steps=1, filler_probs=(0.5, 0.4)))
+    _cell("grpo", warmup=cells.Warmup(steps=1, filler_probs=(0.5, 0.4)))
   with pytest.raises(ValueError, match=r"warmup.key_accuracy must be in \[0, 1\], got 1.5"):
-    batched.Warmup(steps=1, filler_probs=(0.5, 0.5), key_accuracy=1.5)
+    cells.Warmup(steps=1, filler_probs=(0.5, 0.5), key_accuracy=1.5)
   for evals in ((), (1, 0), (0, 3)):
     with pytest.raises(ValueError, match=r"mechanism_evals must be increasing evaluation "
                                          r"indices in \[0, 3\)"):
@@ -292,7 +292,7 @@ def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does
 
   cell, prm_rate = _cell("grpo", "prime"), 3e-3  # the arm's rate reaches the PRM's Adam
   model = Transformer(MODEL, rngs=nnx.Rngs(0))
-  modules = batched._modules(model, cell, 1e-3, prm_learning_rate=prm_rate)
+  modules = arms.modules(model, cell, 1e-3, prm_learning_rate=prm_rate)
   actions = batched._task(cell).actions
   batch = batched.make_rollout(cell)(model, jax.random.key(4))
   scored = batched.with_models(modules, batch, actions)
@@ -302,7 +302,7 @@ def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does
   host = implicit_prm.ImplicitPRM(beta=0.05, learning_rate=prm_rate)
   extras, metrics = host(types.SimpleNamespace(actions=actions), model, scored)
   loss, logprobs = implicit_prm.update(modules["prm"], modules["prm_optimizer"], scored,
-                                       actions, batched.prm_beta(cell), 1.0)
+                                       actions, arms.prm_beta(cell), 1.0)
   np.testing.assert_allclose(logprobs, extras["prm_logprobs"], atol=1e-6)
   assert float(loss) == pytest.approx(metrics["prm_loss"], rel=1e-5)
   chex.assert_trees_all_close(nnx.state(modules["prm"], nnx.Param),
@@ -310,8 +310,8 @@ def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does
   assert not np.allclose(batched.with_models(modules, batch, actions).extras["prm_logprobs"],
                          sampled, atol=1e-5)  # the PRM moved, the reference did not
   # As a run scores and steps (with_models with prm_beta): the same log-probs and step.
-  stepped = batched._modules(model, cell, 1e-3, prm_learning_rate=prm_rate)
-  trained = batched.with_models(stepped, batch, actions, prm_beta=batched.prm_beta(cell))
+  stepped = arms.modules(model, cell, 1e-3, prm_learning_rate=prm_rate)
+  trained = batched.with_models(stepped, batch, actions, prm_beta=arms.prm_beta(cell))
   np.testing.assert_allclose(trained.extras["prm_logprobs"], extras["prm_logprobs"], atol=1e-6)
   np.testing.assert_allclose(trained.ref_logprobs, scored.ref_logprobs, atol=1e-6)
   chex.assert_trees_all_close(nnx.state(stepped["prm"], nnx.Param),
@@ -321,13 +321,13 @@ def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does
   assert np.all(np.isfinite(out["success"])) and np.all(np.any(out["grad_norm"] > 0, axis=1))
   assert not np.allclose(out["grad_norm"][0], out["grad_norm"][1])
   with pytest.raises(ValueError, match="must share beta"):
-    batched.prm_beta(_cell("prime", {"name": "prime", "beta": 0.1}))
+    arms.prm_beta(_cell("prime", {"name": "prime", "beta": 0.1}))
   # Each arm's PRM learns at its own rate: at rate 0 the PRM stays the reference, the
   # implicit rewards are 0 and PRIME is RLOO run for run (the PRM and the reference change
   # nothing else); at 1e-2 it is not.
   rated = dataclasses.replace(_cell(), arms=tuple({"scale": "rms", "of": name} for name in (
       "rloo", "prime", "prime")), prm_learning_rates=(None, 0.0, 1e-2))
-  assert batched.prm_learning_rates(rated) == (batched.PRM_LEARNING_RATE, 0.0, 1e-2)
+  assert arms.prm_learning_rates(rated) == (arms.PRM_LEARNING_RATE, 0.0, 1e-2)
   plain = batched.Runner(rated).train([(0, 1e-2, 0), (1, 1e-2, 0), (2, 1e-2, 0)])
   np.testing.assert_allclose(plain["success"][0], plain["success"][1], atol=1e-6)
   np.testing.assert_allclose(plain["grad_norm"][0], plain["grad_norm"][1], rtol=1e-4, atol=1e-8)
@@ -372,7 +372,7 @@ def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_
     assert 0.6 < np.mean(z**2) < 1.5, (name, np.mean(z**2))
     assert abs(np.mean(z)) < 4 / np.sqrt(len(z)), (name, np.mean(z))
   assert inner.sum() > 100
-  charged = batched.continuation_tokens(batch.mask, k, TASK.length)
+  charged = arms.continuation_tokens(batch.mask, k, TASK.length)
   assert charged == real.cost["gen_tokens"] == k * mask.sum(0)[prompt_len:] @ np.arange(6, 0, -1)
   # In a run: the arm's credit telescopes to R - V_hat(x); only it is charged, per update
   # k T (T + 1) / 2 tokens per response beside its T.
@@ -400,22 +400,23 @@ def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact
 
   ppo_gae = {"name": "gae", "lam": 0.95}
   cell = _cell("grpo", ppo_gae, mechanism_batches=1)
-  assert batched.has_critic(cell) and not batched.has_critic(_cell("grpo", "oracle"))
+  assert arms.has_critic(cell) and not arms.has_critic(_cell("grpo", "oracle"))
   result = batched.Runner(cell).train([(0, 1e-2, 3), (1, 1e-2, 3), (1, 3e-3, 4)])
-  for name in batched.RANKING:
+  for name in diagnostics.RANKING:
     assert result[name].shape == (3, 3) and np.all((result[name] >= 0) & (result[name] <= 1))
   assert np.all(result["grad_norm"][1:].max(axis=1) > 0)
   # Against the host oracle and the learner's critic on one batch.
   model = Transformer(MODEL, rngs=nnx.Rngs(0))
   nnx.update(model, jax.tree.map(lambda x: 3 * x, nnx.state(model, nnx.Param)))
-  critic = batched._critic(cell, model, 0)
+  critic = arms.critic(cell, model, 0)
   batch = batched.make_rollout(cell)(model, jax.random.key(1))
   tokens, p = np.asarray(batch.tokens), TASK.prompt_length
   symbols = tokens[::cell.group_size, 1:3] - key_token.KEY0
   prompts, targets = key_token.traceable.prompts_of(symbols, TASK)
   tree = key_token.oracle.decisive_values(model, TASK, prompts, targets)
-  exact = np.asarray(batched.alternative_values(tree, batch.tokens, TASK, cell.group_size))
-  scores = np.asarray(batched.critic_alternatives(critic, batch, TASK, batched._task(cell).actions))
+  exact = np.asarray(diagnostics.alternative_values(tree, batch.tokens, TASK, cell.group_size))
+  actions = batched._task(cell).actions
+  scores = np.asarray(diagnostics.critic_alternatives(critic, batch, TASK, actions))
   row_targets = np.repeat(np.asarray(targets), cell.group_size, axis=0)
   for k, position in enumerate(TASK.decisive_positions):
     for c in range(TASK.n_keys):
@@ -434,11 +435,11 @@ def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact
   guesses = rng.normal(size=values.shape)
   want = np.mean([values[i, k, np.argmax(guesses[i, k])] == values[i, k].max()
                   for i in range(50) for k in range(2)])
-  np.testing.assert_allclose(batched.top1_agreement(guesses, values), want)
-  ranks = batched.ranking(guesses, values, jax.random.key(0))
+  np.testing.assert_allclose(diagnostics.top1_agreement(guesses, values), want)
+  ranks = diagnostics.ranking(guesses, values, jax.random.key(0))
   np.testing.assert_allclose(ranks["random_top1"], np.mean(values == values.max(-1, keepdims=True)))
   distinct = np.broadcast_to([0.05, 0.5, 0.95], (200, 1, 3))
-  ranks = batched.ranking(np.zeros((200, 1, 3)), distinct, jax.random.key(1))
+  ranks = diagnostics.ranking(np.zeros((200, 1, 3)), distinct, jax.random.key(1))
   assert ranks["critic_top1"] == 0.0 and ranks["mc64_top1"] == 1.0 and ranks["mc1_top1"] < 0.9
 
 
@@ -475,7 +476,7 @@ def test_a_zipf_explain_batch_carries_the_monte_carlo_oracles_credit():
       model, jnp.pad(prompts, [(0, 0), (0, 8)]), eval_targets, jnp.zeros(1, jnp.int32),
       jax.random.key(1), task, n_paths=adapter.EVAL_PATHS)
   np.testing.assert_allclose(success, expected[:, 0], atol=1e-6)
-  demo_prompts, responses = adapter.demonstrations(jax.random.key(2), batched.Warmup(
+  demo_prompts, responses = adapter.demonstrations(jax.random.key(2), cells.Warmup(
       steps=1, key_accuracy=1.0, batch_size=64), 64)
   assert np.all(zipf_explain.reward(np.asarray(responses), np.asarray(demo_prompts), task) == 1)
   with pytest.raises(ValueError, match="zipf_explain cells run without the gradient"):

@@ -1,0 +1,127 @@
+"""What a batched cell's arms read and train beside the policy, traceable where it runs
+inside the cell's program: the extras an arm's estimator needs, Monte-Carlo values drawn in
+distribution from the exact values (and the continuation tokens they would cost), the
+learned critic, PRIME's implicit PRM and its frozen reference, and a run's modules.
+"""
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxcredit import estimators
+from jaxcredit.models import Transformer
+
+if TYPE_CHECKING:
+  from jaxcredit.lab.cells import Cell
+
+EXTRAS = ("oracle_advantages", "oracle_values", "shuffle_priorities", "ktae_scores",
+          "prm_logprobs", *estimators.registered.MC_VALUES)  # what a cell can compute
+CRITICS = ("gae",)  # estimators that read a learned critic's values V(s_t) (rollout.values)
+CRITIC_LEARNING_RATE = 1e-3  # the critic's Adam (the policy's rate is tuned per arm)
+PRM_LEARNING_RATE = 1e-3  # PRIME's implicit PRM's Adam
+CRITIC_STREAM = 7  # the critic's initialisation key: fold_in(key(seed), CRITIC_STREAM)
+
+
+def needs(advantages) -> set[str]:
+  needs = {key for advantage in advantages for component in estimators.components(advantage)
+           for key in component.needs}
+  missing = needs - set(EXTRAS)
+  if missing:
+    raise ValueError(f"Batched cells compute the extras {', '.join(EXTRAS)}; the estimator "
+                     f"needs {', '.join(sorted(missing))} too (train it with `jaxcredit.train`).")
+  return needs
+
+
+def monte_carlo_k(advantage) -> int:
+  """K of the Monte-Carlo values an advantage function reads (its components needing
+  "mc_values": `vineppo`, `spo`); 0 when it reads none. Batched cells draw them at every
+  action only, and one K per arm."""
+  readers = [c for c in estimators.components(advantage) if "mc_values" in c.needs]
+  ks = {int(c.settings["k"]) for c in readers}
+  positions = {c.settings["positions"] for c in readers}
+  if len(ks) > 1 or positions - {"all"} or any(k < 1 for k in ks):
+    raise ValueError(f"Batched cells draw Monte-Carlo values at every action (positions="
+                     f"'all') with one K >= 1 per arm; got k {sorted(ks)}, positions "
+                     f"{sorted(positions)}.")
+  return ks.pop() if ks else 0
+
+
+def monte_carlo_values(key, values, mask, k, largest: int):
+  """[B, L] V-hat(s_t): the mean reward of k continuations from each action's state, 0 off
+  `mask`. With a 0/1 reward the k continuations' successes are Binomial(k, V(s_t)), V the
+  exact value (`values`, the oracle's, in rows): they are drawn as that count, the sum of
+  k of `largest` uniform comparisons (k may be traced, 0 <= k <= largest). Traceable."""
+  draws = jax.random.uniform(key, (*values.shape, largest)) < jnp.clip(values, 0.0, 1.0)[..., None]
+  successes = jnp.sum(draws & (jnp.arange(largest) < k), axis=-1, dtype=jnp.float32)
+  return jnp.where(mask, successes / jnp.maximum(k, 1), 0.0)
+
+
+def continuation_tokens(mask, k, length: int):
+  """Tokens k continuations from every action's state generate: k (T - t) summed over the
+  actions at response step t (mask [B, L], whose last `length` columns are the response
+  slots). Traceable."""
+  remaining = jnp.arange(length, 0, -1, dtype=jnp.float32)  # T - t
+  return k * jnp.sum(jnp.where(mask[:, -length:], remaining, 0.0))
+
+
+def optimizer(cell: "Cell", model, learning_rate) -> nnx.Optimizer:
+  adam = optax.chain(optax.clip_by_global_norm(cell.max_grad_norm),
+                     optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate))
+  return nnx.Optimizer(model, adam, wrt=nnx.Param)
+
+
+def has_critic(cell: "Cell") -> bool:
+  """Whether an arm of the cell reads a learned critic (CRITICS): then every run of the cell
+  trains one (its own arm may ignore it)."""
+  return any(component.name in CRITICS for arm in cell.arms
+             for component in estimators.components(estimators.from_config(arm)))
+
+
+def critic(cell: "Cell", policy: Transformer, seed) -> Transformer:
+  """The policy's architecture with a scalar value head (zero-initialised), its trunk a copy
+  of the policy's (after any warm start), as PPO critics start from the SFT model."""
+  critic = Transformer(dataclasses.replace(cell.model, value_head=True),
+                       rngs=nnx.Rngs(jax.random.fold_in(jax.random.key(seed), CRITIC_STREAM)))
+  nnx.update(critic, nnx.state(policy, nnx.Param))
+  return critic
+
+
+def prm_beta(cell: "Cell") -> float | None:
+  """beta of the cell's PRIME arms (components needing "prm_logprobs"), None without one:
+  then every run of the cell trains an implicit PRM (its own arm may ignore it)."""
+  betas = {float(c.settings["beta"]) for arm in cell.arms
+           for c in estimators.components(estimators.from_config(arm)) if "prm_logprobs" in c.needs}
+  if len(betas) > 1:
+    raise ValueError(f"A cell trains one implicit PRM: its PRIME arms must share beta, got "
+                     f"{sorted(betas)}.")
+  return betas.pop() if betas else None
+
+
+def prm_learning_rates(cell: "Cell") -> tuple[float, ...]:
+  """The implicit PRM's Adam rate in each arm's runs (`Cell.prm_learning_rates`)."""
+  rates = cell.prm_learning_rates or (None,) * len(cell.arms)
+  return tuple(PRM_LEARNING_RATE if rate is None else float(rate) for rate in rates)
+
+
+def modules(model, cell: "Cell", learning_rate, critic=None,
+             prm_learning_rate=PRM_LEARNING_RATE) -> dict:
+  """The run's modules: the policy and its optimizer; the critic and its optimizer; with a
+  PRIME arm, the implicit PRM (its Adam at `prm_learning_rate`, which may be traced) and
+  the frozen reference, both copies of the starting policy (after any warm start), as
+  PRIME starts them from the SFT model."""
+  modules = {"model": model, "optimizer": optimizer(cell, model, learning_rate)}
+  adam = lambda rate: optax.chain(optax.clip_by_global_norm(cell.max_grad_norm), optax.adam(rate))
+  if critic is not None:
+    modules.update(critic=critic, critic_optimizer=nnx.Optimizer(
+        critic, adam(CRITIC_LEARNING_RATE), wrt=nnx.Param))
+  if prm_beta(cell) is not None:
+    prm = nnx.clone(model)
+    # Plain Adam, as the trainer's `implicit_prm.ImplicitPRM`.
+    prm_adam = optax.inject_hyperparams(optax.adam)(learning_rate=prm_learning_rate)
+    modules.update(prm=prm, prm_optimizer=nnx.Optimizer(prm, prm_adam, wrt=nnx.Param),
+                   reference=nnx.clone(model))
+  return modules
