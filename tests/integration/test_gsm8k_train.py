@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 
 from jaxcredit import tasks  # noqa: E402
 from jaxcredit.tasks import HFTokenizer  # noqa: E402
-from jaxcredit.train import loop  # noqa: E402
+from jaxcredit.train import loop, setup  # noqa: E402
 from tests.conftest import ROOT, load_experiment  # noqa: E402
 from tests.hf_tokenizers import save_qwen_style  # noqa: E402
 
@@ -121,7 +121,7 @@ def test_plain_prompts_and_bad_settings(files, tmp_path):
   with pytest.raises(
     ValueError, match=r"vocabulary \(100 ids\) is smaller than the task tokenizer's"
   ):
-    loop._policy(small, plain, seed=0)
+    setup.policy(small, plain, seed=0)
   with pytest.raises(ValueError, match="test.jsonl"):
     tasks.make(
       _smoke_config(tokenizer_dir, tmp_path / "empty").task,

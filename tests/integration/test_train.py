@@ -259,14 +259,14 @@ def test_model_config_fields_reach_the_policy():
   """model.attention, model.remat and model.scan_layers set the policy's config fields."""
   import types
 
-  from jaxcredit.train import loop
+  from jaxcredit.train import setup
 
   config = load_experiment("quickstart").model
   task = types.SimpleNamespace(pretrained_vocab=False, vocab_size=32)
-  assert loop._policy(config, task, seed=0).config.scan_layers
+  assert setup.policy(config, task, seed=0).config.scan_layers
   config.scan_layers, config.remat = False, "none"
-  policy = loop._policy(config, task, seed=0)
+  policy = setup.policy(config, task, seed=0)
   assert not policy.config.scan_layers and policy.config.vocab_size == 32
   config.remat = "block"
   with pytest.raises(ValueError, match="needs scan_layers=True"):
-    loop._policy(config, task, seed=0)
+    setup.policy(config, task, seed=0)

@@ -1,0 +1,374 @@
+"""A training run's `Trainer`: everything the loop (`jaxcredit.train.loop`) reads, built
+once from the config and the workdir (`build`): the checks, the task's data, the policy (a
+checkpoint's or a preset's), the reference, critic and optimizers, the learner step, the
+extras providers, the mesh and the checkpoint state (restored when resuming).
+"""
+
+import dataclasses
+import functools
+import json
+import math
+import pathlib
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import tqdm
+from flax import nnx
+from jax.experimental import multihost_utils
+
+from jaxcredit import estimators, losses, tasks
+from jaxcredit.atomic import write_atomically
+from jaxcredit.credit import extras
+from jaxcredit.models import Transformer, huggingface, preset, sharding
+from jaxcredit.rollout import Rollout
+from jaxcredit.rollout_sources import MultiTurn, SingleTurn
+from jaxcredit.tasks import loader
+from jaxcredit.train import (
+  checkpoints,
+  data,
+  export,
+  learner,
+  metrics,
+  overlap,
+  refusals,
+  staleness,
+)
+
+# TransformerConfig fields that change a model's parameter shapes (a checkpoint's weights).
+SHAPE_FIELDS = frozenset({"vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
+                          "head_dim", "qkv_bias", "qk_norm", "tie_embeddings"})
+PREPARATION_TIMEOUT_S = 3600  # how long other processes wait for process 0's data
+
+
+def connect(mesh) -> None:
+  """jax.distributed.initialize with mesh.coordinator_address, num_processes and process_id;
+  a ValueError naming those settings when the cluster cannot be detected or joined."""
+  settings = {field: mesh[field] for field in ("coordinator_address", "num_processes",
+                                                "process_id")}
+  try:
+    jax.distributed.initialize(**settings)
+  except (ValueError, RuntimeError) as error:
+    given = ", ".join(f"mesh.{k} = {v!r}" for k, v in settings.items())
+    raise ValueError(
+        f"mesh.distributed = True could not join the processes ({error}); with {given}. "
+        "Outside a cluster jax detects (TPU pods, SLURM, ...), set "
+        "--config.mesh.coordinator_address=HOST:PORT (process 0's), "
+        "--config.mesh.num_processes and --config.mesh.process_id on every process.") from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Trainer:
+  """Everything a training run reads, built once by `build`; `counters` is the one part that
+  changes (in place) as the run goes."""
+
+  config: object
+  workdir: pathlib.Path
+  checkpointer: checkpoints.Checkpointer
+  resumed: bool
+  counters: dict  # rl_step, step (SFT + RL), gen_tokens: checkpointed
+  mesh: jax.sharding.Mesh
+  place: Callable  # host-local rows -> global batch-sharded array
+  local: Callable  # global array -> this process's rows
+  task: tasks.TrainTask
+  data_counts: dict
+  prompt_lengths: np.ndarray  # [n] token counts of the train split's prompts
+  eval_batch: dict
+  source: SingleTurn | MultiTurn  # prompts -> scored Rollout
+  modules: dict  # model, optimizer, reference[, critic, critic_optimizer]
+  learner_step: Callable
+  provide_extras: extras.Chain | None  # what the estimators need (None: nothing)
+  reference_logprobs: Callable  # (reference, rollout) -> [B, L] log-probs
+  stale: staleness.StaleParameters  # the parameters stale rollouts are sampled with
+  sampler: overlap.Sampler | None  # the sampler's own devices (mesh.sampler_shape)
+  rl_data: loader.Loader
+  writer: metrics.MetricsWriter
+  exporter: export.Exporter | None  # export.every > 0: per-token Parquet (train.export)
+
+  def sample(self, rl_step: int, key: jax.Array) -> tuple[dict, Rollout]:
+    """Update rl_step's prompts and their scored rollout, on the learner's mesh, sampled
+    with the parameters after update rl_step - lag (the lag recorded on every row when
+    it can be nonzero)."""
+    rl = self.config.rl
+    batch = self.rl_data.rl_batch(rl_step, group_size=rl.group_size)
+    if self.sampler is None:
+      lag = self.stale.lag(rl_step)
+      rollout = self.source(self.stale.sampler(self.modules["model"], lag), batch,
+                            jax.random.fold_in(key, rl_step))
+    else:  # folded by the sampler: here the fold would queue behind the update in flight
+      lag = self.sampler.lag(rl_step)
+      rollout = jax.device_put(self.sampler.sample(batch, key, rl_step),
+                               sharding.batch_sharding(self.mesh))
+    local_rewards = self.local(rollout.rewards)
+    refusals.check_rewards(local_rewards, task=self.config.task.name, rl_step=rl_step + 1)
+    if self.stale.max_staleness or self.sampler is not None:
+      rollout = rollout.replace(staleness=self.place(np.full(local_rewards.shape, lag, np.int32)))
+    return batch, rollout
+
+  def checkpointed(self) -> dict:
+    """The modules a checkpoint holds (`_checkpointed`)."""
+    return _checkpointed(self.modules, self.stale, self.sampler, self.provide_extras)
+
+  def save(self, rl_step: int) -> None:
+    """Checkpoints the modules and counters as of RL step `rl_step` (asynchronously)."""
+    self.checkpointer.save(rl_step, self.checkpointed(), dict(self.counters), self.mesh)
+
+  def evaluate(self) -> float:
+    """Greedy accuracy (fraction of held-out prompts with reward 1)."""
+    greedy = dataclasses.replace(self.source, temperature=0.0, group_size=1, place=jnp.asarray,
+                                 local=np.asarray)
+    rewards = []
+    for chunk, rows in data.batch_chunks(self.eval_batch, self.config.rl.eval_batch_size):
+      rollout = greedy(self.modules["model"], chunk, jax.random.key(0))
+      rewards.append(np.asarray(rollout.rewards)[:rows])
+    failed, scored, reason = self.task.reward_failures.take()  # kept apart from training's
+    if failed:
+      tqdm.tqdm.write(f"Greedy eval: the reward function raised on {failed} of {scored} "
+                      f"responses, scored 0 (first: {reason}).")
+    return float(np.mean(np.concatenate(rewards) >= 1.0))
+
+  def train_loader(self, batch_size: int) -> loader.Loader:
+    return _train_loader(self.task, self.config.seed, self.prompt_lengths, batch_size)
+
+
+def _checkpointed(modules: dict, stale: staleness.StaleParameters,
+                  sampler: overlap.Sampler | None, provide_extras: extras.Chain | None) -> dict:
+  """The modules a checkpoint holds: the learner's, the stale snapshots, the sampler's
+  parameters (those the next batch is sampled with) and the extras providers' state
+  (PRIME's implicit PRM)."""
+  sampler = {} if sampler is None else {"sampler": sampler.model}
+  providers = {} if provide_extras is None else provide_extras.modules()
+  return {**modules, **stale.snapshots, **sampler, **providers}
+
+
+def _train_loader(task: tasks.TrainTask, seed: int, prompt_lengths: np.ndarray,
+                  batch_size: int) -> loader.Loader:
+  return loader.Loader(task.sources["train"], encode=task.encode, batch_size=batch_size,
+                       max_prompt_length=task.max_prompt_length, seed=seed, pad_id=task.pad_id,
+                       prompt_lengths=prompt_lengths)
+
+
+def build(config, workdir: pathlib.Path) -> Trainer | None:
+  """Checks, data, models, the learner step and the checkpoint state (restored
+  when resuming); None (saying so) when the workdir is already at rl.steps."""
+  checkpointer = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.checkpoint.keep)
+  resumed = checkpointer.latest_step() is not None
+  config_json = config.to_json_best_effort(indent=2)
+  if resumed and (workdir / "config.json").exists():
+    refusals.check_resumable(json.loads((workdir / "config.json").read_text()),
+                           json.loads(config_json))
+    if checkpointer.latest_step() >= config.rl.steps:
+      print(f"{workdir} is already at RL step {checkpointer.latest_step()} >= rl.steps = "
+            f"{config.rl.steps}: nothing to do (config.json left as it was).")
+      return None
+  sampler_shape = config.mesh.sampler_shape
+  mesh, sampler_mesh = (sharding.split_meshes(config.mesh.shape, sampler_shape) if sampler_shape
+                        else (sharding.make_mesh(config.mesh.shape), None))
+  batch_spec = sharding.batch_sharding(mesh).spec
+  for batch_mesh in filter(None, (mesh, sampler_mesh)):
+    refusals.check_batch_sizes(config, math.prod(
+        batch_mesh.shape[a] for a in sharding.batch_sharding(batch_mesh).spec[0] or ()))
+  # Every process holds its own rows of a global batch (the loader's slice): these
+  # assemble them into one global array and take a process's rows back for scoring.
+  place = lambda x: multihost_utils.host_local_array_to_global_array(x, mesh, batch_spec)
+  local = lambda x: np.asarray(
+      multihost_utils.global_array_to_host_local_array(x, mesh, batch_spec))
+
+  # Data: a procedural TFDS dataset, read by step so that batches are reproducible.
+  # Process 0 prepares it; the others read it once it is there.
+  task = _process_0_first(lambda: tasks.make(
+      config.task, data_dir=config.task.data_dir or str(workdir / "data"),
+      seed=config.seed, tokenizer=tokenizer_directory(config)))
+  if jax.process_index() == 0:  # after every process has checked the previous one
+    write_atomically(workdir / "config.json", lambda tmp: tmp.write_text(config_json))
+  refusals.check_mesh_for_actions(dict(mesh.shape), task.name, task.actions.per_column)
+  lengths = {split: data.split_lengths(task, split) for split in task.sources}  # read once
+  data_counts = data.check_data(task, lengths=lengths,
+                                 max_dropped_fraction=config.task.max_dropped_fraction)
+  # Each test problem that fits, once.
+  eval_batch = data.evaluation_batch(task, lengths["test"][:, 0],
+                                      limit=config.task.eval_size)
+  data_counts["data/test/evaluated"] = len(eval_batch["examples"])
+  print(f"Greedy eval on {len(eval_batch['examples'])} held-out problems.")
+  # Built and checked before any work, so that an unknown estimator, loss or extra, or one
+  # needing what this run never provides, fails at once.
+  advantage = estimators.from_config(config.advantage.to_dict())
+  objective = losses.from_config(config.objective.to_dict())
+  provide_extras = extras.hook(advantage, temperature=config.rl.temperature, task=task)
+  _check_learner_inputs(config, task, advantage, objective, sampler=sampler_mesh is not None)
+
+  model = policy(config.model, task, seed=config.seed)
+  task = tasks.within_tokenizer(task, model.config.vocab_size)
+  source = _rollout_source(config, task, place, local)
+  modules, learner_settings = _learner_modules(config, task, mesh, model)
+  graphdef, _ = nnx.split(modules)
+  learner_step = learner.make_step(graphdef, advantage=advantage, objective=objective,
+                                   settings=learner_settings)
+  reference_logprobs = nnx.jit(functools.partial(learner.reference_logprobs,
+                                                 settings=learner_settings))
+  stale = staleness.StaleParameters(modules["model"], config.rl.max_staleness,
+                                    config.rl.staleness_mode, config.seed)
+  sampler = None if sampler_mesh is None else overlap.Sampler(
+      modules["model"], sampler_mesh, source, config.rl.sync_every)
+  prompt_lengths = lengths["train"][:, 0]
+  rl_data = _train_loader(task, config.seed, prompt_lengths, config.rl.prompts_per_step)
+  counters = {"rl_step": 0, "step": 0, "gen_tokens": 0}
+  if provide_extras is not None:  # their state exists before a restore fills it
+    provide_extras.start(modules["model"])
+  if resumed:
+    counters = checkpointer.restore(_checkpointed(modules, stale, sampler, provide_extras), mesh)
+    if sampler is not None:  # restored onto the learner's mesh: back to the sampler's devices
+      sharding.shard_model(sampler.model, sampler.mesh)
+    print(f"Resuming RL at step {counters['rl_step']} from {workdir / 'checkpoints'}.")
+  writer = metrics.MetricsWriter(workdir, resume_step=counters["step"] if resumed else None,
+                                 primary=jax.process_index() == 0)
+  settings = config.export
+  exporter = export.Exporter(
+      workdir, every=settings.every, groups=settings.groups,
+      compare=tuple(settings.compare or ()), graphdef=graphdef, advantage=advantage,
+      advantage_config=config.advantage.to_dict(), settings=learner_settings, task=task,
+      mesh=mesh, temperature=config.rl.temperature,
+      tensorboard=writer.tensorboard) if settings.every else None
+  return Trainer(
+      config=config, workdir=workdir, checkpointer=checkpointer, resumed=resumed,
+      counters=counters, mesh=mesh, place=place, local=local, task=task,
+      data_counts=data_counts, prompt_lengths=prompt_lengths, eval_batch=eval_batch,
+      source=source, modules=modules, learner_step=learner_step,
+      provide_extras=provide_extras, reference_logprobs=reference_logprobs, stale=stale,
+      sampler=sampler, rl_data=rl_data, writer=writer, exporter=exporter)
+
+
+def _check_learner_inputs(config, task: tasks.TrainTask, advantage, objective, *,
+                          sampler: bool) -> None:
+  """Refuses (`refusals.check_learner_inputs`) an advantage, objective or exported comparison
+  that needs what this run never provides, before any work."""
+  rl, multi_turn = config.rl, task.environment is not None
+  shape = dict(rows=rl.prompts_per_step * rl.group_size,
+               columns=task.max_prompt_length + task.max_response_length,
+               group_size=rl.group_size,
+               fields=refusals.run_fields(config, multi_turn=multi_turn, sampler=sampler),
+               multi_turn=multi_turn)
+  needs = lambda fn: [key for c in estimators.components(fn) for key in c.needs]
+  refusals.check_learner_inputs(advantage, objective, extras=needs(advantage), **shape)
+  for compare in (config.export.compare or ()) if config.export.every else ():
+    try:
+      fn = estimators.from_config(compare)
+      extras.hook(fn, temperature=rl.temperature, task=task)
+      refusals.check_learner_inputs(fn, None, extras=needs(fn), **shape)
+    except ValueError as error:
+      raise ValueError(f"export.compare entry {compare!r}: {error}") from None
+
+
+def _rollout_source(config, task: tasks.TrainTask, place, local) -> SingleTurn | MultiTurn:
+  """One sampled response per row scored by the task, or multi-turn episodes in the task's
+  environment."""
+  if task.environment is None:
+    return SingleTurn(task.score_rows, task.max_response_length, group_size=config.rl.group_size,
+                      temperature=config.rl.temperature, stop_tokens=task.stop_tokens,
+                      pad_id=task.pad_id, actions=task.actions, place=place, local=local)
+  return tasks.multi_turn_source(task, group_size=config.rl.group_size,
+                                 temperature=config.rl.temperature, place=place, local=local)
+
+
+def _process_0_first(make: Callable):
+  """make() on process 0, then, after every process has reached this point, on
+  the others (which then find what process 0 wrote). When process 0's make() raises
+  ValueError, every process stops with its message (no process waits for the others)."""
+  if jax.process_count() == 1:
+    return make()
+  first, refusal = jax.process_index() == 0, None
+  try:
+    result = make() if first else None
+  except ValueError as error:
+    refusal = error
+  # The coordination service's barrier, not a device collective: its timeout is ours.
+  ocp.multihost.get_barrier_sync_fn()(key="jaxcredit: process 0 done",
+                                      timeout_ms=PREPARATION_TIMEOUT_S * 1000)
+  message = _from_process_0(str(refusal) if refusal else "")
+  if refusal:
+    raise refusal
+  if message:
+    raise ValueError(message)
+  return result if first else make()
+
+
+def _from_process_0(text: str, size: int = 4096) -> str:
+  """Process 0's `text` (at most `size` UTF-8 bytes) on every process."""
+  data = np.zeros(size, np.uint8)
+  encoded = text.encode()[:size]
+  data[:len(encoded)] = np.frombuffer(encoded, np.uint8)
+  data = multihost_utils.broadcast_one_to_all(data)
+  return bytes(np.asarray(data)).rstrip(b"\0").decode(errors="replace")
+
+
+def _learner_modules(config, task: tasks.TrainTask, mesh,
+                     model: Transformer) -> tuple[dict, learner.Settings]:
+  """The policy, its optimizer, the frozen reference (and a critic with its
+  optimizer), placed on `mesh`; and the learner's settings."""
+  sharding.shard_model(model, mesh)  # parameters placed by their logical axes
+  rl = config.rl
+  adam = lambda lr: optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(lr))
+  modules = {"model": model,
+             "optimizer": nnx.Optimizer(model, adam(rl.learning_rate), wrt=nnx.Param),
+             "reference": nnx.clone(model)}  # frozen copy of the policy at the start of RL (KL)
+  critic_settings = None
+  if config.critic.preset:
+    critic = Transformer(
+        preset(config.critic.preset, vocab_size=task.vocab_size, value_head=True,
+               **config.model.overrides), rngs=nnx.Rngs(config.seed + 1))
+    sharding.shard_model(critic, mesh)
+    modules.update(
+        critic=critic, critic_optimizer=nnx.Optimizer(critic, adam(config.critic.learning_rate),
+                                                      wrt=nnx.Param))
+    critic_settings = learner.CriticSettings(clip=config.critic.value_clip,
+                                             gamma=config.critic.gamma, lam=config.critic.lam)
+  settings = learner.Settings(temperature=rl.temperature, actions=task.actions, epochs=rl.epochs,
+                              minibatches=rl.minibatches, kl_reward_coef=rl.kl_reward_coef,
+                              kl_reward_kind=rl.kl_reward_kind, critic=critic_settings,
+                              recompute_old_logprobs=rl.recompute_old_logprobs,
+                              logits_per_chunk=rl.logits_per_chunk)
+  return sharding.place_state(modules, mesh), settings
+
+
+def tokenizer_directory(config) -> str | None:
+  """Where a pretrained task's tokenizer lives: task.tokenizer, else model.checkpoint."""
+  return config.task.tokenizer or config.model.checkpoint
+
+
+def policy(model_config, task: tasks.TrainTask, *, seed: int) -> Transformer:
+  """The policy: a checkpoint's weights (model.checkpoint), its architecture
+  with random weights (model.checkpoint + model.random_init), or a preset
+  (vocabulary sized to the task's tokenizer unless it is a pretrained one).
+  model.overrides replace config fields; model.dtype (the compute dtype),
+  model.attention, model.remat and model.scan_layers set theirs."""
+  overrides = dict(model_config.overrides or {})
+  overrides.update({field: model_config[field] for field in ("attention", "remat")
+                    if model_config[field]})
+  if model_config.scan_layers is not None:
+    overrides["scan_layers"] = bool(model_config.scan_layers)
+  if model_config.dtype:
+    overrides["dtype"] = jnp.dtype(model_config.dtype)
+  path = model_config.checkpoint
+  if path and not model_config.random_init:
+    reshaping = sorted(set(model_config.overrides or {}) & SHAPE_FIELDS)
+    if reshaping:
+      raise ValueError(
+          f"model.overrides sets {', '.join(reshaping)}, which change the shape of the "
+          f"checkpoint's model (model.checkpoint = {path}), so its weights would not fit: set "
+          "--config.model.random_init=True (that shape, random weights) or "
+          "--config.model.overrides={} (the checkpoint as it is).")
+    model = huggingface.load_hf_checkpoint(path, **overrides)
+  else:
+    if path:
+      architecture = huggingface.read_config(path, **overrides)
+    else:
+      vocab = {} if task.pretrained_vocab else {"vocab_size": task.vocab_size}
+      architecture = preset(model_config.preset, **{**vocab, **overrides})
+    model = Transformer(architecture, rngs=nnx.Rngs(seed))
+  if model.config.vocab_size < task.vocab_size:
+    raise ValueError(f"The model's vocabulary ({model.config.vocab_size} ids) is smaller than the "
+                     f"task tokenizer's ({task.vocab_size}).")
+  return model
