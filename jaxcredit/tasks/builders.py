@@ -74,6 +74,10 @@ def get(
   that differently sized datasets never share files.
   """
   builder_cls = task.get(name).data
+  if builder_cls is None:
+    with_data = [n for n in task.names() if task.get(n).data is not None]
+    raise ValueError(f"Task {name!r} has no dataset (it runs in the batched lab only); tasks "
+                     f"with one: {', '.join(with_data)}.")
   if not builder_cls.BUILDER_CONFIGS:
     if config is not None or overrides:
       raise ValueError(

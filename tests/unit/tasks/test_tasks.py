@@ -114,6 +114,8 @@ def test_held_out_refuses_a_problem_space_it_leaves_empty():
 def test_unknown_task_and_config_list_known_ones(tmp_path):
   with pytest.raises(ValueError, match="Unknown task 'algebra'; known: arithmetic"):
     builders.get("algebra", data_dir=str(tmp_path))
+  with pytest.raises(ValueError, match="Task 'zipf_explain' has no dataset .* with one: arith"):
+    builders.get("zipf_explain", data_dir=str(tmp_path))
   with pytest.raises(ValueError, match="Unknown arithmetic config 'big'; known: add_2to3_reversed"):
     builders.get("arithmetic", data_dir=str(tmp_path), config="big")
   with pytest.raises(ValueError, match="Unknown operation 'div'"):

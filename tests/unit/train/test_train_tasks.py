@@ -97,6 +97,11 @@ def test_unknown_task_lists_the_known_ones(tmp_path):
     "key_turns, target_sum",
   ):
     tasks.make(config, data_dir=str(tmp_path), seed=0)
+  with pytest.raises(ValueError, match="Task 'zipf_explain' runs in the batched lab only; the "
+                     "training loop takes: arithmetic, calculator, countdown, gsm8k, key_token, "
+                     "key_turns, target_sum."):
+    tasks.make(ml_collections.ConfigDict({"name": "zipf_explain"}), data_dir=str(tmp_path),
+               seed=0)
 
 
 @pytest.mark.parametrize(
