@@ -186,16 +186,17 @@ def _columns(task, cell: Cell):
   return decisive, filler, decisive | (filler & (not getattr(config, "filler_blind", False)))
 
 
-def _update_metrics(task, cell: Cell, batch: Rollout, credit, mc_k, decisive, filler) -> dict:
+def _update_metrics(task, cell: Cell, batch: Rollout, advantage, mc_k, decisive, filler) -> dict:
   """What one update records beside the learner's UPDATE_METRICS: its generated and charged
   continuation tokens; on key_token (T actions per response) the filler's entropy and the
-  noisy tokens of the arm's credit; on target_sum (responses stop at EOS) the lengths of
-  right and wrong responses and the wrong share."""
+  noisy tokens of the arm's credit (`advantage(batch)`); on target_sum (responses stop at
+  EOS) the lengths of right and wrong responses and the wrong share."""
   recorded = {"generated": jnp.sum(batch.mask, dtype=jnp.float32),
               "continuations": arms.continuation_tokens(batch.mask, mc_k, cell.task.length)}
   if isinstance(task, key_token.traceable.Traceable):
     recorded.update(filler_entropy=jnp.mean(batch.entropy[:, filler]),
-                    noisy_tokens=diagnostics.noisy_tokens(credit, batch.mask, decisive))
+                    noisy_tokens=diagnostics.noisy_tokens(advantage(batch).advantages,
+                                                          batch.mask, decisive))
   elif isinstance(task, target_sum.traceable.Traceable):
     recorded.update(zip(("length_correct", "length_incorrect"),
                         diagnostics.lengths_by_outcome(batch.mask, batch.rewards)))
@@ -259,8 +260,7 @@ def make_run(cell: Cell):
       if beta is not None:  # the PRM's step, taken in with_models
         state = nnx.state(models)
       state, metrics = step(state, batch, None, u)
-      recorded = _update_metrics(task, cell, batch, advantage(batch).advantages, mc_k,
-                                 decisive, filler)
+      recorded = _update_metrics(task, cell, batch, advantage, mc_k, decisive, filler)
       return state, {**recorded, **{name: metrics[name] for name in UPDATE_METRICS}}
 
     def measure(state, start):

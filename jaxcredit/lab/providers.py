@@ -29,8 +29,8 @@ def no_exact_oracle(task: tasks.TrainTask) -> str | None:
   """Why `task` has no exact oracle (None when it has one)."""
   oracle = tasks.get(task.name).oracle
   if oracle is None:
-    exact = [name for name in tasks.names() if tasks.get(name).oracle is not None]
-    return (f"an exact oracle exists for {', '.join(exact)} only, not {task.name!r}; use "
+    return (f"an exact oracle exists for {', '.join(tasks.names('oracle'))} only, not "
+            f"{task.name!r}; use "
             "vineppo (Monte Carlo).")
   return oracle.no_exact_oracle(task.config)
 

@@ -75,9 +75,8 @@ def get(
   """
   builder_cls = task.get(name).data
   if builder_cls is None:
-    with_data = [n for n in task.names() if task.get(n).data is not None]
     raise ValueError(f"Task {name!r} has no dataset (it runs in the batched lab only); tasks "
-                     f"with one: {', '.join(with_data)}.")
+                     f"with one: {', '.join(task.names('data'))}.")
   if not builder_cls.BUILDER_CONFIGS:
     if config is not None or overrides:
       raise ValueError(
@@ -92,4 +91,3 @@ def get(
     suffix = "_".join(f"{k}{v}" for k, v in sorted(overrides.items()))
     config = dataclasses.replace(config, name=f"{config.name}_{suffix}", **overrides)
   return builder_cls(data_dir=data_dir, config=config, file_format="array_record")
-

@@ -3,6 +3,7 @@ restricted to the allowed actions, and an enumerated tree's credit placed on [B,
 
   logp = exact.masked_log_softmax(model, inputs [n, L], allowed_next [L, V])   # [n, L, V]
   credit = exact.tree_credit_rows(tokens, mask, prompt_len, per_prompt=..., ...)
+  extras, metrics = exact.as_extras(credit)       # what an oracle's `exact_extras` returns
 """
 
 import jax
@@ -45,3 +46,10 @@ def tree_credit_rows(tokens: np.ndarray, mask: np.ndarray, prompt_len: int, *, p
                 adv_stderr=jnp.zeros(tokens.shape, jnp.float32), evaluated=jnp.asarray(mask),
                 cost={"passes": passes, "tf_tokens": passes * path_length, "rollouts": 0,
                       "gen_tokens": 0, "prefill_tokens": 0})
+
+
+def as_extras(credit: Credit) -> tuple[dict, dict]:
+  """({"oracle_advantages", "oracle_values"} [B, L], {"oracle_passes"}) of an exact oracle's
+  credit on a training rollout: what a task oracle's `exact_extras` returns."""
+  return ({"oracle_advantages": credit.advantages, "oracle_values": credit.values},
+          {"oracle_passes": credit.cost["passes"]})

@@ -16,7 +16,7 @@ def _text(value) -> str:
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--task", required=True,
-                      help=f"one of {', '.join(n for n in tasks.names() if tasks.get(n).data)}")
+                      help=f"one of {', '.join(tasks.names('data'))}")
   parser.add_argument("--data_dir", required=True, help="where the array_record files go")
   parser.add_argument("--config", default=None, help="builder config name (default: the first)")
   parser.add_argument("--show", type=int, default=3, help="examples to print per split")

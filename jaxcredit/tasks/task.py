@@ -98,7 +98,6 @@ class TrainTask:
     return np.where(self.truncated(tokens, mask), np.float32(self.truncated_reward), scores)
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Task:
   """A task as jaxcredit knows it, registered under `name` (`register`).
@@ -143,9 +142,11 @@ def get(name: str) -> Task:
   return _TASKS.get(name)
 
 
-def names() -> list[str]:
-  """Every registered task's name, sorted."""
-  return _TASKS.names()
+def names(having: str | None = None) -> list[str]:
+  """Every registered task's name, sorted; with `having` (a `Task` field: "data", "train",
+  "traceable", "oracle"), only the tasks that have it."""
+  return [name for name in _TASKS.names()
+          if having is None or getattr(_TASKS.get(name), having) is not None]
 
 
 def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> TrainTask:
@@ -158,18 +159,17 @@ def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> T
   """
   task = get(config.name)
   if task.train is None:
-    trained = [name for name in names() if get(name).train is not None]
     raise ValueError(f"Task {task.name!r} runs in the batched lab only; the training loop takes: "
-                     f"{', '.join(trained)}.")
+                     f"{', '.join(names('train'))}.")
   return task.train(config, data_dir=data_dir, seed=seed, tokenizer=tokenizer)
 
 
 def of_options(options) -> Task:
   """The registered task whose options dataclass `options` is an instance of (ValueError
   naming the registered ones otherwise)."""
-  for name in names():
-    if get(name).options is not None and isinstance(options, get(name).options):
-      return get(name)
+  for task in map(get, names("options")):
+    if isinstance(options, task.options):
+      return task
   raise ValueError(f"{type(options).__name__} is the options of no registered task; "
                    f"registered: {', '.join(names())}.")
 

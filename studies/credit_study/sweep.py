@@ -54,7 +54,7 @@ def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> c
   its prompts per update (`prompts_per_step`): H2's other two axes."""
   spec = study.regimes[regime]
   name = regime_task(study, regime)
-  batchable = [name for name in tasks.names() if tasks.get(name).traceable is not None]
+  batchable = tasks.names("traceable")
   if name not in batchable:
     raise ValueError(f"Regime {regime!r}: unknown task_name {name!r}; known: "
                      f"{', '.join(batchable)}.")

@@ -143,10 +143,12 @@ def _readme_multi_host_command(workdir) -> list[str]:
 
 
 def test_readme_multi_host_command_runs_on_two_processes(tmp_path, cli_env):
-  """The command as the README writes it (its mesh over 2 x 32 CPU devices), at a small run's
-  sizes, the per-token export on: process 0 writes the export and the metrics."""
+  """The command as the README writes it (its mesh over two processes' CPU devices), at a small
+  run's sizes, the per-token export on: process 0 writes the export and the metrics."""
   command = _readme_multi_host_command(tmp_path / "pod")
   assert "--config.export.every=0" not in command
+  shape = next(w for w in command if w.startswith("--config.mesh.shape="))
+  devices = int(np.prod([int(n) for n in re.findall(r"\d+", shape)]))
   sizes = [
     "--config.task.train_size=512",
     "--config.task.test_size=64",
@@ -158,7 +160,7 @@ def test_readme_multi_host_command_runs_on_two_processes(tmp_path, cli_env):
     "--config.rl.group_size=4",
     "--config.export.every=1",
   ]
-  env = {**cli_env, "XLA_FLAGS": "--xla_force_host_platform_device_count=32"}
+  env = {**cli_env, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices // 2}"}
   results = _two_processes(tmp_path / "pod", env, *sizes, command=command)
   for code, _, stderr in results:
     assert code == 0, _diagnosis(stderr)

@@ -318,10 +318,8 @@ def exact_extras(model, config: key_token.KeyTokenConfig, rollout, examples) -> 
   """({"oracle_advantages", "oracle_values"} [B, L], {"oracle_passes"}) of a training
   rollout: E-DEC (`decisive_credit`)."""
   targets = np.stack([np.asarray(e["targets"]) for e in examples])
-  credit = decisive_credit(model, config, np.asarray(rollout.tokens), np.asarray(rollout.mask),
-                           targets)
-  return ({"oracle_advantages": credit.advantages, "oracle_values": credit.values},
-          {"oracle_passes": credit.cost["passes"]})
+  return exact.as_extras(decisive_credit(model, config, np.asarray(rollout.tokens),
+                                         np.asarray(rollout.mask), targets))
 
 
 def held_out_success(model, config: key_token.KeyTokenConfig, examples) -> np.ndarray:

@@ -169,10 +169,8 @@ def exact_extras(model, config: target_sum.TargetSumConfig, rollout,
   """({"oracle_advantages", "oracle_values"} [B, L], {"oracle_passes"}) of a training
   rollout (`tree_credit`)."""
   targets = np.asarray([int(e["target"]) for e in examples])
-  credit = tree_credit(model, config, np.asarray(rollout.tokens), np.asarray(rollout.mask),
-                       targets)
-  return ({"oracle_advantages": credit.advantages, "oracle_values": credit.values},
-          {"oracle_passes": credit.cost["passes"]})
+  return exact.as_extras(tree_credit(model, config, np.asarray(rollout.tokens),
+                                     np.asarray(rollout.mask), targets))
 
 
 def held_out_success(model, config: target_sum.TargetSumConfig, examples) -> np.ndarray:

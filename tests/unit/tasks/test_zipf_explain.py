@@ -180,13 +180,13 @@ def test_rao_blackwellised_values_match_exhaustive_enumeration_with_less_varianc
   errors = {}
   for rb in (True, False):
     values, se = estimate(model, rows, targets, cuts, jax.random.key(rb), config,
-                          n_paths=4000, rao_blackwell=rb)
+                          n_paths=1000, rao_blackwell=rb)
     values, se = np.asarray(values), np.asarray(se)
     assert np.all(np.abs(values - exact) <= 4.5 * se + 1e-6), (rb, values, exact, se)
     errors[rb] = se
   np.testing.assert_allclose(values[:, -1], [1.0, 0.0, 0.0])  # c = T: R of the response
   per_row = np.stack([np.roll(cuts, shift) for shift in range(3)])  # cuts [B, C]
-  values, se = estimate(model, rows, targets, per_row, jax.random.key(2), config, n_paths=4000)
+  values, se = estimate(model, rows, targets, per_row, jax.random.key(2), config, n_paths=1000)
   rolled = np.stack([np.roll(exact[row], row) for row in range(3)])
   assert np.all(np.abs(np.asarray(values) - rolled) <= 4.5 * np.asarray(se) + 1e-6)
   live = exact[:, :-1] > 0.01
