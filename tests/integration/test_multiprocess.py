@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pandas as pd
 
+from tests.conftest import xla_flags
 from tests.integration.test_train import ROOT, _train_lines
 
 STEPS = [
@@ -160,7 +161,8 @@ def test_readme_multi_host_command_runs_on_two_processes(tmp_path, cli_env):
     "--config.rl.group_size=4",
     "--config.export.every=1",
   ]
-  env = {**cli_env, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices // 2}"}
+  devices_per_process = f"--xla_force_host_platform_device_count={devices // 2}"
+  env = {**cli_env, "XLA_FLAGS": xla_flags(devices_per_process)}
   results = _two_processes(tmp_path / "pod", env, *sizes, command=command)
   for code, _, stderr in results:
     assert code == 0, _diagnosis(stderr)
