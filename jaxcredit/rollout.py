@@ -39,35 +39,34 @@ class MissingFields(ValueError):
 class Rollout:
   """Sampled responses with their rewards (a pytree; `group_size` is static).
 
-  tokens:        [B, T] int   prompt + response token ids.
-  mask:          [B, T]       True (or 1.0) where the token is a policy action.
-  rewards:       [B]          outcome reward of each response (verifier score).
-  behaviour_logprobs: [B, T]|None  log-probs of the sampled tokens as the sampler
-                              computed them while sampling (the behaviour policy mu).
-  old_logprobs:  [B, T]|None  the learner's recomputation of them under the
-                              parameters it holds before this batch's updates (the
-                              proximal policy pi_old of decoupled PPO; None when the
-                              learner does not recompute).
-  ref_logprobs:  [B, T]|None  log-probs under the frozen reference policy.
-  values:        [B, T]|None  critic values V(s_t) at each action.
-  token_rewards: [B, T]|None  dense rewards (process rewards, shaping) added to
-                              the outcome reward placed on the last action.
-  entropy:       [B, T]|None  behaviour-policy entropy at each position.
-  truncated:     [B]|None     bool: the response was cut off by the token budget
-                              (no stop token); the task scored it by its rule.
-  staleness:     [B]|None     int: how many learner updates older than the learner's
-                              current parameters the sampling parameters were.
-  positions:     [B, T]|None  int RoPE positions of the tokens for a teacher-forced
-                              pass (None: counted over token_valid from 0).
-  token_valid:   [B, T]|None  bool: real tokens, prompt and response (None: all);
-                              padding is invisible to attention.
-  turn_ids:      [B, T]|None  int turn of each token in a multi-turn episode: the
-                              turn's actions and the observation answering them
-                              (`rollout_sources.MultiTurn`); -1 outside any turn.
-  extras:        dict         further arrays an estimator needs, by name (e.g.
-                              "baseline_rewards" [B] for ReMax,
-                              "sum_pi_squared" [B, T] for OTB).
-  group_size:    static int   responses per prompt, contiguous rows.
+  Attributes:
+    tokens: ``[B, T]`` int, prompt + response token ids.
+    mask: ``[B, T]``, True (or 1.0) where the token is a policy action.
+    rewards: ``[B]``, the outcome reward of each response (verifier score).
+    behaviour_logprobs: ``[B, T]`` or None, log-probs of the sampled tokens as the sampler
+      computed them while sampling (the behaviour policy mu).
+    old_logprobs: ``[B, T]`` or None, the learner's recomputation of them under the
+      parameters it holds before this batch's updates (the proximal policy pi_old of
+      decoupled PPO; None when the learner does not recompute).
+    ref_logprobs: ``[B, T]`` or None, log-probs under the frozen reference policy.
+    values: ``[B, T]`` or None, critic values V(s_t) at each action.
+    token_rewards: ``[B, T]`` or None, dense rewards (process rewards, shaping) added to
+      the outcome reward placed on the last action.
+    entropy: ``[B, T]`` or None, the behaviour policy's entropy at each position.
+    truncated: ``[B]`` bool or None, the response was cut off by the token budget (no
+      stop token); the task scored it by its rule.
+    staleness: ``[B]`` int or None, how many learner updates older than the learner's
+      current parameters the sampling parameters were.
+    positions: ``[B, T]`` int or None, RoPE positions of the tokens for a teacher-forced
+      pass (None: counted over `token_valid` from 0).
+    token_valid: ``[B, T]`` bool or None, real tokens, prompt and response (None: all);
+      padding is invisible to attention.
+    turn_ids: ``[B, T]`` int or None, the turn of each token in a multi-turn episode: the
+      turn's actions and the observation answering them (`rollout_sources.MultiTurn`); -1
+      outside any turn.
+    extras: further arrays an estimator needs, by name (e.g. ``"baseline_rewards"``
+      ``[B]`` for ReMax, ``"sum_pi_squared"`` ``[B, T]`` for OTB).
+    group_size: static int, responses per prompt, in contiguous rows.
   """
 
   tokens: Array
