@@ -5,6 +5,7 @@ Build: pip install -e '.[docs]' && sphinx-build -W -b html docs docs/_build/html
 
 import importlib.metadata
 import pathlib
+import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -60,6 +61,42 @@ autodoc_typehints_format = "short"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
+napoleon_use_ivar = True  # Attributes: as fields of the class, not duplicate object entries
 
 nitpicky = False
 suppress_warnings = ["myst.header"]
+
+# `name` in a docstring is code.
+default_role = "code"
+
+
+def _plain_math(app, what, name, obj, options, lines):
+  """Docstrings write formulas in plain text, where |x| is an absolute value or a set's size
+  and Q_- a subscript: bars and a subscript's underscore are escaped for reStructuredText
+  (which reads |x| as a substitution and Q_ as a link), except in literal blocks (after a line
+  ending in "::"), which render as written."""
+  del app, what, name, obj, options
+  literal_indent = None
+  for i, line in enumerate(lines):
+    indent = len(line) - len(line.lstrip())
+    if literal_indent is not None and line.strip() and indent <= literal_indent:
+      literal_indent = None
+    if literal_indent is None:
+      lines[i] = re.sub(r"(\w)_(?=[^\w`]|$)", r"\1\\_", line.replace("|", r"\|"))
+      if line.rstrip().endswith("::"):
+        literal_indent = indent
+
+
+def _skip_borrowed(app, what, name, obj, skip, options):
+  """Skips a class attribute whose default is a function from elsewhere (e.g. a field
+  defaulting to `np.asarray`): the class's Attributes section documents it."""
+  del app, what, name, options
+  module = getattr(obj, "__module__", None) or ""
+  if callable(obj) and not isinstance(obj, type) and not module.startswith("jaxcredit"):
+    return True
+  return skip
+
+
+def setup(app):
+  app.connect("autodoc-process-docstring", _plain_math)
+  app.connect("autodoc-skip-member", _skip_borrowed)

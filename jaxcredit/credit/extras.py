@@ -3,13 +3,14 @@
 An estimator registered with `needs=("mc_values", "mc_evaluated")` reads those
 rollout.extras; the provider registered for those keys computes them from the
 sampled rollout. A provider is made once per run by its factory, from the
-settings of the estimator that needs it (`estimators.Component.settings`):
+settings of the estimator that needs it (`estimators.Component.settings`)::
 
   @extras.register("ktae_scores")
   def _ktae(settings, *, temperature):
     def provide(context, rollout):       # -> (extras, metrics)
       return {"ktae_scores": ...}, {}
     return provide
+
 
 Built in: Monte-Carlo values (vineppo, spo), the implicit PRM (prime),
 KTAE's key-token scores and multi-turn per-turn baselines (turn_baseline).

@@ -67,7 +67,6 @@ from jaxcredit.estimators.value_credit import (
     sequence_advantages,
     values_to_advantages,
 )
-from jaxcredit.rollout import Estimate, Rollout
 
 __all__ = [
     "broadcast_to_tokens",
@@ -75,7 +74,6 @@ __all__ = [
     "Component",
     "components",
     "discounted_returns",
-    "Estimate",
     "first_value",
     "from_config",
     "gae",
@@ -105,7 +103,6 @@ __all__ = [
     "reweighted",
     "rms_scaled",
     "rloo_advantages",
-    "Rollout",
     "segment_advantages",
     "segment_endpoints",
     "sequence_advantages",

@@ -34,10 +34,11 @@ TokenFn = Callable[[Rollout], Array]
 class Component(NamedTuple):
   """A registered estimator inside an advantage function.
 
-  name:     its registered name.
-  settings: its keyword arguments and its providers' settings, defaults
-            filled in (what the extras providers read, e.g. k, beta).
-  needs:    the rollout.extras keys it reads.
+  Attributes:
+    name: its registered name.
+    settings: its keyword arguments and its providers' settings, defaults filled in (what
+      the extras providers read, e.g. k, beta).
+    needs: the rollout.extras keys it reads.
   """
 
   name: str
@@ -190,6 +191,8 @@ WEIGHTS: dict[str, TokenFn] = {"surprisal": surprisal}
 def from_config(config: str | Mapping[str, Any]) -> AdvantageFn:
   """An advantage function from a (nested) config.
 
+  The forms a config takes::
+
     "grpo"                                   a registered estimator, defaults
     {"name": "gae", "lam": 0.9}              with hyperparameters
     {"sum": [{"weight": 0.7, "name": "grpo"}, {"weight": 0.3, "name": "prime"}]}
@@ -197,7 +200,16 @@ def from_config(config: str | Mapping[str, Any]) -> AdvantageFn:
     {"mask": "high_entropy", "rho": 0.2, "of": <config>}
     {"reweight": "surprisal", "of": <config>}
     {"scale": "rms", "of": <config>}          divided by the batch RMS over valid tokens
-  Works with dicts and ml_collections.ConfigDict. Unknown keys raise ValueError.
+
+  Args:
+    config: a registered estimator's name, or a dict or ``ml_collections.ConfigDict`` of the
+      forms above.
+
+  Returns:
+    ``advantage(rollout) -> Estimate``.
+
+  Raises:
+    ValueError: on an unknown estimator name or key.
   """
   if isinstance(config, str):
     return component(config)

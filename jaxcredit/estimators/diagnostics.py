@@ -12,14 +12,22 @@ def signal_diagnostics(
 ) -> dict[str, Array]:
   """Where a batch's credit is zero (the DAPO "dynamic sampling" question).
 
-  rewards: [B] outcome rewards; advantages, mask: [B, T].
-  Returns
-    zero_variance_groups   fraction of groups whose G rewards are all equal
-                           (group baselines give them no signal)
-    zero_advantage_tokens  fraction of valid tokens with |A| <= tol
-    advantage_mass         [B] sum over valid tokens of |A| per response
-    advantage_mass_mean    its mean over responses
-  All float32; 0 for an empty batch of valid tokens.
+  Args:
+    rewards: ``[B]`` outcome rewards, groups of `group_size` contiguous rows.
+    advantages: ``[B, T]`` per-token advantages.
+    mask: ``[B, T]`` policy actions.
+    group_size: responses per prompt.
+    tol: an advantage counts as zero when ``abs(A) <= tol``.
+
+  Returns:
+    A dict of float32 arrays, 0 for a batch without valid tokens:
+    ``zero_variance_groups``, the fraction of groups whose G rewards are all equal (group
+    baselines give them no signal); ``zero_advantage_tokens``, the fraction of valid tokens
+    with ``abs(A) <= tol``; ``advantage_mass`` ``[B]``, the sum of ``abs(A)`` over each
+    response's valid tokens; ``advantage_mass_mean``, its mean over responses.
+
+  Raises:
+    ValueError: on mismatched shapes or a batch that `group_size` does not divide.
   """
   _checks.check_token_and_seq({"advantages": advantages, "mask": mask}, {"rewards": rewards})
   _checks.check_group_size(rewards.shape[0], group_size)

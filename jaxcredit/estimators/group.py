@@ -160,13 +160,29 @@ def _binomial_ratio(n_top: Array, n_bottom: int, k: int) -> Array:
 def pass_at_k_advantages(rewards: Array, *, group_size: int, k: int) -> Array:
   """Analytic pass@k advantages (Chen et al., 2025, "Pass@k Training").
 
-  With N = group_size responses of which N_neg are wrong (reward <= 0):
+  With N = group_size responses of which N_neg are wrong (reward <= 0)::
+
     R = 1 - C(N_neg, k) / C(N, k)                (unbiased pass@k of the group)
     s = sqrt(R (1 - R))
     A_correct = (1 - R) / s
     A_wrong   = (1 - R - C(N_neg - 1, k - 1) / C(N - 1, k - 1)) / s
-  k = 1 recovers GRPO with the population std. rewards: [B], binary (correct
-  iff > 0). Returns float32 [B]; 0 for all-correct or all-wrong groups.
+
+  k = 1 recovers GRPO with the population std.
+
+  Args:
+    rewards: ``[B]`` binary rewards (correct iff > 0), groups of `group_size` contiguous rows.
+    group_size: responses per prompt, N.
+    k: the k of pass@k, ``1 <= k <= group_size``.
+
+  Returns:
+    float32 ``[B]``; 0 for all-correct or all-wrong groups.
+
+  Raises:
+    ValueError: when k is outside ``[1, group_size]`` or `group_size` does not divide B.
+
+  References:
+    Chen et al., 2025, "Pass@k Training for Adaptively Balancing Exploration and
+    Exploitation of Large Reasoning Models", arXiv 2508.10751.
   """
   grouped = _grouped(rewards, group_size)
   if not isinstance(k, int) or not 1 <= k <= group_size:

@@ -75,7 +75,8 @@ def prm_token_rewards(
   """Places process-reward-model step scores on the tokens that end each step.
 
   step_scores, step_ends (token index of each step's last token), step_mask:
-  [B, S]; mask: [B, T].
+  [B, S]; mask: [B, T]. ::
+
     form="sum": token reward at step end = the step's score, so the return is
                 the sum of the future step scores.
     form="min": PURE min-form credit (Cheng et al., 2025): scores are first
@@ -83,6 +84,7 @@ def prm_token_rewards(
                 valid steps, so the return from the first step approximates
                 the *minimum* step score as temperature -> 0 (no reward hacking
                 by padding many good steps).
+
   A step ending at a masked token or outside [0, T) is dropped.
   Returns float32 [B, T].
   """
@@ -119,10 +121,12 @@ def optimal_token_baseline_advantages(
   """Optimal Token Baseline (OTB; Li et al., 2026, arXiv 2602.07078).
 
   Per-token baseline weighted by the realised gradient energy of the prefix,
-  estimated with the logit-gradient proxy ||e_a - pi||^2 = 1 - 2 pi_a + sum pi^2:
+  estimated with the logit-gradient proxy ||e_a - pi||^2 = 1 - 2 pi_a + sum pi^2::
+
     W_t = sum_{j <= t, valid} (1 - 2 p_j + sum_pi_squared_j)
     b_t = sum_{i in g, valid at t} G_t^i W_t^i / (sum_{i in g, valid at t} W_t^i + eps)
     A_t = G_t - b_t
+
   G: returns-to-go [B, T]; logprobs: log pi of the sampled tokens; sum_pi_squared:
   sum over the vocabulary of pi^2 (`logprobs.token_sum_probs_squared`). Rows of
   a group are aligned by column. Returns float32 [B, T].

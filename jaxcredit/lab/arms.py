@@ -27,6 +27,8 @@ CRITIC_STREAM = 7  # the critic's initialisation key: fold_in(key(seed), CRITIC_
 
 
 def needs(advantages) -> set[str]:
+  """The rollout.extras keys the advantage functions `advantages` read; ValueError naming any
+  that a batched cell does not compute (`EXTRAS`)."""
   needs = {key for advantage in advantages for component in estimators.components(advantage)
            for key in component.needs}
   missing = needs - set(EXTRAS)
@@ -69,6 +71,8 @@ def continuation_tokens(mask, k, length: int):
 
 
 def optimizer(cell: "Cell", model, learning_rate) -> nnx.Optimizer:
+  """A run's Adam on `model` after global-norm clipping at `cell.max_grad_norm`, its learning
+  rate in the optimizer state (`optax.inject_hyperparams`, so it may be traced)."""
   adam = optax.chain(optax.clip_by_global_norm(cell.max_grad_norm),
                      optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate))
   return nnx.Optimizer(model, adam, wrt=nnx.Param)

@@ -1,5 +1,5 @@
 """Study cells with the seeds vmapped inside one jit: key_token, target_sum and zipf_explain
-runs as pure functions (each task's registered traceable form, `tasks.Task.traceable`).
+runs as pure functions (each task's registered traceable form, `tasks.Task.traceable`). ::
 
   cell = cells.Cell(task=key_token.KeyTokenConfig(...), model=preset("tiny", ...),
                     arms=({"scale": "rms", "of": "grpo"}, {"scale": "rms", "of": "oracle"}),
@@ -8,6 +8,7 @@ runs as pure functions (each task's registered traceable form, `tasks.Task.trace
   result = runner.train([(arm, learning_rate, seed), ...])   # every run in one program
 
 One run is a pure function of its arm (an index into cell.arms), learning rate and seed:
+
   - the policy `Transformer(cell.model, rngs=nnx.Rngs(seed))`, warm-started by a short SFT
     when the cell has a `Warmup` (the regime: confident filler, a starting success), with
     Adam (the learning rate in its state: `optax.inject_hyperparams`) after global-norm
@@ -37,6 +38,7 @@ One run is a pure function of its arm (an index into cell.arms), learning rate a
   - exact J(pi) = mean_x V^pi(x) and pass@k on the evaluation prompts (every prompt when
     there are at most `eval_prompts`, else a fixed sample) before updates 0, E, 2E, ...
     and after the last.
+
 A `Runner` compiles one program for all its runs: `jax.vmap` over them of a `lax.scan` over
 evaluation blocks, each a `lax.scan` over E updates (under vmap every arm's estimator is
 computed for every run and the run's own selected: estimators are cheap next to sampling).

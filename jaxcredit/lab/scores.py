@@ -3,7 +3,7 @@
 All statistics are computed on the host in float64 over the scored tokens
 W = mask & evaluated. Rows with no scored token are dropped. Each returns a
 `Stat(value, defined, n)`: a statistic without enough data (zero variance,
-fewer than 3 points) is reported as undefined with value 0.0, never NaN.
+fewer than 3 points) is reported as undefined with value 0.0, never NaN. ::
 
   correlations(est, oracle, w)   pooled Pearson
                                  r_pool = (C_b + C_w) / sqrt((S_b + S_w)(S^_b + S^_w)),
@@ -189,7 +189,8 @@ def resampling_noise(samples, oracle, weights) -> dict[str, Stat]:
   samples: [R, J, T] an estimator's credit on J fixed probe responses, each
   time with a fresh group around it (and fresh Monte-Carlo keys); oracle,
   weights: [J, T]. With X the mean over resamples and a* = argmin
-  sum w (A - a X)^2:
+  sum w (A - a X)^2::
+
     rcn        = sum w Var_r(a* X^(r)) / sum w (A - mean A)^2   (relative credit noise)
     bias_ratio = sum w (a* X - A)^2 / sum w (A - mean A)^2
   """

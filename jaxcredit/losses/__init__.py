@@ -45,15 +45,12 @@ from jaxcredit.losses.registered import (
     sequence_advantages,
 )
 from jaxcredit.losses.value import entropy_bonus, value_loss
-from jaxcredit.rollout import Estimate, PolicyOutputs, Rollout
+
 
 __all__ = [
     "AGGREGATIONS",
-    "Estimate",
     "KL_KINDS",
-    "PolicyOutputs",
     "REGISTRY",
-    "Rollout",
     "aggregate",
     "behaviour_log_weight",
     "cispo_loss",

@@ -17,11 +17,13 @@ AGGREGATIONS = (
 def aggregate(loss_tok: Array, mask: Array, mode: str, *, norm_len: int | None = None) -> Array:
   """Aggregates a per-token loss over valid tokens.
 
-  With l = loss_tok, m = mask, B rows and T columns:
+  With l = loss_tok, m = mask, B rows and T columns::
+
     token-mean              sum(l*m) / sum(m)                 (DAPO, verl default)
     seq-mean-token-sum      mean_b sum_t l*m
     seq-mean-token-mean     mean_b (sum_t l*m / sum_t m)      (original GRPO)
     seq-mean-token-sum-norm sum(l*m) / (B * L), L = norm_len or T  (Dr. GRPO)
+
   Rows with no valid token contribute 0; nothing divides by 0. Masked values
   (even NaN) never reach the result or its gradient. Returns a float32 scalar.
   """

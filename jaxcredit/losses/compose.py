@@ -95,7 +95,7 @@ def _coefficient(spec: Any) -> Coefficient:
 
 
 def from_config(config: Mapping[str, Mapping[str, Any]]) -> TermFn:
-  """An objective from {term_name: {"name": loss, "coef": c, **hparams}}.
+  """An objective from ``{term_name: {"name": loss, "coef": c, **hparams}}``.
 
   `coef` defaults to 1 and may be {"schedule": "linear_schedule", ...}.
   Works with dicts and ml_collections.ConfigDict.

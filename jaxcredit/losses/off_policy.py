@@ -112,7 +112,8 @@ def masked_is_loss(logp: Array, old_logp: Array, behaviour_logp: Array, advantag
 
   Relation to verl's rejection masks (verl 0.9, trainer/ppo/rollout_corr_helper.py,
   `compute_rollout_rejection_mask`), which agree after two convention mappings (tested
-  against that function's own code):
+  against that function's own code)::
+
     bounds: verl bounds k1 = -log w, i.e. 1/w: its `token_k1` (level "token") and
       `seq_mean_k1` (level "sequence") with threshold "a_b" keep the tokens kept here
       with low = 1/b, high = 1/a.
@@ -233,7 +234,7 @@ def dppo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
               ratio_cap: float = 20.0, aggregation: str = "token-mean") -> tuple[Array, Metrics]:
   """Divergence PPO, binary variants (arXiv 2602.04879): tokens are masked by a
   divergence between the sampled token's probabilities p = pi_theta(y_t) and
-  q = pi_old(y_t) instead of by the ratio,
+  q = pi_old(y_t) instead of by the ratio::
 
     l_t = -A_t sg(min(r_t, ratio_cap)) sg(keep_t) log pi_theta(y_t)
     tv: keep_t = p - q <= clip_high  if A_t > 0,   p - q >= -clip_low  otherwise

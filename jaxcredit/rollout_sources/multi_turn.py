@@ -108,13 +108,15 @@ class _Episodes:
 class MultiTurn:
   """Drives `env` against the model for up to `max_turns` turns per row (module docstring).
 
-  env:                the `rollout_sources.environment.Environment`, run per row on the host.
-  max_turns:          turns per episode; an episode not done after them is truncated.
-  max_turn_tokens:    action tokens sampled per turn at most.
-  max_episode_tokens: context columns after the prompt (observations and actions).
-  turn_end_tokens:    ids that end a turn (kept in it); () makes every turn
-                      exactly max_turn_tokens long.
-  place / local:      this process's rows <-> the global batch-sharded array.
+  Attributes:
+    env: the `rollout_sources.environment.Environment`, run per row on the host.
+    max_turns: turns per episode; an episode not done after them is truncated.
+    max_turn_tokens: action tokens sampled per turn at most.
+    max_episode_tokens: context columns after the prompt (observations and actions).
+    turn_end_tokens: ids that end a turn (kept in it); () makes every turn exactly
+      max_turn_tokens long.
+    place: this process's rows -> the global batch-sharded array (identity on one process).
+    local: its inverse.
   """
 
   env: Environment

@@ -25,13 +25,15 @@ class RolloutSource(Protocol):
 class SingleTurn:
   """Samples `max_new_tokens` per row (KV-cache `generate`) and scores the rows.
 
-  score:    the task's reward of whole sampled rows (`Scorer`), run on the host
-            over this process's rows.
-  place:    this process's rows -> the global batch-sharded array (identity on
-            one process); local: its inverse, for scoring.
   The other fields are `generate`'s settings. The Rollout carries tokens, mask,
   behaviour log-probs and entropies, rewards, truncation, positions and
   token_valid, with `group_size` rows per prompt.
+
+  Attributes:
+    score: the task's reward of whole sampled rows (`Scorer`), run on the host over this
+      process's rows.
+    place: this process's rows -> the global batch-sharded array (identity on one process).
+    local: its inverse, for scoring.
   """
 
   score: Scorer

@@ -30,16 +30,17 @@ def observed_inputs(tokens: Array, hidden: Array | None, hidden_token: int) -> A
 class Actions(NamedTuple):
   """Per-column action constraints of [B, L] rows (a pytree).
 
-  allowed:      [L, V] or per row [B, L, V] bool, [V] (the same set at every
-                column, e.g. a tokenizer's ids within a padded embedding), or
-                None (every token): the policy at column t is the softmax
-                renormalised over allowed[t] (the other logits are -inf).
-  hidden:       [L] or per row [B, L] bool, or None: columns whose token is
-                the action taken (recorded, scored, credited) but is fed to
-                the model as `hidden_token` (filler-blind tasks).
-  hidden_token: int, the id the model sees at hidden columns.
-
   Prompt columns are allowed and visible by convention.
+
+  Attributes:
+    allowed: ``[L, V]`` or per row ``[B, L, V]`` bool, ``[V]`` (the same set at every
+      column, e.g. a tokenizer's ids within a padded embedding), or None (every token): the
+      policy at column t is the softmax renormalised over allowed[t] (the other logits are
+      -inf).
+    hidden: ``[L]`` or per row ``[B, L]`` bool, or None: columns whose token is the action
+      taken (recorded, scored, credited) but is fed to the model as `hidden_token`
+      (filler-blind tasks).
+    hidden_token: int, the id the model sees at hidden columns.
   """
 
   allowed: Array | None = None

@@ -2,9 +2,11 @@
 
 Prompt `a+b=` or `a*b=`; the response is the result, by default with its
 digits reversed (least significant first: what a small model learns from
-outcome reward alone), optionally preceded by a step-by-step scratchpad:
+outcome reward alone), optionally preceded by a step-by-step scratchpad::
+
   add: `C:<carry into each column, least significant first>;<answer>`
   mul: `P:<partial products a*b_j, reversed, comma-separated>;<answer>`
+
 The final answer follows the last `;` (or is the whole response without a
 scratchpad). Rewards are exact match on the extracted answer.
 

@@ -175,7 +175,7 @@ def of_options(options) -> Task:
 
 
 def options_of(config_class, config):
-  """config_class(**config.task.options); ValueError naming task.options and the fields it
+  """``config_class(**config.task.options)``; ValueError naming task.options and the fields it
   takes when an option is unknown."""
   options = dict(config.get("options") or {})
   known = {field.name for field in dataclasses.fields(config_class)}

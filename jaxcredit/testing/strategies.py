@@ -1,4 +1,4 @@
-"""Hypothesis strategies for valid `Rollout`s, reusable in users' own tests.
+"""Hypothesis strategies for valid `Rollout` batches, reusable in users' own tests.
 
 Shapes come from small sets so that jit caches are reused across examples;
 the values come from a drawn seed, so hypothesis shrinks towards small

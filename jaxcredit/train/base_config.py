@@ -14,6 +14,7 @@ import ml_collections
 from jaxcredit import forward
 
 def get_config() -> ml_collections.ConfigDict:
+  """The base config: every field the trainer reads, at its default (each commented)."""
   config = ml_collections.ConfigDict()
   config.seed = 0  # model init, data order and sampling
 

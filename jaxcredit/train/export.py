@@ -10,7 +10,7 @@ every process computes the credit on the training thread, at the same point of i
 (collectives issued from a thread could interleave with the training step's differently on
 each process), and process 0 gathers the rows and writes them in the background.
 
-Schema (`SCHEMA_VERSION`; one row per real token, prompt tokens included, padding excluded):
+Schema (`SCHEMA_VERSION`; one row per real token, prompt tokens included, padding excluded)::
 
   step                int64    the metrics step of the update (SFT steps + RL steps)
   rl_step             int64    the RL update, 1-based
@@ -59,6 +59,7 @@ TEXT_TOKENS = 64  # tokens per response in the TensorBoard text summary
 
 
 def file_name(step: int) -> str:
+  """The Parquet file of the export at metrics step `step` (under WORKDIR/tokens/)."""
   return f"step_{step:08d}.parquet"
 
 

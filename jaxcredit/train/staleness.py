@@ -1,13 +1,14 @@
 """Stale rollouts with exact semantics (`rl.max_staleness = k`, `rl.staleness_mode`).
 
 The batch of RL update t (0-based: t updates done) is sampled with the policy's
-parameters after update t - lag:
+parameters after update t - lag::
 
   fixed    lag = k
   uniform  lag ~ U{0, ..., k}, drawn from (seed, t) alone
   periodic lag = ((t - 1) mod k) + 1: the lags of a sampler on its own devices that
            samples batch t + 1 during update t and receives the learner's weights
            every k updates (`jaxcredit.train.overlap`; 1, 2, ..., k, 1, 2, ...)
+
 
 clamped at t (before update k the oldest parameters are the ones RL started from).
 The lag used is recorded on every sample (`Rollout.staleness`), the draw depends on

@@ -1,9 +1,9 @@
-"""The credit viewer: a run's per-token export as one self-contained HTML page.
+"""The credit viewer: a run's per-token export as one self-contained HTML page. ::
 
   python -m jaxcredit.view WORKDIR            # writes WORKDIR/credit.html
   python -m jaxcredit.view WORKDIR --serve    # and serves it on http://127.0.0.1:PORT/
 
-`export_reader` reads WORKDIR/tokens/*.parquet (written by `jaxcredit.train.export`);
+`export_reader` reads `WORKDIR/tokens/*.parquet` (written by `jaxcredit.train.export`);
 `page` renders them with `template.html` and `viewer.js` inlined.
 """
 

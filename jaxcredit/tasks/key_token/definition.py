@@ -10,10 +10,12 @@ Prompt `[BOS, c_1..c_K, SEP]` (key_fn="copy") or `[BOS, u_1..u_K, SEP]` with
 c_k = (u_k + k) mod |C| (key_fn="shift"). The response has exactly T tokens;
 the decisive positions P = {p_1 < ... < p_K} are placed "spread"
 (p_k = floor(k T / (K + 1))), "early" (p_k = k - 1) or "late"
-(p_k = T - K + k - 1). Reward rules on y_P:
+(p_k = T - K + k - 1). Reward rules on y_P::
+
   all     R = prod_k 1[y_{p_k} = c_k]
   count   R = mean_k 1[y_{p_k} = c_k]
   modsum  R = 1[sum_k (y_{p_k} - c_k) = 0 mod |C|]
+
 `noise` flips a binary reward with probability eps (`noisy`).
 """
 

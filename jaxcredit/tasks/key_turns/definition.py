@@ -7,11 +7,12 @@ the policy emits `turn_length` tokens (no turn-end token: fixed-length
 turns). A decisive turn is right when its first token is key_k. The keys
 are drawn uniformly from the first `n_keys` keys, independently per turn,
 and a key is shown only just before its turn, so the value of a history
-averages over the keys still hidden.
+averages over the keys still hidden. ::
 
   prompt   [BOS, SEP]
   episode  [FILL, SEP] a_0 [key_1, SEP] a_1 [FILL, SEP] a_2 [key_3, SEP] a_3    (n_turns = 4,
                                                                               decisive = 1, 3)
+
 The key is not the last token before the action: a freshly initialised
 model with tied embeddings tends to repeat its last input, which would
 solve the task without learning anything.

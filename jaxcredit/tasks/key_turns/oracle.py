@@ -13,12 +13,13 @@ otherwise), and any other history has value 0. After the last decisive turn
 the reward is decided, so V = 1 on the tree there and later turns are not
 enumerated. `value_tree` builds every such history level by level
 (turn_length 1: one token per turn), scores each level with one batched
-teacher-forced pass, and sums back from the leaves.
+teacher-forced pass, and sums back from the leaves. ::
 
   values, credit = turn_credit(model, config, tokens, token_valid)
       values [B, K + 1]: V at each turn start of each row (V_K: its reward),
       credit [B, L]: A_k = V(h_(k+1)) - V(h_k) on turn k's action tokens.
   success(model, config)  J(pi): the expected reward of an episode.
+
 
 The oracle the training loop reads (`tasks.Task.oracle`): `no_exact_oracle`, `exact_extras`
 (turn credit on sampled episodes) and `held_out_success`.

@@ -9,8 +9,10 @@ digits EOS is forced, so a prefix of n digits is a leaf too. Then:
      prefix u's distribution is read off any path through u, here the one whose later
      digits are 0), restricted to the allowed actions as the sampler restricts them, at
      temperature 1.
-  2. Back up: V(u) = R(u) for |u| = n, and
+  2. Back up: V(u) = R(u) for |u| = n, and::
+
        V(u) = sum_d pi(d | u) V(u d) + pi(EOS | u) R(u)     for |u| < n,
+
      R(u) the reward of stopping after u (`target_sum.outcome`; pi(EOS | u) = 0 where
      EOS is not allowed).
   3. Look up each sampled response along its path: V(s_t) = V(u_<t) up to its EOS,
