@@ -37,9 +37,16 @@ def random_mask(rng: np.random.Generator, shape, *, holes: bool = True) -> np.nd
   return mask
 
 
-def readme_block(marker: str) -> str:
-  """The README's ```python block containing `marker` (examples are executed by tests)."""
-  blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+def documentation() -> str:
+  """The README and every page of the docs site, as one text."""
+  pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+  return "\n".join(page.read_text() for page in pages if "_build" not in page.parts)
+
+
+def doc_block(marker: str, language: str = "python") -> str:
+  """The ```python (or `language`) block of the README or the docs containing `marker`
+  (examples are executed by tests)."""
+  blocks = re.findall(rf"```{language}\n(.*?)```", documentation(), re.S)
   return next(b for b in blocks if marker in b)
 
 

@@ -7,7 +7,6 @@ beside a tokenizer trained offline; the data are GSM8K-format JSONL lines.
 import json
 import pathlib
 import random
-import re
 import shlex
 import subprocess
 import sys
@@ -21,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 from jaxcredit import tasks  # noqa: E402
 from jaxcredit.tasks import HFTokenizer  # noqa: E402
 from jaxcredit.train import loop, setup  # noqa: E402
-from tests.conftest import ROOT, load_experiment  # noqa: E402
+from tests.conftest import ROOT, doc_block, load_experiment  # noqa: E402
 from tests.hf_tokenizers import save_qwen_style  # noqa: E402
 
 
@@ -147,15 +146,14 @@ def test_edited_data_are_prepared_afresh(files, tmp_path):
 
 
 def _readme_smoke_command() -> list[str]:
-  """The README's smoke command (its bash lines joined), as argv."""
-  blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-  block = next(b for b in blocks if "gsm8k_grpo.py:smoke" in b).replace("\\\n", " ")
+  """The documented smoke command (its bash lines joined), as argv."""
+  block = doc_block("gsm8k_grpo.py:smoke", "bash").replace("\\\n", " ")
   line = next(l for l in block.splitlines() if "gsm8k_grpo.py:smoke" in l)
   return shlex.split(line)
 
 
 def _run_readme_smoke_command(files, workdir, *overrides) -> subprocess.CompletedProcess:
-  """The README's smoke command with this test's paths (and `overrides` appended)."""
+  """The documented smoke command with this test's paths (and `overrides` appended)."""
   tokenizer_dir, data = files
   command = _readme_smoke_command()
   assert (

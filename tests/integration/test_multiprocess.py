@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-from tests.conftest import xla_flags
+from tests.conftest import doc_block, xla_flags
 from tests.integration.test_train import ROOT, _train_lines
 
 STEPS = [
@@ -133,9 +133,9 @@ def test_two_processes_checkpoint_resume_and_match_one_process(tmp_path, cli_env
 
 
 def _readme_multi_host_command(workdir) -> list[str]:
-  """README "Scaling out"'s multi-host command, with `workdir` for its workdir."""
-  block = re.search(r"## Scaling out.*?```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-  commands = " ".join(block.group(1).replace("\\\n", " ").splitlines()).split("python -m ")
+  """The scaling guide's multi-host command, with `workdir` for its workdir."""
+  block = doc_block("--config.mesh.distributed=True", "bash")
+  commands = " ".join(block.replace("\\\n", " ").splitlines()).split("python -m ")
   words = shlex.split(
     next(c for c in commands if "--config.mesh.distributed=True" in c), comments=True
   )

@@ -11,7 +11,7 @@ import pytest
 from jaxcredit.models import load_hf_checkpoint, stop_tokens
 from jaxcredit.tasks import CharTokenizer, arithmetic
 from tests.cli import KEY_TOKEN
-from tests.conftest import load_experiment
+from tests.conftest import documentation, load_experiment
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -171,8 +171,8 @@ SMALL = [  # no SFT (test_multiprocess trains from SFT) but for countdown's nois
 
 def test_the_shipped_configs_are_the_documented_ones():
   assert sorted([*SHIPPED, "gsm8k_grpo"]) == sorted(EXPERIMENTS)
-  readme = (ROOT / "README.md").read_text()
-  assert all(f"`{name}`" in readme for name in SHIPPED)
+  documented = documentation()
+  assert all(f"`{name}`" in documented for name in SHIPPED)
 
 
 @pytest.mark.parametrize("name", SHIPPED)

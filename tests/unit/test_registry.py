@@ -9,7 +9,7 @@ import pytest
 import jaxcredit as jc
 from jaxcredit import estimators, losses, testing
 from tests import reference
-from tests.conftest import poison, random_mask, readme_block
+from tests.conftest import poison, random_mask, doc_block
 
 
 def make_rollout(batch=8, length=10, group_size=4, seed=0, poisoned=True) -> jc.Rollout:
@@ -203,10 +203,10 @@ def test_rollout_is_a_pytree_with_static_group_size():
 def test_readme_examples_run():
   rollout = make_rollout()
   namespace = {"rollout": rollout, "new_logp": rollout.behaviour_logprobs}
-  exec(readme_block("jc.losses.get(\"ppo_clip\")"), namespace)
+  exec(doc_block("jc.losses.get(\"ppo_clip\")"), namespace)
   assert np.isfinite(namespace["loss"])
   try:
-    exec(readme_block("@jc.estimators.register"), namespace)
+    exec(doc_block("@jc.estimators.register(\"max_baseline\")"), namespace)
     grouped = np.asarray(rollout.rewards).reshape(-1, 4)
     want = (grouped - grouped.max(1, keepdims=True)).reshape(-1)
     np.testing.assert_allclose(

@@ -11,7 +11,7 @@ from jaxcredit.models import Transformer, preset
 from jaxcredit.sampling import (Actions, continue_contexts, extend_contexts, generate,
                                 inverse_cdf_sample, left_align, sample_token, start_contexts)
 from bench.no_cache import generate_without_cache
-from tests.conftest import readme_block
+from tests.conftest import doc_block
 
 CONFIG = preset("tiny", vocab_size=32)
 
@@ -225,7 +225,7 @@ def test_bad_arguments_raise(model):
 
 
 def test_readme_models_example_runs(model):
-  block = readme_block("generate(model")
+  block = doc_block("generate(model")
   prompts, valid = _prompts(6, batch=8)
   namespace = {"prompts": prompts, "prompt_valid": valid, "eos_id": 5}
   exec(block.replace('preset("tiny")', 'preset("tiny", vocab_size=32)'), namespace)

@@ -10,7 +10,7 @@ import pytest
 
 from jaxcredit import tasks
 from jaxcredit.train import loop
-from tests.conftest import ROOT, load_experiment, readme_block
+from tests.conftest import ROOT, load_experiment, doc_block
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def _task_config(**overrides):
 def test_the_toy_task_registers_and_scores_copies_one(echo, tmp_path):
   assert tasks.get("echo") is echo.TASK and "echo" in tasks.names()
   source = (ROOT / "docs" / "examples" / "echo_task.py").read_text()
-  assert readme_block('name="echo"') in source and len(source.splitlines()) < 60
+  assert doc_block('name="echo"') in source and len(source.splitlines()) < 60
   task = tasks.make(_task_config(), data_dir=str(tmp_path), seed=0)
   examples = [task.sources["train"][i] for i in range(8)]
   completions = [task.encode(example)[1] for example in examples]  # digits + EOS

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jaxcredit.tasks import CharTokenizer, arithmetic, key_token, loader
-from tests.conftest import readme_block
+from tests.conftest import doc_block
 
 TOKENIZER = CharTokenizer(arithmetic.ALPHABET)
 
@@ -113,7 +113,7 @@ def test_ids_encoder_for_key_token():
 
 
 def test_readme_tasks_example_runs(tmp_path):
-  block = readme_block("loader.Loader(")
+  block = doc_block("loader.Loader(")
   block = block.replace("/tmp/jaxcredit_data", str(tmp_path)).replace(
     "train_size=2000", "train_size=64, test_size=8"
   )

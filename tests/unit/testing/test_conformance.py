@@ -8,7 +8,7 @@ from hypothesis import given
 import jaxcredit as jc
 from jaxcredit import estimators, losses, testing
 from jaxcredit._masking import as_bool
-from tests.conftest import readme_block
+from tests.conftest import doc_block
 
 SHIFT_INVARIANT = {
     "grpo", "dr_grpo", "rloo", "gpg", "opo", "reinforce_pp_baseline", "grpo_high_entropy",
@@ -113,7 +113,7 @@ def test_signal_diagnostics_match_numpy():
 
 
 def test_readme_extension_example_runs_and_is_short():
-  block = readme_block('register("best_of_group")')
+  block = doc_block('register("best_of_group")')
   assert len(block.strip().splitlines()) < 30
   try:
     exec(block, {})
@@ -135,7 +135,7 @@ def test_readme_composition_example_runs():
   )
   outputs = jc.PolicyOutputs(logprobs=rollout.behaviour_logprobs, entropy=rollout.entropy)
   namespace = {"rollout": rollout, "outputs": outputs, "step": 3}
-  exec(readme_block("jc.losses.combine("), namespace)
+  exec(doc_block("jc.losses.combine("), namespace)
   assert np.isfinite(namespace["loss"]) and "kl/value" in namespace["metrics"]
 
 
