@@ -17,7 +17,6 @@ from jaxcredit.train import export, loop
 from jaxcredit.view import __main__ as view_cli
 from tests.conftest import load_experiment
 
-CHROMIUM = pathlib.Path("/usr/bin/chromium")
 GROUP_SIZE = 4
 
 
@@ -105,17 +104,6 @@ def test_export_columns_survive_the_page_encoding(quickstart_export):
 
 
 # --- In a real browser -----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def browser():
-  if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium): browser tests skipped")
-  sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-  with sync_api.sync_playwright() as p:
-    browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
-    yield browser
-    browser.close()
 
 
 @pytest.fixture
