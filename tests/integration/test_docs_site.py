@@ -1,7 +1,8 @@
 """The documentation site, built with warnings as errors and opened in a real headless Chromium
 (skipped, saying so, where Sphinx, Chromium or playwright is absent): the index links every
-guide, an API page documents a function with its sections, and a guide's formulas render as
-MathJax output served with the site."""
+guide, an API page documents a function with its sections, a guide's formulas render as
+MathJax output served with the site, and a tutorial shows what its code computed and drew
+when the build executed it."""
 
 import pathlib
 import subprocess
@@ -43,4 +44,13 @@ def test_the_site_renders_its_index_an_api_page_and_a_formula(site, browser):
   page.wait_for_selector("mjx-container svg", timeout=30_000)
   assert page.locator("mjx-container").count() >= 5
   assert page.evaluate("() => window.MathJax !== undefined")
+
+  # A tutorial executed at build time: its heading, its formula and the figure its code drew.
+  page.goto((site / "tutorials" / "estimator_tour.html").as_uri())
+  assert page.locator("h1").first.inner_text().startswith("A tour of the estimators")
+  page.wait_for_selector("mjx-container[display='true'] svg", timeout=30_000)
+  figure = page.locator("div.cell_output img").first
+  assert figure.evaluate("img => img.complete && img.naturalWidth > 400"), "no figure"
+  outputs = page.locator("div.cell_output").all_inner_texts()
+  assert any("grpo     response 0:" in text for text in outputs), outputs
   page.close()
