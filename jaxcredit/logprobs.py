@@ -54,13 +54,29 @@ def _picked_logprob(logits: Array, tokens: Array, lse: Array) -> Array:
 
 
 def token_logprobs(logits: Array, tokens: Array, *, temperature: float = 1.0) -> Array:
-  """log pi(token) = log_softmax(logits / temperature)[token].
+  """Per-token log-probs: ``log pi(token) = log_softmax(logits / temperature)[token]``.
 
-  logits: [..., V] (any float dtype; upcast to float32). tokens: [...] ints.
-  Returns float32 [...]. Use the sampling temperature so that ratios against
-  the sampler's behaviour log-probs are consistent. Ids outside [0, V) raise
-  ValueError when `tokens` is concrete; under jit they give NaN (and no
-  gradient), never the log-prob of another token.
+  Use the sampling temperature, so that ratios against the sampler's behaviour log-probs
+  are consistent.
+
+  Args:
+    logits: ``[..., V]``, any float dtype (upcast to float32).
+    tokens: ``[...]`` int token ids.
+    temperature: the softmax temperature.
+
+  Returns:
+    float32 ``[...]``. Under jit an id outside ``[0, V)`` gives NaN (and no gradient), never
+    the log-prob of another token.
+
+  Raises:
+    ValueError: on mismatched shapes, or an id outside ``[0, V)`` when `tokens` is concrete.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import logprobs
+    >>> logits = jnp.log(jnp.array([[0.25, 0.75]]))
+    >>> logprobs.token_logprobs(logits, jnp.array([1])).round(4)  # log 0.75
+    Array([-0.2877], dtype=float32)
   """
   _check_logits_tokens(logits, tokens)
   _check_token_ids(tokens, logits.shape[-1])

@@ -47,13 +47,35 @@ def grpo_advantages(
     eps: float = 1e-6,
     scale_by_std: bool = True,
 ) -> Array:
-  """Group-normalised advantages (GRPO; Shao et al., 2024, DeepSeekMath).
+  """Group-normalised advantages (GRPO; Shao et al., 2024, DeepSeekMath)::
 
-  A_i = (r_i - mean_g) / (std_g + eps), std with ddof=1 over the G rewards of
-  the group. scale_by_std=False gives Dr. GRPO (Liu et al., 2025): r_i - mean_g.
-  rewards: [B]. Returns float32 [B]; 0 for a zero-variance group (even with
-  eps=0) and when G == 1. Scale-invariant for any finite rewards (no float32
-  overflow in the centred squares).
+    A_i = (r_i - mean_g) / (std_g + eps)
+
+  with the std over the G rewards of the group (ddof = 1). `scale_by_std=False` gives
+  Dr. GRPO (Liu et al., 2025): ``r_i - mean_g``. Scale-invariant for any finite rewards (no
+  float32 overflow in the centred squares).
+
+  Args:
+    rewards: ``[B]`` outcome rewards, groups of `group_size` contiguous rows.
+    group_size: G, responses per prompt.
+    eps: added to the std.
+    scale_by_std: divide by the group's std (GRPO) or not (Dr. GRPO).
+
+  Returns:
+    float32 ``[B]``; 0 for a zero-variance group (even with eps = 0) and when G == 1.
+
+  Raises:
+    ValueError: when `group_size` does not divide B.
+
+  References:
+    Shao et al., 2024, "DeepSeekMath", arXiv 2402.03300; Liu et al., 2025,
+    "Understanding R1-Zero-Like Training: A Critical Perspective", arXiv 2503.20783.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> estimators.grpo_advantages(jnp.array([1.0, 0.0, 0.0, 0.0]), group_size=2).round(4)
+    Array([ 0.7071, -0.7071,  0.    ,  0.    ], dtype=float32)
   """
   grouped = _grouped(rewards, group_size)
   if group_size == 1:
@@ -65,10 +87,29 @@ def grpo_advantages(
 
 
 def rloo_advantages(rewards: Array, *, group_size: int) -> Array:
-  """Leave-one-out baseline (Ahmadian et al., 2024): A_i = r_i - mean_{j != i} r_j.
+  """Leave-one-out baseline (RLOO; Ahmadian et al., 2024)::
 
-  Equals G / (G - 1) * (r_i - mean_g). rewards: [B]. Returns float32 [B]; 0 when
-  group_size == 1.
+    A_i = r_i - mean_{j != i} r_j = G / (G - 1) * (r_i - mean_g)
+
+  Args:
+    rewards: ``[B]`` outcome rewards, groups of `group_size` contiguous rows.
+    group_size: G, responses per prompt.
+
+  Returns:
+    float32 ``[B]``; 0 when G == 1.
+
+  Raises:
+    ValueError: when `group_size` does not divide B.
+
+  References:
+    Ahmadian et al., 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for
+    Learning from Human Feedback in LLMs", arXiv 2402.14740.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> estimators.rloo_advantages(jnp.array([1.0, 0.0, 0.0]), group_size=3).round(4)
+    Array([ 1. , -0.5, -0.5], dtype=float32)
   """
   grouped = _grouped(rewards, group_size)
   if group_size == 1:

@@ -54,21 +54,46 @@ def gae(
     lam: float,
     method: str | None = None,
 ) -> tuple[Array, Array]:
-  """Generalised advantage estimation (Schulman et al., 2016).
+  """Generalised advantage estimation (GAE; Schulman et al., 2016)::
 
-  delta_t = r_t + gamma * V_next - V_t
-  A_t     = delta_t + gamma * lam * A_next
-  where "next" is the next valid position and V_next = A_next = 0 after the
-  last valid token. rewards, values, mask: [B, T].
-  Returns (advantages, returns) float32 [B, T], with returns = (A + V) * mask.
-  method: "blocked" (blocks of steps as matrix products, fastest on CPU),
-  "scan" (sequential) or "associative" (lax.associative_scan, O(log T)
-  depth, for accelerators); None = fastest for the backend. All give the
-  same result (`recurrence`).
+    delta_t = r_t + gamma * V_next - V_t
+    A_t     = delta_t + gamma * lam * A_next
 
-  Computed with a single recurrence: with C_t = gamma V_t + gamma lam A_t,
-  A_t = (r_t - V_t) + C_next and C_t = gamma V_t + gamma lam (r_t - V_t)
-  + gamma lam C_next, so V_next never has to be looked up separately.
+  where "next" is the next valid position and V_next = A_next = 0 after the last valid
+  token. Computed with a single recurrence: with C_t = gamma V_t + gamma lam A_t,
+  A_t = (r_t - V_t) + C_next and C_t = gamma V_t + gamma lam (r_t - V_t) + gamma lam C_next,
+  so V_next never has to be looked up separately.
+
+  Args:
+    rewards: ``[B, T]`` per-token rewards.
+    values: ``[B, T]`` critic values V(s_t).
+    mask: ``[B, T]`` policy actions; values at other positions (even NaN) are ignored.
+    gamma: the discount, in [0, 1].
+    lam: GAE's lambda, in [0, 1].
+    method: "blocked" (blocks of steps as matrix products, fastest on CPU), "scan"
+      (sequential) or "associative" (`lax.associative_scan`, O(log T) depth, for
+      accelerators); None is the fastest for the backend. All give the same result.
+
+  Returns:
+    ``(advantages, returns)``, float32 ``[B, T]`` each, with ``returns = (A + V) * mask``;
+    0 off the mask.
+
+  Raises:
+    ValueError: on mismatched shapes, gamma or lam outside [0, 1], or an unknown method.
+
+  References:
+    Schulman et al., 2016, "High-Dimensional Continuous Control Using Generalized Advantage
+    Estimation", arXiv 1506.02438.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> rewards = jnp.array([[0.0, 0.0, 1.0]])
+    >>> values = jnp.array([[0.5, 0.5, 0.5]])
+    >>> advantages, returns = estimators.gae(rewards, values, jnp.ones((1, 3), bool),
+    ...                                      gamma=1.0, lam=1.0)
+    >>> advantages
+    Array([[0.5, 0.5, 0.5]], dtype=float32)
   """
   _checks.check_token_and_seq({"rewards": rewards, "values": values, "mask": mask}, {})
   _check_discounts(gamma=gamma, lam=lam)

@@ -37,15 +37,45 @@ def ppo_clip_loss(
     dual_clip: float | None = None,
     aggregation: str = "token-mean",
 ) -> tuple[Array, Metrics]:
-  """PPO clipped surrogate (Schulman et al., 2017), per token.
+  """PPO's clipped surrogate (Schulman et al., 2017), per token::
 
-  ratio = exp(logp - old_logp)
-  l_t   = max(-A_t * ratio, -A_t * clip(ratio, 1 - clip_low, 1 + clip_high))
-  clip_high > clip_low is DAPO's clip-higher (Yu et al., 2025). With
-  dual_clip = c > 1 (Ye et al., 2020), where A_t < 0: l_t = min(l_t, -A_t * c).
-  The token losses are reduced with `aggregate(..., aggregation)`.
-  Metrics: clipfrac, clipfrac_low, clipfrac_high, dual_clipfrac, approx_kl,
-  ratio_mean/max/min (token means over valid tokens).
+    ratio = exp(logp - old_logp)
+    l_t   = max(-A_t * ratio, -A_t * clip(ratio, 1 - clip_low, 1 + clip_high))
+
+  clip_high > clip_low is DAPO's clip-higher (Yu et al., 2025). With dual_clip = c > 1
+  (Ye et al., 2020), where A_t < 0: ``l_t = min(l_t, -A_t * c)``.
+
+  Args:
+    logp: ``[B, T]`` log-probs under the policy being updated.
+    old_logp: ``[B, T]`` log-probs under the policy that the ratio is taken against.
+    advantages: ``[B, T]`` per-token advantages.
+    mask: ``[B, T]`` policy actions.
+    clip_low: the ratio's lower clip, 1 - clip_low.
+    clip_high: the ratio's upper clip, 1 + clip_high.
+    dual_clip: c > 1, or None for no dual clip.
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and clipfrac, clipfrac_low, clipfrac_high,
+    dual_clipfrac, approx_kl and ratio_mean/max/min (token means over valid tokens).
+
+  Raises:
+    ValueError: on invalid clips, dual_clip <= 1 or an unknown aggregation.
+
+  References:
+    Schulman et al., 2017, "Proximal Policy Optimization Algorithms", arXiv 1707.06347;
+    Yu et al., 2025, "DAPO", arXiv 2503.14476; Ye et al., 2020, "Mastering Complex Control
+    in MOBA Games with Deep Reinforcement Learning", arXiv 1912.09729.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> logp = jnp.log(jnp.array([[0.5, 0.9]]))
+    >>> old_logp = jnp.log(jnp.array([[0.5, 0.5]]))
+    >>> loss, metrics = losses.ppo_clip_loss(logp, old_logp, jnp.ones((1, 2)),
+    ...                                      jnp.ones((1, 2), bool))
+    >>> round(float(loss), 4), float(metrics["clipfrac"])  # ratio 1.8 is clipped to 1.2
+    (-1.1, 0.5)
   """
   check_clip(clip_low, clip_high)
   if dual_clip is not None:

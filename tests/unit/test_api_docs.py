@@ -2,6 +2,7 @@
 function and class of those modules (their `__all__`, or their public names) has a docstring,
 as optax's documentation coverage check demands; the README's example runs."""
 
+import doctest
 import importlib
 import inspect
 import pkgutil
@@ -63,3 +64,19 @@ def test_the_readme_example_runs_and_prints_what_it_says():
   advantages = np.asarray(namespace["grpo"].advantages)
   np.testing.assert_allclose(advantages[:, 0], [0.71, -0.71, -0.71, 0.71], atol=5e-3)
   assert np.all(advantages == advantages[:, :1])  # the response's advantage on every token
+
+
+def test_the_docstring_examples_run():
+  """Every `>>>` example of the modules the API reference documents (as `--doctest-modules`
+  would run them); the core entry points have one."""
+  finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+  examples = {}
+  for name in _documented_modules():
+    for test in finder.find(importlib.import_module(name)):
+      if test.examples:
+        examples[test.name] = len(test.examples)
+        runner.run(test)
+  assert runner.failures == 0, f"{runner.failures} failed of {runner.tries} doctest examples"
+  for entry in ("jaxcredit.estimators.group.grpo_advantages", "jaxcredit.estimators.returns.gae",
+                "jaxcredit.logprobs.token_logprobs", "jaxcredit.losses.policy.ppo_clip_loss"):
+    assert entry in examples, sorted(examples)
