@@ -120,6 +120,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.checkpoint.every = 50  # RL steps between (async, atomic) checkpoints
   config.checkpoint.keep = 2  # checkpoints kept
 
+  # Weights & Biases (pip install 'jaxcredit[wandb]'): the run's scalars and config are also
+  # logged to `project` ("": off), under WORKDIR/wandb; a resumed run continues the same run.
+  config.wandb = ml_collections.ConfigDict()
+  config.wandb.project = ""
+  config.wandb.entity = ""  # "": the account's default
+  config.wandb.mode = "online"  # "offline": written under WORKDIR/wandb only (`wandb sync`)
+
   config.export = ml_collections.ConfigDict()
   # True: write the final policy to WORKDIR/hf as a transformers checkpoint.
   config.export.hf = False

@@ -5,6 +5,7 @@ import json
 import math
 import pathlib
 import sys
+import uuid
 
 from jaxcredit.atomic import write_atomically
 
@@ -26,7 +27,8 @@ def _summary_writer_class():
 
 class MetricsWriter:
   """Appends one JSON object per line to workdir/metrics.jsonl (always with
-  `step`) and mirrors the scalars to TensorBoard (workdir/tensorboard).
+  `step`) and mirrors the scalars to TensorBoard (workdir/tensorboard) and, when
+  given a run (`wandb_run`), to Weights & Biases.
 
   A fresh run moves an earlier run's file aside (metrics.<mtime>.jsonl); a
   resumed run keeps the lines up to the resumed step and appends after them.
@@ -35,9 +37,10 @@ class MetricsWriter:
   """
 
   def __init__(self, workdir: pathlib.Path, *, resume_step: int | None = None,
-               primary: bool = True):
+               primary: bool = True, wandb_run=None):
     self.primary = primary
     self.tensorboard = None
+    self.wandb_run = wandb_run
     if not primary:
       return
     self.path = workdir / "metrics.jsonl"
@@ -66,10 +69,29 @@ class MetricsWriter:
       f.write(json.dumps(record, allow_nan=False) + "\n")
     for name, value in values.items():
       self.tensorboard.add_scalar(name, value, step)
+    if self.wandb_run is not None:
+      self.wandb_run.log(values, step=int(step))
 
   def close(self) -> None:
     if self.primary:
       self.tensorboard.close()
+      if self.wandb_run is not None:
+        self.wandb_run.finish()
+
+
+def wandb_run(settings, workdir: pathlib.Path, config: dict):
+  """The Weights & Biases run of `settings` (config.wandb: project, entity, mode), its files
+  under workdir/wandb, or None when no project is named. The run's id is kept in
+  workdir/wandb_run_id, so a resumed training run continues the same W&B run."""
+  if not settings.project:
+    return None
+  import wandb  # an optional dependency (refusals.validate_config checks it is installed)
+
+  id_file = workdir / "wandb_run_id"
+  run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
+  id_file.write_text(run_id)
+  return wandb.init(project=settings.project, entity=settings.entity or None, mode=settings.mode,
+                    dir=str(workdir), id=run_id, resume="allow", config=config)
 
 
 def _complete_lines(path: pathlib.Path) -> list[str]:

@@ -1,6 +1,7 @@
 """Refusals before any work: settings no run can use, batches that do not
 split, a resume with other settings, and rewards that are not finite."""
 
+import importlib.util
 import math
 from collections.abc import Callable, Collection, Sequence
 
@@ -141,6 +142,13 @@ def validate_config(config) -> None:
     problems.append((rl.max_staleness == 0,
                      "rl.max_staleness must be 0 with mesh.sampler_shape (the sampler's own "
                      f"devices set the staleness through rl.sync_every), got {rl.max_staleness!r}"))
+  if config.wandb.project:
+    problems += [
+        (importlib.util.find_spec("wandb") is not None,
+         f"wandb.project is {config.wandb.project!r}, but wandb is not installed: pip install "
+         "'jaxcredit[wandb]' (or set --config.wandb.project='')"),
+        (config.wandb.mode in ("online", "offline"),
+         f"wandb.mode must be 'online' or 'offline', got {config.wandb.mode!r}")]
   if config.critic.preset:
     problems += [
         _number_in(config.critic.learning_rate, "critic.learning_rate", 0.0, low_open=True),

@@ -223,8 +223,10 @@ def build(config, workdir: pathlib.Path) -> Trainer | None:
     if sampler is not None:  # restored onto the learner's mesh: back to the sampler's devices
       sharding.shard_model(sampler.model, sampler.mesh)
     print(f"Resuming RL at step {counters['rl_step']} from {workdir / 'checkpoints'}.")
-  writer = metrics.MetricsWriter(workdir, resume_step=counters["step"] if resumed else None,
-                                 primary=jax.process_index() == 0)
+  primary = jax.process_index() == 0
+  writer = metrics.MetricsWriter(
+      workdir, resume_step=counters["step"] if resumed else None, primary=primary,
+      wandb_run=metrics.wandb_run(config.wandb, workdir, config.to_dict()) if primary else None)
   settings = config.export
   exporter = export.Exporter(
       workdir, every=settings.every, groups=settings.groups,
