@@ -21,8 +21,20 @@ class Registry(Generic[F]):
     self._info: dict[str, dict[str, Any]] = {}
 
   def register(self, name: str, *, overwrite: bool = False, **info: Any) -> Callable[[F], F]:
-    """Decorator that registers `fn` under `name` (with `info`, what the kind
-    of registry records about it, e.g. an estimator's `needs`); returns `fn` unchanged."""
+    """Decorator that registers a function under `name`.
+
+    Args:
+      name: a non-empty string.
+      overwrite: replace an earlier registration of `name` instead of refusing it.
+      **info: what the kind of registry records about the function (e.g. an estimator's
+        `needs`), read back with `info`.
+
+    Returns:
+      The decorator; it returns the function unchanged.
+
+    Raises:
+      ValueError: for an empty name, or a name already registered without `overwrite`.
+    """
     if not isinstance(name, str) or not name:
       raise ValueError(f"A {self.kind} name must be a non-empty string, got {name!r}.")
 
@@ -39,7 +51,26 @@ class Registry(Generic[F]):
     return decorator
 
   def get(self, name: str) -> F:
-    """The registered function called `name`; ValueError listing known names."""
+    """The registered function called `name` (as the registry's `wrap` adapted it).
+
+    Args:
+      name: a registered name (`names()` lists them).
+
+    Returns:
+      The function.
+
+    Raises:
+      ValueError: for an unknown name, listing the known ones.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import jaxcredit as jc
+      >>> rollout = jc.Rollout(tokens=jnp.zeros((2, 3), jnp.int32), mask=jnp.ones((2, 3), bool),
+      ...                      rewards=jnp.array([1.0, 0.0]), group_size=2)
+      >>> jc.estimators.get("rloo")(rollout).advantages
+      Array([[ 1.,  1.,  1.],
+             [-1., -1., -1.]], dtype=float32)
+    """
     try:
       return self._items[name]
     except (KeyError, TypeError):

@@ -31,13 +31,40 @@ names = REGISTRY.names
 
 def register(name: str, *, needs: tuple[str, ...] = (), settings: dict | None = None,
              overwrite: bool = False):
-  """Decorator registering `fn(rollout, **hparams) -> Estimate | [B, T]` as `name`.
+  """Decorator registering ``fn(rollout, **hparams) -> Estimate | [B, T]`` as `name`.
 
-  needs: the rollout.extras keys it reads; before the learner step, the
-  extras provider registered for each key computes it
-  (`jaxcredit.credit.extras`). settings: {name: default} of the providers'
-  own hyperparameters (e.g. the Monte-Carlo `k`), accepted in an advantage
-  config beside the estimator's keyword arguments and handed to the providers.
+  The registered function is adapted to take a checked `Rollout` and to return an
+  `Estimate`, so configs select it by name (`get`, `from_config`).
+
+  Args:
+    name: the estimator's name.
+    needs: the rollout.extras keys it reads; before the learner step, the extras provider
+      registered for each key computes it (`jaxcredit.credit.extras`).
+    settings: ``{name: default}`` of the providers' own hyperparameters (e.g. the
+      Monte-Carlo `k`), accepted in an advantage config beside the estimator's keyword
+      arguments and handed to the providers.
+    overwrite: replace an earlier registration of `name`.
+
+  Returns:
+    The decorator (it returns `fn` unchanged).
+
+  Raises:
+    ValueError: for a name already registered without `overwrite`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import jaxcredit as jc
+    >>> @jc.estimators.register("doc_max_baseline")
+    ... def max_baseline(rollout):
+    ...   grouped = rollout.rewards.reshape(-1, rollout.group_size)
+    ...   seq = (grouped - grouped.max(axis=1, keepdims=True)).reshape(-1)
+    ...   return jc.estimators.broadcast_to_tokens(seq, rollout.mask)
+    >>> rollout = jc.Rollout(tokens=jnp.zeros((2, 2), jnp.int32), mask=jnp.ones((2, 2), bool),
+    ...                      rewards=jnp.array([1.0, 0.0]), group_size=2)
+    >>> jc.estimators.get("doc_max_baseline")(rollout).advantages
+    Array([[ 0.,  0.],
+           [-1., -1.]], dtype=float32)
+    >>> jc.estimators.REGISTRY.unregister("doc_max_baseline")
   """
   return REGISTRY.register(name, overwrite=overwrite, needs=tuple(needs),
                            settings=dict(settings or {}))

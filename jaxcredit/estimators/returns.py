@@ -35,10 +35,28 @@ def _check_discounts(**discounts: float) -> None:
 def discounted_returns(
     rewards: Array, mask: Array, *, gamma: float, method: str | None = None
 ) -> Array:
-  """Discounted reward-to-go over valid positions: G_t = r_t + gamma * G_next.
+  """Discounted reward-to-go over valid positions: ``G_t = r_t + gamma * G_next``.
 
-  rewards, mask: [B, T]. G_next is the return at the next valid position (0
-  after the last one). Returns float32 [B, T], 0 at masked positions.
+  G_next is the return at the next valid position (0 after the last one).
+
+  Args:
+    rewards: ``[B, T]`` per-token rewards.
+    mask: ``[B, T]`` policy actions; rewards elsewhere (even NaN) are ignored.
+    gamma: the discount, in [0, 1].
+    method: the recurrence's implementation, as `gae`'s (None: the backend's fastest).
+
+  Returns:
+    float32 ``[B, T]``, 0 at masked positions.
+
+  Raises:
+    ValueError: on mismatched shapes or gamma outside [0, 1].
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> estimators.discounted_returns(jnp.array([[0.0, 0.0, 1.0]]), jnp.ones((1, 3), bool),
+    ...                               gamma=0.5)
+    Array([[0.25, 0.5 , 1.  ]], dtype=float32)
   """
   _check_discounts(gamma=gamma)
   valid, rewards = _prepare(mask, rewards=rewards)

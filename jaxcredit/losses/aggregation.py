@@ -25,7 +25,29 @@ def aggregate(loss_tok: Array, mask: Array, mode: str, *, norm_len: int | None =
     seq-mean-token-sum-norm sum(l*m) / (B * L), L = norm_len or T  (Dr. GRPO)
 
   Rows with no valid token contribute 0; nothing divides by 0. Masked values
-  (even NaN) never reach the result or its gradient. Returns a float32 scalar.
+  (even NaN) never reach the result or its gradient.
+
+  Args:
+    loss_tok: ``[B, T]`` per-token losses.
+    mask: ``[B, T]`` the tokens that count.
+    mode: one of `AGGREGATIONS` (above).
+    norm_len: L of "seq-mean-token-sum-norm" (None: T).
+
+  Returns:
+    A float32 scalar.
+
+  Raises:
+    ValueError: for an unknown mode or mismatched shapes.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> loss_tok = jnp.array([[1.0, 1.0, 1.0], [4.0, 0.0, 0.0]])
+    >>> mask = jnp.array([[True, True, True], [True, False, False]])
+    >>> float(losses.aggregate(loss_tok, mask, "token-mean"))  # (1 + 1 + 1 + 4) / 4
+    1.75
+    >>> float(losses.aggregate(loss_tok, mask, "seq-mean-token-mean"))  # (1 + 4) / 2
+    2.5
   """
   _checks.check_rank(loss_tok, 2, "loss_tok")
   _checks.check_same_shape(loss_tok=loss_tok, mask=mask)

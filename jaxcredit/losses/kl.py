@@ -13,11 +13,33 @@ KL_KINDS = ("k1", "k2", "k3")
 def kl_penalty(logp: Array, ref_logp: Array, *, kind: str) -> Array:
   """Monte-Carlo estimators of KL(pi || ref) from sampled tokens (Schulman, 2020).
 
-  With d = logp - ref_logp:  k1 = d,  k2 = d^2 / 2,  k3 = exp(-d) + d - 1.
-  k1 is unbiased, k3 unbiased and non-negative, k2 biased with low variance.
-  k3 takes d clipped to +-LOG_RATIO_BOUND (20, as verl's low_var_kl), so it
-  stays finite, with a finite gradient, for any finite d.
-  logp, ref_logp: [B, T] (any equal shapes). Returns float32 of that shape.
+  With d = logp - ref_logp::
+
+    k1 = d,   k2 = d^2 / 2,   k3 = exp(-d) + d - 1
+
+  k1 is unbiased, k3 unbiased and non-negative, k2 biased with low variance. k3 takes d
+  clipped to +-LOG_RATIO_BOUND (20, as verl's low_var_kl), so it stays finite, with a finite
+  gradient, for any finite d.
+
+  Args:
+    logp: ``[B, T]`` (any shape) log-probs of the sampled tokens under pi.
+    ref_logp: the same shape, under the reference.
+    kind: "k1", "k2" or "k3".
+
+  Returns:
+    float32, the shape of `logp`.
+
+  Raises:
+    ValueError: for an unknown kind or mismatched shapes.
+
+  References:
+    J. Schulman, 2020, "Approximating KL Divergence", http://joschu.net/blog/kl-approx.html.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> losses.kl_penalty(jnp.array([0.0, -1.0]), jnp.array([0.0, 0.0]), kind="k2")
+    Array([0. , 0.5], dtype=float32)
   """
   _checks.check_same_shape(logp=logp, ref_logp=ref_logp)
   _checks.check_choice(kind, KL_KINDS, "KL kind")
