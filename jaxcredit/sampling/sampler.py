@@ -218,18 +218,49 @@ def generate(
     actions: Actions | None = None,
     stop_when_done: bool = True,
 ) -> SampleOutput:
-  """Samples up to `max_new_tokens` per prompt; deterministic given `key`.
+  """Samples up to `max_new_tokens` per prompt with a KV cache; deterministic given `key`.
 
-  prompts, prompt_valid: [B, P] (`padding` says which side holds the pads).
-  temperature 0 is greedy; top_k / top_p truncate the sampling distribution.
-  A row stops after emitting one of `stop_tokens` (that token is part of the
-  response); later slots hold `pad_id` with mask False. actions: the
-  allowed tokens ([P + N, V] or per row [B, P + N, V]) and hidden columns
-  ([P + N] or [B, P + N]) of the output rows, N = max_new_tokens (module
-  docstring); None allows and shows every token. stop_when_done: the cached
-  sampler stops decoding once every row has emitted a stop token (the output
-  equals the full N-step run's; False always runs N steps, e.g. to time a
-  fixed amount of decoding).
+  A row stops after emitting one of `stop_tokens` (that token is part of the response);
+  later slots hold `pad_id` with mask False. The behaviour log-probs are those of the
+  temperature-scaled distribution before top-k / top-p truncation (module docstring).
+
+  Args:
+    model: the policy.
+    prompts: ``[B, P]`` int prompt ids.
+    prompt_valid: ``[B, P]`` bool, the real prompt tokens (`padding` says which side holds
+      the pads).
+    key: a PRNG key.
+    max_new_tokens: N, the response budget.
+    temperature: the sampling temperature; 0 is greedy.
+    top_k: keep the k most likely tokens (None: all).
+    top_p: keep the smallest set of tokens whose mass reaches top_p (None: all).
+    stop_tokens: ids that end a response.
+    pad_id: the id written after a row's end.
+    padding: "left" or "right", the side of the prompt's pads.
+    actions: the allowed tokens (``[P + N, V]`` or per row ``[B, P + N, V]``) and hidden
+      columns (``[P + N]`` or ``[B, P + N]``) of the output rows; None allows and shows every
+      token.
+    stop_when_done: stop decoding once every row has emitted a stop token (the output equals
+      the full N-step run's); False always runs N steps, e.g. to time a fixed amount of
+      decoding.
+
+  Returns:
+    A `SampleOutput`: tokens, mask, logprobs, entropy, token_valid and positions
+    ``[B, P + N]``, truncated ``[B]`` and decode_steps.
+
+  Raises:
+    ValueError: on mismatched shapes or invalid sampling settings.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from jaxcredit.models import Transformer, preset
+    >>> from jaxcredit.sampling import generate
+    >>> model = Transformer(preset("tiny", vocab_size=16), rngs=nnx.Rngs(0))
+    >>> out = generate(model, jnp.ones((2, 3), jnp.int32), jnp.ones((2, 3), bool),
+    ...                jax.random.key(0), max_new_tokens=4)
+    >>> out.tokens.shape, out.mask[:, 3:].all().item(), out.mask[:, :3].any().item()
+    ((2, 7), True, False)
   """
   graphdef, state, prompts, prompt_valid, allowed, hidden, settings = _prepare(
       model, prompts, prompt_valid, max_new_tokens, temperature, top_k, top_p, stop_tokens, pad_id,
