@@ -39,11 +39,7 @@ templates_path = ["_templates"]
 
 html_theme = "sphinx_book_theme"
 html_title = "jaxcredit"
-html_theme_options = {
-    "show_toc_level": 2,
-    "repository_url": "https://github.com/jaxcredit/jaxcredit",
-    "use_repository_button": False,
-}
+html_theme_options = {"show_toc_level": 2}
 
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
 myst_heading_anchors = 3
