@@ -85,10 +85,19 @@ def token_logprobs(logits: Array, tokens: Array, *, temperature: float = 1.0) ->
 
 
 def token_entropy(logits: Array) -> Array:
-  """Entropy of softmax(logits): H = logsumexp(z) - sum_v p_v z_v.
+  """Entropy of the softmax: ``H = logsumexp(z) - sum_v p_v z_v``.
 
-  logits: [..., V]; -inf logits (banned tokens) are allowed and contribute 0.
-  Returns float32 [...].
+  Args:
+    logits: ``[..., V]``; -inf logits (banned tokens) are allowed and contribute 0.
+
+  Returns:
+    float32 ``[...]``, in nats.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import logprobs
+    >>> logprobs.token_entropy(jnp.array([[0.0, 0.0], [0.0, -jnp.inf]])).round(4)  # log 2, 0
+    Array([0.6931, 0.    ], dtype=float32)
   """
   logits = logits.astype(jnp.float32)
   probs = jax.nn.softmax(logits, axis=-1)

@@ -119,9 +119,25 @@ def rloo_advantages(rewards: Array, *, group_size: int) -> Array:
 
 
 def broadcast_to_tokens(seq_values: Array, mask: Array) -> Array:
-  """Gives every valid token of row b the value seq_values[b].
+  """Gives every valid token of row b the value ``seq_values[b]``.
 
-  seq_values: [B]; mask: [B, T]. Returns float32 [B, T], 0 at masked positions.
+  Args:
+    seq_values: ``[B]`` one value per response (a sequence-level advantage).
+    mask: ``[B, T]`` policy actions.
+
+  Returns:
+    float32 ``[B, T]``, 0 at masked positions.
+
+  Raises:
+    ValueError: on mismatched shapes.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> estimators.broadcast_to_tokens(jnp.array([2.0, -1.0]),
+    ...                                jnp.array([[False, True, True], [False, True, False]]))
+    Array([[ 0.,  2.,  2.],
+           [ 0., -1.,  0.]], dtype=float32)
   """
   _checks.check_token_and_seq({"mask": mask}, {"seq_values": seq_values})
   return jnp.where(as_bool(mask), seq_values.astype(jnp.float32)[:, None], 0.0)

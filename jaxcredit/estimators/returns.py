@@ -140,11 +140,36 @@ def lambda_returns(
     lam: float,
     method: str | None = None,
 ) -> Array:
-  """TD(lambda) returns (Sutton & Barto, 2018, ch. 12).
+  """TD(lambda) returns (Sutton & Barto, 2018, ch. 12)::
 
-  G_t = r_t + gamma * ((1 - lam) * V_next + lam * G_next), next/terminal as in
-  `gae`. Identical to A_gae + V, which is how it is computed.
-  rewards, values, mask: [B, T]. Returns float32 [B, T], 0 at masked positions.
+    G_t = r_t + gamma * ((1 - lam) * V_next + lam * G_next)
+
+  with "next" and the terminal rule as in `gae`. Identical to A_gae + V, which is how it is
+  computed.
+
+  Args:
+    rewards: ``[B, T]`` per-token rewards.
+    values: ``[B, T]`` critic values V(s_t).
+    mask: ``[B, T]`` policy actions.
+    gamma: the discount, in [0, 1].
+    lam: lambda, in [0, 1].
+    method: the recurrence's implementation, as `gae`'s.
+
+  Returns:
+    float32 ``[B, T]``, 0 at masked positions.
+
+  Raises:
+    ValueError: on mismatched shapes, or gamma or lam outside [0, 1].
+
+  References:
+    Sutton and Barto, 2018, "Reinforcement Learning: An Introduction" (2nd ed.), ch. 12.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> estimators.lambda_returns(jnp.array([[0.0, 1.0]]), jnp.array([[0.5, 0.5]]),
+    ...                           jnp.ones((1, 2), bool), gamma=1.0, lam=0.0)
+    Array([[0.5, 1. ]], dtype=float32)
   """
   return gae(rewards, values, mask, gamma=gamma, lam=lam, method=method)[1]
 

@@ -22,12 +22,30 @@ from jaxcredit._masking import (
 
 
 def whiten(x: Array, mask: Array, *, shift_mean: bool = True, eps: float = 1e-8) -> Array:
-  """(x - mean) / sqrt(var + eps) over valid positions (any shape).
+  """Whitening over valid positions: ``(x - mean) / sqrt(var + eps)``.
 
-  mean and unbiased (ddof=1) variance over the valid entries; the variance is
-  0 when fewer than 2 are valid (then the output is 0 if eps == 0).
-  shift_mean=False adds the mean back (only the scale changes). Returns
-  float32, 0 at masked positions; scale-invariant for any finite x.
+  The mean and unbiased (ddof = 1) variance are taken over the valid entries; the variance
+  is 0 when fewer than 2 are valid (then the output is 0 if eps == 0). Scale-invariant for
+  any finite x.
+
+  Args:
+    x: any shape.
+    mask: the shape of `x`, the valid entries.
+    shift_mean: False adds the mean back (only the scale changes).
+    eps: added to the variance, >= 0.
+
+  Returns:
+    float32, the shape of `x`, 0 at masked positions.
+
+  Raises:
+    ValueError: on mismatched shapes or a negative eps.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> estimators.whiten(jnp.array([1.0, 2.0, 3.0, 100.0]),
+    ...                   jnp.array([True, True, True, False]), eps=0.0)
+    Array([-1.,  0.,  1.,  0.], dtype=float32)
   """
   _checks.check_same_shape(x=x, mask=mask)
   _checks.check_in_range(eps, "eps", low=0.0)
