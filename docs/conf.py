@@ -4,12 +4,7 @@ Build: pip install -e '.[docs]' && sphinx-build -W -b html docs docs/_build/html
 """
 
 import importlib.metadata
-import pathlib
 import re
-import sys
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # bench/ and studies/ for the pages generated from them
 
 project = "jaxcredit"
 author = "jaxcredit authors"
@@ -21,7 +16,6 @@ extensions = [
     "sphinx.ext.autosummary",
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
-    "sphinx.ext.doctest",
     "sphinx.ext.mathjax",
     "sphinx_copybutton",
 ]
@@ -35,7 +29,6 @@ mathjax_path = "mathjax/tex-svg.js"
 
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
 exclude_patterns = ["_build", "README.md", "examples", "viewer", "**.ipynb_checkpoints"]
-templates_path = ["_templates"]
 
 html_theme = "sphinx_book_theme"
 html_title = "jaxcredit"
@@ -59,7 +52,6 @@ napoleon_numpy_docstring = False
 napoleon_use_rtype = False
 napoleon_use_ivar = True  # Attributes: as fields of the class, not duplicate object entries
 
-nitpicky = False
 suppress_warnings = ["myst.header"]
 
 # `name` in a docstring is code.

@@ -1,5 +1,6 @@
 """Shared random inputs: ragged masks with interior holes and all-masked rows."""
 
+import functools
 import importlib.util
 import os
 import pathlib
@@ -37,6 +38,7 @@ def random_mask(rng: np.random.Generator, shape, *, holes: bool = True) -> np.nd
   return mask
 
 
+@functools.cache
 def documentation() -> str:
   """The README and every page of the docs site, as one text."""
   pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

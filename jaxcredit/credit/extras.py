@@ -11,7 +11,6 @@ settings of the estimator that needs it (`estimators.Component.settings`)::
       return {"ktae_scores": ...}, {}
     return provide
 
-
 Built in: Monte-Carlo values (vineppo, spo), the implicit PRM (prime),
 KTAE's key-token scores and multi-turn per-turn baselines (turn_baseline).
 Providers defined elsewhere (the lab's exact oracle) register themselves

@@ -9,7 +9,6 @@ parameters after update t - lag::
            samples batch t + 1 during update t and receives the learner's weights
            every k updates (`jaxcredit.train.overlap`; 1, 2, ..., k, 1, 2, ...)
 
-
 clamped at t (before update k the oldest parameters are the ones RL started from).
 The lag used is recorded on every sample (`Rollout.staleness`), the draw depends on
 nothing but the seed and t, and the k parameter snapshots are checkpointed with the

@@ -20,7 +20,6 @@ teacher-forced pass, and sums back from the leaves. ::
       credit [B, L]: A_k = V(h_(k+1)) - V(h_k) on turn k's action tokens.
   success(model, config)  J(pi): the expected reward of an episode.
 
-
 The oracle the training loop reads (`tasks.Task.oracle`): `no_exact_oracle`, `exact_extras`
 (turn credit on sampled episodes) and `held_out_success`.
 """
