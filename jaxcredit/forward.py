@@ -26,17 +26,29 @@ V = 152k, the whole batch at once for a small vocabulary."""
 def shifted_logprobs(model, hidden, tokens, temperature: float = 1.0, actions: Actions = Actions(),
                      *, logits_per_chunk: int = LOGITS_PER_CHUNK, entropy: bool = True,
                      scored: Array | None = None):
-  """[B, L] log-probs (and entropies, or None) of tokens[:, t] under the model's
-  head at hidden[:, t - 1] (restricted to actions.allowed[t]); 0 at t = 0.
-  scored: None (every token) or [B, L] bool, the tokens whose results are
-  needed (a loss's action mask); the others get 0 and cost no logits.
+  """Log-probs (and entropies) of each token under the model's head at the position before it.
 
-  Through `chunked_token_logprobs_and_entropy` with the unembedding as stored
-  (a tied embedding in place): the time axis is cut into chunks of
-  max(1, logits_per_chunk // (B * V)) positions, so [B, L, V] logits never exist.
-  The head is token-local: hidden[:, t] scores tokens[:, t + 1] (the last
-  position scores a dummy token and is dropped), so under a `sequence` mesh
-  axis each device scores its own slice (`context_parallel.over_sequence`).
+  ``tokens[:, t]`` is scored by the head at ``hidden[:, t - 1]``, restricted to
+  ``actions.allowed[t]``; position 0 gets 0. Through `chunked_token_logprobs_and_entropy`
+  with the unembedding as stored (a tied embedding in place): the time axis is cut into
+  chunks of ``max(1, logits_per_chunk // (B * V))`` positions, so ``[B, L, V]`` logits never
+  exist. The head is token-local, so under a `sequence` mesh axis each device scores its own
+  slice (`context_parallel.over_sequence`).
+
+  Args:
+    model: a `jaxcredit.models.Transformer`.
+    hidden: ``[B, L, D]`` its hidden states on `tokens`.
+    tokens: ``[B, L]`` int.
+    temperature: the sampling temperature, > 0.
+    actions: the task's action restrictions.
+    logits_per_chunk: float32 logits the head holds at a time.
+    entropy: also compute the entropies.
+    scored: None (every token) or ``[B, L]`` bool, the tokens whose results are needed (a
+      loss's action mask); the others get 0 and cost no logits.
+
+  Returns:
+    ``(logprobs, entropy)``, float32 ``[B, L]`` each; entropy is None when `entropy` is
+    False.
   """
   batch, length = tokens.shape
   unembed, vocab_major = model.unembedding
@@ -72,9 +84,20 @@ def _forward(model, tokens, token_valid, positions, actions: Actions):
 
 def policy_outputs(model, rollout: Rollout, temperature: float, actions: Actions = Actions(),
                    logits_per_chunk: int = LOGITS_PER_CHUNK) -> PolicyOutputs:
-  """The current policy's log-probs, entropies (and values V(s_t), the value
-  head's output at the state before action t) on a rollout's tokens; log-probs
-  and entropies at the action tokens (rollout.mask) only, 0 elsewhere."""
+  """The current policy's log-probs, entropies and values on a rollout's tokens.
+
+  Args:
+    model: a `jaxcredit.models.Transformer` (with a value head for values).
+    rollout: the `Rollout` to score.
+    temperature: the sampling temperature, > 0.
+    actions: the task's action restrictions, as the sampler applied them.
+    logits_per_chunk: float32 logits the head holds at a time.
+
+  Returns:
+    `PolicyOutputs` of ``[B, L]`` arrays: log-probs and entropies at the action tokens
+    (``rollout.mask``), 0 elsewhere; values V(s_t), the value head's output at the state
+    before action t, or None without a value head.
+  """
   out = _forward(model, rollout.tokens, rollout.token_valid, rollout.positions, actions)
   logp, entropy = shifted_logprobs(model, out.hidden, rollout.tokens, temperature, actions,
                                    logits_per_chunk=logits_per_chunk, scored=rollout.mask)
@@ -84,8 +107,19 @@ def policy_outputs(model, rollout: Rollout, temperature: float, actions: Actions
 
 def sft_loss(model, tokens, loss_mask, token_valid=None, actions: Actions = Actions(),
              logits_per_chunk: int = LOGITS_PER_CHUNK) -> Array:
-  """The mean negative log-likelihood of the completion tokens (loss_mask) of [B, L] rows
-  (token-mean), every token valid unless `token_valid` says. Traceable."""
+  """The mean negative log-likelihood of the completion tokens (token-mean). Traceable.
+
+  Args:
+    model: a `jaxcredit.models.Transformer`.
+    tokens: ``[B, L]`` int, prompts and completions.
+    loss_mask: ``[B, L]`` bool, the completion tokens.
+    token_valid: ``[B, L]`` bool, the real tokens; None for all.
+    actions: the task's action restrictions.
+    logits_per_chunk: float32 logits the head holds at a time.
+
+  Returns:
+    float32 scalar.
+  """
   out = _forward(model, tokens, token_valid, None, actions)
   logp, _ = shifted_logprobs(model, out.hidden, tokens, actions=actions,
                              logits_per_chunk=logits_per_chunk, entropy=False, scored=loss_mask)
@@ -93,7 +127,16 @@ def sft_loss(model, tokens, loss_mask, token_valid=None, actions: Actions = Acti
 
 
 def sft_step(actions: Actions = Actions(), logits_per_chunk: int = LOGITS_PER_CHUNK):
-  """A jitted cross-entropy step (`sft_loss`) on the completion tokens of [B, L] rows."""
+  """A jitted cross-entropy step (`sft_loss`) on the completion tokens of ``[B, L]`` rows.
+
+  Args:
+    actions: the task's action restrictions.
+    logits_per_chunk: float32 logits the head holds at a time.
+
+  Returns:
+    ``step(model, optimizer, tokens, loss_mask, token_valid) -> loss``, which updates the
+    model and its `nnx.Optimizer` in place.
+  """
 
   @nnx.jit
   def step(model, optimizer, tokens, loss_mask, token_valid):
@@ -106,7 +149,16 @@ def sft_step(actions: Actions = Actions(), logits_per_chunk: int = LOGITS_PER_CH
 
 
 def critic_values(critic, rollout: Rollout, actions: Actions = Actions()) -> Array:
-  """[B, L] critic values V(s_t) at action positions (0 elsewhere)."""
+  """Critic values V(s_t) at the action positions.
+
+  Args:
+    critic: a `jaxcredit.models.Transformer` with a value head.
+    rollout: the `Rollout` to score.
+    actions: the task's action restrictions.
+
+  Returns:
+    float32 ``[B, L]``, 0 off ``rollout.mask``.
+  """
   out = _forward(critic, rollout.tokens, rollout.token_valid, rollout.positions, actions)
   values = jnp.pad(out.values[:, :-1], [(0, 0), (1, 0)])
   return jnp.where(rollout.mask, values, 0.0)

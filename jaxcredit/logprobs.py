@@ -322,32 +322,56 @@ def chunked_token_logprobs_and_entropy(
     where: Array | None = None,
     row_blocks: int = 1,
 ) -> tuple[Array, Array]:
-  """(log pi(token), H(pi)) of pi = softmax(mask(hidden @ unembed) / temperature),
-  without materialising [B, T, V].
+  """Log-probs and entropies of ``pi = softmax(mask(hidden @ unembed) / temperature)``,
+  without materialising ``[B, T, V]``.
 
-  hidden: [B, T, D]; unembed: [D, V], or [V, D] with vocab_major=True (a tied
-  embedding table used in place, no transposed copy); tokens: [B, T];
-  allowed: None, [V] (the same set at every position), [T, V] or [B, T, V] bool
-  (tokens outside it get logit -inf, so pi is the renormalised restricted softmax,
-  as `sampling.mask_logits`).
-  where: None (score every position) or [B, T] bool, the positions whose
-  results are needed (an RL loss's action tokens): the others return 0 with no
-  gradient and cost no logits, so a batch of short responses padded to a long
-  row pays for its real tokens only.
+  Each block's scored positions are gathered to the front of its flat order and cut into
+  chunks of ``B / R * chunk_size`` positions; the forward holds one chunk's logits
+  ``[B * chunk_size, V]`` at a time and skips chunks past the last scored position. The
+  backward recomputes the logits a vocabulary chunk at a time over the same position chunks
+  and writes each chunk's d unembed columns in place, so peak memory is
+  ``O(B * chunk * V + B * T * D)``, with no ``[D, V]`` accumulator. Matmuls accumulate in
+  float32.
 
-  row_blocks: R, a divisor of B; the rows are packed in R blocks of
-  consecutive rows, each on its own - the number of devices the batch is
-  sharded over, so that packing never moves data between devices.
+  Args:
+    hidden: ``[B, T, D]`` final hidden states.
+    unembed: ``[D, V]``, or ``[V, D]`` with `vocab_major` (a tied embedding table used in
+      place, no transposed copy).
+    tokens: ``[B, T]`` int, the token scored at each position.
+    chunk_size: positions per chunk and row (the forward holds ``B * chunk_size`` rows of
+      logits at a time).
+    temperature: the softmax temperature, > 0.
+    allowed: None, ``[V]`` (the same set at every position), ``[T, V]`` or ``[B, T, V]``
+      bool; tokens outside it get logit -inf, so pi is the renormalised restricted softmax,
+      as `sampling.mask_logits`.
+    vocab_major: `unembed` is ``[V, D]``.
+    where: None (score every position) or ``[B, T]`` bool, the positions whose results are
+      needed (an RL loss's action tokens): the others return 0 with no gradient and cost no
+      logits, so a batch of short responses padded to a long row pays for its real tokens
+      only.
+    row_blocks: R, a divisor of B; the rows are packed in R blocks of consecutive rows, each
+      on its own: the number of devices the batch is sharded over, so that packing never
+      moves data between devices.
 
-  Each block's scored positions are gathered to the front of its flat order
-  and cut into chunks of B / R * chunk_size positions; the forward holds one
-  chunk's logits [B * chunk_size, V] at a time and skips chunks past the last
-  scored position. The backward recomputes the logits a vocabulary chunk at a time
-  over the same position chunks and writes each chunk's d unembed columns in
-  place, so peak memory is O(B * chunk * V + B * T * D), with no [D, V]
-  accumulator. Matmuls accumulate in float32. Returns float32 [B, T] twice;
-  equals token_logprobs / token_entropy of the full logits where scored,
-  gradients included. Out-of-range ids are handled as in `token_logprobs`.
+  Returns:
+    ``(logprobs, entropy)``, float32 ``[B, T]`` each: `token_logprobs` and `token_entropy`
+    of the full logits where scored (gradients included), 0 elsewhere. Out-of-range ids are
+    handled as in `token_logprobs`.
+
+  Raises:
+    ValueError: on wrong ranks, mismatched widths, or concrete token ids outside the
+    vocabulary.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, numpy as np
+    >>> from jaxcredit import logprobs
+    >>> hidden = jax.random.normal(jax.random.key(0), (2, 5, 4))
+    >>> unembed = jax.random.normal(jax.random.key(1), (4, 7))
+    >>> tokens = jnp.array([[1, 2, 3, 4, 5], [6, 0, 1, 2, 3]])
+    >>> logp, entropy = logprobs.chunked_token_logprobs_and_entropy(
+    ...     hidden, unembed, tokens, chunk_size=2)
+    >>> bool(np.allclose(logp, logprobs.token_logprobs(hidden @ unembed, tokens), atol=1e-5))
+    True
   """
   return _chunked(hidden, unembed, tokens, chunk_size, temperature, allowed, vocab_major, where,
                   row_blocks, with_entropy=True)
@@ -365,13 +389,37 @@ def chunked_token_logprobs(
     where: Array | None = None,
     row_blocks: int = 1,
 ) -> Array:
-  """token_logprobs(hidden @ unembed, tokens) without materialising [B, T, V].
+  """``token_logprobs(hidden @ unembed, tokens)`` without materialising ``[B, T, V]``.
 
-  The log-probs of `chunked_token_logprobs_and_entropy` (same arguments), without
-  the entropy's work. hidden: [B, T, D]; unembed: [D, V] ([V, D] with
-  vocab_major); tokens: [B, T]; where: None or [B, T] bool (the positions
-  scored; 0 elsewhere); row_blocks: blocks of rows packed apart. Returns
-  float32 [B, T].
+  The log-probs of `chunked_token_logprobs_and_entropy` (same arguments), without the
+  entropy's work.
+
+  Args:
+    hidden: ``[B, T, D]`` final hidden states.
+    unembed: ``[D, V]``, or ``[V, D]`` with `vocab_major` (a tied embedding table used in
+      place, no transposed copy).
+    tokens: ``[B, T]`` int, the token scored at each position.
+    chunk_size: positions per chunk and row (the forward holds ``B * chunk_size`` rows of
+      logits at a time).
+    temperature: the softmax temperature, > 0.
+    allowed: None, ``[V]`` (the same set at every position), ``[T, V]`` or ``[B, T, V]``
+      bool; tokens outside it get logit -inf, so pi is the renormalised restricted softmax,
+      as `sampling.mask_logits`.
+    vocab_major: `unembed` is ``[V, D]``.
+    where: None (score every position) or ``[B, T]`` bool, the positions whose results are
+      needed (an RL loss's action tokens): the others return 0 with no gradient and cost no
+      logits, so a batch of short responses padded to a long row pays for its real tokens
+      only.
+    row_blocks: R, a divisor of B; the rows are packed in R blocks of consecutive rows, each
+      on its own: the number of devices the batch is sharded over, so that packing never
+      moves data between devices.
+
+  Returns:
+    float32 ``[B, T]``, 0 at positions not scored.
+
+  Raises:
+    ValueError: on wrong ranks, mismatched widths, or concrete token ids outside the
+    vocabulary.
   """
   return _chunked(hidden, unembed, tokens, chunk_size, temperature, allowed, vocab_major, where,
                   row_blocks, with_entropy=False)[0]
@@ -421,24 +469,48 @@ LOG_RATIO_BOUND = 20.0
 
 
 def importance_ratio(log_ratio: Array, *, bound: float = LOG_RATIO_BOUND) -> Array:
-  """exp(clip(log_ratio, -bound, bound)): a ratio that cannot overflow.
+  """``exp(clip(log_ratio, -bound, bound))``: a ratio that cannot overflow.
 
-  exp overflows float32 at log-ratio ~88.7 (a stale behaviour policy in
-  off-policy or asynchronous training reaches that), and an inf ratio gives a
-  NaN gradient even where a clip or `where` discards it. Beyond +-bound the
-  ratio is constant (gradient 0): e^20 ~ 4.9e8 is far outside any trust
-  region. Returns float32 of log_ratio's shape.
+  exp overflows float32 at log-ratio ~88.7 (a stale behaviour policy in off-policy or
+  asynchronous training reaches that), and an inf ratio gives a NaN gradient even where a
+  clip or `where` discards it. Beyond +-bound the ratio is constant (gradient 0): e^20 ~
+  4.9e8 is far outside any trust region.
+
+  Args:
+    log_ratio: any shape, log pi - log mu.
+    bound: the clip of the log-ratio, > 0.
+
+  Returns:
+    float32, the shape of `log_ratio`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import logprobs
+    >>> logprobs.importance_ratio(jnp.array([0.0, 1000.0]), bound=2.0)
+    Array([1.      , 7.389056], dtype=float32)
   """
   return jnp.exp(jnp.clip(log_ratio.astype(jnp.float32), -bound, bound))
 
 
 def token_sum_probs_squared(logits: Array) -> Array:
-  """sum_v softmax(logits)_v^2 = exp(logsumexp(2 z) - 2 logsumexp(z)).
+  """The collision probability of the policy at each position::
 
-  The collision probability of the policy at each position; with the sampled
-  token's probability p it gives ||e_a - pi||^2 = 1 - 2 p + sum pi^2, the
-  logit-gradient proxy of the optimal token baseline. logits: [..., V].
-  Returns float32 [...].
+    sum_v softmax(z)_v^2 = exp(logsumexp(2 z) - 2 logsumexp(z))
+
+  With the sampled token's probability p it gives ``||e_a - pi||^2 = 1 - 2 p + sum pi^2``,
+  the logit-gradient proxy of the optimal token baseline.
+
+  Args:
+    logits: ``[..., V]``.
+
+  Returns:
+    float32 ``[...]``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import logprobs
+    >>> logprobs.token_sum_probs_squared(jnp.zeros((4,)))
+    Array(0.25, dtype=float32)
   """
   logits = logits.astype(jnp.float32)
   return jnp.exp(jax.nn.logsumexp(2.0 * logits, axis=-1) - 2.0 * jax.nn.logsumexp(logits, axis=-1))

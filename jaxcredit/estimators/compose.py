@@ -47,8 +47,16 @@ class Component(NamedTuple):
 
 
 def components(advantage: AdvantageFn) -> tuple[Component, ...]:
-  """The registered estimators `advantage` is built from, in config order
-  (empty for a hand-written function)."""
+  """The registered estimators an advantage function is built from.
+
+  Args:
+    advantage: an advantage function from `component`, a combinator or `from_config`, or a
+      hand-written one.
+
+  Returns:
+    the `Component` of each registered estimator, in config order; empty for a hand-written
+    function.
+  """
   return getattr(advantage, "components", ())
 
 
@@ -61,9 +69,30 @@ def _keyword_defaults(fn: Callable) -> dict[str, Any] | None:
 
 
 def component(name: str, **hparams) -> AdvantageFn:
-  """The registered estimator `name` with its hyperparameters bound; settings
-  of its extras providers (`register(..., settings=)`) are recorded, not passed.
-  ValueError for a setting neither takes."""
+  """A registered estimator with its hyperparameters bound, as an advantage function.
+
+  Settings of the estimator's extras providers (`register(..., settings=)`) are recorded in
+  its `Component`, not passed to the estimator.
+
+  Args:
+    name: a registered estimator's name.
+    **hparams: the estimator's keyword arguments and its providers' settings.
+
+  Returns:
+    ``advantage(rollout) -> Estimate`` whose `components` is one `Component`.
+
+  Raises:
+    ValueError: on an unknown name, or a setting neither the estimator nor its providers take.
+
+  Examples:
+    >>> from jaxcredit import demo
+    >>> from jaxcredit.estimators import compose
+    >>> gae = compose.component("gae", lam=0.9)
+    >>> gae(demo.sample_rollout()).advantages.shape
+    (8, 8)
+    >>> compose.components(gae)[0].settings["lam"]
+    0.9
+  """
   estimator, info = registered.get(name), registered.REGISTRY.info(name)
   own = _keyword_defaults(estimator)
   provider_settings = info.get("settings", {})
@@ -95,10 +124,32 @@ def _as_fn(spec: str | AdvantageFn) -> AdvantageFn:
 
 
 def weighted_sum(*weighted: tuple[float, str | AdvantageFn]) -> AdvantageFn:
-  """A = sum_k w_k A_k (e.g. lam * A_grpo + (1 - lam) * A_prm).
+  """A weighted sum of advantage functions::
 
-  Returns are summed with the same weights when every component has them,
-  else None.
+    A = sum_k w_k A_k          (e.g. lam * A_grpo + (1 - lam) * A_prm)
+
+  Returns are summed with the same weights when every component has them, else None.
+
+  Args:
+    *weighted: ``(weight, estimator)`` pairs; an estimator is a registered name or an
+      advantage function.
+
+  Returns:
+    ``advantage(rollout) -> Estimate`` built from every part's components.
+
+  Raises:
+    ValueError: with no pairs, or an unknown estimator name.
+
+  Examples:
+    >>> import numpy as np
+    >>> from jaxcredit import demo
+    >>> from jaxcredit.estimators import compose
+    >>> mix = compose.weighted_sum((0.5, "grpo"), (0.5, "rloo"))
+    >>> rollout = demo.sample_rollout()
+    >>> both = 0.5 * compose.component("grpo")(rollout).advantages + 0.5 * compose.component(
+    ...     "rloo")(rollout).advantages
+    >>> bool(np.allclose(mix(rollout).advantages, both))
+    True
   """
   if not weighted:
     raise ValueError("weighted_sum needs at least one (weight, estimator) pair.")
@@ -115,7 +166,16 @@ def weighted_sum(*weighted: tuple[float, str | AdvantageFn]) -> AdvantageFn:
 
 
 def masked(base: str | AdvantageFn, select: TokenFn) -> AdvantageFn:
-  """Keeps base's advantages where select(rollout) is True, 0 elsewhere."""
+  """Keeps a base estimator's advantages on selected tokens and zeroes the rest.
+
+  Args:
+    base: a registered estimator's name or an advantage function.
+    select: ``select(rollout) -> [B, T]`` bool, the tokens to keep (e.g.
+      `high_entropy_tokens`).
+
+  Returns:
+    ``advantage(rollout) -> Estimate`` with ``A = A_base`` where selected and valid, else 0.
+  """
   base = _as_fn(base)
 
   def advantage(rollout: Rollout) -> Estimate:
@@ -127,7 +187,15 @@ def masked(base: str | AdvantageFn, select: TokenFn) -> AdvantageFn:
 
 
 def reweighted(base: str | AdvantageFn, weights: TokenFn) -> AdvantageFn:
-  """base's advantages times per-token weights(rollout) [B, T]."""
+  """A base estimator's advantages times per-token weights.
+
+  Args:
+    base: a registered estimator's name or an advantage function.
+    weights: ``weights(rollout) -> [B, T]`` float (e.g. `surprisal`).
+
+  Returns:
+    ``advantage(rollout) -> Estimate`` with ``A = A_base * w`` at valid tokens, 0 elsewhere.
+  """
   base = _as_fn(base)
 
   def advantage(rollout: Rollout) -> Estimate:
@@ -139,9 +207,18 @@ def reweighted(base: str | AdvantageFn, weights: TokenFn) -> AdvantageFn:
 
 
 def rms_scaled(base: str | AdvantageFn) -> AdvantageFn:
-  """base's advantages divided by their batch RMS over valid tokens,
-  A / sqrt(mean_valid A^2) (all-zero credit stays 0): every estimator then
-  takes steps of one size, so comparisons at one learning rate are fair."""
+  """A base estimator's advantages divided by their batch RMS over valid tokens::
+
+    A = A_base / sqrt(mean_valid A_base^2)
+
+  Every estimator then takes steps of one size, so comparisons at one learning rate are fair.
+
+  Args:
+    base: a registered estimator's name or an advantage function.
+
+  Returns:
+    ``advantage(rollout) -> Estimate``; all-zero credit stays 0.
+  """
   base = _as_fn(base)
 
   def advantage(rollout: Rollout) -> Estimate:
@@ -155,7 +232,19 @@ def rms_scaled(base: str | AdvantageFn) -> AdvantageFn:
 
 
 def high_entropy_tokens(*, rho: float = 0.2) -> TokenFn:
-  """Token selector: the top-rho valid tokens by rollout.entropy."""
+  """Token selector: the top-`rho` valid tokens by ``rollout.entropy``.
+
+  Args:
+    rho: the fraction of valid tokens kept, in ``(0, 1]``.
+
+  Returns:
+    ``select(rollout) -> [B, T]`` bool (see `token_credit.high_entropy_mask`); raises
+    ValueError when the rollout has no entropy.
+
+  References:
+    Wang et al., 2025, "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective
+    Reinforcement Learning for LLM Reasoning", arXiv 2506.01939.
+  """
 
   def select(rollout: Rollout) -> Array:
     rollout.require("entropy", by="high_entropy_tokens")
@@ -165,9 +254,19 @@ def high_entropy_tokens(*, rho: float = 0.2) -> TokenFn:
 
 
 def low_entropy_tokens(*, rho: float = 0.2) -> TokenFn:
-  """Token selector: the valid tokens outside the top-rho by rollout.entropy (the bottom
-  1 - rho: the control of `high_entropy_tokens` in the 80/20 ablation of Wang et al., 2025,
-  arXiv 2506.01939)."""
+  """Token selector: the valid tokens outside the top-`rho` by ``rollout.entropy``.
+
+  The bottom ``1 - rho``: the control of `high_entropy_tokens` in the 80/20 ablation.
+
+  Args:
+    rho: the fraction of valid tokens left out, in ``(0, 1]``.
+
+  Returns:
+    ``select(rollout) -> [B, T]`` bool; raises ValueError when the rollout has no entropy.
+
+  References:
+    Wang et al., 2025, "Beyond the 80/20 Rule", arXiv 2506.01939.
+  """
 
   def select(rollout: Rollout) -> Array:
     rollout.require("entropy", by="low_entropy_tokens")
@@ -178,7 +277,17 @@ def low_entropy_tokens(*, rho: float = 0.2) -> TokenFn:
 
 
 def surprisal(rollout: Rollout) -> Array:
-  """Token weights: surprisal of rollout.behaviour_logprobs, mean 1 over valid tokens."""
+  """Token weights: the surprisal of ``rollout.behaviour_logprobs``, mean 1 over valid tokens.
+
+  Args:
+    rollout: a `Rollout` with behaviour log-probs.
+
+  Returns:
+    float32 ``[B, T]`` (see `token_credit.surprisal_weights`).
+
+  Raises:
+    ValueError: when the rollout has no behaviour log-probs.
+  """
   rollout.require("behaviour_logprobs", by="surprisal")
   return token_credit.surprisal_weights(rollout.behaviour_logprobs, rollout.mask)
 

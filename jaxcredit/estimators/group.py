@@ -146,8 +146,22 @@ def broadcast_to_tokens(seq_values: Array, mask: Array) -> Array:
 def outcome_to_tokens(rewards: Array, mask: Array) -> Array:
   """Places each sequence reward on the row's last valid token.
 
-  rewards: [B]; mask: [B, T]. Returns float32 [B, T]; a row with no valid
-  token gets all zeros.
+  Args:
+    rewards: ``[B]`` one reward per response.
+    mask: ``[B, T]`` policy actions.
+
+  Returns:
+    float32 ``[B, T]``, ``rewards[b]`` on row b's last valid token and 0 elsewhere; a row
+    with no valid token gets all zeros.
+
+  Raises:
+    ValueError: on mismatched shapes.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.estimators import group
+    >>> group.outcome_to_tokens(jnp.array([1.0]), jnp.array([[True, True, False]]))
+    Array([[0., 1., 0.]], dtype=float32)
   """
   _checks.check_token_and_seq({"mask": mask}, {"rewards": rewards})
   valid = as_bool(mask)
@@ -158,11 +172,27 @@ def outcome_to_tokens(rewards: Array, mask: Array) -> Array:
 
 
 def grpo_batch_std_advantages(rewards: Array, *, group_size: int, eps: float = 1e-6) -> Array:
-  """Group mean, batch std (Liu et al., 2025, "Tricks or Traps"; Lite PPO).
+  """Group mean, batch std (Lite PPO)::
 
-  A_i = (r_i - mean_g) / (std_batch + eps), std with ddof=1 over all B rewards.
-  Steadier than the group std when many groups are nearly uniform.
-  rewards: [B]. Returns float32 [B]; 0 when B == 1 or all rewards are equal.
+    A_i = (r_i - mean_g) / (std_batch + eps)
+
+  with the std (ddof = 1) over all B rewards. Steadier than the group std when many groups
+  are nearly uniform.
+
+  Args:
+    rewards: ``[B]`` outcome rewards, groups of `group_size` contiguous rows.
+    group_size: G, responses per prompt.
+    eps: added to the batch std.
+
+  Returns:
+    float32 ``[B]``; 0 when B == 1 or all rewards are equal.
+
+  Raises:
+    ValueError: when `group_size` does not divide B or eps < 0.
+
+  References:
+    Liu et al., 2025, "Tricks or Traps? A Deep Dive into RL for LLM Reasoning",
+    arXiv 2508.08221.
   """
   grouped = _grouped(rewards, group_size)
   _checks.check_in_range(eps, "eps", low=0.0)
@@ -180,8 +210,23 @@ def grpo_batch_std_advantages(rewards: Array, *, group_size: int, eps: float = 1
 
 
 def remax_advantages(rewards: Array, baseline_rewards: Array) -> Array:
-  """ReMax (Li et al., 2024): A_i = r_i - b_i, b_i the reward of the greedy
-  response to the same prompt. rewards, baseline_rewards: [B]. Returns float32 [B].
+  """ReMax: the reward of the greedy response to the same prompt as baseline::
+
+    A_i = r_i - b_i
+
+  Args:
+    rewards: ``[B]`` rewards of the sampled responses.
+    baseline_rewards: ``[B]`` rewards of the greedy response to each row's prompt.
+
+  Returns:
+    float32 ``[B]``.
+
+  Raises:
+    ValueError: on mismatched shapes or a rank other than 1.
+
+  References:
+    Li et al., 2024, "ReMax: A Simple, Effective, and Efficient Reinforcement Learning
+    Method for Aligning Large Language Models", arXiv 2310.10505.
   """
   _checks.check_rank(rewards, 1, "rewards")
   _checks.check_same_shape(rewards=rewards, baseline_rewards=baseline_rewards)
@@ -189,11 +234,25 @@ def remax_advantages(rewards: Array, baseline_rewards: Array) -> Array:
 
 
 def opo_advantages(rewards: Array, lengths: Array, *, group_size: int) -> Array:
-  """Length-weighted baseline (OPO; Hao et al., 2025, On-Policy RL with Optimal Baseline).
+  """Length-weighted baseline (OPO)::
 
-  b_g = sum_j l_j r_j / sum_j l_j over the group; A_i = r_i - b_g, with l_j
-  the number of response tokens. rewards, lengths: [B]. Returns float32 [B];
-  a group whose lengths sum to 0 gets b_g = 0; 0 when group_size == 1.
+    b_g = sum_j l_j r_j / sum_j l_j,    A_i = r_i - b_g
+
+  with l_j the number of response tokens of row j in the group.
+
+  Args:
+    rewards: ``[B]`` outcome rewards, groups of `group_size` contiguous rows.
+    lengths: ``[B]`` response lengths in tokens.
+    group_size: G, responses per prompt.
+
+  Returns:
+    float32 ``[B]``; a group whose lengths sum to 0 gets b_g = 0; 0 when G == 1.
+
+  Raises:
+    ValueError: when `group_size` does not divide B or the shapes differ.
+
+  References:
+    Hao et al., 2025, "On-Policy RL with Optimal Reward Baseline", arXiv 2505.23585.
   """
   grouped = _grouped(rewards, group_size)
   _checks.check_same_shape(rewards=rewards, lengths=lengths)
@@ -256,13 +315,30 @@ def pass_at_k_advantages(rewards: Array, *, group_size: int, k: int) -> Array:
 def gpg_advantages(
     rewards: Array, *, group_size: int, scale_by_std: bool = False, eps: float = 1e-6
 ) -> Array:
-  """Group Policy Gradient (Chu et al., 2025): A_i = alpha (r_i - mean_g) / F.
+  """Group Policy Gradient::
 
-  alpha = B / (B - M) rescales for the M rows in zero-variance groups, which
-  carry no signal (alpha = B when every group is degenerate, and the
-  advantages are 0 anyway); F = std_g + eps if scale_by_std else 1. Note:
-  verl computes alpha from the count of non-zero rewards instead; this
-  follows the paper. rewards: [B]. Returns float32 [B].
+    A_i = alpha (r_i - mean_g) / F
+
+  alpha = B / (B - M) rescales for the M rows in zero-variance groups, which carry no signal
+  (alpha = B when every group is degenerate, and the advantages are 0 anyway);
+  F = std_g + eps if `scale_by_std` else 1. verl computes alpha from the count of non-zero
+  rewards instead; this follows the paper.
+
+  Args:
+    rewards: ``[B]`` outcome rewards, groups of `group_size` contiguous rows.
+    group_size: G, responses per prompt.
+    scale_by_std: divide by the group's std (ddof = 1).
+    eps: added to the std.
+
+  Returns:
+    float32 ``[B]``.
+
+  Raises:
+    ValueError: when `group_size` does not divide B.
+
+  References:
+    Chu et al., 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for Model
+    Reasoning", arXiv 2504.02546.
   """
   grouped = _grouped(rewards, group_size)
   centred, scale = _centred(grouped)

@@ -47,7 +47,12 @@ _EXACT = jax.lax.Precision.HIGHEST
 
 
 def default_method() -> str:
-  """'blocked' on CPU, where it is fastest (bench.estimators); 'associative' elsewhere."""
+  """The recurrence method for the default backend.
+
+  Returns:
+    'blocked' on CPU, where it is fastest (``python -m bench.estimators``); 'associative'
+    elsewhere.
+  """
   return "blocked" if jax.default_backend() == "cpu" else "associative"
 
 
@@ -150,19 +155,50 @@ def _next(method: str, a: Array, c: Array, log_g: float | None, valid: Array) ->
 def next_carry(
     a: Array, coef: Array | float, valid: Array, *, method: str | None = None
 ) -> Array:
-  """y_{t+1} of `pass_through_recurrence` (0 past the end): the value position t
-  receives from the next valid position. Same arguments."""
+  """y_{t+1} of `pass_through_recurrence`: the value position t receives from the next valid
+  position (0 past the end).
+
+  Args:
+    a: ``[B, T]`` float32, finite everywhere (masked positions are ignored).
+    coef: a scalar or ``[B, T]`` coefficient c_t.
+    valid: ``[B, T]`` bool, the positions the recurrence runs over.
+    method: one of `METHODS`, or None for `default_method()`.
+
+  Returns:
+    float32 ``[B, T]``.
+
+  Raises:
+    ValueError: on an unknown method.
+  """
   return _next(*_inputs(a, coef, valid, method), valid)
 
 
 def pass_through_recurrence(
     a: Array, coef: Array | float, valid: Array, *, method: str | None = None
 ) -> Array:
-  """y with y_t = a_t + coef_t y_{t+1} at valid t, y_{t+1} elsewhere, y_T = 0.
+  """The backward recurrence with masked steps passing the carry through::
 
-  a: [B, T] float32, finite (sanitised) everywhere; coef: a scalar or [B, T];
-  valid: [B, T] bool. method: one of METHODS, or None for `default_method()`.
-  Returns y [B, T] at every position (masked ones hold the carried value).
+    y_t = a_t + c_t y_{t+1}    at valid t,
+    y_t = y_{t+1}              elsewhere,     y_T = 0.
+
+  Args:
+    a: ``[B, T]`` float32, finite everywhere (masked positions are ignored).
+    coef: a scalar or ``[B, T]`` coefficient c_t.
+    valid: ``[B, T]`` bool, the positions the recurrence runs over.
+    method: one of `METHODS`, or None for `default_method()`.
+
+  Returns:
+    float32 ``[B, T]``, y at every position (masked ones hold the carried value).
+
+  Raises:
+    ValueError: on an unknown method.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.estimators import recurrence
+    >>> recurrence.pass_through_recurrence(jnp.ones((1, 3)), 0.5,
+    ...                                    jnp.array([[True, False, True]]))
+    Array([[1.5, 1. , 1. ]], dtype=float32)
   """
   method, a, c, log_g = _inputs(a, coef, valid, method)
   if method == "associative":
@@ -178,11 +214,39 @@ def _shift_left(y: Array) -> Array:
 def masked_recurrence(
     a: Array, coef: Array | float, valid: Array, *, method: str | None = None
 ) -> Array:
-  """y_t = a_t + coef_t * y_next over valid positions ("next" = next valid one);
-  0 at invalid positions."""
+  """`pass_through_recurrence` with 0 at invalid positions: ``y_t = a_t + c_t y_next`` over
+  valid positions, "next" being the next valid one.
+
+  Args:
+    a: ``[B, T]`` float32, finite everywhere (masked positions are ignored).
+    coef: a scalar or ``[B, T]`` coefficient c_t.
+    valid: ``[B, T]`` bool, the positions the recurrence runs over.
+    method: one of `METHODS`, or None for `default_method()`.
+
+  Returns:
+    float32 ``[B, T]``, 0 where not valid.
+
+  Raises:
+    ValueError: on an unknown method.
+  """
   return jnp.where(valid, pass_through_recurrence(a, coef, valid, method=method), 0.0)
 
 
 def next_valid(x: Array, valid: Array, *, method: str | None = None) -> Array:
-  """x at the first valid position strictly after t; 0 when there is none."""
+  """x at the first valid position strictly after t.
+
+  Args:
+    x: ``[B, T]`` float32.
+    valid: ``[B, T]`` bool.
+    method: one of `METHODS`, or None for `default_method()`.
+
+  Returns:
+    float32 ``[B, T]``; 0 where no valid position follows.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.estimators import recurrence
+    >>> recurrence.next_valid(jnp.array([[1.0, 2.0, 3.0]]), jnp.array([[True, False, True]]))
+    Array([[3., 3., 0.]], dtype=float32)
+  """
   return next_carry(jnp.where(valid, x, 0.0), 0.0, valid, method=method)

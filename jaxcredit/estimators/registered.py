@@ -71,7 +71,15 @@ def register(name: str, *, needs: tuple[str, ...] = (), settings: dict | None = 
 
 
 def token_level_rewards(rollout: Rollout) -> jnp.ndarray:
-  """Outcome reward on the last action plus any dense `token_rewards`; [B, T]."""
+  """Per-token rewards: the outcome reward on each row's last action plus any dense
+  ``rollout.token_rewards``.
+
+  Args:
+    rollout: a `Rollout`.
+
+  Returns:
+    float32 ``[B, T]``, 0 at masked positions.
+  """
   rewards = group.outcome_to_tokens(rollout.rewards, rollout.mask)
   if rollout.token_rewards is not None:
     rewards += jnp.where(as_bool(rollout.mask), rollout.token_rewards, 0.0)

@@ -183,12 +183,29 @@ def n_step_returns(
     gamma: float,
     method: str | None = None,
 ) -> Array:
-  """n-step bootstrapped returns over valid positions.
+  """n-step bootstrapped returns over valid positions::
 
-  G_t = sum_{k<n} gamma^k r_{t_k} + gamma^n V_{t_n}, where t_0 = t and t_k is
-  the k-th valid position after t; terms past the last valid token are 0
-  (terminal). n = 1 is the TD(0) target; n >= T is the Monte-Carlo return.
-  rewards, values, mask: [B, T]. Returns float32 [B, T], 0 at masked positions.
+    G_t = sum_{k<n} gamma^k r_{t_k} + gamma^n V_{t_n}
+
+  where t_0 = t and t_k is the k-th valid position after t; terms past the last valid token
+  are 0 (terminal). n = 1 is the TD(0) target; n >= T is the Monte-Carlo return.
+
+  Args:
+    rewards: ``[B, T]`` per-token rewards.
+    values: ``[B, T]`` value estimates V_t.
+    mask: ``[B, T]`` policy actions.
+    n: the number of steps, a positive int.
+    gamma: discount in ``[0, 1]``.
+    method: recurrence method (`recurrence.METHODS`), None for the backend's default.
+
+  Returns:
+    float32 ``[B, T]``, 0 at masked positions.
+
+  Raises:
+    ValueError: when n is not a positive int, gamma is outside ``[0, 1]``, or shapes differ.
+
+  References:
+    Sutton and Barto, 2018, "Reinforcement Learning: An Introduction", 2nd ed., chapter 7.
   """
   if not isinstance(n, int) or n < 1:
     raise ValueError(f"n must be a positive int, got {n!r}.")
@@ -213,15 +230,34 @@ def vtrace(
     clip_c: float = 1.0,
     method: str | None = None,
 ) -> tuple[Array, Array]:
-  """V-trace off-policy targets (Espeholt et al., 2018, IMPALA), as rlax.
+  """V-trace off-policy targets, as rlax computes them::
 
-  log_rhos = log pi(a_t) - log mu(a_t) (target minus behaviour policy).
-  rho_t = min(clip_rho, exp(log_rho_t)),  c_t = lam * min(clip_c, exp(log_rho_t))
-  vs_t  = V_t + rho_t (r_t + gamma V_next - V_t) + gamma c_t (vs_next - V_next)
-  pg_advantages_t = rho_t (r_t + gamma (lam vs_next + (1 - lam) V_next) - V_t)
-  with next/terminal as in `gae` (V_next = vs_next = 0 after the last valid
-  token). All inputs [B, T]. Returns (vs, pg_advantages) float32 [B, T], 0 at
-  masked positions.
+    rho_t = min(clip_rho, exp(log_rho_t)),   c_t = lam * min(clip_c, exp(log_rho_t))
+    vs_t  = V_t + rho_t (r_t + gamma V_next - V_t) + gamma c_t (vs_next - V_next)
+    pg_advantages_t = rho_t (r_t + gamma (lam vs_next + (1 - lam) V_next) - V_t)
+
+  with next and terminal as in `gae` (V_next = vs_next = 0 after the last valid token).
+
+  Args:
+    rewards: ``[B, T]`` per-token rewards.
+    values: ``[B, T]`` value estimates V_t.
+    mask: ``[B, T]`` policy actions.
+    log_rhos: ``[B, T]`` log pi(a_t) - log mu(a_t), target minus behaviour policy.
+    gamma: discount in ``[0, 1]``.
+    lam: trace coefficient in ``[0, 1]``.
+    clip_rho: clip of the importance weight in the TD error, > 0.
+    clip_c: clip of the trace coefficient, > 0.
+    method: recurrence method (`recurrence.METHODS`), None for the backend's default.
+
+  Returns:
+    ``(vs, pg_advantages)``, float32 ``[B, T]`` each, 0 at masked positions.
+
+  Raises:
+    ValueError: on discounts outside ``[0, 1]``, clips <= 0, or mismatched shapes.
+
+  References:
+    Espeholt et al., 2018, "IMPALA: Scalable Distributed Deep-RL with Importance Weighted
+    Actor-Learner Architectures", arXiv 1802.01561.
   """
   _check_discounts(gamma=gamma, lam=lam)
   _checks.check_in_range(clip_rho, "clip_rho", low=0.0, low_open=True)

@@ -70,10 +70,24 @@ def whiten(x: Array, mask: Array, *, shift_mean: bool = True, eps: float = 1e-8)
 
 def implicit_process_rewards(prm_logp: Array, ref_logp: Array, mask: Array, *,
                              beta: float) -> Array:
-  """Implicit PRM token rewards (PRIME; Cui et al., 2025): r_t = beta (log pi_prm - log pi_ref).
+  """Implicit PRM token rewards (PRIME)::
 
-  prm_logp: log-probs of the sampled tokens under an outcome-reward-trained
-  LM; ref_logp: under its reference. [B, T]. Returns float32 [B, T].
+    r_t = beta (log pi_prm(a_t) - log pi_ref(a_t))
+
+  Args:
+    prm_logp: ``[B, T]`` log-probs of the sampled tokens under an outcome-reward-trained LM.
+    ref_logp: ``[B, T]`` the same under its reference.
+    mask: ``[B, T]`` policy actions.
+    beta: the implicit reward's scale, > 0.
+
+  Returns:
+    float32 ``[B, T]``, 0 at masked positions.
+
+  Raises:
+    ValueError: on mismatched shapes or beta <= 0.
+
+  References:
+    Cui et al., 2025, "Process Reinforcement through Implicit Rewards", arXiv 2502.01456.
   """
   _checks.check_token_and_seq({"prm_logp": prm_logp, "ref_logp": ref_logp, "mask": mask}, {})
   _checks.check_in_range(beta, "beta", low=0.0, low_open=True)
@@ -90,21 +104,34 @@ def prm_token_rewards(
     form: str = "sum",
     temperature: float = 0.1,
 ) -> Array:
-  """Places process-reward-model step scores on the tokens that end each step.
-
-  step_scores, step_ends (token index of each step's last token), step_mask:
-  [B, S]; mask: [B, T]. ::
+  """Places process-reward-model step scores on the tokens that end each step::
 
     form="sum": token reward at step end = the step's score, so the return is
                 the sum of the future step scores.
-    form="min": PURE min-form credit (Cheng et al., 2025): scores are first
-                reweighted by softmax_s(-score / temperature) over each row's
-                valid steps, so the return from the first step approximates
-                the *minimum* step score as temperature -> 0 (no reward hacking
-                by padding many good steps).
+    form="min": PURE min-form credit: scores are first reweighted by
+                softmax_s(-score / temperature) over each row's valid steps, so the
+                return from the first step approximates the *minimum* step score as
+                temperature -> 0 (no reward hacking by padding many good steps).
 
-  A step ending at a masked token or outside [0, T) is dropped.
-  Returns float32 [B, T].
+  A step ending at a masked token or outside ``[0, T)`` is dropped.
+
+  Args:
+    step_scores: ``[B, S]`` one score per step.
+    step_ends: ``[B, S]`` int, the token index of each step's last token.
+    mask: ``[B, T]`` policy actions.
+    step_mask: ``[B, S]`` the valid steps; None for all.
+    form: "sum" or "min".
+    temperature: the softmax temperature of the min form, > 0.
+
+  Returns:
+    float32 ``[B, T]``, 0 at masked positions.
+
+  Raises:
+    ValueError: on mismatched shapes or batch sizes, or an unknown form.
+
+  References:
+    Cheng et al., 2025, "Stop Summation: Min-Form Credit Assignment Is All Process Reward
+    Model Needs for Reasoning", arXiv 2504.15275.
   """
   _checks.check_rank(step_scores, 2, "step_scores")
   _checks.check_rank(mask, 2, "mask")
@@ -136,18 +163,35 @@ def optimal_token_baseline_advantages(
     group_size: int,
     eps: float = 1e-8,
 ) -> Array:
-  """Optimal Token Baseline (OTB; Li et al., 2026, arXiv 2602.07078).
+  """Optimal Token Baseline (OTB): a per-token baseline weighted by the realised gradient
+  energy of the prefix.
 
-  Per-token baseline weighted by the realised gradient energy of the prefix,
-  estimated with the logit-gradient proxy ||e_a - pi||^2 = 1 - 2 pi_a + sum pi^2::
+  The energy is estimated with the logit-gradient proxy
+  ``||e_a - pi||^2 = 1 - 2 pi_a + sum pi^2``::
 
     W_t = sum_{j <= t, valid} (1 - 2 p_j + sum_pi_squared_j)
     b_t = sum_{i in g, valid at t} G_t^i W_t^i / (sum_{i in g, valid at t} W_t^i + eps)
     A_t = G_t - b_t
 
-  G: returns-to-go [B, T]; logprobs: log pi of the sampled tokens; sum_pi_squared:
-  sum over the vocabulary of pi^2 (`logprobs.token_sum_probs_squared`). Rows of
-  a group are aligned by column. Returns float32 [B, T].
+  Rows of a group are aligned by column.
+
+  Args:
+    returns: ``[B, T]`` returns-to-go G_t.
+    logprobs: ``[B, T]`` log pi of the sampled tokens.
+    sum_pi_squared: ``[B, T]`` sum over the vocabulary of pi^2
+      (`jaxcredit.logprobs.token_sum_probs_squared`).
+    mask: ``[B, T]`` policy actions.
+    group_size: G, responses per prompt.
+    eps: added to the weights' sum.
+
+  Returns:
+    float32 ``[B, T]``, 0 at masked positions.
+
+  Raises:
+    ValueError: on mismatched shapes or when `group_size` does not divide B.
+
+  References:
+    Li et al., 2026, "Optimal Token Baseline", arXiv 2602.07078.
   """
   arrays = {
       "returns": returns,
@@ -169,11 +213,32 @@ def optimal_token_baseline_advantages(
 
 
 def high_entropy_mask(entropy: Array, mask: Array, *, rho: float = 0.2) -> Array:
-  """The top-rho fraction of valid tokens by entropy, batch-wide (Wang et al.,
-  2025, "Beyond the 80/20 Rule": updating only forking tokens).
+  """The top-`rho` fraction of valid tokens by entropy, batch-wide: the forking tokens the
+  80/20 rule updates.
 
-  Selects ceil(rho * n_valid) tokens, ties broken by position. entropy, mask:
-  [B, T]. Returns a bool [B, T] mask (a subset of `mask`).
+  Selects ``ceil(rho * n_valid)`` tokens, ties broken by position.
+
+  Args:
+    entropy: ``[B, T]`` the policy's entropy at each token.
+    mask: ``[B, T]`` policy actions.
+    rho: the fraction kept, in ``(0, 1]``.
+
+  Returns:
+    bool ``[B, T]``, a subset of `mask`.
+
+  Raises:
+    ValueError: on mismatched shapes or rho outside ``(0, 1]``.
+
+  References:
+    Wang et al., 2025, "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective
+    Reinforcement Learning for LLM Reasoning", arXiv 2506.01939.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.estimators import token_credit
+    >>> token_credit.high_entropy_mask(jnp.array([[0.1, 2.0, 0.5, 9.0]]),
+    ...                                jnp.array([[True, True, True, False]]), rho=0.3)
+    Array([[False,  True, False, False]], dtype=bool)
   """
   _checks.check_token_and_seq({"entropy": entropy, "mask": mask}, {})
   _checks.check_in_range(rho, "rho", low=0.0, high=1.0, low_open=True)
@@ -182,11 +247,20 @@ def high_entropy_mask(entropy: Array, mask: Array, *, rho: float = 0.2) -> Array
 
 
 def surprisal_weights(logprobs: Array, mask: Array) -> Array:
-  """Per-token weights proportional to surprisal -log pi(a_t), mean 1 over valid tokens.
+  """Per-token weights proportional to the surprisal ``-log pi(a_t)``, mean 1 over valid tokens.
 
   Upweights tokens the policy found unlikely, where credit is most informative.
-  logprobs, mask: [B, T]. Returns float32 [B, T]; all ones on valid tokens
-  when every surprisal is 0.
+
+  Args:
+    logprobs: ``[B, T]`` log pi of the sampled tokens.
+    mask: ``[B, T]`` policy actions.
+
+  Returns:
+    float32 ``[B, T]``, 0 at masked positions; all ones on valid tokens when every surprisal
+    is 0.
+
+  Raises:
+    ValueError: on mismatched shapes.
   """
   _checks.check_token_and_seq({"logprobs": logprobs, "mask": mask}, {})
   valid = as_bool(mask)

@@ -31,8 +31,23 @@ from jaxcredit.estimators import group, returns
 
 
 def turn_starts(turn_ids: Array, mask: Array) -> Array:
-  """[B, T] bool: the first action token of each turn (a valid token whose turn
-  id exceeds every earlier valid token's)."""
+  """The first action token of each turn: a valid token whose turn id exceeds every earlier
+  valid token's.
+
+  Args:
+    turn_ids: ``[B, T]`` int, non-decreasing along a row, -1 outside turns.
+    mask: ``[B, T]`` policy actions.
+
+  Returns:
+    bool ``[B, T]``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.estimators import turn_credit
+    >>> turn_credit.turn_starts(jnp.array([[0, 0, -1, 1, 1]]),
+    ...                         jnp.array([[True, True, False, True, True]]))
+    Array([[ True, False, False,  True, False]], dtype=bool)
+  """
   valid = as_bool(mask)
   ids = jnp.where(valid, turn_ids, -1)
   before = jnp.pad(jax.lax.cummax(ids, axis=1)[:, :-1], [(0, 0), (1, 0)], constant_values=-1)
@@ -46,7 +61,16 @@ def _start_of(starts: Array) -> Array:
 
 
 def sum_to_starts(x: Array, starts: Array, valid: Array) -> Array:
-  """[B, T]: each turn's sum of x over its valid tokens, at the turn's start (0 elsewhere)."""
+  """Each turn's sum of `x` over its valid tokens, placed at the turn's start.
+
+  Args:
+    x: ``[B, T]`` per-token values.
+    starts: ``[B, T]`` bool, from `turn_starts`.
+    valid: ``[B, T]`` bool, the action tokens.
+
+  Returns:
+    float32 ``[B, T]``, 0 off the turn starts.
+  """
   values = jnp.where(valid, x.astype(jnp.float32), 0.0)
   summed = jax.vmap(lambda v, i: jnp.zeros(v.shape, v.dtype).at[i].add(v))(values,
                                                                            _start_of(starts))
@@ -54,19 +78,47 @@ def sum_to_starts(x: Array, starts: Array, valid: Array) -> Array:
 
 
 def spread_over_turns(at_starts: Array, starts: Array, valid: Array) -> Array:
-  """[B, T]: the value at each turn's start on every valid token of the turn."""
+  """The value at each turn's start on every valid token of the turn.
+
+  Args:
+    at_starts: ``[B, T]`` values read at the turn starts.
+    starts: ``[B, T]`` bool, from `turn_starts`.
+    valid: ``[B, T]`` bool, the action tokens.
+
+  Returns:
+    ``[B, T]``, 0 off the action tokens.
+  """
   return jnp.where(valid, jnp.take_along_axis(at_starts, _start_of(starts), axis=1), 0.0)
 
 
 def turn_gae(turn_rewards: Array, values: Array, turn_ids: Array, mask: Array, *, gamma: float,
              lam: float, method: str | None = None) -> tuple[Array, Array]:
-  """GAE over turns (one step per turn) with a turn critic.
+  """GAE over turns (one step per turn) with a turn critic::
 
-  r_k = sum of turn k's rewards, V_k = values at turn k's first action token,
-  delta_k = r_k + gamma V_(k+1) - V_k,  A_k = delta_k + gamma lam A_(k+1),
-  V_K = A_K = 0 after the last turn. Every token of turn k gets A_k and the
-  value target A_k + V_k. All inputs [B, T]; returns (advantages, returns)
-  float32 [B, T], 0 off the action tokens.
+    r_k = sum of turn k's rewards,   V_k = values at turn k's first action token
+    delta_k = r_k + gamma V_(k+1) - V_k,   A_k = delta_k + gamma lam A_(k+1)
+
+  with V_K = A_K = 0 after the last turn. Every token of turn k gets A_k and the value
+  target A_k + V_k.
+
+  Args:
+    turn_rewards: ``[B, T]`` each turn's reward on its tokens.
+    values: ``[B, T]`` the turn critic's values (read at turn starts).
+    turn_ids: ``[B, T]`` int turn ids, -1 outside turns.
+    mask: ``[B, T]`` policy actions.
+    gamma: discount per turn in ``[0, 1]``.
+    lam: GAE lambda in ``[0, 1]``.
+    method: recurrence method (`recurrence.METHODS`), None for the backend's default.
+
+  Returns:
+    ``(advantages, returns)``, float32 ``[B, T]`` each, 0 off the action tokens.
+
+  Raises:
+    ValueError: on mismatched shapes or discounts outside ``[0, 1]``.
+
+  References:
+    Turn-PPO, arXiv 2512.17008; Schulman et al., 2016, "High-Dimensional Continuous Control
+    Using Generalized Advantage Estimation", arXiv 1506.02438.
   """
   _checks.check_token_and_seq(
       {"turn_rewards": turn_rewards, "values": values, "turn_ids": turn_ids, "mask": mask}, {})
@@ -80,14 +132,34 @@ def turn_gae(turn_rewards: Array, values: Array, turn_ids: Array, mask: Array, *
 def mt_grpo_advantages(turn_rewards: Array, rewards: Array, turn_ids: Array, mask: Array, *,
                        group_size: int, outcome_coef: float = 1.0, eps: float = 1e-6,
                        scale_by_std: bool = True) -> Array:
-  """MT-GRPO (Zeng et al., 2025, arXiv 2505.11821), for any number of turns.
+  """MT-GRPO, for any number of turns::
 
-  A_(i, k) = A^T_(i, k) + outcome_coef * A^O_i on the tokens of turn k of row i:
-  A^O the GRPO advantage of the episode rewards [B]; A^T_(i, k) turn k's reward
-  normalised over the rows of i's group that have a turn k (GRPO's
-  normalisation; 0 where fewer than 2 rows have it or their rewards are
-  equal). With two turns and no reward on the last this is the paper's
-  A_1 = A^T + lambda A^O, A_2 = A^O. Returns float32 [B, T].
+    A_(i, k) = A^T_(i, k) + outcome_coef * A^O_i     on the tokens of turn k of row i
+
+  A^O is the GRPO advantage of the episode rewards; A^T_(i, k) is turn k's reward normalised
+  over the rows of i's group that have a turn k (GRPO's normalisation; 0 where fewer than 2
+  rows have it or their rewards are equal). With two turns and no reward on the last this is
+  the paper's A_1 = A^T + lambda A^O, A_2 = A^O.
+
+  Args:
+    turn_rewards: ``[B, T]`` each turn's reward on its tokens.
+    rewards: ``[B]`` episode rewards.
+    turn_ids: ``[B, T]`` int turn ids, -1 outside turns.
+    mask: ``[B, T]`` policy actions.
+    group_size: G, episodes per prompt.
+    outcome_coef: the weight of the outcome advantage.
+    eps: added to the stds.
+    scale_by_std: divide by the stds (GRPO) or not (Dr. GRPO).
+
+  Returns:
+    float32 ``[B, T]``, 0 off the action tokens.
+
+  Raises:
+    ValueError: on mismatched shapes or when `group_size` does not divide B.
+
+  References:
+    Zeng et al., 2025, "Reinforcing Multi-Turn Reasoning in LLM Agents via Turn-Level Credit
+    Assignment", arXiv 2505.11821.
   """
   _checks.check_token_and_seq({"turn_rewards": turn_rewards, "turn_ids": turn_ids, "mask": mask},
                               {"rewards": rewards})
@@ -105,15 +177,37 @@ def mt_grpo_advantages(turn_rewards: Array, rewards: Array, turn_ids: Array, mas
 def gigpo_advantages(turn_rewards: Array, rewards: Array, anchors: Array, turn_ids: Array,
                      mask: Array, *, group_size: int, step_coef: float = 1.0, gamma: float = 0.95,
                      eps: float = 1e-6, scale_by_std: bool = True) -> Array:
-  """GiGPO (Feng et al., 2025, arXiv 2505.10978): A = A^E_i + step_coef * A^S_(i, k).
+  """GiGPO: episode groups plus step groups of identical anchor states::
 
-  A^E: the GRPO advantage of the episode rewards [B] over each group (the
-  episode-level group). A^S: the step-level group of turn k of row i is every
-  turn, of any row of i's group and at any step, whose anchor state equals its
-  own (anchors [B, T]: an id of the environment state at the turn's start, read
-  at its first action token); within it the discounted return from the turn,
-  R_k = sum_(j >= k) gamma^(j - k) r_j, is normalised like GRPO (0 for a step
-  group of one, or of equal returns). Returns float32 [B, T].
+    A = A^E_i + step_coef * A^S_(i, k)
+
+  A^E is the GRPO advantage of the episode rewards over each group. The step group of turn k
+  of row i is every turn, of any row of i's group and at any step, whose anchor state equals
+  its own; within it the discounted return from the turn, ``R_k = sum_(j >= k) gamma^(j - k)
+  r_j``, is normalised like GRPO (0 for a step group of one, or of equal returns).
+
+  Args:
+    turn_rewards: ``[B, T]`` each turn's reward on its tokens.
+    rewards: ``[B]`` episode rewards.
+    anchors: ``[B, T]`` int, an id of the environment state at the turn's start, read at its
+      first action token.
+    turn_ids: ``[B, T]`` int turn ids, -1 outside turns.
+    mask: ``[B, T]`` policy actions.
+    group_size: G, episodes per prompt.
+    step_coef: the weight of the step advantage.
+    gamma: discount per turn of the step returns.
+    eps: added to the stds.
+    scale_by_std: divide by the stds (GRPO) or not (Dr. GRPO).
+
+  Returns:
+    float32 ``[B, T]``, 0 off the action tokens.
+
+  Raises:
+    ValueError: on mismatched shapes or when `group_size` does not divide B.
+
+  References:
+    Feng et al., 2025, "Group-in-Group Policy Optimization for LLM Agent Training",
+    arXiv 2505.10978.
   """
   _checks.check_token_and_seq(
       {"turn_rewards": turn_rewards, "anchors": anchors, "turn_ids": turn_ids, "mask": mask},
@@ -169,11 +263,27 @@ def _step_group_normalised(values: Array, starts: Array, anchors: Array, group_s
 
 def turn_baseline_advantages(turn_rewards: Array, baselines: Array, turn_ids: Array,
                              mask: Array) -> Array:
-  """A_k = G_k - b_k on every token of turn k, G_k = sum_(j >= k) r_j the rewards from
-  turn k on and b_k = baselines at turn k's first action token. When b_k is a function
-  of the history before turn k only (e.g. the mean return of continuations branched
-  from the turn's start, `rollout_sources.MultiTurn.returns_to_go`), E[A_k | history] = 0:
-  the baseline adds no bias, for any number of turns. All [B, T]; float32 [B, T]."""
+  """Turn returns minus a history baseline::
+
+    A_k = G_k - b_k,    G_k = sum_(j >= k) r_j
+
+  on every token of turn k, with b_k the baseline at turn k's first action token. When b_k
+  is a function of the history before turn k only (e.g. the mean return of continuations
+  branched from the turn's start, `rollout_sources.MultiTurn.returns_to_go`),
+  E[A_k | history] = 0: the baseline adds no bias, for any number of turns.
+
+  Args:
+    turn_rewards: ``[B, T]`` each turn's reward on its tokens.
+    baselines: ``[B, T]`` b_k, read at turn starts.
+    turn_ids: ``[B, T]`` int turn ids, -1 outside turns.
+    mask: ``[B, T]`` policy actions.
+
+  Returns:
+    float32 ``[B, T]``, 0 off the action tokens.
+
+  Raises:
+    ValueError: on mismatched shapes.
+  """
   _checks.check_token_and_seq(
       {"turn_rewards": turn_rewards, "baselines": baselines, "turn_ids": turn_ids, "mask": mask},
       {})

@@ -17,11 +17,26 @@ from jaxcredit.estimators.recurrence import next_valid
 
 
 def values_to_advantages(values: Array, rewards: Array, mask: Array) -> Array:
-  """A_t = V(next valid position) - V_t, and R - V_t at the last action.
+  """Advantages from state values::
 
-  values: [B, T] V(s_t) at action positions; rewards: [B]; mask: [B, T].
-  Equals gae(outcome rewards, values, mask, gamma=1, lam=0). Returns [B, T],
-  0 where mask is False.
+    A_t = V(next valid position) - V_t,    and R - V_t at the last action
+
+  Equals ``gae(outcome rewards, values, mask, gamma=1, lam=0)``.
+
+  Args:
+    values: ``[B, T]`` V(s_t) at action positions.
+    rewards: ``[B]`` outcome rewards.
+    mask: ``[B, T]`` policy actions.
+
+  Returns:
+    float32 ``[B, T]``, 0 where mask is False.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.estimators import value_credit
+    >>> value_credit.values_to_advantages(jnp.array([[0.5, 0.75, 0.0]]), jnp.array([1.0]),
+    ...                                   jnp.array([[True, True, False]]))
+    Array([[0.25, 0.25, 0.  ]], dtype=float32)
   """
   advantages, _ = returns.gae(outcome_to_tokens(rewards, mask), values, mask, gamma=1.0, lam=0.0)
   return advantages
@@ -35,9 +50,22 @@ def _at_or_before(x: Array, valid: Array) -> Array:
 
 def segment_endpoints(values: Array, evaluated: Array, rewards: Array,
                       mask: Array) -> tuple[Array, Array]:
-  """(V at the segment's start, V at the next segment's start or R) for every
-  action; segments start at the `evaluated` actions. All [B, T] (rewards [B]);
-  0 where mask is False."""
+  """The values at both ends of each action's segment; segments start at the `evaluated`
+  actions.
+
+  Args:
+    values: ``[B, T]`` V at the evaluated positions (ignored elsewhere).
+    evaluated: ``[B, T]`` bool, the positions where V is known.
+    rewards: ``[B]`` outcome rewards (the value after the last action).
+    mask: ``[B, T]`` policy actions.
+
+  Returns:
+    ``(start, end)``, float32 ``[B, T]`` each: V at the segment's start and V at the next
+    segment's start (R for the last segment); 0 where mask is False.
+
+  Raises:
+    ValueError: on mismatched shapes.
+  """
   _checks.check_same_shape(values=values, evaluated=evaluated, mask=mask)
   _checks.check_token_and_seq({"mask": mask}, {"rewards": rewards})
   valid = as_bool(mask)
@@ -52,19 +80,41 @@ def segment_endpoints(values: Array, evaluated: Array, rewards: Array,
 def segment_advantages(values: Array, evaluated: Array, rewards: Array, mask: Array) -> Array:
   """Segment credit copied to every token of the segment (VinePPO).
 
-  Segments start at the `evaluated` positions (where V is known); token t in
-  the segment [e_j, e_{j+1}) gets V(e_{j+1}) - V(e_j), the last segment
-  R - V(e_last). values, evaluated, mask: [B, T]; rewards: [B]. With
-  evaluated == mask this is `values_to_advantages`. A row's first action
-  should be evaluated; tokens before a row's first evaluated position get
-  V(e_1) - 0.
+  Segments start at the `evaluated` positions (where V is known); token t in the segment
+  ``[e_j, e_{j+1})`` gets ``V(e_{j+1}) - V(e_j)``, the last segment ``R - V(e_last)``. With
+  evaluated == mask this is `values_to_advantages`. A row's first action should be
+  evaluated; tokens before a row's first evaluated position get ``V(e_1) - 0``.
+
+  Args:
+    values: ``[B, T]`` V at the evaluated positions (ignored elsewhere).
+    evaluated: ``[B, T]`` bool, the positions where V is known.
+    rewards: ``[B]`` outcome rewards.
+    mask: ``[B, T]`` policy actions.
+
+  Returns:
+    float32 ``[B, T]``, 0 where mask is False.
+
+  Raises:
+    ValueError: on mismatched shapes.
+
+  References:
+    Kazemnejad et al., 2024, "VinePPO: Unlocking RL Potential For LLM Reasoning Through
+    Refined Credit Assignment", arXiv 2410.01679.
   """
   start, end = segment_endpoints(values, evaluated, rewards, mask)
   return end - start
 
 
 def first_value(values: Array, mask: Array) -> Array:
-  """[B] V at each row's first action (V(x), the prompt's value); 0 for empty rows."""
+  """V at each row's first action: V(x), the prompt's value.
+
+  Args:
+    values: ``[B, T]`` state values.
+    mask: ``[B, T]`` policy actions.
+
+  Returns:
+    float32 ``[B]``; 0 for empty rows.
+  """
   valid = as_bool(mask)
   first = jnp.argmax(valid, axis=1)
   picked = jnp.take_along_axis(sanitise(values.astype(jnp.float32), valid), first[:, None],
@@ -73,5 +123,14 @@ def first_value(values: Array, mask: Array) -> Array:
 
 
 def sequence_advantages(values: Array, rewards: Array, mask: Array) -> Array:
-  """R - V(x) on every token: the best sequence-level credit (an exact baseline)."""
+  """``R - V(x)`` on every token: the best sequence-level credit (an exact baseline).
+
+  Args:
+    values: ``[B, T]`` state values; V(x) is read at each row's first action.
+    rewards: ``[B]`` outcome rewards.
+    mask: ``[B, T]`` policy actions.
+
+  Returns:
+    float32 ``[B, T]``, 0 where mask is False.
+  """
   return broadcast_to_tokens(rewards - first_value(values, mask), mask)

@@ -31,10 +31,32 @@ TermFn = Callable[..., tuple[Array, dict[str, Array]]]
 
 
 def term(loss: str | Callable, *, coef: Coefficient = 1.0, **hparams) -> TermFn:
-  """A term from a registered loss name (or a function with the registry's
-  signature `fn(outputs, rollout, estimate, **hparams)`), scaled by `coef`.
+  """An objective term from a registered loss, scaled by a coefficient.
 
-  Metrics: the loss's own, plus `value` (unscaled) and `coef` (at `step`).
+  Args:
+    loss: a registered loss's name, or a function with the registry's signature
+      ``fn(outputs, rollout, estimate, **hparams) -> (loss, metrics)``.
+    coef: a float, or an optax schedule of the step.
+    **hparams: the loss's keyword arguments.
+
+  Returns:
+    ``term(outputs, rollout, estimate, step=0) -> (scaled_loss, metrics)``.
+    The metrics are the loss's own, plus `value` (unscaled) and `coef` (at `step`).
+
+  Raises:
+    ValueError: on an unknown loss name.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import demo, estimators
+    >>> from jaxcredit.losses import compose
+    >>> from jaxcredit.rollout import PolicyOutputs
+    >>> rollout = demo.sample_rollout()
+    >>> outputs = PolicyOutputs(logprobs=jnp.zeros((8, 8)), entropy=jnp.ones((8, 8)))
+    >>> bonus = compose.term("entropy", coef=0.5)
+    >>> loss, metrics = bonus(outputs, rollout, estimators.get("grpo")(rollout))
+    >>> float(loss), float(metrics["value"]), float(metrics["coef"])
+    (-0.5, -1.0, 0.5)
   """
   loss_fn = registered.get(loss) if isinstance(loss, str) else loss
 
@@ -47,22 +69,58 @@ def term(loss: str | Callable, *, coef: Coefficient = 1.0, **hparams) -> TermFn:
 
 
 def ppo_clip(*, coef: Coefficient = 1.0, **hparams) -> TermFn:
-  """PPO clipped surrogate term (see `ppo_clip_loss` for hparams)."""
+  """The PPO clipped surrogate as a term.
+
+  Args:
+    coef: a float, or an optax schedule of the step.
+    **hparams: `ppo_clip_loss`'s keyword arguments.
+
+  Returns:
+    ``term(outputs, rollout, estimate, step=0) -> (scaled_loss, metrics)``.
+  """
   return term("ppo_clip", coef=coef, **hparams)
 
 
 def kl_term(*, coef: Coefficient, kind: str = "k3", aggregation: str = "token-mean") -> TermFn:
-  """coef * KL(pi || ref) estimated with `kind` on the sampled tokens."""
+  """``coef * KL(pi || ref)``, estimated with `kind` on the sampled tokens, as a term.
+
+  Args:
+    coef: a float, or an optax schedule of the step.
+    kind: the estimator of `kl_penalty` ("k1", "k2", "k3", ...).
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``term(outputs, rollout, estimate, step=0) -> (scaled_loss, metrics)``.
+  """
   return term("kl", coef=coef, kind=kind, aggregation=aggregation)
 
 
 def entropy_term(*, coef: Coefficient, aggregation: str = "token-mean") -> TermFn:
-  """coef * (-entropy): a positive coef rewards exploration."""
+  """``coef * (-entropy)`` as a term: a positive coef rewards exploration.
+
+  Args:
+    coef: a float, or an optax schedule of the step.
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``term(outputs, rollout, estimate, step=0) -> (scaled_loss, metrics)``.
+  """
   return term("entropy", coef=coef, aggregation=aggregation)
 
 
 def combine(**terms: TermFn) -> TermFn:
-  """The objective sum_k term_k, metrics namespaced `<term>/<metric>`, plus `loss`."""
+  """The objective ``sum_k term_k``.
+
+  Args:
+    **terms: named terms (`term`, `ppo_clip`, `kl_term`, ...).
+
+  Returns:
+    ``objective(outputs, rollout, estimate, step=0) -> (loss, metrics)``, metrics namespaced
+    ``<term>/<metric>``, plus `loss`.
+
+  Raises:
+    ValueError: with no terms.
+  """
   if not terms:
     raise ValueError("combine needs at least one named term.")
 
@@ -97,8 +155,17 @@ def _coefficient(spec: Any) -> Coefficient:
 def from_config(config: Mapping[str, Mapping[str, Any]]) -> TermFn:
   """An objective from ``{term_name: {"name": loss, "coef": c, **hparams}}``.
 
-  `coef` defaults to 1 and may be {"schedule": "linear_schedule", ...}.
-  Works with dicts and ml_collections.ConfigDict.
+  `coef` defaults to 1 and may be ``{"schedule": "linear_schedule", ...}`` (any optax
+  ``*_schedule`` factory and its arguments).
+
+  Args:
+    config: a dict or ``ml_collections.ConfigDict`` of that form.
+
+  Returns:
+    ``objective(outputs, rollout, estimate, step=0) -> (loss, metrics)``, as `combine`.
+
+  Raises:
+    ValueError: on a term without a name, an unknown loss or an unknown schedule.
   """
   terms = {}
   for term_name, spec in dict(config).items():

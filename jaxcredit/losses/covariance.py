@@ -17,9 +17,19 @@ from jaxcredit.losses._ratio import (Metrics, TokenRatios, check_clip, clipped_s
 
 
 def token_covariance(logp: Array, advantages: Array, valid: Array) -> Array:
-  """cov_t = (A_t - mean A)(log pi_t - mean log pi) over valid tokens; 0 elsewhere.
+  """The covariance of each token's log-prob and advantage::
 
-  logp and advantages must be sanitised. No gradient flows through it.
+    cov_t = (A_t - mean A)(log pi_t - mean log pi)
+
+  means over valid tokens of the batch. No gradient flows through it.
+
+  Args:
+    logp: ``[B, T]`` log-probs, sanitised (finite at masked positions).
+    advantages: ``[B, T]`` advantages, sanitised.
+    valid: ``[B, T]`` bool, the valid tokens.
+
+  Returns:
+    float32 ``[B, T]``, 0 at invalid positions.
   """
   logp, advantages = jax.lax.stop_gradient((logp, advantages))
   centred_adv = advantages - masked_mean(advantages, valid)
@@ -48,11 +58,34 @@ def clip_cov_loss(
 ) -> tuple[Array, Metrics]:
   """Clip-Cov: PPO-clip, with the gradient of a few high-covariance tokens cut.
 
-  Among valid tokens not already clipped by PPO with cov_low < cov_t < cov_high,
-  max(1, floor(cov_fraction * n_valid)) are chosen - uniformly at random under
-  `key` (as the paper), or the highest-covariance ones when key is None
-  (deterministic) - and their token loss is set to 0. Metrics: cov_clipfrac,
-  clipfrac, approx_kl, ratio statistics.
+  Among valid tokens not already clipped by PPO with ``cov_low < cov_t < cov_high``,
+  ``max(1, floor(cov_fraction * n_valid))`` are chosen, uniformly at random under `key` (as
+  the paper) or the highest-covariance ones when key is None (deterministic), and their
+  token loss is set to 0.
+
+  Args:
+    logp: ``[B, T]`` log-probs under the policy being updated.
+    old_logp: ``[B, T]`` log-probs under the policy the ratio is taken against.
+    advantages: ``[B, T]`` per-token advantages.
+    mask: ``[B, T]`` policy actions.
+    clip_low: the ratio's lower clip, 1 - clip_low.
+    clip_high: the ratio's upper clip, 1 + clip_high.
+    cov_fraction: the fraction of valid tokens whose gradient is cut.
+    cov_low: the covariance's lower bound for eligible tokens.
+    cov_high: the covariance's upper bound for eligible tokens.
+    key: a PRNG key for a random choice, or None for the highest covariance.
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and cov_clipfrac, clipfrac, approx_kl and ratio
+    statistics.
+
+  Raises:
+    ValueError: on mismatched shapes, invalid clips or an unknown aggregation.
+
+  References:
+    Cui et al., 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language
+    Models", arXiv 2505.22617.
   """
   check_clip(clip_low, clip_high)
 
@@ -81,10 +114,31 @@ def kl_cov_loss(
     kl_coef: float = 1.0,
     aggregation: str = "token-mean",
 ) -> tuple[Array, Metrics]:
-  """KL-Cov: -A_t r_t, plus kl_coef |log pi_t - log pi_old,t| on the
-  max(1, floor(kl_fraction * n_valid)) valid tokens of highest covariance.
+  """KL-Cov: the unclipped surrogate plus a KL penalty on the tokens of highest covariance::
 
-  Metrics: kl_cov_fraction, abs_kl (mean |log-ratio|), approx_kl, ratio statistics.
+    l_t = -A_t r_t + kl_coef |log pi_t - log pi_old,t| [t selected]
+
+  on the ``max(1, floor(kl_fraction * n_valid))`` valid tokens of highest covariance.
+
+  Args:
+    logp: ``[B, T]`` log-probs under the policy being updated.
+    old_logp: ``[B, T]`` log-probs under the policy the ratio is taken against.
+    advantages: ``[B, T]`` per-token advantages.
+    mask: ``[B, T]`` policy actions.
+    kl_fraction: the fraction of valid tokens penalised.
+    kl_coef: the penalty's coefficient.
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and kl_cov_fraction, abs_kl (mean |log-ratio|),
+    approx_kl and ratio statistics.
+
+  Raises:
+    ValueError: on mismatched shapes or an unknown aggregation.
+
+  References:
+    Cui et al., 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language
+    Models", arXiv 2505.22617.
   """
 
   def formula(t: TokenRatios):

@@ -54,11 +54,30 @@ def kl_penalty(logp: Array, ref_logp: Array, *, kind: str) -> Array:
 
 def kl_reward_shaping(token_rewards: Array, logp: Array, ref_logp: Array, mask: Array, *,
                       coef: float, kind: str = "k1") -> Array:
-  """KL as a reward penalty (Ziegler et al., 2019; InstructGPT; REINFORCE++):
-  r'_t = r_t - coef * kl_kind(logp_t, ref_logp_t) on valid tokens.
+  """KL as a reward penalty::
 
-  All [B, T]. Returns float32 [B, T], 0 at masked positions. Feed the result
-  to a return-based estimator as `Rollout.token_rewards`.
+    r'_t = r_t - coef * kl_kind(logp_t, ref_logp_t)
+
+  on valid tokens. Feed the result to a return-based estimator as `Rollout.token_rewards`.
+
+  Args:
+    token_rewards: ``[B, T]`` per-token rewards.
+    logp: ``[B, T]`` log-probs under the policy.
+    ref_logp: ``[B, T]`` log-probs under the reference.
+    mask: ``[B, T]`` policy actions.
+    coef: the penalty's coefficient.
+    kind: the estimator of `kl_penalty`.
+
+  Returns:
+    float32 ``[B, T]``, 0 at masked positions.
+
+  Raises:
+    ValueError: on mismatched shapes or an unknown kind.
+
+  References:
+    Ziegler et al., 2019, "Fine-Tuning Language Models from Human Preferences",
+    arXiv 1909.08593; Ouyang et al., 2022, "Training language models to follow instructions
+    with human feedback", arXiv 2203.02155; Hu, 2025, "REINFORCE++", arXiv 2501.03262.
   """
   _checks.check_token_and_seq(
       {"token_rewards": token_rewards, "logp": logp, "ref_logp": ref_logp, "mask": mask}, {}

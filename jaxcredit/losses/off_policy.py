@@ -35,11 +35,23 @@ IS_LEVELS = ("token", "sequence", "geometric")
 
 def behaviour_log_weight(old_logp: Array, behaviour_logp: Array, mask: Array,
                          level: str = "token") -> Array:
-  """[B, T] log w at `level`, bounded by +-LOG_RATIO_BOUND, 0 at masked positions:
+  """The behaviour importance log-weight log w at `level`::
 
     token      log w_t = log pi_old(y_t) - log mu(y_t)
     sequence   sum over the row's valid tokens of log w_t (the sequence's ratio)
     geometric  mean over the row's valid tokens of log w_t (length-normalised)
+
+  Args:
+    old_logp: ``[B, T]`` log pi_old, the learner's recomputation before its updates.
+    behaviour_logp: ``[B, T]`` log mu, what the sampler computed.
+    mask: ``[B, T]`` policy actions.
+    level: one of `IS_LEVELS`.
+
+  Returns:
+    float32 ``[B, T]``, bounded by +-LOG_RATIO_BOUND, 0 at masked positions.
+
+  Raises:
+    ValueError: on mismatched shapes or an unknown level.
   """
   _checks.check_choice(level, IS_LEVELS, "importance-weight level")
   _checks.check_same_shape(old_logp=old_logp, behaviour_logp=behaviour_logp, mask=mask)
@@ -75,16 +87,36 @@ def _weighted_ppo(weight_fn, logp, old_logp, advantages, mask, clip_low, clip_hi
 def tis_loss(logp: Array, old_logp: Array, behaviour_logp: Array, advantages: Array, mask: Array,
              *, cap: float = 2.0, level: str = "token", clip_low: float = 0.2,
              clip_high: float = 0.2, aggregation: str = "token-mean") -> tuple[Array, Metrics]:
-  """Truncated importance sampling (Yao et al., 2025, "Your efficient RL framework
-  secretly brings you off-policy RL training"):
+  """Truncated importance sampling::
 
     l_t = sg(min(w, cap)) * max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high))
 
-  with w the behaviour weight at `level` ("token": w_t; "sequence": the product of
-  the row's w_t). Checked against verl's rollout correction
-  (verl/trainer/ppo/rollout_corr_helper.py, `rollout_is` token/sequence truncation).
-  Metrics: is_weight_mean (after truncation), is_truncated_fraction, clipfrac,
-  approx_kl and ratio statistics of r.
+  with w the behaviour weight at `level` ("token": w_t; "sequence": the product of the row's
+  w_t). Checked against verl's rollout correction (verl/trainer/ppo/rollout_corr_helper.py,
+  `rollout_is` token and sequence truncation).
+
+  Args:
+    logp: ``[B, T]`` log pi_theta, the policy being trained.
+    old_logp: ``[B, T]`` log pi_old, the learner's recomputation before its updates.
+    behaviour_logp: ``[B, T]`` log mu, what the sampler computed.
+    advantages: ``[B, T]`` per-token advantages.
+    mask: ``[B, T]`` policy actions.
+    cap: the weight's truncation, > 0.
+    level: "token" or "sequence" (the product of the row's weights).
+    clip_low: the ratio's lower clip, 1 - clip_low.
+    clip_high: the ratio's upper clip, 1 + clip_high.
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and is_weight_mean (after truncation),
+    is_truncated_fraction, clipfrac, approx_kl and ratio statistics of r.
+
+  Raises:
+    ValueError: on mismatched shapes, invalid settings or an unknown aggregation.
+
+  References:
+    Yao et al., 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    Training" (blog post).
   """
   _checks.check_in_range(cap, "cap", low=0.0, low_open=True)
   log_w = behaviour_log_weight(old_logp, behaviour_logp, mask, level)
@@ -100,15 +132,14 @@ def masked_is_loss(logp: Array, old_logp: Array, behaviour_logp: Array, advantag
                    mask: Array, *, low: float = 0.5, high: float = 2.0, level: str = "token",
                    clip_low: float = 0.2, clip_high: float = 0.2,
                    aggregation: str = "token-mean") -> tuple[Array, Metrics]:
-  """Masked importance sampling (IcePop, Ling Team 2025; MIS): weights outside a band
-  are dropped instead of truncated,
+  """Masked importance sampling (IcePop; MIS): weights outside a band are dropped instead of
+  truncated::
 
     l_t = sg(w 1[low <= w <= high]) * max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high))
 
-  with w the behaviour weight at `level` ("token": w_t; "sequence": the row's
-  geometric mean exp(mean_t log w_t), which drops or keeps whole responses). A dropped
-  token stays in the loss's denominator (it contributes 0). Metrics: is_masked_fraction,
-  is_weight_mean (after masking), clipfrac, approx_kl and ratio statistics.
+  with w the behaviour weight at `level` ("token": w_t; "sequence": the row's geometric mean
+  exp(mean_t log w_t), which drops or keeps whole responses). A dropped token stays in the
+  loss's denominator (it contributes 0).
 
   Relation to verl's rejection masks (verl 0.9, trainer/ppo/rollout_corr_helper.py,
   `compute_rollout_rejection_mask`), which agree after two convention mappings (tested
@@ -121,8 +152,28 @@ def masked_is_loss(logp: Array, old_logp: Array, behaviour_logp: Array, advantag
       token-mean divides by the kept tokens; here by every valid token: verl's loss is
       this loss times (valid tokens / kept tokens).
 
+  Args:
+    logp: ``[B, T]`` log pi_theta, the policy being trained.
+    old_logp: ``[B, T]`` log pi_old, the learner's recomputation before its updates.
+    behaviour_logp: ``[B, T]`` log mu, what the sampler computed.
+    advantages: ``[B, T]`` per-token advantages.
+    mask: ``[B, T]`` policy actions.
+    low: the band's lower end, >= 0.
+    high: the band's upper end, >= low.
+    level: "token" or "sequence" (the row's geometric mean weight).
+    clip_low: the ratio's lower clip, 1 - clip_low.
+    clip_high: the ratio's upper clip, 1 + clip_high.
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and is_masked_fraction, is_weight_mean (after
+    masking), clipfrac, approx_kl and ratio statistics.
+
+  Raises:
+    ValueError: on mismatched shapes, invalid settings or an unknown aggregation.
+
   References:
-    Ling Team, "Every Step Evolves" (IcePop), arXiv 2510.18855.
+    Ling Team, 2025, "Every Step Evolves" (IcePop), arXiv 2510.18855.
   """
   _checks.check_in_range(low, "low", low=0.0)
   _checks.check_in_range(high, "high", low=0.0, low_open=True)
@@ -140,14 +191,29 @@ def masked_is_loss(logp: Array, old_logp: Array, behaviour_logp: Array, advantag
 
 def loglinear_proximal_logprobs(logp: Array, behaviour_logp: Array, staleness: Array,
                                 mask: Array) -> Array:
-  """[B, T] the proximal policy's log-probs approximated without a forward pass
-  (AReaL's log-linear approximation, A-3PO, arXiv 2512.06547):
+  """The proximal policy's log-probs approximated without a forward pass (AReaL's log-linear
+  approximation, A-3PO)::
 
-    log pi_prox = log mu + alpha (sg[log pi_theta] - log mu),  alpha = (s - 1) / s
+    log pi_prox = log mu + alpha (sg[log pi_theta] - log mu),    alpha = (s - 1) / s
 
-  for a sample drawn s >= 1 updates ago (alpha = 0 for s <= 1), the proximal policy
-  being one update behind the current one. Checked against AReaL
-  (areal/trainer/ppo/actor.py, `compute_prox_logp_approximations`).
+  for a sample drawn s >= 1 updates ago (alpha = 0 for s <= 1), the proximal policy being
+  one update behind the current one. Checked against AReaL (areal/trainer/ppo/actor.py,
+  `compute_prox_logp_approximations`).
+
+  Args:
+    logp: ``[B, T]`` log pi_theta, the policy being trained.
+    behaviour_logp: ``[B, T]`` log mu, what the sampler computed.
+    staleness: ``[B]`` updates between each sample's sampling parameters and the learner's.
+    mask: ``[B, T]`` policy actions.
+
+  Returns:
+    float32 ``[B, T]``.
+
+  Raises:
+    ValueError: on mismatched shapes.
+
+  References:
+    A-3PO, arXiv 2512.06547.
   """
   _checks.check_token_and_seq({"logp": logp, "behaviour_logp": behaviour_logp, "mask": mask},
                               {"staleness": staleness})
@@ -164,18 +230,42 @@ def decoupled_ppo_loss(logp: Array, old_logp: Array | None, behaviour_logp: Arra
                        cap_mode: str = "mask", level: str = "token", clip_low: float = 0.2,
                        clip_high: float = 0.2, dual_clip: float | None = None,
                        aggregation: str = "token-mean") -> tuple[Array, Metrics]:
-  """Decoupled PPO (Fu et al., 2025, AReaL, arXiv 2505.24298): the trust region is
-  anchored at the proximal policy, the off-policy correction is the behaviour weight,
+  """Decoupled PPO: the trust region is anchored at the proximal policy, the off-policy
+  correction is the behaviour weight::
 
     l_t = sg(w~) * max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high))
-    w~  = w if w <= cap else 0   (cap_mode="mask"),  min(w, cap)  (cap_mode="truncate")
+    w~  = w if w <= cap else 0   (cap_mode="mask"),   min(w, cap)   (cap_mode="truncate")
 
-  w at `level` ("token", or "sequence": the row's geometric mean); cap=None leaves w
-  whole; dual_clip as in `ppo_clip_loss`. proximal="loglinear" replaces old_logp by
-  `loglinear_proximal_logprobs` (needs staleness [B]). Checked against AReaL
-  (areal/utils/functional.py `ppo_actor_loss_fn`, `compute_behave_imp_weight`).
-  Metrics: is_masked_fraction (weights over the cap), is_weight_mean, clipfrac,
-  approx_kl and ratio statistics.
+  Checked against AReaL (areal/utils/functional.py `ppo_actor_loss_fn`,
+  `compute_behave_imp_weight`).
+
+  Args:
+    logp: ``[B, T]`` log pi_theta, the policy being trained.
+    old_logp: ``[B, T]`` the proximal policy's log-probs; None with proximal="loglinear".
+    behaviour_logp: ``[B, T]`` log mu, what the sampler computed.
+    advantages: ``[B, T]`` per-token advantages.
+    mask: ``[B, T]`` policy actions.
+    staleness: ``[B]`` updates since each sample was drawn (needed by proximal="loglinear").
+    proximal: "recompute" (use old_logp) or "loglinear" (`loglinear_proximal_logprobs`).
+    cap: the behaviour weight's cap, > 0, or None to leave w whole.
+    cap_mode: "mask" or "truncate".
+    level: "token" or "sequence" (the row's geometric mean weight).
+    clip_low: the ratio's lower clip, 1 - clip_low.
+    clip_high: the ratio's upper clip, 1 + clip_high.
+    dual_clip: as in `ppo_clip_loss`.
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and is_masked_fraction (weights over the cap),
+    is_weight_mean, clipfrac, approx_kl and ratio statistics.
+
+  Raises:
+    ValueError: on an unknown proximal or cap_mode, a missing old_logp or staleness, or as
+    `ppo_clip_loss`.
+
+  References:
+    Fu et al., 2025, "AReaL: A Large-Scale Asynchronous Reinforcement Learning System for
+    Language Reasoning", arXiv 2505.24298.
   """
   _checks.check_choice(proximal, ("recompute", "loglinear"), "decoupled_ppo proximal")
   _checks.check_choice(cap_mode, ("mask", "truncate"), "decoupled_ppo cap_mode")
@@ -204,15 +294,31 @@ def decoupled_ppo_loss(logp: Array, old_logp: Array | None, behaviour_logp: Arra
 def opsm_loss(logp: Array, old_logp: Array, behaviour_logp: Array, advantages: Array,
               mask: Array, *, delta: float = 1e-4, clip_low: float = 0.2, clip_high: float = 0.2,
               aggregation: str = "token-mean") -> tuple[Array, Metrics]:
-  """Off-policy sequence masking (DeepSeek-V3.2; slime's OPSM): ppo_clip with the
-  tokens of a response dropped where A_t < 0 and the response has drifted,
+  """Off-policy sequence masking (DeepSeek-V3.2; slime's OPSM): ppo_clip with the tokens of a
+  response dropped where A_t < 0 and the response has drifted::
 
-    KL_i = mean over valid t of (log mu(y_t) - sg[log pi_theta(y_t)]),
-    keep_t = not (A_t < 0 and KL_i > delta).
+    KL_i   = mean over valid t of (log mu(y_t) - sg[log pi_theta(y_t)])
+    keep_t = not (A_t < 0 and KL_i > delta)
 
-  Checked against slime (slime/utils/ppo_utils.py, `compute_opsm_mask`). Metrics:
-  opsm_masked_fraction (of valid tokens), seq_kl_mean, clipfrac, approx_kl and ratio
-  statistics.
+  Checked against slime (slime/utils/ppo_utils.py, `compute_opsm_mask`).
+
+  Args:
+    logp: ``[B, T]`` log pi_theta, the policy being trained.
+    old_logp: ``[B, T]`` log pi_old, the learner's recomputation before its updates.
+    behaviour_logp: ``[B, T]`` log mu, what the sampler computed.
+    advantages: ``[B, T]`` per-token advantages.
+    mask: ``[B, T]`` policy actions.
+    delta: the drift threshold, >= 0.
+    clip_low: the ratio's lower clip, 1 - clip_low.
+    clip_high: the ratio's upper clip, 1 + clip_high.
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and opsm_masked_fraction (of valid tokens),
+    seq_kl_mean, clipfrac, approx_kl and ratio statistics.
+
+  Raises:
+    ValueError: on mismatched shapes, invalid settings or an unknown aggregation.
   """
   _checks.check_in_range(delta, "delta", low=0.0)
   _checks.check_same_shape(logp=logp, behaviour_logp=behaviour_logp)
@@ -232,24 +338,42 @@ def opsm_loss(logp: Array, old_logp: Array, behaviour_logp: Array, advantages: A
 def dppo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
               divergence: str = "tv", clip_low: float = 0.2, clip_high: float = 0.2,
               ratio_cap: float = 20.0, aggregation: str = "token-mean") -> tuple[Array, Metrics]:
-  """Divergence PPO, binary variants (arXiv 2602.04879): tokens are masked by a
-  divergence between the sampled token's probabilities p = pi_theta(y_t) and
-  q = pi_old(y_t) instead of by the ratio::
+  """Divergence PPO, binary variants: tokens are masked by a divergence between the sampled
+  token's probabilities ``p = pi_theta(y_t)`` and ``q = pi_old(y_t)`` instead of by the
+  ratio::
 
     l_t = -A_t sg(min(r_t, ratio_cap)) sg(keep_t) log pi_theta(y_t)
     tv: keep_t = p - q <= clip_high  if A_t > 0,   p - q >= -clip_low  otherwise
     kl: D = q log(q / p) + (1 - q) log((1 - q + 1e-8) / (1 - p + 1e-8)),
         keep_t = D <= clip_high or p <= q  if A_t > 0,  D <= clip_low or p >= q  otherwise
 
-  Metrics: clipfrac (masked tokens), ratio_capped_fraction, approx_kl, ratio statistics.
+  verl 0.9 ships the same losses (trainer/ppo/core_algos.py, `compute_policy_loss_dppo_tv` /
+  `_kl`), where clip_ratio_low and clip_ratio_high are the divergence thresholds (clip_low,
+  clip_high here) and clip_ratio_c (default 20.0) is ratio_cap. The cap trades truncation
+  bias for variance: set it from the recipe being reproduced (Stable-RL's scripts choose
+  their own).
+
+  Args:
+    logp: ``[B, T]`` log pi_theta, the policy being trained.
+    old_logp: ``[B, T]`` log pi_old, the learner's recomputation before its updates.
+    advantages: ``[B, T]`` per-token advantages.
+    mask: ``[B, T]`` policy actions.
+    divergence: "tv" or "kl".
+    clip_low: the divergence threshold for A_t <= 0, >= 0.
+    clip_high: the divergence threshold for A_t > 0, >= 0.
+    ratio_cap: the cap of the ratio weight, > 0.
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and clipfrac (masked tokens), ratio_capped_fraction,
+    approx_kl and ratio statistics.
+
+  Raises:
+    ValueError: on mismatched shapes, invalid settings or an unknown aggregation.
 
   References:
     "Rethinking the Trust Region in LLM Reinforcement Learning", arXiv 2602.04879; its
-    reference implementation is sail-sg/Stable-RL. verl 0.9 ships the same losses
-    (trainer/ppo/core_algos.py, `compute_policy_loss_dppo_tv` / `_kl`), where clip_ratio_low
-    and clip_ratio_high are the divergence thresholds (clip_low, clip_high here) and
-    clip_ratio_c (default 20.0) is ratio_cap. The cap trades truncation bias for variance:
-    set it from the recipe being reproduced (Stable-RL's scripts choose their own).
+    reference implementation is sail-sg/Stable-RL.
   """
   _checks.check_choice(divergence, ("tv", "kl"), "dppo divergence")
   _checks.check_in_range(clip_low, "clip_low", low=0.0)
@@ -277,15 +401,32 @@ def dppo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
 def m2po_loss(logp: Array, old_logp: Array, behaviour_logp: Array, advantages: Array,
               mask: Array, *, threshold: float = 0.04,
               aggregation: str = "token-mean") -> tuple[Array, Metrics]:
-  """Second-moment trust policy optimisation (Zheng et al., 2025, arXiv 2510.01161):
-  no ratio clipping; instead the tokens with the largest M2_t = (log w_t)^2 are
-  masked, largest first, until the mean M2 of the kept valid tokens is below
-  `threshold` (`m2_keep_mask`), and
+  """Second-moment trust policy optimisation: no ratio clipping; instead the tokens with the
+  largest ``M2_t = (log w_t)^2`` are masked, largest first, until the mean M2 of the kept
+  valid tokens is below `threshold` (`m2_keep_mask`)::
 
-    l_t = -A_t r_t keep_t.
+    l_t = -A_t r_t keep_t
 
   Checked against AReaL (areal/trainer/ppo/actor.py, `_apply_m2po_masking`).
-  Metrics: m2 (before masking), m2_kept, m2_masked_fraction, approx_kl, ratio statistics.
+
+  Args:
+    logp: ``[B, T]`` log pi_theta, the policy being trained.
+    old_logp: ``[B, T]`` log pi_old, the learner's recomputation before its updates.
+    behaviour_logp: ``[B, T]`` log mu, what the sampler computed.
+    advantages: ``[B, T]`` per-token advantages.
+    mask: ``[B, T]`` policy actions.
+    threshold: the kept tokens' mean M2 bound, > 0.
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and m2 (before masking), m2_kept, m2_masked_fraction,
+    approx_kl and ratio statistics.
+
+  Raises:
+    ValueError: on mismatched shapes, invalid settings or an unknown aggregation.
+
+  References:
+    Zheng et al., 2025, arXiv 2510.01161.
   """
   _checks.check_in_range(threshold, "threshold", low=0.0, low_open=True)
   log_w = behaviour_log_weight(old_logp, behaviour_logp, mask)
@@ -302,9 +443,26 @@ def m2po_loss(logp: Array, old_logp: Array, behaviour_logp: Array, advantages: A
 
 
 def m2_keep_mask(log_w: Array, valid: Array, threshold: float) -> Array:
-  """[B, T] bool: the valid tokens M2PO keeps. With the n valid M2 = log_w^2 sorted
-  descending (ties in row-major order), the k largest are dropped for the smallest k
-  whose remaining mean is below `threshold` (k = n - 1 when none is)."""
+  """The valid tokens M2PO keeps.
+
+  With the n valid ``M2 = log_w^2`` sorted descending (ties in row-major order), the k
+  largest are dropped for the smallest k whose remaining mean is below `threshold`
+  (k = n - 1 when none is).
+
+  Args:
+    log_w: ``[B, T]`` behaviour log-weights.
+    valid: ``[B, T]`` bool.
+    threshold: the kept tokens' mean M2 bound.
+
+  Returns:
+    bool ``[B, T]``, a subset of `valid`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.losses import off_policy
+    >>> off_policy.m2_keep_mask(jnp.array([[0.1, 2.0, 0.1]]), jnp.ones((1, 3), bool), 0.04)
+    Array([[ True, False,  True]], dtype=bool)
+  """
   valid = as_bool(valid)
   m2 = jnp.where(valid, jnp.square(log_w.astype(jnp.float32)), -1.0).reshape(-1)
   order = jnp.argsort(-m2, stable=True)
@@ -321,16 +479,36 @@ def m2_keep_mask(log_w: Array, valid: Array, threshold: float) -> Array:
 def sat_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, staleness: Array, *,
              clip_low: float = 0.2, clip_high: float = 0.2, decay: float = 0.5,
              aggregation: str = "token-mean") -> tuple[Array, Metrics]:
-  """Staleness-adaptive trust region: ppo_clip whose clip range narrows with the
-  sample's staleness s_i (updates between its sampling parameters and the learner's),
+  """Staleness-adaptive trust region: ppo_clip whose clip range narrows with the sample's
+  staleness s_i (updates between its sampling parameters and the learner's)::
 
-    eps_low(s) = clip_low / (1 + decay s),  eps_high(s) = clip_high / (1 + decay s),
-    l_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low(s_i), 1 + eps_high(s_i))).
+    eps_low(s) = clip_low / (1 + decay s),   eps_high(s) = clip_high / (1 + decay s)
+    l_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low(s_i), 1 + eps_high(s_i)))
 
-  The idea of arXiv 2607.18722 (staleness-adaptive trust regions); its exact schedule
-  could not be checked here, so this is the 1 / (1 + decay s) form, and decay = 0 (or
-  s = 0) is ppo_clip. Metrics: clipfrac, clip_scale_mean (mean 1 / (1 + decay s) over
-  rows), approx_kl and ratio statistics.
+  The idea of arXiv 2607.18722 (staleness-adaptive trust regions); its exact schedule could
+  not be checked here, so this is the 1 / (1 + decay s) form, and decay = 0 (or s = 0) is
+  ppo_clip.
+
+  Args:
+    logp: ``[B, T]`` log pi_theta, the policy being trained.
+    old_logp: ``[B, T]`` log pi_old, the learner's recomputation before its updates.
+    advantages: ``[B, T]`` per-token advantages.
+    mask: ``[B, T]`` policy actions.
+    staleness: ``[B]`` updates between each sample's sampling parameters and the learner's.
+    clip_low: the ratio's lower clip, 1 - clip_low.
+    clip_high: the ratio's upper clip, 1 + clip_high.
+    decay: how fast the range narrows, >= 0.
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and clipfrac, clip_scale_mean (mean 1 / (1 + decay s)
+    over rows), approx_kl and ratio statistics.
+
+  Raises:
+    ValueError: on mismatched shapes, invalid settings or an unknown aggregation.
+
+  References:
+    arXiv 2607.18722.
   """
   check_clip(clip_low, clip_high)
   _checks.check_in_range(decay, "decay", low=0.0)
@@ -349,16 +527,34 @@ def sat_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, stale
 def topr_loss(logp: Array, behaviour_logp: Array, advantages: Array, mask: Array, *,
               level: str = "sequence", threshold: float = 0.0,
               aggregation: str = "token-mean") -> tuple[Array, Metrics]:
-  """Tapered off-policy REINFORCE (Le Roux et al., 2025, arXiv 2503.14286): positive
-  samples are learned from as in SFT, negative ones with a truncated weight,
+  """Tapered off-policy REINFORCE: positive samples are learned from as in SFT, negative ones
+  with a truncated weight::
 
-    alpha_t = clip(pi_theta / mu, 0, 1) if A_t <= threshold else 1,
-    l_t = -sg(alpha_t) A_t log pi_theta(y_t),
+    alpha_t = clip(pi_theta / mu, 0, 1) if A_t <= threshold else 1
+    l_t     = -sg(alpha_t) A_t log pi_theta(y_t)
 
-  the ratio taken per sequence (`level="sequence"`, the paper's pi(y|x) / mu(y|x))
-  or per token (`level="token"`, as Trinity-RFT's `topr` loss, which this was
-  checked against: trinity/algorithm/policy_loss_fn/topr_policy_loss.py).
-  Metrics: alpha_mean, approx_kl and ratio statistics of pi_theta / mu.
+  the ratio taken per sequence (`level="sequence"`, the paper's pi(y|x) / mu(y|x)) or per
+  token (`level="token"`, as Trinity-RFT's `topr` loss, which this was checked against:
+  trinity/algorithm/policy_loss_fn/topr_policy_loss.py).
+
+  Args:
+    logp: ``[B, T]`` log pi_theta, the policy being trained.
+    behaviour_logp: ``[B, T]`` log mu, what the sampler computed.
+    advantages: ``[B, T]`` per-token advantages.
+    mask: ``[B, T]`` policy actions.
+    level: "sequence" or "token".
+    threshold: advantages at or below it are tapered.
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and alpha_mean, approx_kl and ratio statistics of
+    pi_theta / mu.
+
+  Raises:
+    ValueError: on mismatched shapes, invalid settings or an unknown aggregation.
+
+  References:
+    Le Roux et al., 2025, "Tapered Off-Policy REINFORCE", arXiv 2503.14286.
   """
   _checks.check_choice(level, ("token", "sequence"), "topr level")
 

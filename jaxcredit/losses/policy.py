@@ -107,13 +107,30 @@ def gspo_loss(
     clip_low: float = 3e-4,
     clip_high: float = 4e-4,
 ) -> tuple[Array, Metrics]:
-  """Group Sequence Policy Optimisation (Zheng et al., 2025), sequence-level.
+  """Group Sequence Policy Optimisation, sequence-level::
 
-  s_i = exp(mean over valid t of (logp - old_logp))   (length-normalised ratio)
-  L   = mean_i max(-A_i * s_i, -A_i * clip(s_i, 1 - clip_low, 1 + clip_high))
-  over all B rows; a row with no valid token contributes 0. seq_advantages: [B].
-  Metrics: clipfrac (fraction of non-empty rows clipped), seq_ratio_mean,
-  approx_kl and token ratio statistics.
+    s_i = exp(mean over valid t of (logp - old_logp))      (length-normalised ratio)
+    L   = mean_i max(-A_i * s_i, -A_i * clip(s_i, 1 - clip_low, 1 + clip_high))
+
+  over all B rows; a row with no valid token contributes 0.
+
+  Args:
+    logp: ``[B, T]`` log-probs under the policy being updated.
+    old_logp: ``[B, T]`` log-probs under the policy the ratio is taken against.
+    seq_advantages: ``[B]`` one advantage per response.
+    mask: ``[B, T]`` policy actions.
+    clip_low: the ratio's lower clip, 1 - clip_low.
+    clip_high: the ratio's upper clip, 1 + clip_high.
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and clipfrac (the fraction of non-empty rows
+    clipped), seq_ratio_mean, approx_kl and token ratio statistics.
+
+  Raises:
+    ValueError: on mismatched shapes, invalid clips or an unknown aggregation.
+
+  References:
+    Zheng et al., 2025, "Group Sequence Policy Optimization", arXiv 2507.18071.
   """
   _checks.check_token_and_seq(
       {"logp": logp, "old_logp": old_logp, "mask": mask},
@@ -147,12 +164,31 @@ def gspo_token_loss(
     clip_high: float = 4e-4,
     aggregation: str = "seq-mean-token-mean",
 ) -> tuple[Array, Metrics]:
-  """GSPO-token (Zheng et al., 2025): the sequence ratio with per-token advantages.
+  """GSPO-token: the sequence ratio with per-token advantages::
 
-  s_{i,t} = sg[s_i] * pi(y_t) / sg[pi(y_t)], s_i = exp(mean_valid(logp - old_logp)):
-  numerically s_i at every token, with the gradient of log pi(y_t). Per token
-  l_t = max(-A_t s_{i,t}, -A_t clip(s_{i,t}, 1 - clip_low, 1 + clip_high)),
-  aggregated. With A_t = A_i it has GSPO's gradient.
+    s_{i,t} = sg[s_i] * pi(y_t) / sg[pi(y_t)],    s_i = exp(mean_valid(logp - old_logp))
+    l_t     = max(-A_t s_{i,t}, -A_t clip(s_{i,t}, 1 - clip_low, 1 + clip_high))
+
+  numerically s_i at every token, with the gradient of log pi(y_t). With A_t = A_i it has
+  GSPO's gradient.
+
+  Args:
+    logp: ``[B, T]`` log-probs under the policy being updated.
+    old_logp: ``[B, T]`` log-probs under the policy the ratio is taken against.
+    advantages: ``[B, T]`` per-token advantages.
+    mask: ``[B, T]`` policy actions.
+    clip_low: the ratio's lower clip, 1 - clip_low.
+    clip_high: the ratio's upper clip, 1 + clip_high.
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and clipfrac, approx_kl and ratio statistics.
+
+  Raises:
+    ValueError: on mismatched shapes, invalid clips or an unknown aggregation.
+
+  References:
+    Zheng et al., 2025, "Group Sequence Policy Optimization", arXiv 2507.18071.
   """
   check_clip(clip_low, clip_high)
 
@@ -169,10 +205,34 @@ def gspo_token_loss(
 def pg_loss(
     logp: Array, advantages: Array, mask: Array, *, aggregation: str = "token-mean"
 ) -> tuple[Array, Metrics]:
-  """REINFORCE (Williams, 1992): l_t = -A_t log pi(a_t), aggregated.
+  """REINFORCE: ``l_t = -A_t log pi(a_t)``, aggregated.
 
   The on-policy gradient with no ratio or clipping (also GPG's loss).
-  Metrics: advantage_mean, logp_mean over valid tokens.
+
+  Args:
+    logp: ``[B, T]`` log-probs under the policy being updated.
+    advantages: ``[B, T]`` per-token advantages.
+    mask: ``[B, T]`` policy actions.
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and advantage_mean and logp_mean over valid
+    tokens.
+
+  Raises:
+    ValueError: on mismatched shapes or an unknown aggregation.
+
+  References:
+    Williams, 1992, "Simple Statistical Gradient-Following Algorithms for Connectionist
+    Reinforcement Learning", Machine Learning 8.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> loss, _ = losses.pg_loss(jnp.log(jnp.array([[0.5, 0.25]])), jnp.array([[1.0, -1.0]]),
+    ...                          jnp.ones((1, 2), bool))
+    >>> round(float(loss), 4)  # (-log 0.5 + log 0.25) / 2
+    -0.3466
   """
   _checks.check_token_and_seq({"logp": logp, "advantages": advantages, "mask": mask}, {})
   valid = as_bool(mask)
@@ -194,12 +254,32 @@ def cispo_loss(
     clip_high: float = 0.28,
     aggregation: str = "token-mean",
 ) -> tuple[Array, Metrics]:
-  """CISPO (MiniMax, 2025): clip the importance weight, not the update.
+  """CISPO: clip the importance weight, not the update::
 
-  l_t = -sg[clip(r_t, 1 - clip_low, 1 + clip_high)] * A_t * log pi(a_t), so
-  every token keeps a gradient (rare "fork" tokens are not clipped away).
-  clip_low=1.0 means no lower bound, as in the paper.
-  Metrics: clipfrac (weights that were clipped), approx_kl, ratio statistics.
+    l_t = -sg[clip(r_t, 1 - clip_low, 1 + clip_high)] * A_t * log pi(a_t)
+
+  so every token keeps a gradient (rare "fork" tokens are not clipped away). clip_low=1.0
+  means no lower bound, as in the paper.
+
+  Args:
+    logp: ``[B, T]`` log-probs under the policy being updated.
+    old_logp: ``[B, T]`` log-probs under the policy the ratio is taken against.
+    advantages: ``[B, T]`` per-token advantages.
+    mask: ``[B, T]`` policy actions.
+    clip_low: the ratio's lower clip, 1 - clip_low.
+    clip_high: the ratio's upper clip, 1 + clip_high.
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and clipfrac (weights that were clipped),
+    approx_kl and ratio statistics.
+
+  Raises:
+    ValueError: on mismatched shapes, invalid clips or an unknown aggregation.
+
+  References:
+    MiniMax, 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning
+    Attention", arXiv 2506.13585.
   """
   check_clip(clip_low, clip_high)
 
@@ -220,13 +300,32 @@ def gmpo_loss(
     clip_low: float = 0.4,
     clip_high: float = 0.4,
 ) -> tuple[Array, Metrics]:
-  """Geometric-Mean Policy Optimisation (Zhao et al., 2025), sequence-level.
+  """Geometric-Mean Policy Optimisation, sequence-level.
 
-  Token log-ratios are clipped in log space on the side that matters for the
-  sign of A_i = mean_valid(A_t): lr_t = min(lr_t, clip_high) if A_i > 0,
-  max(lr_t, -clip_low) if A_i < 0. Then
-  L = mean_i -A_i * exp(mean_valid(lr_t)) over all B rows (a row with no valid
-  token contributes 0). Metrics: clipfrac, approx_kl, ratio statistics.
+  Token log-ratios are clipped in log space on the side that matters for the sign of
+  ``A_i = mean_valid(A_t)``::
+
+    lr_t = min(lr_t, clip_high) if A_i > 0,   max(lr_t, -clip_low) if A_i < 0
+    L    = mean_i -A_i * exp(mean_valid(lr_t))
+
+  over all B rows (a row with no valid token contributes 0).
+
+  Args:
+    logp: ``[B, T]`` log-probs under the policy being updated.
+    old_logp: ``[B, T]`` log-probs under the policy the ratio is taken against.
+    advantages: ``[B, T]`` per-token advantages.
+    mask: ``[B, T]`` policy actions.
+    clip_low: the log-ratio's lower clip, -clip_low.
+    clip_high: the log-ratio's upper clip.
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and clipfrac, approx_kl and ratio statistics.
+
+  Raises:
+    ValueError: on mismatched shapes.
+
+  References:
+    Zhao et al., 2025, "Geometric-Mean Policy Optimization", arXiv 2507.20673.
   """
   valid, log_ratio, advantages = token_inputs(logp, old_logp, advantages, mask)
   seq_advantages = masked_mean(advantages, valid, axis=1)
@@ -254,13 +353,32 @@ def sapo_loss(
     tau_neg: float = 1.05,
     aggregation: str = "token-mean",
 ) -> tuple[Array, Metrics]:
-  """Soft Adaptive Policy Optimisation (Gao et al., 2025): a soft trust region.
+  """Soft Adaptive Policy Optimisation: a soft trust region::
 
-  f(r) = (4 / tau) * sigmoid(tau * (r - 1)), tau = tau_pos if A_t > 0 else tau_neg;
-  l_t = -f(r_t) * A_t. The gate's slope is 1 at r = 1 (the on-policy gradient)
-  and decays smoothly off-policy instead of a hard clip.
-  Metrics: gate_mean (f'(r) = 4 sigmoid (1 - sigmoid), the gradient scale),
-  approx_kl, ratio statistics.
+    f(r) = (4 / tau) * sigmoid(tau * (r - 1)),   tau = tau_pos if A_t > 0 else tau_neg
+    l_t  = -f(r_t) * A_t
+
+  The gate's slope is 1 at r = 1 (the on-policy gradient) and decays smoothly off-policy
+  instead of a hard clip.
+
+  Args:
+    logp: ``[B, T]`` log-probs under the policy being updated.
+    old_logp: ``[B, T]`` log-probs under the policy the ratio is taken against.
+    advantages: ``[B, T]`` per-token advantages.
+    mask: ``[B, T]`` policy actions.
+    tau_pos: the gate's temperature for positive advantages, > 0.
+    tau_neg: the gate's temperature for non-positive advantages, > 0.
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and gate_mean (``f'(r) = 4 sigmoid (1 -
+    sigmoid)``, the gradient scale), approx_kl and ratio statistics.
+
+  Raises:
+    ValueError: on mismatched shapes, a temperature <= 0 or an unknown aggregation.
+
+  References:
+    Gao et al., 2025, "Soft Adaptive Policy Optimization", arXiv 2511.20347.
   """
   _checks.check_in_range(tau_pos, "tau_pos", low=0.0, low_open=True)
   _checks.check_in_range(tau_neg, "tau_neg", low=0.0, low_open=True)

@@ -41,13 +41,36 @@ def dpo_loss(
     *,
     beta: float = 0.1,
 ) -> tuple[Array, dict[str, Array]]:
-  """Direct Preference Optimisation (Rafailov et al., 2023).
+  """Direct Preference Optimisation::
 
-  Inputs are summed sequence log-probs [B]. With
-  margin = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected):
-  L = mean(-log sigmoid(beta * margin)) = mean(softplus(-beta * margin)).
-  Metrics: reward_accuracy (margin > 0), margin, chosen_reward and
-  rejected_reward (beta * log-ratio to the reference).
+    margin = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)
+    L      = mean(-log sigmoid(beta * margin)) = mean(softplus(-beta * margin))
+
+  Args:
+    policy_chosen: ``[B]`` summed log-probs of the chosen responses under the policy.
+    policy_rejected: ``[B]`` the same for the rejected responses.
+    ref_chosen: ``[B]`` summed log-probs of the chosen responses under the reference.
+    ref_rejected: ``[B]`` the same for the rejected responses.
+    beta: the implicit reward's scale, > 0.
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and reward_accuracy (margin > 0), margin,
+    chosen_reward and rejected_reward (beta * log-ratio to the reference).
+
+  Raises:
+    ValueError: on a rank other than 1, mismatched shapes or beta <= 0.
+
+  References:
+    Rafailov et al., 2023, "Direct Preference Optimization: Your Language Model is Secretly
+    a Reward Model", arXiv 2305.18290.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> zero = jnp.zeros(2)
+    >>> loss, metrics = losses.dpo_loss(zero, zero, zero, zero)
+    >>> round(float(loss), 4)  # log 2 at a zero margin
+    0.6931
   """
   margin, metrics = _preference_margin(policy_chosen, policy_rejected, ref_chosen, ref_rejected,
                                        beta)
@@ -62,11 +85,30 @@ def ipo_loss(
     *,
     beta: float = 0.1,
 ) -> tuple[Array, dict[str, Array]]:
-  """Identity Preference Optimisation (Azar et al., 2023).
+  """Identity Preference Optimisation::
 
-  h = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected);
-  L = mean((h - 1 / (2 beta))^2). Sequence log-probs [B] (sums, or means for
-  length-normalised IPO). Metrics as `dpo_loss`.
+    h = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)
+    L = mean((h - 1 / (2 beta))^2)
+
+  on sequence log-probs (sums, or means for length-normalised IPO).
+
+  Args:
+    policy_chosen: ``[B]`` summed log-probs of the chosen responses under the policy.
+    policy_rejected: ``[B]`` the same for the rejected responses.
+    ref_chosen: ``[B]`` summed log-probs of the chosen responses under the reference.
+    ref_rejected: ``[B]`` the same for the rejected responses.
+    beta: the implicit reward's scale, > 0.
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and reward_accuracy (margin > 0), margin,
+    chosen_reward and rejected_reward (beta * log-ratio to the reference).
+
+  Raises:
+    ValueError: on a rank other than 1, mismatched shapes or beta <= 0.
+
+  References:
+    Azar et al., 2023, "A General Theoretical Paradigm to Understand Learning from Human
+    Preferences", arXiv 2310.12036.
   """
   margin, metrics = _preference_margin(policy_chosen, policy_rejected, ref_chosen, ref_rejected,
                                        beta)
@@ -82,11 +124,30 @@ def simpo_loss(
     beta: float = 2.0,
     gamma: float = 1.0,
 ) -> tuple[Array, dict[str, Array]]:
-  """SimPO (Meng et al., 2024): reference-free, length-normalised.
+  """SimPO: reference-free, length-normalised::
 
-  L = mean(-log sigmoid(beta * pc / |yc| - beta * pr / |yr| - gamma)), with
-  summed log-probs pc, pr and response lengths |y| [B] (a length of 0 gives
-  a reward of 0). Metrics: reward_accuracy, margin, chosen_reward, rejected_reward.
+    L = mean(-log sigmoid(beta * pc / |yc| - beta * pr / |yr| - gamma))
+
+  with summed log-probs pc, pr and response lengths |y| (a length of 0 gives a reward of 0).
+
+  Args:
+    policy_chosen: ``[B]`` summed log-probs of the chosen responses.
+    policy_rejected: ``[B]`` summed log-probs of the rejected responses.
+    chosen_lengths: ``[B]`` the chosen responses' lengths in tokens.
+    rejected_lengths: ``[B]`` the rejected responses' lengths in tokens.
+    beta: the reward's scale, > 0.
+    gamma: the target reward margin, >= 0.
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and reward_accuracy, margin, chosen_reward and
+    rejected_reward.
+
+  Raises:
+    ValueError: on a rank other than 1, mismatched shapes, beta <= 0 or gamma < 0.
+
+  References:
+    Meng et al., 2024, "SimPO: Simple Preference Optimization with a Reference-Free Reward",
+    arXiv 2405.14734.
   """
   arrays = dict(policy_chosen=policy_chosen, policy_rejected=policy_rejected,
                 chosen_lengths=chosen_lengths, rejected_lengths=rejected_lengths)

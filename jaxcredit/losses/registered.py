@@ -45,9 +45,16 @@ names = REGISTRY.names
 
 
 def sequence_advantages(advantages: Array, mask: Array) -> Array:
-  """Per-row mean of token advantages over valid tokens, [B, T] -> [B].
+  """The per-row mean of token advantages over valid tokens.
 
   For a broadcast sequence advantage (GRPO, RLOO) this recovers it exactly.
+
+  Args:
+    advantages: ``[B, T]`` per-token advantages.
+    mask: ``[B, T]`` policy actions.
+
+  Returns:
+    float32 ``[B]``; 0 for a row without valid tokens.
   """
   return masked_mean(sanitise(advantages, as_bool(mask)), as_bool(mask), axis=1)
 

@@ -17,12 +17,35 @@ def value_loss(
     clip: float | None = 0.2,
     aggregation: str = "token-mean",
 ) -> tuple[Array, dict[str, Array]]:
-  """Clipped value loss (PPO2, as in OpenAI baselines / TRL / verl).
+  """Clipped value loss (PPO2, as in OpenAI baselines, TRL and verl)::
 
-  v_clip = old_values + clip(values - old_values, -clip, clip)
-  l_t    = 0.5 * max((values - R)^2, (v_clip - R)^2);  clip=None: 0.5 (values - R)^2.
-  All [B, T]. Metrics: clipfrac (the clipped branch is larger), value_mean,
-  mse (unclipped squared error).
+    v_clip = old_values + clip(values - old_values, -clip, clip)
+    l_t    = 0.5 * max((values - R)^2, (v_clip - R)^2)
+
+  and ``0.5 (values - R)^2`` with clip=None.
+
+  Args:
+    values: ``[B, T]`` the critic's current values.
+    old_values: ``[B, T]`` its values when the rollout was scored.
+    returns: ``[B, T]`` value targets R.
+    mask: ``[B, T]`` policy actions.
+    clip: the value clip, >= 0, or None.
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and clipfrac (the clipped branch is larger),
+    value_mean and mse (the unclipped squared error).
+
+  Raises:
+    ValueError: on mismatched shapes, clip < 0 or an unknown aggregation.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> loss, metrics = losses.value_loss(jnp.array([[1.0]]), jnp.array([[0.0]]),
+    ...                                   jnp.array([[1.0]]), jnp.ones((1, 1), bool), clip=0.5)
+    >>> float(loss), float(metrics["clipfrac"])  # the clipped value 0.5 misses by 0.5
+    (0.125, 1.0)
   """
   _checks.check_token_and_seq(
       {"values": values, "old_values": old_values, "returns": returns, "mask": mask}, {}
@@ -48,10 +71,20 @@ def value_loss(
 def entropy_bonus(
     entropy: Array, mask: Array, *, aggregation: str = "token-mean"
 ) -> tuple[Array, dict[str, Array]]:
-  """loss = -aggregate(entropy): minimising it raises the policy's entropy.
+  """``loss = -aggregate(entropy)``: minimising it raises the policy's entropy.
 
-  entropy, mask: [B, T]. Scale with a coefficient when combining. Metrics:
-  entropy (token mean over valid tokens).
+  Scale it with a coefficient when combining.
+
+  Args:
+    entropy: ``[B, T]`` the policy's entropy at each token.
+    mask: ``[B, T]`` policy actions.
+    aggregation: how token losses are reduced (`aggregate`'s modes).
+
+  Returns:
+    ``(loss, metrics)``: a float32 scalar, and entropy (token mean over valid tokens).
+
+  Raises:
+    ValueError: on mismatched shapes or an unknown aggregation.
   """
   _checks.check_token_and_seq({"entropy": entropy, "mask": mask}, {})
   valid = as_bool(mask)

@@ -37,8 +37,20 @@ class Environment(Protocol):
 
 
 def as_observation(observation: Any, vocab_size: int, where: str) -> np.ndarray:
-  """`observation` as a 1-D int32 array of ids in [0, vocab_size); TypeError or
-  ValueError naming `where` when it is not one (text, floats, ids out of range)."""
+  """An environment's observation as token ids, validated.
+
+  Args:
+    observation: what the environment returned.
+    vocab_size: the policy's vocabulary size.
+    where: the caller's name, for the error message.
+
+  Returns:
+    int32 ``[n]`` ids in ``[0, vocab_size)``.
+
+  Raises:
+    TypeError: when it is not a 1-D array of integer ids (text, floats).
+    ValueError: on ids outside the vocabulary.
+  """
   array = np.asarray(observation)
   if array.ndim != 1 or not (np.issubdtype(array.dtype, np.integer) or array.size == 0):
     raise TypeError(
@@ -51,7 +63,19 @@ def as_observation(observation: Any, vocab_size: int, where: str) -> np.ndarray:
 
 
 def as_reward(reward: Any, where: str) -> float:
-  """`reward` as a finite float; TypeError or ValueError naming `where` otherwise."""
+  """An environment's reward as a finite float, validated.
+
+  Args:
+    reward: what the environment returned.
+    where: the caller's name, for the error message.
+
+  Returns:
+    the reward as a float.
+
+  Raises:
+    TypeError: when it is not a real scalar.
+    ValueError: when it is not finite.
+  """
   array = np.asarray(reward)
   if array.ndim != 0 or array.dtype.kind not in "iuf":
     raise TypeError(f"{where} returned a reward that is not a real number: {reward!r}.")
