@@ -65,10 +65,16 @@ def register(*keys: str, overwrite: bool = False,
   """Decorator registering a provider factory for the rollout.extras `keys` it computes.
 
   Args:
-    keys: the rollout.extras keys the factory's provider computes.
+    *keys: the rollout.extras keys the factory's provider computes.
     overwrite: replace an earlier registration of a key.
-    refuses: refuses(task) -> why the provider cannot serve `task` (a `TrainTask`), or None
-      when it can; `hook` asks it before any work.
+    refuses: ``refuses(task) -> str | None``, why the provider cannot serve `task` (a
+      `TrainTask`), or None when it can; `hook` asks it before any work.
+
+  Returns:
+    the decorator, which returns the factory unchanged.
+
+  Raises:
+    ValueError: when a key is registered already and `overwrite` is False.
   """
 
   def decorator(factory: Factory) -> Factory:
@@ -85,8 +91,19 @@ def _load_entry_points() -> None:
 
 
 def provider_factory(key: str, *, needed_by: str) -> Factory:
-  """The factory registered for `key` (importing the entry-point modules if
-  none is yet); ValueError naming the estimator and the known keys otherwise."""
+  """The factory registered for an extras key, importing the "jaxcredit.extras" entry-point
+  modules if none is registered yet.
+
+  Args:
+    key: a rollout.extras key.
+    needed_by: the estimator that needs it, for the error message.
+
+  Returns:
+    ``factory(settings, *, temperature) -> Hook``.
+
+  Raises:
+    ValueError: naming the estimator and the known keys when no provider computes `key`.
+  """
   if key not in PROVIDERS:
     _load_entry_points()
   if key not in PROVIDERS:
@@ -98,10 +115,22 @@ def provider_factory(key: str, *, needed_by: str) -> Factory:
 
 def hook(advantage: estimators.compose.AdvantageFn, *, temperature: float = 1.0,
          task: Any = None) -> Hook | None:
-  """One function computing every extra that `advantage`'s estimators need
-  (each provider once, made from the first estimator that needs it), or None
-  when they need none. Raises ValueError at once for a key with no provider, or
-  whose provider refuses `task` (when given)."""
+  """One function computing every extra that an advantage function's estimators need.
+
+  Each provider is made once, from the settings of the first estimator that needs it.
+
+  Args:
+    advantage: an advantage function (`estimators.from_config`, `estimators.component`).
+    temperature: the sampling temperature, passed to every factory.
+    task: the run's `TrainTask`, checked against each provider's `refuses`; None skips the
+      check.
+
+  Returns:
+    a `Chain` of the providers, or None when the estimators need no extras.
+
+  Raises:
+    ValueError: at once for a key with no provider, or whose provider refuses `task`.
+  """
   made: dict[Factory, Hook] = {}
   for component in estimators.components(advantage):
     for key in component.needs:
@@ -150,7 +179,14 @@ class Chain:
 
 
 def chain(*hooks: Hook | None) -> Chain | None:
-  """A `Chain` of `hooks` (None entries skipped; None if none is left)."""
+  """Hooks run in order as one.
+
+  Args:
+    *hooks: hooks, or None entries (skipped).
+
+  Returns:
+    a `Chain`, or None when no hook is left.
+  """
   hooks = [hook for hook in hooks if hook is not None]
   return Chain(hooks) if hooks else None
 

@@ -46,8 +46,21 @@ class ImplicitPRM:
 
 
 def loss(prm, rollout, actions, beta: float, temperature: float):
-  """(BCE(sigmoid(beta sum_t (log pi_phi - log pi_ref)), R), the PRM's log-probs [B, L],
-  0 off the mask) of a rollout with ref_logprobs."""
+  """PRIME's implicit-PRM loss on a rollout::
+
+    BCE(sigmoid(beta sum_t (log pi_phi - log pi_ref)), R)
+
+  Args:
+    prm: the PRM, a `jaxcredit.models.Transformer`.
+    rollout: a `Rollout` with ``ref_logprobs``.
+    actions: the task's action restrictions.
+    beta: the implicit reward's scale.
+    temperature: the sampling temperature.
+
+  Returns:
+    ``(loss, logprobs)``: a float32 scalar, and the PRM's log-probs ``[B, L]``, 0 off the
+    mask.
+  """
   logprobs = forward.policy_outputs(prm, rollout, temperature, actions).logprobs
   valid = rollout.mask
   score = beta * jnp.sum(jnp.where(valid, logprobs - rollout.ref_logprobs, 0.0), axis=1)
@@ -56,8 +69,19 @@ def loss(prm, rollout, actions, beta: float, temperature: float):
 
 
 def update(prm, optimizer, rollout, actions, beta: float, temperature: float):
-  """(BCE loss, the pre-update PRM log-probs) and one Adam step of the PRM, in place.
-  Traceable."""
+  """One Adam step of the PRM on `loss`, in place. Traceable.
+
+  Args:
+    prm: the PRM, a `jaxcredit.models.Transformer`.
+    optimizer: its `nnx.Optimizer`.
+    rollout: a `Rollout` with ``ref_logprobs``.
+    actions: the task's action restrictions.
+    beta: the implicit reward's scale.
+    temperature: the sampling temperature.
+
+  Returns:
+    ``(loss, logprobs)``: the BCE loss and the pre-update PRM log-probs ``[B, L]``.
+  """
   (value, logprobs), grads = nnx.value_and_grad(loss, has_aux=True)(
       prm, rollout, actions, beta, temperature)
   optimizer.update(prm, grads)

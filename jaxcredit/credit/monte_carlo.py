@@ -40,10 +40,24 @@ def mc_value_stats(returns: Array, valid: Array, *,
                    binary: bool = True) -> tuple[Array, Array, Array]:
   """Mean, variance and standard error of K returns per state.
 
-  returns, valid: [M, K]. binary=True: the standard error uses the
-  Agresti-Coull proportion (k + 2) / (K + 4), so 0/K or K/K successes never
-  report SE = 0; otherwise the sample variance (ddof = 1). States with no
-  valid return get mean 0 and SE 0.5 (the largest a [0, 1] mean can have).
+  Args:
+    returns: ``[M, K]`` returns of K continuations per state.
+    valid: ``[M, K]`` bool, the returns that count.
+    binary: the returns are 0/1: the standard error uses the Agresti-Coull proportion
+      ``(k + 2) / (K + 4)``, so 0/K or K/K successes never report SE = 0; otherwise the
+      sample variance (ddof = 1).
+
+  Returns:
+    ``(mean, var, stderr)``, float32 ``[M]`` each; states with no valid return get mean 0
+    and SE 0.5 (the largest a [0, 1] mean can have).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.credit import monte_carlo
+    >>> mean, _, se = monte_carlo.mc_value_stats(jnp.array([[1.0, 1.0, 1.0, 1.0]]),
+    ...                                          jnp.ones((1, 4), bool))
+    >>> float(mean[0]), round(float(se[0]), 4)  # Agresti-Coull: (4 + 2) / (4 + 4)
+    (1.0, 0.2165)
   """
   valid = jnp.asarray(valid, bool)
   count = jnp.sum(valid, axis=1)
@@ -60,12 +74,21 @@ def mc_value_stats(returns: Array, valid: Array, *,
 
 
 def select_positions(mask: Array, logprobs: Array | None, spec: str) -> Array:
-  """[B, L] bool: where a budgeted oracle evaluates V(s_t). Every row's first
-  action is always included (segments start there).
+  """Where a budgeted oracle evaluates V(s_t). Every row's first action is always included
+  (segments start there).
 
-  spec: "all" (every action), "stride:k" (every k-th action of the row),
-  "cutpoints:tau" (actions with pi(y_t) < tau: where the outcome can fork,
-  as in SPO's cutpoints).
+  Args:
+    mask: ``[B, L]`` bool, the actions.
+    logprobs: ``[B, L]`` behaviour log-probs, or None (needed by "cutpoints:tau").
+    spec: "all" (every action), "stride:k" (every k-th action of the row) or
+      "cutpoints:tau" (actions with pi(y_t) < tau: where the outcome can fork, as in SPO's
+      cutpoints).
+
+  Returns:
+    bool ``[B, L]``, a subset of `mask`.
+
+  Raises:
+    ValueError: on an unknown spec, or cutpoints without log-probs.
   """
   mask = jnp.asarray(mask, bool)
   index = jnp.cumsum(mask, axis=1) - 1  # rank of each action within its row
@@ -175,7 +198,14 @@ class Continuations:
 
 
 def returns_stats(returns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """float64 mean and standard error of [M, K] returns (Agresti-Coull when they are all 0 or 1)."""
+  """The float64 mean and standard error of K returns per state.
+
+  Args:
+    returns: ``[M, K]`` returns (Agresti-Coull when they are all 0 or 1).
+
+  Returns:
+    ``(mean, stderr)``, float64 ``[M]`` each (see `mc_value_stats`).
+  """
   binary = bool(np.isin(returns, (0.0, 1.0)).all())
   mean, _, stderr = mc_value_stats(jnp.asarray(returns), jnp.ones(returns.shape, bool),
                                    binary=binary)
@@ -189,13 +219,32 @@ def mc_credit(model, task: tasks.TrainTask, tokens: np.ndarray, mask: np.ndarray
   """Plain Monte-Carlo credit (VinePPO) at the positions `select_positions` picks.
 
   V(s_t) is the mean reward of `k` continuations from s_t; segment credit
-  V(next point) - V(point) is copied to each segment's tokens, adv_stderr =
-  sqrt(SE_start^2 + SE_end^2) (independent rollout sets).
+  ``V(next point) - V(point)`` is copied to each segment's tokens, with
+  ``adv_stderr = sqrt(SE_start^2 + SE_end^2)`` (independent rollout sets). Continuations use
+  the task's action sets and hidden steps, so they follow the sampling policy.
 
-  tokens, mask, token_valid: [B, L] rows as the trainer lays them out;
-  examples: the B task examples (for the reward); logprobs: the behaviour
-  log-probs (for positions="cutpoints:tau"). Continuations use the task's
-  action sets and hidden steps, so they follow the sampling policy.
+  Args:
+    model: the policy that produced the rows (continuations are sampled from it).
+    task: the run's `tasks.TrainTask` (rewards, action sets and hidden steps).
+    tokens: ``[B, L]`` int rows as the trainer lays them out, L = P + N.
+    mask: ``[B, L]`` bool, the actions.
+    token_valid: ``[B, L]`` bool, the real tokens.
+    examples: the B task examples (for the reward).
+    key: a PRNG key; continuations use ``fold_in(key, MC_STREAM)``.
+    k: continuations per evaluated state.
+    positions: where V is evaluated (`select_positions`' spec).
+    logprobs: ``[B, L]`` the behaviour log-probs (needed by "cutpoints:tau").
+    temperature: the sampling temperature.
+    max_rows: continuation rows sampled per call at most.
+
+  Returns:
+    a `Credit` of ``[B, L]`` arrays and the rollouts' cost.
+
+  Raises:
+    ValueError: when the rows are not ``[B, P + N]`` of the task, or on a bad spec.
+
+  References:
+    Kazemnejad et al., 2024, "VinePPO", arXiv 2410.01679.
   """
   start = MonteCarloStart.make(model, task, tokens, mask, token_valid, examples, key, k=k,
                                positions=positions, logprobs=logprobs, temperature=temperature,
@@ -247,10 +296,22 @@ class MonteCarloStart:
 
 def rb_advantages(q_taken: Array, q_others: Array, p_taken: Array, se_taken: Array,
                   se_others: Array) -> tuple[Array, Array]:
-  """Rao-Blackwellised credit: A = (1 - pi)(Q_y - Q_-),
-  SE = (1 - pi) sqrt(SE_y^2 + SE_-^2). q_taken: Q(s_t, y_t); q_others: the
-  mean Q of the other actions under pi (rollouts whose first token is drawn
-  with y_t banned); p_taken: pi(y_t | s_t). All [M]."""
+  """Rao-Blackwellised credit from Q estimates::
+
+    A  = (1 - pi)(Q_y - Q_-)
+    SE = (1 - pi) sqrt(SE_y^2 + SE_-^2)
+
+  Args:
+    q_taken: ``[M]`` Q(s_t, y_t).
+    q_others: ``[M]`` the mean Q of the other actions under pi (rollouts whose first token
+      is drawn with y_t banned).
+    p_taken: ``[M]`` pi(y_t | s_t).
+    se_taken: ``[M]`` the standard error of `q_taken`.
+    se_others: ``[M]`` the standard error of `q_others`.
+
+  Returns:
+    ``(advantages, stderr)``, ``[M]`` each.
+  """
   weight = 1.0 - p_taken
   return weight * (q_taken - q_others), weight * jnp.sqrt(se_taken**2 + se_others**2)
 
@@ -259,11 +320,32 @@ def rb_credit(model, task: tasks.TrainTask, tokens: np.ndarray, mask: np.ndarray
               token_valid: np.ndarray, examples: Sequence[dict], key: Array, *, k: int,
               positions: str = "all", logprobs: np.ndarray | None = None, temperature: float = 1.0,
               max_rows: int = 4096) -> Credit:
-  """Rao-Blackwellised Monte-Carlo credit at the positions `select_positions` picks:
-  A_t = (1 - pi_t)(Q_y - Q_-) from k continuations of s_t + y_t and k of s_t
-  with y_t banned at the first step (`rb_advantages`; 2k rollouts per
-  position); unevaluated actions get 0 with adv_stderr 0. Arguments as
-  `mc_credit`; `logprobs` (pi(y_t | s_t)) is required."""
+  """Rao-Blackwellised Monte-Carlo credit at the positions `select_positions` picks.
+
+  ``A_t = (1 - pi_t)(Q_y - Q_-)`` from k continuations of s_t + y_t and k of s_t with y_t
+  banned at the first step (`rb_advantages`; 2k rollouts per position); unevaluated actions
+  get 0 with adv_stderr 0.
+
+  Args:
+    model: the policy that produced the rows (continuations are sampled from it).
+    task: the run's `tasks.TrainTask` (rewards, action sets and hidden steps).
+    tokens: ``[B, L]`` int rows as the trainer lays them out, L = P + N.
+    mask: ``[B, L]`` bool, the actions.
+    token_valid: ``[B, L]`` bool, the real tokens.
+    examples: the B task examples (for the reward).
+    key: a PRNG key; continuations use ``fold_in(key, MC_STREAM)``.
+    k: continuations per evaluated state.
+    positions: where V is evaluated (`select_positions`' spec).
+    logprobs: ``[B, L]`` the behaviour log-probs pi(y_t | s_t), required.
+    temperature: the sampling temperature.
+    max_rows: continuation rows sampled per call at most.
+
+  Returns:
+    a `Credit` of ``[B, L]`` arrays and the rollouts' cost.
+
+  Raises:
+    ValueError: without `logprobs`, or as `mc_credit`.
+  """
   if logprobs is None:
     raise ValueError("rb_credit needs the behaviour logprobs (pi(y_t | s_t)).")
   start = MonteCarloStart.make(model, task, tokens, mask, token_valid, examples, key, k=k,

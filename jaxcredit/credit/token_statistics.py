@@ -34,9 +34,26 @@ def _log_comb(n, k):
 
 
 def fisher_p(a, b, c, d, max_total: int) -> Array:
-  """Fisher's exact two-sided p-value of 2x2 tables [[a, b], [c, d]] (float arrays of one
-  shape, a + b + c + d <= max_total): the probability, under the hypergeometric law of the
-  table's margins, of the tables at most as likely as the observed one."""
+  """Fisher's exact two-sided p-value of 2x2 tables ``[[a, b], [c, d]]``.
+
+  The probability, under the hypergeometric law of the table's margins, of the tables at
+  most as likely as the observed one.
+
+  Args:
+    a: float counts, any shape (b, c and d the same shape).
+    b: float counts.
+    c: float counts.
+    d: float counts.
+    max_total: an upper bound of ``a + b + c + d`` (the support's size).
+
+  Returns:
+    float32 p-values, the shape of `a`.
+
+  Examples:
+    >>> from jaxcredit.credit import token_statistics
+    >>> round(float(token_statistics.fisher_p(3.0, 0.0, 0.0, 3.0, max_total=6)), 4)
+    0.1
+  """
   a, b, c, d = (jnp.asarray(x, jnp.float32) for x in (a, b, c, d))
   row, column, n = a + b, a + c, a + b + c + d
   k = jnp.arange(max_total + 1, dtype=jnp.float32)
@@ -62,9 +79,22 @@ def _entropy_bits(p):
 
 def key_token_table(a, b, c, d, max_total: int, *, alpha: float = 1.0,
                     beta: float = 1.0, term_frequency=0.0) -> dict[str, Array]:
-  """F, IG, h and kappa (module docstring) of tables (a, b, c, d) (float arrays of one shape,
-  each table's total at most `max_total`), with the TF term `term_frequency` (0: left out);
-  kappa = 0 where a table has no correct or no incorrect response."""
+  """F, IG, h and kappa (module docstring) of 2x2 tables (a, b, c, d).
+
+  Args:
+    a: float counts of correct responses holding the token type, any shape.
+    b: incorrect responses holding it.
+    c: correct responses without it.
+    d: incorrect responses without it.
+    max_total: an upper bound of each table's total.
+    alpha: the weight of F.
+    beta: the weight of IG.
+    term_frequency: the TF term, the shape of `a` (0: left out).
+
+  Returns:
+    ``{"F", "IG", "h", "kappa"}``, float32 arrays of `a`'s shape; kappa = 0 where a table has
+    no correct or no incorrect response.
+  """
   a, b, c, d = (jnp.asarray(x, jnp.float32) for x in (a, b, c, d))
   n = a + b + c + d
   p = fisher_p(a, b, c, d, max_total)
@@ -90,9 +120,26 @@ def _saturated(count, length, mean_length):
 
 def ktae_scores(tokens, mask, rewards, group_size: int, *, vocab_size: int,
                 alpha: float = 1.0, beta: float = 1.0, term_frequency: bool = True) -> Array:
-  """[B, L] kappa (module docstring) of each action's token type within its group, 0 off
-  `mask`. tokens, mask: [B, L] (ids < vocab_size; rows of a group contiguous); rewards: [B].
-  Memory O(B L G + groups x vocab_size). Traceable."""
+  """KTAE's key-token score kappa (module docstring) of each action's token type within its
+  group. Traceable; memory ``O(B L G + groups x vocab_size)``.
+
+  Args:
+    tokens: ``[B, L]`` int ids < vocab_size; rows of a group contiguous.
+    mask: ``[B, L]`` bool, the actions.
+    rewards: ``[B]`` (correct: > 0).
+    group_size: G, responses per prompt.
+    vocab_size: the vocabulary size.
+    alpha: the weight of Fisher's F.
+    beta: the weight of the information gain.
+    term_frequency: include the BM25 term-frequency term.
+
+  Returns:
+    float32 ``[B, L]`` in (-1, 1), 0 off `mask`.
+
+  References:
+    Sun et al., 2025, "KTAE: A Model-Free Algorithm to Key-Tokens Advantage Estimation in
+    Mathematical Reasoning", arXiv 2505.16826.
+  """
   tokens, mask = jnp.asarray(tokens, jnp.int32), jnp.asarray(mask, bool)
   rows = tokens.shape[0]
   groups = rows // group_size

@@ -42,7 +42,29 @@ _PADDING = -jnp.inf  # a slot added to fill the last block: never counted
 
 def attention(q: Array, keys: Array, values: Array, query_slots: Array, key_valid: Array, *,
               implementation: str = "xla", block_size: int = 512) -> Array:
-  """Causal attention (module docstring); scores in float32, scaled by 1 / sqrt(hd)."""
+  """Causal grouped-query attention (module docstring); scores in float32, scaled by
+  1 / sqrt(hd).
+
+  Args:
+    q: ``[B, T, KV, G, hd]`` queries, G query heads per KV head.
+    keys: ``[B, S, KV, hd]``.
+    values: ``[B, S, KV, hd]``.
+    query_slots: ``[T]`` int, the slot of each query in the key sequence.
+    key_valid: ``[B, S]`` bool.
+    implementation: one of `IMPLEMENTATIONS`.
+    block_size: the query and key block of "chunked" and "splash".
+
+  Returns:
+    ``[B, T, KV, G, hd]`` in the values' dtype; a query that sees no key gets the mean of
+    every value.
+
+  Raises:
+    ValueError: on an unknown implementation, or "cudnn" / "splash" off a GPU / TPU.
+
+  References:
+    Rabe and Staats, 2021, "Self-attention Does Not Need O(n^2) Memory", arXiv 2112.05682;
+    Dao et al., 2022, "FlashAttention", arXiv 2205.14135.
+  """
   single_block = max(q.shape[1], keys.shape[1]) <= block_size
   if implementation == "xla" or (implementation == "chunked" and single_block):
     return _naive(q, keys, values, query_slots, key_valid)  # one block: the same computation

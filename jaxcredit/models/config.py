@@ -168,7 +168,23 @@ PRESETS = {
 
 
 def preset(name: str, **overrides) -> TransformerConfig:
-  """A named preset, optionally with fields overridden."""
+  """A named preset configuration, optionally with fields overridden.
+
+  Args:
+    name: a key of `PRESETS` ("tiny", "small", "qwen2.5-0.5b", ...).
+    **overrides: `TransformerConfig` fields to replace.
+
+  Returns:
+    a `TransformerConfig`.
+
+  Raises:
+    ValueError: on an unknown preset.
+
+  Examples:
+    >>> from jaxcredit.models import config
+    >>> config.preset("tiny", n_layers=1).n_layers
+    1
+  """
   if name not in PRESETS:
     raise ValueError(f"Unknown model preset {name!r}; known: {', '.join(PRESETS)}.")
   return PRESETS[name].replace(**overrides)

@@ -32,13 +32,25 @@ SEQUENCE = "sequence"
 
 
 def sequence_shards() -> int:
-  """Size of the `sequence` axis of the mesh set by `jax.set_mesh` (1 without one)."""
+  """The size of the `sequence` axis of the mesh set by `jax.set_mesh`.
+
+  Returns:
+    the axis size; 1 without a mesh or without the axis.
+  """
   mesh = jax.sharding.get_abstract_mesh()
   return 1 if mesh.empty else mesh.shape.get(SEQUENCE, 1)
 
 
 def constrain(x: jax.Array, axis: int = 1) -> jax.Array:
-  """x sharded along `axis` over the sequence axis (other axes left to the compiler)."""
+  """An array sharded along one axis over the sequence axis (other axes left to the compiler).
+
+  Args:
+    x: any array.
+    axis: the axis to shard.
+
+  Returns:
+    `x` with a sharding constraint; `x` itself when `sequence_shards()` is 1.
+  """
   if sequence_shards() == 1:
     return x
   spec = [PartitionSpec.UNCONSTRAINED] * x.ndim
@@ -47,14 +59,22 @@ def constrain(x: jax.Array, axis: int = 1) -> jax.Array:
 
 
 def over_sequence(f: Callable, in_axes: Sequence[int | None], out_axes: int = 1) -> Callable:
-  """f run on each device's slice of its arguments along the sequence axis.
+  """A function run on each device's slice of its arguments along the sequence axis.
 
-  in_axes[i]: the axis of argument i that is sharded (None: the argument is
-  passed whole to every device). Every output is sharded along `out_axes`. A
-  length that the axis does not divide is padded at the end (True for bool,
-  0 otherwise: positions after every real one, which causal attention never
-  shows to a real query) and the outputs are cut back. Inside f,
-  `jax.lax.all_gather(x, SEQUENCE, ...)` reaches the other slices.
+  A length that the axis does not divide is padded at the end (True for bool, 0 otherwise:
+  positions after every real one, which causal attention never shows to a real query) and
+  the outputs are cut back. Inside f, ``jax.lax.all_gather(x, SEQUENCE, ...)`` reaches the
+  other slices.
+
+  Args:
+    f: a function of arrays.
+    in_axes: for each argument, the axis that is sharded, or None (the argument is passed
+      whole to every device).
+    out_axes: the axis every output is sharded along.
+
+  Returns:
+    the sharded function (`f` itself when `sequence_shards()` is 1); it raises ValueError
+    when the sharded arguments disagree in length.
   """
   shards = sequence_shards()
   if shards == 1:
@@ -84,10 +104,17 @@ def _pad(x: jax.Array, axis: int, extra: int) -> jax.Array:
 
 
 def sequence_sharded(attend: Callable) -> Callable:
-  """attend(q, keys, values, query_slots, key_valid) over sequence-sharded rows:
-  q [B, T, ...], keys / values [B, T, ...], query_slots [T], key_valid [B, T]
-  with T the full length; each device attends with its queries to the
-  all-gathered keys and values (module docstring)."""
+  """An attention function over sequence-sharded rows: each device attends with its queries to
+  the all-gathered keys and values (module docstring).
+
+  Args:
+    attend: ``attend(q, keys, values, query_slots, key_valid)`` with q ``[B, T, ...]``,
+      keys and values ``[B, T, ...]``, query_slots ``[T]`` and key_valid ``[B, T]``, T the
+      full length.
+
+  Returns:
+    a function of the same signature (`attend` itself when `sequence_shards()` is 1).
+  """
   if sequence_shards() == 1:
     return attend
 

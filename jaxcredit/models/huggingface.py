@@ -38,10 +38,18 @@ ROPE_TYPES = ("default", "llama3")
 
 
 def config_from_hf(hf_config: dict, **overrides) -> TransformerConfig:
-  """A TransformerConfig from a Llama / Qwen2 / Qwen3 `config.json` dict.
+  """A `TransformerConfig` from a Llama, Qwen2 or Qwen3 ``config.json`` dict.
 
-  ValueError naming the field for a missing required field, an unknown
-  model_type, or any setting the model does not implement.
+  Args:
+    hf_config: the parsed config.json.
+    **overrides: `TransformerConfig` fields to replace (e.g. dtype, value_head).
+
+  Returns:
+    a `TransformerConfig`.
+
+  Raises:
+    ValueError: naming the field for a missing required field, an unknown model_type, or
+      any setting the model does not implement.
   """
   missing = [key for key in HF_CONFIG_FIELDS if key not in hf_config]
   if missing:
@@ -117,8 +125,15 @@ def _rope_settings(hf_config: dict) -> tuple[float, RopeScaling | None]:
 
 
 def stop_tokens(path: str | pathlib.Path) -> tuple[int, ...]:
-  """A checkpoint's EOS ids: `eos_token_id` (an id or a list) of
-  generation_config.json, else of config.json; () when neither has one."""
+  """A checkpoint's EOS ids: ``eos_token_id`` (an id or a list) of generation_config.json, else
+  of config.json.
+
+  Args:
+    path: a checkpoint directory.
+
+  Returns:
+    the ids; () when neither file has one.
+  """
   directory = pathlib.Path(path)
   for name in ("generation_config.json", "config.json"):
     if (directory / name).exists():
@@ -208,8 +223,19 @@ def _read_json(path: pathlib.Path, *, required: tuple[str, ...] = ()) -> dict:
 
 
 def read_config(path: str | pathlib.Path, **overrides) -> TransformerConfig:
-  """The TransformerConfig of a checkpoint directory's config.json (`config_from_hf`),
-  e.g. to build the architecture with random weights; errors name the file."""
+  """The `TransformerConfig` of a checkpoint directory's config.json (`config_from_hf`), e.g.
+  to build the architecture with random weights.
+
+  Args:
+    path: a checkpoint directory.
+    **overrides: `TransformerConfig` fields to replace.
+
+  Returns:
+    a `TransformerConfig`.
+
+  Raises:
+    ValueError: naming the file when it is missing, malformed or unsupported.
+  """
   config_file = pathlib.Path(path) / "config.json"
   if not config_file.exists():
     raise ValueError(f"No config.json in {pathlib.Path(path)}.")
@@ -220,12 +246,20 @@ def read_config(path: str | pathlib.Path, **overrides) -> TransformerConfig:
 
 
 def load_hf_checkpoint(path: str | pathlib.Path, **config_overrides) -> Transformer:
-  """A Transformer with the weights of a local Llama 3 / Qwen2 / Qwen3 checkpoint.
+  """A `Transformer` with the weights of a local Llama 3, Qwen2 or Qwen3 checkpoint.
 
-  config_overrides (e.g. dtype=jnp.bfloat16, value_head=True) adjust the
-  config read from config.json; a value head, absent from the checkpoint,
-  starts at zero. Raises ValueError naming any missing, unexpected or
-  mis-shaped tensor.
+  Args:
+    path: a transformers checkpoint directory (config.json and model.safetensors, or its
+      shards and index).
+    **config_overrides: adjust the config read from config.json (e.g.
+      ``dtype=jnp.bfloat16``, ``value_head=True``; a value head, absent from the
+      checkpoint, starts at zero).
+
+  Returns:
+    the `Transformer`.
+
+  Raises:
+    ValueError: naming any missing, unexpected or mis-shaped tensor, or a bad config.
   """
   directory = pathlib.Path(path)
   config = read_config(directory, **config_overrides)
@@ -273,8 +307,18 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def hf_config(config: TransformerConfig) -> dict:
-  """The transformers `config.json` of a TransformerConfig (`config_from_hf`'s
-  inverse): qk_norm -> qwen3, qkv_bias -> qwen2, otherwise llama."""
+  """The transformers ``config.json`` of a `TransformerConfig` (`config_from_hf`'s inverse):
+  qk_norm -> qwen3, qkv_bias -> qwen2, otherwise llama.
+
+  Args:
+    config: a `TransformerConfig`.
+
+  Returns:
+    the config.json dict.
+
+  Raises:
+    ValueError: for a config no transformers architecture has (qkv biases and q/k norms).
+  """
   if config.qk_norm and config.qkv_bias:
     raise ValueError("No transformers architecture has both qkv biases and q/k norms.")
   model_type = "qwen3" if config.qk_norm else "qwen2" if config.qkv_bias else "llama"
@@ -302,12 +346,23 @@ def hf_config(config: TransformerConfig) -> dict:
 def save_hf_checkpoint(model: Transformer, path: str | pathlib.Path, *,
                        tokenizer: str | pathlib.Path | None = None,
                        stop_tokens: tuple[int, ...] = ()) -> pathlib.Path:
-  """Writes `model` as a transformers checkpoint directory: model.safetensors
-  (the parameters in their stored dtype; the value head, if any, is left out),
-  config.json (`hf_config`), generation_config.json with `stop_tokens` as its
-  eos_token_id when given, and the TOKENIZER_FILES found in the `tokenizer`
-  directory. Each file is written under a temporary name and renamed, so a
-  file present is whole. Returns the directory."""
+  """Writes a model as a transformers checkpoint directory.
+
+  The directory gets model.safetensors (the parameters in their stored dtype; the value
+  head, if any, is left out), config.json (`hf_config`), generation_config.json with
+  `stop_tokens` as its eos_token_id when given, and the `TOKENIZER_FILES` found in the
+  `tokenizer` directory. Each file is written under a temporary name and renamed, so a file
+  present is whole.
+
+  Args:
+    model: a `Transformer`.
+    path: the directory to write (created if needed).
+    tokenizer: a directory holding tokenizer files to copy, or None.
+    stop_tokens: EOS ids for generation_config.json.
+
+  Returns:
+    the directory.
+  """
   from safetensors.flax import save_file  # optional dependency
 
   directory = pathlib.Path(path)

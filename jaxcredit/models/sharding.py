@@ -32,9 +32,22 @@ DEFAULT_RULES: Mapping[str, str | tuple[str, ...] | None] = {
 def make_mesh(shape: tuple[int, int, int, int] | None = None, devices=None) -> Mesh:
   """A (data, fsdp, sequence, model) mesh with automatic (GSPMD) sharding propagation.
 
-  devices default to the first prod(shape) of all; shape defaults to (len(devices),
-  1, 1, 1): pure data parallelism. Run the model under `jax.set_mesh(mesh)` for the
-  `sequence` axis to take effect.
+  Run the model under ``jax.set_mesh(mesh)`` for the `sequence` axis to take effect.
+
+  Args:
+    shape: the four axis sizes; None for ``(len(devices), 1, 1, 1)``, pure data parallelism.
+    devices: the devices, by default the first ``prod(shape)`` of all.
+
+  Returns:
+    a `jax.sharding.Mesh` with axes `MESH_AXES`.
+
+  Raises:
+    ValueError: unless `shape` gives a positive int size for each axis.
+
+  Examples:
+    >>> from jaxcredit.models import sharding
+    >>> dict(sharding.make_mesh((1, 1, 1, 1)).shape)
+    {'data': 1, 'fsdp': 1, 'sequence': 1, 'model': 1}
   """
   shape = tuple(shape or (len(jax.devices() if devices is None else devices), 1, 1, 1))
   check_mesh_shape(shape)
@@ -43,10 +56,25 @@ def make_mesh(shape: tuple[int, int, int, int] | None = None, devices=None) -> M
 
 
 def split_meshes(learner_shape, sampler_shape) -> tuple[Mesh, Mesh]:
-  """(learner mesh, sampler mesh) on disjoint devices: the learner's are the first
-  prod(learner_shape) devices, the sampler's the rest; together they must use every
-  device (`mesh.shape` and `mesh.sampler_shape` name the two in a config). On one
-  process only: a multi-host sampler split needs a per-host split of the devices."""
+  """A learner mesh and a sampler mesh on disjoint devices.
+
+  The learner's are the first ``prod(learner_shape)`` devices, the sampler's the rest;
+  together they must use every device (`mesh.shape` and `mesh.sampler_shape` name the two
+  in a config). On one process only: a multi-host sampler split needs a per-host split of
+  the devices.
+
+  Args:
+    learner_shape: the learner mesh's four axis sizes, or None for the devices the sampler
+      leaves, data-parallel.
+    sampler_shape: the sampler mesh's four axis sizes.
+
+  Returns:
+    ``(learner_mesh, sampler_mesh)``.
+
+  Raises:
+    ValueError: on a bad shape, when the two do not split the devices, or on several
+      processes.
+  """
   check_mesh_shape(sampler_shape, field="mesh.sampler_shape")
   devices, sampled = jax.devices(), math.prod(sampler_shape)
   learner_shape = tuple(learner_shape or (len(devices) - sampled, 1, 1, 1))
@@ -63,15 +91,32 @@ def split_meshes(learner_shape, sampler_shape) -> tuple[Mesh, Mesh]:
 
 
 def check_mesh_shape(shape, field: str = "mesh.shape") -> None:
-  """ValueError unless `shape` gives a positive int size for each of MESH_AXES."""
+  """Checks a mesh shape.
+
+  Args:
+    shape: the sizes of (data, fsdp, sequence, model).
+    field: the config field it came from, for the error message.
+
+  Raises:
+    ValueError: unless `shape` gives a positive int size for each of `MESH_AXES`.
+  """
   if len(shape) != len(MESH_AXES) or not all(isinstance(n, int) and n >= 1 for n in shape):
     raise ValueError(f"{field} gives the sizes of (data, fsdp, sequence, model), e.g. "
                      f"(2, 2, 1, 2); got {tuple(shape)!r}.")
 
 
 def logical_axes(path: tuple) -> tuple[str, ...]:
-  """Logical axis names of the parameter at `path` in nnx.state(model, nnx.Param)
-  (the stacked layers' parameters lead with "layers")."""
+  """The logical axis names of a parameter.
+
+  Args:
+    path: the parameter's key path in ``nnx.state(model, nnx.Param)``.
+
+  Returns:
+    one name per dimension (the stacked layers' parameters lead with "layers").
+
+  Raises:
+    ValueError: for a parameter the model does not have.
+  """
   keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
   if keys[0] == "layers":
     return ("layers", *_axes(keys))
@@ -113,7 +158,17 @@ def _spec(shape, names, mesh: Mesh, rules) -> PartitionSpec:
 
 
 def param_shardings(model: nnx.Module, mesh: Mesh, rules: Mapping = DEFAULT_RULES):
-  """NamedShardings for nnx.state(model, nnx.Param), as a pure dict."""
+  """The shardings of a model's parameters.
+
+  Args:
+    model: a `Transformer`.
+    mesh: the device mesh.
+    rules: logical axis name -> mesh axis, tuple of mesh axes, or None (replicated).
+
+  Returns:
+    a pure dict of `NamedSharding`, the structure of ``nnx.state(model, nnx.Param)``; a
+    dimension that its mesh axes do not divide is replicated.
+  """
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   return jax.tree_util.tree_map_with_path(
       lambda path, x: NamedSharding(mesh, _spec(x.shape, logical_axes(path), mesh, rules)), params
@@ -121,7 +176,16 @@ def param_shardings(model: nnx.Module, mesh: Mesh, rules: Mapping = DEFAULT_RULE
 
 
 def shard_model(model: nnx.Module, mesh: Mesh, rules: Mapping = DEFAULT_RULES) -> nnx.Module:
-  """Moves the model's parameters onto the mesh in place; returns the model."""
+  """Moves the model's parameters onto the mesh, in place.
+
+  Args:
+    model: a `Transformer`.
+    mesh: the device mesh.
+    rules: logical axis name -> mesh axis, tuple of mesh axes, or None (replicated).
+
+  Returns:
+    the same model.
+  """
   state = nnx.state(model, nnx.Param)
   params = jax.device_put(nnx.to_pure_dict(state), param_shardings(model, mesh, rules))
   nnx.replace_by_pure_dict(state, params)
@@ -130,24 +194,50 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules: Mapping = DEFAULT_RULES) -
 
 
 def sharding_on(x: jax.Array, mesh: Mesh) -> NamedSharding:
-  """x's sharding when it is a NamedSharding on `mesh`, else replicated on `mesh`."""
+  """An array's sharding on a mesh.
+
+  Args:
+    x: an array.
+    mesh: the device mesh.
+
+  Returns:
+    x's sharding when it is a `NamedSharding` on `mesh`, else replicated on `mesh`.
+  """
   placed = isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
   return x.sharding if placed else NamedSharding(mesh, PartitionSpec())
 
 
 def place_state(modules, mesh: Mesh):
-  """Puts every array of the modules' state that is not on `mesh` there, replicated, in
-  place; returns `modules`. Optimizer counters (Adam's count, nnx's step) start on one
-  device while a step jitted under the mesh returns them replicated on it: without this,
-  the second step's inputs differ in sharding and the step compiles again."""
+  """Puts every array of the modules' state that is not on `mesh` there, replicated, in place.
+
+  Optimizer counters (Adam's count, nnx's step) start on one device while a step jitted
+  under the mesh returns them replicated on it: without this, the second step's inputs
+  differ in sharding and the step compiles again.
+
+  Args:
+    modules: nnx modules or optimizers (any pytree of them).
+    mesh: the device mesh.
+
+  Returns:
+    `modules`.
+  """
   state = nnx.state(modules)
   nnx.update(modules, jax.tree.map(lambda x: jax.device_put(x, sharding_on(x, mesh)), state))
   return modules
 
 
 def batch_shards(batch: int, rules: Mapping = DEFAULT_RULES) -> int:
-  """How many devices a [batch, ...] array's leading axis spans under the mesh set by
-  `jax.set_mesh` (1 without one, or when the batch rule's axes do not divide it)."""
+  """How many devices a ``[batch, ...]`` array's leading axis spans under the mesh set by
+  `jax.set_mesh`.
+
+  Args:
+    batch: the leading axis's size.
+    rules: logical axis name -> mesh axis, tuple of mesh axes, or None (replicated).
+
+  Returns:
+    the number of shards; 1 without a mesh, or when the batch rule's axes do not divide
+    `batch`.
+  """
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return 1
@@ -161,6 +251,14 @@ def _batch_axes(mesh, rules: Mapping) -> tuple[str, ...]:
 
 
 def batch_sharding(mesh: Mesh, rules: Mapping = DEFAULT_RULES) -> NamedSharding:
-  """Shards the leading (batch) axis over the mesh axes of the `batch` rule."""
+  """Shards the leading (batch) axis over the mesh axes of the `batch` rule.
+
+  Args:
+    mesh: the device mesh.
+    rules: logical axis name -> mesh axis, tuple of mesh axes, or None (replicated).
+
+  Returns:
+    a `NamedSharding`.
+  """
   group = _batch_axes(mesh, rules)
   return NamedSharding(mesh, PartitionSpec(group or None))

@@ -66,8 +66,17 @@ class RMSNorm(nnx.Module):
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> Array:
-  """[head_dim / 2] float32 angular frequencies f_i = theta^(-2i / head_dim),
-  rescaled by Llama 3's rule when `scaling` is given (see RopeScaling)."""
+  """RoPE's angular frequencies ``f_i = theta^(-2i / head_dim)``, rescaled by Llama 3's rule
+  when `scaling` is given (see `RopeScaling`).
+
+  Args:
+    head_dim: the head dimension D.
+    theta: the RoPE base.
+    scaling: Llama 3's frequency scaling, or None.
+
+  Returns:
+    float32 ``[head_dim / 2]``.
+  """
   half = head_dim // 2
   inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
   if scaling is None:
@@ -82,10 +91,21 @@ def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = 
 
 
 def rope(x: Array, positions: Array, theta: float, scaling: RopeScaling | None = None) -> Array:
-  """Rotary embedding (Su et al., 2021), half-split layout as in Llama/Qwen.
+  """Rotary embedding, half-split layout as in Llama and Qwen: rotates the pairs
+  ``(x_i, x_{i + D/2})`` by the angle ``position * f_i``, f = `rope_frequencies`.
 
-  x: [B, T, H, D]; positions: [B, T]. Rotates pairs (x_i, x_{i + D/2}) by
-  angle position * f_i, f = rope_frequencies(D, theta, scaling).
+  Args:
+    x: ``[B, T, H, D]``.
+    positions: ``[B, T]`` int.
+    theta: the RoPE base.
+    scaling: Llama 3's frequency scaling, or None.
+
+  Returns:
+    ``[B, T, H, D]`` in x's dtype (computed in float32).
+
+  References:
+    Su et al., 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding",
+    arXiv 2104.09864.
   """
   inv_freq = rope_frequencies(x.shape[-1], theta, scaling)
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
@@ -186,8 +206,16 @@ class Block(nnx.Module):
 
 
 def stacked_blocks(config: TransformerConfig, rngs: nnx.Rngs) -> Block:
-  """n_layers Blocks initialised one after another, their parameters stacked on a
-  leading layer axis ([n_layers, ...]) for `lax.scan` over depth."""
+  """``n_layers`` Blocks initialised one after another, their parameters stacked on a leading
+  layer axis for `lax.scan` over depth.
+
+  Args:
+    config: the model's `TransformerConfig`.
+    rngs: the initialisation's `nnx.Rngs`.
+
+  Returns:
+    one `Block` whose parameters are ``[n_layers, ...]``.
+  """
   blocks = [Block(config, rngs=rngs) for _ in range(config.n_layers)]
   graphdef = nnx.split(blocks[0])[0]
   states = [nnx.split(block)[1] for block in blocks]

@@ -18,12 +18,36 @@ from jax import Array
 
 
 def mask_logits(logits: Array, allowed: Array | None) -> Array:
-  """logits where `allowed` (broadcast over the leading axes), -inf elsewhere."""
+  """Logits restricted to the allowed tokens.
+
+  Args:
+    logits: ``[..., V]``.
+    allowed: bool, broadcast over the leading axes of `logits` (``[V]``, ``[L, V]``, ...),
+      or None (every token).
+
+  Returns:
+    `logits` where allowed, -inf elsewhere.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.sampling import actions
+    >>> actions.mask_logits(jnp.zeros(3), jnp.array([True, False, True]))
+    Array([  0., -inf,   0.], dtype=float32)
+  """
   return logits if allowed is None else jnp.where(allowed, logits, -jnp.inf)
 
 
 def observed_inputs(tokens: Array, hidden: Array | None, hidden_token: int) -> Array:
-  """The model's input view of [B, L] tokens: `hidden_token` where hidden ([L] or [B, L]) is set."""
+  """The model's input view of rows: `hidden_token` where a column is hidden.
+
+  Args:
+    tokens: ``[B, L]`` int.
+    hidden: ``[L]`` or ``[B, L]`` bool, or None (nothing hidden).
+    hidden_token: the id fed in place of a hidden token.
+
+  Returns:
+    int ``[B, L]``.
+  """
   return tokens if hidden is None else jnp.where(hidden, hidden_token, tokens)
 
 

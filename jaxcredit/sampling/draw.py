@@ -8,14 +8,23 @@ from jax import Array
 
 def sample_token(logits: Array, key: Array, *, temperature: float, top_k: int | None,
                  top_p: float | None) -> Array:
-  """Samples [B] tokens from [B, V] logits; temperature 0 is greedy.
+  """Samples one token per row; temperature 0 is greedy.
 
-  Draws from softmax(logits / temperature), truncated to the top_k tokens
-  and then to the smallest set of top tokens whose mass reaches top_p, by
-  `inverse_cdf_sample`: two uniforms per row rather than a Gumbel variate per
-  logit (`jax.random.categorical`), whose random bits and two logarithms per
-  logit took 3.5 ms of an 8.2 ms decode step at [32, 8192] on CPU
-  (bench.sampler times both draws).
+  Draws from ``softmax(logits / temperature)``, truncated to the top_k tokens and then to
+  the smallest set of top tokens whose mass reaches top_p, by `inverse_cdf_sample`: two
+  uniforms per row rather than a Gumbel variate per logit (`jax.random.categorical`), whose
+  random bits and two logarithms per logit cost more than the rest of a CPU decode step
+  (``python -m bench.sampler`` times both draws).
+
+  Args:
+    logits: ``[B, V]``.
+    key: a PRNG key.
+    temperature: >= 0.
+    top_k: keep the k most likely tokens, or None.
+    top_p: keep the smallest set of top tokens whose mass reaches p, or None.
+
+  Returns:
+    int32 ``[B]``.
   """
   if temperature == 0.0:
     return jnp.argmax(logits, axis=-1)
@@ -45,16 +54,29 @@ def _first_above(cumulative: Array, threshold: Array, positive: Array) -> Array:
 
 def inverse_cdf_sample(probs: Array, block_uniform: Array, token_uniform: Array, *,
                        block: int = 128) -> Array:
-  """Samples one index per row of probs [B, V] (non-negative, any positive total)
-  from two uniforms in [0, 1) per row, [B] each.
+  """Samples one index per row of non-negative weights from two uniforms per row.
 
-  The vocabulary is cut into blocks of `block` entries with masses S_j: the
-  block is j with C_(j-1) <= u_1 C_last < C_j (C the cumulative block
-  masses), then the index within it is i with c_(i-1) <= u_2 c_last < c_i (c
-  the block's own cumulative sums). P(j, i) = S_j / C_last * p_ji / S_j =
-  p_ji / total, exactly in law; the second uniform resolves each block's
-  entries relative to the block, not to the whole vocabulary. An entry with
-  probability 0 is never returned. Returns int32 [B].
+  The vocabulary is cut into blocks of `block` entries with masses S_j: the block is j with
+  ``C_(j-1) <= u_1 C_last < C_j`` (C the cumulative block masses), then the index within it
+  is i with ``c_(i-1) <= u_2 c_last < c_i`` (c the block's own cumulative sums).
+  ``P(j, i) = S_j / C_last * p_ji / S_j = p_ji / total``, exactly in law; the second uniform
+  resolves each block's entries relative to the block, not to the whole vocabulary.
+
+  Args:
+    probs: ``[B, V]`` non-negative, any positive total per row.
+    block_uniform: ``[B]`` uniforms in [0, 1), choosing the block.
+    token_uniform: ``[B]`` uniforms in [0, 1), choosing the index within it.
+    block: entries per block.
+
+  Returns:
+    int32 ``[B]``; an entry with probability 0 is never returned.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.sampling import draw
+    >>> draw.inverse_cdf_sample(jnp.array([[0.0, 1.0, 3.0]]), jnp.array([0.5]),
+    ...                         jnp.array([0.0]), block=2)
+    Array([2], dtype=int32)
   """
   batch, vocab = probs.shape
   blocks = -(-vocab // block)

@@ -62,7 +62,21 @@ class SampleOutput(NamedTuple):
 
 
 def left_align(prompts: Array, prompt_valid: Array) -> tuple[Array, Array]:
-  """Right-padded [B, P] prompts -> left-padded (valid tokens moved to the end)."""
+  """Right-padded prompts moved to the left-padded layout (valid tokens at the end).
+
+  Args:
+    prompts: ``[B, P]`` int, right-padded.
+    prompt_valid: ``[B, P]`` bool.
+
+  Returns:
+    ``(prompts, prompt_valid)``, left-padded.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.sampling import sampler
+    >>> sampler.left_align(jnp.array([[5, 6, 0]]), jnp.array([[True, True, False]]))[0]
+    Array([[0, 5, 6]], dtype=int32)
+  """
   length = prompts.shape[1]
   shift = length - jnp.sum(prompt_valid, axis=1, keepdims=True)
   source = (jnp.arange(length)[None] - shift) % length
@@ -70,7 +84,14 @@ def left_align(prompts: Array, prompt_valid: Array) -> tuple[Array, Array]:
 
 
 def prompt_positions(token_valid: Array) -> Array:
-  """RoPE positions: 0 at each row's first valid token, counting valid tokens."""
+  """RoPE positions: 0 at each row's first valid token, counting valid tokens.
+
+  Args:
+    token_valid: ``[B, L]`` bool.
+
+  Returns:
+    int ``[B, L]``.
+  """
   return jnp.maximum(jnp.cumsum(token_valid, axis=1) - 1, 0)
 
 
@@ -335,8 +356,20 @@ class Continuation(NamedTuple):
 
 def start_contexts(model: Transformer, tokens: Array, token_valid: Array, *,
                    slots: int) -> Contexts:
-  """Contexts of `slots` cache slots holding the left-padded rows tokens /
-  token_valid [B, W] (W <= slots) at slots [0, W)."""
+  """Contexts of `slots` cache slots holding left-padded rows at slots ``[0, W)``.
+
+  Args:
+    model: the policy, a `Transformer`.
+    tokens: ``[B, W]`` int, left-padded, W <= slots.
+    token_valid: ``[B, W]`` bool.
+    slots: the cache's size.
+
+  Returns:
+    the `Contexts`.
+
+  Raises:
+    ValueError: on mismatched shapes or more columns than slots.
+  """
   _checks.check_rank(tokens, 2, "tokens")
   _checks.check_same_shape(tokens=tokens, token_valid=token_valid)
   if tokens.shape[1] > slots:
@@ -347,10 +380,23 @@ def start_contexts(model: Transformer, tokens: Array, token_valid: Array, *,
 
 def extend_contexts(model: Transformer, contexts: Contexts, tokens: Array,
                     token_valid: Array) -> Contexts:
-  """`contexts` with the left-padded chunk tokens / token_valid [B, W] appended to
-  each row (a row's valid tokens follow its context; a row with none is unchanged),
-  at slots [slot, slot + W). ValueError when they do not fit in the cache. The
-  cache is donated: `contexts` must not be used afterwards."""
+  """Contexts with a left-padded chunk appended to each row at slots ``[slot, slot + W)``.
+
+  A row's valid tokens follow its context; a row with none is unchanged. The cache is
+  donated: `contexts` must not be used afterwards.
+
+  Args:
+    model: the policy, a `Transformer`.
+    contexts: from `start_contexts`, `extend_contexts` or `continue_contexts`.
+    tokens: ``[B, W]`` int, left-padded.
+    token_valid: ``[B, W]`` bool.
+
+  Returns:
+    the extended `Contexts`.
+
+  Raises:
+    ValueError: on mismatched shapes, or when the chunk does not fit in the cache.
+  """
   _checks.check_same_shape(tokens=tokens, token_valid=token_valid)
   free = contexts.cache.key_valid.shape[1] - int(contexts.slot)
   if tokens.shape[1] > free:
@@ -364,10 +410,27 @@ def extend_contexts(model: Transformer, contexts: Contexts, tokens: Array,
 def continue_contexts(model: Transformer, contexts: Contexts, key: Array, *, max_new_tokens: int,
                       done: Array, temperature: float = 1.0, stop_tokens: tuple[int, ...] = (),
                       pad_id: int = 0) -> tuple[Continuation, Contexts]:
-  """Samples up to `max_new_tokens` per row after its context, as `generate`
-  samples after a prompt (the same draws for the same key); rows `done` [B]
-  sample nothing. The sampled tokens join the contexts. ValueError when the
-  cache has fewer than max_new_tokens free slots; the cache is donated."""
+  """Samples up to `max_new_tokens` per row after its context, as `generate` samples after a
+  prompt (the same draws for the same key). The sampled tokens join the contexts; the cache
+  is donated.
+
+  Args:
+    model: the policy, a `Transformer`.
+    contexts: from `start_contexts` or `extend_contexts`.
+    key: a PRNG key.
+    max_new_tokens: tokens to sample per row at most.
+    done: ``[B]`` bool, rows that sample nothing.
+    temperature: >= 0 (0 is greedy).
+    stop_tokens: ids that end a row.
+    pad_id: the id after a row ends.
+
+  Returns:
+    ``(continuation, contexts)``: the `Continuation` sampled (tokens, mask, log-probs,
+    entropies, truncation), and the contexts with it appended.
+
+  Raises:
+    ValueError: when the cache has fewer than max_new_tokens free slots.
+  """
   free = contexts.cache.key_valid.shape[1] - int(contexts.slot)
   if max_new_tokens > free:
     raise ValueError(f"continue_contexts: {max_new_tokens} new tokens do not fit in the "
