@@ -27,8 +27,17 @@ CRITIC_STREAM = 7  # the critic's initialisation key: fold_in(key(seed), CRITIC_
 
 
 def needs(advantages) -> set[str]:
-  """The rollout.extras keys the advantage functions `advantages` read; ValueError naming any
-  that a batched cell does not compute (`EXTRAS`)."""
+  """The rollout.extras keys some advantage functions read.
+
+  Args:
+    advantages: advantage functions (`estimators.from_config`).
+
+  Returns:
+    the set of keys.
+
+  Raises:
+    ValueError: naming any key a batched cell does not compute (`EXTRAS`).
+  """
   needs = {key for advantage in advantages for component in estimators.components(advantage)
            for key in component.needs}
   missing = needs - set(EXTRAS)
@@ -40,8 +49,18 @@ def needs(advantages) -> set[str]:
 
 def monte_carlo_k(advantage) -> int:
   """K of the Monte-Carlo values an advantage function reads (its components needing
-  "mc_values": `vineppo`, `spo`); 0 when it reads none. Batched cells draw them at every
-  action only, and one K per arm."""
+  "mc_values": `vineppo`, `spo`). Batched cells draw them at every action only, and one K
+  per arm.
+
+  Args:
+    advantage: an advantage function.
+
+  Returns:
+    K; 0 when it reads none.
+
+  Raises:
+    ValueError: on several K, K < 1, or positions other than "all".
+  """
   readers = [c for c in estimators.components(advantage) if "mc_values" in c.needs]
   ks = {int(c.settings["k"]) for c in readers}
   positions = {c.settings["positions"] for c in readers}
@@ -53,41 +72,86 @@ def monte_carlo_k(advantage) -> int:
 
 
 def monte_carlo_values(key, values, mask, k, largest: int):
-  """[B, L] V-hat(s_t): the mean reward of k continuations from each action's state, 0 off
-  `mask`. With a 0/1 reward the k continuations' successes are Binomial(k, V(s_t)), V the
-  exact value (`values`, the oracle's, in rows): they are drawn as that count, the sum of
-  k of `largest` uniform comparisons (k may be traced, 0 <= k <= largest). Traceable."""
+  """Monte-Carlo value estimates drawn in distribution from the exact values. Traceable.
+
+  With a 0/1 reward the k continuations' successes are Binomial(k, V(s_t)), V the exact
+  value: they are drawn as that count, the sum of k of `largest` uniform comparisons.
+
+  Args:
+    key: a PRNG key.
+    values: ``[B, L]`` the oracle's exact V(s_t).
+    mask: ``[B, L]`` bool, the actions.
+    k: continuations per state, ``0 <= k <= largest`` (may be traced).
+    largest: the largest k of the cell (static).
+
+  Returns:
+    float32 ``[B, L]`` V-hat(s_t), the mean reward of k continuations, 0 off `mask`.
+  """
   draws = jax.random.uniform(key, (*values.shape, largest)) < jnp.clip(values, 0.0, 1.0)[..., None]
   successes = jnp.sum(draws & (jnp.arange(largest) < k), axis=-1, dtype=jnp.float32)
   return jnp.where(mask, successes / jnp.maximum(k, 1), 0.0)
 
 
 def continuation_tokens(mask, k, length: int):
-  """Tokens k continuations from every action's state generate: k (T - t) summed over the
-  actions at response step t (mask [B, L], whose last `length` columns are the response
-  slots). Traceable."""
+  """The tokens k continuations from every action's state generate: k (T - t) summed over the
+  actions at response step t. Traceable.
+
+  Args:
+    mask: ``[B, L]`` bool, the actions; its last `length` columns are the response slots.
+    k: continuations per state (may be traced).
+    length: the response slots T.
+
+  Returns:
+    a float32 scalar.
+  """
   remaining = jnp.arange(length, 0, -1, dtype=jnp.float32)  # T - t
   return k * jnp.sum(jnp.where(mask[:, -length:], remaining, 0.0))
 
 
 def optimizer(cell: "Cell", model, learning_rate) -> nnx.Optimizer:
-  """A run's Adam on `model` after global-norm clipping at `cell.max_grad_norm`, its learning
-  rate in the optimizer state (`optax.inject_hyperparams`, so it may be traced)."""
+  """A run's Adam after global-norm clipping at ``cell.max_grad_norm``, its learning rate in the
+  optimizer state (`optax.inject_hyperparams`, so it may be traced).
+
+  Args:
+    cell: the batched `Cell`.
+    model: the module it updates.
+    learning_rate: Adam's rate (may be traced).
+
+  Returns:
+    an `nnx.Optimizer`.
+  """
   adam = optax.chain(optax.clip_by_global_norm(cell.max_grad_norm),
                      optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate))
   return nnx.Optimizer(model, adam, wrt=nnx.Param)
 
 
 def has_critic(cell: "Cell") -> bool:
-  """Whether an arm of the cell reads a learned critic (CRITICS): then every run of the cell
-  trains one (its own arm may ignore it)."""
+  """Whether an arm of the cell reads a learned critic (`CRITICS`): then every run of the cell
+  trains one (its own arm may ignore it).
+
+  Args:
+    cell: the batched `Cell`.
+
+  Returns:
+    bool.
+  """
   return any(component.name in CRITICS for arm in cell.arms
              for component in estimators.components(estimators.from_config(arm)))
 
 
 def critic(cell: "Cell", policy: Transformer, seed) -> Transformer:
-  """The policy's architecture with a scalar value head (zero-initialised), its trunk a copy
-  of the policy's (after any warm start), as PPO critics start from the SFT model."""
+  """A critic as PPO critics start: the policy's architecture with a zero-initialised scalar
+  value head, its trunk a copy of the policy's (after any warm start).
+
+  Args:
+    cell: the batched `Cell`.
+    policy: the run's policy.
+    seed: the run's seed (the head's initialisation key is ``fold_in(key(seed),
+      CRITIC_STREAM)``).
+
+  Returns:
+    a `Transformer` with a value head.
+  """
   critic = Transformer(dataclasses.replace(cell.model, value_head=True),
                        rngs=nnx.Rngs(jax.random.fold_in(jax.random.key(seed), CRITIC_STREAM)))
   nnx.update(critic, nnx.state(policy, nnx.Param))
@@ -95,8 +159,18 @@ def critic(cell: "Cell", policy: Transformer, seed) -> Transformer:
 
 
 def prm_beta(cell: "Cell") -> float | None:
-  """beta of the cell's PRIME arms (components needing "prm_logprobs"), None without one:
-  then every run of the cell trains an implicit PRM (its own arm may ignore it)."""
+  """beta of the cell's PRIME arms (components needing "prm_logprobs"): with one, every run of
+  the cell trains an implicit PRM (its own arm may ignore it).
+
+  Args:
+    cell: the batched `Cell`.
+
+  Returns:
+    beta, or None without a PRIME arm.
+
+  Raises:
+    ValueError: when the PRIME arms differ in beta.
+  """
   betas = {float(c.settings["beta"]) for arm in cell.arms
            for c in estimators.components(estimators.from_config(arm)) if "prm_logprobs" in c.needs}
   if len(betas) > 1:
@@ -106,17 +180,37 @@ def prm_beta(cell: "Cell") -> float | None:
 
 
 def prm_learning_rates(cell: "Cell") -> tuple[float, ...]:
-  """The implicit PRM's Adam rate in each arm's runs (`Cell.prm_learning_rates`)."""
+  """The implicit PRM's Adam rate in each arm's runs (`Cell.prm_learning_rates`).
+
+  Args:
+    cell: the batched `Cell`.
+
+  Returns:
+    one rate per arm (`PRM_LEARNING_RATE` where the cell gives none).
+  """
   rates = cell.prm_learning_rates or (None,) * len(cell.arms)
   return tuple(PRM_LEARNING_RATE if rate is None else float(rate) for rate in rates)
 
 
 def modules(model, cell: "Cell", learning_rate, critic=None,
              prm_learning_rate=PRM_LEARNING_RATE) -> dict:
-  """The run's modules: the policy and its optimizer; the critic and its optimizer; with a
-  PRIME arm, the implicit PRM (its Adam at `prm_learning_rate`, which may be traced) and
-  the frozen reference, both copies of the starting policy (after any warm start), as
-  PRIME starts them from the SFT model."""
+  """A run's modules.
+
+  The policy and its optimizer; the critic and its optimizer; with a PRIME arm, the implicit
+  PRM (its Adam at `prm_learning_rate`, which may be traced) and the frozen reference, both
+  copies of the starting policy (after any warm start), as PRIME starts them from the SFT
+  model.
+
+  Args:
+    model: the policy.
+    cell: the batched `Cell`.
+    learning_rate: the policy's Adam rate (may be traced).
+    critic: the critic, or None.
+    prm_learning_rate: the implicit PRM's Adam rate.
+
+  Returns:
+    ``{name: module or optimizer}``.
+  """
   modules = {"model": model, "optimizer": optimizer(cell, model, learning_rate)}
   adam = lambda rate: optax.chain(optax.clip_by_global_norm(cell.max_grad_norm), optax.adam(rate))
   if critic is not None:

@@ -79,11 +79,23 @@ ORACLE_STREAM, EVAL_STREAM = 8, 9  # a Monte-Carlo oracle's draws (zipf_explain)
 UPDATE_METRICS = ("reward_mean", "zero_variance_groups", "entropy", "grad_norm")
 def with_models(models: dict, batch: Rollout, actions: Actions,
                 prm_beta: float | None = None) -> Rollout:
-  """The batch with what its arms read from the run's other models: the critic's values
-  V(s_t) (the learner step keeps them: `learner.prepare`); the reference's log-probs and
-  the implicit PRM's, 0 off the mask. PRIME scores a batch with the PRM before that batch
-  updates it: with `prm_beta` the PRM also takes that step here (`implicit_prm.update`, in
-  place), whose pre-update log-probs are the batch's."""
+  """The batch with what its arms read from the run's other models.
+
+  The critic's values V(s_t) (the learner step keeps them: `learner.prepare`); the
+  reference's log-probs and the implicit PRM's, 0 off the mask. PRIME scores a batch with the
+  PRM before that batch updates it: with `prm_beta` the PRM also takes that step here
+  (`implicit_prm.update`, in place), whose pre-update log-probs are the batch's. Traceable.
+
+  Args:
+    models: the run's modules (`arms.modules`).
+    batch: the sampled `Rollout`.
+    actions: the task's action restrictions.
+    prm_beta: PRIME's beta to update the PRM with, or None (no update).
+
+  Returns:
+    the `Rollout` with values, ref_logprobs and extras["prm_logprobs"] where the models
+    exist.
+  """
   if "critic" in models:
     batch = batch.replace(values=forward.critic_values(models["critic"], batch, actions))
   if "prm" in models:
@@ -109,9 +121,17 @@ def _policy(cell: Cell, seed) -> Transformer:
 
 
 def make_rollout(cell: Cell, needs=frozenset(arms.EXTRAS)):
-  """rollout(model, key, oracle_extras=False, mc_k=0) -> Rollout: one update's batch of the
-  cell (module docstring), with the extras in `needs` (all of them with oracle_extras;
-  Monte-Carlo values of mc_k continuations, which may be traced, 0 for none). Traceable."""
+  """The batch sampler of one update of a cell (module docstring). Traceable.
+
+  Args:
+    cell: the batched `Cell`.
+    needs: the extras to compute (`arms.EXTRAS` by default).
+
+  Returns:
+    ``rollout(model, key, oracle_extras=False, mc_k=0) -> Rollout``, with the extras in
+    `needs` (all of them with oracle_extras; Monte-Carlo values of mc_k continuations,
+    which may be traced, 0 for none).
+  """
   task, group, config = _task(cell), cell.group_size, cell.task
   actions, prompt_len = task.actions, config.prompt_length
   largest_k = max(arms.monte_carlo_k(estimators.from_config(arm)) for arm in cell.arms)
@@ -161,8 +181,15 @@ def _demonstrations(task, cell: Cell, key):
 
 
 def warm_start(model, task, cell: Cell, key) -> None:
-  """The policy after `cell.warmup` (module docstring), in place: `forward.sft_loss` on
-  the task's demonstrations, one fresh batch per step, with its own Adam."""
+  """The policy after ``cell.warmup`` (module docstring), in place: `forward.sft_loss` on the
+  task's demonstrations, one fresh batch per step, with its own Adam. Traceable.
+
+  Args:
+    model: the policy.
+    task: the cell's traceable task.
+    cell: the batched `Cell`.
+    key: the demonstrations' PRNG key.
+  """
   adam = nnx.Optimizer(model, optax.adam(cell.warmup.learning_rate), wrt=nnx.Param)
   sft_graphdef, sft_state = nnx.split((model, adam))
 
@@ -207,8 +234,16 @@ def _update_metrics(task, cell: Cell, batch: Rollout, advantage, mc_k, decisive,
 
 
 def make_run(cell: Cell):
-  """The pure function (arm, learning_rate, seed) -> ({"success": [n_evals], "pass@k":
-  [n_evals, len(pass_at)]}, {metric: [updates]}) of one run (module docstring); vmap it."""
+  """The pure function of one run of a cell (module docstring); vmap it over runs.
+
+  Args:
+    cell: the batched `Cell`.
+
+  Returns:
+    ``run(arm, learning_rate, seed) -> (evaluations, metrics)``: evaluations are
+    ``{"success": [n_evals], "pass@k": [n_evals, len(pass_at)]}``, metrics
+    ``{metric: [updates]}``.
+  """
   branches = [estimators.from_config(arm) for arm in cell.arms]
   task, beta = _task(cell), arms.prm_beta(cell)
   actions, critic = task.actions, arms.has_critic(cell)

@@ -28,11 +28,20 @@ MECHANISM = ("cosine_to_exact", "signal_fraction", "decisive_norm", "filler_norm
 
 
 def noisy_tokens(advantages, mask, decisive):
-  """The effective number of noisy tokens of a batch of credit: over the responses with any
-  credit, the mean of sum_{t not in P} w_t, where w_t = |A_t| / max_t' |A_t'| is token t's
-  credit weight within its response (broadcast credit: T - K; exact credit on filler-blind
-  key_token: 0). advantages, mask [B, L]; decisive [L] or [B, L] bool (P). A scalar; 0 when
-  no response has credit. Traceable."""
+  """The effective number of noisy tokens of a batch of credit. Traceable.
+
+  Over the responses with any credit, the mean of ``sum_{t not in P} w_t``, where
+  ``w_t = |A_t| / max_t' |A_t'|`` is token t's credit weight within its response (broadcast
+  credit: T - K; exact credit on filler-blind key_token: 0).
+
+  Args:
+    advantages: ``[B, L]`` token credit.
+    mask: ``[B, L]`` bool, the actions.
+    decisive: ``[L]`` or ``[B, L]`` bool, the decisive tokens P.
+
+  Returns:
+    a float32 scalar; 0 when no response has credit.
+  """
   weight = jnp.where(mask, jnp.abs(advantages), 0.0)
   top = jnp.max(weight, axis=-1, keepdims=True)
   per_row = jnp.sum(jnp.where(decisive, 0.0, weight / jnp.where(top > 0, top, 1.0)), axis=-1)
@@ -41,9 +50,15 @@ def noisy_tokens(advantages, mask, decisive):
 
 
 def lengths_by_outcome(mask, rewards):
-  """(mean length of the rewarded responses, of the others): a response's length is its
-  action count (mask [B, L]); rewards [B] in {0, 1} (> 0.5 counts as rewarded). 0 for an
-  outcome no response has. Traceable."""
+  """The mean length of the rewarded responses and of the others. Traceable.
+
+  Args:
+    mask: ``[B, L]`` bool, the actions (a response's length is its action count).
+    rewards: ``[B]`` in {0, 1} (> 0.5 counts as rewarded).
+
+  Returns:
+    ``(rewarded, others)`` float32 scalars; 0 for an outcome no response has.
+  """
   lengths = jnp.sum(mask, axis=1, dtype=jnp.float32)
   right = rewards > 0.5
   mean = lambda where: jnp.sum(jnp.where(where, lengths, 0.0)) / jnp.maximum(jnp.sum(where), 1)
@@ -51,13 +66,26 @@ def lengths_by_outcome(mask, rewards):
 
 
 def implicit_credit(credit, tokens, seen, group_size: int):
-  """[B, L]: each token's credit averaged over the responses of its group that reach the
-  same state and take the same token there. A state is the prompt, the position and the
-  earlier tokens that later inputs see (`seen`: on filler-blind key_token the decisive
-  ones only), so identical (state, token) pairs share one policy-gradient term: this is the
-  credit the gradient sees, GRPO's implicit process reward (arXiv 2509.21154) where
-  responses share states. credit, tokens [B, L] (groups of `group_size` consecutive rows,
-  one prompt each); seen [L] bool. Traceable."""
+  """Each token's credit averaged over the responses of its group that reach the same state
+  and take the same token there. Traceable.
+
+  A state is the prompt, the position and the earlier tokens that later inputs see (`seen`:
+  on filler-blind key_token the decisive ones only), so identical (state, token) pairs share
+  one policy-gradient term: this is the credit the gradient sees, GRPO's implicit process
+  reward where responses share states.
+
+  Args:
+    credit: ``[B, L]`` token credit.
+    tokens: ``[B, L]`` int, groups of `group_size` consecutive rows, one prompt each.
+    seen: ``[L]`` bool, the columns later inputs see.
+    group_size: G.
+
+  Returns:
+    float32 ``[B, L]``.
+
+  References:
+    arXiv 2509.21154 (GRPO's implicit process reward).
+  """
   b, length = tokens.shape
   tokens = tokens.reshape(b // group_size, group_size, 1, length)
   credit = credit.reshape(b // group_size, 1, group_size, length)
@@ -70,10 +98,19 @@ def implicit_credit(credit, tokens, seen, group_size: int):
 
 
 def alternative_values(tree, tokens, config: key_token.KeyTokenConfig, group_size: int):
-  """[B, K, |C|]: the exact value of each response's state after each alternative key c at
-  its k-th decisive position (its earlier decisive tokens as sampled), read from the value
-  tree of the batch's prompts (one per group of `group_size` rows; E-DEC, filler hidden).
-  tokens [B, P + T]. Traceable."""
+  """The exact value of each response's state after each alternative key at its k-th decisive
+  position (its earlier decisive tokens as sampled), read from the value tree of the batch's
+  prompts (E-DEC, filler hidden). Traceable.
+
+  Args:
+    tree: the key_token value tree of the batch's prompts, one per group.
+    tokens: ``[B, P + T]`` int.
+    config: the `KeyTokenConfig`.
+    group_size: G.
+
+  Returns:
+    float32 ``[B, K, |C|]``.
+  """
   n_keys, prompt_len = config.n_keys, config.prompt_length
   index, alternatives = jnp.zeros(tokens.shape[0], jnp.int32), []
   for k, position in enumerate(config.decisive_positions):
@@ -86,8 +123,18 @@ def alternative_values(tree, tokens, config: key_token.KeyTokenConfig, group_siz
 
 def critic_alternatives(critic, batch: Rollout, config: key_token.KeyTokenConfig,
                         actions: Actions):
-  """[B, K, |C|]: the critic's value of the same states as `alternative_values` (the
-  response with key c at its k-th decisive position, read after that token). Traceable."""
+  """The critic's value of the same states as `alternative_values` (the response with key c at
+  its k-th decisive position, read after that token). Traceable.
+
+  Args:
+    critic: a `Transformer` with a value head.
+    batch: the `Rollout`.
+    config: the `KeyTokenConfig`.
+    actions: the task's action restrictions.
+
+  Returns:
+    float32 ``[B, K, |C|]``.
+  """
   n_keys, prompt_len = config.n_keys, config.prompt_length
   b, length = batch.tokens.shape
   columns = prompt_len + np.asarray(config.decisive_positions)
@@ -102,18 +149,36 @@ def critic_alternatives(critic, batch: Rollout, config: key_token.KeyTokenConfig
 
 
 def top1_agreement(scores, exact):
-  """The fraction of states [..., |C|] whose highest score (the first on ties) falls on an
-  exactly best alternative (within 1e-6). Traceable."""
+  """The fraction of states whose highest score (the first on ties) falls on an exactly best
+  alternative (within 1e-6). Traceable.
+
+  Args:
+    scores: ``[..., |C|]`` scores of the alternatives.
+    exact: ``[..., |C|]`` their exact values.
+
+  Returns:
+    a float32 scalar.
+  """
   best = jnp.max(exact, axis=-1, keepdims=True)
   chosen = jnp.take_along_axis(exact, jnp.argmax(scores, axis=-1)[..., None], axis=-1)
   return jnp.mean(chosen >= best - 1e-6)
 
 
 def ranking(critic_scores, exact, key):
-  """{RANKING: top-1 agreement with the exact values [B, K, |C|]}: of the critic's scores;
-  of a random order (the share of exact maxima among the alternatives); and of Monte-Carlo
-  values from k continuations per alternative (Binomial(k, V) / k, ties broken at random)
-  for k in RANKING_KS. Traceable."""
+  """Top-1 agreement with the exact values of the alternatives. Traceable.
+
+  Of the critic's scores; of a random order (the share of exact maxima among the
+  alternatives); and of Monte-Carlo values from k continuations per alternative
+  (Binomial(k, V) / k, ties broken at random) for k in `RANKING_KS`.
+
+  Args:
+    critic_scores: ``[B, K, |C|]`` the critic's values.
+    exact: ``[B, K, |C|]`` the exact values.
+    key: a PRNG key for the Monte-Carlo draws and ties.
+
+  Returns:
+    ``{name in RANKING: scalar}``.
+  """
   best = jnp.max(exact, axis=-1, keepdims=True)
   out = {"critic_top1": top1_agreement(critic_scores, exact),
          "random_top1": jnp.mean(jnp.mean(exact >= best - 1e-6, axis=-1))}
@@ -126,13 +191,33 @@ def ranking(critic_scores, exact, key):
 
 
 def cosine(x, y, mask):
-  """sum m x y / sqrt(sum m x^2 sum m y^2) (m: a mask, or True); 0 when either is 0."""
+  """``sum m x y / sqrt(sum m x^2 sum m y^2)``. Traceable.
+
+  Args:
+    x: an array.
+    y: an array of x's shape.
+    mask: bool of x's shape, or True.
+
+  Returns:
+    a float32 scalar; 0 when either is 0.
+  """
   x, y = jnp.where(mask, x, 0.0), jnp.where(mask, y, 0.0)
   return jnp.sum(x * y) / jnp.maximum(jnp.linalg.norm(x) * jnp.linalg.norm(y), 1e-30)
 
 
 def policy_gradient(objective, model, batch: Rollout, advantages, actions: Actions):
-  """The objective's gradient [P] (flattened) on `batch` for these token advantages."""
+  """The objective's gradient on a batch for given token advantages.
+
+  Args:
+    objective: ``objective(outputs, rollout, estimate) -> (loss, metrics)``.
+    model: the policy.
+    batch: the `Rollout`.
+    advantages: ``[B, L]`` token advantages.
+    actions: the task's action restrictions.
+
+  Returns:
+    the flattened gradient ``[P]``.
+  """
   loss = lambda m: objective(forward.policy_outputs(m, batch, 1.0, actions), batch,
                              Estimate(advantages=advantages))[0]
   return jax.flatten_util.ravel_pytree(nnx.grad(loss)(model))[0]
@@ -140,16 +225,32 @@ def policy_gradient(objective, model, batch: Rollout, advantages, actions: Actio
 
 def mechanism(sample, gradient, models: dict, advantage, key, *, batches: int, decisive, seen,
               group_size: int, rank=None) -> dict:
-  """Over `batches` fresh batches from the current policy (`sample(models, key)`: a batch
-  with the oracle's extras): the cosine of the arm's policy gradient (`gradient(model,
-  batch, advantages)`) with the exact-credit gradient on the same batch (the oracle's A,
-  RMS-scaled like every arm's), the arm's signal fraction |mean g|^2 / mean |g|^2 (1: every
-  batch agrees; 1/R: pure noise over R batches), and the norms of its gradient restricted
-  to the `decisive` [L] and to the other tokens (the gradient is linear in the advantages:
-  the two parts sum to it); over tokens, the cosine of the arm's credit with the exact
-  credit, raw and as the gradient sees it (`implicit_credit` over the `seen` [L] columns);
-  and with `rank(models, batch, key)`, how well a critic ranks the alternatives
-  (`ranking`). {MECHANISM (+ RANKING): scalar}."""
+  """How an arm's credit reaches its gradient, over `batches` fresh batches from the current
+  policy.
+
+  The cosine of the arm's policy gradient with the exact-credit gradient on the same batch
+  (the oracle's A, RMS-scaled like every arm's), the arm's signal fraction
+  ``|mean g|^2 / mean |g|^2`` (1: every batch agrees; 1/R: pure noise over R batches), and
+  the norms of its gradient restricted to the decisive and to the other tokens (the gradient
+  is linear in the advantages: the two parts sum to it); over tokens, the cosine of the
+  arm's credit with the exact credit, raw and as the gradient sees it (`implicit_credit`);
+  and with `rank`, how well a critic ranks the alternatives (`ranking`).
+
+  Args:
+    sample: ``sample(models, key) -> Rollout``, a batch with the oracle's extras.
+    gradient: ``gradient(model, batch, advantages) -> [P]``.
+    models: the run's modules.
+    advantage: the arm's advantage function.
+    key: a PRNG key.
+    batches: the number of batches R.
+    decisive: ``[L]`` bool, the decisive columns.
+    seen: ``[L]`` bool, the columns later inputs see.
+    group_size: G.
+    rank: ``rank(models, batch, key) -> dict``, or None.
+
+  Returns:
+    ``{name in MECHANISM (+ RANKING): scalar}``.
+  """
   exact = estimators.from_config({"scale": "rms", "of": "oracle"})
   used = {name: models[name] for name in ("model", "critic", "prm", "reference")
           if name in models}
@@ -186,9 +287,17 @@ def mechanism(sample, gradient, models: dict, advantage, key, *, batches: int, d
 
 
 def critic_ranking(task, group_size: int, key_stream: int):
-  """rank(models, batch, key) for `mechanism` on filler-blind key_token (`task`: its
-  traceable form): `ranking` of the critic's values of the alternative keys against their
-  exact values (E-DEC), the Monte-Carlo rankings drawn from fold_in(key, key_stream)."""
+  """The `rank` of `mechanism` on filler-blind key_token: `ranking` of the critic's values of
+  the alternative keys against their exact values (E-DEC).
+
+  Args:
+    task: key_token's traceable form.
+    group_size: G.
+    key_stream: the Monte-Carlo rankings draw from ``fold_in(key, key_stream)``.
+
+  Returns:
+    ``rank(models, batch, key) -> dict``.
+  """
   config, actions = task.config, task.actions
 
   def rank(models, batch, key):

@@ -29,13 +29,34 @@ METRIC = "train/hook/exact_success"
 
 
 def pass_at_k(success: np.ndarray, k: int) -> float:
-  """mean_x 1 - (1 - p(x))^k of per-prompt success probabilities `success` [n]."""
+  """Exact pass@k of per-prompt success probabilities: ``mean_x 1 - (1 - p(x))^k``.
+
+  Args:
+    success: ``[n]`` per-prompt success probabilities p(x).
+    k: attempts per prompt.
+
+  Returns:
+    a float in [0, 1].
+
+  Examples:
+    >>> from jaxcredit.lab import exact_metrics
+    >>> exact_metrics.pass_at_k([0.5, 1.0], k=2)
+    0.875
+  """
   return float(np.mean(1.0 - (1.0 - np.asarray(success, np.float64)) ** k))
 
 
 def hook(every: int, ks: Sequence[int] = PASS_AT) -> extras.Hook:
-  """A rollout hook logging exact_success (J) and exact_pass@k when rl_step is a multiple of
-  `every`, over the task's test split (read once)."""
+  """A rollout hook logging exact_success (J) and exact_pass@k over the task's test split (read
+  once).
+
+  Args:
+    every: measure when rl_step is a multiple of it.
+    ks: the k of the pass@k logged.
+
+  Returns:
+    ``hook(context, rollout) -> ({}, metrics)``, for ``loop.run(rollout_hook=)``.
+  """
   held_out = {}
 
   def measure(context: extras.Context, rollout) -> tuple[dict, dict]:
@@ -54,9 +75,17 @@ def hook(every: int, ks: Sequence[int] = PASS_AT) -> extras.Hook:
 
 
 def read_curve(run_dir: pathlib.Path) -> dict:
-  """{"updates", "success", "pass@k": {k: [...]}, "gen_tokens", "zero_variance_groups"}: the
-  hook's measurements after that many updates, the tokens generated before them (the records
-  before the measuring step), and the mean fraction of zero-variance groups over the run."""
+  """A run's exact-success curve from its metrics.jsonl.
+
+  Args:
+    run_dir: the run's directory.
+
+  Returns:
+    ``{"updates", "success", "pass@k": {k: [...]}, "gen_tokens", "zero_variance_groups"}``:
+    the hook's measurements after that many updates, the tokens generated before them (the
+    records before the measuring step), and the mean fraction of zero-variance groups over
+    the run.
+  """
   records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
   rl = [r for r in records if "train/gen_tokens" in r]
   curve = {"updates": [], "success": [], "pass@k": {}, "gen_tokens": []}
@@ -74,9 +103,17 @@ def read_curve(run_dir: pathlib.Path) -> dict:
 
 
 def tokens_to_reach(tokens, success, level: float) -> float | None:
-  """The generated tokens at which `success` first reaches `level`, interpolated linearly in
-  log10 tokens between measurements (the first measurement, at 0 tokens, counts as is);
-  None if it never does."""
+  """The generated tokens at which a success curve first reaches a level, interpolated linearly
+  in log10 tokens between measurements (the first measurement, at 0 tokens, counts as is).
+
+  Args:
+    tokens: the generated tokens at each measurement.
+    success: J at each measurement.
+    level: the level to reach.
+
+  Returns:
+    the tokens, or None if the curve never reaches `level`.
+  """
   tokens, success = np.asarray(tokens, float), np.asarray(success, float)
   for i, value in enumerate(success):
     if value >= level:
@@ -89,9 +126,19 @@ def tokens_to_reach(tokens, success, level: float) -> float | None:
 
 
 def auc_log_tokens(tokens, success, low: float, high: float) -> float:
-  """Mean of J over log10 generated tokens on [low, high] (0 < low < high): the trapezoid
-  integral of the curve (interpolated in log tokens, held at its last value after its last
-  measurement, and at its value at `low` before it) divided by log10(high / low)."""
+  """The mean of J over log10 generated tokens on [low, high]: the trapezoid integral of the
+  curve (interpolated in log tokens, held at its last value after its last measurement, and
+  at its value at `low` before it) divided by log10(high / low).
+
+  Args:
+    tokens: the generated tokens at each measurement.
+    success: J at each measurement.
+    low: the window's start, > 0.
+    high: the window's end, > low.
+
+  Returns:
+    a float in [0, 1] for J in [0, 1].
+  """
   tokens, success = np.asarray(tokens, float), np.asarray(success, float)
   grid = np.log10(np.geomspace(low, high, 512))
   positive = tokens > 0

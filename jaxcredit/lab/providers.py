@@ -16,9 +16,21 @@ from jaxcredit.credit import extras
 
 
 def exact_credit(model, task: tasks.TrainTask, rollout, examples) -> tuple[dict, dict]:
-  """({"oracle_advantages", "oracle_values"}, metrics) of the exact oracle the task
-  registers (`tasks.Task.oracle`): e.g. key_token's E-DEC, target_sum's E-TREE, key_turns'
-  turn credit. ValueError naming why where the task, or its options, have none."""
+  """The exact credit of a rollout from the oracle the task registers (`tasks.Task.oracle`):
+  e.g. key_token's E-DEC, target_sum's E-TREE, key_turns' turn credit.
+
+  Args:
+    model: the policy that sampled the rollout.
+    task: the run's `TrainTask`.
+    rollout: the sampled `Rollout`.
+    examples: the task example of each row.
+
+  Returns:
+    ``({"oracle_advantages", "oracle_values"}, metrics)``.
+
+  Raises:
+    ValueError: naming why where the task, or its options, have no exact oracle.
+  """
   reason = no_exact_oracle(task)
   if reason:
     raise ValueError(reason)
@@ -26,7 +38,14 @@ def exact_credit(model, task: tasks.TrainTask, rollout, examples) -> tuple[dict,
 
 
 def no_exact_oracle(task: tasks.TrainTask) -> str | None:
-  """Why `task` has no exact oracle (None when it has one)."""
+  """Why a task has no exact oracle.
+
+  Args:
+    task: a `TrainTask`.
+
+  Returns:
+    the reason, or None when it has one.
+  """
   oracle = tasks.get(task.name).oracle
   if oracle is None:
     return (f"an exact oracle exists for {', '.join(tasks.names('oracle'))} only, not "

@@ -48,8 +48,18 @@ def _rows(est, oracle, weights):
 
 
 def correlations(est, oracle, weights) -> dict[str, Stat]:
-  """r_pool, r_between, r_within, eta2, ceiling (sqrt eta2), r2_within, r_row; see the module
-  docstring."""
+  """How well an estimator's credit correlates with the exact credit, pooled, between and
+  within responses (see the module docstring).
+
+  Args:
+    est: ``[B, T]`` an estimator's credit.
+    oracle: ``[B, T]`` the exact credit A.
+    weights: ``[B, T]`` bool, the scored tokens.
+
+  Returns:
+    `Stat` for r_pool, r_between, r_within, eta2, ceiling (sqrt eta2), r2_within and r_row;
+    undefined (``defined=False``) where too few tokens or no spread.
+  """
   est, oracle, w = _rows(est, oracle, weights)
   n = int(w.sum())
   if n == 0:
@@ -96,7 +106,16 @@ def _row_correlation(est, oracle, w) -> Stat:
 
 
 def spearman(est, oracle, weights) -> Stat:
-  """Pooled Spearman correlation: Pearson on average ranks (ties share their mean rank)."""
+  """Pooled Spearman correlation: Pearson on average ranks (ties share their mean rank).
+
+  Args:
+    est: ``[B, T]`` an estimator's credit.
+    oracle: ``[B, T]`` the exact credit A.
+    weights: ``[B, T]`` bool, the scored tokens.
+
+  Returns:
+    a `Stat`; undefined below 3 scored tokens or without spread.
+  """
   est, oracle, w = _rows(est, oracle, weights)
   e, o = est[w], oracle[w]
   if len(e) < 3:
@@ -107,8 +126,22 @@ def spearman(est, oracle, weights) -> Stat:
 
 
 def sign_agreement(est, oracle, weights, stderr=None, *, floor: float = 0.01) -> dict[str, Stat]:
-  """SA = |{sign est = sign A != 0}| / |S| and SA_w (weighted by |A|) over
-  S = {scored, |A| > max(floor, 2 SE)}; chance 0.5."""
+  """How often the estimator's credit has the exact credit's sign::
+
+    SA = |{sign est = sign A != 0}| / |S|,    S = {scored, |A| > max(floor, 2 SE)}
+
+  and SA_w, weighted by |A|; chance is 0.5.
+
+  Args:
+    est: ``[B, T]`` an estimator's credit.
+    oracle: ``[B, T]`` the exact credit A.
+    weights: ``[B, T]`` bool, the scored tokens.
+    stderr: ``[B, T]`` the oracle's standard error (0 for exact oracles), or None.
+    floor: the smallest |A| scored.
+
+  Returns:
+    ``{"sa", "sa_weighted"}`` `Stat`; undefined when S is empty.
+  """
   est, oracle, w = (np.asarray(x) for x in (est, oracle, weights))
   se = np.zeros(oracle.shape) if stderr is None else np.asarray(stderr, np.float64)
   scope = w.astype(bool) & (np.abs(oracle) > np.maximum(floor, 2 * se))
@@ -122,7 +155,20 @@ def sign_agreement(est, oracle, weights, stderr=None, *, floor: float = 0.01) ->
 
 
 def decisive_mass(x, weights, decisive) -> Stat:
-  """Mean over rows of sum_{t in D} w|x_t| / sum_t w|x_t| (rows with no credit skipped)."""
+  """The share of credit on the decisive tokens::
+
+    mean over rows of sum_{t in D} w |x_t| / sum_t w |x_t|
+
+  rows with no credit skipped.
+
+  Args:
+    x: ``[B, T]`` credit.
+    weights: ``[B, T]`` bool, the scored tokens.
+    decisive: ``[B, T]`` bool, the decisive tokens D.
+
+  Returns:
+    a `Stat`; undefined when no row has credit.
+  """
   x = np.abs(np.asarray(x, np.float64))
   w, decisive = np.asarray(weights, bool), np.asarray(decisive, bool)
   totals = (x * w).sum(axis=1)
@@ -144,8 +190,22 @@ def _top_k_membership(x: np.ndarray, k: int) -> np.ndarray:
 
 
 def top_k_overlap(est, oracle, weights, k: int | None = None) -> Stat:
-  """Mean over rows of (1/k) sum_t m_t m*_t for the top-k |credit| sets (k default:
-  ceil(0.2 L_i)); chance k / L, and a constant-credit row scores exactly that."""
+  """How far the estimator's top-k tokens by |credit| are the oracle's::
+
+    mean over rows of (1/k) sum_t m_t m*_t
+
+  for the top-k |credit| sets (entries tied at the threshold share the remaining places).
+  Chance is k / L, and a constant-credit row scores exactly that.
+
+  Args:
+    est: ``[B, T]`` an estimator's credit.
+    oracle: ``[B, T]`` the exact credit A.
+    weights: ``[B, T]`` bool, the scored tokens.
+    k: tokens per row; None for ``ceil(0.2 L_i)``.
+
+  Returns:
+    a `Stat`; undefined without scored rows.
+  """
   est, oracle, w = _rows(est, oracle, weights)
   overlaps = []
   for e, o, valid in zip(est, oracle, w):
@@ -159,7 +219,18 @@ def top_k_overlap(est, oracle, weights, k: int | None = None) -> Stat:
 
 
 def scale_nmse(est, oracle, weights) -> Stat:
-  """min_{a >= 0} sum w (A - a est)^2 / sum w A^2 = 1 - max(0, cos)^2."""
+  """The normalised squared error after the best non-negative scale::
+
+    min_{a >= 0} sum w (A - a est)^2 / sum w A^2 = 1 - max(0, cos)^2
+
+  Args:
+    est: ``[B, T]`` an estimator's credit.
+    oracle: ``[B, T]`` the exact credit A.
+    weights: ``[B, T]`` bool, the scored tokens.
+
+  Returns:
+    a `Stat` in [0, 1]; undefined when the oracle is 0 everywhere.
+  """
   est, oracle, w = _rows(est, oracle, weights)
   e, o = est[w], oracle[w]
   norm = np.sqrt((e**2).sum() * (o**2).sum())
@@ -170,8 +241,19 @@ def scale_nmse(est, oracle, weights) -> Stat:
 
 
 def score(est, oracle, weights, *, stderr=None, decisive=None) -> dict[str, Stat]:
-  """Every statistic above for one estimator; `decisive` [B, T] adds decisive
-  mass of the estimator (dm) and of the oracle (dm_oracle)."""
+  """Every statistic of this module for one estimator.
+
+  Args:
+    est: ``[B, T]`` an estimator's credit.
+    oracle: ``[B, T]`` the exact credit A.
+    weights: ``[B, T]`` bool, the scored tokens.
+    stderr: ``[B, T]`` the oracle's standard error, or None.
+    decisive: ``[B, T]`` bool, the decisive tokens, or None.
+
+  Returns:
+    ``{name: Stat}``: `correlations`, spearman, `sign_agreement`, top_k, nmse_scale, and
+    with `decisive` the decisive mass of the estimator (dm) and of the oracle (dm_oracle).
+  """
   out = {
       **correlations(est, oracle, weights), "spearman": spearman(est, oracle, weights),
       **sign_agreement(est, oracle, weights, stderr), "top_k": top_k_overlap(est, oracle, weights),
@@ -186,13 +268,19 @@ def score(est, oracle, weights, *, stderr=None, decisive=None) -> dict[str, Stat
 def resampling_noise(samples, oracle, weights) -> dict[str, Stat]:
   """Stability of credit across resampled batches.
 
-  samples: [R, J, T] an estimator's credit on J fixed probe responses, each
-  time with a fresh group around it (and fresh Monte-Carlo keys); oracle,
-  weights: [J, T]. With X the mean over resamples and a* = argmin
-  sum w (A - a X)^2::
+  With X the mean over resamples and ``a* = argmin sum w (A - a X)^2``::
 
     rcn        = sum w Var_r(a* X^(r)) / sum w (A - mean A)^2   (relative credit noise)
     bias_ratio = sum w (a* X - A)^2 / sum w (A - mean A)^2
+
+  Args:
+    samples: ``[R, J, T]`` an estimator's credit on J fixed probe responses, each time with
+      a fresh group around it (and fresh Monte-Carlo keys).
+    oracle: ``[J, T]`` the exact credit A.
+    weights: ``[J, T]`` bool, the scored tokens.
+
+  Returns:
+    ``{"rcn", "bias_ratio"}`` `Stat`.
   """
   samples, oracle = np.asarray(samples, np.float64), np.asarray(oracle, np.float64)
   w = np.asarray(weights, bool)

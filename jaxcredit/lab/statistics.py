@@ -21,10 +21,29 @@ EXACT_FLIPS = 16  # up to 2^16 sign patterns enumerated; more are sampled
 
 
 def sign_flip_p(differences, rng: np.random.Generator | None = None, draws: int = 65536) -> float:
-  """Two-sided p-value of H0 "the paired differences are symmetric about 0" (a sign-flip
-  permutation test of their mean): the fraction of sign patterns s in {-1, 1}^n with
-  |mean(s d)| >= |mean(d)|. Exact (all 2^n patterns) for n <= EXACT_FLIPS, else `draws`
-  random patterns from `rng` (the observed one counted). 1.0 when every difference is 0."""
+  """Two-sided p-value of H0 "the paired differences are symmetric about 0", by a sign-flip
+  permutation test of their mean.
+
+  The fraction of sign patterns s in {-1, 1}^n with ``|mean(s d)| >= |mean(d)|``: exact (all
+  2^n patterns) for n <= EXACT_FLIPS, else `draws` random patterns (the observed one
+  counted).
+
+  Args:
+    differences: the per-seed paired differences, finite, non-empty.
+    rng: the generator of the random patterns; None for ``default_rng(0)``.
+    draws: random patterns when n > EXACT_FLIPS.
+
+  Returns:
+    the p-value; 1.0 when every difference is 0.
+
+  Raises:
+    ValueError: on an empty or non-finite array.
+
+  Examples:
+    >>> from jaxcredit.lab import statistics
+    >>> statistics.sign_flip_p([1.0, 2.0, 3.0])  # 2 of the 8 patterns are as extreme
+    0.25
+  """
   d = _nonempty(differences)
   if not np.any(d):
     return 1.0
@@ -38,9 +57,27 @@ def sign_flip_p(differences, rng: np.random.Generator | None = None, draws: int 
 
 
 def holm(p_values) -> np.ndarray:
-  """Holm's step-down adjusted p-values: with p_(1) <= ... <= p_(m),
-  p~_(i) = max_{j <= i} min(1, (m - j + 1) p_(j)). Rejecting p~ <= alpha controls the
-  family-wise error rate at alpha."""
+  """Holm's step-down adjusted p-values::
+
+    p~_(i) = max_{j <= i} min(1, (m - j + 1) p_(j))      with p_(1) <= ... <= p_(m)
+
+  Rejecting p~ <= alpha controls the family-wise error rate at alpha.
+
+  Args:
+    p_values: m p-values.
+
+  Returns:
+    float64 ``[m]``, in the input's order.
+
+  References:
+    Holm, 1979, "A Simple Sequentially Rejective Multiple Test Procedure", Scandinavian
+    Journal of Statistics 6.
+
+  Examples:
+    >>> from jaxcredit.lab import statistics
+    >>> statistics.holm([0.01, 0.04, 0.03]).round(3).tolist()
+    [0.03, 0.06, 0.06]
+  """
   p = np.asarray(p_values, np.float64)
   order = np.argsort(p, kind="stable")
   scaled = np.minimum(1.0, (len(p) - np.arange(len(p))) * p[order])
@@ -50,10 +87,28 @@ def holm(p_values) -> np.ndarray:
 
 
 def tost(differences, margin: float) -> float:
-  """p-value of equivalence within (-margin, margin) by two one-sided t-tests: the larger
-  of the p of H0 "mean <= -margin" and of H0 "mean >= margin". p <= alpha means the mean
-  difference is within the margin at level alpha (its 1 - 2 alpha interval lies inside).
-  1.0 (not shown equivalent) below two values or for zero spread outside the margin."""
+  """p-value of equivalence within (-margin, margin) by two one-sided t-tests.
+
+  The larger of the p of H0 "mean <= -margin" and of H0 "mean >= margin". p <= alpha means
+  the mean difference is within the margin at level alpha (its 1 - 2 alpha interval lies
+  inside).
+
+  Args:
+    differences: the per-seed paired differences, finite, non-empty.
+    margin: the equivalence margin, > 0.
+
+  Returns:
+    the p-value; 1.0 (not shown equivalent) below two values or for zero spread outside the
+    margin, 0.0 for zero spread inside it.
+
+  Raises:
+    ValueError: on an empty or non-finite array.
+
+  References:
+    Schuirmann, 1987, "A comparison of the two one-sided tests procedure and the power
+    approach for assessing the equivalence of average bioavailability", J. Pharmacokinet.
+    Biopharm. 15.
+  """
   d = _nonempty(differences)
   if d.size < 2:
     return 1.0
@@ -66,7 +121,16 @@ def tost(differences, margin: float) -> float:
 
 def bootstrap_ci(values, rng: np.random.Generator, draws: int) -> tuple[float, float, float]:
   """Mean and 95% percentile-bootstrap interval of the mean (report it only from MIN_SEEDS
-  values: below that it is little more than their range)."""
+  values: below that it is little more than their range).
+
+  Args:
+    values: the per-seed values.
+    rng: the resampling generator.
+    draws: bootstrap resamples.
+
+  Returns:
+    ``(mean, low, high)``; all the value itself for one value.
+  """
   values = np.asarray(values, float)
   if len(values) == 1:
     return float(values[0]), float(values[0]), float(values[0])
@@ -76,16 +140,34 @@ def bootstrap_ci(values, rng: np.random.Generator, draws: int) -> tuple[float, f
 
 def reported_ci(values, rng: np.random.Generator,
                 draws: int) -> tuple[float, float | None, float | None]:
-  """`bootstrap_ci`, or (mean, None, None) below MIN_SEEDS values: no interval is reported
-  there (it would be about their range)."""
+  """`bootstrap_ci`, without an interval below MIN_SEEDS values (it would be about their
+  range).
+
+  Args:
+    values: the per-seed values.
+    rng: the resampling generator.
+    draws: bootstrap resamples.
+
+  Returns:
+    ``(mean, low, high)``, or ``(mean, None, None)`` below MIN_SEEDS values.
+  """
   if len(values) < MIN_SEEDS:
     return float(np.mean(values)), None, None
   return bootstrap_ci(values, rng, draws)
 
 
 def ols_slope(x, y, rng: np.random.Generator) -> tuple[float, float, float]:
-  """OLS slope of y on x and a 95% bootstrap interval over the (x, y) pairs (2,000
-  resamples, those with a constant x left out)."""
+  """OLS slope of y on x and a 95% bootstrap interval over the (x, y) pairs (2,000 resamples,
+  those with a constant x left out).
+
+  Args:
+    x: the regressor values.
+    y: the responses, one per x.
+    rng: the resampling generator.
+
+  Returns:
+    ``(slope, low, high)``.
+  """
   draws = rng.integers(0, len(x), (2000, len(x)))
   xs, ys = np.asarray(x, np.float64)[draws], np.asarray(y, np.float64)[draws]
   xs, ys = xs - xs.mean(1, keepdims=True), ys - ys.mean(1, keepdims=True)

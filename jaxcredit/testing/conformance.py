@@ -25,7 +25,14 @@ class ConformanceError(AssertionError):
 
 
 def describe(rollout: Rollout) -> str:
-  """A compact, printable description of a rollout."""
+  """A compact, printable description of a rollout (what a `ConformanceError` shows).
+
+  Args:
+    rollout: a `Rollout`.
+
+  Returns:
+    its shape, group size, mask, rewards and the dtypes of its float fields.
+  """
   with np.printoptions(precision=3, suppress=True, threshold=200, linewidth=120):
     lines = [
         f"Rollout(B={rollout.shape[0]}, T={rollout.shape[1]}, group_size={rollout.group_size})"
@@ -59,7 +66,15 @@ def _replace_token_fields(rollout: Rollout, fn: Callable[[jax.Array], jax.Array]
 
 
 def poison_masked(rollout: Rollout, value: float = jnp.nan) -> Rollout:
-  """`rollout` with `value` at every masked position of every float [B, T] array."""
+  """A rollout with `value` at every masked position of every float ``[B, T]`` array.
+
+  Args:
+    rollout: a `Rollout`.
+    value: the poison, NaN by default.
+
+  Returns:
+    the poisoned `Rollout` (masks, tokens and group size unchanged).
+  """
   return _replace_token_fields(rollout,
                                lambda x: jnp.where(rollout.mask, x, jnp.asarray(value, x.dtype)))
 
@@ -78,11 +93,18 @@ def _alternating(shape: tuple[int, int], size: float) -> jax.Array:
 
 
 def degenerate_rollouts(group_sizes: Sequence[int] = (1, 2, 4)) -> list[tuple[str, Rollout]]:
-  """Named edge cases, all [8, 6] (one compilation): all-masked rows,
-  zero-variance groups, size-1 groups, length-1 responses, bf16 inputs,
-  extreme log-probs, rewards of +-1e19 and target/behaviour log-ratios of
-  +-100 (extras["target_logprobs"]). Group sizes are taken from `group_sizes`
-  (each must divide 8)."""
+  """Named edge cases, all ``[8, 6]`` (one compilation).
+
+  All-masked rows, zero-variance groups, size-1 groups, length-1 responses, bf16 inputs,
+  extreme log-probs, rewards of +-1e19 and target/behaviour log-ratios of +-100
+  (extras["target_logprobs"]).
+
+  Args:
+    group_sizes: the group sizes used, each dividing 8.
+
+  Returns:
+    ``[(name, rollout)]``.
+  """
   rng = np.random.default_rng(0)
   pick = lambda i: group_sizes[i % len(group_sizes)]
   base = lambda g: strategies.make_rollout(rng, batch=8, length=6, group_size=g)
@@ -202,14 +224,25 @@ def check_estimator(
     group_sizes: Sequence[int] = (1, 2, 4),
     atol: float = 1e-5,
 ) -> None:
-  """Checks an estimator `fn(rollout) -> Estimate | [B, T] advantages`.
+  """Checks an estimator ``fn(rollout) -> Estimate | [B, T] advantages``.
 
-  Properties: shape and float dtype; finite outputs; exactly 0 at masked
-  positions; jit == no-jit; NaN at masked input positions changes nothing;
-  finite gradients w.r.t. every float input; `vmap` over a stack of two
-  rollouts equals two calls; each (name, transform) in `invariances` leaves
-  the advantages unchanged. Runs on hypothesis-drawn rollouts and on
-  `degenerate_rollouts()`. Raises ConformanceError.
+  Properties: shape and float dtype; finite outputs; exactly 0 at masked positions; jit ==
+  no-jit; NaN at masked input positions changes nothing; finite gradients w.r.t. every float
+  input; `vmap` over a stack of two rollouts equals two calls; each (name, transform) in
+  `invariances` leaves the advantages unchanged. Runs on hypothesis-drawn rollouts and on
+  `degenerate_rollouts()`.
+
+  Args:
+    fn: the estimator.
+    name: its name in failure messages; by default ``fn.__name__``.
+    invariances: ``(name, transform)`` pairs (`group_reward_shift`, `reward_scale`, ...).
+    vmap: check vmap over a stack of two rollouts.
+    max_examples: hypothesis-drawn rollouts.
+    group_sizes: the group sizes drawn.
+    atol: the tolerance of the equalities (1e-2 on bf16 inputs).
+
+  Raises:
+    ConformanceError: naming the property, the estimator and the input that broke it.
   """
   name = name or getattr(fn, "__name__", repr(fn))
   invariances = tuple(invariances)
@@ -235,8 +268,15 @@ def check_estimator(
 
 
 def group_reward_shift(shift: float = 3.0) -> Invariance:
-  """Invariance: adding a constant to each group's rewards, a different one per
-  group (k * shift for group k), as group baselines must ignore."""
+  """Invariance: adding a constant to each group's rewards, a different one per group
+  (k * shift for group k), as group baselines must ignore.
+
+  Args:
+    shift: the step between groups' offsets.
+
+  Returns:
+    ``("group_reward_shift", transform)`` for `check_estimator`'s invariances.
+  """
 
   def transform(rollout: Rollout) -> Rollout:
     offsets = shift * (jnp.arange(rollout.shape[0]) // rollout.group_size + 1)
@@ -246,8 +286,15 @@ def group_reward_shift(shift: float = 3.0) -> Invariance:
 
 
 def reward_scale(scale: float = HUGE_REWARD) -> Invariance:
-  """Invariance: multiplying every reward (outcome and dense) by `scale` > 0,
-  as normalised advantages must ignore for any finite rewards."""
+  """Invariance: multiplying every reward (outcome and dense) by `scale` > 0, as normalised
+  advantages must ignore for any finite rewards.
+
+  Args:
+    scale: the factor, > 0.
+
+  Returns:
+    ``("reward_scale(<scale>)", transform)`` for `check_estimator`'s invariances.
+  """
 
   def transform(rollout: Rollout) -> Rollout:
     token_rewards = None if rollout.token_rewards is None else rollout.token_rewards * scale
@@ -312,15 +359,25 @@ def check_loss(
     group_sizes: Sequence[int] = (1, 2, 4),
     atol: float = 1e-5,
 ) -> None:
-  """Checks a loss `fn(outputs, rollout, estimate) -> (scalar, metrics)`.
+  """Checks a loss ``fn(outputs, rollout, estimate) -> (scalar, metrics)``.
 
-  Properties: scalar finite loss; finite scalar metrics; jit == no-jit; NaN at
-  masked positions of outputs and rollout changes nothing; gradients w.r.t.
-  every outputs field finite and exactly 0 at masked positions - on random
-  rollouts, on `degenerate_rollouts()`, on-policy (logp == old logp), and with
-  log-ratios of +-100 to the behaviour and reference policies (exp overflows
-  float32 there; a clip or `where` after it still leaves a NaN gradient).
-  `estimate_fn` defaults to GAE (advantages and returns). Raises ConformanceError.
+  Properties: scalar finite loss; finite scalar metrics; jit == no-jit; NaN at masked
+  positions of outputs and rollout changes nothing; gradients w.r.t. every outputs field
+  finite and exactly 0 at masked positions. On random rollouts, on `degenerate_rollouts()`,
+  on-policy (logp == old logp), and with log-ratios of +-100 to the behaviour and reference
+  policies (exp overflows float32 there; a clip or `where` after it still leaves a NaN
+  gradient).
+
+  Args:
+    fn: the loss, with the loss registry's signature.
+    name: its name in failure messages; by default ``fn.__name__``.
+    estimate_fn: the estimate the loss is given; None for GAE (advantages and returns).
+    max_examples: hypothesis-drawn rollouts.
+    group_sizes: the group sizes drawn.
+    atol: the tolerance of the equalities.
+
+  Raises:
+    ConformanceError: naming the property, the loss and the input that broke it.
   """
   from jaxcredit import estimators  # the kit sits above both layers
 

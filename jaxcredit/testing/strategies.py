@@ -14,7 +14,18 @@ from jaxcredit.rollout import Rollout
 
 def make_mask(rng: np.random.Generator, batch: int, length: int, *,
               holes: bool = True) -> np.ndarray:
-  """Prompt prefix, ragged response end, interior holes; possibly empty rows."""
+  """A random action mask: a prompt prefix, a ragged response end, interior holes; possibly
+  empty rows.
+
+  Args:
+    rng: the NumPy generator.
+    batch: B.
+    length: T.
+    holes: drop about 15% of the response's positions.
+
+  Returns:
+    bool ``[B, T]``.
+  """
   starts = rng.integers(0, max(length // 3, 0) + 1, batch)
   ends = rng.integers(starts, length + 1)
   positions = np.arange(length)[None]
@@ -25,7 +36,16 @@ def make_mask(rng: np.random.Generator, batch: int, length: int, *,
 
 
 def make_turn_ids(rng: np.random.Generator, batch: int, length: int) -> np.ndarray:
-  """[B, T] int32 non-decreasing turn ids from 0 (a new turn at ~30% of positions)."""
+  """Random non-decreasing turn ids from 0 (a new turn at about 30% of positions).
+
+  Args:
+    rng: the NumPy generator.
+    batch: B.
+    length: T.
+
+  Returns:
+    int32 ``[B, T]``.
+  """
   return np.cumsum(rng.random((batch, length)) < 0.3, axis=1).astype(np.int32)
 
 
@@ -38,7 +58,27 @@ def make_rollout(
     binary_rewards: bool = True,
     holes: bool = True,
 ) -> Rollout:
-  """A Rollout with every optional field and the extras built-in estimators read."""
+  """A random `Rollout` with every optional field and the extras built-in estimators read.
+
+  Args:
+    rng: the NumPy generator.
+    batch: B, a multiple of `group_size`.
+    length: T.
+    group_size: G.
+    binary_rewards: 0/1 rewards, else standard normal.
+    holes: interior holes in the mask (`make_mask`).
+
+  Returns:
+    the `Rollout`.
+
+  Examples:
+    >>> import numpy as np
+    >>> from jaxcredit.testing import strategies
+    >>> rollout = strategies.make_rollout(np.random.default_rng(0), batch=4, length=6,
+    ...                                   group_size=2)
+    >>> rollout.shape, rollout.group_size
+    ((4, 6), 2)
+  """
   mask = make_mask(rng, batch, length, holes=holes)
   token = lambda scale=1.0: jnp.asarray(scale * rng.normal(size=(batch, length)), jnp.float32)
   logprobs = jnp.asarray(-rng.exponential(1.0, (batch, length)), jnp.float32)
@@ -86,9 +126,18 @@ def rollouts(
     lengths=(1, 6, 9),
     binary_rewards: bool | None = None,
 ) -> Rollout:
-  """Valid rollouts: contiguous groups, ragged masks with interior holes,
-  empty rows, binary or continuous rewards (drawn unless fixed). Batch sizes
-  are multiples of the drawn group size."""
+  """A hypothesis strategy of valid rollouts: contiguous groups, ragged masks with interior
+  holes, empty rows, binary or continuous rewards.
+
+  Args:
+    group_sizes: the group sizes drawn.
+    batch_sizes: the batch sizes drawn (those that the group size divides).
+    lengths: the lengths T drawn.
+    binary_rewards: fix the rewards binary (True) or continuous (False); None draws it.
+
+  Returns:
+    a strategy of `Rollout`.
+  """
   group_size = draw(st.sampled_from(group_sizes))
   batch = draw(st.sampled_from([b for b in batch_sizes if b % group_size == 0] or [group_size]))
   length = draw(st.sampled_from(lengths))

@@ -45,8 +45,18 @@ class NoExport(FileNotFoundError):
 
 
 def read_export(workdir: pathlib.Path) -> tuple[list[Step], list[str]]:
-  """The readable steps in step order, and a message for every file skipped.
-  Raises NoExport when WORKDIR/tokens holds no step file."""
+  """A run's per-token export, every readable step file of WORKDIR/tokens.
+
+  Args:
+    workdir: the run's directory.
+
+  Returns:
+    ``(steps, problems)``: the readable `Step` in step order, and a message for every file
+    skipped.
+
+  Raises:
+    NoExport: when WORKDIR/tokens holds no step file.
+  """
   directory = pathlib.Path(workdir) / DIRECTORY
   paths = sorted(directory.glob("step_*.parquet"))
   if not paths:
@@ -62,14 +72,32 @@ def read_export(workdir: pathlib.Path) -> tuple[list[Step], list[str]]:
 
 
 def runs_with_exports(directory: pathlib.Path) -> list[pathlib.Path]:
-  """The run directories at or below `directory` holding an export (a study's runs/...)."""
+  """The run directories at or below a directory holding an export (a study's runs/...).
+
+  Args:
+    directory: where to look.
+
+  Returns:
+    the run directories, sorted.
+  """
   found = {path.parent.parent for path in pathlib.Path(directory).rglob(
       f"{DIRECTORY}/step_*.parquet")}
   return sorted(found)
 
 
 def read_step(path: pathlib.Path) -> Step:
-  """One export file; ValueError saying what is wrong with it."""
+  """One export file.
+
+  Args:
+    path: a ``step_*.parquet`` file.
+
+  Returns:
+    the `Step`.
+
+  Raises:
+    ValueError: saying what is wrong with the file (unreadable, another schema version,
+      missing columns).
+  """
   import pyarrow.parquet as pq  # tensorflow-datasets depends on it; jaxcredit[view] names it
 
   try:

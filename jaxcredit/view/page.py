@@ -35,7 +35,16 @@ def _credit_label(column: str, estimator: str) -> str:
 
 
 def page_data(steps: list[export_reader.Step], problems: list[str], *, title: str) -> dict:
-  """The JSON the page's script reads: token texts once, then each step's columns."""
+  """The JSON the page's script reads: token texts once, then each step's columns.
+
+  Args:
+    steps: the exported steps (`export_reader.read_export`).
+    problems: messages for the files skipped.
+    title: the page's title.
+
+  Returns:
+    a JSON-serialisable dict.
+  """
   texts = sorted({text for step in steps for text in step.columns["token"]})
   index = {text: i for i, text in enumerate(texts)}
   encoded = []
@@ -56,7 +65,16 @@ def page_data(steps: list[export_reader.Step], problems: list[str], *, title: st
 
 
 def render(steps: list[export_reader.Step], problems: list[str], *, title: str) -> str:
-  """The page's HTML with the data and the script inlined."""
+  """The viewer page's HTML with the data and the script inlined.
+
+  Args:
+    steps: the exported steps (`export_reader.read_export`).
+    problems: messages for the files skipped.
+    title: the page's title.
+
+  Returns:
+    the HTML text.
+  """
   assets = resources.files("jaxcredit.view")
   template = (assets / "template.html").read_text(encoding="utf-8")
   script = (assets / "viewer.js").read_text(encoding="utf-8")
@@ -73,8 +91,18 @@ def _escape(text: str) -> str:
 
 
 def write(workdir: pathlib.Path, out: pathlib.Path | None = None) -> tuple[pathlib.Path, list[str]]:
-  """Writes the viewer of `workdir`'s export (default WORKDIR/credit.html); returns its path
-  and the problems met (files skipped). Raises export_reader.NoExport without an export."""
+  """Writes the credit viewer of a run's export.
+
+  Args:
+    workdir: the run's directory.
+    out: the page's path; None for WORKDIR/credit.html.
+
+  Returns:
+    ``(path, problems)``: the page written and the problems met (files skipped).
+
+  Raises:
+    export_reader.NoExport: without an export.
+  """
   workdir = pathlib.Path(workdir)
   steps, problems = export_reader.read_export(workdir)
   out = pathlib.Path(out) if out is not None else workdir / PAGE
