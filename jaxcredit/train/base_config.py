@@ -14,7 +14,17 @@ import ml_collections
 from jaxcredit import forward
 
 def get_config() -> ml_collections.ConfigDict:
-  """The base config: every field the trainer reads, at its default (each commented)."""
+  """The base config: every field the trainer reads, at its default (each commented).
+
+  Returns:
+    an `ml_collections.ConfigDict`; experiments override what differs.
+
+  Examples:
+    >>> from jaxcredit.train import base_config
+    >>> config = base_config.get_config()
+    >>> config.task.name, config.rl.group_size > 1
+    ('arithmetic', True)
+  """
   config = ml_collections.ConfigDict()
   config.seed = 0  # model init, data order and sampling
 

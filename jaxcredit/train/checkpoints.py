@@ -39,7 +39,14 @@ class CheckpointError(RuntimeError):
 
 
 def root_cause(error: BaseException) -> str:
-  """The innermost cause of a chained exception, as `Type: message` on one line."""
+  """The innermost cause of a chained exception.
+
+  Args:
+    error: an exception.
+
+  Returns:
+    ``Type: message`` on one line.
+  """
   seen = set()
   while id(error) not in seen and (error.__cause__ or error.__context__):
     seen.add(id(error))
@@ -48,8 +55,14 @@ def root_cause(error: BaseException) -> str:
 
 
 def check_writable(directory: pathlib.Path) -> None:
-  """Creates `directory` and writes and removes a probe file in it; CheckpointError naming it
-  otherwise."""
+  """Creates a directory and writes and removes a probe file in it.
+
+  Args:
+    directory: the directory.
+
+  Raises:
+    CheckpointError: naming it when it is not writable.
+  """
   try:
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-probe-"):
@@ -167,9 +180,18 @@ def _shapes(tree) -> dict[str, tuple]:
 
 
 def check_same_state(saved, target, *, step: int, directory: pathlib.Path) -> None:
-  """Raises ValueError, moving nothing, when an intact checkpoint (`saved`: its orbax tree
-  metadata) holds other state than `target` (what this run's settings build): a settings
-  error, named by the entries missing, unexpected or of another shape."""
+  """Refuses, moving nothing, an intact checkpoint that holds other state than this run builds
+  (a settings error).
+
+  Args:
+    saved: the checkpoint's orbax tree metadata.
+    target: the state this run's settings build.
+    step: the checkpoint's step.
+    directory: the checkpoint directory.
+
+  Raises:
+    ValueError: naming the entries missing, unexpected or of another shape.
+  """
   saved, target = _shapes(saved), _shapes(target)
   listed = lambda names: ", ".join(names[:6]) + (f" (and {len(names) - 6} more)"
                                                  if len(names) > 6 else "")
@@ -189,19 +211,38 @@ def check_same_state(saved, target, *, step: int, directory: pathlib.Path) -> No
 
 
 def describe_mesh(shape) -> str:
-  """'8 devices (data=8)' for {'data': 8, 'fsdp': 1, 'model': 1}: the device count and the axes
-  over 1."""
+  """A mesh's device count and its axes over 1.
+
+  Args:
+    shape: ``{axis: size}``.
+
+  Returns:
+    e.g. '8 devices (data=8)' for ``{'data': 8, 'fsdp': 1, 'model': 1}``.
+
+  Examples:
+    >>> from jaxcredit.train import checkpoints
+    >>> checkpoints.describe_mesh({"data": 4, "fsdp": 2, "model": 1})
+    '8 devices (data=4, fsdp=2)'
+  """
   devices = math.prod(shape.values())
   axes = ", ".join(f"{name}={size}" for name, size in shape.items() if size > 1)
   return f"{devices} device{'s' * (devices != 1)}" + (f" ({axes})" if axes else "")
 
 
 def on_mesh(tree, mesh: Mesh):
-  """Abstract restore targets for `tree` on `mesh`: each array keeps its
-  NamedSharding when it has one on `mesh` and is replicated otherwise
-  (`sharding.sharding_on`; an array left on one device, restored there, would be
-  committed to it and clash with the sharded parameters). Python scalars are left
-  as they are."""
+  """Abstract restore targets on a mesh.
+
+  Each array keeps its NamedSharding when it has one on `mesh` and is replicated otherwise
+  (`sharding.sharding_on`; an array left on one device, restored there, would be committed
+  to it and clash with the sharded parameters). Python scalars are left as they are.
+
+  Args:
+    tree: a pytree of arrays and scalars.
+    mesh: the device mesh.
+
+  Returns:
+    the tree with `jax.ShapeDtypeStruct` leaves in place of arrays.
+  """
 
   def target(x):
     if not isinstance(x, jax.Array):

@@ -15,8 +15,19 @@ from jaxcredit.tasks import loader
 
 def noisy_demonstrations(tokens: np.ndarray, loss_mask: np.ndarray, rng: np.random.Generator, *,
                          rate: float, task: tasks.TrainTask) -> np.ndarray:
-  """Replaces one completion token of a `rate` fraction of demonstrations by
-  another allowed action (stop tokens kept), so SFT leaves an imperfect policy."""
+  """Replaces one completion token of a `rate` fraction of demonstrations by another allowed
+  action (stop tokens kept), so SFT leaves an imperfect policy.
+
+  Args:
+    tokens: ``[n, L]`` int demonstrations.
+    loss_mask: ``[n, L]`` bool, their completion tokens.
+    rng: the NumPy generator.
+    rate: the fraction of demonstrations changed.
+    task: the `TrainTask` (its action sets, stop and pad ids).
+
+  Returns:
+    a changed copy of `tokens`.
+  """
   tokens = tokens.copy()
   allowed = task.actions.allowed
   for row in np.flatnonzero(rng.random(len(tokens)) < rate):
@@ -43,22 +54,38 @@ def _all_examples(source) -> list:
 
 
 def split_lengths(task: tasks.TrainTask, split: str) -> np.ndarray:
-  """[n, 2] token counts (prompt, completion with its stop token) of a split's examples."""
+  """The token counts of a split's examples.
+
+  Args:
+    task: the `TrainTask`.
+    split: "train" or "test".
+
+  Returns:
+    int ``[n, 2]``: prompt and completion (with its stop token) lengths.
+  """
   examples = _all_examples(task.sources[split])
   return np.asarray([[len(ids) for ids in task.encode(e)] for e in examples]).reshape(-1, 2)
 
 
 def check_data(task: tasks.TrainTask, *, max_dropped_fraction: float,
                lengths: dict[str, np.ndarray] | None = None) -> dict:
-  """Counts, per split, the examples the budgets exclude and says so; returns
-  {"data/<split>/examples" | "/dropped" | "/unrewardable": count}.
+  """Counts, per split, the examples the budgets exclude, and says so.
 
-  dropped: prompt longer than max_prompt_length (the loader skips it);
-  unrewardable: reference answer (with its stop token) longer than
-  max_response_length, so a response can never both finish and be right.
-  Raises ValueError when a split would lose more than `max_dropped_fraction`
-  of its examples; warns for unrewardable answers. `lengths`: {split:
-  split_lengths(task, split)} when already read."""
+  dropped: prompt longer than max_prompt_length (the loader skips it); unrewardable:
+  reference answer (with its stop token) longer than max_response_length, so a response can
+  never both finish and be right (warned).
+
+  Args:
+    task: the `TrainTask`.
+    max_dropped_fraction: the largest fraction of a split that may be dropped.
+    lengths: ``{split: split_lengths(task, split)}`` when already read.
+
+  Returns:
+    ``{"data/<split>/examples" | "/dropped" | "/unrewardable": count}``.
+
+  Raises:
+    ValueError: when a split would lose more than `max_dropped_fraction` of its examples.
+  """
   report = {}
   for split in sorted(task.sources):
     counts = split_lengths(task, split) if lengths is None else lengths[split]
@@ -85,10 +112,17 @@ def check_data(task: tasks.TrainTask, *, max_dropped_fraction: float,
 
 
 def evaluation_batch(task: tasks.TrainTask, prompt_lengths=None, limit: int | None = None) -> dict:
-  """Every test prompt that fits max_prompt_length exactly once (the first
-  `limit` of them when given), left-padded, with its example (for greedy eval;
-  len(batch["examples"]) is how many). `prompt_lengths`: the test prompts'
-  token counts when already read."""
+  """Every test prompt that fits max_prompt_length exactly once, left-padded, with its example
+  (for greedy evaluation).
+
+  Args:
+    task: the `TrainTask`.
+    prompt_lengths: the test prompts' token counts when already read.
+    limit: the first `limit` prompts only, or None.
+
+  Returns:
+    ``{"prompts", "prompt_valid", "examples"}``; ``len(batch["examples"])`` is how many.
+  """
   source = loader.Loader(_all_examples(task.sources["test"]), encode=task.encode, batch_size=1,
                          max_prompt_length=task.max_prompt_length, pad_id=task.pad_id,
                          process_index=0, process_count=1, prompt_lengths=prompt_lengths)
@@ -96,9 +130,16 @@ def evaluation_batch(task: tasks.TrainTask, prompt_lengths=None, limit: int | No
 
 
 def batch_chunks(batch: dict, size: int | None):
-  """Yields (chunk, rows): `batch`'s prompts in chunks of `size` rows (None: one
-  chunk), the last padded to `size` with copies of its first row so that every
-  chunk has one shape (one compilation); `rows` of the chunk are real."""
+  """A batch's prompts in chunks of one shape (one compilation).
+
+  Args:
+    batch: from `evaluation_batch`.
+    size: rows per chunk; None for one chunk.
+
+  Yields:
+    ``(chunk, rows)``: the chunk (the last padded to `size` with copies of its first row)
+    and how many of its rows are real.
+  """
   total = len(batch["examples"])
   size = size or total
   for start in range(0, total, size):

@@ -59,7 +59,14 @@ TEXT_TOKENS = 64  # tokens per response in the TensorBoard text summary
 
 
 def file_name(step: int) -> str:
-  """The Parquet file of the export at metrics step `step` (under WORKDIR/tokens/)."""
+  """The Parquet file of the export at a metrics step (under WORKDIR/tokens/).
+
+  Args:
+    step: the metrics step.
+
+  Returns:
+    e.g. 'step_00000012.parquet'.
+  """
   return f"step_{step:08d}.parquet"
 
 
@@ -225,8 +232,13 @@ def _token_columns(step: int, rl_step: int, rollout: Rollout, logprobs: np.ndarr
 
 
 def write_parquet(path: pathlib.Path, columns: dict, metadata: dict) -> None:
-  """Writes `columns` (name -> values) as one Parquet file with `metadata`, atomically (NaN
-  stored as null)."""
+  """Writes columns as one Parquet file, atomically (NaN stored as null).
+
+  Args:
+    path: the file.
+    columns: ``{name: values}``.
+    metadata: the schema's key-value metadata.
+  """
   import pyarrow as pa  # tensorflow-datasets depends on it; jaxcredit[view] names it
   import pyarrow.parquet as pq
 
@@ -238,7 +250,14 @@ def write_parquet(path: pathlib.Path, columns: dict, metadata: dict) -> None:
 
 def text_summary(columns: dict) -> str:
   """Markdown for TensorBoard: each exported response's first TEXT_TOKENS actions as
-  `token (advantage)`, with its reward."""
+  ``token (advantage)``, with its reward.
+
+  Args:
+    columns: the export's columns (`Exporter`).
+
+  Returns:
+    the Markdown text.
+  """
   lines = []
   keys = np.stack([columns["group"], columns["sample"]], axis=1)
   for group, sample in np.unique(keys, axis=0):

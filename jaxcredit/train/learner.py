@@ -63,8 +63,23 @@ class Settings:
 
 def policy_update(model, optimizer, rollout: Rollout, estimate: Estimate, rl_step, objective,
                   temperature: float, actions: Actions, logits_per_chunk: int) -> dict:
-  """One optimizer step of `objective` (losses.combine) on a (mini)batch; its metrics and the
-  grad norm."""
+  """One optimizer step of the objective on a (mini)batch, in place. Traceable.
+
+  Args:
+    model: the policy.
+    optimizer: its `nnx.Optimizer`.
+    rollout: the (mini)batch.
+    estimate: its advantage `Estimate`.
+    rl_step: the step index passed to the objective (schedules).
+    objective: ``objective(outputs, rollout, estimate, step) -> (loss, metrics)``
+      (`losses.combine`).
+    temperature: the sampling temperature.
+    actions: the task's action restrictions.
+    logits_per_chunk: float32 logits the log-prob head holds at a time.
+
+  Returns:
+    the objective's metrics and ``grad_norm``.
+  """
 
   def loss_fn(model):
     return objective(forward.policy_outputs(model, rollout, temperature, actions, logits_per_chunk),
@@ -77,9 +92,20 @@ def policy_update(model, optimizer, rollout: Rollout, estimate: Estimate, rl_ste
 
 def critic_update(critic, optimizer, rollout: Rollout, settings: CriticSettings,
                   actions: Actions) -> dict:
-  """One clipped value-regression step (losses.value_loss) of a critic towards
-  the lambda-returns of the rollout's token rewards, bootstrapped from
-  rollout.values (the sampling-time values)."""
+  """One clipped value-regression step (`losses.value_loss`) of a critic, in place, towards
+  the lambda-returns of the rollout's token rewards, bootstrapped from rollout.values (the
+  sampling-time values). Traceable.
+
+  Args:
+    critic: a `Transformer` with a value head.
+    optimizer: its `nnx.Optimizer`.
+    rollout: the (mini)batch, with values.
+    settings: the `CriticSettings`.
+    actions: the task's action restrictions.
+
+  Returns:
+    ``{"loss", ...value_loss metrics, "grad_norm"}``.
+  """
   _, targets = estimators.gae(estimators.token_level_rewards(rollout), rollout.values, rollout.mask,
                               gamma=settings.gamma, lam=settings.lam)
 
@@ -93,18 +119,38 @@ def critic_update(critic, optimizer, rollout: Rollout, settings: CriticSettings,
 
 
 def reference_logprobs(reference, rollout: Rollout, settings: Settings) -> Array:
-  """[B, L] log-probs of the rollout's tokens under a frozen policy (the reference, or the
-  policy itself before its updates)."""
+  """Log-probs of the rollout's tokens under a frozen policy (the reference, or the policy
+  itself before its updates), without gradient.
+
+  Args:
+    reference: a `Transformer`.
+    rollout: the `Rollout`.
+    settings: the learner's `Settings` (temperature, actions, head chunking).
+
+  Returns:
+    float32 ``[B, L]``, 0 off the mask.
+  """
   return jax.lax.stop_gradient(forward.policy_outputs(
       reference, rollout, settings.temperature, settings.actions,
       settings.logits_per_chunk).logprobs)
 
 
 def prepare(models: dict, rollout: Rollout, settings: Settings) -> Rollout:
-  """The rollout with reference log-probs (kept if present), the policy's recomputed
-  old_logprobs (recompute_old_logprobs), the KL reward penalty as token_rewards
-  (kl_reward_coef > 0) and critic values (with a critic; kept if present, as a caller that
-  already ran the critic on this batch sets them)."""
+  """The rollout with what the updates read besides it. Traceable.
+
+  Reference log-probs (kept if present); the policy's recomputed old_logprobs (with
+  ``settings.recompute_old_logprobs``); the KL reward penalty as token_rewards
+  (``kl_reward_coef > 0``); critic values (with a critic; kept if present, as a caller that
+  already ran the critic on this batch sets them).
+
+  Args:
+    models: the learner's modules, ``{"model", "reference"[, "critic"]}``.
+    rollout: the sampled `Rollout`.
+    settings: the learner's `Settings`.
+
+  Returns:
+    the completed `Rollout`.
+  """
   if rollout.ref_logprobs is None:
     rollout = rollout.replace(
         ref_logprobs=reference_logprobs(models["reference"], rollout, settings))
@@ -122,7 +168,17 @@ def prepare(models: dict, rollout: Rollout, settings: Settings) -> Rollout:
 
 
 def batch_metrics(rollout: Rollout, estimate: Estimate) -> dict:
-  """Scalars describing the batch the updates learned from."""
+  """Scalars describing the batch the updates learned from. Traceable.
+
+  Args:
+    rollout: the prepared `Rollout`.
+    estimate: its advantage `Estimate`.
+
+  Returns:
+    reward_mean, kl (k3 to the reference), kl_reward_penalty, entropy, the sampler-learner
+    mismatch (`mismatch_metrics`) with old log-probs, staleness_mean with staleness, and
+    the scalar signal diagnostics (`estimators.signal_diagnostics`).
+  """
   metrics = {
       "reward_mean": jnp.mean(rollout.rewards),
       "kl": losses.aggregate(
@@ -144,9 +200,19 @@ def batch_metrics(rollout: Rollout, estimate: Estimate) -> dict:
 
 
 def mismatch_metrics(behaviour_logprobs: Array, old_logprobs: Array, mask: Array) -> dict:
-  """The sampler-learner numerics gap on the sampled tokens (mu: sampler, pi: learner,
-  the same parameters when the run is synchronous): mean |log pi - log mu|, the k3
-  estimate of KL(mu || pi) and the largest ratio pi / mu (log-ratio bounded)."""
+  """The sampler-learner numerics gap on the sampled tokens (mu: sampler, pi: learner, the same
+  parameters when the run is synchronous). Traceable.
+
+  Args:
+    behaviour_logprobs: ``[B, L]`` log mu.
+    old_logprobs: ``[B, L]`` log pi, recomputed by the learner.
+    mask: ``[B, L]`` the actions.
+
+  Returns:
+    ``mismatch/abs_logp_diff`` (mean ``|log pi - log mu|``), ``mismatch/k3`` (the k3
+    estimate of KL(mu || pi)) and ``mismatch/max_ratio`` (the largest pi / mu, log-ratio
+    bounded).
+  """
   log_w = losses.behaviour_log_weight(old_logprobs, behaviour_logprobs, mask)
   valid = jnp.asarray(mask, bool)
   return {
@@ -158,10 +224,21 @@ def mismatch_metrics(behaviour_logprobs: Array, old_logprobs: Array, mask: Array
 
 def minibatch_orders(rows: int, group_size: int, epochs: int, minibatches: int, seed: int,
                      rl_step: int) -> np.ndarray | None:
-  """[epochs * minibatches, rows / minibatches] row indices of every update:
-  whole groups, in a random group order per epoch (numpy, seeded by (seed,
-  rl_step, epoch)); None when there is one minibatch (every update sees the
-  whole batch)."""
+  """The row indices of every update: whole groups, in a random group order per epoch (NumPy,
+  seeded by (seed, rl_step, epoch)).
+
+  Args:
+    rows: the batch's rows B.
+    group_size: G (a minibatch holds whole groups).
+    epochs: passes over the batch.
+    minibatches: updates per pass.
+    seed: the run's seed.
+    rl_step: the step index.
+
+  Returns:
+    int ``[epochs * minibatches, rows / minibatches]``, or None for one minibatch (every
+    update sees the whole batch).
+  """
   if minibatches == 1:
     return None
   groups = rows // group_size
@@ -171,9 +248,44 @@ def minibatch_orders(rows: int, group_size: int, epochs: int, minibatches: int, 
 
 
 def make_step(graphdef, *, advantage: Callable[[Rollout], Estimate], objective, settings: Settings):
-  """The jitted learner step `(state, rollout, orders, rl_step) -> (state, metrics)`
-  (module docstring). orders: `minibatch_orders(...)`, or None for one
-  minibatch; rl_step: the step index passed to the objective (schedules)."""
+  """The jitted learner step (module docstring).
+
+  Args:
+    graphdef: of the learner's modules dict (``nnx.split``).
+    advantage: ``advantage(rollout) -> Estimate`` (`estimators.from_config`).
+    objective: ``objective(outputs, rollout, estimate, step) -> (loss, metrics)``
+      (`losses.from_config`).
+    settings: the learner's static `Settings`.
+
+  Returns:
+    ``learner_step(state, rollout, orders, rl_step) -> (state, metrics)``: orders from
+    `minibatch_orders` (None for one minibatch), rl_step the step index passed to the
+    objective; the metrics are the update metrics averaged over the updates plus
+    `batch_metrics`.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax
+    >>> from flax import nnx
+    >>> from jaxcredit import estimators, losses, models
+    >>> from jaxcredit.rollout import Rollout
+    >>> from jaxcredit.train import learner
+    >>> policy = models.Transformer(models.preset("tiny"), rngs=nnx.Rngs(0))
+    >>> graphdef, state = nnx.split({
+    ...     "model": policy, "reference": nnx.clone(policy),
+    ...     "optimizer": nnx.Optimizer(policy, optax.adam(1e-3), wrt=nnx.Param)})
+    >>> step = learner.make_step(
+    ...     graphdef, advantage=estimators.from_config("grpo"),
+    ...     objective=losses.from_config({"policy": {"name": "ppo_clip"}}),
+    ...     settings=learner.Settings())
+    >>> rollout = Rollout(tokens=jnp.ones((4, 6), jnp.int32),
+    ...                   mask=jnp.zeros((4, 6), bool).at[:, 2:].set(True),
+    ...                   rewards=jnp.array([1.0, 0.0, 1.0, 0.0]), group_size=2)
+    >>> rollout = rollout.replace(behaviour_logprobs=learner.reference_logprobs(
+    ...     policy, rollout, learner.Settings()))
+    >>> state, metrics = step(state, rollout, None, 0)
+    >>> float(metrics["reward_mean"]), float(metrics["policy/clipfrac"])
+    (0.5, 0.0)
+  """
 
   def update(state, rollout, estimate, rows, rl_step):
     models = nnx.merge(graphdef, state)

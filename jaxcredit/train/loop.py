@@ -49,13 +49,24 @@ from jaxcredit.train import (
 )
 
 def run(config, workdir: str, *, rollout_hook: extras.Hook | None = None) -> dict:
-  """Trains as the module docstring says; returns the final metrics, with
-  "stopped": whether a signal ended the run before its last step.
+  """Trains as the module docstring says.
 
-  The workdir is locked for the run (a second process refuses at once).
-  SIGTERM (preemption) or Ctrl-C during RL finishes the step, saves a
-  checkpoint and returns; during SFT, which has no checkpoints, it stops
-  cleanly before RL; a second Ctrl-C exits at once."""
+  The workdir is locked for the run (a second process refuses at once). SIGTERM
+  (preemption) or Ctrl-C during RL finishes the step, saves a checkpoint and returns; during
+  SFT, which has no checkpoints, it stops cleanly before RL; a second Ctrl-C exits at once.
+
+  Args:
+    config: the run's config (`base_config.get_config()` with overrides).
+    workdir: where metrics, checkpoints and exports go; a workdir with checkpoints resumes.
+    rollout_hook: a hook run after the extras providers, before each learner step
+      (`credit.extras.Hook`), or None.
+
+  Returns:
+    the final metrics, with "stopped": whether a signal ended the run before its last step.
+
+  Raises:
+    ValueError: naming the field for a config no run can use, before any work.
+  """
   refusals.validate_config(config)
   workdir = pathlib.Path(workdir)
   checkpoints.check_writable(workdir)

@@ -80,9 +80,19 @@ class MetricsWriter:
 
 
 def wandb_run(settings, workdir: pathlib.Path, config: dict):
-  """The Weights & Biases run of `settings` (config.wandb: project, entity, mode), its files
-  under workdir/wandb, or None when no project is named. The run's id is kept in
-  workdir/wandb_run_id, so a resumed training run continues the same W&B run."""
+  """The Weights & Biases run of a config, its files under workdir/wandb.
+
+  The run's id is kept in workdir/wandb_run_id, so a resumed training run continues the same
+  W&B run.
+
+  Args:
+    settings: ``config.wandb`` (project, entity, mode).
+    workdir: the run's directory.
+    config: the run's config as a dict (logged with the run).
+
+  Returns:
+    the ``wandb`` run, or None when no project is named.
+  """
   if not settings.project:
     return None
   import wandb  # an optional dependency (refusals.validate_config checks it is installed)

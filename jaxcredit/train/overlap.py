@@ -31,7 +31,14 @@ from jaxcredit.train import staleness
 
 
 def check_settings(sync_every) -> None:
-  """ValueError naming the field unless sync_every is an int >= 1."""
+  """Checks the sampler's synchronisation setting.
+
+  Args:
+    sync_every: rl.sync_every.
+
+  Raises:
+    ValueError: naming the field unless it is an int >= 1.
+  """
   if not isinstance(sync_every, int) or isinstance(sync_every, bool) or sync_every < 1:
     raise ValueError(f"rl.sync_every must be an int >= 1, got {sync_every!r}.")
 

@@ -25,8 +25,15 @@ RESUME_DEFAULTS = {"rl.max_staleness": 0, "rl.staleness_mode": "fixed", "rl.sync
 
 
 def check_resumable(saved: dict, config: dict) -> None:
-  """Raises ValueError naming every RESUME_FIELDS entry where `config` differs
-  from the workdir's saved config.json (`saved`)."""
+  """Refuses to resume with settings a checkpoint cannot continue.
+
+  Args:
+    saved: the workdir's saved config.json.
+    config: this run's config as a dict.
+
+  Raises:
+    ValueError: naming every `RESUME_FIELDS` entry where they differ.
+  """
   def leaves(tree, prefix=""):
     """{dotted.key: value} of a nested dict."""
     if not isinstance(tree, dict) or not tree:
@@ -77,8 +84,15 @@ def _field_names(config, prefix: str = "") -> set[str]:
 
 
 def check_complete(config) -> None:
-  """Raises ValueError naming the fields of `base_config` that `config` lacks (the loop reads
-  every one of them), except a task's data fields (`TASK_DATA_FIELDS`)."""
+  """Refuses a config that lacks fields of `base_config` (the loop reads every one of them),
+  except a task's data fields (`TASK_DATA_FIELDS`).
+
+  Args:
+    config: the run's config (`base_config.get_config()` with overrides).
+
+  Raises:
+    ValueError: naming the missing fields.
+  """
   missing = sorted(_field_names(base_config.get_config()) - _field_names(config)
                    - set(TASK_DATA_FIELDS))
   if missing:
@@ -88,8 +102,15 @@ def check_complete(config) -> None:
 
 
 def validate_config(config) -> None:
-  """Raises ValueError naming the field for a config that lacks one (`check_complete`) or
-  hyperparameters no run can use."""
+  """Refuses a config that lacks a field (`check_complete`) or holds hyperparameters no run
+  can use.
+
+  Args:
+    config: the run's config (`base_config.get_config()` with overrides).
+
+  Raises:
+    ValueError: naming the field.
+  """
   check_complete(config)
   rl, sft = config.rl, config.sft
   problems = [
@@ -161,7 +182,16 @@ def validate_config(config) -> None:
 
 
 def check_batch_sizes(config, devices: int) -> None:
-  """Raises ValueError naming the numbers when a batch cannot be split evenly."""
+  """Refuses a batch that cannot be split evenly into minibatches of whole groups and over the
+  devices.
+
+  Args:
+    config: the run's config (`base_config.get_config()` with overrides).
+    devices: the devices the batch is sharded over.
+
+  Raises:
+    ValueError: naming the numbers.
+  """
   rl = config.rl
   rows = rl.prompts_per_step * rl.group_size
   minibatch = rows // max(rl.minibatches, 1)
@@ -184,8 +214,17 @@ def check_batch_sizes(config, devices: int) -> None:
 
 
 def check_rewards(rewards: np.ndarray, *, task: str, rl_step: int) -> None:
-  """Raises ValueError naming the task, the step and the rows when a reward is NaN or infinite
-  (a normalising estimator would otherwise turn the whole batch's advantages into 0 or NaN)."""
+  """Refuses non-finite rewards (a normalising estimator would otherwise turn the whole batch's
+  advantages into 0 or NaN).
+
+  Args:
+    rewards: ``[B]`` the batch's rewards.
+    task: the task's name.
+    rl_step: the step.
+
+  Raises:
+    ValueError: naming the task, the step and the rows.
+  """
   bad = np.flatnonzero(~np.isfinite(rewards))
   if bad.size:
     raise ValueError(
@@ -209,8 +248,17 @@ EPISODE_EXTRAS = {"turn_rewards": (True, jnp.float32), "turn_anchors": (True, jn
 
 
 def run_fields(config, *, multi_turn: bool, sampler: bool) -> set[str]:
-  """The optional Rollout fields the learner of `config` sees: the sampler's, the reference
-  log-probs, and those that settings switch on (`FIELD_SETTINGS`)."""
+  """The optional Rollout fields the learner of a config sees: the sampler's, the reference
+  log-probs, and those that settings switch on (`FIELD_SETTINGS`).
+
+  Args:
+    config: the run's config (`base_config.get_config()` with overrides).
+    multi_turn: the task is multi-turn (turn ids).
+    sampler: a separate sampler supplies the batches (staleness).
+
+  Returns:
+    the field names.
+  """
   rl = config.rl
   switched = {"values": bool(config.critic.preset),
               "old_logprobs": bool(rl.recompute_old_logprobs),
@@ -223,12 +271,22 @@ def run_fields(config, *, multi_turn: bool, sampler: bool) -> set[str]:
 def check_learner_inputs(advantage: Callable, objective: Callable | None, *, rows: int,
                          columns: int, group_size: int, fields: Collection[str],
                          extras: Sequence[str] = (), multi_turn: bool = False) -> None:
-  """Refuses, before any work, an advantage or objective (None: the advantage alone) that
-  needs a Rollout field the run never provides.
+  """Refuses, before any work, an advantage or objective that needs a Rollout field the run
+  never provides.
 
-  Both are traced (`jax.eval_shape`: shapes only, nothing computed) on a [rows, columns]
-  rollout holding exactly `fields` (see `run_fields`), the `extras` keys the extras providers
-  add ([B, T] float32) and, for `multi_turn`, the episode extras.
+  Both are traced (`jax.eval_shape`: shapes only, nothing computed) on a
+  ``[rows, columns]`` rollout holding exactly `fields` (see `run_fields`), the `extras` keys
+  the extras providers add (``[B, T]`` float32) and, for `multi_turn`, the episode extras.
+
+  Args:
+    advantage: ``advantage(rollout) -> Estimate``.
+    objective: the objective, or None to check the advantage alone.
+    rows: B.
+    columns: L.
+    group_size: G.
+    fields: the optional Rollout fields the run provides.
+    extras: the rollout.extras keys the providers add.
+    multi_turn: add the multi-turn episode extras.
 
   Raises:
     ValueError: naming each missing field and the setting that provides it.
@@ -261,11 +319,19 @@ def check_learner_inputs(advantage: Callable, objective: Callable | None, *, row
 
 
 def check_mesh_for_actions(mesh_shape: dict, task_name: str, typed_actions: bool) -> None:
-  """Raises ValueError naming the axes for a mesh XLA cannot partition the learner on when
-  the task restricts the tokens allowed per position (`Actions.allowed`): its SPMD
-  partitioner aborts the process (a C++ check, no Python error) on that table's gather in
-  the sequence-parallel head when the sequence and model axes and the data or fsdp axis
-  are all over 1."""
+  """Refuses a mesh XLA cannot partition the learner on when the task restricts the tokens
+  allowed per position (`Actions.allowed`): its SPMD partitioner aborts the process (a C++
+  check, no Python error) on that table's gather in the sequence-parallel head when the
+  sequence and model axes and the data or fsdp axis are all over 1.
+
+  Args:
+    mesh_shape: ``{axis: size}``.
+    task_name: the task's name, for the message.
+    typed_actions: the task restricts the allowed tokens per position.
+
+  Raises:
+    ValueError: naming the axes.
+  """
   sizes = {axis: mesh_shape.get(axis, 1) for axis in ("data", "fsdp", "sequence", "model")}
   if not (typed_actions and sizes["sequence"] > 1 and sizes["model"] > 1
           and sizes["data"] * sizes["fsdp"] > 1):

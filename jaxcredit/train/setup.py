@@ -45,8 +45,14 @@ PREPARATION_TIMEOUT_S = 3600  # how long other processes wait for process 0's da
 
 
 def connect(mesh) -> None:
-  """jax.distributed.initialize with mesh.coordinator_address, num_processes and process_id;
-  a ValueError naming those settings when the cluster cannot be detected or joined."""
+  """Joins the processes of a multi-host run (`jax.distributed.initialize`).
+
+  Args:
+    mesh: ``config.mesh`` (coordinator_address, num_processes, process_id).
+
+  Raises:
+    ValueError: naming those settings when the cluster cannot be detected or joined.
+  """
   settings = {field: mesh[field] for field in ("coordinator_address", "num_processes",
                                                 "process_id")}
   try:
@@ -152,8 +158,19 @@ def _train_loader(task: tasks.TrainTask, seed: int, prompt_lengths: np.ndarray,
 
 
 def build(config, workdir: pathlib.Path) -> Trainer | None:
-  """Checks, data, models, the learner step and the checkpoint state (restored
-  when resuming); None (saying so) when the workdir is already at rl.steps."""
+  """Everything a run needs before its first step: checks, data, models, the learner step and
+  the checkpoint state (restored when resuming).
+
+  Args:
+    config: the run's config (`base_config.get_config()` with overrides).
+    workdir: the run's directory.
+
+  Returns:
+    the `Trainer`, or None (saying so) when the workdir is already at rl.steps.
+
+  Raises:
+    ValueError: for settings the run or its checkpoint cannot use.
+  """
   checkpointer = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.checkpoint.keep)
   resumed = checkpointer.latest_step() is not None
   config_json = config.to_json_best_effort(indent=2)
@@ -336,16 +353,32 @@ def _learner_modules(config, task: tasks.TrainTask, mesh,
 
 
 def tokenizer_directory(config) -> str | None:
-  """Where a pretrained task's tokenizer lives: task.tokenizer, else model.checkpoint."""
+  """Where a pretrained task's tokenizer lives.
+
+  Args:
+    config: the run's config (`base_config.get_config()` with overrides).
+
+  Returns:
+    task.tokenizer, else model.checkpoint (None when neither is set).
+  """
   return config.task.tokenizer or config.model.checkpoint
 
 
 def policy(model_config, task: tasks.TrainTask, *, seed: int) -> Transformer:
-  """The policy: a checkpoint's weights (model.checkpoint), its architecture
-  with random weights (model.checkpoint + model.random_init), or a preset
-  (vocabulary sized to the task's tokenizer unless it is a pretrained one).
-  model.overrides replace config fields; model.dtype (the compute dtype),
-  model.attention, model.remat and model.scan_layers set theirs."""
+  """The policy: a checkpoint's weights (model.checkpoint), its architecture with random
+  weights (model.checkpoint + model.random_init), or a preset (vocabulary sized to the
+  task's tokenizer unless it is a pretrained one). model.overrides replace config fields;
+  model.dtype (the compute dtype), model.attention, model.remat and model.scan_layers set
+  theirs.
+
+  Args:
+    model_config: ``config.model``.
+    task: the `TrainTask`.
+    seed: the initialisation seed.
+
+  Returns:
+    the `Transformer`.
+  """
   overrides = dict(model_config.overrides or {})
   overrides.update({field: model_config[field] for field in ("attention", "remat")
                     if model_config[field]})

@@ -25,7 +25,16 @@ _LAG_STREAM = 7  # folded into the lag draw's seed: its own random stream
 
 
 def check_settings(max_staleness, mode) -> None:
-  """ValueError naming the field unless max_staleness is an int >= 0 and mode is known."""
+  """Checks the staleness settings.
+
+  Args:
+    max_staleness: rl.max_staleness.
+    mode: rl.staleness_mode.
+
+  Raises:
+    ValueError: naming the field unless max_staleness is an int >= 0 and mode is one of
+      `STALENESS_MODES`.
+  """
   if not isinstance(max_staleness, int) or isinstance(max_staleness, bool) or max_staleness < 0:
     raise ValueError(f"rl.max_staleness must be an int >= 0, got {max_staleness!r}.")
   if mode not in STALENESS_MODES:
@@ -34,7 +43,22 @@ def check_settings(max_staleness, mode) -> None:
 
 
 def lag(rl_step: int, max_staleness: int, mode: str, seed: int) -> int:
-  """The staleness of update `rl_step`'s batch: the mode's lag, clamped at rl_step."""
+  """The staleness of an update's batch: the mode's lag, clamped at rl_step.
+
+  Args:
+    rl_step: the update's index.
+    max_staleness: rl.max_staleness.
+    mode: one of `STALENESS_MODES`.
+    seed: the run's seed (the "uniform" mode's draws).
+
+  Returns:
+    the lag in updates.
+
+  Examples:
+    >>> from jaxcredit.train import staleness
+    >>> [staleness.lag(step, 2, "periodic", seed=0) for step in range(5)]
+    [0, 1, 2, 1, 2]
+  """
   if mode == "fixed":
     lag = max_staleness
   elif mode == "periodic":
@@ -84,6 +108,13 @@ class StaleParameters:
 
 
 def snapshot(state: nnx.State) -> nnx.State:
-  """`state` by value: fresh Variables around the same (immutable) arrays, which later
-  updates of the modules do not change (no buffer is copied)."""
+  """A state by value: fresh Variables around the same (immutable) arrays, which later updates
+  of the modules do not change (no buffer is copied).
+
+  Args:
+    state: an `nnx.State`.
+
+  Returns:
+    the snapshot.
+  """
   return jax.tree.map(lambda x: x, state)
