@@ -72,7 +72,15 @@ def _scratchpad(a: int, b: int, config: ArithmeticConfig) -> str:
 
 
 def make_example(rng: np.random.Generator, config: ArithmeticConfig) -> dict:
-  """One problem: {"prompt", "completion" (demonstration), "answer", "a", "b"}."""
+  """One arithmetic problem.
+
+  Args:
+    rng: the NumPy generator.
+    config: the task's options.
+
+  Returns:
+    ``{"prompt", "completion" (a demonstration), "answer", "a", "b"}``.
+  """
   a, b = _operand(rng, config), _operand(rng, config)
   result = a + b if config.operation == "add" else a * b
   answer = _digits(result, config.reverse_answer)
@@ -88,14 +96,34 @@ def make_example(rng: np.random.Generator, config: ArithmeticConfig) -> dict:
 
 def in_test_share(prompt: str, config: ArithmeticConfig) -> bool:
   """Whether a problem belongs to the test split's share: crc32(prompt) in the lowest
-  `held_out` fraction of its range."""
+  `held_out` fraction of its range.
+
+  Args:
+    prompt: the problem's prompt.
+    config: the task's options.
+
+  Returns:
+    bool.
+  """
   return zlib.crc32(prompt.encode()) < config.held_out * 2**32
 
 
 def split_example(rng: np.random.Generator, config: ArithmeticConfig, split: str,
                   max_draws: int = 100_000) -> dict:
-  """`make_example` redrawn (from `rng`) until the problem is in `split`'s share when
-  config.held_out > 0; ValueError when `max_draws` draws find none."""
+  """`make_example` redrawn until the problem is in a split's share (when config.held_out > 0).
+
+  Args:
+    rng: the NumPy generator.
+    config: the task's options.
+    split: "train" or "test".
+    max_draws: draws before giving up.
+
+  Returns:
+    the example.
+
+  Raises:
+    ValueError: when `max_draws` draws find none.
+  """
   for _ in range(max_draws):
     example = make_example(rng, config)
     if not config.held_out or in_test_share(example["prompt"], config) == (split == "test"):
@@ -105,13 +133,33 @@ def split_example(rng: np.random.Generator, config: ArithmeticConfig, split: str
 
 
 def extract_answer(response: str) -> str | None:
-  """The final answer: the text after the last `;` (or all of it); None if empty."""
+  """The final answer: the text after the last ``;`` (or all of it).
+
+  Args:
+    response: the decoded response.
+
+  Returns:
+    the answer, or None when it is empty.
+
+  Examples:
+    >>> from jaxcredit.tasks import arithmetic
+    >>> arithmetic.extract_answer("c1;  24 ")
+    '24'
+  """
   answer = response.rsplit(";", 1)[-1].strip()
   return answer or None
 
 
 def reward(response: str, answer: str) -> tuple[float, str]:
-  """1.0 when the extracted answer equals `answer` exactly, else 0.0; with a reason."""
+  """1.0 when the extracted answer equals the reference exactly, else 0.0.
+
+  Args:
+    response: the decoded response.
+    answer: the reference answer.
+
+  Returns:
+    ``(reward, reason)``.
+  """
   return rewards.exact_match(extract_answer(response), answer)
 
 
@@ -148,7 +196,20 @@ class Arithmetic(builders.ProceduralBuilder):
 
 def train_task(config, *, data_dir: str, seed: int,
                tokenizer: str | None = None) -> task.TrainTask:
-  """arithmetic bound to its data: characters over ALPHABET, rewarded by `reward`."""
+  """arithmetic bound to its data: characters over ALPHABET, rewarded by `reward`.
+
+  Args:
+    config: the run's ``task`` config (options, sizes, length budgets).
+    data_dir: where the dataset is built (or reused).
+    seed: the data seed.
+    tokenizer: unused (the task brings its own tokenizer).
+
+  Returns:
+    the `TrainTask`.
+
+  Raises:
+    ValueError: on unknown options.
+  """
   del tokenizer
   return procedural.character_task(
       "arithmetic", config, task.options_of(ArithmeticConfig, config), ALPHABET,

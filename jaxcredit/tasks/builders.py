@@ -67,11 +67,21 @@ def get(
     config: str | tfds.core.BuilderConfig | None = None,
     **overrides,
 ):
-  """The builder of task `name` writing array_record under `data_dir`.
+  """The TFDS builder of a task, writing array_record under `data_dir`.
 
-  config: a config name or BuilderConfig (default: the first); overrides
-  (e.g. train_size=1000, seed=3) replace its fields, under a derived name so
-  that differently sized datasets never share files.
+  Args:
+    name: a task with a dataset (`tasks.names("data")`).
+    data_dir: where the array_record files go.
+    config: a config name or BuilderConfig; None for the first.
+    **overrides: replace the config's fields (e.g. train_size=1000, seed=3), under a derived
+      name so that differently sized datasets never share files.
+
+  Returns:
+    the `tfds.core.DatasetBuilder`.
+
+  Raises:
+    ValueError: for a task without a dataset, an unknown config, or overrides of a task
+      without configs.
   """
   builder_cls = task.get(name).data
   if builder_cls is None:

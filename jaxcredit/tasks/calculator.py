@@ -57,8 +57,16 @@ class CalculatorConfig:
 
 
 def make_example(rng: np.random.Generator, config: CalculatorConfig) -> dict:
-  """{"prompt": "a*b+c=", "answer": its value, "completion": a right demonstration
-  (the tool call, its result and the answer)}."""
+  """One calculator problem.
+
+  Args:
+    rng: the NumPy generator.
+    config: the task's options.
+
+  Returns:
+    ``{"prompt": "a*b+c=", "answer": its value, "completion": a right demonstration (the
+    tool call, its result and the answer)}``.
+  """
   digits = rng.integers(config.min_digits, config.max_digits + 1, config.n_operands)
   numbers = [str(int(rng.integers(10 ** (d - 1), 10**d))) for d in digits]
   operators = rng.choice(list(OPERATORS), config.n_operands - 1)
@@ -69,7 +77,19 @@ def make_example(rng: np.random.Generator, config: CalculatorConfig) -> dict:
 
 
 def evaluate(expression: str) -> str:
-  """The tool's reply to `C<expression>;`: `=<value>;`, or `E;`."""
+  """The tool's reply to ``C<expression>;``.
+
+  Args:
+    expression: the expression the policy wrote.
+
+  Returns:
+    ``=<value>;``, or ``E;`` for a malformed expression.
+
+  Examples:
+    >>> from jaxcredit.tasks import calculator
+    >>> calculator.evaluate("12*3+4"), calculator.evaluate("1+")
+    ('=40;', 'E;')
+  """
   if not expression or set(expression) - set("0123456789+-*"):
     return "E;"
   try:
@@ -100,8 +120,15 @@ class CalculatorEnv:
 
 
 def demonstration_actions(completion: str) -> np.ndarray:
-  """[len(completion)] bool: the policy's characters of a demonstration (its turns),
-  False on the tool's replies (`=...;`, `E;`)."""
+  """The policy's characters of a demonstration (its turns), False on the tool's replies
+  (``=...;``, ``E;``).
+
+  Args:
+    completion: the demonstration's text.
+
+  Returns:
+    bool ``[len(completion)]``.
+  """
   actions, in_reply = np.ones(len(completion), bool), False
   for i, char in enumerate(completion):
     in_reply = in_reply or (char in "=E" and (i == 0 or completion[i - 1] == TURN_END))
@@ -128,7 +155,20 @@ class Calculator(builders.ProceduralBuilder):
 def train_task(config, *, data_dir: str, seed: int,
                tokenizer: str | None = None) -> task.TrainTask:
   """calculator bound to its data: a multi-turn task whose rewards come from `CalculatorEnv`;
-  SFT trains on the policy's turns of a demonstration only."""
+  SFT trains on the policy's turns of a demonstration only.
+
+  Args:
+    config: the run's ``task`` config (options, sizes, length budgets).
+    data_dir: where the dataset is built (or reused).
+    seed: the data seed.
+    tokenizer: unused (the task brings its own tokenizer).
+
+  Returns:
+    the `TrainTask`.
+
+  Raises:
+    ValueError: on unknown options.
+  """
   del tokenizer
   options = task.options_of(CalculatorConfig, config)
   characters = CharTokenizer(ALPHABET)

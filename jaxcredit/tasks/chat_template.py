@@ -95,10 +95,23 @@ def render(template: str, messages: Sequence[Mapping[str, Any]], *,
            documents: Sequence[Mapping] | None = None, **variables) -> str:
   """The template's text for one conversation.
 
-  Message fields that are None are dropped (as transformers does); `variables`
-  (the tokenizer's special tokens, and e.g. `enable_thinking`) are visible to
-  the template by name. A template that calls `raise_exception` raises
-  jinja2's TemplateError with its message.
+  Message fields that are None are dropped (as transformers does).
+
+  Args:
+    template: the Jinja chat template.
+    messages: ``[{"role", "content", ...}]``, non-empty.
+    add_generation_prompt: end with the assistant turn's header.
+    tools: tool descriptions the template may render.
+    documents: documents the template may render.
+    **variables: visible to the template by name (the tokenizer's special tokens, and e.g.
+      `enable_thinking`).
+
+  Returns:
+    the rendered text.
+
+  Raises:
+    ValueError: for an empty conversation or a malformed message.
+    jinja2.TemplateError: with its message when the template calls `raise_exception`.
   """
   if not messages:
     raise ValueError("Cannot apply a chat template to an empty conversation.")
@@ -111,12 +124,22 @@ def render(template: str, messages: Sequence[Mapping[str, Any]], *,
 
 
 def read_template(directory: str | pathlib.Path, name: str | None = None) -> str | None:
-  """The chat template a checkpoint directory ships, or None.
+  """The chat template a checkpoint directory ships.
 
-  Looked up where transformers writes it: `chat_template.jinja`, then
-  `chat_template.json` ({"chat_template": ...}), then `tokenizer_config.json`'s
-  "chat_template" - a string, or a list of {"name", "template"} from which
-  `name` (default "default") is taken. A named template that is absent raises.
+  Looked up where transformers writes it: ``chat_template.jinja``, then
+  ``chat_template.json`` (``{"chat_template": ...}``), then ``tokenizer_config.json``'s
+  "chat_template": a string, or a list of ``{"name", "template"}`` from which `name` is
+  taken.
+
+  Args:
+    directory: a checkpoint or tokenizer directory.
+    name: the named template; None for "default".
+
+  Returns:
+    the template, or None when the directory has none.
+
+  Raises:
+    ValueError: for malformed files or a named template that is absent.
   """
   directory = pathlib.Path(directory)
   if (directory / "chat_template.jinja").exists():

@@ -54,8 +54,22 @@ def _tokenize(text: str) -> list[str]:
 
 
 def parse(text: str) -> tuple[Fraction, list[int]]:
-  """(value, numbers used) of an expression; ExpressionError if malformed or
-  dividing by zero."""
+  """The value of an arithmetic expression over integers and the numbers it uses.
+
+  Args:
+    text: the expression (integers, + - * /, parentheses).
+
+  Returns:
+    ``(value, numbers)``: an exact `Fraction` and the integers in order of appearance.
+
+  Raises:
+    ExpressionError: when it is malformed or divides by zero.
+
+  Examples:
+    >>> from jaxcredit.tasks import countdown
+    >>> countdown.parse("(3+5)*2")
+    (Fraction(16, 1), [3, 5, 2])
+  """
   tokens, pos = _tokenize(text), 0
   numbers: list[int] = []
 
@@ -105,7 +119,15 @@ def parse(text: str) -> tuple[Fraction, list[int]]:
 
 
 def make_example(rng: np.random.Generator, config: CountdownConfig) -> dict:
-  """Numbers, a target reachable by a random expression over them, and that expression."""
+  """Numbers, a target reachable by a random expression over them, and that expression.
+
+  Args:
+    rng: the NumPy generator.
+    config: the task's options.
+
+  Returns:
+    ``{"prompt", "completion", "numbers", "target"}``.
+  """
   while True:
     numbers = [int(n) for n in rng.integers(1, config.max_number + 1, config.n_numbers)]
     order = rng.permutation(config.n_numbers)
@@ -131,14 +153,34 @@ def make_example(rng: np.random.Generator, config: CountdownConfig) -> dict:
 
 
 def extract_expression(response: str) -> str:
-  """The last <answer>...</answer> span, or the whole response (linear time)."""
+  """The last ``<answer>...</answer>`` span, or the whole response (linear time).
+
+  Args:
+    response: the decoded response.
+
+  Returns:
+    the expression text.
+  """
   span = rewards.last_answer_span(response)
   return response if span is None else span
 
 
 def reward(response: str, numbers, target: int, *, format_score: float = 0.1) -> tuple[float, str]:
-  """1.0 if the expression uses each number exactly once and equals the target;
-  format_score if well-formed with the right numbers but another value; else 0."""
+  """1.0 if the expression uses each number exactly once and equals the target; format_score
+  if well-formed with the right numbers but another value; else 0.
+
+  Args:
+    response: the decoded response.
+    numbers: the numbers given.
+    target: the target value.
+    format_score: the reward of a well-formed, wrong expression.
+
+  Returns:
+    ``(reward, reason)``.
+
+  References:
+    TinyZero's countdown reward (Pan et al., 2025, github.com/Jiayi-Pan/TinyZero).
+  """
   try:
     value, used = parse(extract_expression(response))
   except ExpressionError as error:
@@ -170,7 +212,20 @@ class Countdown(builders.ProceduralBuilder):
 
 def train_task(config, *, data_dir: str, seed: int,
                tokenizer: str | None = None) -> task.TrainTask:
-  """countdown bound to its data: characters over ALPHABET, rewarded by `reward`."""
+  """countdown bound to its data: characters over ALPHABET, rewarded by `reward`.
+
+  Args:
+    config: the run's ``task`` config (options, sizes, length budgets).
+    data_dir: where the dataset is built (or reused).
+    seed: the data seed.
+    tokenizer: unused (the task brings its own tokenizer).
+
+  Returns:
+    the `TrainTask`.
+
+  Raises:
+    ValueError: on unknown options.
+  """
   del tokenizer
   options = task.options_of(CountdownConfig, config)
   return procedural.character_task(

@@ -31,9 +31,22 @@ _MARKED_NUMBER = re.compile(r"####[ \t]*\$?[ \t]*(" + _NUMBER.pattern + ")")
 
 
 def normalize_number(text: str) -> str | None:
-  """Canonical text of a number: '1,234.50' -> '1234.5', '007.0' -> '7',
-  '-0' -> '0'; None if not a number. Pure string work, so numbers of any
-  length are fine (Python refuses int() of more than 4,300 digits)."""
+  """Canonical text of a number: '1,234.50' -> '1234.5', '007.0' -> '7', '-0' -> '0'.
+
+  Pure string work, so numbers of any length are fine (Python refuses int() of more than
+  4,300 digits).
+
+  Args:
+    text: the number's text ("$" and a trailing "." allowed).
+
+  Returns:
+    the canonical text, or None when it is not a number.
+
+  Examples:
+    >>> from jaxcredit.tasks import gsm8k
+    >>> gsm8k.normalize_number("1,234.50"), gsm8k.normalize_number("x")
+    ('1234.5', None)
+  """
   match = _NUMBER.fullmatch(text.strip().rstrip(".").replace("$", ""))
   if not match:
     return None
@@ -45,7 +58,17 @@ def normalize_number(text: str) -> str | None:
 
 
 def final_answer(answer: str) -> str:
-  """The number after the last `####` of a GSM8K answer; ValueError if absent."""
+  """The number after the last ``####`` of a GSM8K answer.
+
+  Args:
+    answer: the reference solution.
+
+  Returns:
+    its canonical number text.
+
+  Raises:
+    ValueError: when the marker or the number is absent.
+  """
   if "####" not in answer:
     raise ValueError("answer has no '#### <final answer>' line")
   number = normalize_number(answer.rsplit("####", 1)[1])
@@ -55,11 +78,17 @@ def final_answer(answer: str) -> str:
 
 
 def read_jsonl(path: pathlib.Path) -> Iterator[dict]:
-  """Examples {"prompt", "completion", "answer"} of a GSM8K JSONL file.
+  """The examples of a GSM8K JSONL file.
 
-  A malformed line (bad JSON, not UTF-8, missing fields, no final number)
-  raises ValueError naming the file and the line number; so does a file
-  with no examples.
+  Args:
+    path: the file.
+
+  Yields:
+    ``{"prompt", "completion", "answer"}``.
+
+  Raises:
+    ValueError: naming the file and the line number for a malformed line (bad JSON, not
+      UTF-8, missing fields, no final number), and for a file with no examples.
   """
   count = 0
   with open(path, "rb") as f:
@@ -86,11 +115,17 @@ def read_jsonl(path: pathlib.Path) -> Iterator[dict]:
 
 
 def extract_answer(response: str) -> str | None:
-  """The final answer of a response, as canonical number text (None: no answer).
+  r"""The final answer of a response, as canonical number text.
 
-  With a `####` marker: the number written immediately after the last marker
-  that is followed by one (`"#### 72 (48 + 24)"` -> `"72"`; a marker followed by
-  words is no answer). Without any marker: the last number in the response.
+  With a ``####`` marker: the number written immediately after the last marker that is
+  followed by one (``"#### 72 (48 + 24)"`` -> ``"72"``; a marker followed by words is no
+  answer). Without any marker: the last number in the response.
+
+  Args:
+    response: the decoded response.
+
+  Returns:
+    the canonical number text, or None when there is no answer.
 
   Examples:
     >>> extract_answer("48 + 24 = 72\\n#### 72 (48 + 24)")
@@ -108,12 +143,30 @@ def extract_answer(response: str) -> str | None:
 
 
 def reward(response: str, answer: str) -> tuple[float, str]:
-  """1.0 if the extracted final number equals `answer`, else 0.0; with a reason."""
+  """1.0 if the extracted final number equals the reference, else 0.0.
+
+  Args:
+    response: the decoded response.
+    answer: the reference's canonical number.
+
+  Returns:
+    ``(reward, reason)``.
+  """
   return rewards.exact_match(extract_answer(response), answer)
 
 
 def manual_files(directory: str | pathlib.Path) -> dict[str, pathlib.Path]:
-  """The split files in `directory`; ValueError naming what is missing."""
+  """The split files of a GSM8K directory.
+
+  Args:
+    directory: holds train.jsonl and test.jsonl.
+
+  Returns:
+    ``{split: path}``.
+
+  Raises:
+    ValueError: naming what is missing.
+  """
   directory = pathlib.Path(directory)
   files = {split: directory / name for split, name in SPLIT_FILES.items()}
   missing = [str(p) for p in files.values() if not p.exists()]
@@ -152,15 +205,27 @@ def train_task(config, *, data_dir: str, seed: int,
                tokenizer: str | None = None) -> task.TrainTask:
   """GSM8K-format JSONL with a pretrained checkpoint's tokenizer and chat template.
 
-  config: jsonl_dir (train.jsonl and test.jsonl), prompt ("chat": the chat
-  template's rendering of [system_prompt] + question + instruction, with the
-  assistant header; "plain": BOS + question + instruction), instruction,
-  system_prompt, template_variables, max_prompt_length, max_response_length,
-  truncated_reward. The data are prepared under `data_dir`/gsm8k-<digest of
-  the files>, so edited files are never served from a stale copy. Stop tokens:
-  the tokenizer's eos_token and the directory's generation_config.json EOS ids.
-  The reward is 1 when the response's final number equals the answer's. `tokenizer`: the
-  Hugging Face tokenizer directory; `seed` is unused (the files are the data).
+  The data are prepared under ``data_dir/gsm8k-<digest of the files>``, so edited files are
+  never served from a stale copy. Stop tokens: the tokenizer's eos_token and the directory's
+  generation_config.json EOS ids. The reward is 1 when the response's final number equals
+  the answer's.
+
+  Args:
+    config: the run's ``task`` config: jsonl_dir (train.jsonl and test.jsonl), prompt
+      ("chat": the chat template's rendering of [system_prompt] + question + instruction,
+      with the assistant header; "plain": BOS + question + instruction), instruction,
+      system_prompt, template_variables, max_prompt_length, max_response_length,
+      truncated_reward.
+    data_dir: where the prepared data go.
+    seed: unused (the files are the data).
+    tokenizer: the Hugging Face tokenizer directory.
+
+  Returns:
+    the `TrainTask`.
+
+  Raises:
+    ValueError: without a tokenizer or jsonl_dir, for an unknown prompt kind, or for
+      malformed files.
   """
   del seed
   if not tokenizer:

@@ -21,7 +21,16 @@ Encoder = Callable[[dict], tuple[list[int], list[int]]]
 
 
 def text_encoder(tokenizer: Tokenizer, *, eos: bool = True, instruction: str = "") -> Encoder:
-  """(BOS + prompt + instruction, completion [+ EOS]) ids of a text example."""
+  """An encoder of text examples: ``(BOS + prompt + instruction, completion [+ EOS])`` ids.
+
+  Args:
+    tokenizer: the task's `Tokenizer`.
+    eos: end the completion with the EOS id.
+    instruction: text appended to every prompt.
+
+  Returns:
+    ``encode(example) -> (prompt_ids, completion_ids)``.
+  """
 
   def encode(example: dict) -> tuple[list[int], list[int]]:
     prompt = tokenizer.encode(as_text(example["prompt"]) + instruction,
@@ -33,20 +42,36 @@ def text_encoder(tokenizer: Tokenizer, *, eos: bool = True, instruction: str = "
 
 
 def as_text(value) -> str:
-  """A TFDS text feature (bytes) or a str, as str."""
+  """A TFDS text feature (bytes) or a str, as str.
+
+  Args:
+    value: bytes or any value.
+
+  Returns:
+    the text.
+  """
   return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def chat_encoder(tokenizer: HFTokenizer, *, instruction: str = "", system_prompt: str | None = None,
                  template_variables: dict | None = None) -> Encoder:
-  """(prompt, completion + EOS) ids of a question-answer example, the prompt
-  rendered by the tokenizer's chat template:
+  """An encoder of question-answer examples whose prompt is rendered by the tokenizer's chat
+  template::
 
     [system_prompt?] + user: example["prompt"] + instruction, then the
     template's generation prompt (the assistant turn's header).
 
-  template_variables reach the template (e.g. {"enable_thinking": False} for
-  Qwen3). The EOS is the tokenizer's eos_token (an instruct model's end of turn).
+  The completion ends with the tokenizer's eos_token (an instruct model's end of turn).
+
+  Args:
+    tokenizer: an `HFTokenizer` with a chat template.
+    instruction: text appended to the user's message.
+    system_prompt: a system message, or None.
+    template_variables: variables the template sees (e.g. ``{"enable_thinking": False}``
+      for Qwen3).
+
+  Returns:
+    ``encode(example) -> (prompt_ids, completion_ids)``.
   """
   variables = dict(template_variables or {})
 
@@ -60,7 +85,14 @@ def chat_encoder(tokenizer: HFTokenizer, *, instruction: str = "", system_prompt
 
 
 def ids_encoder(example: dict) -> tuple[list[int], list[int]]:
-  """Examples that already hold token ids (key_token)."""
+  """The encoder of examples that already hold token ids (key_token).
+
+  Args:
+    example: ``{"prompt": ids, "completion": ids}``.
+
+  Returns:
+    ``(prompt_ids, completion_ids)`` as int lists.
+  """
   return [int(t) for t in example["prompt"]], [int(t) for t in example["completion"]]
 
 

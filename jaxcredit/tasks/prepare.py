@@ -14,7 +14,12 @@ def _text(value) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-  """The command line: builds a task's dataset and prints its size and a few examples."""
+  """The command line: builds a task's dataset and prints its size and a few examples.
+
+  Args:
+    argv: the arguments (``--task``, ``--data_dir``, ``--config``, ``--show``,
+      ``--train_size``, ``--test_size``, ``--seed``); None reads sys.argv.
+  """
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--task", required=True,
                       help=f"one of {', '.join(tasks.names('data'))}")

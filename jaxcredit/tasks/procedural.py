@@ -14,9 +14,22 @@ from jaxcredit.tasks.tokenizers import CharTokenizer
 
 def fields(name: str, config, options, *, data_dir: str, seed: int) -> dict:
   """The `TrainTask` fields every generated task shares (name, sources, config,
-  truncated_reward): its train and test splits of config.train_size and config.test_size
-  examples generated with `options` from `seed`, built under `data_dir` (or reused) and named
-  by the options' digest, so that runs with other options never share files."""
+  truncated_reward).
+
+  Its train and test splits of config.train_size and config.test_size examples are
+  generated with `options` from `seed`, built under `data_dir` (or reused) and named by the
+  options' digest, so that runs with other options never share files.
+
+  Args:
+    name: the task's name.
+    config: the run's ``task`` config.
+    options: the task's options.
+    data_dir: where the dataset is built.
+    seed: the data seed.
+
+  Returns:
+    the fields, as keyword arguments of `TrainTask`.
+  """
   settings = hashlib.sha256(repr(options).encode()).hexdigest()[:12]
   builder = builders.get(name, data_dir=data_dir,
                          config=builders.ProceduralConfig(name=f"run_{settings}", task=options),
@@ -29,9 +42,22 @@ def fields(name: str, config, options, *, data_dir: str, seed: int) -> dict:
 def character_task(name: str, config, options, alphabet: str,
                    reward: Callable[[str, dict], tuple[float, str]], *, data_dir: str,
                    seed: int) -> task.TrainTask:
-  """A generated text task on a character tokenizer over `alphabet`: prompts and responses
-  within config.max_prompt_length and config.max_response_length, a response ending at EOS,
-  scored by `reward(response text, example)` (`task.text_scorer`)."""
+  """A generated text task on a character tokenizer: prompts and responses within
+  config.max_prompt_length and config.max_response_length, a response ending at EOS, scored
+  by ``reward(response text, example)`` (`task.text_scorer`).
+
+  Args:
+    name: the task's name.
+    config: the run's ``task`` config.
+    options: the task's options.
+    alphabet: the characters of the tokenizer.
+    reward: ``reward(response, example) -> (reward, reason)``.
+    data_dir: where the dataset is built.
+    seed: the data seed.
+
+  Returns:
+    the `TrainTask`.
+  """
   tokenizer = CharTokenizer(alphabet)
   failures = rewards.FailureCount()
   return task.TrainTask(
@@ -43,9 +69,18 @@ def character_task(name: str, config, options, alphabet: str,
 
 
 def evaluation_symbols(n_keys: int, count: int, limit: int) -> np.ndarray:
-  """[n, count] key symbols (indices into C, |C| = n_keys) of the evaluation prompts: all
-  |C|^count when that is at most `limit`, else `limit` drawn uniformly (a fixed stream, the
-  same for every seed and cell)."""
+  """The key symbols of a batched task's evaluation prompts: all ``|C|^count`` combinations
+  when that is at most `limit`, else `limit` drawn uniformly (a fixed stream, the same for
+  every seed and cell).
+
+  Args:
+    n_keys: |C|.
+    count: symbols per prompt.
+    limit: the most prompts.
+
+  Returns:
+    int ``[n, count]`` indices into C.
+  """
   if n_keys**count <= limit:
     return np.asarray(list(itertools.product(range(n_keys), repeat=count)))
   return np.random.default_rng(0).integers(0, n_keys, (limit, count))

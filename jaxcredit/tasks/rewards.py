@@ -13,7 +13,20 @@ RewardFn = Callable[..., tuple[float, str]]
 
 
 def exact_match(got: str | None, want: str) -> tuple[float, str]:
-  """1.0 when the extracted answer `got` equals `want`, else 0.0; with a reason."""
+  """1.0 when the extracted answer equals the reference, else 0.0.
+
+  Args:
+    got: the extracted answer, or None when there is none.
+    want: the reference answer.
+
+  Returns:
+    ``(reward, reason)``.
+
+  Examples:
+    >>> from jaxcredit.tasks import rewards
+    >>> rewards.exact_match("42", "42"), rewards.exact_match(None, "42")
+    ((1.0, 'correct'), (0.0, 'no answer'))
+  """
   if got is None:
     return 0.0, "no answer"
   if got == want:
@@ -23,8 +36,22 @@ def exact_match(got: str | None, want: str) -> tuple[float, str]:
 
 def last_answer_span(response: str, open_tag: str = "<answer>",
                      close_tag: str = "</answer>") -> str | None:
-  """The text of the last `<answer>...</answer>` span, or None; linear time
-  (two `rfind`s: a non-greedy regex is quadratic on `"<answer>" * n`)."""
+  """The text of the last ``<answer>...</answer>`` span, in linear time (two `rfind`: a
+  non-greedy regex is quadratic on ``"<answer>" * n``).
+
+  Args:
+    response: the decoded response.
+    open_tag: the span's opening tag.
+    close_tag: the span's closing tag.
+
+  Returns:
+    the span's text, or None.
+
+  Examples:
+    >>> from jaxcredit.tasks import rewards
+    >>> rewards.last_answer_span("<answer>1</answer> then <answer>2</answer>")
+    '2'
+  """
   end = response.rfind(close_tag)
   start = response.rfind(open_tag, 0, max(end, 0))
   if end < 0 or start < 0:
@@ -33,11 +60,20 @@ def last_answer_span(response: str, open_tag: str = "<answer>",
 
 
 def format_reward(response: str, pattern: str | None = None) -> tuple[float, str]:
-  """1.0 when the response is well-formatted, else 0.0. By default (pattern
-  None): it ends, up to whitespace, with a non-empty `<answer>...</answer>`
-  span (the R1 / TinyZero format), checked in linear time; otherwise the whole
-  response must match the regex `pattern` (keep it free of nested or adjacent
-  unbounded repeats: Python's regex backtracks)."""
+  """1.0 when the response is well-formatted, else 0.0.
+
+  By default (pattern None) it must end, up to whitespace, with a non-empty
+  ``<answer>...</answer>`` span (the R1 / TinyZero format), checked in linear time;
+  otherwise the whole response must match the regex `pattern` (keep it free of nested or
+  adjacent unbounded repeats: Python's regex backtracks).
+
+  Args:
+    response: the decoded response.
+    pattern: a regex the whole response must match, or None.
+
+  Returns:
+    ``(reward, reason)``.
+  """
   if pattern is not None:
     if re.fullmatch(pattern, response):
       return 1.0, "well-formatted"
@@ -63,11 +99,17 @@ class Scored(NamedTuple):
 
 def batched(reward_fn: RewardFn, responses: Sequence[str], *per_example: Sequence,
             **kwargs) -> Scored:
-  """Applies reward_fn(response, *fields, **kwargs) to each example.
+  """Applies ``reward_fn(response, *fields, **kwargs)`` to each response.
 
-  A reward function must never raise on model output; if one does, that response
-  gets 0 with the error as its reason and is marked `failed` (and a warning is
-  issued), so one response cannot kill the batch and no failure goes uncounted.
+  A reward function must never raise on model output; if one does, that response gets 0
+  with the error as its reason and is marked `failed` (and a warning is issued), so one
+  response cannot kill the batch and no failure goes uncounted.
+
+  Args:
+    reward_fn: ``reward_fn(response, *fields, **kwargs) -> (reward, reason)``.
+    responses: the decoded responses.
+    *per_example: per-example fields, each as long as `responses`.
+    **kwargs: passed to every call.
 
   Returns:
     `Scored(rewards, reasons, failed)`.

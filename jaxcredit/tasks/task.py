@@ -127,35 +127,89 @@ _TASKS: Registry = Registry("task")
 
 
 def register(task: Task, *, overwrite: bool = False) -> Task:
-  """Registers `task` under its name (ValueError if taken, unless `overwrite`); returns it."""
+  """Registers a task under its name.
+
+  Args:
+    task: the `Task`.
+    overwrite: replace a task registered under the same name.
+
+  Returns:
+    `task`.
+
+  Raises:
+    ValueError: when the name is taken and `overwrite` is False.
+  """
   _TASKS.register(task.name, overwrite=overwrite)(task)
   return task
 
 
 def unregister(name: str) -> None:
-  """Removes task `name` (e.g. a test's temporary registration)."""
+  """Removes a registered task (e.g. a test's temporary registration).
+
+  Args:
+    name: the task's name.
+
+  Raises:
+    ValueError: when no task has that name.
+  """
   _TASKS.unregister(name)
 
 
 def get(name: str) -> Task:
-  """The task registered as `name`; ValueError listing the known ones."""
+  """The task registered under a name.
+
+  Args:
+    name: the task's name.
+
+  Returns:
+    the `Task`.
+
+  Raises:
+    ValueError: listing the known names when none is registered under it.
+
+  Examples:
+    >>> from jaxcredit import tasks
+    >>> tasks.get("key_token").oracle is not None
+    True
+  """
   return _TASKS.get(name)
 
 
 def names(having: str | None = None) -> list[str]:
-  """Every registered task's name, sorted; with `having` (a `Task` field: "data", "train",
-  "traceable", "oracle"), only the tasks that have it."""
+  """The registered tasks' names.
+
+  Args:
+    having: a `Task` field ("data", "train", "traceable", "oracle"): only the tasks that
+      have it; None for all.
+
+  Returns:
+    the names, sorted.
+
+  Examples:
+    >>> from jaxcredit import tasks
+    >>> "arithmetic" in tasks.names("train")
+    True
+  """
   return [name for name in _TASKS.names()
           if having is None or getattr(_TASKS.get(name), having) is not None]
 
 
 def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> TrainTask:
-  """The training task `config.name` bound to its data (built under `data_dir`, or reused).
+  """A training task bound to its data (built under `data_dir`, or reused).
 
-  config: the run's `task` config: name, options (the task's own fields), train_size,
-  test_size, max_prompt_length, max_response_length (tasks whose options fix them ignore
-  them), truncated_reward, and the task's own fields (e.g. gsm8k's jsonl_dir); tokenizer: a
-  Hugging Face tokenizer directory, for tasks on a pretrained vocabulary.
+  Args:
+    config: the run's ``task`` config: name, options (the task's own fields), train_size,
+      test_size, max_prompt_length, max_response_length (tasks whose options fix them ignore
+      them), truncated_reward, and the task's own fields (e.g. gsm8k's jsonl_dir).
+    data_dir: where TFDS datasets are built.
+    seed: the data seed.
+    tokenizer: a Hugging Face tokenizer directory, for tasks on a pretrained vocabulary.
+
+  Returns:
+    the `TrainTask`.
+
+  Raises:
+    ValueError: for an unknown task, or one that runs in the batched lab only.
   """
   task = get(config.name)
   if task.train is None:
@@ -165,8 +219,17 @@ def make(config, *, data_dir: str, seed: int, tokenizer: str | None = None) -> T
 
 
 def of_options(options) -> Task:
-  """The registered task whose options dataclass `options` is an instance of (ValueError
-  naming the registered ones otherwise)."""
+  """The registered task whose options dataclass an object is an instance of.
+
+  Args:
+    options: a task's options (e.g. a `KeyTokenConfig`).
+
+  Returns:
+    the `Task`.
+
+  Raises:
+    ValueError: naming the registered tasks when none matches.
+  """
   for task in map(get, names("options")):
     if isinstance(options, task.options):
       return task
@@ -175,8 +238,18 @@ def of_options(options) -> Task:
 
 
 def options_of(config_class, config):
-  """``config_class(**config.task.options)``; ValueError naming task.options and the fields it
-  takes when an option is unknown."""
+  """A task's options from a run's config: ``config_class(**config.options)``.
+
+  Args:
+    config_class: the task's options dataclass.
+    config: the run's ``task`` config.
+
+  Returns:
+    the options.
+
+  Raises:
+    ValueError: naming task.options and the fields it takes when an option is unknown.
+  """
   options = dict(config.get("options") or {})
   known = {field.name for field in dataclasses.fields(config_class)}
   unknown = sorted(set(options) - known)
@@ -189,8 +262,16 @@ def options_of(config_class, config):
 
 def text_scorer(tokenizer: Tokenizer, reward_fn: Callable[[str, dict], tuple[float, str]],
                 failures: rewards.FailureCount) -> Scorer:
-  """Decoded responses scored by `reward_fn` (`rewards.batched`); responses on which it
-  raises score 0 and are counted in `failures`."""
+  """Decoded responses scored by a text reward function (`rewards.batched`).
+
+  Args:
+    tokenizer: the task's tokenizer.
+    reward_fn: ``reward_fn(response, example) -> (reward, outcome)``.
+    failures: counts the responses on which `reward_fn` raises (they score 0).
+
+  Returns:
+    ``score(tokens, mask, examples) -> [B]`` float rewards.
+  """
   def score(tokens, mask, examples):
     responses = [tokenizer.decode(row[m]) for row, m in zip(tokens, mask)]
     with warnings.catch_warnings():  # counted instead, and reported by the loop every time
@@ -203,7 +284,15 @@ def text_scorer(tokenizer: Tokenizer, reward_fn: Callable[[str, dict], tuple[flo
 
 
 def environment_rewards(name: str) -> Scorer:
-  """The `score` of a multi-turn task: its rewards come from its environment, turn by turn."""
+  """The `score` of a multi-turn task, whose rewards come from its environment turn by turn.
+
+  Args:
+    name: the task's name.
+
+  Returns:
+    a `score` that raises ValueError (whole responses cannot be scored on their own, e.g.
+    by Monte-Carlo continuations).
+  """
 
   def score(tokens, mask, examples):
     raise ValueError(f"Task {name!r} is multi-turn: its rewards come from its environment "
@@ -214,9 +303,17 @@ def environment_rewards(name: str) -> Scorer:
 
 
 def within_tokenizer(task: TrainTask, model_vocab_size: int) -> TrainTask:
-  """`task`, its actions restricted to its tokenizer's ids when the model's embedding has
-  more rows (a padded vocabulary, e.g. Qwen2.5's 151,936 rows for 151,665 tokens): the
-  policy never samples, and its log-probs never count, an id the tokenizer lacks."""
+  """A task with its actions restricted to its tokenizer's ids when the model's embedding has
+  more rows (a padded vocabulary, e.g. Qwen2.5's 151,936 rows for 151,665 tokens): the policy
+  never samples, and its log-probs never count, an id the tokenizer lacks.
+
+  Args:
+    task: the `TrainTask`.
+    model_vocab_size: the model's embedding rows.
+
+  Returns:
+    the `TrainTask`, unchanged when no restriction is needed or it has its own.
+  """
   if model_vocab_size <= task.vocab_size or task.actions.allowed is not None:
     return task
   ids = np.arange(model_vocab_size) < task.vocab_size
@@ -225,7 +322,21 @@ def within_tokenizer(task: TrainTask, model_vocab_size: int) -> TrainTask:
 
 def multi_turn_source(task: TrainTask, *, group_size: int = 1, temperature: float = 1.0,
                       place: Callable = jnp.asarray, local: Callable = np.asarray) -> MultiTurn:
-  """The rollout source of a task with an environment (ValueError for one without)."""
+  """The rollout source of a task with an environment.
+
+  Args:
+    task: the `TrainTask`.
+    group_size: episodes per prompt.
+    temperature: the sampling temperature.
+    place: puts host arrays on the devices (e.g. sharded).
+    local: reads device arrays back to the host.
+
+  Returns:
+    a `rollout_sources.MultiTurn`.
+
+  Raises:
+    ValueError: for a task without an environment.
+  """
   if task.environment is None:
     raise ValueError(f"Task {task.name!r} has no environment: it is not multi-turn.")
   return MultiTurn(task.environment, max_turns=task.max_turns,

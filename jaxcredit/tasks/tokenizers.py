@@ -131,7 +131,14 @@ _BYTE_OF_UNICODE = _byte_of_unicode()
 
 
 def unknown_token_text(token_id: int) -> str:
-  """How exports and the viewer show an id outside a tokenizer's vocabulary: `<id 430?>`."""
+  """How exports and the viewer show an id outside a tokenizer's vocabulary.
+
+  Args:
+    token_id: the id.
+
+  Returns:
+    e.g. ``<id 430?>``.
+  """
   return f"<id {token_id}?>"
 
 

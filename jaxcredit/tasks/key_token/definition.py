@@ -94,7 +94,22 @@ class KeyTokenConfig:
 
 
 def token_names(ids) -> list[str]:
-  """The readable name of each token id: PAD BOS SEP EOS FILL, K0..K7, F0..F15, R29..R31."""
+  """The readable name of each token id: PAD BOS SEP EOS FILL, K0..K7, F0..F15, R29..R31.
+
+  Args:
+    ids: int ids, any shape.
+
+  Returns:
+    the names, flattened.
+
+  Raises:
+    ValueError: on ids outside the vocabulary.
+
+  Examples:
+    >>> from jaxcredit.tasks import key_token
+    >>> key_token.token_names([1, 5, 13])
+    ['BOS', 'K0', 'F0']
+  """
   specials = ("PAD", "BOS", "SEP", "EOS", "FILL")
   names = [*specials, *(f"K{i}" for i in range(FILLER0 - KEY0)),
            *(f"F{i}" for i in range(16)), *(f"R{i}" for i in range(FILLER0 + 16, VOCAB_SIZE))]
@@ -105,7 +120,15 @@ def token_names(ids) -> list[str]:
 
 
 def allowed(config: KeyTokenConfig) -> np.ndarray:
-  """[T, V] bool: the actions allowed at each response position."""
+  """The actions allowed at each response position: keys at the decisive positions and filler
+  elsewhere when constrained, any key or filler otherwise.
+
+  Args:
+    config: the task's `KeyTokenConfig`.
+
+  Returns:
+    bool ``[T, V]``.
+  """
   table = np.zeros((config.length, VOCAB_SIZE), bool)
   if config.constrained:
     table[:, config.fillers] = True
@@ -117,12 +140,27 @@ def allowed(config: KeyTokenConfig) -> np.ndarray:
 
 
 def allowed_in_rows(config: KeyTokenConfig) -> np.ndarray:
-  """[K + 2 + T, V] bool: `allowed` over whole rows, the prompt columns allowing every token."""
+  """`allowed` over whole rows, the prompt columns allowing every token.
+
+  Args:
+    config: the task's `KeyTokenConfig`.
+
+  Returns:
+    bool ``[K + 2 + T, V]``.
+  """
   return np.concatenate([np.ones((config.prompt_length, VOCAB_SIZE), bool), allowed(config)])
 
 
 def observe(responses: np.ndarray, config: KeyTokenConfig) -> np.ndarray:
-  """The model's view of [..., T] responses: FILL off P when filler_blind."""
+  """The model's view of responses: FILL off the decisive positions when filler_blind.
+
+  Args:
+    responses: ``[..., T]`` int.
+    config: the task's `KeyTokenConfig`.
+
+  Returns:
+    int ``[..., T]``.
+  """
   if not config.filler_blind:
     return responses
   hidden = np.ones(config.length, bool)
@@ -131,8 +169,16 @@ def observe(responses: np.ndarray, config: KeyTokenConfig) -> np.ndarray:
 
 
 def make_example(rng: np.random.Generator, config: KeyTokenConfig) -> dict:
-  """{"prompt" [K + 2] ids, "targets" [K] key ids c_k, "decisive" [K] positions,
-  "completion" [T] a demonstration with reward 1}."""
+  """One key_token example.
+
+  Args:
+    rng: the NumPy generator.
+    config: the task's `KeyTokenConfig`.
+
+  Returns:
+    ``{"prompt" [K + 2] ids, "targets" [K] key ids c_k, "decisive" [K] positions,
+    "completion" [T] a demonstration with reward 1}``.
+  """
   symbols = rng.integers(0, config.n_keys, config.n_decisive)
   if config.key_fn == "copy":
     targets = symbols
@@ -149,7 +195,19 @@ def make_example(rng: np.random.Generator, config: KeyTokenConfig) -> dict:
 
 
 def reward(responses: np.ndarray, targets: np.ndarray, config: KeyTokenConfig) -> np.ndarray:
-  """Rule reward of [B, T] responses against [B, K] target key ids; [B] float32."""
+  """The rule reward of responses against their target keys.
+
+  Args:
+    responses: ``[B, T]`` int.
+    targets: ``[B, K]`` target key ids.
+    config: the task's `KeyTokenConfig`.
+
+  Returns:
+    float32 ``[B]``.
+
+  Raises:
+    ValueError: on shapes other than ``[B, T]`` and ``[B, K]``.
+  """
   responses, targets = np.atleast_2d(responses), np.atleast_2d(targets)
   if responses.shape[1] != config.length or targets.shape[1] != config.n_decisive:
     raise ValueError(
@@ -160,8 +218,17 @@ def reward(responses: np.ndarray, targets: np.ndarray, config: KeyTokenConfig) -
 
 
 def rule_reward(picked, targets, config: KeyTokenConfig):
-  """The rule's reward of the decisive tokens `picked` [..., K] against the target key ids
-  [..., K]; float32 [...]. NumPy or JAX arrays (traceable)."""
+  """The rule's reward of the decisive tokens against the target key ids (all, count or sum).
+  NumPy or JAX arrays (traceable).
+
+  Args:
+    picked: ``[..., K]`` the decisive tokens.
+    targets: ``[..., K]`` the target key ids.
+    config: the task's `KeyTokenConfig`.
+
+  Returns:
+    float32 ``[...]``.
+  """
   hits = picked == targets
   if config.rule == "all":
     return hits.all(axis=-1).astype(np.float32)
@@ -173,7 +240,16 @@ def rule_reward(picked, targets, config: KeyTokenConfig):
 
 
 def explain(responses: np.ndarray, targets: np.ndarray, config: KeyTokenConfig) -> list[str]:
-  """Per-response reasons: which decisive positions hold the right key."""
+  """Per-response reasons: which decisive positions hold the right key.
+
+  Args:
+    responses: ``[B, T]`` int.
+    targets: ``[B, K]`` target key ids.
+    config: the task's `KeyTokenConfig`.
+
+  Returns:
+    one reason per response.
+  """
   responses, targets = np.atleast_2d(responses), np.atleast_2d(targets)
   picked = responses[:, config.decisive_positions]
   return [
@@ -184,7 +260,16 @@ def explain(responses: np.ndarray, targets: np.ndarray, config: KeyTokenConfig) 
 
 
 def noisy(rewards: np.ndarray, rng: np.random.Generator, config: KeyTokenConfig) -> np.ndarray:
-  """Flips binary rewards with probability config.noise (exact value eps + (1 - 2 eps) R)."""
+  """Binary rewards flipped with probability config.noise (exact value eps + (1 - 2 eps) R).
+
+  Args:
+    rewards: ``[B]`` 0/1 rewards.
+    rng: the NumPy generator.
+    config: the task's `KeyTokenConfig`.
+
+  Returns:
+    float32 ``[B]``.
+  """
   flips = rng.random(rewards.shape) < config.noise
   return np.where(flips, 1.0 - rewards, rewards).astype(np.float32)
 
@@ -212,8 +297,14 @@ class KeyToken(builders.ProceduralBuilder):
 
 def row_actions(config: KeyTokenConfig) -> Actions:
   """The typed actions over whole rows: keys at the decisive positions, filler elsewhere
-  (`allowed`), filler hidden from later inputs when filler_blind; the prompt is always
-  seen."""
+  (`allowed`), filler hidden from later inputs when filler_blind; the prompt is always seen.
+
+  Args:
+    config: the task's `KeyTokenConfig`.
+
+  Returns:
+    the `Actions`.
+  """
   hidden = observe(np.zeros(config.length, np.int32), config) == FILL
   hidden_in_rows = np.concatenate([np.zeros(config.prompt_length, bool), hidden])
   return Actions(allowed=allowed_in_rows(config),
@@ -222,7 +313,20 @@ def row_actions(config: KeyTokenConfig) -> Actions:
 
 def train_task(config, *, data_dir: str, seed: int,
                tokenizer: str | None = None) -> task.TrainTask:
-  """key_token bound to its data: ids, exactly T actions per response, `row_actions`."""
+  """key_token bound to its data: ids, exactly T actions per response, `row_actions`.
+
+  Args:
+    config: the run's ``task`` config (options, sizes).
+    data_dir: where the dataset is built (or reused).
+    seed: the data seed.
+    tokenizer: unused (the task's tokens are ids).
+
+  Returns:
+    the `TrainTask`.
+
+  Raises:
+    ValueError: on unknown options.
+  """
   del tokenizer
   options = task.options_of(KeyTokenConfig, config)
 

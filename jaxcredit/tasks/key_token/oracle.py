@@ -45,16 +45,22 @@ from jaxcredit.tasks.key_token import definition as key_token
 
 def decisive_values(model, config: key_token.KeyTokenConfig, prompts: Array,
                     targets: Array) -> list[Array]:
-  """The exact value tree of filler-blind key_token (E-DEC) at temperature 1;
-  traceable (jit, vmap over seeds).
+  """The exact value tree of filler-blind key_token (E-DEC) at temperature 1. Traceable (jit,
+  vmap over seeds).
 
-  prompts: [n, K + 2] prompt ids; targets: [n, K] the key ids each must copy. Returns
-  [W_0, ..., W_K], W_k: [n, |C|^k] float32, W_k[i, u] = E[R | x_i, the first k decisive
-  tokens are u], u a lexicographic index over C (key index = id - KEY0). The policy's
-  conditional at decisive position p_k depends only on the prompt and the decisive tokens
-  before it (filler is hidden), so one teacher-forced pass over |C|^(K-1) rows per prompt
-  (decisive prefixes, FILL elsewhere) gives every conditional pi(c | x, u_<k); then
-  W_K(u) = R(u) (the rule) and W_k(u) = sum_c pi(c | x, u) W_(k+1)(u c).
+  The policy's conditional at decisive position p_k depends only on the prompt and the
+  decisive tokens before it (filler is hidden), so one teacher-forced pass over
+  ``|C|^(K-1)`` rows per prompt gives every W_k.
+
+  Args:
+    model: the policy.
+    config: the task's `KeyTokenConfig`.
+    prompts: ``[n, K + 2]`` prompt ids.
+    targets: ``[n, K]`` the key ids each must copy.
+
+  Returns:
+    ``[W_0, ..., W_K]``, W_k float32 ``[n, |C|^k]``: ``W_k[i, u] = E[R | x_i, the first k
+    decisive tokens are u]``, u a lexicographic index over C (key index = id - KEY0).
   """
   _check_exact(config)
   n_keys, n_decisive, prompt_len = config.n_keys, config.n_decisive, config.prompt_length
@@ -85,10 +91,19 @@ def decisive_values(model, config: key_token.KeyTokenConfig, prompts: Array,
 
 def credit_from_values(tree: Sequence[Array], decided: Array,
                        config: key_token.KeyTokenConfig) -> tuple[Array, Array]:
-  """Exact (values, advantages) [B, T] over the response positions of B responses whose
-  decisive tokens are `decided` [B, K] (ids), from each row's value tree `tree` (W_k [B,
-  |C|^k], `decisive_values` gathered per row): V(s_t) = W_k(t)(d_<k(t)) with k(t) = #{p < t};
-  A = W_(k+1)(d_<=k) - W_k(d_<k) at p_k and 0 on filler. Traceable."""
+  """Exact values and advantages read along each row's decisive tokens from its value tree.
+  Traceable::
+
+    V(s_t) = W_k(t)(d_<k(t)),  k(t) = #{p < t};   A = W_(k+1)(d_<=k) - W_k(d_<k) at p_k, 0 on filler
+
+  Args:
+    tree: ``[W_0, ..., W_K]``, W_k ``[B, |C|^k]`` (`decisive_values` gathered per row).
+    decided: ``[B, K]`` the rows' decisive token ids.
+    config: the task's `KeyTokenConfig`.
+
+  Returns:
+    ``(values, advantages)``, float32 ``[B, T]`` each, over the response positions.
+  """
   n_keys, n_decisive = config.n_keys, config.n_decisive
   index, after = jnp.zeros(decided.shape[0], jnp.int32), [tree[0][:, 0]]
   for k in range(n_decisive):
@@ -103,12 +118,22 @@ def credit_from_values(tree: Sequence[Array], decided: Array,
 
 def decisive_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray, mask: np.ndarray,
                     targets: np.ndarray) -> Credit:
-  """Exact credit on filler-blind key_token (E-DEC), temperature 1: the value
-  tree of each distinct prompt (`decisive_values`, one batched pass) read along each row's
-  decisive tokens (`credit_from_values`).
+  """Exact credit on filler-blind key_token (E-DEC), temperature 1: the value tree of each
+  distinct prompt (`decisive_values`, one batched pass) read along each row's decisive
+  tokens (`credit_from_values`).
 
-  tokens, mask: [B, L] rows (prompt K + 2 ids, then the T response ids); targets: [B, K]
-  the keys each row must copy. Values and advantages are 0 off `mask`.
+  Args:
+    model: the policy.
+    config: the task's `KeyTokenConfig`.
+    tokens: ``[B, L]`` rows (K + 2 prompt ids, then the T response ids).
+    mask: ``[B, L]`` bool, the actions.
+    targets: ``[B, K]`` the keys each row must copy.
+
+  Returns:
+    the `Credit`; values and advantages are 0 off `mask`.
+
+  Raises:
+    ValueError: when the options have no E-DEC oracle.
   """
   _check_exact(config)
   tokens, mask = np.asarray(tokens), np.asarray(mask, bool)
@@ -137,18 +162,33 @@ def decisive_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray,
 
 def exact_success(model, config: key_token.KeyTokenConfig, prompts: np.ndarray,
                   targets: np.ndarray) -> np.ndarray:
-  """[n] float64 V^pi(x) = E_pi[R | x] of each prompt at temperature 1, exactly
+  """The exact expected reward ``V(x) = E_pi[R | x]`` of each prompt at temperature 1
   (filler-blind key_token): the root of its value tree (`decisive_values`). Its mean over
   held-out prompts is the policy's expected success J(pi), free of the sampling noise of a
   measured accuracy.
 
-  prompts: [n, K + 2] prompt ids; targets: [n, K] the keys each must copy."""
+  Args:
+    model: the policy.
+    config: the task's `KeyTokenConfig`.
+    prompts: ``[n, K + 2]`` prompt ids.
+    targets: ``[n, K]`` the keys each must copy.
+
+  Returns:
+    float64 ``[n]``.
+  """
   tree = _jitted_values(model, config, np.asarray(prompts), np.asarray(targets))
   return np.asarray(tree[0][:, 0], np.float64)
 
 
 def not_exact(config: key_token.KeyTokenConfig) -> str | None:
-  """Why key_token under `config` has no exact oracle (E-DEC), or None when it has one."""
+  """Why key_token under `config` has no exact oracle (E-DEC).
+
+  Args:
+    config: the task's `KeyTokenConfig`.
+
+  Returns:
+    the reason, or None when it has one.
+  """
   if not (config.filler_blind and config.constrained):
     return ("the exact oracle (E-DEC) needs filler_blind and constrained key_token "
             "(decisive positions emit keys only)")
@@ -179,7 +219,14 @@ def _expanded(config: key_token.KeyTokenConfig):
 
 
 def passes_per_prompt(config: key_token.KeyTokenConfig) -> int:
-  """The teacher-forced paths E-TREE runs for each distinct prompt."""
+  """The teacher-forced paths E-TREE runs for each distinct prompt.
+
+  Args:
+    config: the task's `KeyTokenConfig`.
+
+  Returns:
+    the count.
+  """
   return int(np.prod(_expanded(config)[2], dtype=np.int64))
 
 
@@ -219,9 +266,19 @@ def _hidden(config: key_token.KeyTokenConfig) -> np.ndarray:
 
 
 def value_tree(model, config: key_token.KeyTokenConfig, prompts, targets) -> list[Array]:
-  """[V_0, ..., V_(p_K)], V_t [n, r_0, ..., r_(t-1)] float32: the value of every expanded
-  prefix of length t of each prompt (r_s: the expanded actions at position s; V_0 [n] is
-  V(x)). prompts [n, K + 2], targets [n, K] key ids. Traceable (jit, vmap over seeds)."""
+  """The value of every expanded prefix of each prompt (E-TREE). Traceable (jit, vmap over
+  seeds).
+
+  Args:
+    model: the policy.
+    config: the task's `KeyTokenConfig`.
+    prompts: ``[n, K + 2]`` prompt ids.
+    targets: ``[n, K]`` key ids.
+
+  Returns:
+    ``[V_0, ..., V_(p_K)]``, V_t float32 ``[n, r_0, ..., r_(t-1)]`` (r_s: the expanded
+    actions at position s; V_0 ``[n]`` is V(x)).
+  """
   options, pinned, radices = _expanded(config)
   last = config.decisive_positions[-1]
   inputs, responses = _paths(config, prompts, targets)
@@ -254,11 +311,23 @@ def value_tree(model, config: key_token.KeyTokenConfig, prompts, targets) -> lis
 
 def credit_from_tree(tree: list[Array], prompt_index, responses, targets,
                      config: key_token.KeyTokenConfig) -> tuple[Array, Array]:
-  """Exact (values, advantages) [B, T] of B responses [B, T] along their paths in the value
-  tree (`value_tree`) of their prompts (prompt_index [B] into its rows); targets [B, K].
-  V(s_t) along the path (0 after a wrong key under `all`), V = R after p_K, A_t = V(s_(t+1))
-  - V(s_t). Tokens the task does not allow at a position read as its first action.
-  Traceable."""
+  """Exact values and advantages of responses along their paths in the value tree of their
+  prompts. Traceable.
+
+  V(s_t) along the path (0 after a wrong key under `all`), V = R after p_K,
+  ``A_t = V(s_(t+1)) - V(s_t)``. Tokens the task does not allow at a position read as its
+  first action.
+
+  Args:
+    tree: from `value_tree`.
+    prompt_index: ``[B]`` each response's row of the tree.
+    responses: ``[B, T]`` int.
+    targets: ``[B, K]`` key ids.
+    config: the task's `KeyTokenConfig`.
+
+  Returns:
+    ``(values, advantages)``, float32 ``[B, T]`` each.
+  """
   options, pinned, _ = _expanded(config)
   last = config.decisive_positions[-1]
   responses, targets = jnp.asarray(responses), jnp.asarray(targets)
@@ -281,13 +350,24 @@ _jitted_tree = nnx.jit(value_tree, static_argnames="config")
 
 def tree_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray, mask: np.ndarray,
                 targets: np.ndarray, *, max_passes: int = MAX_PASSES) -> Credit:
-  """Exact credit (E-TREE, module docstring) of B sampled responses under `model` at
-  temperature 1, on constrained or unconstrained key_token with filler visible or hidden.
+  """Exact credit (E-TREE, module docstring) of sampled responses at temperature 1, on
+  constrained or unconstrained key_token with filler visible or hidden.
 
-  tokens, mask: [B, L] rows (K + 2 prompt ids, then the T response ids); targets: [B, K]
-  the keys each row must copy. Values V(s_t) and advantages are 0 off `mask`. Raises
-  ValueError when the tree needs more than `max_passes` paths (the count is given), or a
-  response holds a token its position does not allow."""
+  Args:
+    model: the policy.
+    config: the task's `KeyTokenConfig`.
+    tokens: ``[B, L]`` rows (K + 2 prompt ids, then the T response ids).
+    mask: ``[B, L]`` bool, the actions.
+    targets: ``[B, K]`` the keys each row must copy.
+    max_passes: the most teacher-forced paths allowed.
+
+  Returns:
+    the `Credit`; values V(s_t) and advantages are 0 off `mask`.
+
+  Raises:
+    ValueError: when the tree needs more than `max_passes` paths (the count is given), or a
+      response holds a token its position does not allow.
+  """
   tokens, mask, targets = np.asarray(tokens), np.asarray(mask, bool), np.asarray(targets)
   prompt_len, length = config.prompt_length, config.length
   if tokens.shape[1:] != (prompt_len + length,) or targets.shape != (len(tokens),
@@ -308,21 +388,49 @@ def tree_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray, mas
 
 
 def no_exact_oracle(config: key_token.KeyTokenConfig) -> str | None:
-  """Why a training run on key_token under `config` has no exact oracle (None: it has)."""
+  """Why a training run on this task under `config` has no exact oracle.
+
+  Args:
+    config: the task's `KeyTokenConfig`.
+
+  Returns:
+    the reason and what to do instead, or None when it has one.
+  """
   reason = not_exact(config)
   return (f"{reason}: set task.options filler_blind=True and constrained=True, or use vineppo "
           "(Monte Carlo).") if reason else None
 
 
 def exact_extras(model, config: key_token.KeyTokenConfig, rollout, examples) -> tuple[dict, dict]:
-  """({"oracle_advantages", "oracle_values"} [B, L], {"oracle_passes"}) of a training
-  rollout: E-DEC (`decisive_credit`)."""
+  """The exact credit of a training rollout, as rollout extras: E-DEC (`decisive_credit`).
+
+  Args:
+    model: the policy that sampled the rollout.
+    config: the task's `KeyTokenConfig`.
+    rollout: the sampled `Rollout`.
+    examples: the task example of each row.
+
+  Returns:
+    ``({"oracle_advantages", "oracle_values"} [B, L], {"oracle_passes"})``.
+
+  Raises:
+    ValueError: when the options have no exact oracle.
+  """
   targets = np.stack([np.asarray(e["targets"]) for e in examples])
   return exact.as_extras(decisive_credit(model, config, np.asarray(rollout.tokens),
                                          np.asarray(rollout.mask), targets))
 
 
 def held_out_success(model, config: key_token.KeyTokenConfig, examples) -> np.ndarray:
-  """[n] exact success probabilities V(x) of held-out examples (`exact_success`)."""
+  """The exact success probability V(x) of each held-out example (`exact_success`).
+
+  Args:
+    model: the policy.
+    config: the task's `KeyTokenConfig`.
+    examples: the held-out examples.
+
+  Returns:
+    float64 ``[n]``.
+  """
   return exact_success(model, config, np.stack([e["prompt"] for e in examples]),
                        np.stack([e["targets"] for e in examples]))

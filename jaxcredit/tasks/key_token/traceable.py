@@ -17,8 +17,16 @@ from jaxcredit.tasks.key_token import oracle
 
 
 def prompts_of(symbols, config: key_token.KeyTokenConfig):
-  """([..., K + 2] prompt ids, [..., K] target key ids) of key symbols [..., K] (indices
-  into C), as `key_token.make_example` lays them out. Traceable."""
+  """Prompts and target keys of key symbols, as `key_token.make_example` lays them out.
+  Traceable.
+
+  Args:
+    symbols: ``[..., K]`` indices into C.
+    config: the task's `KeyTokenConfig`.
+
+  Returns:
+    ``(prompts [..., K + 2] ids, targets [..., K] key ids)``.
+  """
   symbols = jnp.asarray(symbols, jnp.int32)
   targets = symbols if config.key_fn == "copy" else (
       symbols + jnp.arange(1, config.n_decisive + 1)) % config.n_keys

@@ -80,8 +80,16 @@ class KeyTurnsConfig:
 
 
 def make_example(rng: np.random.Generator, config: KeyTurnsConfig) -> dict:
-  """{"prompt" [BOS, SEP], "keys" [n_turns] key ids (used at decisive turns),
-  "completion" a demonstration episode (observations and right actions) with reward 1}."""
+  """One key_turns example.
+
+  Args:
+    rng: the NumPy generator.
+    config: the task's `KeyTurnsConfig`.
+
+  Returns:
+    ``{"prompt" [BOS, SEP], "keys" [n_turns] key ids (used at decisive turns),
+    "completion" a demonstration episode (observations and right actions) with reward 1}``.
+  """
   keys = (KEY0 + rng.integers(0, config.n_keys, config.n_turns)).astype(np.int32)
   episode = []
   for turn in range(config.n_turns):
@@ -91,8 +99,15 @@ def make_example(rng: np.random.Generator, config: KeyTurnsConfig) -> dict:
 
 
 def demonstration_actions(completion: np.ndarray, config: KeyTurnsConfig) -> np.ndarray:
-  """[len(completion)] bool: the policy's tokens of a demonstration episode (not the
-  environment's observations)."""
+  """The policy's tokens of a demonstration episode (not the environment's observations).
+
+  Args:
+    completion: the episode's ids.
+    config: the task's `KeyTurnsConfig`.
+
+  Returns:
+    bool ``[len(completion)]``.
+  """
   return np.arange(len(completion)) % (2 + config.turn_length) >= 2
 
 
@@ -154,7 +169,20 @@ class KeyTurns(builders.ProceduralBuilder):
 def train_task(config, *, data_dir: str, seed: int,
                tokenizer: str | None = None) -> task.TrainTask:
   """key_turns bound to its data: a multi-turn task on ids whose rewards come from
-  `KeyTurnsEnv`; SFT trains on the policy's turns of a demonstration only."""
+  `KeyTurnsEnv`; SFT trains on the policy's turns of a demonstration only.
+
+  Args:
+    config: the run's ``task`` config (options, sizes).
+    data_dir: where the dataset is built (or reused).
+    seed: the data seed.
+    tokenizer: unused (the task's tokens are ids).
+
+  Returns:
+    the `TrainTask`.
+
+  Raises:
+    ValueError: on unknown options.
+  """
   del tokenizer
   options = task.options_of(KeyTurnsConfig, config)
   return task.TrainTask(

@@ -87,9 +87,23 @@ def _decided(config: KeyTurnsConfig) -> int:
 
 
 def value_tree(model, config: KeyTurnsConfig, prompt: np.ndarray) -> list[dict]:
-  """{tuple(history ids): V} per turn start k = 0.._decided(config) (the last: after the
-  last decisive turn, V = 1), over every history whose decisive turns were all right;
-  `prompt` the episode's prompt ids. A later turn start has its ancestor's value there."""
+  """The exact value of every reachable history at every turn start.
+
+  Over every history whose decisive turns were all right; a later turn start has its
+  ancestor's value there.
+
+  Args:
+    model: the policy.
+    config: the task's `KeyTurnsConfig`.
+    prompt: the episode's prompt ids.
+
+  Returns:
+    one ``{tuple(history ids): V}`` per turn start k = 0 .. the last decisive turn (the
+    last: after the last decisive turn, V = 1).
+
+  Raises:
+    ValueError: for options or a vocabulary the oracle cannot enumerate.
+  """
   vocab = model.config.vocab_size
   _check(config, vocab)
   observations, _ = _observations(config, 0)
@@ -120,15 +134,37 @@ def value_tree(model, config: KeyTurnsConfig, prompt: np.ndarray) -> list[dict]:
 
 
 def success(model, config: KeyTurnsConfig, prompt: np.ndarray) -> float:
-  """J(pi) = E[R]: the value of the episode's start, averaged over the first observation."""
+  """``J(pi) = E[R]``: the value of the episode's start, averaged over the first observation.
+
+  Args:
+    model: the policy.
+    config: the task's `KeyTurnsConfig`.
+    prompt: the episode's prompt ids.
+
+  Returns:
+    the expected reward.
+  """
   first = value_tree(model, config, prompt)[0]
   return float(np.mean(list(first.values())))
 
 
 def turn_credit(model, config: KeyTurnsConfig, tokens: np.ndarray,
                 token_valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """(values [B, K + 1], credit [B, L]) of rows laid out by `rollout_sources.MultiTurn`
-  (module docstring). Every row must hold a whole episode after the same prompt."""
+  """The exact turn values and credit of episodes laid out by `rollout_sources.MultiTurn`
+  (module docstring).
+
+  Args:
+    model: the policy.
+    config: the task's `KeyTurnsConfig`.
+    tokens: ``[B, L]`` int rows, each a whole episode after the same prompt.
+    token_valid: ``[B, L]`` bool.
+
+  Returns:
+    ``(values [B, K + 1], credit [B, L])``.
+
+  Raises:
+    ValueError: when the rows are not whole episodes after one prompt.
+  """
   tokens, token_valid = np.asarray(tokens), np.asarray(token_valid, bool)
   rows = [row[valid] for row, valid in zip(tokens, token_valid)]
   prompt = rows[0][:len(rows[0]) - config.episode_length]
@@ -152,14 +188,31 @@ def turn_credit(model, config: KeyTurnsConfig, tokens: np.ndarray,
 
 
 def no_exact_oracle(config: KeyTurnsConfig) -> None:
-  """key_turns always has its exact oracle."""
+  """Why a training run on this task under `config` has no exact oracle.
+
+  Args:
+    config: the task's `KeyTurnsConfig`.
+
+  Returns:
+    None: this task always has its exact oracle.
+  """
   del config
 
 
 def exact_extras(model, config: KeyTurnsConfig, rollout, examples) -> tuple[dict, dict]:
-  """({"oracle_advantages", "oracle_values"} [B, L], {"oracle_passes"}) of sampled
-  episodes: the turn credit A_k = V(h_(k+1)) - V(h_k) on each turn's action, V(h_k) there
-  as the value (`turn_credit`)."""
+  """The exact credit of a training rollout, as rollout extras: the turn credit
+  ``A_k = V(h_(k+1)) - V(h_k)`` on each turn's action, V(h_k) there as the value
+  (`turn_credit`).
+
+  Args:
+    model: the policy that sampled the rollout.
+    config: the task's `KeyTurnsConfig`.
+    rollout: the sampled `Rollout`.
+    examples: the task example of each row.
+
+  Returns:
+    ``({"oracle_advantages", "oracle_values"} [B, L], {"oracle_passes"})``.
+  """
   del examples  # the episodes hold their observations
   values, credit = turn_credit(model, config, rollout.tokens, rollout.token_valid)
   before = np.zeros(credit.shape, np.float32)  # V(h_k) on turn k's action (one per turn)
@@ -171,6 +224,15 @@ def exact_extras(model, config: KeyTurnsConfig, rollout, examples) -> tuple[dict
 
 
 def held_out_success(model, config: KeyTurnsConfig, examples) -> np.ndarray:
-  """[n] V(x) of held-out examples: every prompt is [BOS, SEP] (the keys are hidden), so
-  each is J(pi) (`success`)."""
+  """The exact success probability V(x) of each held-out example: every prompt is
+  [BOS, SEP] (the keys are hidden), so each is J(pi) (`success`).
+
+  Args:
+    model: the policy.
+    config: the task's `KeyTurnsConfig`.
+    examples: the held-out examples.
+
+  Returns:
+    float64 ``[n]``.
+  """
   return np.full(len(examples), success(model, config, np.asarray(examples[0]["prompt"])))

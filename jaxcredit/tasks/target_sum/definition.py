@@ -81,7 +81,22 @@ class TargetSumConfig:
 
 
 def token_names(ids) -> list[str]:
-  """The readable name of each id: PAD BOS SEP EOS, the digits 0-9, R14..R23."""
+  """The readable name of each token id: PAD BOS SEP EOS, the digits 0-9, R14..R23.
+
+  Args:
+    ids: int ids, any shape.
+
+  Returns:
+    the names, flattened.
+
+  Raises:
+    ValueError: on ids outside the vocabulary.
+
+  Examples:
+    >>> from jaxcredit.tasks import target_sum
+    >>> target_sum.token_names([1, 4, 13, 3])
+    ['BOS', '0', '9', 'EOS']
+  """
   names = ["PAD", "BOS", "SEP", "EOS", *map(str, range(10)),
            *(f"R{i}" for i in range(DIGIT0 + 10, VOCAB_SIZE))]
   ids = np.asarray(ids)
@@ -91,8 +106,15 @@ def token_names(ids) -> list[str]:
 
 
 def allowed(config: TargetSumConfig) -> np.ndarray:
-  """[n + 1, V] bool: the digits 0..m-1 (and EOS when eos_allowed) in the first n
-  columns, EOS alone in the last."""
+  """The actions allowed at each response position: the digits 0..m-1 (and EOS when
+  eos_allowed) in the first n columns, EOS alone in the last.
+
+  Args:
+    config: the task's `TargetSumConfig`.
+
+  Returns:
+    bool ``[n + 1, V]``.
+  """
   table = np.zeros((config.length, VOCAB_SIZE), bool)
   table[:-1, config.digits] = True
   table[:-1, EOS] = config.eos_allowed
@@ -101,13 +123,28 @@ def allowed(config: TargetSumConfig) -> np.ndarray:
 
 
 def allowed_in_rows(config: TargetSumConfig) -> np.ndarray:
-  """[5 + n + 1, V] bool: `allowed` over whole rows, the prompt columns allowing every token."""
+  """`allowed` over whole rows, the prompt columns allowing every token.
+
+  Args:
+    config: the task's `TargetSumConfig`.
+
+  Returns:
+    bool ``[5 + n + 1, V]``.
+  """
   return np.concatenate([np.ones((PROMPT_LENGTH, VOCAB_SIZE), bool), allowed(config)])
 
 
 def outcome(digits, target, config: TargetSumConfig):
-  """R of responses of k digits then EOS, their digit values (0..m-1) `digits` [..., k];
-  target [...] broadcasts against them. NumPy or JAX arrays (traceable); float32 [...]."""
+  """The reward of responses of k digits then EOS. NumPy or JAX arrays (traceable).
+
+  Args:
+    digits: ``[..., k]`` digit values 0..m-1.
+    target: ``[...]`` the sums S, broadcast against them.
+    config: the task's `TargetSumConfig`.
+
+  Returns:
+    float32 ``[...]``.
+  """
   k = digits.shape[-1]
   hit = digits.sum(axis=-1) == target
   if config.exact_len and k != config.n_digits:
@@ -118,8 +155,20 @@ def outcome(digits, target, config: TargetSumConfig):
 
 
 def reward(responses: np.ndarray, targets: np.ndarray, config: TargetSumConfig) -> np.ndarray:
-  """R of [B, n + 1] responses (token ids) against [B] targets S; [B] float32. A response
-  without EOS, or with a non-digit before it, earns 0."""
+  """The reward of responses against their target sums; a response without EOS, or with a
+  non-digit before it, earns 0.
+
+  Args:
+    responses: ``[B, n + 1]`` token ids.
+    targets: ``[B]`` the sums S.
+    config: the task's `TargetSumConfig`.
+
+  Returns:
+    float32 ``[B]``.
+
+  Raises:
+    ValueError: on shapes other than ``[B, n + 1]`` and ``[B]``.
+  """
   responses, targets = np.atleast_2d(responses), np.atleast_1d(targets)
   if responses.shape[1] != config.length or targets.shape != responses.shape[:1]:
     raise ValueError(f"Expected responses [B, {config.length}] and targets [B], got "
@@ -154,16 +203,31 @@ def _completions(config: TargetSumConfig, target: int) -> np.ndarray:
 
 
 def prompts(sums, config: TargetSumConfig):
-  """[n, 5] prompts of the target sums S [n] (a NumPy or a JAX array, traced or not; the
-  result is the same kind): [BOS, n, S_tens, S_units, SEP], n the digit count."""
+  """The prompts ``[BOS, n, S_tens, S_units, SEP]`` of target sums, n the digit count.
+
+  Args:
+    sums: ``[n]`` the sums S (a NumPy or a JAX array, traced or not; the result is the same
+      kind).
+    config: the task's `TargetSumConfig`.
+
+  Returns:
+    int32 ``[n, 5]``.
+  """
   layout = np.asarray([BOS, DIGIT0 + config.n_digits, DIGIT0, DIGIT0, SEP], np.int32)
   place, holds_s = np.asarray([1, 1, 10, 1, 1]), np.asarray([0, 0, 1, 1, 0])
   return (sums[:, None] // place % 10 * holds_s + layout).astype(np.int32)
 
 
 def make_example(rng: np.random.Generator, config: TargetSumConfig) -> dict:
-  """{"prompt" [5] ids, "target" S, "completion" [k + 1] a demonstration with reward 1
-  (k digits and EOS), drawn uniformly among the rewarded responses}."""
+  """One target_sum example, its demonstration drawn uniformly among the rewarded responses.
+
+  Args:
+    rng: the NumPy generator.
+    config: the task's `TargetSumConfig`.
+
+  Returns:
+    ``{"prompt" [5] ids, "target" S, "completion" [k + 1] (k digits and EOS) with reward 1}``.
+  """
   target = int(rng.integers(config.target_low, config.target_high + 1))
   count = _completions(config, target)
   values, sigma, last = [], 0, config.n_values
@@ -204,7 +268,20 @@ class TargetSum(builders.ProceduralBuilder):
 
 def train_task(config, *, data_dir: str, seed: int,
                tokenizer: str | None = None) -> task.TrainTask:
-  """target_sum bound to its data: ids, responses ending at a sampled or forced EOS."""
+  """target_sum bound to its data: ids, responses ending at a sampled or forced EOS.
+
+  Args:
+    config: the run's ``task`` config (options, sizes).
+    data_dir: where the dataset is built (or reused).
+    seed: the data seed.
+    tokenizer: unused (the task's tokens are ids).
+
+  Returns:
+    the `TrainTask`.
+
+  Raises:
+    ValueError: on unknown options.
+  """
   del tokenizer
   options = task.options_of(TargetSumConfig, config)
   return task.TrainTask(

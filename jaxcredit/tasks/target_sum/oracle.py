@@ -41,7 +41,14 @@ MAX_PASSES = 2**17  # teacher-forced paths over all prompts: a guard, never a si
 
 
 def passes_per_prompt(config: target_sum.TargetSumConfig) -> int:
-  """The teacher-forced paths E-TREE runs for each distinct prompt: m^(n - 1)."""
+  """The teacher-forced paths E-TREE runs for each distinct prompt: m^(n - 1).
+
+  Args:
+    config: the task's `TargetSumConfig`.
+
+  Returns:
+    the count.
+  """
   return config.n_values ** (config.n_digits - 1)
 
 
@@ -52,9 +59,18 @@ def _prefixes(config: target_sum.TargetSumConfig, k: int) -> np.ndarray:
 
 
 def value_tree(model, config: target_sum.TargetSumConfig, prompts, targets) -> list[Array]:
-  """[V_0, ..., V_n], V_k [n_prompts, m^k] float32: the value of every prefix of k digits
-  of each prompt (base-m index; V_0 [n_prompts, 1] is V(x)). prompts [n_prompts, 5] ids,
-  targets [n_prompts] the sums S. Traceable (jit, vmap over seeds)."""
+  """The value of every prefix of each prompt. Traceable (jit, vmap over seeds).
+
+  Args:
+    model: the policy.
+    config: the task's `TargetSumConfig`.
+    prompts: ``[n_prompts, 5]`` ids.
+    targets: ``[n_prompts]`` the sums S.
+
+  Returns:
+    ``[V_0, ..., V_n]``, V_k float32 ``[n_prompts, m^k]``: the value of every prefix of k
+    digits (base-m index; V_0 ``[n_prompts, 1]`` is V(x)).
+  """
   n, m = config.n_digits, config.n_values
   paths = _prefixes(config, n - 1)  # [N, n - 1]
   prompts, targets = jnp.asarray(prompts, jnp.int32), jnp.asarray(targets)
@@ -81,9 +97,19 @@ def value_tree(model, config: target_sum.TargetSumConfig, prompts, targets) -> l
 
 def credit_from_tree(tree: list[Array], prompt_index, responses, targets,
                      config: target_sum.TargetSumConfig) -> tuple[Array, Array]:
-  """Exact (values, advantages) [B, n + 1] of B responses [B, n + 1] (token ids, each
-  ending with EOS) along their paths in the value tree (`value_tree`) of their prompts
-  (prompt_index [B] into its rows); targets [B]. Traceable."""
+  """Exact values and advantages of responses along their paths in the value tree of their
+  prompts. Traceable.
+
+  Args:
+    tree: from `value_tree`.
+    prompt_index: ``[B]`` each response's row of the tree.
+    responses: ``[B, n + 1]`` token ids, each ending with EOS.
+    targets: ``[B]`` the sums S.
+    config: the task's `TargetSumConfig`.
+
+  Returns:
+    ``(values, advantages)``, float32 ``[B, n + 1]`` each.
+  """
   n, m = config.n_digits, config.n_values
   responses = jnp.asarray(responses)
   batch = responses.shape[0]
@@ -102,14 +128,28 @@ def credit_from_tree(tree: list[Array], prompt_index, responses, targets,
 
 
 def stopped_after(responses) -> Array:
-  """[B] the digits before each response's EOS (responses [B, n + 1] token ids, each with
-  an EOS)."""
+  """The digits before each response's EOS.
+
+  Args:
+    responses: ``[B, n + 1]`` token ids, each with an EOS.
+
+  Returns:
+    int ``[B]``.
+  """
   return jnp.argmax(jnp.asarray(responses) == target_sum.EOS, axis=1)
 
 
 def response_outcome(responses, targets, config: target_sum.TargetSumConfig) -> Array:
-  """R [B] of responses [B, n + 1] (token ids, each with an EOS) against targets [B]
-  (`target_sum.reward`, traceable)."""
+  """The reward of responses against their targets (`target_sum.reward`, traceable).
+
+  Args:
+    responses: ``[B, n + 1]`` token ids, each with an EOS.
+    targets: ``[B]`` the sums S.
+    config: the task's `TargetSumConfig`.
+
+  Returns:
+    float32 ``[B]``.
+  """
   n, stopped = config.n_digits, stopped_after(responses)
   values = responses[:, :n] - target_sum.DIGIT0
   before = jnp.arange(n)[None] < stopped[:, None]
@@ -127,20 +167,40 @@ _jitted_tree = nnx.jit(value_tree, static_argnames="config")
 
 
 def exact_success(model, config: target_sum.TargetSumConfig, prompts, targets) -> np.ndarray:
-  """[n_prompts] V^pi(x) = P(R = 1 | x) of each prompt at temperature 1."""
+  """``V(x) = P(R = 1 | x)`` of each prompt at temperature 1.
+
+  Args:
+    model: the policy.
+    config: the task's `TargetSumConfig`.
+    prompts: ``[n_prompts, 5]`` ids.
+    targets: ``[n_prompts]`` the sums S.
+
+  Returns:
+    float64 ``[n_prompts]``.
+  """
   return np.asarray(_jitted_tree(model, config, np.asarray(prompts), np.asarray(targets))[0][:, 0],
                     np.float64)
 
 
 def tree_credit(model, config: target_sum.TargetSumConfig, tokens: np.ndarray, mask: np.ndarray,
                 targets: np.ndarray, *, max_passes: int = MAX_PASSES) -> Credit:
-  """Exact credit (E-TREE, module docstring) of B sampled responses under `model` at
-  temperature 1.
+  """Exact credit (E-TREE, module docstring) of sampled responses at temperature 1.
 
-  tokens, mask: [B, 5 + n + 1] rows (the prompt, then the response ending with EOS);
-  targets: [B] the sums S. Values V(s_t) and advantages are 0 off `mask`. Raises
-  ValueError when the tree needs more than `max_passes` paths (the count is given), or a
-  response holds a token its position does not allow or no EOS."""
+  Args:
+    model: the policy.
+    config: the task's `TargetSumConfig`.
+    tokens: ``[B, 5 + n + 1]`` rows (the prompt, then the response ending with EOS).
+    mask: ``[B, 5 + n + 1]`` bool, the actions.
+    targets: ``[B]`` the sums S.
+    max_passes: the most teacher-forced paths allowed.
+
+  Returns:
+    the `Credit`; values V(s_t) and advantages are 0 off `mask`.
+
+  Raises:
+    ValueError: when the tree needs more than `max_passes` paths (the count is given), or a
+      response holds a token its position does not allow or no EOS.
+  """
   tokens, mask, targets = np.asarray(tokens), np.asarray(mask, bool), np.asarray(targets)
   prompt_len, length = config.prompt_length, config.length
   if tokens.shape[1:] != (prompt_len + length,) or targets.shape != tokens.shape[:1]:
@@ -162,20 +222,45 @@ def tree_credit(model, config: target_sum.TargetSumConfig, tokens: np.ndarray, m
 
 
 def no_exact_oracle(config: target_sum.TargetSumConfig) -> None:
-  """target_sum always has its exact oracle (E-TREE)."""
+  """Why a training run on this task under `config` has no exact oracle.
+
+  Args:
+    config: the task's `TargetSumConfig`.
+
+  Returns:
+    None: this task always has its exact oracle.
+  """
   del config
 
 
 def exact_extras(model, config: target_sum.TargetSumConfig, rollout,
                  examples) -> tuple[dict, dict]:
-  """({"oracle_advantages", "oracle_values"} [B, L], {"oracle_passes"}) of a training
-  rollout (`tree_credit`)."""
+  """The exact credit of a training rollout, as rollout extras: E-TREE (`tree_credit`).
+
+  Args:
+    model: the policy that sampled the rollout.
+    config: the task's `TargetSumConfig`.
+    rollout: the sampled `Rollout`.
+    examples: the task example of each row.
+
+  Returns:
+    ``({"oracle_advantages", "oracle_values"} [B, L], {"oracle_passes"})``.
+  """
   targets = np.asarray([int(e["target"]) for e in examples])
   return exact.as_extras(tree_credit(model, config, np.asarray(rollout.tokens),
                                      np.asarray(rollout.mask), targets))
 
 
 def held_out_success(model, config: target_sum.TargetSumConfig, examples) -> np.ndarray:
-  """[n] exact success probabilities V(x) of held-out examples (`exact_success`)."""
+  """The exact success probability V(x) of each held-out example (`exact_success`).
+
+  Args:
+    model: the policy.
+    config: the task's `TargetSumConfig`.
+    examples: the held-out examples.
+
+  Returns:
+    float64 ``[n]``.
+  """
   return exact_success(model, config, np.stack([e["prompt"] for e in examples]),
                        np.stack([e["target"] for e in examples]))

@@ -82,7 +82,17 @@ class ZipfExplainConfig:
 
 
 def token_names(ids) -> list[str]:
-  """The readable name of each id: PAD BOS SEP EOS MARK, K0..K7, W0..W47, R61..R63."""
+  """The readable name of each token id: PAD BOS SEP EOS MARK, K0..K7, W0..W47, R61..R63.
+
+  Args:
+    ids: int ids, any shape.
+
+  Returns:
+    the names, flattened.
+
+  Raises:
+    ValueError: on ids outside the vocabulary.
+  """
   names = ["PAD", "BOS", "SEP", "EOS", "MARK", *(f"K{i}" for i in range(MAX_KEYS)),
            *(f"W{i}" for i in range(MAX_WORDS)),
            *(f"R{i}" for i in range(WORD0 + MAX_WORDS, VOCAB_SIZE))]
@@ -93,29 +103,59 @@ def token_names(ids) -> list[str]:
 
 
 def allowed(config: ZipfExplainConfig) -> np.ndarray:
-  """[T, V] bool: MARK, the keys and the words in every response column (the grammar is
-  the policy's to learn, not a constraint)."""
+  """The actions allowed in every response column: MARK, the keys and the words (the grammar is
+  the policy's to learn, not a constraint).
+
+  Args:
+    config: the task's `ZipfExplainConfig`.
+
+  Returns:
+    bool ``[T, V]``.
+  """
   table = np.zeros((config.length, VOCAB_SIZE), bool)
   table[:, [MARK, *config.keys, *config.words]] = True
   return table
 
 
 def allowed_in_rows(config: ZipfExplainConfig) -> np.ndarray:
-  """[P + T, V] bool: `allowed` over whole rows, the prompt columns allowing every token."""
+  """`allowed` over whole rows, the prompt columns allowing every token.
+
+  Args:
+    config: the task's `ZipfExplainConfig`.
+
+  Returns:
+    bool ``[P + T, V]``.
+  """
   return np.concatenate([np.ones((config.prompt_length, VOCAB_SIZE), bool), allowed(config)])
 
 
 def prompts(keys, config: ZipfExplainConfig):
-  """[n, K + 2] prompts [BOS, c_1..c_K, SEP] of the answers' key indices [n, K] (NumPy or
-  JAX, traced or not; the result is the same kind)."""
+  """The prompts ``[BOS, c_1..c_K, SEP]`` of the answers' key indices.
+
+  Args:
+    keys: ``[n, K]`` key indices (NumPy or JAX, traced or not; the result is the same kind).
+    config: the task's `ZipfExplainConfig`.
+
+  Returns:
+    int32 ``[n, K + 2]``.
+  """
   xp = np if isinstance(keys, np.ndarray) else jnp
   column = lambda token: xp.full((keys.shape[0], 1), token)
   return xp.concatenate([column(BOS), keys + KEY0, column(SEP)], axis=1).astype(np.int32)
 
 
 def outcome(responses, targets, config: ZipfExplainConfig):
-  """R of responses [..., T] (token ids) against the right answers' key indices
-  targets [..., K]; NumPy or JAX arrays (traceable), float32 [...]."""
+  """The reward of responses against the right answers' key indices. NumPy or JAX arrays
+  (traceable).
+
+  Args:
+    responses: ``[..., T]`` token ids.
+    targets: ``[..., K]`` the right key indices.
+    config: the task's `ZipfExplainConfig`.
+
+  Returns:
+    float32 ``[...]``.
+  """
   xp = np if isinstance(responses, np.ndarray) and isinstance(targets, np.ndarray) else jnp
   marks = responses == MARK
   after_mark = xp.concatenate([xp.zeros_like(marks[..., :1]), marks[..., :-1]], axis=-1)
@@ -131,7 +171,19 @@ def outcome(responses, targets, config: ZipfExplainConfig):
 
 
 def reward(responses: np.ndarray, prompts_: np.ndarray, config: ZipfExplainConfig) -> np.ndarray:
-  """R of [B, T] responses to [B, K + 2] prompts; [B] float32."""
+  """The reward of responses to their prompts.
+
+  Args:
+    responses: ``[B, T]`` token ids.
+    prompts_: ``[B, K + 2]`` the prompts.
+    config: the task's `ZipfExplainConfig`.
+
+  Returns:
+    float32 ``[B]``.
+
+  Raises:
+    ValueError: on shapes other than ``[B, T]`` and ``[B, K + 2]``.
+  """
   responses, prompts_ = np.atleast_2d(responses), np.atleast_2d(prompts_)
   want = (config.length,), (config.prompt_length,)
   if responses.shape[1:] != want[0] or prompts_.shape[1:] != want[1] or (
@@ -160,10 +212,21 @@ def grammar(config: ZipfExplainConfig) -> tuple[np.ndarray, np.ndarray]:
 
 def make_example(rng: np.random.Generator, config: ZipfExplainConfig,
                  key_accuracy: float = 0.0) -> dict:
-  """{"prompt" [K + 2], "target" [K] the right key indices, "completion" [T]} a
-  demonstration: words of the grammar, K MARKs at random columns (the k-th in the k-th of
-  K equal spans of the response, with room for its answer), each answer right with
-  probability key_accuracy, else a uniform key."""
+  """One zipf_explain example with a demonstration: words of the grammar, K MARKs at random
+  columns (the k-th in the k-th of K equal spans of the response, with room for its answer),
+  each answer right with probability key_accuracy, else a uniform key.
+
+  Args:
+    rng: the NumPy generator.
+    config: the task's `ZipfExplainConfig`.
+    key_accuracy: the probability of each demonstrated answer being right, in [0, 1].
+
+  Returns:
+    ``{"prompt" [K + 2], "target" [K] the right key indices, "completion" [T]}``.
+
+  Raises:
+    ValueError: for key_accuracy outside [0, 1].
+  """
   _checks.check_in_range(key_accuracy, "key_accuracy", low=0.0, high=1.0)
   k, t = config.n_answers, config.length
   target = rng.integers(0, config.n_keys, k)
@@ -184,9 +247,18 @@ def make_example(rng: np.random.Generator, config: ZipfExplainConfig,
 
 
 def demonstrations(key, targets, config: ZipfExplainConfig, key_accuracy: float = 0.0):
-  """[n, T] completions for the right key indices targets [n, K], drawn as `make_example`
-  draws them (the same distribution, other draws). Traceable: the lab's SFT draws them
-  inside its jit."""
+  """Completions for the right key indices, drawn as `make_example` draws them (the same
+  distribution, other draws). Traceable: the lab's SFT draws them inside its jit.
+
+  Args:
+    key: a PRNG key.
+    targets: ``[n, K]`` the right key indices.
+    config: the task's `ZipfExplainConfig`.
+    key_accuracy: the probability of each demonstrated answer being right.
+
+  Returns:
+    int32 ``[n, T]``.
+  """
   k, t = config.n_answers, config.length
   n = targets.shape[0]
   start, successors = (jnp.log(jnp.asarray(x, jnp.float32)) for x in grammar(config))

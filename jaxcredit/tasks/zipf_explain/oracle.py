@@ -26,13 +26,28 @@ from jaxcredit.tasks.zipf_explain import definition as zipf_explain
 def rb_values(model: Transformer, rows, targets, cuts, key,
               config: zipf_explain.ZipfExplainConfig, *, n_paths: int,
               rao_blackwell: bool = True):
-  """(V-hat [B, C], standard error [B, C]) of the states s_c, c in `cuts`.
+  """Value estimates and their standard errors at the states s_c, c in `cuts`. Traceable.
 
-  model: pi (temperature 1, restricted to `zipf_explain.allowed`); rows [B, P + T]:
-  prompts and responses; targets [B, K]: the right key indices; cuts [C] or per row
-  [B, C], ints in [0, T]; n_paths: M continuations per state. Traceable. The B C M
-  continuations decode together with a KV cache: the prompt in one chunk, then one column
-  per step, the row's own token before its cut, pi's (or the forced answer) from it.
+  The ``B C M`` continuations decode together with a KV cache: the prompt in one chunk, then
+  one column per step, the row's own token before its cut, pi's (or the forced answer) from
+  it.
+
+  Args:
+    model: pi (temperature 1, restricted to `zipf_explain.allowed`).
+    rows: ``[B, P + T]`` prompts and responses.
+    targets: ``[B, K]`` the right key indices.
+    cuts: ``[C]`` or per row ``[B, C]``, ints in [0, T].
+    key: a PRNG key.
+    config: the task's `ZipfExplainConfig`.
+    n_paths: M continuations per state.
+    rao_blackwell: force the right answer at each answer slot and weight the path by
+      its probability, instead of sampling the answer.
+
+  Returns:
+    ``(values, stderr)``, float32 ``[B, C]`` each.
+
+  Raises:
+    ValueError: on shapes other than those above.
   """
   rows, targets, cuts = jnp.asarray(rows), jnp.asarray(targets), jnp.asarray(cuts)
   b, width = rows.shape
@@ -79,11 +94,19 @@ def rb_values(model: Transformer, rows, targets, cuts, key,
 
 
 def cuts_of(responses, config: zipf_explain.ZipfExplainConfig, stride: int):
-  """[B, C] sorted cut columns of responses [B, T]: 0, T, every `stride`-th column, and
-  around each of the first K + 1 MARKs (before it, before its answer, after the answer:
-  the states whose values price the MARK and the answer; a (K + 1)-th MARK sets R = 0).
-  C = 2 + ceil(T / stride) - 1 + 3 (K + 1), the same for every row (a row with fewer MARKs
-  repeats T). Traceable."""
+  """The cut columns of responses: 0, T, every `stride`-th column, and around each of the first
+  K + 1 MARKs (before it, before its answer, after the answer: the states whose values price
+  the MARK and the answer; a (K + 1)-th MARK sets R = 0). Traceable.
+
+  Args:
+    responses: ``[B, T]`` token ids.
+    config: the task's `ZipfExplainConfig`.
+    stride: columns between regular cuts.
+
+  Returns:
+    int ``[B, C]``, sorted, ``C = 2 + ceil(T / stride) - 1 + 3 (K + 1)`` for every row (a row
+    with fewer MARKs repeats T).
+  """
   t, b = config.length, responses.shape[0]
   marks = jax.vmap(lambda row: jnp.nonzero(row == zipf_explain.MARK, size=config.n_answers + 1,
                                            fill_value=t)[0])(responses)
@@ -94,12 +117,21 @@ def cuts_of(responses, config: zipf_explain.ZipfExplainConfig, stride: int):
 
 
 def credit_from_cuts(values, cuts, length: int):
-  """(values [B, T], credit [B, T]) of each response column t from V-hat at the cuts
-  (values, cuts [B, C], cuts sorted, the first 0 and the last T): the change of V-hat
-  across the segment [c_i, c_(i+1)) holding t, spread evenly over its tokens, and V-hat
-  interpolated so that V(s_t) + credit_t = V(s_(t+1)) (the credit of a row sums to
-  V-hat(s_T) - V-hat(s_0) = R - V-hat(s_0)). A segment of one token (an answer between its
-  cuts) gets its exact change. Traceable."""
+  """Token values and credit from value estimates at the cuts. Traceable.
+
+  The change of V-hat across the segment ``[c_i, c_(i+1))`` holding t is spread evenly over
+  its tokens, and V-hat interpolated so that ``V(s_t) + credit_t = V(s_(t+1))`` (the credit
+  of a row sums to ``V-hat(s_T) - V-hat(s_0) = R - V-hat(s_0)``). A segment of one token (an
+  answer between its cuts) gets its exact change.
+
+  Args:
+    values: ``[B, C]`` V-hat at the cuts.
+    cuts: ``[B, C]`` sorted, the first 0 and the last T.
+    length: T.
+
+  Returns:
+    ``(values, credit)``, float32 ``[B, T]`` each.
+  """
   columns = jnp.arange(length)
 
   def row(values, cuts):
