@@ -9,9 +9,16 @@ F = TypeVar("F", bound=Callable)
 class Registry(Generic[F]):
   """A mapping from names to functions of one kind, filled with a decorator.
 
-  >>> advantages = Registry("estimator")
-  >>> @advantages.register("zero")
-  ... def zero(rollout): ...
+  Args:
+    kind: what is registered, for error messages (e.g. "estimator").
+    wrap: ``wrap(name, fn) -> fn``, applied to each function as it is registered.
+
+  Examples:
+    >>> advantages = Registry("estimator")
+    >>> @advantages.register("zero")
+    ... def zero(rollout): ...
+    >>> advantages.names()
+    ['zero']
   """
 
   def __init__(self, kind: str, wrap: Callable[[str, F], F] = lambda name, fn: fn):

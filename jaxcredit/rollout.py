@@ -142,8 +142,9 @@ class Rollout:
 class Estimate(NamedTuple):
   """What an estimator returns: token advantages and, where it has them, returns.
 
-  advantages: [B, T] float32, 0 at masked positions.
-  returns:    [B, T] float32 value targets, or None.
+  Attributes:
+    advantages: ``[B, T]`` float32, 0 at masked positions.
+    returns: ``[B, T]`` float32 value targets, or None.
   """
 
   advantages: Array
@@ -153,9 +154,10 @@ class Estimate(NamedTuple):
 class PolicyOutputs(NamedTuple):
   """What the policy being trained computes on a rollout's tokens.
 
-  logprobs: [B, T] log-probs of the rollout's tokens under the current policy.
-  entropy:  [B, T] per-token entropy, or None.
-  values:   [B, T] current critic values, or None.
+  Attributes:
+    logprobs: ``[B, T]`` log-probs of the rollout's tokens under the current policy.
+    entropy: ``[B, T]`` per-token entropy, or None.
+    values: ``[B, T]`` current critic values, or None.
   """
 
   logprobs: Array
@@ -165,12 +167,15 @@ class PolicyOutputs(NamedTuple):
 
 @chex.dataclass(frozen=True)
 class Credit:
-  """Token credit A(s_t, y_t) = Q(s_t, y_t) - V(s_t), exact or estimated.
+  """Token credit ``A(s_t, y_t) = Q(s_t, y_t) - V(s_t)``, exact or estimated.
 
-  advantages [B, L]: A(s_t, y_t) at actions (0 elsewhere); values [B, L]: V(s_t)
-  where evaluated; adv_stderr [B, L]: 0 for exact oracles, the Monte-Carlo
-  standard error otherwise; evaluated [B, L] bool: V is known there; cost:
-  rollouts, gen_tokens, prefill_tokens and tf_tokens (teacher-forced) spent."""
+  Attributes:
+    advantages: ``[B, L]`` A(s_t, y_t) at actions, 0 elsewhere.
+    values: ``[B, L]`` V(s_t) where evaluated.
+    adv_stderr: ``[B, L]`` 0 for exact oracles, the Monte-Carlo standard error otherwise.
+    evaluated: ``[B, L]`` bool, V is known there.
+    cost: the rollouts, gen_tokens, prefill_tokens and tf_tokens (teacher-forced) spent.
+  """
 
   advantages: Array
   values: Array

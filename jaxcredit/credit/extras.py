@@ -38,9 +38,12 @@ ENTRY_POINTS = "jaxcredit.extras"
 class Context(NamedTuple):
   """What a provider may read besides the rollout.
 
-  task: the run's `tasks.TrainTask`; model: the policy that sampled the
-  rollout; examples: the task example of each row; key: a PRNG key for this
-  step (shared by all providers); rl_step: the step index.
+  Attributes:
+    task: the run's `tasks.TrainTask`.
+    model: the policy that sampled the rollout.
+    examples: the task example of each row.
+    key: a PRNG key for this step (shared by all providers).
+    rl_step: the step index.
   """
 
   task: Any
@@ -146,12 +149,15 @@ def hook(advantage: estimators.compose.AdvantageFn, *, temperature: float = 1.0,
 
 
 class Chain:
-  """Hooks run in order, each seeing the extras of those before it; their extras and
-  metrics merged.
+  """Hooks run in order, each seeing the extras of those before it; their extras and metrics
+  merged.
 
-  A hook that keeps learner state (PRIME's implicit PRM) has `start(policy)`, which
-  the loop calls with the policy RL starts from, and `modules()`, the nnx modules and
-  optimizers a checkpoint holds; `Chain` forwards both.
+  A hook that keeps learner state (PRIME's implicit PRM) has `start(policy)`, which the loop
+  calls with the policy RL starts from, and `modules()`, the nnx modules and optimizers a
+  checkpoint holds; `Chain` forwards both.
+
+  Args:
+    hooks: ``hook(context, rollout) -> (extras, metrics)``, in order.
   """
 
   def __init__(self, hooks: list[Hook]):

@@ -15,11 +15,20 @@ from jaxcredit import forward
 
 
 class ImplicitPRM:
-  """The PRM's parameters and optimizer live in this object.
+  """PRIME's implicit PRM as an extras provider: its parameters and optimizer live in this
+  object.
 
-  `start(policy)` makes phi a copy of the policy with a fresh optimizer (the first call
-  does it with the policy it is given, unless `start` came first); `modules()` are what
-  a checkpoint saves and restores, so a resumed run continues the same phi.
+  `start(policy)` makes phi a copy of the policy with a fresh optimizer (the first call does
+  it with the policy it is given, unless `start` came first); `modules()` are what a
+  checkpoint saves and restores, so a resumed run continues the same phi.
+
+  Args:
+    beta: the implicit reward's scale.
+    learning_rate: the PRM's Adam rate.
+    temperature: the sampling temperature its log-probs are taken at.
+
+  References:
+    Cui et al., 2025, "Process Reinforcement through Implicit Rewards", arXiv 2502.01456.
   """
 
   def __init__(self, *, beta: float = 0.05, learning_rate: float = 1e-4, temperature: float = 1.0):

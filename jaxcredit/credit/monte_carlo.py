@@ -116,7 +116,21 @@ def _continuation_actions(allowed: np.ndarray, hidden: np.ndarray, width: int, h
 
 
 class Continuations:
-  """K sampled continuations from prefixes row[:column] of a batch, scored by the task."""
+  """K sampled continuations from prefixes ``row[:column]`` of a batch, scored by the task,
+  with the task's action sets and hidden steps.
+
+  Args:
+    model: the policy.
+    task: the run's `TrainTask`.
+    tokens: ``[B, L]`` int rows.
+    mask: ``[B, L]`` bool, the actions.
+    token_valid: ``[B, L]`` bool.
+    examples: the B task examples.
+    key: the continuations' PRNG key.
+    k: continuations per prefix.
+    temperature: the sampling temperature.
+    max_rows: continuation rows sampled per call at most.
+  """
 
   def __init__(self, model, task, tokens, mask, token_valid, examples, key, *, k, temperature,
                max_rows):
@@ -266,10 +280,16 @@ def mc_credit(model, task: tasks.TrainTask, tokens: np.ndarray, mask: np.ndarray
 
 @dataclasses.dataclass(frozen=True)
 class MonteCarloStart:
-  """What every Monte-Carlo credit estimate starts from: the checked [B, L]
-  rows, the evaluated positions ([B, L] bool and their (row, column) pairs, the
-  state before the action at column), the rows' rewards [B] and the
-  continuation sampler (keys from fold_in(key, MC_STREAM))."""
+  """What every Monte-Carlo credit estimate starts from (`make` builds it, checked).
+
+  Attributes:
+    tokens: ``[B, L]`` the checked rows.
+    mask: ``[B, L]`` bool, the actions.
+    evaluated: ``[B, L]`` bool, the evaluated positions.
+    pairs: ``[M, 2]`` their (row, column) pairs: the state before the action at column.
+    rewards: ``[B]`` the rows' rewards.
+    sampler: the `Continuations` (keys from ``fold_in(key, MC_STREAM)``).
+  """
 
   tokens: np.ndarray
   mask: np.ndarray

@@ -28,6 +28,17 @@ def signal_diagnostics(
 
   Raises:
     ValueError: on mismatched shapes or a batch that `group_size` does not divide.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> rewards = jnp.array([1.0, 0.0, 1.0, 1.0])
+    >>> sequence = estimators.grpo_advantages(rewards, group_size=2)
+    >>> advantages = jnp.repeat(sequence[:, None], 3, axis=1)
+    >>> diagnostics = estimators.signal_diagnostics(rewards, advantages, jnp.ones((4, 3), bool),
+    ...                                             group_size=2)
+    >>> float(diagnostics["zero_variance_groups"])
+    0.5
   """
   _checks.check_token_and_seq({"advantages": advantages, "mask": mask}, {"rewards": rewards})
   _checks.check_group_size(rewards.shape[0], group_size)

@@ -193,6 +193,13 @@ def grpo_batch_std_advantages(rewards: Array, *, group_size: int, eps: float = 1
   References:
     Liu et al., 2025, "Tricks or Traps? A Deep Dive into RL for LLM Reasoning",
     arXiv 2508.08221.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> rewards = jnp.array([1.0, 0.0, 0.0, 0.0])
+    >>> estimators.grpo_batch_std_advantages(rewards, group_size=2).round(4)
+    Array([ 1., -1.,  0.,  0.], dtype=float32)
   """
   grouped = _grouped(rewards, group_size)
   _checks.check_in_range(eps, "eps", low=0.0)
@@ -227,6 +234,12 @@ def remax_advantages(rewards: Array, baseline_rewards: Array) -> Array:
   References:
     Li et al., 2024, "ReMax: A Simple, Effective, and Efficient Reinforcement Learning
     Method for Aligning Large Language Models", arXiv 2310.10505.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> estimators.remax_advantages(jnp.array([1.0, 0.0]), jnp.array([0.0, 0.0]))
+    Array([1., 0.], dtype=float32)
   """
   _checks.check_rank(rewards, 1, "rewards")
   _checks.check_same_shape(rewards=rewards, baseline_rewards=baseline_rewards)
@@ -253,6 +266,12 @@ def opo_advantages(rewards: Array, lengths: Array, *, group_size: int) -> Array:
 
   References:
     Hao et al., 2025, "On-Policy RL with Optimal Reward Baseline", arXiv 2505.23585.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> estimators.opo_advantages(jnp.array([1.0, 0.0]), jnp.array([1, 3]), group_size=2)
+    Array([ 0.75, -0.25], dtype=float32)
   """
   grouped = _grouped(rewards, group_size)
   _checks.check_same_shape(rewards=rewards, lengths=lengths)
@@ -299,6 +318,12 @@ def pass_at_k_advantages(rewards: Array, *, group_size: int, k: int) -> Array:
   References:
     Chen et al., 2025, "Pass@k Training for Adaptively Balancing Exploration and
     Exploitation of Large Reasoning Models", arXiv 2508.10751.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> estimators.pass_at_k_advantages(jnp.array([1.0, 0.0, 0.0, 0.0]), group_size=4, k=2).round(4)
+    Array([ 1.    , -0.3333, -0.3333, -0.3333], dtype=float32)
   """
   grouped = _grouped(rewards, group_size)
   if not isinstance(k, int) or not 1 <= k <= group_size:
@@ -339,6 +364,13 @@ def gpg_advantages(
   References:
     Chu et al., 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for Model
     Reasoning", arXiv 2504.02546.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> rewards = jnp.array([1.0, 0.0, 0.0, 0.0])
+    >>> estimators.gpg_advantages(rewards, group_size=2)  # alpha = 4 / (4 - 2)
+    Array([ 1., -1.,  0.,  0.], dtype=float32)
   """
   grouped = _grouped(rewards, group_size)
   centred, scale = _centred(grouped)

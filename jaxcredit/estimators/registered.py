@@ -79,6 +79,12 @@ def token_level_rewards(rollout: Rollout) -> jnp.ndarray:
 
   Returns:
     float32 ``[B, T]``, 0 at masked positions.
+
+  Examples:
+    >>> from jaxcredit import demo, estimators
+    >>> rollout = demo.sample_rollout()
+    >>> estimators.token_level_rewards(rollout).sum(axis=1)  # the outcome reward of each row
+    Array([1., 0., 0., 1., 1., 1., 1., 0.], dtype=float32)
   """
   rewards = group.outcome_to_tokens(rollout.rewards, rollout.mask)
   if rollout.token_rewards is not None:

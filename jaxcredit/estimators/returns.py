@@ -206,6 +206,14 @@ def n_step_returns(
 
   References:
     Sutton and Barto, 2018, "Reinforcement Learning: An Introduction", 2nd ed., chapter 7.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> rewards = jnp.array([[0.0, 0.0, 1.0]])
+    >>> values = jnp.array([[0.5, 0.5, 0.5]])
+    >>> estimators.n_step_returns(rewards, values, jnp.ones((1, 3), bool), n=1, gamma=1.0)
+    Array([[0.5, 0.5, 1. ]], dtype=float32)
   """
   if not isinstance(n, int) or n < 1:
     raise ValueError(f"n must be a positive int, got {n!r}.")
@@ -258,6 +266,15 @@ def vtrace(
   References:
     Espeholt et al., 2018, "IMPALA: Scalable Distributed Deep-RL with Importance Weighted
     Actor-Learner Architectures", arXiv 1802.01561.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> rewards, values = jnp.array([[0.0, 1.0]]), jnp.array([[0.5, 0.5]])
+    >>> vs, pg = estimators.vtrace(rewards, values, jnp.ones((1, 2), bool), jnp.zeros((1, 2)),
+    ...                            gamma=1.0)
+    >>> vs, pg  # on-policy: the Monte-Carlo return and its advantage
+    (Array([[1., 1.]], dtype=float32), Array([[0.5, 0.5]], dtype=float32))
   """
   _check_discounts(gamma=gamma, lam=lam)
   _checks.check_in_range(clip_rho, "clip_rho", low=0.0, low_open=True)

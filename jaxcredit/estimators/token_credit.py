@@ -88,6 +88,13 @@ def implicit_process_rewards(prm_logp: Array, ref_logp: Array, mask: Array, *,
 
   References:
     Cui et al., 2025, "Process Reinforcement through Implicit Rewards", arXiv 2502.01456.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> estimators.implicit_process_rewards(jnp.array([[-1.0, -2.0]]), jnp.array([[-2.0, -2.0]]),
+    ...                                     jnp.ones((1, 2), bool), beta=0.5)
+    Array([[0.5, 0. ]], dtype=float32)
   """
   _checks.check_token_and_seq({"prm_logp": prm_logp, "ref_logp": ref_logp, "mask": mask}, {})
   _checks.check_in_range(beta, "beta", low=0.0, low_open=True)
@@ -132,6 +139,13 @@ def prm_token_rewards(
   References:
     Cheng et al., 2025, "Stop Summation: Min-Form Credit Assignment Is All Process Reward
     Model Needs for Reasoning", arXiv 2504.15275.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> estimators.prm_token_rewards(jnp.array([[0.5, 1.0]]), jnp.array([[1, 3]]),
+    ...                               jnp.ones((1, 4), bool))
+    Array([[0. , 0.5, 0. , 1. ]], dtype=float32)
   """
   _checks.check_rank(step_scores, 2, "step_scores")
   _checks.check_rank(mask, 2, "mask")
@@ -192,6 +206,16 @@ def optimal_token_baseline_advantages(
 
   References:
     Li et al., 2026, "Optimal Token Baseline", arXiv 2602.07078.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> returns = jnp.array([[1.0, 1.0], [0.0, 0.0]])
+    >>> logprobs = jnp.log(jnp.full((2, 2), 0.5))
+    >>> estimators.optimal_token_baseline_advantages(returns, logprobs, jnp.full((2, 2), 0.5),
+    ...                                              jnp.ones((2, 2), bool), group_size=2)
+    Array([[ 0.5,  0.5],
+           [-0.5, -0.5]], dtype=float32)
   """
   arrays = {
       "returns": returns,
@@ -261,6 +285,13 @@ def surprisal_weights(logprobs: Array, mask: Array) -> Array:
 
   Raises:
     ValueError: on mismatched shapes.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> logprobs = jnp.log(jnp.array([[0.5, 0.25]]))
+    >>> estimators.surprisal_weights(logprobs, jnp.ones((1, 2), bool)).round(4)
+    Array([[0.6667, 1.3333]], dtype=float32)
   """
   _checks.check_token_and_seq({"logprobs": logprobs, "mask": mask}, {})
   valid = as_bool(mask)

@@ -70,6 +70,14 @@ def sum_to_starts(x: Array, starts: Array, valid: Array) -> Array:
 
   Returns:
     float32 ``[B, T]``, 0 off the turn starts.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.estimators import turn_credit
+    >>> valid = jnp.ones((1, 4), bool)
+    >>> starts = turn_credit.turn_starts(jnp.array([[0, 0, 1, 1]]), valid)
+    >>> turn_credit.sum_to_starts(jnp.array([[1.0, 2.0, 3.0, 4.0]]), starts, valid)
+    Array([[3., 0., 7., 0.]], dtype=float32)
   """
   values = jnp.where(valid, x.astype(jnp.float32), 0.0)
   summed = jax.vmap(lambda v, i: jnp.zeros(v.shape, v.dtype).at[i].add(v))(values,
@@ -87,6 +95,14 @@ def spread_over_turns(at_starts: Array, starts: Array, valid: Array) -> Array:
 
   Returns:
     ``[B, T]``, 0 off the action tokens.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.estimators import turn_credit
+    >>> valid = jnp.ones((1, 4), bool)
+    >>> starts = turn_credit.turn_starts(jnp.array([[0, 0, 1, 1]]), valid)
+    >>> turn_credit.spread_over_turns(jnp.array([[5.0, 0.0, 7.0, 0.0]]), starts, valid)
+    Array([[5., 5., 7., 7.]], dtype=float32)
   """
   return jnp.where(valid, jnp.take_along_axis(at_starts, _start_of(starts), axis=1), 0.0)
 
@@ -119,6 +135,15 @@ def turn_gae(turn_rewards: Array, values: Array, turn_ids: Array, mask: Array, *
   References:
     Turn-PPO, arXiv 2512.17008; Schulman et al., 2016, "High-Dimensional Continuous Control
     Using Generalized Advantage Estimation", arXiv 1506.02438.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> turn_ids, mask = jnp.array([[0, 0, 1, 1]]), jnp.ones((1, 4), bool)
+    >>> advantages, returns = estimators.turn_gae(jnp.array([[0.0, 0.0, 0.0, 1.0]]),
+    ...     jnp.array([[0.5, 0.0, 0.75, 0.0]]), turn_ids, mask, gamma=1.0, lam=1.0)
+    >>> advantages.round(4)
+    Array([[0.5 , 0.5 , 0.25, 0.25]], dtype=float32)
   """
   _checks.check_token_and_seq(
       {"turn_rewards": turn_rewards, "values": values, "turn_ids": turn_ids, "mask": mask}, {})
@@ -160,6 +185,16 @@ def mt_grpo_advantages(turn_rewards: Array, rewards: Array, turn_ids: Array, mas
   References:
     Zeng et al., 2025, "Reinforcing Multi-Turn Reasoning in LLM Agents via Turn-Level Credit
     Assignment", arXiv 2505.11821.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> turn_ids, mask = jnp.array([[0, 1], [0, 1]]), jnp.ones((2, 2), bool)
+    >>> turn_rewards = jnp.array([[1.0, 0.0], [0.0, 0.0]])
+    >>> estimators.mt_grpo_advantages(turn_rewards, jnp.array([1.0, 0.0]), turn_ids, mask,
+    ...                                group_size=2).round(4)
+    Array([[ 1.4142,  0.7071],
+           [-1.4142, -0.7071]], dtype=float32)
   """
   _checks.check_token_and_seq({"turn_rewards": turn_rewards, "turn_ids": turn_ids, "mask": mask},
                               {"rewards": rewards})
@@ -208,6 +243,17 @@ def gigpo_advantages(turn_rewards: Array, rewards: Array, anchors: Array, turn_i
   References:
     Feng et al., 2025, "Group-in-Group Policy Optimization for LLM Agent Training",
     arXiv 2505.10978.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> turn_ids, mask = jnp.array([[0, 1], [0, 1]]), jnp.ones((2, 2), bool)
+    >>> anchors = jnp.array([[0, 1], [0, 2]])  # both episodes start in state 0
+    >>> turn_rewards = jnp.array([[0.0, 1.0], [0.0, 0.0]])
+    >>> estimators.gigpo_advantages(turn_rewards, jnp.array([1.0, 0.0]), anchors, turn_ids, mask,
+    ...                              group_size=2, gamma=1.0).round(4)
+    Array([[ 1.4142,  0.7071],
+           [-1.4142, -0.7071]], dtype=float32)
   """
   _checks.check_token_and_seq(
       {"turn_rewards": turn_rewards, "anchors": anchors, "turn_ids": turn_ids, "mask": mask},
@@ -283,6 +329,13 @@ def turn_baseline_advantages(turn_rewards: Array, baselines: Array, turn_ids: Ar
 
   Raises:
     ValueError: on mismatched shapes.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> estimators.turn_baseline_advantages(jnp.array([[0.0, 1.0]]), jnp.array([[0.25, 0.5]]),
+    ...                                      jnp.array([[0, 1]]), jnp.ones((1, 2), bool))
+    Array([[0.75, 0.5 ]], dtype=float32)
   """
   _checks.check_token_and_seq(
       {"turn_rewards": turn_rewards, "baselines": baselines, "turn_ids": turn_ids, "mask": mask},

@@ -65,6 +65,18 @@ def segment_endpoints(values: Array, evaluated: Array, rewards: Array,
 
   Raises:
     ValueError: on mismatched shapes.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.estimators import value_credit
+    >>> values = jnp.array([[0.25, 0.0, 0.75, 0.0]])
+    >>> evaluated = jnp.array([[True, False, True, False]])
+    >>> start, end = value_credit.segment_endpoints(values, evaluated, jnp.array([1.0]),
+    ...                                             jnp.ones((1, 4), bool))
+    >>> start
+    Array([[0.25, 0.25, 0.75, 0.75]], dtype=float32)
+    >>> end
+    Array([[0.75, 0.75, 1.  , 1.  ]], dtype=float32)
   """
   _checks.check_same_shape(values=values, evaluated=evaluated, mask=mask)
   _checks.check_token_and_seq({"mask": mask}, {"rewards": rewards})
@@ -100,6 +112,14 @@ def segment_advantages(values: Array, evaluated: Array, rewards: Array, mask: Ar
   References:
     Kazemnejad et al., 2024, "VinePPO: Unlocking RL Potential For LLM Reasoning Through
     Refined Credit Assignment", arXiv 2410.01679.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.estimators import value_credit
+    >>> values = jnp.array([[0.25, 0.0, 0.75, 0.0]])
+    >>> evaluated = jnp.array([[True, False, True, False]])
+    >>> value_credit.segment_advantages(values, evaluated, jnp.array([1.0]), jnp.ones((1, 4), bool))
+    Array([[0.5 , 0.5 , 0.25, 0.25]], dtype=float32)
   """
   start, end = segment_endpoints(values, evaluated, rewards, mask)
   return end - start
@@ -114,6 +134,13 @@ def first_value(values: Array, mask: Array) -> Array:
 
   Returns:
     float32 ``[B]``; 0 for empty rows.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.estimators import value_credit
+    >>> value_credit.first_value(jnp.array([[9.0, 0.25, 0.5], [1.0, 2.0, 3.0]]),
+    ...                          jnp.array([[False, True, True], [False, False, False]]))
+    Array([0.25, 0.  ], dtype=float32)
   """
   valid = as_bool(mask)
   first = jnp.argmax(valid, axis=1)
@@ -132,5 +159,12 @@ def sequence_advantages(values: Array, rewards: Array, mask: Array) -> Array:
 
   Returns:
     float32 ``[B, T]``, 0 where mask is False.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.estimators import value_credit
+    >>> value_credit.sequence_advantages(jnp.array([[0.25, 0.5]]), jnp.array([1.0]),
+    ...                                  jnp.ones((1, 2), bool))
+    Array([[0.75, 0.75]], dtype=float32)
   """
   return broadcast_to_tokens(rewards - first_value(values, mask), mask)

@@ -330,7 +330,11 @@ def make_run(cell: Cell):
 
 
 class Runner:
-  """The compiled program of a cell's runs (module docstring)."""
+  """The compiled program of a cell's runs (module docstring).
+
+  Args:
+    cell: the batched `Cell`.
+  """
 
   def __init__(self, cell: Cell):
     self.cell = cell

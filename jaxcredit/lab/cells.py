@@ -22,12 +22,18 @@ MAX_TREE_PATHS = 4096  # E-TREE paths per prompt inside a batched run (visible f
 
 @dataclasses.dataclass(frozen=True)
 class Warmup:
-  """A short SFT of the initial policy before RL (its own Adam), which sets the regime the
-  run starts in: demonstrations (the task's) whose decisive tokens are the right key with
-  probability `key_accuracy`, else a uniform key (0: success stays at chance); on key_token
-  their filler is drawn from `filler_probs` (over the task's filler alphabet F: a peaked
-  distribution gives confident filler), on zipf_explain their text from its grammar. The
-  loss is the mean negative log-likelihood of the response tokens."""
+  """A short SFT of the initial policy before RL (its own Adam), which sets the regime the run
+  starts in. The loss is the mean negative log-likelihood of the response tokens.
+
+  Attributes:
+    steps: SFT steps.
+    filler_probs: key_token's filler distribution over its filler alphabet F (a peaked one
+      gives confident filler); None on zipf_explain, whose text comes from its grammar.
+    key_accuracy: the probability that a demonstration's decisive token is the right key,
+      else a uniform key (0: success stays at chance).
+    batch_size: demonstrations per step.
+    learning_rate: its Adam's rate.
+  """
 
   steps: int
   filler_probs: tuple[float, ...] | None = None  # key_token's (zipf_explain: None)
@@ -42,8 +48,28 @@ class Warmup:
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-  """One study cell: the task, the policy architecture, the arms (`estimators.from_config`
-  specs) and the training settings its runs share."""
+  """One study cell: the task, the policy architecture, the arms and the training settings its
+  runs share.
+
+  Attributes:
+    task: the task's options (key_token, target_sum or zipf_explain).
+    model: the policy's `TransformerConfig`.
+    arms: `estimators.from_config` specs.
+    group_size: G.
+    prompts_per_step: prompts per update.
+    updates: RL updates per run.
+    eval_every: updates between evaluations.
+    max_grad_norm: the global-norm clip.
+    objective: the `losses.from_config` objective.
+    eval_prompts: the most evaluation prompts.
+    pass_at: the k of the pass@k evaluated.
+    warmup: the `Warmup`, or None.
+    mechanism_batches: > 0: the gradient measurements (`diagnostics.mechanism`) over that
+      many batches...
+    mechanism_evals: ...at these evaluations (None: every one).
+    prm_learning_rates: the implicit PRM's Adam rate in each arm's runs (None:
+      `arms.PRM_LEARNING_RATE`), with a PRIME arm.
+  """
 
   task: TaskOptions
   model: TransformerConfig

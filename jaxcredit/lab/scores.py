@@ -25,6 +25,13 @@ from scipy import stats as scipy_stats
 
 
 class Stat(NamedTuple):
+  """One score of an estimator against the oracle.
+
+  Attributes:
+    value: the statistic (0.0 when undefined).
+    defined: whether it is defined (enough tokens, some spread).
+    n: the tokens or rows it is computed over.
+  """
   value: float
   defined: bool
   n: int

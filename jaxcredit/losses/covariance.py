@@ -30,6 +30,13 @@ def token_covariance(logp: Array, advantages: Array, valid: Array) -> Array:
 
   Returns:
     float32 ``[B, T]``, 0 at invalid positions.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.losses import covariance
+    >>> logp, adv = jnp.array([[-1.0, -3.0]]), jnp.array([[1.0, -1.0]])
+    >>> covariance.token_covariance(logp, adv, jnp.ones((1, 2), bool))
+    Array([[1., 1.]], dtype=float32)
   """
   logp, advantages = jax.lax.stop_gradient((logp, advantages))
   centred_adv = advantages - masked_mean(advantages, valid)
@@ -86,6 +93,18 @@ def clip_cov_loss(
   References:
     Cui et al., 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language
     Models", arXiv 2505.22617.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> logp = jnp.log(jnp.array([[0.5, 0.9]]))
+    >>> old = jnp.log(jnp.array([[0.5, 0.5]]))
+    >>> adv, mask = jnp.ones((1, 2)), jnp.ones((1, 2), bool)
+    >>> loss, metrics = losses.clip_cov_loss(logp, old, adv, mask, cov_low=-1.0)
+    >>> round(float(loss), 4)
+    -0.6
+    >>> round(float(metrics['cov_clipfrac']), 4)
+    0.5
   """
   check_clip(clip_low, clip_high)
 
@@ -139,6 +158,18 @@ def kl_cov_loss(
   References:
     Cui et al., 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language
     Models", arXiv 2505.22617.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> logp = jnp.log(jnp.array([[0.5, 0.9]]))
+    >>> old = jnp.log(jnp.array([[0.5, 0.5]]))
+    >>> adv, mask = jnp.ones((1, 2)), jnp.ones((1, 2), bool)
+    >>> loss, metrics = losses.kl_cov_loss(logp, old, adv, mask, kl_fraction=0.5)
+    >>> round(float(loss), 4)
+    -1.4
+    >>> round(float(metrics['kl_cov_fraction']), 4), round(float(metrics['abs_kl']), 4)
+    (0.5, 0.2939)
   """
 
   def formula(t: TokenRatios):

@@ -78,6 +78,13 @@ def kl_reward_shaping(token_rewards: Array, logp: Array, ref_logp: Array, mask: 
     Ziegler et al., 2019, "Fine-Tuning Language Models from Human Preferences",
     arXiv 1909.08593; Ouyang et al., 2022, "Training language models to follow instructions
     with human feedback", arXiv 2203.02155; Hu, 2025, "REINFORCE++", arXiv 2501.03262.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> losses.kl_reward_shaping(jnp.array([[0.0, 1.0]]), jnp.array([[-1.0, -1.0]]),
+    ...                          jnp.array([[-2.0, -1.0]]), jnp.ones((1, 2), bool), coef=0.1)
+    Array([[-0.1,  1. ]], dtype=float32)
   """
   _checks.check_token_and_seq(
       {"token_rewards": token_rewards, "logp": logp, "ref_logp": ref_logp, "mask": mask}, {}

@@ -52,6 +52,14 @@ def behaviour_log_weight(old_logp: Array, behaviour_logp: Array, mask: Array,
 
   Raises:
     ValueError: on mismatched shapes or an unknown level.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> old = jnp.log(jnp.array([[0.5, 0.5]]))
+    >>> mu = jnp.log(jnp.array([[0.5, 0.25]]))
+    >>> losses.behaviour_log_weight(old, mu, jnp.ones((1, 2), bool), level="sequence").round(4)
+    Array([[0.6931, 0.6931]], dtype=float32)
   """
   _checks.check_choice(level, IS_LEVELS, "importance-weight level")
   _checks.check_same_shape(old_logp=old_logp, behaviour_logp=behaviour_logp, mask=mask)
@@ -117,6 +125,19 @@ def tis_loss(logp: Array, old_logp: Array, behaviour_logp: Array, advantages: Ar
   References:
     Yao et al., 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
     Training" (blog post).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> logp = jnp.log(jnp.array([[0.5, 0.9]]))
+    >>> old = jnp.log(jnp.array([[0.5, 0.5]]))
+    >>> adv, mask = jnp.ones((1, 2)), jnp.ones((1, 2), bool)
+    >>> mu = jnp.log(jnp.array([[0.5, 0.25]]))
+    >>> loss, metrics = losses.tis_loss(logp, old, mu, adv, mask, cap=1.5)
+    >>> round(float(loss), 4)
+    -1.4
+    >>> round(float(metrics['is_truncated_fraction']), 4)
+    0.5
   """
   _checks.check_in_range(cap, "cap", low=0.0, low_open=True)
   log_w = behaviour_log_weight(old_logp, behaviour_logp, mask, level)
@@ -174,6 +195,19 @@ def masked_is_loss(logp: Array, old_logp: Array, behaviour_logp: Array, advantag
 
   References:
     Ling Team, 2025, "Every Step Evolves" (IcePop), arXiv 2510.18855.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> logp = jnp.log(jnp.array([[0.5, 0.9]]))
+    >>> old = jnp.log(jnp.array([[0.5, 0.5]]))
+    >>> adv, mask = jnp.ones((1, 2)), jnp.ones((1, 2), bool)
+    >>> mu = jnp.log(jnp.array([[0.5, 0.25]]))
+    >>> loss, metrics = losses.masked_is_loss(logp, old, mu, adv, mask, high=1.5)
+    >>> round(float(loss), 4)
+    -0.5
+    >>> round(float(metrics['is_masked_fraction']), 4)
+    0.5
   """
   _checks.check_in_range(low, "low", low=0.0)
   _checks.check_in_range(high, "high", low=0.0, low_open=True)
@@ -214,6 +248,16 @@ def loglinear_proximal_logprobs(logp: Array, behaviour_logp: Array, staleness: A
 
   References:
     A-3PO, arXiv 2512.06547.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> logp = jnp.log(jnp.array([[0.5, 0.9]]))
+    >>> mu = jnp.log(jnp.array([[0.5, 0.25]]))
+    >>> staleness = jnp.array([2])  # alpha = 1 / 2
+    >>> prox = losses.loglinear_proximal_logprobs(logp, mu, staleness, jnp.ones((1, 2), bool))
+    >>> [round(p, 3) for p in jnp.exp(prox)[0].tolist()]  # the geometric mean of mu and pi
+    [0.5, 0.474]
   """
   _checks.check_token_and_seq({"logp": logp, "behaviour_logp": behaviour_logp, "mask": mask},
                               {"staleness": staleness})
@@ -266,6 +310,19 @@ def decoupled_ppo_loss(logp: Array, old_logp: Array | None, behaviour_logp: Arra
   References:
     Fu et al., 2025, "AReaL: A Large-Scale Asynchronous Reinforcement Learning System for
     Language Reasoning", arXiv 2505.24298.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> logp = jnp.log(jnp.array([[0.5, 0.9]]))
+    >>> old = jnp.log(jnp.array([[0.5, 0.5]]))
+    >>> adv, mask = jnp.ones((1, 2)), jnp.ones((1, 2), bool)
+    >>> mu = jnp.log(jnp.array([[0.5, 0.25]]))
+    >>> loss, metrics = losses.decoupled_ppo_loss(logp, old, mu, adv, mask, cap=1.5)
+    >>> round(float(loss), 4)
+    -0.5
+    >>> round(float(metrics['is_masked_fraction']), 4), round(float(metrics['clipfrac']), 4)
+    (0.5, 0.5)
   """
   _checks.check_choice(proximal, ("recompute", "loglinear"), "decoupled_ppo proximal")
   _checks.check_choice(cap_mode, ("mask", "truncate"), "decoupled_ppo cap_mode")
@@ -319,6 +376,20 @@ def opsm_loss(logp: Array, old_logp: Array, behaviour_logp: Array, advantages: A
 
   Raises:
     ValueError: on mismatched shapes, invalid settings or an unknown aggregation.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> logp = jnp.log(jnp.array([[0.5, 0.9]]))
+    >>> old = jnp.log(jnp.array([[0.5, 0.5]]))
+    >>> adv, mask = jnp.ones((1, 2)), jnp.ones((1, 2), bool)
+    >>> mu = jnp.log(jnp.array([[0.9, 0.9]]))  # the sampler drifted
+    >>> adv = -adv
+    >>> loss, metrics = losses.opsm_loss(logp, old, mu, adv, mask)
+    >>> round(float(loss), 4)
+    0.0
+    >>> round(float(metrics['opsm_masked_fraction']), 4)
+    1.0
   """
   _checks.check_in_range(delta, "delta", low=0.0)
   _checks.check_same_shape(logp=logp, behaviour_logp=behaviour_logp)
@@ -374,6 +445,18 @@ def dppo_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
   References:
     "Rethinking the Trust Region in LLM Reinforcement Learning", arXiv 2602.04879; its
     reference implementation is sail-sg/Stable-RL.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> logp = jnp.log(jnp.array([[0.5, 0.9]]))
+    >>> old = jnp.log(jnp.array([[0.5, 0.5]]))
+    >>> adv, mask = jnp.ones((1, 2)), jnp.ones((1, 2), bool)
+    >>> loss, metrics = losses.dppo_loss(logp, old, adv, mask)
+    >>> round(float(loss), 4)
+    0.3466
+    >>> round(float(metrics['clipfrac']), 4)
+    0.5
   """
   _checks.check_choice(divergence, ("tv", "kl"), "dppo divergence")
   _checks.check_in_range(clip_low, "clip_low", low=0.0)
@@ -427,6 +510,19 @@ def m2po_loss(logp: Array, old_logp: Array, behaviour_logp: Array, advantages: A
 
   References:
     Zheng et al., 2025, arXiv 2510.01161.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> logp = jnp.log(jnp.array([[0.5, 0.9]]))
+    >>> old = jnp.log(jnp.array([[0.5, 0.5]]))
+    >>> adv, mask = jnp.ones((1, 2)), jnp.ones((1, 2), bool)
+    >>> mu = jnp.log(jnp.array([[0.5, 0.25]]))
+    >>> loss, metrics = losses.m2po_loss(logp, old, mu, adv, mask)
+    >>> round(float(loss), 4)
+    -0.5
+    >>> round(float(metrics['m2_masked_fraction']), 4)
+    0.5
   """
   _checks.check_in_range(threshold, "threshold", low=0.0, low_open=True)
   log_w = behaviour_log_weight(old_logp, behaviour_logp, mask)
@@ -509,6 +605,18 @@ def sat_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, stale
 
   References:
     arXiv 2607.18722.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> logp = jnp.log(jnp.array([[0.5, 0.9]]))
+    >>> old = jnp.log(jnp.array([[0.5, 0.5]]))
+    >>> adv, mask = jnp.ones((1, 2)), jnp.ones((1, 2), bool)
+    >>> loss, metrics = losses.sat_loss(logp, old, adv, mask, jnp.array([2]))
+    >>> round(float(loss), 4)
+    -1.05
+    >>> round(float(metrics['clip_scale_mean']), 4)
+    0.5
   """
   check_clip(clip_low, clip_high)
   _checks.check_in_range(decay, "decay", low=0.0)
@@ -555,6 +663,19 @@ def topr_loss(logp: Array, behaviour_logp: Array, advantages: Array, mask: Array
 
   References:
     Le Roux et al., 2025, "Tapered Off-Policy REINFORCE", arXiv 2503.14286.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> logp = jnp.log(jnp.array([[0.5, 0.9]]))
+    >>> mu = jnp.log(jnp.array([[0.5, 0.25]]))
+    >>> adv, mask = jnp.ones((1, 2)), jnp.ones((1, 2), bool)
+    >>> adv = jnp.array([[1.0, -1.0]])
+    >>> loss, metrics = losses.topr_loss(logp, mu, adv, mask, level="token")
+    >>> round(float(loss), 4)
+    0.2939
+    >>> round(float(metrics['alpha_mean']), 4)
+    1.0
   """
   _checks.check_choice(level, ("token", "sequence"), "topr level")
 

@@ -131,6 +131,18 @@ def gspo_loss(
 
   References:
     Zheng et al., 2025, "Group Sequence Policy Optimization", arXiv 2507.18071.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> logp = jnp.log(jnp.array([[0.5, 0.9]]))
+    >>> old = jnp.log(jnp.array([[0.5, 0.5]]))
+    >>> adv, mask = jnp.ones((1, 2)), jnp.ones((1, 2), bool)
+    >>> loss, metrics = losses.gspo_loss(logp, old, jnp.ones(1), mask)
+    >>> round(float(loss), 4)
+    -1.0004
+    >>> round(float(metrics['clipfrac']), 4), round(float(metrics['seq_ratio_mean']), 4)
+    (1.0, 1.3416)
   """
   _checks.check_token_and_seq(
       {"logp": logp, "old_logp": old_logp, "mask": mask},
@@ -189,6 +201,18 @@ def gspo_token_loss(
 
   References:
     Zheng et al., 2025, "Group Sequence Policy Optimization", arXiv 2507.18071.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> logp = jnp.log(jnp.array([[0.5, 0.9]]))
+    >>> old = jnp.log(jnp.array([[0.5, 0.5]]))
+    >>> adv, mask = jnp.ones((1, 2)), jnp.ones((1, 2), bool)
+    >>> loss, metrics = losses.gspo_token_loss(logp, old, adv, mask)
+    >>> round(float(loss), 4)
+    -1.0004
+    >>> round(float(metrics['clipfrac']), 4)
+    1.0
   """
   check_clip(clip_low, clip_high)
 
@@ -280,6 +304,18 @@ def cispo_loss(
   References:
     MiniMax, 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning
     Attention", arXiv 2506.13585.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> logp = jnp.log(jnp.array([[0.5, 0.9]]))
+    >>> old = jnp.log(jnp.array([[0.5, 0.5]]))
+    >>> adv, mask = jnp.ones((1, 2)), jnp.ones((1, 2), bool)
+    >>> loss, metrics = losses.cispo_loss(logp, old, adv, mask)
+    >>> round(float(loss), 4)
+    0.414
+    >>> round(float(metrics['clipfrac']), 4)
+    0.5
   """
   check_clip(clip_low, clip_high)
 
@@ -326,6 +362,18 @@ def gmpo_loss(
 
   References:
     Zhao et al., 2025, "Geometric-Mean Policy Optimization", arXiv 2507.20673.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> logp = jnp.log(jnp.array([[0.5, 0.9]]))
+    >>> old = jnp.log(jnp.array([[0.5, 0.5]]))
+    >>> adv, mask = jnp.ones((1, 2)), jnp.ones((1, 2), bool)
+    >>> loss, metrics = losses.gmpo_loss(logp, old, adv, mask)
+    >>> round(float(loss), 4)
+    -1.2214
+    >>> round(float(metrics['clipfrac']), 4)
+    0.5
   """
   valid, log_ratio, advantages = token_inputs(logp, old_logp, advantages, mask)
   seq_advantages = masked_mean(advantages, valid, axis=1)
@@ -379,6 +427,18 @@ def sapo_loss(
 
   References:
     Gao et al., 2025, "Soft Adaptive Policy Optimization", arXiv 2511.20347.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> logp = jnp.log(jnp.array([[0.5, 0.9]]))
+    >>> old = jnp.log(jnp.array([[0.5, 0.5]]))
+    >>> adv, mask = jnp.ones((1, 2)), jnp.ones((1, 2), bool)
+    >>> loss, metrics = losses.sapo_loss(logp, old, adv, mask)
+    >>> round(float(loss), 4)
+    -2.3799
+    >>> round(float(metrics['gate_mean']), 4)
+    0.9278
   """
   _checks.check_in_range(tau_pos, "tau_pos", low=0.0, low_open=True)
   _checks.check_in_range(tau_neg, "tau_neg", low=0.0, low_open=True)

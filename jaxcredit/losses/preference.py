@@ -109,6 +109,14 @@ def ipo_loss(
   References:
     Azar et al., 2023, "A General Theoretical Paradigm to Understand Learning from Human
     Preferences", arXiv 2310.12036.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> zero = jnp.zeros(2)
+    >>> loss, _ = losses.ipo_loss(zero, zero, zero, zero, beta=0.5)
+    >>> float(loss)  # (0 - 1 / (2 beta))^2
+    1.0
   """
   margin, metrics = _preference_margin(policy_chosen, policy_rejected, ref_chosen, ref_rejected,
                                        beta)
@@ -148,6 +156,14 @@ def simpo_loss(
   References:
     Meng et al., 2024, "SimPO: Simple Preference Optimization with a Reference-Free Reward",
     arXiv 2405.14734.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> loss, metrics = losses.simpo_loss(jnp.array([-2.0]), jnp.array([-6.0]), jnp.array([2]),
+    ...                                    jnp.array([3]), beta=1.0, gamma=0.0)
+    >>> round(float(loss), 4), float(metrics["margin"])
+    (0.3133, 1.0)
   """
   arrays = dict(policy_chosen=policy_chosen, policy_rejected=policy_rejected,
                 chosen_lengths=chosen_lengths, rejected_lengths=rejected_lengths)

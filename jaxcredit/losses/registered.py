@@ -55,6 +55,13 @@ def sequence_advantages(advantages: Array, mask: Array) -> Array:
 
   Returns:
     float32 ``[B]``; 0 for a row without valid tokens.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.losses import registered
+    >>> mask = jnp.array([[True, True, False]])
+    >>> registered.sequence_advantages(jnp.array([[2.0, 2.0, 9.0]]), mask)
+    Array([2.], dtype=float32)
   """
   return masked_mean(sanitise(advantages, as_bool(mask)), as_bool(mask), axis=1)
 

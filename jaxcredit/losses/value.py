@@ -85,6 +85,13 @@ def entropy_bonus(
 
   Raises:
     ValueError: on mismatched shapes or an unknown aggregation.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import losses
+    >>> loss, metrics = losses.entropy_bonus(jnp.array([[1.0, 3.0]]), jnp.ones((1, 2), bool))
+    >>> float(loss), float(metrics["entropy"])
+    (-2.0, 2.0)
   """
   _checks.check_token_and_seq({"entropy": entropy, "mask": mask}, {})
   valid = as_bool(mask)

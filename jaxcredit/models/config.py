@@ -20,10 +20,16 @@ REMAT_POLICIES = {
 class RopeScaling:
   """Llama 3 RoPE frequency scaling (transformers' rope_type "llama3").
 
-  With wavelength w_i = 2 pi / f_i of the base frequency f_i and L the
-  original context: f_i / factor where w_i > L / low_freq_factor, f_i where
-  w_i < L / high_freq_factor, and in between (1 - s) f_i / factor + s f_i with
-  s = (L / w_i - low_freq_factor) / (high_freq_factor - low_freq_factor).
+  With wavelength ``w_i = 2 pi / f_i`` of the base frequency f_i and L the original
+  context: ``f_i / factor`` where ``w_i > L / low_freq_factor``, f_i where
+  ``w_i < L / high_freq_factor``, and in between ``(1 - s) f_i / factor + s f_i`` with
+  ``s = (L / w_i - low_freq_factor) / (high_freq_factor - low_freq_factor)``.
+
+  Attributes:
+    factor: the long-wavelength division.
+    low_freq_factor: the long-wavelength threshold's divisor of L.
+    high_freq_factor: the short-wavelength threshold's divisor of L.
+    original_max_position_embeddings: L.
   """
 
   factor: float
@@ -36,26 +42,36 @@ class RopeScaling:
 class TransformerConfig:
   """A decoder-only transformer: RoPE, RMSNorm, SwiGLU, grouped-query attention.
 
-  vocab_size, d_model, n_layers, n_heads, n_kv_heads (n_heads % n_kv_heads == 0),
-  d_ff (SwiGLU hidden width), head_dim (default d_model // n_heads),
-  rope_theta, rope_scaling (Llama 3's frequency scaling, or None), norm_eps,
-  qkv_bias (Qwen2: True, Llama / Qwen3: False), qk_norm (Qwen3: RMSNorm of each
-  query and key head before RoPE), tie_embeddings (unembedding = embedding^T),
-  value_head (also return V(s_t)), dtype (compute dtype, e.g. bfloat16) and
-  param_dtype (stored weights); attention ("chunked": blockwise, memory
-  linear in length, any backend; "xla": the whole score matrix; "cudnn":
-  cuDNN flash attention on GPUs; "splash": the Pallas splash kernel on TPUs
-  for teacher-forced passes, decode steps and sequence-sharded passes then
-  running "chunked") and attention_block (its block size; see
-  `models.attention`); remat: what the backward pass keeps of
-  each block (`REMAT_POLICIES`: "none" keeps everything, "block" only its
-  input and recomputes the rest; scanned layers only); scan_layers: run the
-  stacked layers under `lax.scan` (True: compile time independent of depth)
-  or as a Python loop over per-layer slices (False: XLA:CPU runs a shallow
-  model's backward faster unrolled, without the scan's stacked activation
-  buffers; see README "Benchmarks"); max_position: the most slots a row may
-  have (a checkpoint's max_position_embeddings, the positions its RoPE was
-  trained for; None: unchecked) - a longer row is refused with a ValueError.
+  Attributes:
+    vocab_size: V.
+    d_model: D.
+    n_layers: blocks.
+    n_heads: query heads.
+    n_kv_heads: key and value heads (n_heads % n_kv_heads == 0).
+    d_ff: the SwiGLU hidden width.
+    head_dim: per head; None for d_model // n_heads.
+    rope_theta: the RoPE base.
+    rope_scaling: Llama 3's frequency scaling, or None.
+    norm_eps: RMSNorm's epsilon.
+    qkv_bias: q/k/v projection biases (Qwen2: True, Llama / Qwen3: False).
+    qk_norm: RMSNorm of each query and key head before RoPE (Qwen3).
+    tie_embeddings: unembedding = embedding^T.
+    value_head: also return V(s_t).
+    dtype: the compute dtype (e.g. bfloat16).
+    param_dtype: the stored weights' dtype.
+    attention: "chunked" (blockwise, memory linear in length, any backend), "xla" (the
+      whole score matrix), "cudnn" (cuDNN flash attention on GPUs) or "splash" (the Pallas
+      splash kernel on TPUs for teacher-forced passes; decode steps and sequence-sharded
+      passes then run "chunked"); see `models.attention`.
+    attention_block: the attention's block size.
+    remat: what the backward pass keeps of each block (`REMAT_POLICIES`: "none" keeps
+      everything, "block" only its input and recomputes the rest; scanned layers only).
+    scan_layers: run the stacked layers under `lax.scan` (True: compile time independent
+      of depth) or as a Python loop over per-layer slices (False: XLA:CPU runs a shallow
+      model's backward faster unrolled, without the scan's stacked activation buffers).
+    max_position: the most slots a row may have (a checkpoint's max_position_embeddings,
+      the positions its RoPE was trained for; None: unchecked); a longer row is refused
+      with a ValueError.
   """
 
   vocab_size: int

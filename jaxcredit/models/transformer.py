@@ -28,8 +28,11 @@ from jaxcredit.models.config import REMAT_POLICIES, RopeScaling, TransformerConf
 class KVCache(NamedTuple):
   """Keys and values of every layer for S slots, and which slots hold tokens.
 
-  keys, values: [n_layers, B, S, n_kv_heads, head_dim] (a decode step writes
-  its slots in place); key_valid: [B, S] bool.
+  Attributes:
+    keys: ``[n_layers, B, S, n_kv_heads, head_dim]`` (a decode step writes its slots in
+      place).
+    values: ``[n_layers, B, S, n_kv_heads, head_dim]``.
+    key_valid: ``[B, S]`` bool.
   """
 
   keys: Array
@@ -44,8 +47,13 @@ class KVCache(NamedTuple):
 
 
 class ModelOutput(NamedTuple):
-  """logits [B, T, V] float32 (None when not requested); hidden [B, T, D]
-  (after the final norm); values [B, T] float32 (None without a value head)."""
+  """What a forward pass returns.
+
+  Attributes:
+    logits: ``[B, T, V]`` float32, or None when not requested.
+    hidden: ``[B, T, D]`` after the final norm.
+    values: ``[B, T]`` float32, or None without a value head.
+  """
 
   logits: Array | None
   hidden: Array
@@ -53,7 +61,13 @@ class ModelOutput(NamedTuple):
 
 
 class RMSNorm(nnx.Module):
-  """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32."""
+  """``y = x / sqrt(mean(x^2) + eps) * weight``, computed in float32.
+
+  Args:
+    dim: the normalised (last) dimension.
+    eps: added to the mean square.
+    param_dtype: the weight's dtype.
+  """
 
   def __init__(self, dim: int, *, eps: float, param_dtype=jnp.float32):
     self.eps = eps
@@ -123,7 +137,12 @@ def _linear(config: TransformerConfig, d_in: int, d_out: int, *, bias: bool,
 
 
 class Attention(nnx.Module):
-  """Grouped-query self-attention with RoPE and an optional KV cache."""
+  """Grouped-query self-attention with RoPE and an optional KV cache.
+
+  Args:
+    config: the architecture (`TransformerConfig`).
+    rngs: the initialisation's `nnx.Rngs`.
+  """
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.config = config
@@ -176,7 +195,15 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-  """SwiGLU (Shazeer, 2020): down(silu(gate(x)) * up(x))."""
+  """SwiGLU: ``down(silu(gate(x)) * up(x))``.
+
+  Args:
+    config: the architecture (`TransformerConfig`).
+    rngs: the initialisation's `nnx.Rngs`.
+
+  References:
+    Shazeer, 2020, "GLU Variants Improve Transformer", arXiv 2002.05202.
+  """
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.gate_proj = _linear(config, config.d_model, config.d_ff, bias=False, rngs=rngs)
@@ -188,7 +215,12 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-  """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+  """Pre-norm residual block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``.
+
+  Args:
+    config: the architecture (`TransformerConfig`).
+    rngs: the initialisation's `nnx.Rngs`.
+  """
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.input_layernorm = RMSNorm(config.d_model, eps=config.norm_eps,
@@ -223,7 +255,23 @@ def stacked_blocks(config: TransformerConfig, rngs: nnx.Rngs) -> Block:
 
 
 class Transformer(nnx.Module):
-  """The policy: token ids -> logits (and hidden states, and values with a value head)."""
+  """The policy: token ids -> logits (and hidden states, and values with a value head).
+
+  Args:
+    config: the architecture (`TransformerConfig`).
+    rngs: the initialisation's `nnx.Rngs`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from jaxcredit import models
+    >>> model = models.Transformer(models.preset("tiny"), rngs=nnx.Rngs(0))
+    >>> tokens = jnp.ones((2, 5), jnp.int32)
+    >>> out = model(tokens, positions=jnp.broadcast_to(jnp.arange(5), (2, 5)),
+    ...             token_valid=jnp.ones((2, 5), bool))
+    >>> out.logits.shape, out.hidden.shape
+    ((2, 5, 64), (2, 5, 128))
+  """
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.config = config

@@ -28,7 +28,12 @@ import numpy as np
 
 
 class Environment(Protocol):
-  """What `rollout_sources.MultiTurn` drives (module docstring)."""
+  """What `rollout_sources.MultiTurn` drives (module docstring).
+
+  Implementations define ``reset(rng, example) -> (state, observation)`` and
+  ``step(state, action_tokens) -> (state, observation, reward, done)``, and may define
+  ``anchor(state) -> hashable`` (GiGPO's state identity).
+  """
 
   def reset(self, rng: np.random.Generator, example: Any) -> tuple[Any, np.ndarray]: ...
 

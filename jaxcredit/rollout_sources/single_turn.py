@@ -16,7 +16,11 @@ Scorer = Callable[[np.ndarray, np.ndarray, Sequence[Any]], np.ndarray]
 
 
 class RolloutSource(Protocol):
-  """prompts -> Rollout (the contract of a rollout stage)."""
+  """The contract of a rollout stage: prompts in, a `Rollout` out.
+
+  Implementations are called as ``source(model, batch, key) -> Rollout`` with `batch` the
+  loader's prompts (``{"prompts", "prompt_valid", "examples"}``) and `key` a PRNG key.
+  """
 
   def __call__(self, model, batch: Mapping[str, Any], key: Array) -> Rollout: ...
 

@@ -51,6 +51,19 @@ from jaxcredit.sampling.draw import sample_token
 
 
 class SampleOutput(NamedTuple):
+  """What `generate` returns: the prompts and the sampled responses in one ``[B, P + N]``
+  layout.
+
+  Attributes:
+    tokens: ``[B, P + N]`` int, the (left-padded) prompt then the response.
+    mask: ``[B, P + N]`` bool, the sampled tokens (the policy's actions).
+    logprobs: ``[B, P + N]`` float32, log pi of each sampled token, 0 elsewhere.
+    entropy: ``[B, P + N]`` float32, the policy's entropy at each sampled token.
+    token_valid: ``[B, P + N]`` bool, the real tokens (not padding).
+    positions: ``[B, P + N]`` int, RoPE positions.
+    truncated: ``[B]`` bool, rows that reached max_new_tokens without a stop token.
+    decode_steps: ``[]`` int, the decode steps run.
+  """
   tokens: Array
   mask: Array
   logprobs: Array
@@ -327,13 +340,15 @@ def _response_tables(actions: Actions, batch: int, prompt_len: int, steps: int, 
 
 
 class Contexts(NamedTuple):
-  """Rows' contexts held in a KV cache and grown chunk by chunk: what a multi-turn
-  sampler keeps between turns, so that a turn prefills only what is new.
+  """Rows' contexts held in a KV cache and grown chunk by chunk: what a multi-turn sampler
+  keeps between turns, so that a turn prefills only what is new.
 
-  cache:  KVCache of S slots; slots [0, slot) are written (pads among them invalid).
-  logits: [B, V] float32 next-token logits after each row's last token.
-  length: [B] int32 tokens in each row (its next RoPE position).
-  slot:   [] int32 the first unwritten slot, the same for every row.
+  Attributes:
+    cache: a `KVCache` of S slots; slots ``[0, slot)`` are written (pads among them
+      invalid).
+    logits: ``[B, V]`` float32 next-token logits after each row's last token.
+    length: ``[B]`` int32 tokens in each row (its next RoPE position).
+    slot: ``[]`` int32 the first unwritten slot, the same for every row.
   """
 
   cache: KVCache
@@ -343,8 +358,16 @@ class Contexts(NamedTuple):
 
 
 class Continuation(NamedTuple):
-  """What `continue_contexts` sampled: tokens, mask, logprobs, entropy [B, N] as
-  in `SampleOutput`'s response columns; truncated [B]; decode_steps []."""
+  """What `continue_contexts` sampled, as `SampleOutput`'s response columns.
+
+  Attributes:
+    tokens: ``[B, N]`` int.
+    mask: ``[B, N]`` bool, the sampled tokens.
+    logprobs: ``[B, N]`` float32.
+    entropy: ``[B, N]`` float32.
+    truncated: ``[B]`` bool, rows cut off at N tokens.
+    decode_steps: ``[]`` int, the decode steps run.
+  """
 
   tokens: Array
   mask: Array

@@ -29,10 +29,17 @@ OPERATIONS = {"add": "+", "mul": "*"}
 
 @dataclasses.dataclass(frozen=True)
 class ArithmeticConfig:
-  """min_digits/max_digits: operand length range (the difficulty knob);
-  operation: "add" or "mul"; scratchpad: show carries / partial products;
-  reverse_answer: write the answer least-significant digit first; held_out: the
-  fraction of problems only the test split draws (0: both splits draw from all)."""
+  """The problem distribution of arithmetic.
+
+  Attributes:
+    min_digits: the shortest operand (the difficulty knob).
+    max_digits: the longest operand.
+    operation: "add" or "mul".
+    scratchpad: show carries / partial products in the demonstration.
+    reverse_answer: write the answer least-significant digit first.
+    held_out: the fraction of problems only the test split draws (0: both splits draw from
+      all).
+  """
 
   min_digits: int = 2
   max_digits: int = 3
@@ -164,7 +171,7 @@ def reward(response: str, answer: str) -> tuple[float, str]:
 
 
 class Arithmetic(builders.ProceduralBuilder):
-  """Multi-digit addition / multiplication."""
+  """The TFDS builder of arithmetic: multi-digit addition / multiplication."""
 
   make_example = staticmethod(make_example)
   FEATURES = {

@@ -23,8 +23,14 @@ _SPLIT_IDS = {"train": 0, "test": 1}
 
 @dataclasses.dataclass
 class ProceduralConfig(tfds.core.BuilderConfig):
-  """task: the task's own config (the problem distribution); train_size /
-  test_size: examples per split; seed: base seed of the generator."""
+  """The builder config of a generated task.
+
+  Attributes:
+    task: the task's own options (the problem distribution).
+    train_size: examples in the train split.
+    test_size: examples in the test split.
+    seed: the generator's base seed.
+  """
 
   task: Any = None
   train_size: int = 20000
@@ -33,7 +39,13 @@ class ProceduralConfig(tfds.core.BuilderConfig):
 
 
 class ProceduralBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-  """Generates split examples with `make_example(rng, config.task)`."""
+  """A TFDS builder whose split examples are generated with ``make_example(rng,
+  config.task)``; subclasses set `FEATURES` and `make_example`.
+
+  Attributes:
+    FEATURES: the examples' TFDS features.
+    make_example: ``make_example(rng, options) -> dict``.
+  """
 
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "First release."}

@@ -32,8 +32,15 @@ OPERATORS = "+*"
 
 @dataclasses.dataclass(frozen=True)
 class CalculatorConfig:
-  """n_operands: numbers in the problem; min_digits/max_digits: their length;
-  max_turns / max_turn_tokens: the episode's budget (turns, characters per turn)."""
+  """The problem distribution and budget of calculator.
+
+  Attributes:
+    n_operands: numbers in the problem.
+    min_digits: the shortest number.
+    max_digits: the longest number.
+    max_turns: turns per episode.
+    max_turn_tokens: characters per turn.
+  """
 
   n_operands: int = 3
   min_digits: int = 2
@@ -101,8 +108,12 @@ def evaluate(expression: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class CalculatorEnv:
-  """The calculator environment (`rollout_sources.environment.Environment`); the state is
-  the answer."""
+  """The calculator environment (`rollout_sources.environment.Environment`); the state is the
+  answer.
+
+  Attributes:
+    tokenizer: the character tokenizer of observations and actions.
+  """
 
   tokenizer: CharTokenizer = CharTokenizer(ALPHABET)
 
@@ -138,7 +149,7 @@ def demonstration_actions(completion: str) -> np.ndarray:
 
 
 class Calculator(builders.ProceduralBuilder):
-  """Arithmetic with a calculator tool."""
+  """The TFDS builder of calculator: arithmetic with a calculator tool."""
 
   make_example = staticmethod(make_example)
   FEATURES = {

@@ -23,9 +23,14 @@ MAX_EXPRESSION_CHARS = 200
 
 @dataclasses.dataclass(frozen=True)
 class CountdownConfig:
-  """n_numbers: how many numbers (the difficulty knob); max_number: numbers are
-  drawn from [1, max_number]; format_score: reward of a well-formed expression
-  that uses the numbers correctly but misses the target (TinyZero: 0.1)."""
+  """The problem distribution of countdown.
+
+  Attributes:
+    n_numbers: how many numbers (the difficulty knob).
+    max_number: numbers are drawn from [1, max_number].
+    format_score: the reward of a well-formed expression that uses the numbers correctly
+      but misses the target (TinyZero: 0.1).
+  """
 
   n_numbers: int = 4
   max_number: int = 99
@@ -193,7 +198,7 @@ def reward(response: str, numbers, target: int, *, format_score: float = 0.1) ->
 
 
 class Countdown(builders.ProceduralBuilder):
-  """Reach a target from numbers with + - * /."""
+  """The TFDS builder of countdown: reach a target from numbers with + - * /."""
 
   make_example = staticmethod(make_example)
   FEATURES = {

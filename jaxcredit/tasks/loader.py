@@ -98,14 +98,22 @@ def ids_encoder(example: dict) -> tuple[list[int], list[int]]:
 
 @dataclasses.dataclass
 class Loader:
-  """Deterministic, resumable, per-process batches from `source`.
+  """Deterministic, resumable, per-process batches from a source of examples.
 
-  batch_size: prompts (RL) or sequences (SFT) per *global* step;
-  max_prompt_length: prompts are left-padded to it; longer ones are counted
-  and dropped (overlong="drop", decided once over the whole source) or
-  left-truncated (overlong="truncate", counted per batch);
-  prompt_lengths: [len(source)] prompt token counts when already known (the
-  drop decision then reads nothing; otherwise the source is encoded once).
+  Attributes:
+    source: random-access examples.
+    encode: ``encode(example) -> (prompt_ids, completion_ids)``.
+    batch_size: prompts (RL) or sequences (SFT) per *global* step.
+    max_prompt_length: prompts are left-padded to it; longer ones are counted and dropped
+      (overlong="drop", decided once over the whole source) or left-truncated
+      (overlong="truncate", counted per batch).
+    seed: the order's seed.
+    process_index: this process's share; None for ``jax.process_index()``.
+    process_count: the processes; None for ``jax.process_count()``.
+    overlong: "drop" or "truncate".
+    pad_id: the padding id.
+    prompt_lengths: ``[len(source)]`` prompt token counts when already known (the drop
+      decision then reads nothing; otherwise the source is encoded once).
   """
 
   source: Sequence[dict]

@@ -88,8 +88,10 @@ def format_reward(response: str, pattern: str | None = None) -> tuple[float, str
 class Scored(NamedTuple):
   """Rewards of a batch of responses.
 
-  rewards: [B] float32. reasons: [B] why each got its reward. failed: [B] bool, where
-  the reward function raised (those responses are scored 0).
+  Attributes:
+    rewards: ``[B]`` float32.
+    reasons: ``[B]`` why each got its reward.
+    failed: ``[B]`` bool, where the reward function raised (those responses are scored 0).
   """
 
   rewards: np.ndarray
@@ -141,7 +143,16 @@ def _guarded(reward_fn: RewardFn, response: str, *fields, **kwargs) -> tuple[flo
 
 
 class FailureCount:
-  """Responses whose reward function raised, counted across threads until `take`."""
+  """Responses whose reward function raised, counted across threads until `take`.
+
+  Examples:
+    >>> import numpy as np
+    >>> from jaxcredit.tasks import rewards
+    >>> failures = rewards.FailureCount()
+    >>> failures.add(rewards.Scored(np.zeros(2), ["raised", "ok"], np.array([True, False])))
+    >>> failures.take()[:2]
+    (1, 2)
+  """
 
   def __init__(self):
     self._lock = threading.Lock()

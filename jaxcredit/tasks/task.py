@@ -33,13 +33,39 @@ Scorer = Callable[[np.ndarray, np.ndarray, Sequence[dict]], np.ndarray]
 
 @dataclasses.dataclass(frozen=True)
 class TrainTask:
-  """A task bound to its data. `score` maps [B, N] response ids and their
-  action mask to [B] rewards in [0, 1]; `actions` (`sampling.Actions` over
-  the [P + N] columns of a row) lists the tokens allowed at each response step
-  and the steps fed back to the model as its `hidden_token`. A response cut off by the budget
-  (stop tokens exist and none was emitted) is scored `truncated_reward` by
-  `score_rows`, whatever the verifier would say of its text: `#### 12` cut
-  from `#### 125` must not pass for a complete answer of 12."""
+  """A task bound to its data, as the training loop uses it.
+
+  A response cut off by the budget (stop tokens exist and none was emitted) is scored
+  `truncated_reward` by `score_rows`, whatever the verifier would say of its text:
+  ``#### 12`` cut from ``#### 125`` must not pass for a complete answer of 12.
+
+  Attributes:
+    name: the task's name.
+    vocab_size: the tokenizer's ids.
+    pad_id: the padding id.
+    stop_tokens: ids that end a response.
+    max_prompt_length: P, prompts are left-padded to it.
+    max_response_length: N, response columns (a multi-turn episode's columns after the
+      prompt).
+    sources: ``{split: random-access examples}``.
+    encode: ``encode(example) -> (prompt_ids, completion_ids)``.
+    score: ``score(tokens [B, N], mask [B, N], examples) -> [B]`` rewards in [0, 1].
+    actions: `sampling.Actions` over the ``[P + N]`` columns of a row: the tokens allowed
+      at each response step and the steps fed back to the model as its `hidden_token`.
+    config: the task's own options (e.g. a `KeyTokenConfig`).
+    truncated_reward: the reward of a response cut off by the budget.
+    pretrained_vocab: a pretrained tokenizer, whose ids the model's own (padded) vocabulary
+      covers; False: the model is built with exactly vocab_size ids.
+    token_texts: each token id on its own as readable text.
+    environment: a multi-turn task's `Environment`, or None.
+    max_turns: turns per episode (multi-turn).
+    max_turn_tokens: action tokens per turn (multi-turn).
+    turn_end_tokens: tokens that end a turn early (multi-turn).
+    reward_failures: responses whose reward function raised (scored 0), counted for the
+      loop to report.
+    demonstration_actions: a multi-turn task's ``completion ids [n] -> bool [n]``, its
+      policy tokens (SFT trains on those only), or None.
+  """
 
   name: str
   vocab_size: int
@@ -102,17 +128,23 @@ class TrainTask:
 class Task:
   """A task as jaxcredit knows it, registered under `name` (`register`).
 
-  options: the dataclass of the task's own settings (a run's `task.options` are its
-  fields, `options_of`). Each of the rest is None where the task lacks it:
-  data: its TFDS builder class (`builders.get`); train: `(config.task, *, data_dir, seed,
-  tokenizer) -> TrainTask`, the task bound to its data for the training loop;
-  traceable: `(options, eval_prompts) -> ` its pure, traceable form for the batched lab
-  (`jaxcredit.lab.batched`: prompts, rewards, exact values and credit inside one jit);
-  oracle: its exact oracle for training runs, an object (a module) with
-  `no_exact_oracle(options) -> str | None` (why these options have none),
-  `exact_extras(model, options, rollout, examples) -> (extras, metrics)` (the exact
-  "oracle_advantages" and "oracle_values" of a rollout) and
-  `held_out_success(model, options, examples) -> [n]` (each held-out prompt's exact V(x)).
+  Each field after `options` is None where the task lacks it.
+
+  Attributes:
+    name: the registered name.
+    options: the dataclass of the task's own settings (a run's ``task.options`` are its
+      fields, `options_of`).
+    data: its TFDS builder class (`builders.get`).
+    train: ``(config.task, *, data_dir, seed, tokenizer) -> TrainTask``, the task bound to
+      its data for the training loop.
+    traceable: ``(options, eval_prompts) ->`` its pure, traceable form for the batched lab
+      (`jaxcredit.lab.batched`: prompts, rewards, exact values and credit inside one jit).
+    oracle: its exact oracle for training runs, an object (a module) with
+      ``no_exact_oracle(options) -> str | None`` (why these options have none),
+      ``exact_extras(model, options, rollout, examples) -> (extras, metrics)`` (the exact
+      "oracle_advantages" and "oracle_values" of a rollout) and
+      ``held_out_success(model, options, examples) -> [n]`` (each held-out prompt's exact
+      V(x)).
   """
 
   name: str

@@ -22,7 +22,13 @@ TRUNCATION = ("error", "left", "right")
 
 
 class Tokenizer(abc.ABC):
-  """The interface: encode / decode one text, encode_batch many; pad/bos/eos ids."""
+  """The interface of a task's tokenizer: encode / decode one text, encode_batch many.
+
+  Attributes:
+    pad_id: the padding id.
+    bos_id: the beginning-of-sequence id, or None.
+    eos_id: the end-of-sequence id, or None.
+  """
 
   pad_id: int
   bos_id: int | None
@@ -83,7 +89,21 @@ class Tokenizer(abc.ABC):
 
 
 class CharTokenizer(Tokenizer):
-  """One id per character of `alphabet`, after the specials pad=0, bos=1, eos=2."""
+  """One id per character of an alphabet, after the specials pad=0, bos=1, eos=2.
+
+  Args:
+    alphabet: the characters, none repeated.
+
+  Raises:
+    ValueError: when the alphabet repeats a character.
+
+  Examples:
+    >>> from jaxcredit.tasks.tokenizers import CharTokenizer
+    >>> tokenizer = CharTokenizer("0123456789+=")
+    >>> ids = tokenizer.encode("12+3=", add_eos=True)
+    >>> ids, tokenizer.decode(ids)
+    ([4, 5, 13, 6, 14, 2], '12+3=')
+  """
 
   pad_id, bos_id, eos_id = 0, 1, 2
   SPECIALS = ("<pad>", "<bos>", "<eos>")
@@ -143,14 +163,24 @@ def unknown_token_text(token_id: int) -> str:
 
 
 class HFTokenizer(Tokenizer):
-  """A Hugging Face tokenizer directory (or one `tokenizer.json`), as transformers reads it.
+  """A Hugging Face tokenizer directory (or one ``tokenizer.json``), as transformers reads it.
 
-  From a checkpoint directory, the special tokens (bos / eos / pad / unk ...)
-  and the chat template come from its `tokenizer_config.json` (and
-  `chat_template.jinja`), as `transformers.AutoTokenizer` takes them; the
-  keyword arguments override them. pad_token defaults to eos_token when the
-  tokenizer has no pad token. `encode` adds no special tokens of its own (a
-  BOS is asked for with add_bos), like `encode(text, add_special_tokens=False)`.
+  From a checkpoint directory, the special tokens (bos / eos / pad / unk ...) and the chat
+  template come from its ``tokenizer_config.json`` (and ``chat_template.jinja``), as
+  `transformers.AutoTokenizer` takes them; the keyword arguments override them. pad_token
+  defaults to eos_token when the tokenizer has no pad token. `encode` adds no special tokens
+  of its own (a BOS is asked for with add_bos), like ``encode(text,
+  add_special_tokens=False)``.
+
+  Args:
+    path: a directory holding tokenizer.json, or the file itself.
+    bos_token: overrides the configured BOS.
+    eos_token: overrides the configured EOS.
+    pad_token: overrides the configured pad token.
+    chat_template: overrides the directory's chat template.
+
+  Raises:
+    ValueError: without tokenizer.json, or for a special token the vocabulary lacks.
   """
 
   SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",

@@ -84,7 +84,15 @@ def _reported(what: str):
 
 
 class Checkpointer:
-  """orbax CheckpointManager over {model, optimizer, counters}; keeps the last `keep`."""
+  """An orbax CheckpointManager over {model, optimizer, counters}; keeps the last `keep`.
+
+  Args:
+    directory: where the step directories go (created and checked writable).
+    keep: checkpoints kept.
+
+  Raises:
+    CheckpointError: when the directory is not writable.
+  """
 
   def __init__(self, directory: pathlib.Path, *, keep: int = 2):
     self.directory = pathlib.Path(directory).absolute()

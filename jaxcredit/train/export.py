@@ -73,10 +73,21 @@ def file_name(step: int) -> str:
 class Exporter:
   """Writes the per-token export of every `every`-th RL step off the training thread.
 
-  graphdef: of the learner's modules dict (`nnx.split`); advantage: the run's advantage
-  function, `advantage_config` its config; compare: names (or configs) of further
-  estimators computed on the same batch; their rollout.extras are computed here (only on
-  export steps) unless the run's own extras hold them already.
+  Args:
+    workdir: the run's directory (the export goes to WORKDIR/tokens).
+    every: export every `every`-th RL step.
+    groups: the groups of a batch exported.
+    compare: names (or configs) of further estimators computed on the same batch; their
+      rollout.extras are computed here (only on export steps) unless the run's own extras
+      hold them already.
+    graphdef: of the learner's modules dict (``nnx.split``).
+    advantage: the run's advantage function.
+    advantage_config: its config.
+    settings: the learner's `Settings`.
+    task: the run's `TrainTask`.
+    mesh: the learner's mesh.
+    temperature: the sampling temperature.
+    tensorboard: a summary writer for the text summary, or None.
   """
 
   def __init__(self, workdir: pathlib.Path, *, every: int, groups: int, compare: Sequence,

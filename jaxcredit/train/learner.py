@@ -39,7 +39,13 @@ from jaxcredit.sampling import Actions
 
 @dataclasses.dataclass(frozen=True)
 class CriticSettings:
-  """The critic's value regression: PPO value clipping and the lambda-return targets."""
+  """The critic's value regression: PPO value clipping and the lambda-return targets.
+
+  Attributes:
+    clip: the value clip (`losses.value_loss`), or None.
+    gamma: the targets' discount.
+    lam: the targets' lambda.
+  """
 
   clip: float | None = 0.2
   gamma: float = 1.0
@@ -48,7 +54,19 @@ class CriticSettings:
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """Static settings of the learner step (hashable)."""
+  """Static settings of the learner step (hashable).
+
+  Attributes:
+    temperature: the sampling temperature log-probs are taken at.
+    actions: the task's action restrictions.
+    epochs: passes over the batch.
+    minibatches: updates per pass.
+    kl_reward_coef: the KL reward penalty's coefficient (0: none).
+    kl_reward_kind: its `kl_penalty` estimator.
+    recompute_old_logprobs: one forward pass for rollout.old_logprobs.
+    critic: the critic's `CriticSettings`, or None without a critic.
+    logits_per_chunk: float32 logits the log-prob head holds at a time.
+  """
 
   temperature: float = 1.0
   actions: Actions = Actions()

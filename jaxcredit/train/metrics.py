@@ -26,14 +26,19 @@ def _summary_writer_class():
 
 
 class MetricsWriter:
-  """Appends one JSON object per line to workdir/metrics.jsonl (always with
-  `step`) and mirrors the scalars to TensorBoard (workdir/tensorboard) and, when
-  given a run (`wandb_run`), to Weights & Biases.
+  """Appends one JSON object per line to workdir/metrics.jsonl (always with `step`) and
+  mirrors the scalars to TensorBoard (workdir/tensorboard) and, when given a run
+  (`wandb_run`), to Weights & Biases.
 
-  A fresh run moves an earlier run's file aside (metrics.<mtime>.jsonl); a
-  resumed run keeps the lines up to the resumed step and appends after them.
-  In a multi-process run only process 0 writes (primary=False elsewhere: every
-  method does nothing).
+  A fresh run moves an earlier run's file aside (metrics.<mtime>.jsonl); a resumed run keeps
+  the lines up to the resumed step and appends after them.
+
+  Args:
+    workdir: the run's directory.
+    resume_step: the step a resumed run restarts from; None for a fresh run.
+    primary: this process writes (in a multi-process run only process 0 does; elsewhere
+      every method does nothing).
+    wandb_run: a Weights & Biases run (`wandb_run`), or None.
   """
 
   def __init__(self, workdir: pathlib.Path, *, resume_step: int | None = None,

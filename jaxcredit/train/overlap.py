@@ -44,7 +44,17 @@ def check_settings(sync_every) -> None:
 
 
 class Sampler:
-  """The sampler's devices, its copy of the policy and the rollout source placed there."""
+  """The sampler's devices, its copy of the policy and the rollout source placed there.
+
+  Args:
+    model: the policy (copied onto the sampler's mesh).
+    mesh: the sampler's mesh.
+    source: the single-turn rollout source.
+    sync_every: updates between the sampler's copies of the policy.
+
+  Raises:
+    ValueError: unless sync_every is an int >= 1.
+  """
 
   def __init__(self, model: nnx.Module, mesh: Mesh, source: SingleTurn, sync_every: int):
     check_settings(sync_every)

@@ -69,7 +69,32 @@ def connect(mesh) -> None:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Trainer:
   """Everything a training run reads, built once by `build`; `counters` is the one part that
-  changes (in place) as the run goes."""
+  changes (in place) as the run goes.
+
+  Attributes:
+    config: the run's config.
+    workdir: the run's directory.
+    checkpointer: its `Checkpointer`.
+    resumed: the run resumed from a checkpoint.
+    counters: rl_step, step (SFT + RL) and gen_tokens, checkpointed.
+    mesh: the learner's mesh.
+    place: host-local rows -> a global batch-sharded array.
+    local: a global array -> this process's rows.
+    task: the `TrainTask`.
+    data_counts: the data check's counts (`data.check_data`).
+    prompt_lengths: ``[n]`` token counts of the train split's prompts.
+    eval_batch: the evaluation prompts (`data.evaluation_batch`).
+    source: prompts -> a scored `Rollout` (single- or multi-turn).
+    modules: model, optimizer, reference[, critic, critic_optimizer].
+    learner_step: the jitted learner step (`learner.make_step`).
+    provide_extras: what the estimators need (`credit.extras.Chain`), or None.
+    reference_logprobs: ``(reference, rollout) -> [B, L]`` log-probs.
+    stale: the parameters stale rollouts are sampled with (`staleness.StaleParameters`).
+    sampler: the sampler's own devices (mesh.sampler_shape), or None.
+    rl_data: the RL prompts' `Loader`.
+    writer: the `MetricsWriter`.
+    exporter: the per-token export (export.every > 0), or None.
+  """
 
   config: object
   workdir: pathlib.Path

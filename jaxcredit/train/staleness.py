@@ -71,8 +71,17 @@ def lag(rl_step: int, max_staleness: int, mode: str, seed: int) -> int:
 class StaleParameters:
   """The policy's parameters after each of the last k updates.
 
-  snapshots["stale_j"] (j = 1..k): the policy module as it was j updates ago (at the
+  ``snapshots["stale_j"]`` (j = 1..k) is the policy module as it was j updates ago (at the
   start of RL every snapshot holds the starting parameters).
+
+  Args:
+    model: the policy.
+    max_staleness: k.
+    mode: one of `STALENESS_MODES`.
+    seed: the run's seed.
+
+  Raises:
+    ValueError: for bad settings (`check_settings`).
   """
 
   def __init__(self, model: nnx.Module, max_staleness: int, mode: str, seed: int):

@@ -20,7 +20,15 @@ class WorkdirBusy(RuntimeError):
 
 
 class WorkdirLock:
-  """with WorkdirLock(workdir): ... - raises WorkdirBusy naming the holder's host and PID."""
+  """A lock on a workdir: ``with WorkdirLock(workdir): ...``.
+
+  Args:
+    workdir: the run's directory.
+    process_index: this process's index (each process holds its own lock file).
+
+  Raises:
+    WorkdirBusy: on entering, naming the holder's host and PID.
+  """
 
   def __init__(self, workdir: pathlib.Path, process_index: int = 0):
     name = ".lock" if process_index == 0 else f".lock.process-{process_index}"

@@ -23,8 +23,14 @@ REQUIRED = ("step", "rl_step", "group", "sample", "position", "token_id", "token
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-  """One exported step: its columns (numpy, one entry per token, ordered by group, sample,
-  position) and the file's metadata."""
+  """One exported step.
+
+  Attributes:
+    path: its Parquet file.
+    columns: numpy columns, one entry per token, ordered by group, sample, position.
+    estimator: the run's estimator label.
+    credit_columns: "advantage", then "advantage.<name>" of each compared estimator.
+  """
 
   path: pathlib.Path
   columns: dict

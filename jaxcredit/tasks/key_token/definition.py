@@ -37,10 +37,21 @@ RULES = ("all", "count", "modsum")
 
 @dataclasses.dataclass(frozen=True)
 class KeyTokenConfig:
-  """length: response length T; n_decisive: K; n_keys: |C| <= 8; n_fillers:
-  |F| <= 16; placement, rule, key_fn ("copy" | "shift"); noise: reward flip
-  probability; constrained: restrict actions to C at P and F elsewhere;
-  filler_blind: hide filler from later inputs; shared_alphabet: F := C."""
+  """The key_token probe's settings (module docstring).
+
+  Attributes:
+    length: the response length T.
+    n_decisive: K, the decisive positions.
+    n_keys: |C| <= 8.
+    n_fillers: |F| <= 16.
+    placement: "spread", "early" or "late".
+    rule: "all", "count" or "modsum".
+    key_fn: "copy" or "shift".
+    noise: the reward flip probability.
+    constrained: restrict actions to C at P and F elsewhere.
+    filler_blind: hide filler from later inputs.
+    shared_alphabet: F := C.
+  """
 
   length: int = 8
   n_decisive: int = 2
@@ -218,7 +229,7 @@ def reward(responses: np.ndarray, targets: np.ndarray, config: KeyTokenConfig) -
 
 
 def rule_reward(picked, targets, config: KeyTokenConfig):
-  """The rule's reward of the decisive tokens against the target key ids (all, count or sum).
+  """The rule's reward of the decisive tokens against the target key ids (all, count or modsum).
   NumPy or JAX arrays (traceable).
 
   Args:
@@ -275,7 +286,7 @@ def noisy(rewards: np.ndarray, rng: np.random.Generator, config: KeyTokenConfig)
 
 
 class KeyToken(builders.ProceduralBuilder):
-  """Token-level credit probe; ids, not text."""
+  """The TFDS builder of key_token, a token-level credit probe (ids, not text)."""
 
   make_example = staticmethod(make_example)
   FEATURES = {

@@ -38,7 +38,12 @@ def prompts_of(symbols, config: key_token.KeyTokenConfig):
 
 class Traceable:
   """What a batched cell's runs need from key_token, traceable: prompts drawn and for
-  evaluation, rewards, SFT demonstrations, exact values and credit."""
+  evaluation, rewards, SFT demonstrations, exact values and credit.
+
+  Args:
+    config: the task's `KeyTokenConfig`.
+    eval_prompts: the most evaluation prompts (`procedural.evaluation_symbols`).
+  """
 
   vocab_size = key_token.VOCAB_SIZE
 

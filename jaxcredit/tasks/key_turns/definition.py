@@ -40,9 +40,15 @@ __all__ = ["KeyTurnsConfig", "KeyTurnsEnv", "VOCAB_SIZE", "demonstration_actions
 
 @dataclasses.dataclass(frozen=True)
 class KeyTurnsConfig:
-  """n_turns: turns per episode; decisive: the turns whose first token must
-  be the revealed key; n_keys: |C| <= 8; turn_length: tokens per turn;
-  per_turn_rewards: pay each right decisive turn when it is taken."""
+  """The key_turns probe's settings.
+
+  Attributes:
+    n_turns: turns per episode.
+    decisive: the turns whose first token must be the revealed key.
+    n_keys: |C| <= 8.
+    turn_length: tokens per turn.
+    per_turn_rewards: pay each right decisive turn when it is taken.
+  """
 
   n_turns: int = 4
   decisive: tuple[int, ...] = (1, 3)
@@ -120,8 +126,12 @@ class _State:
 
 @dataclasses.dataclass(frozen=True)
 class KeyTurnsEnv:
-  """The key_turns environment (`rollout_sources.environment.Environment`); pure: the state
-  is a value."""
+  """The key_turns environment (`rollout_sources.environment.Environment`); pure: the state is a
+  value.
+
+  Attributes:
+    config: the task's `KeyTurnsConfig`.
+  """
 
   config: KeyTurnsConfig
 
@@ -152,7 +162,7 @@ class KeyTurnsEnv:
 
 
 class KeyTurns(builders.ProceduralBuilder):
-  """Multi-turn credit probe; ids, not text."""
+  """The TFDS builder of key_turns, a multi-turn credit probe (ids, not text)."""
 
   make_example = staticmethod(make_example)
   FEATURES = {

@@ -34,10 +34,18 @@ PROMPT_LENGTH = 5
 
 @dataclasses.dataclass(frozen=True)
 class TargetSumConfig:
-  """n_digits: n, the most digits a response holds (1..9); n_values: m, the digits
-  0..m-1 an action may be (2..10); targets: S ~ U[target_low, target_high], each
-  reachable (checked); eos_allowed: the policy may stop before n digits; exact_len,
-  no_repeat: the reward options (module docstring)."""
+  """The target_sum probe's settings.
+
+  Attributes:
+    n_digits: n, the most digits a response holds (1..9).
+    n_values: m, the digits 0..m-1 an action may be (2..10).
+    target_low: the smallest target S.
+    target_high: the largest target S (S ~ U[target_low, target_high], each reachable,
+      checked).
+    eos_allowed: the policy may stop before n digits.
+    exact_len: a reward option (module docstring).
+    no_repeat: a reward option (module docstring).
+  """
 
   n_digits: int = 6
   n_values: int = 4
@@ -251,7 +259,7 @@ def make_example(rng: np.random.Generator, config: TargetSumConfig) -> dict:
 
 
 class TargetSum(builders.ProceduralBuilder):
-  """Credit probe with sequential dependence; ids."""
+  """The TFDS builder of target_sum, a credit probe with sequential dependence (ids)."""
 
   make_example = staticmethod(make_example)
   FEATURES = {

@@ -12,8 +12,13 @@ from jaxcredit.tasks.target_sum import oracle
 
 
 class Traceable:
-  """What a batched cell's runs need from target_sum, traceable (as key_token's
-  `Traceable`); its values are E-TREE's (`oracle.value_tree`)."""
+  """What a batched cell's runs need from target_sum, traceable (as key_token's `Traceable`);
+  its values are E-TREE's (`oracle.value_tree`).
+
+  Args:
+    config: the task's `TargetSumConfig`.
+    eval_prompts: the most evaluation prompts.
+  """
 
   vocab_size = target_sum.VOCAB_SIZE
 

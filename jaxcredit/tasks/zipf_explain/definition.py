@@ -41,9 +41,17 @@ VOCAB_SIZE = 64
 
 @dataclasses.dataclass(frozen=True)
 class ZipfExplainConfig:
-  """length: response length T; n_answers: K answers that decide R (2..4); n_keys: |C|;
-  n_words: the grammar's words; zipf_exponent, branching (the most successors a word
-  has), grammar_seed: the bigram grammar (module docstring)."""
+  """The zipf_explain task's settings (module docstring).
+
+  Attributes:
+    length: the response length T.
+    n_answers: K answers that decide R (2..4).
+    n_keys: |C|.
+    n_words: the grammar's words.
+    zipf_exponent: the Zipf law's exponent.
+    branching: the most successors a word has.
+    grammar_seed: the bigram grammar's seed.
+  """
 
   length: int = 128
   n_answers: int = 2

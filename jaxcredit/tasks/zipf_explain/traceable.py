@@ -12,12 +12,18 @@ from jaxcredit.tasks.zipf_explain import oracle
 
 
 class Traceable:
-  """What a batched cell's runs need from zipf_explain (as key_token's `Traceable`). No
-  exact oracle: its values are the Rao-Blackwellised Monte-Carlo oracle's (`oracle`). J(pi)
-  is estimated at each evaluation prompt from EVAL_PATHS continuations; the token credit
-  from CREDIT_PATHS continuations of each response's states at its cuts (every CUT_STRIDE
-  columns and around its MARKs: `oracle.cuts_of`), spread over the tokens between two
-  cuts."""
+  """What a batched cell's runs need from zipf_explain (as key_token's `Traceable`).
+
+  No exact oracle: its values are the Rao-Blackwellised Monte-Carlo oracle's (`oracle`).
+  J(pi) is estimated at each evaluation prompt from EVAL_PATHS continuations; the token
+  credit from CREDIT_PATHS continuations of each response's states at its cuts (every
+  CUT_STRIDE columns and around its MARKs: `oracle.cuts_of`), spread over the tokens between
+  two cuts.
+
+  Args:
+    config: the task's `ZipfExplainConfig`.
+    eval_prompts: the most evaluation prompts.
+  """
 
   vocab_size = zipf_explain.VOCAB_SIZE
   EVAL_PATHS, CREDIT_PATHS, CUT_STRIDE = 32, 4, 16
