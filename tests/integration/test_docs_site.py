@@ -54,3 +54,25 @@ def test_the_site_renders_its_index_an_api_page_and_a_formula(site, browser):
   outputs = page.locator("div.cell_output").all_inner_texts()
   assert any("grpo     response 0:" in text for text in outputs), outputs
   page.close()
+
+
+def test_the_training_viewer_and_multi_turn_tutorials_show_what_they_ran(site, browser):
+  page = browser.new_page()
+  page.goto((site / "tutorials" / "training_run.html").as_uri())
+  figure = page.locator("div.cell_output img").first
+  assert figure.evaluate("img => img.complete && img.naturalWidth > 400"), "no curves"
+  assert any("zero-variance groups" in text
+             for text in page.locator("div.cell_output").all_inner_texts())
+
+  # The viewer page the tutorial wrote, embedded and drawing the exported tokens.
+  page.goto((site / "tutorials" / "credit_viewer.html").as_uri())
+  viewer = page.frame_locator("div.cell_output iframe").first
+  viewer.locator(".response .tok").first.wait_for(timeout=30_000)
+  assert viewer.locator(".response").count() >= 8
+  assert page.locator("div.cell_output table").count() >= 1  # the export read by pandas
+
+  page.goto((site / "tutorials" / "multi_turn_env.html").as_uri())
+  outputs = page.locator("div.cell_output").all_inner_texts()
+  assert any(text.lstrip().startswith("token") and "turn" in text for text in outputs), outputs
+  assert any("solved:" in text for text in outputs), outputs
+  page.close()
