@@ -6,7 +6,7 @@
 Each readable WORKDIR/tokens/step_*.parquet gives one `Step`; a file that cannot be used
 (cut off mid-write, another schema version, columns missing) is skipped with a problem
 naming the file, so the rest still shows. The viewer imports nothing of training: the files
-are the contract (the README's schema; tests check both sides agree).
+are the contract (the schema in docs/guides/viewer.md; tests check both sides agree).
 """
 
 import dataclasses

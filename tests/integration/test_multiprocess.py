@@ -1,7 +1,7 @@
 """A real multi-process run: two processes on localhost joined by
 jax.distributed.initialize (CPU collectives over gloo) train the quickstart
 task, stop at a checkpoint, resume, and match a single-process run, per-token
-export included; the README's multi-host command runs as written."""
+export included; the scaling guide's multi-host command runs as written."""
 
 import re
 import shlex
@@ -144,7 +144,7 @@ def _readme_multi_host_command(workdir) -> list[str]:
 
 
 def test_readme_multi_host_command_runs_on_two_processes(tmp_path, cli_env):
-  """The command as the README writes it (its mesh over two processes' CPU devices), at a small
+  """The command as the scaling guide writes it (its mesh over two processes' CPU devices), at a small
   run's sizes, the per-token export on: process 0 writes the export and the metrics."""
   command = _readme_multi_host_command(tmp_path / "pod")
   assert "--config.export.every=0" not in command

@@ -1,4 +1,4 @@
-"""Rollout, the registries and their adapters; the README's registration example."""
+"""Rollout, the registries and their adapters; the rollouts guide's registration example."""
 
 import chex
 import jax
