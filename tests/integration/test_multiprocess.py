@@ -132,7 +132,7 @@ def test_two_processes_checkpoint_resume_and_match_one_process(tmp_path, cli_env
       np.testing.assert_array_equal(got[column], want[column], err_msg=column)
 
 
-def _readme_multi_host_command(workdir) -> list[str]:
+def _documented_multi_host_command(workdir) -> list[str]:
   """The scaling guide's multi-host command, with `workdir` for its workdir."""
   block = doc_block("--config.mesh.distributed=True", "bash")
   commands = " ".join(block.replace("\\\n", " ").splitlines()).split("python -m ")
@@ -143,10 +143,10 @@ def _readme_multi_host_command(workdir) -> list[str]:
   return [sys.executable, "-m", *words]
 
 
-def test_readme_multi_host_command_runs_on_two_processes(tmp_path, cli_env):
-  """The command as the scaling guide writes it (its mesh over two processes' CPU devices), at a small
-  run's sizes, the per-token export on: process 0 writes the export and the metrics."""
-  command = _readme_multi_host_command(tmp_path / "pod")
+def test_documented_multi_host_command_runs_on_two_processes(tmp_path, cli_env):
+  """The command as the scaling guide writes it (its mesh over two processes' CPU devices), at
+  a small run's sizes, the per-token export on: process 0 writes the export and the metrics."""
+  command = _documented_multi_host_command(tmp_path / "pod")
   assert "--config.export.every=0" not in command
   shape = next(w for w in command if w.startswith("--config.mesh.shape="))
   devices = int(np.prod([int(n) for n in re.findall(r"\d+", shape)]))
