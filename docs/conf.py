@@ -4,7 +4,11 @@ Build: pip install -e '.[docs]' && sphinx-build -W -b html docs docs/_build/html
 """
 
 import importlib.metadata
+import pathlib
 import re
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent / "_ext"))
 
 project = "jaxcredit"
 author = "jaxcredit authors"
@@ -18,6 +22,7 @@ extensions = [
     "sphinx.ext.viewcode",
     "sphinx.ext.mathjax",
     "sphinx_copybutton",
+    "api_coverage",  # fails the build on an undocumented public symbol (docs/_ext)
 ]
 
 # MathJax is served with the site (from the sphinx-mathjax-offline wheel's copy), so formulas
