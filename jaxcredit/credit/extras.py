@@ -88,6 +88,55 @@ def register(*keys: str, overwrite: bool = False,
   return decorator
 
 
+Traceable = Callable[[Rollout, Array, int], dict]
+"""traceable(rollout, key, vocab_size) -> extras: extras computed from the sampled rollout alone
+(and a PRNG key), jit- and vmap-safe."""
+
+TRACEABLE: Registry[Traceable] = Registry("traceable extras provider")
+
+
+def register_traceable(*keys: str) -> Callable[[Traceable], Traceable]:
+  """Decorator registering a traceable provider of the rollout.extras `keys`, and the host
+  provider of those keys that runs it, so the training loop and the batched lab compute them
+  with one function.
+
+  The host provider passes the step's key (`Context.key`) and the policy's vocabulary size;
+  `jaxcredit.lab.batched` calls the function inside its compiled program.
+
+  Args:
+    *keys: the rollout.extras keys the function returns.
+
+  Returns:
+    the decorator, which returns the function unchanged.
+
+  Raises:
+    ValueError: when a key is registered already.
+
+  Examples:
+    >>> import jax
+    >>> from jaxcredit import demo
+    >>> from jaxcredit.credit import extras
+    >>> @extras.register_traceable("row_lengths_example")
+    ... def row_lengths(rollout, key, vocab_size):
+    ...   return {"row_lengths_example": rollout.mask.sum(axis=1)}
+    >>> extras.TRACEABLE.get("row_lengths_example")(demo.sample_rollout(), jax.random.key(0), 16)
+    {'row_lengths_example': Array([3, 3, 4, 4, 3, 6, 4, 4], dtype=int32)}
+    >>> extras.TRACEABLE.unregister("row_lengths_example")
+    >>> extras.PROVIDERS.unregister("row_lengths_example")
+  """
+
+  def decorator(fn: Traceable) -> Traceable:
+    def provide(context: Context, rollout: Rollout) -> tuple[dict, dict]:
+      return fn(rollout, context.key, context.model.config.vocab_size), {}
+
+    for key in keys:
+      TRACEABLE.register(key)(fn)
+    register(*keys)(lambda settings, *, temperature: provide)
+    return fn
+
+  return decorator
+
+
 def _load_entry_points() -> None:
   for entry_point in importlib.metadata.entry_points(group=ENTRY_POINTS):
     entry_point.load()
@@ -232,16 +281,14 @@ def _implicit_prm(settings: Mapping, *, temperature: float) -> Hook:
       implicit_prm.ImplicitPRM(beta=float(settings["beta"]), temperature=temperature))
 
 
-def _ktae_scores(context: Context, rollout: Rollout) -> tuple[dict, dict]:
+@register_traceable("ktae_scores")
+def _ktae_scores(rollout: Rollout, key: Array, vocab_size: int) -> dict:
   """KTAE's per-group key-token scores (token_statistics.ktae_scores) of the sampled tokens
   and rewards, no settings."""
-  scores = token_statistics.ktae_scores(rollout.tokens, rollout.mask, rollout.rewards,
-                                        rollout.group_size,
-                                        vocab_size=context.model.config.vocab_size)
-  return {"ktae_scores": scores}, {}
-
-
-register("ktae_scores")(lambda settings, *, temperature: _ktae_scores)
+  del key
+  return {"ktae_scores": token_statistics.ktae_scores(rollout.tokens, rollout.mask,
+                                                       rollout.rewards, rollout.group_size,
+                                                       vocab_size=vocab_size)}
 
 
 @register("turn_baselines")

@@ -13,13 +13,18 @@ import optax
 from flax import nnx
 
 from jaxcredit import estimators
+from jaxcredit.credit import extras
+from jaxcredit.lab import providers  # noqa: F401  (registers the lab's traceable providers)
 from jaxcredit.models import Transformer
 
 if TYPE_CHECKING:
   from jaxcredit.lab.cells import Cell
 
-EXTRAS = ("oracle_advantages", "oracle_values", "shuffle_priorities", "ktae_scores",
-          "prm_logprobs", *estimators.registered.MC_VALUES)  # what a cell can compute
+# What a cell computes: the task's exact values and credit, simulated Monte-Carlo values, the
+# implicit PRM's log-probs (here), and every traceable provider's extras (`extras.TRACEABLE`,
+# the same functions the training loop runs).
+EXTRAS = ("oracle_advantages", "oracle_values", "prm_logprobs", *estimators.registered.MC_VALUES,
+          *extras.TRACEABLE.names())
 CRITICS = ("gae",)  # estimators that read a learned critic's values V(s_t) (rollout.values)
 CRITIC_LEARNING_RATE = 1e-3  # the critic's Adam (the policy's rate is tuned per arm)
 PRM_LEARNING_RATE = 1e-3  # PRIME's implicit PRM's Adam

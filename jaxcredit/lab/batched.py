@@ -64,7 +64,8 @@ import optax
 from flax import nnx
 
 from jaxcredit import estimators, forward, losses, tasks
-from jaxcredit.credit import implicit_prm, token_statistics
+from jaxcredit.credit import extras as extras_lib
+from jaxcredit.credit import implicit_prm
 from jaxcredit.lab import arms, diagnostics
 from jaxcredit.lab.cells import Cell
 from jaxcredit.models import Transformer
@@ -136,6 +137,11 @@ def make_rollout(cell: Cell, needs=frozenset(arms.EXTRAS)):
   actions, prompt_len = task.actions, config.prompt_length
   largest_k = max(arms.monte_carlo_k(estimators.from_config(arm)) for arm in cell.arms)
   value_needs = {"oracle_advantages", "oracle_values", *estimators.registered.MC_VALUES}
+  # The traceable providers of the needed extras (of all, with oracle_extras), each once.
+  traceable = {wanted: list(dict.fromkeys(extras_lib.TRACEABLE.get(key)
+                                          for key in extras_lib.TRACEABLE.names()
+                                          if wanted or key in needs))
+               for wanted in (False, True)}
 
   def rollout(model, key, oracle_extras=False, mc_k=0):
     prompts, targets = task.draw(jax.random.fold_in(key, PROMPT_STREAM), cell.prompts_per_step)
@@ -158,17 +164,16 @@ def make_rollout(cell: Cell, needs=frozenset(arms.EXTRAS)):
                                                       extras["oracle_values"], mask, mc_k,
                                                       largest_k),
                     mc_evaluated=mask)
-    if oracle_extras or "ktae_scores" in needs:
-      extras["ktae_scores"] = token_statistics.ktae_scores(
-          sample.tokens, mask, rewards, group, vocab_size=task.vocab_size)
-    if oracle_extras or "shuffle_priorities" in needs:
-      extras["shuffle_priorities"] = jax.random.uniform(jax.random.fold_in(key, EXTRAS_STREAM),
-                                                        mask.shape)
     # No KL term: the sampler's log-probs stand in for the reference's (no reference pass).
-    return Rollout(tokens=sample.tokens, mask=mask, rewards=rewards,
-                   behaviour_logprobs=sample.logprobs, ref_logprobs=sample.logprobs,
-                   entropy=sample.entropy, truncated=sample.truncated, positions=sample.positions,
-                   token_valid=sample.token_valid, extras=extras, group_size=group)
+    batch = Rollout(tokens=sample.tokens, mask=mask, rewards=rewards,
+                    behaviour_logprobs=sample.logprobs, ref_logprobs=sample.logprobs,
+                    entropy=sample.entropy, truncated=sample.truncated,
+                    positions=sample.positions, token_valid=sample.token_valid, extras=extras,
+                    group_size=group)
+    for provide in traceable[oracle_extras]:  # the loop's own (`extras.register_traceable`)
+      batch = batch.replace(extras={**batch.extras, **provide(
+          batch, jax.random.fold_in(key, EXTRAS_STREAM), task.vocab_size)})
+    return batch
 
   return rollout
 

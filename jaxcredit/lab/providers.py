@@ -69,9 +69,8 @@ extras.register("oracle_advantages", "oracle_values", refuses=no_exact_oracle)(
     lambda settings, *, temperature: _at_temperature_one(temperature))
 
 
-@extras.register("shuffle_priorities")
-def _shuffle(settings, *, temperature: float) -> extras.Hook:
+@extras.register_traceable("shuffle_priorities")
+def _shuffle(rollout, key, vocab_size) -> dict:
   """[B, T] uniform draws in [0, 1) that permute the oracle's credit (`oracle_shuffled`)."""
-  del settings, temperature
-  return lambda context, rollout: (
-      {"shuffle_priorities": jax.random.uniform(context.key, rollout.mask.shape)}, {})
+  del vocab_size
+  return {"shuffle_priorities": jax.random.uniform(key, rollout.mask.shape)}

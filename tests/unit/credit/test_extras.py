@@ -2,13 +2,15 @@
 
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from jaxcredit import estimators
-from jaxcredit.credit import extras
+from jaxcredit import demo, estimators
+from jaxcredit.credit import extras, token_statistics
 from jaxcredit.rollout import Rollout
 
 
@@ -113,3 +115,27 @@ def test_the_trainer_finds_the_labs_oracle_without_importing_the_lab():
     [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
   )
   assert result.stdout.splitlines() == ["[]", "True True"]
+
+
+def test_traceable_providers_are_the_host_providers_of_their_keys_and_run_under_jit():
+  """One function per extra for the training loop and the batched lab: the host provider of
+  each traceable key returns what the function returns, and the function traces."""
+  import jaxcredit.lab.providers  # noqa: F401  (registers shuffle_priorities)
+
+  rollout = demo.sample_rollout()
+  key = jax.random.key(3)
+  context = extras.Context(task=None, model=types.SimpleNamespace(
+      config=types.SimpleNamespace(vocab_size=16)), examples=[], key=key, rl_step=0)
+  assert {"ktae_scores", "shuffle_priorities"} <= set(extras.TRACEABLE.names())
+  for name in extras.TRACEABLE.names():
+    fn = extras.TRACEABLE.get(name)
+    host, metrics = extras.provider_factory(name, needed_by="test")({}, temperature=1.0)(
+        context, rollout)
+    traced = jax.jit(fn, static_argnums=2)(rollout, key, 16)
+    assert metrics == {} and set(host) == set(traced) and name in host
+    for extra in host:
+      np.testing.assert_array_equal(np.asarray(host[extra]), np.asarray(traced[extra]))
+  np.testing.assert_array_equal(  # ktae through its provider is token_statistics' scores
+      np.asarray(extras.TRACEABLE.get("ktae_scores")(rollout, key, 16)["ktae_scores"]),
+      np.asarray(token_statistics.ktae_scores(rollout.tokens, rollout.mask, rollout.rewards,
+                                              rollout.group_size, vocab_size=16)))
