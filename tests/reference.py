@@ -553,3 +553,27 @@ def gigpo(
       ):
         out[b, positions] = episode[b] + step_coef * a
   return out
+
+
+def maxrl(rewards, group_size):
+  """(r - mean_g) / mean_g, 0 where mean_g <= 0."""
+  rewards = np.asarray(rewards, np.float64)
+  out = np.zeros_like(rewards)
+  for start in range(0, len(rewards), group_size):
+    group = rewards[start : start + group_size]
+    mean = group.mean()
+    if mean > 0:
+      out[start : start + group_size] = (group - mean) / mean
+  return out
+
+
+def gdpo(components, group_size, weights=None, eps=1e-6):
+  """Each component GRPO-normalised in its group, weighted, summed, then whitened over the
+  batch (ddof = 1)."""
+  components = np.asarray(components, np.float64)
+  weights = np.ones(components.shape[1]) if weights is None else np.asarray(weights, np.float64)
+  total = sum(w * grpo(components[:, k], group_size, eps=eps) for k, w in enumerate(weights))
+  if len(total) == 1:
+    return np.zeros(1)
+  std = total.std(ddof=1)
+  return (total - total.mean()) / (std + eps) if std > 0 else np.zeros_like(total)

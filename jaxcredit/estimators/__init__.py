@@ -19,9 +19,11 @@ from jaxcredit.estimators.compose import (
 from jaxcredit.estimators.diagnostics import signal_diagnostics
 from jaxcredit.estimators.group import (
     broadcast_to_tokens,
+    gdpo_advantages,
     gpg_advantages,
     grpo_advantages,
     grpo_batch_std_advantages,
+    maxrl_advantages,
     opo_advantages,
     outcome_to_tokens,
     pass_at_k_advantages,
@@ -80,9 +82,11 @@ __all__ = [
     "RECURRENCE_METHODS",
     "get",
     "gigpo_advantages",
+    "gdpo_advantages",
     "gpg_advantages",
     "grpo_advantages",
     "grpo_batch_std_advantages",
+    "maxrl_advantages",
     "high_entropy_mask",
     "high_entropy_tokens",
     "low_entropy_tokens",

@@ -380,3 +380,90 @@ def gpg_advantages(
   if scale_by_std and group_size > 1:
     return (alpha * _std_normalised(centred, scale, group_size - 1, eps)).reshape(-1)
   return (alpha * centred * scale).reshape(-1)
+
+
+def maxrl_advantages(rewards: Array, *, group_size: int) -> Array:
+  """Maximum Likelihood RL: the group's deviation from its mean, relative to the mean::
+
+    A_i = (r_i - mean_g) / mean_g
+
+  With 0/1 rewards the gradient of ``sum_i A_i log pi(y_i)`` is an unbiased estimate of
+  ``grad log p(x)`` truncated at order G (p the prompt's success probability), where GRPO's
+  is one of ``grad p``: hard prompts (small p) weigh more.
+
+  Args:
+    rewards: ``[B]`` rewards in [0, 1] (0/1 correctness), groups of `group_size` contiguous
+      rows.
+    group_size: G, responses per prompt.
+
+  Returns:
+    float32 ``[B]``; 0 for a group whose mean reward is not positive (no success: nothing
+    to weigh) and when G == 1.
+
+  Raises:
+    ValueError: when `group_size` does not divide B.
+
+  References:
+    Tajwar et al., 2026, "Maximum Likelihood Reinforcement Learning", arXiv 2602.02710.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> estimators.maxrl_advantages(jnp.array([1.0, 0.0, 0.0, 0.0]), group_size=4)
+    Array([ 3., -1., -1., -1.], dtype=float32)
+  """
+  grouped = _grouped(rewards, group_size)
+  centred, scale = _centred(grouped)  # r - mean = centred * scale, 0 for equal rewards
+  mean = jnp.mean(grouped, axis=1, keepdims=True)
+  return jnp.where(mean > 0, safe_divide(centred * scale, mean), 0.0).reshape(-1)
+
+
+def gdpo_advantages(components: Array, *, group_size: int, weights: Array | None = None,
+                    eps: float = 1e-6) -> Array:
+  """Group reward-Decoupled normalisation (GDPO) of multi-component rewards::
+
+    A_i = batch_norm( sum_k w_k (r_ik - mean_g r_k) / (std_g r_k + eps) )
+
+  Each reward component is normalised within its group as GRPO normalises a reward (ddof =
+  1), the weighted sum is then normalised over the batch (mean 0, ddof = 1 std 1), so
+  distinct combinations of components keep distinct advantages where GRPO on their sum
+  would merge them, and the scale does not grow with the number of components.
+
+  Args:
+    components: ``[B, K]`` the K reward components of each response, groups of
+      `group_size` contiguous rows.
+    group_size: G, responses per prompt.
+    weights: ``[K]`` the components' weights; None for 1 each.
+    eps: added to the group and batch stds.
+
+  Returns:
+    float32 ``[B]``; 0 when every response gets the same weighted sum (and when B == 1).
+
+  Raises:
+    ValueError: when `components` is not ``[B, K]``, `weights` not ``[K]``, or
+      `group_size` does not divide B.
+
+  References:
+    Liu et al., 2026, "GDPO: Group reward-Decoupled Normalization Policy Optimization for
+    Multi-reward RL Optimization", arXiv 2601.05242.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> components = jnp.array([[1.0, 1.0], [1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+    >>> estimators.gdpo_advantages(components, group_size=4).round(4)
+    Array([ 1.2247,  0.    ,  0.    , -1.2247], dtype=float32)
+  """
+  _checks.check_rank(components, 2, "components")
+  batch, n_components = components.shape
+  weights = jnp.ones(n_components) if weights is None else jnp.asarray(weights, jnp.float32)
+  if weights.shape != (n_components,):
+    raise ValueError(f"weights must be [K] = [{n_components}] for components "
+                     f"{list(components.shape)}, got {list(weights.shape)}.")
+  per_component = jnp.stack([grpo_advantages(components[:, k], group_size=group_size, eps=eps)
+                             for k in range(n_components)], axis=1)
+  total = per_component @ weights
+  if batch == 1:
+    return jnp.zeros(batch, jnp.float32)
+  centred, scale = _centred(total.reshape(1, -1))
+  return _std_normalised(centred, scale, batch - 1, eps).reshape(-1)

@@ -141,6 +141,26 @@ def _gpg(rollout: Rollout, *, scale_by_std: bool = False):
   return group.broadcast_to_tokens(seq, rollout.mask)
 
 
+@register("maxrl")
+def _maxrl(rollout: Rollout):
+  seq = group.maxrl_advantages(rollout.rewards, group_size=rollout.group_size)
+  return group.broadcast_to_tokens(seq, rollout.mask)
+
+
+@register("gdpo", needs=("reward_components",))
+def _gdpo(rollout: Rollout, *, weights: tuple[float, ...] | None = None, eps: float = 1e-6):
+  """Needs rollout.extras["reward_components"] [B, K]: each response's reward components."""
+  if "reward_components" not in rollout.extras:
+    raise ValueError("gdpo needs rollout.extras['reward_components'] [B, K] (each response's "
+                     f"reward components); extras has {sorted(rollout.extras)}.")
+  components = rollout.extras["reward_components"]
+  if jnp.ndim(components) != 2 or jnp.shape(components)[0] != rollout.shape[0]:
+    raise ValueError(f"gdpo needs rollout.extras['reward_components'] of shape [B, K] with "
+                     f"B = {rollout.shape[0]}, got {list(jnp.shape(components))}.")
+  seq = group.gdpo_advantages(components, group_size=rollout.group_size, weights=weights, eps=eps)
+  return group.broadcast_to_tokens(seq, rollout.mask)
+
+
 @register("rloo")
 def _rloo(rollout: Rollout):
   seq = group.rloo_advantages(rollout.rewards, group_size=rollout.group_size)

@@ -113,9 +113,17 @@ def make_rollout(
           "turn_rewards": token(0.1),
           "turn_anchors": jnp.asarray(rng.integers(0, 3, (batch, length)), jnp.int32),
           "turn_baselines": jnp.asarray(rng.random((batch, length)), jnp.float32),
+          # Its own stream too: three reward components per response, 0/1 and continuous.
+          "reward_components": jnp.asarray(_components(batch), jnp.float32),
       },
       group_size=group_size,
   )
+
+
+def _components(batch: int) -> np.ndarray:
+  """[B, 3] reward components: two 0/1 ones and a continuous one."""
+  rng = np.random.default_rng([batch, 3])
+  return np.concatenate([rng.integers(0, 2, (batch, 2)), rng.normal(size=(batch, 1))], axis=1)
 
 
 @st.composite

@@ -51,6 +51,7 @@ def make_rollout(batch=8, length=10, group_size=4, seed=0, poisoned=True) -> jc.
       "turn_rewards": jnp.asarray(token()),
       "turn_anchors": jnp.asarray(rng.integers(0, 3, (batch, length))),
       "turn_baselines": jnp.asarray(token()),
+      "reward_components": jnp.asarray(rng.normal(size=(batch, 3)), jnp.float32),
     },
     group_size=group_size,
   )
@@ -146,7 +147,7 @@ def test_loss_adapters_match_their_functions():
 
 def test_unknown_names_list_known_ones():
   with pytest.raises(
-    ValueError, match="Unknown estimator 'gpro'; known: dr_grpo, gae, gigpo, gpg, grpo, "
+    ValueError, match="Unknown estimator 'gpro'; known: dr_grpo, gae, gdpo, gigpo, gpg, grpo, "
   ):
     estimators.get("gpro")
   with pytest.raises(

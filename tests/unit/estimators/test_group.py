@@ -11,10 +11,17 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from jaxcredit import estimators
+from jaxcredit.rollout import Rollout
 from tests import reference
 from tests.conftest import random_mask
 
 GROUPINGS = [(1, 1), (4, 1), (4, 2), (12, 4), (16, 8)]  # (B, G)
+
+
+def jc_rollout(mask, rewards, *, group_size):
+  """A rollout of `mask`'s shape with `rewards`."""
+  return Rollout(tokens=jnp.zeros(mask.shape, jnp.int32), mask=mask, rewards=rewards,
+                 group_size=group_size)
 
 
 def _rewards(batch, seed=0, binary=False):
@@ -43,6 +50,65 @@ class GroupBaselinesTest(parameterized.TestCase):
     rewards = _rewards(batch, seed=1)
     got = self.variant(lambda r: estimators.rloo_advantages(r, group_size=group_size))(rewards)
     np.testing.assert_allclose(got, reference.rloo(rewards, group_size), atol=1e-5)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.product(grouping=GROUPINGS, binary=[True, False])
+  def test_maxrl_matches_reference(self, grouping, binary):
+    batch, group_size = grouping
+    rewards = np.abs(_rewards(batch, seed=5, binary=binary))  # rewards in [0, inf)
+    got = self.variant(lambda r: estimators.maxrl_advantages(r, group_size=group_size))(rewards)
+    np.testing.assert_allclose(got, reference.maxrl(rewards, group_size), rtol=1e-5, atol=1e-5)
+
+  def test_maxrl_weighs_hard_prompts_more_and_gives_zero_without_success(self):
+    rewards = jnp.array([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                         1.0, 1.0, 1.0, 1.0])
+    adv = estimators.maxrl_advantages(rewards, group_size=4)
+    # p = 1/4: the success weighs (1 - p) / p = 3; p = 3/4: 1/3. GRPO weighs both alike.
+    np.testing.assert_allclose(adv[:8], [3, -1, -1, -1, 1 / 3, 1 / 3, 1 / 3, -1], rtol=1e-6)
+    np.testing.assert_array_equal(adv[8:], 0.0)  # no success, and all successes
+    np.testing.assert_array_equal(
+        estimators.maxrl_advantages(jnp.array([-1.0, -2.0]), group_size=2), 0.0)
+    np.testing.assert_array_equal(estimators.maxrl_advantages(rewards, group_size=1), 0.0)
+    grad = jax.grad(lambda r: jnp.sum(estimators.maxrl_advantages(r, group_size=4) ** 2))(
+        rewards)
+    self.assertTrue(np.all(np.isfinite(grad)))
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.product(grouping=GROUPINGS, weighted=[True, False])
+  def test_gdpo_matches_reference(self, grouping, weighted):
+    batch, group_size = grouping
+    rng = np.random.default_rng(6)
+    components = np.concatenate([rng.integers(0, 2, (batch, 2)), rng.normal(size=(batch, 1))],
+                                axis=1).astype(np.float32)
+    weights = rng.uniform(0.5, 2.0, 3).astype(np.float32) if weighted else None
+    got = self.variant(lambda c: estimators.gdpo_advantages(
+        c, group_size=group_size, weights=weights))(components)
+    np.testing.assert_allclose(got, reference.gdpo(components, group_size, weights), atol=1e-4)
+
+  def test_gdpo_keeps_reward_combinations_apart_that_grpo_on_their_sum_merges(self):
+    # Two groups of two: (1, 1) vs (0, 0), and (1, 0) vs (0, 0). GRPO on the summed reward
+    # gives both winners the same advantage; GDPO ranks both components over one.
+    components = jnp.array([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    grpo = estimators.grpo_advantages(components.sum(axis=1), group_size=2)
+    self.assertAlmostEqual(float(grpo[0]), float(grpo[2]), places=5)
+    gdpo = estimators.gdpo_advantages(components, group_size=2)
+    self.assertGreater(float(gdpo[0]), float(gdpo[2]) + 0.5)
+    np.testing.assert_allclose(float(jnp.mean(gdpo)), 0.0, atol=1e-6)
+    np.testing.assert_array_equal(  # every response alike
+        estimators.gdpo_advantages(jnp.ones((4, 2)), group_size=2), 0.0)
+
+  def test_gdpo_refuses_components_and_weights_of_the_wrong_shape(self):
+    with self.assertRaisesRegex(ValueError, "components"):
+      estimators.gdpo_advantages(jnp.ones(4), group_size=2)
+    with self.assertRaisesRegex(ValueError, r"weights must be \[K\] = \[2\]"):
+      estimators.gdpo_advantages(jnp.ones((4, 2)), group_size=2, weights=jnp.ones(3))
+    with self.assertRaisesRegex(ValueError, "group_size"):
+      estimators.gdpo_advantages(jnp.ones((3, 2)), group_size=2)
+    rollout = jc_rollout(jnp.ones((4, 3), bool), jnp.array([1.0, 0.0, 1.0, 0.0]), group_size=2)
+    with self.assertRaisesRegex(ValueError, "gdpo needs rollout.extras\\['reward_components'\\]"):
+      estimators.get("gdpo")(rollout)
+    with self.assertRaisesRegex(ValueError, r"shape \[B, K\] with B = 4"):
+      estimators.get("gdpo")(rollout.replace(extras={"reward_components": jnp.ones(4)}))
 
   def test_zero_variance_group_gives_zero_and_finite_grad(self):
     rewards = jnp.array([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0])

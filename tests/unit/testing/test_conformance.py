@@ -20,6 +20,7 @@ SCALE_INVARIANT = {
   "grpo_high_entropy",
   "grpo_surprisal",
   "ktae",
+  "maxrl",
   "pass_at_k",
   "reinforce_pp",
   "reinforce_pp_baseline",
