@@ -12,7 +12,8 @@ settings of the estimator that needs it (`estimators.Component.settings`)::
     return provide
 
 Built in: Monte-Carlo values (vineppo, spo), the implicit PRM (prime),
-KTAE's key-token scores and multi-turn per-turn baselines (turn_baseline).
+KTAE's key-token scores, multi-turn per-turn baselines (turn_baseline) and RAE's per-role
+reward baselines (rae).
 Providers defined elsewhere (the lab's exact oracle) register themselves
 when their module is imported; modules named in the "jaxcredit.extras"
 entry-point group are imported when a needed key has no provider yet. A
@@ -25,6 +26,7 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax import Array
 
 from jaxcredit import estimators, tasks
@@ -64,7 +66,8 @@ PROVIDERS: Registry[Factory] = Registry("extras provider")
 
 
 def register(*keys: str, overwrite: bool = False,
-             refuses: Callable[[Any], str | None] | None = None) -> Callable[[Factory], Factory]:
+             refuses: Callable[[Any], str | None] | None = None,
+             per: str = "token") -> Callable[[Factory], Factory]:
   """Decorator registering a provider factory for the rollout.extras `keys` it computes.
 
   Args:
@@ -72,20 +75,36 @@ def register(*keys: str, overwrite: bool = False,
     overwrite: replace an earlier registration of a key.
     refuses: ``refuses(task) -> str | None``, why the provider cannot serve `task` (a
       `TrainTask`), or None when it can; `hook` asks it before any work.
+    per: "token" when the extras are ``[B, T]``, "sequence" when ``[B]`` (`layout`).
 
   Returns:
     the decorator, which returns the factory unchanged.
 
   Raises:
-    ValueError: when a key is registered already and `overwrite` is False.
+    ValueError: when a key is registered already and `overwrite` is False, or on an
+      unknown `per`.
   """
+  if per not in ("token", "sequence"):
+    raise ValueError(f"per must be 'token' or 'sequence', got {per!r}.")
 
   def decorator(factory: Factory) -> Factory:
     for key in keys:
-      PROVIDERS.register(key, overwrite=overwrite, refuses=refuses)(factory)
+      PROVIDERS.register(key, overwrite=overwrite, refuses=refuses, per=per)(factory)
     return factory
 
   return decorator
+
+
+def layout(key: str) -> str:
+  """The layout of a provided extra.
+
+  Args:
+    key: a registered rollout.extras key.
+
+  Returns:
+    "token" (``[B, T]``) or "sequence" (``[B]``).
+  """
+  return PROVIDERS.info(key).get("per", "token")
 
 
 Traceable = Callable[[Rollout, Array, int], dict]
@@ -289,6 +308,62 @@ def _ktae_scores(rollout: Rollout, key: Array, vocab_size: int) -> dict:
   return {"ktae_scores": token_statistics.ktae_scores(rollout.tokens, rollout.mask,
                                                        rollout.rewards, rollout.group_size,
                                                        vocab_size=vocab_size)}
+
+
+class RoleBaselines(nnx.Module):
+  """RAE's baselines: an exponential moving average of the reward of each role, kept across
+  steps (and checkpointed with the policy).
+
+  Args:
+    roles: how many roles (role ids are 0 .. roles - 1).
+
+  Attributes:
+    values: ``[roles]`` float32 baselines, 0 before a role's first batch.
+  """
+
+  def __init__(self, roles: int):
+    self.values = nnx.Variable(jnp.zeros(roles, jnp.float32))
+
+
+class _RoleBaselineProvider:
+  """Each row's role baseline before this batch (what RAE subtracts: a function of earlier
+  batches only), then the update ``b <- decay b + (1 - decay) mean(r of the role's rows)``."""
+
+  def __init__(self, roles: int, decay: float):
+    if not 0.0 <= decay < 1.0:
+      raise ValueError(f"RAE's decay must be in [0, 1), got {decay!r}.")
+    if roles < 1:
+      raise ValueError(f"RAE needs roles >= 1, got {roles!r}.")
+    self.baselines, self.decay = RoleBaselines(roles), decay
+
+  def modules(self) -> dict:
+    """{"role_baselines": RoleBaselines}: what a checkpoint saves and restores."""
+    return {"role_baselines": self.baselines}
+
+  def __call__(self, context: Context, rollout: Rollout) -> tuple[dict, dict]:
+    rows = rollout.shape[0]
+    roles = np.asarray(rollout.extras.get("roles", np.zeros(rows, np.int32)))
+    values = np.array(self.baselines.values[...], np.float64)
+    if roles.shape != (rows,) or not np.issubdtype(roles.dtype, np.integer) or (
+        roles.min() < 0 or roles.max() >= len(values)):
+      raise ValueError(f"rollout.extras['roles'] must be [B] = [{rows}] int role ids in "
+                       f"[0, {len(values)}) (the rae setting `roles`), got {roles.dtype} "
+                       f"{list(roles.shape)} ranging {roles.min()}..{roles.max()}.")
+    before = values[roles]
+    rewards = np.asarray(rollout.rewards, np.float64)
+    for role in np.unique(roles):
+      values[role] = self.decay * values[role] + (1.0 - self.decay) * rewards[roles == role].mean()
+    self.baselines.values[...] = jnp.asarray(values, jnp.float32)
+    return ({"role_baselines": jnp.asarray(before, jnp.float32)},
+            {"rae_baseline_mean": float(before.mean())})
+
+
+@register("role_baselines", per="sequence")
+def _role_baselines(settings: Mapping, *, temperature: float) -> Hook:
+  """RAE's per-role reward baselines (`RoleBaselines`), roles from rollout.extras["roles"]
+  (one role without it)."""
+  del temperature
+  return _RoleBaselineProvider(int(settings["roles"]), float(settings["decay"]))
 
 
 @register("turn_baselines")

@@ -161,6 +161,18 @@ def _gdpo(rollout: Rollout, *, weights: tuple[float, ...] | None = None, eps: fl
   return group.broadcast_to_tokens(seq, rollout.mask)
 
 
+@register("rae", needs=("role_baselines",), settings={"decay": 0.95, "roles": 8})
+def _rae(rollout: Rollout):
+  """Role-conditioned advantage estimation (RAE): ``A = r - b_role`` on every token, with
+  b_role an exponential moving average of the role's rewards over earlier batches
+  (rollout.extras["role_baselines"] [B], its provider updating
+  ``b <- decay b + (1 - decay) r_role``; one role without rollout.extras["roles"]).
+  SPIRAL (Liu et al., 2025, arXiv 2506.24119)."""
+  baselines = rollout.extra("role_baselines", by="rae", per="sequence")
+  seq = rollout.rewards.astype(jnp.float32) - baselines.astype(jnp.float32)
+  return group.broadcast_to_tokens(seq, rollout.mask)
+
+
 @register("rloo")
 def _rloo(rollout: Rollout):
   seq = group.rloo_advantages(rollout.rewards, group_size=rollout.group_size)

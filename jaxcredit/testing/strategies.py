@@ -115,6 +115,8 @@ def make_rollout(
           "turn_baselines": jnp.asarray(rng.random((batch, length)), jnp.float32),
           # Its own stream too: three reward components per response, 0/1 and continuous.
           "reward_components": jnp.asarray(_components(batch), jnp.float32),
+          "role_baselines": jnp.asarray(np.random.default_rng([batch, 4]).random(batch),
+                                        jnp.float32),
       },
       group_size=group_size,
   )

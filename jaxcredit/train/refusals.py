@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from jaxcredit.credit import extras as extras_lib
 from jaxcredit.models import sharding
 from jaxcredit.rollout import MissingFields, PolicyOutputs, Rollout
 from jaxcredit.train import base_config, overlap, staleness
@@ -276,7 +277,8 @@ def check_learner_inputs(advantage: Callable, objective: Callable | None, *, row
 
   Both are traced (`jax.eval_shape`: shapes only, nothing computed) on a
   ``[rows, columns]`` rollout holding exactly `fields` (see `run_fields`), the `extras` keys
-  the extras providers add (``[B, T]`` float32) and, for `multi_turn`, the episode extras.
+  the extras providers add (float32, ``[B, T]`` or ``[B]`` as their providers declare:
+  `extras.layout`) and, for `multi_turn`, the episode extras.
 
   Args:
     advantage: ``advantage(rollout) -> Estimate``.
@@ -299,7 +301,8 @@ def check_learner_inputs(advantage: Callable, objective: Callable | None, *, row
               "old_logprobs": token(jnp.float32), "values": token(jnp.float32),
               "token_rewards": token(jnp.float32), "staleness": row(jnp.int32),
               "turn_ids": token(jnp.int32)}
-  probe_extras = {key: token(jnp.float32) for key in extras}
+  probe_extras = {key: (row if extras_lib.layout(key) == "sequence" else token)(jnp.float32)
+                  for key in extras}
   if multi_turn:
     probe_extras.update({key: (token if per_token else row)(dtype)
                          for key, (per_token, dtype) in EPISODE_EXTRAS.items()})

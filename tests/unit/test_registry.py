@@ -52,6 +52,7 @@ def make_rollout(batch=8, length=10, group_size=4, seed=0, poisoned=True) -> jc.
       "turn_anchors": jnp.asarray(rng.integers(0, 3, (batch, length))),
       "turn_baselines": jnp.asarray(token()),
       "reward_components": jnp.asarray(rng.normal(size=(batch, 3)), jnp.float32),
+      "role_baselines": jnp.asarray(rng.random(batch), jnp.float32),
     },
     group_size=group_size,
   )

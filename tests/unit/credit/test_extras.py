@@ -139,3 +139,28 @@ def test_traceable_providers_are_the_host_providers_of_their_keys_and_run_under_
       np.asarray(extras.TRACEABLE.get("ktae_scores")(rollout, key, 16)["ktae_scores"]),
       np.asarray(token_statistics.ktae_scores(rollout.tokens, rollout.mask, rollout.rewards,
                                               rollout.group_size, vocab_size=16)))
+
+
+def test_rae_baselines_are_per_role_moving_averages_of_earlier_batches():
+  """RAE subtracts each role's baseline from before the batch, then moves it toward the
+  batch's mean reward of the role: b <- d b + (1 - d) mean r."""
+  hook = extras.hook(estimators.from_config({"name": "rae", "decay": 0.5, "roles": 3}))
+  rollout = demo.sample_rollout()  # rewards 1 0 0 1 1 1 1 0
+  roles = jnp.array([0, 0, 0, 0, 2, 2, 2, 2])
+  first, metrics = hook(None, rollout.replace(extras={"roles": roles}))
+  np.testing.assert_array_equal(first["role_baselines"], 0.0)  # before any batch
+  second, _ = hook(None, rollout.replace(extras={"roles": roles}))
+  np.testing.assert_allclose(second["role_baselines"], [0.25] * 4 + [0.375] * 4)
+  third, _ = hook(None, rollout)  # no roles: every row is role 0
+  np.testing.assert_allclose(third["role_baselines"], 0.375)  # 0.5 * 0.25 + 0.5 * 0.5
+  estimate = estimators.get("rae")(rollout.replace(extras=second))
+  want = (np.asarray(rollout.rewards) - np.asarray(second["role_baselines"]))[:, None]
+  np.testing.assert_allclose(estimate.advantages, np.where(rollout.mask, want, 0.0), atol=1e-6)
+  state = hook.modules()["role_baselines"].values[...]
+  np.testing.assert_allclose(state, [0.5, 0.0, 0.5625])  # role 0: 0.5 * 0.375 + 0.5 * 5 / 8
+  assert "rae_baseline_mean" in metrics
+  with pytest.raises(ValueError, match=r"extras\['roles'\] must be \[B\] = \[8\] int role ids "
+                                       r"in \[0, 3\)"):
+    hook(None, rollout.replace(extras={"roles": jnp.full(8, 3)}))
+  with pytest.raises(ValueError, match="decay must be in"):
+    extras.hook(estimators.from_config({"name": "rae", "decay": 1.0}))

@@ -136,11 +136,12 @@ def test_stale_sampling_follows_the_lag_and_resumes_exactly(tmp_path):
   [
     ({"sum": [{"weight": 0.7, "name": "grpo"}, {"weight": 0.3, "name": "prime"}]}, None),
     ({"name": "gae", "lam": 0.95}, "tiny"),
+    ({"name": "rae", "decay": 0.5}, None),
   ],
 )
 def test_estimators_that_keep_state_resume_exactly(tmp_path, advantage, critic):
-  """PRIME's implicit PRM and a critic are checkpointed with the policy: 2 updates, then a
-  resume to 4, log what 4 straight updates log."""
+  """PRIME's implicit PRM, a critic and RAE's role baselines are checkpointed with the policy:
+  2 updates, then a resume to 4, log what 4 straight updates log."""
 
   def config(steps):
     run = _config(steps)
