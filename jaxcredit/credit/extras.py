@@ -12,8 +12,8 @@ settings of the estimator that needs it (`estimators.Component.settings`)::
     return provide
 
 Built in: Monte-Carlo values (vineppo, spo), the implicit PRM (prime),
-KTAE's key-token scores, multi-turn per-turn baselines (turn_baseline) and RAE's per-role
-reward baselines (rae).
+KTAE's key-token scores, multi-turn per-turn baselines (turn_baseline), RAE's per-role
+reward baselines (rae) and a task's reward components (gdpo).
 Providers defined elsewhere (the lab's exact oracle) register themselves
 when their module is imported; modules named in the "jaxcredit.extras"
 entry-point group are imported when a needed key has no provider yet. A
@@ -63,6 +63,7 @@ entry is charged to the run's generated-token count). Hooks see whole batches.""
 Factory = Callable[..., Hook]  # factory(settings: Mapping, *, temperature: float) -> Hook
 
 PROVIDERS: Registry[Factory] = Registry("extras provider")
+LAYOUTS = ("token", "sequence", "vector")  # [B, T], [B], [B, K]
 
 
 def register(*keys: str, overwrite: bool = False,
@@ -75,7 +76,8 @@ def register(*keys: str, overwrite: bool = False,
     overwrite: replace an earlier registration of a key.
     refuses: ``refuses(task) -> str | None``, why the provider cannot serve `task` (a
       `TrainTask`), or None when it can; `hook` asks it before any work.
-    per: "token" when the extras are ``[B, T]``, "sequence" when ``[B]`` (`layout`).
+    per: the extras' layout (`layout`): "token" ``[B, T]``, "sequence" ``[B]`` or
+      "vector" ``[B, K]``.
 
   Returns:
     the decorator, which returns the factory unchanged.
@@ -84,8 +86,8 @@ def register(*keys: str, overwrite: bool = False,
     ValueError: when a key is registered already and `overwrite` is False, or on an
       unknown `per`.
   """
-  if per not in ("token", "sequence"):
-    raise ValueError(f"per must be 'token' or 'sequence', got {per!r}.")
+  if per not in LAYOUTS:
+    raise ValueError(f"per must be one of {', '.join(LAYOUTS)}, got {per!r}.")
 
   def decorator(factory: Factory) -> Factory:
     for key in keys:
@@ -102,7 +104,7 @@ def layout(key: str) -> str:
     key: a registered rollout.extras key.
 
   Returns:
-    "token" (``[B, T]``) or "sequence" (``[B]``).
+    "token" (``[B, T]``), "sequence" (``[B]``) or "vector" (``[B, K]``).
   """
   return PROVIDERS.info(key).get("per", "token")
 
@@ -364,6 +366,27 @@ def _role_baselines(settings: Mapping, *, temperature: float) -> Hook:
   (one role without it)."""
   del temperature
   return _RoleBaselineProvider(int(settings["roles"]), float(settings["decay"]))
+
+
+def _no_components(task) -> str | None:
+  """Why `task` gives no reward components (None when it does)."""
+  if task.score_components is None:
+    return ("its reward has no components (a TrainTask with score_components gives them, "
+            "e.g. countdown: correct, well-formed)")
+  return None
+
+
+@register("reward_components", per="vector", refuses=_no_components)
+def _reward_components(settings: Mapping, *, temperature: float) -> Hook:
+  """Each response's reward components (`TrainTask.component_rows`), for GDPO."""
+  del settings, temperature
+
+  def provide(context: Context, rollout: Rollout) -> tuple[dict, dict]:
+    components = context.task.component_rows(np.asarray(rollout.tokens),
+                                              np.asarray(rollout.mask), context.examples)
+    return {"reward_components": jnp.asarray(components)}, {}
+
+  return provide
 
 
 @register("turn_baselines")

@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxcredit.tasks import builders, procedural, rewards, task
+from jaxcredit.tasks.tokenizers import CharTokenizer
 
 ALPHABET = "".join(dict.fromkeys("0123456789+-*/(),>: <answer></answer>"))  # unique characters
 _TOKEN = re.compile(r"[0-9]+|[-+*/()]")  # ASCII digits only
@@ -197,6 +198,33 @@ def reward(response: str, numbers, target: int, *, format_score: float = 0.1) ->
   return 1.0, "correct"
 
 
+def reward_components(response: str, numbers, target: int) -> tuple[float, float]:
+  """The components of `reward`: correctness and form, each 0 or 1.
+
+  Args:
+    response: the decoded response.
+    numbers: the numbers given.
+    target: the target value.
+
+  Returns:
+    ``(correct, well_formed)``: the expression equals the target using each number exactly
+    once; it parses and uses each number exactly once (whatever its value).
+
+  Examples:
+    >>> from jaxcredit.tasks import countdown
+    >>> countdown.reward_components("<answer>3*4</answer>", [3, 4], 12)
+    (1.0, 1.0)
+    >>> countdown.reward_components("3+4", [3, 4], 12), countdown.reward_components("3+", [3], 3)
+    ((0.0, 1.0), (0.0, 0.0))
+  """
+  try:
+    value, used = parse(extract_expression(response))
+  except ExpressionError:
+    return 0.0, 0.0
+  well_formed = sorted(used) == sorted(int(n) for n in numbers)
+  return float(well_formed and value == target), float(well_formed)
+
+
 class Countdown(builders.ProceduralBuilder):
   """The TFDS builder of countdown: reach a target from numbers with + - * /."""
 
@@ -217,7 +245,8 @@ class Countdown(builders.ProceduralBuilder):
 
 def train_task(config, *, data_dir: str, seed: int,
                tokenizer: str | None = None) -> task.TrainTask:
-  """countdown bound to its data: characters over ALPHABET, rewarded by `reward`.
+  """countdown bound to its data: characters over ALPHABET, rewarded by `reward`, its
+  components (`reward_components`: correct, well-formed) for GDPO.
 
   Args:
     config: the run's ``task`` config (options, sizes, length budgets).
@@ -233,11 +262,14 @@ def train_task(config, *, data_dir: str, seed: int,
   """
   del tokenizer
   options = task.options_of(CountdownConfig, config)
-  return procedural.character_task(
+  train = procedural.character_task(
       "countdown", config, options, ALPHABET,
       lambda response, example: reward(response, example["numbers"], int(example["target"]),
                                        format_score=options.format_score),
       data_dir=data_dir, seed=seed)
+  components = task.text_components(CharTokenizer(ALPHABET), lambda response, example: (
+      reward_components(response, example["numbers"], int(example["target"]))))
+  return dataclasses.replace(train, score_components=components)
 
 
 TASK = task.register(task.Task(name="countdown", options=CountdownConfig, data=Countdown,

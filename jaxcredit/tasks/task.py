@@ -96,6 +96,9 @@ class TrainTask:
   # Multi-turn tasks: [n] completion ids of a demonstration -> [n] bool, its policy tokens
   # (not the environment's observations); SFT trains on those only.
   demonstration_actions: Callable[[np.ndarray], np.ndarray] | None = None
+  # Tasks whose reward has components (e.g. correctness and format): [B, N] response ids,
+  # their mask and examples -> [B, K] (what GDPO normalises one by one).
+  score_components: Callable[[np.ndarray, np.ndarray, Sequence[dict]], np.ndarray] | None = None
 
   def sft_loss_mask(self, tokens: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
     """[B, L] loss_mask of SFT rows, restricted to the policy's tokens of multi-turn
@@ -115,6 +118,18 @@ class TrainTask:
     in_response = np.asarray(mask, bool)[:, response]
     stopped = np.isin(np.asarray(tokens)[:, response], self.stop_tokens) & in_response
     return ~stopped.any(axis=1) if self.stop_tokens else np.zeros(len(stopped), bool)
+
+  def component_rows(self, tokens, mask, examples: Sequence[dict]) -> np.ndarray:
+    """[B, K] reward components of whole [B, P + N] rows (`score_components` of the
+    response), 0 where the response was cut off by the budget; ValueError for a task
+    without components."""
+    if self.score_components is None:
+      raise ValueError(f"Task {self.name!r} has no reward components (its TrainTask's "
+                       "score_components is None).")
+    response = slice(self.max_prompt_length, None)
+    components = np.asarray(self.score_components(
+        np.asarray(tokens)[:, response], np.asarray(mask)[:, response], examples), np.float32)
+    return np.where(self.truncated(tokens, mask)[:, None], np.float32(0.0), components)
 
   def score_rows(self, tokens, mask, examples: Sequence[dict]) -> np.ndarray:
     """[B] rewards of whole [B, P + N] rows: `score` of the response (after the
@@ -290,6 +305,26 @@ def options_of(config_class, config):
                      f"{config_class.__name__} does not take; it takes: "
                      f"{', '.join(sorted(known))}.")
   return config_class(**options)
+
+
+def text_components(tokenizer: Tokenizer,
+                    components_fn: Callable[[str, dict], Sequence[float]]) -> Scorer:
+  """Decoded responses mapped to their reward components.
+
+  Args:
+    tokenizer: the task's tokenizer.
+    components_fn: ``components_fn(response, example) -> [K]`` floats; it must not raise
+      on model output.
+
+  Returns:
+    ``score(tokens, mask, examples) -> [B, K]`` float32.
+  """
+
+  def score(tokens, mask, examples):
+    responses = [tokenizer.decode(row[m]) for row, m in zip(tokens, mask)]
+    return np.asarray([components_fn(r, e) for r, e in zip(responses, examples)], np.float32)
+
+  return score
 
 
 def text_scorer(tokenizer: Tokenizer, reward_fn: Callable[[str, dict], tuple[float, str]],

@@ -277,7 +277,7 @@ def check_learner_inputs(advantage: Callable, objective: Callable | None, *, row
 
   Both are traced (`jax.eval_shape`: shapes only, nothing computed) on a
   ``[rows, columns]`` rollout holding exactly `fields` (see `run_fields`), the `extras` keys
-  the extras providers add (float32, ``[B, T]`` or ``[B]`` as their providers declare:
+  the extras providers add (float32, ``[B, T]``, ``[B]`` or ``[B, K]`` as their providers declare:
   `extras.layout`) and, for `multi_turn`, the episode extras.
 
   Args:
@@ -301,8 +301,9 @@ def check_learner_inputs(advantage: Callable, objective: Callable | None, *, row
               "old_logprobs": token(jnp.float32), "values": token(jnp.float32),
               "token_rewards": token(jnp.float32), "staleness": row(jnp.int32),
               "turn_ids": token(jnp.int32)}
-  probe_extras = {key: (row if extras_lib.layout(key) == "sequence" else token)(jnp.float32)
-                  for key in extras}
+  layouts = {"token": token, "sequence": row,
+             "vector": lambda dtype: jax.ShapeDtypeStruct((rows, 1), dtype)}
+  probe_extras = {key: layouts[extras_lib.layout(key)](jnp.float32) for key in extras}
   if multi_turn:
     probe_extras.update({key: (token if per_token else row)(dtype)
                          for key, (per_token, dtype) in EPISODE_EXTRAS.items()})
