@@ -15,7 +15,6 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxcredit.tasks import builders, procedural, rewards, task
-from jaxcredit.tasks.tokenizers import CharTokenizer
 
 ALPHABET = "".join(dict.fromkeys("0123456789+-*/(),>: <answer></answer>"))  # unique characters
 _TOKEN = re.compile(r"[0-9]+|[-+*/()]")  # ASCII digits only
@@ -187,15 +186,8 @@ def reward(response: str, numbers, target: int, *, format_score: float = 0.1) ->
   References:
     TinyZero's countdown reward (Pan et al., 2025, github.com/Jiayi-Pan/TinyZero).
   """
-  try:
-    value, used = parse(extract_expression(response))
-  except ExpressionError as error:
-    return 0.0, f"malformed: {error}"
-  if sorted(used) != sorted(int(n) for n in numbers):
-    return 0.0, f"uses {sorted(used)}, not each of {sorted(int(n) for n in numbers)} once"
-  if value != target:
-    return format_score, f"evaluates to {value}, not {target}"
-  return 1.0, "correct"
+  correct, well_formed, reason = _judge(response, numbers, target)
+  return (1.0 if correct else format_score if well_formed else 0.0), reason
 
 
 def reward_components(response: str, numbers, target: int) -> tuple[float, float]:
@@ -217,12 +209,21 @@ def reward_components(response: str, numbers, target: int) -> tuple[float, float
     >>> countdown.reward_components("3+4", [3, 4], 12), countdown.reward_components("3+", [3], 3)
     ((0.0, 1.0), (0.0, 0.0))
   """
+  correct, well_formed, _ = _judge(response, numbers, target)
+  return float(correct), float(well_formed)
+
+
+def _judge(response: str, numbers, target: int) -> tuple[bool, bool, str]:
+  """(correct, well-formed, why) of a response: `reward` and `reward_components` read it."""
   try:
     value, used = parse(extract_expression(response))
-  except ExpressionError:
-    return 0.0, 0.0
-  well_formed = sorted(used) == sorted(int(n) for n in numbers)
-  return float(well_formed and value == target), float(well_formed)
+  except ExpressionError as error:
+    return False, False, f"malformed: {error}"
+  if sorted(used) != sorted(int(n) for n in numbers):
+    return False, False, f"uses {sorted(used)}, not each of {sorted(int(n) for n in numbers)} once"
+  if value != target:
+    return False, True, f"evaluates to {value}, not {target}"
+  return True, True, "correct"
 
 
 class Countdown(builders.ProceduralBuilder):
@@ -262,14 +263,13 @@ def train_task(config, *, data_dir: str, seed: int,
   """
   del tokenizer
   options = task.options_of(CountdownConfig, config)
-  train = procedural.character_task(
+  return procedural.character_task(
       "countdown", config, options, ALPHABET,
       lambda response, example: reward(response, example["numbers"], int(example["target"]),
                                        format_score=options.format_score),
+      components=lambda response, example: reward_components(
+          response, example["numbers"], int(example["target"])),
       data_dir=data_dir, seed=seed)
-  components = task.text_components(CharTokenizer(ALPHABET), lambda response, example: (
-      reward_components(response, example["numbers"], int(example["target"]))))
-  return dataclasses.replace(train, score_components=components)
 
 
 TASK = task.register(task.Task(name="countdown", options=CountdownConfig, data=Countdown,

@@ -4,7 +4,7 @@ batched lab's evaluation prompts."""
 
 import hashlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -41,7 +41,9 @@ def fields(name: str, config, options, *, data_dir: str, seed: int) -> dict:
 
 def character_task(name: str, config, options, alphabet: str,
                    reward: Callable[[str, dict], tuple[float, str]], *, data_dir: str,
-                   seed: int) -> task.TrainTask:
+                   seed: int,
+                   components: Callable[[str, dict], Sequence[float]] | None = None
+                   ) -> task.TrainTask:
   """A generated text task on a character tokenizer: prompts and responses within
   config.max_prompt_length and config.max_response_length, a response ending at EOS, scored
   by ``reward(response text, example)`` (`task.text_scorer`).
@@ -54,6 +56,8 @@ def character_task(name: str, config, options, alphabet: str,
     reward: ``reward(response, example) -> (reward, reason)``.
     data_dir: where the dataset is built.
     seed: the data seed.
+    components: ``components(response, example) -> [K]``, the reward's components
+      (`task.text_components`), or None.
 
   Returns:
     the `TrainTask`.
@@ -65,7 +69,10 @@ def character_task(name: str, config, options, alphabet: str,
       max_prompt_length=config.max_prompt_length,
       max_response_length=config.max_response_length, encode=loader.text_encoder(tokenizer),
       score=task.text_scorer(tokenizer, reward, failures), token_texts=tokenizer.token_texts,
-      reward_failures=failures, **fields(name, config, options, data_dir=data_dir, seed=seed))
+      reward_failures=failures,
+      score_components=None if components is None else task.text_components(tokenizer,
+                                                                             components),
+      **fields(name, config, options, data_dir=data_dir, seed=seed))
 
 
 def evaluation_symbols(n_keys: int, count: int, limit: int) -> np.ndarray:

@@ -307,6 +307,11 @@ def options_of(config_class, config):
   return config_class(**options)
 
 
+def _decoded(tokenizer: Tokenizer, tokens, mask) -> list[str]:
+  """Each row's response text: its tokens where `mask` holds, decoded."""
+  return [tokenizer.decode(row[m]) for row, m in zip(tokens, mask)]
+
+
 def text_components(tokenizer: Tokenizer,
                     components_fn: Callable[[str, dict], Sequence[float]]) -> Scorer:
   """Decoded responses mapped to their reward components.
@@ -321,8 +326,8 @@ def text_components(tokenizer: Tokenizer,
   """
 
   def score(tokens, mask, examples):
-    responses = [tokenizer.decode(row[m]) for row, m in zip(tokens, mask)]
-    return np.asarray([components_fn(r, e) for r, e in zip(responses, examples)], np.float32)
+    return np.asarray([components_fn(r, e) for r, e in zip(_decoded(tokenizer, tokens, mask),
+                                                           examples)], np.float32)
 
   return score
 
@@ -340,7 +345,7 @@ def text_scorer(tokenizer: Tokenizer, reward_fn: Callable[[str, dict], tuple[flo
     ``score(tokens, mask, examples) -> [B]`` float rewards.
   """
   def score(tokens, mask, examples):
-    responses = [tokenizer.decode(row[m]) for row, m in zip(tokens, mask)]
+    responses = _decoded(tokenizer, tokens, mask)
     with warnings.catch_warnings():  # counted instead, and reported by the loop every time
       warnings.simplefilter("ignore", RuntimeWarning)
       scored = rewards.batched(reward_fn, responses, examples)
