@@ -121,20 +121,26 @@ class Rollout:
     return self.behaviour_logprobs
 
   def extra(self, name: str, *, by: str, per: str = "token") -> Array:
-    """rollout.extras[name], which must be [B, T] (per="token") or [B]
-    (per="sequence"); ValueError naming `by`, the key and the shapes if it is
+    """rollout.extras[name], which must be [B, T] (per="token"), [B] (per="sequence") or
+    [B, K] for any K (per="vector"); ValueError naming `by`, the key and the shapes if it is
     absent or mis-shaped (a [B, 1] or [T] array would otherwise broadcast)."""
     if name not in self.extras:
       raise ValueError(
           f"{by} needs rollout.extras[{name!r}]; extras has {sorted(self.extras)}."
       )
     value = self.extras[name]
+    shape = tuple(jnp.shape(value))
+    if per == "vector":
+      if len(shape) != 2 or shape[0] != self.shape[0]:
+        raise ValueError(f"{by} needs rollout.extras[{name!r}] of shape [B, K] with "
+                         f"B = {self.shape[0]}, got {list(shape)}.")
+      return value
     expected = {"token": self.shape, "sequence": self.shape[:1]}[per]
-    if tuple(jnp.shape(value)) != expected:
+    if shape != expected:
       layout = "[B, T]" if per == "token" else "[B]"
       raise ValueError(
           f"{by} needs rollout.extras[{name!r}] of shape {layout} = {list(expected)}, "
-          f"got {list(jnp.shape(value))}."
+          f"got {list(shape)}."
       )
     return value
 

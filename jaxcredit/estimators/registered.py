@@ -150,13 +150,7 @@ def _maxrl(rollout: Rollout):
 @register("gdpo", needs=("reward_components",))
 def _gdpo(rollout: Rollout, *, weights: tuple[float, ...] | None = None, eps: float = 1e-6):
   """Needs rollout.extras["reward_components"] [B, K]: each response's reward components."""
-  if "reward_components" not in rollout.extras:
-    raise ValueError("gdpo needs rollout.extras['reward_components'] [B, K] (each response's "
-                     f"reward components); extras has {sorted(rollout.extras)}.")
-  components = rollout.extras["reward_components"]
-  if jnp.ndim(components) != 2 or jnp.shape(components)[0] != rollout.shape[0]:
-    raise ValueError(f"gdpo needs rollout.extras['reward_components'] of shape [B, K] with "
-                     f"B = {rollout.shape[0]}, got {list(jnp.shape(components))}.")
+  components = rollout.extra("reward_components", by="gdpo", per="vector")
   seq = group.gdpo_advantages(components, group_size=rollout.group_size, weights=weights, eps=eps)
   return group.broadcast_to_tokens(seq, rollout.mask)
 
