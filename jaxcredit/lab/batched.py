@@ -137,11 +137,6 @@ def make_rollout(cell: Cell, needs=frozenset(arms.EXTRAS)):
   actions, prompt_len = task.actions, config.prompt_length
   largest_k = max(arms.monte_carlo_k(estimators.from_config(arm)) for arm in cell.arms)
   value_needs = {"oracle_advantages", "oracle_values", *estimators.registered.MC_VALUES}
-  # The traceable providers of the needed extras (of all, with oracle_extras), each once.
-  traceable = {wanted: list(dict.fromkeys(extras_lib.TRACEABLE.get(key)
-                                          for key in extras_lib.TRACEABLE.names()
-                                          if wanted or key in needs))
-               for wanted in (False, True)}
 
   def rollout(model, key, oracle_extras=False, mc_k=0):
     prompts, targets = task.draw(jax.random.fold_in(key, PROMPT_STREAM), cell.prompts_per_step)
@@ -170,7 +165,10 @@ def make_rollout(cell: Cell, needs=frozenset(arms.EXTRAS)):
                     entropy=sample.entropy, truncated=sample.truncated,
                     positions=sample.positions, token_valid=sample.token_valid, extras=extras,
                     group_size=group)
-    for provide in traceable[oracle_extras]:  # the loop's own (`extras.register_traceable`)
+    # The loop's own functions (`extras.register_traceable`) of the needed extras (all of
+    # them with oracle_extras), each function once.
+    wanted = [k for k in extras_lib.TRACEABLE.names() if oracle_extras or k in needs]
+    for provide in dict.fromkeys(map(extras_lib.TRACEABLE.get, wanted)):
       batch = batch.replace(extras={**batch.extras, **provide(
           batch, jax.random.fold_in(key, EXTRAS_STREAM), task.vocab_size)})
     return batch
