@@ -106,7 +106,7 @@ def layout(key: str) -> str:
   Returns:
     "token" (``[B, T]``), "sequence" (``[B]``) or "vector" (``[B, K]``).
   """
-  return PROVIDERS.info(key).get("per", "token")
+  return PROVIDERS.info(key)["per"]
 
 
 Traceable = Callable[[Rollout, Array, int], dict]
