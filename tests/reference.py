@@ -577,3 +577,51 @@ def gdpo(components, group_size, weights=None, eps=1e-6):
     return np.zeros(1)
   std = total.std(ddof=1)
   return (total - total.mean()) / (std + eps) if std > 0 else np.zeros_like(total)
+
+
+def _tree(rewards, path, group_size):
+  """{node id: rewards of the leaves below it} and each row's group rewards."""
+  rewards, path = np.asarray(rewards, np.float64), np.asarray(path)
+  leaves = {}
+  for b, row in enumerate(path):
+    for node in row[row >= 0]:
+      leaves.setdefault(int(node), []).append(rewards[b])
+  groups = [rewards[b - b % group_size: b - b % group_size + group_size]
+            for b in range(len(rewards))]
+  return {n: np.asarray(v) for n, v in leaves.items()}, groups
+
+
+def _z(r, subgroup, eps):
+  """(r - mean) / (std (ddof 1) + eps), 0 for a subgroup of equal rewards or one leaf."""
+  std = subgroup.std(ddof=1) if len(subgroup) > 1 else 0.0
+  return 0.0 if std == 0 else (r - subgroup.mean()) / (std + eps)
+
+
+def tree_credit(name, rewards, path, segments, mask, group_size, eps=1e-6):
+  """The tree estimators (spo_tree, treerl, tempo, treepo, tree_grpo) by walking each row's
+  path: [B, T] float64."""
+  leaves, groups = _tree(rewards, path, group_size)
+  rewards, path = np.asarray(rewards, np.float64), np.asarray(path)
+  segments, mask = np.asarray(segments), np.asarray(mask, bool)
+  out = np.zeros(mask.shape)
+  for b in range(mask.shape[0]):
+    nodes = [int(n) for n in path[b] if n >= 0]
+    value = lambda k: groups[b].mean() if k < 0 else leaves[nodes[k]].mean()
+    for t in np.flatnonzero(mask[b]):
+      k = int(segments[b, t])
+      if k < 0:
+        continue
+      if name == "spo_tree":
+        out[b, t] = value(k) - value(k - 1)
+      elif name == "treerl":
+        out[b, t] = (2 * value(k) - value(-1) - value(k - 1)) / np.sqrt(len(leaves[nodes[k]]))
+      elif name == "tempo":
+        first = t == 0 or segments[b, t - 1] != k
+        out[b, t] = _z(rewards[b], groups[b], eps) + (value(k) - value(k - 1) if first else 0.0)
+      elif name == "treepo":
+        subgroups = [groups[b]] + [leaves[n] for n in nodes[:k] if len(leaves[n]) >= 2]
+        out[b, t] = np.mean([_z(rewards[b], s, eps) for s in subgroups])
+      elif name == "tree_grpo":
+        out[b, t] = _z(rewards[b], leaves[nodes[0]], eps) + _z(rewards[b], groups[b], eps)
+  return out
+

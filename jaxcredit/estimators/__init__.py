@@ -53,6 +53,14 @@ from jaxcredit.estimators.token_credit import (
     surprisal_weights,
     whiten,
 )
+from jaxcredit.estimators.tree_credit import (
+    node_stats,
+    spo_tree_advantages,
+    tempo_advantages,
+    tree_grpo_advantages,
+    treepo_advantages,
+    treerl_advantages,
+)
 from jaxcredit.estimators.turn_credit import (
     gigpo_advantages,
     mt_grpo_advantages,
@@ -71,6 +79,12 @@ from jaxcredit.estimators.value_credit import (
 )
 
 __all__ = [
+    "treerl_advantages",
+    "treepo_advantages",
+    "tree_grpo_advantages",
+    "tempo_advantages",
+    "spo_tree_advantages",
+    "node_stats",
     "broadcast_to_tokens",
     "component",
     "Component",

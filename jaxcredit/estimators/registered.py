@@ -6,7 +6,8 @@ from collections.abc import Callable
 import jax.numpy as jnp
 
 from jaxcredit._masking import as_bool, sanitise
-from jaxcredit.estimators import group, returns, token_credit, turn_credit, value_credit
+from jaxcredit.estimators import (group, returns, token_credit, tree_credit, turn_credit,
+                                  value_credit)
 from jaxcredit.registry import Registry
 from jaxcredit.rollout import Estimate, Rollout
 
@@ -165,6 +166,56 @@ def _rae(rollout: Rollout):
   baselines = rollout.extra("role_baselines", by="rae", per="sequence")
   seq = rollout.rewards.astype(jnp.float32) - baselines.astype(jnp.float32)
   return group.broadcast_to_tokens(seq, rollout.mask)
+
+
+TREE = ("tree_path", "tree_segments")  # the tree a tree sampler records (`tree_credit`)
+
+
+def _tree(rollout: Rollout, by: str):
+  """(path [B, S], segments [B, T]) of a tree rollout; ValueError naming `by` on a flat one."""
+  return (rollout.extra("tree_path", by=by, per="vector"),
+          rollout.extra("tree_segments", by=by))
+
+
+@register("spo_tree", needs=TREE)
+def _spo_tree(rollout: Rollout):
+  """V(n_k) - V(n_{k-1}) on segment k (`tree_credit.spo_tree_advantages`); needs a tree
+  rollout (rollout.extras["tree_path"], ["tree_segments"])."""
+  return tree_credit.spo_tree_advantages(rollout.rewards, *_tree(rollout, "spo_tree"),
+                                         rollout.mask, group_size=rollout.group_size)
+
+
+@register("treerl", needs=TREE)
+def _treerl(rollout: Rollout):
+  """TreeRL's global plus local segment advantage (`tree_credit.treerl_advantages`); needs a
+  tree rollout."""
+  return tree_credit.treerl_advantages(rollout.rewards, *_tree(rollout, "treerl"), rollout.mask,
+                                       group_size=rollout.group_size)
+
+
+@register("tempo", needs=TREE)
+def _tempo(rollout: Rollout, *, eps: float = 1e-6):
+  """GRPO plus the value step at each fork (`tree_credit.tempo_advantages`); needs a tree
+  rollout."""
+  return tree_credit.tempo_advantages(rollout.rewards, *_tree(rollout, "tempo"), rollout.mask,
+                                      group_size=rollout.group_size, eps=eps)
+
+
+@register("treepo", needs=TREE)
+def _treepo(rollout: Rollout, *, eps: float = 1e-6):
+  """The reward normalised within each ancestor subgroup, averaged
+  (`tree_credit.treepo_advantages`); needs a tree rollout."""
+  return tree_credit.treepo_advantages(rollout.rewards, *_tree(rollout, "treepo"), rollout.mask,
+                                       group_size=rollout.group_size, eps=eps)
+
+
+@register("tree_grpo", needs=TREE)
+def _tree_grpo(rollout: Rollout, *, eps: float = 1e-6):
+  """Intra-tree plus inter-tree normalised rewards (`tree_credit.tree_grpo_advantages`); needs
+  a tree rollout."""
+  path, _ = _tree(rollout, "tree_grpo")
+  return tree_credit.tree_grpo_advantages(rollout.rewards, path, rollout.mask,
+                                          group_size=rollout.group_size, eps=eps)
 
 
 @register("rloo")

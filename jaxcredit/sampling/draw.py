@@ -18,7 +18,8 @@ def sample_token(logits: Array, key: Array, *, temperature: float, top_k: int | 
 
   Args:
     logits: ``[B, V]``.
-    key: a PRNG key.
+    key: a PRNG key, or ``[B]`` keys, one per row (a row's draw then depends on its key and
+      logits only, not on the rest of the batch).
     temperature: >= 0.
     top_k: keep the k most likely tokens, or None.
     top_p: keep the smallest set of top tokens whose mass reaches p, or None.
@@ -39,8 +40,26 @@ def sample_token(logits: Array, key: Array, *, temperature: float, top_k: int | 
     cutoff_index = jnp.sum(cumulative < top_p, axis=-1, keepdims=True)
     cutoff = jnp.take_along_axis(sorted_logits, cutoff_index, axis=-1)
     logits = jnp.where(logits < cutoff, -jnp.inf, logits)
-  uniforms = jax.random.uniform(key, (2, logits.shape[0]))
+  if jnp.ndim(key) == 1:  # a key per row: each row's draw depends on its own key alone
+    uniforms = jax.vmap(lambda k: jax.random.uniform(k, (2,)))(key).T
+  else:
+    uniforms = jax.random.uniform(key, (2, logits.shape[0]))
   return inverse_cdf_sample(jax.nn.softmax(logits, axis=-1), uniforms[0], uniforms[1])
+
+
+def step_key(key: Array, step) -> Array:
+  """`key` folded with `step`: one key, or each of a ``[B]`` batch of per-row keys.
+
+  Args:
+    key: a PRNG key, or ``[B]`` keys.
+    step: an int (traced or not).
+
+  Returns:
+    the folded key(s), of `key`'s shape.
+  """
+  if jnp.ndim(key) == 1:
+    return jax.vmap(jax.random.fold_in, (0, None))(key, step)
+  return jax.random.fold_in(key, step)
 
 
 def _first_above(cumulative: Array, threshold: Array, positive: Array) -> Array:

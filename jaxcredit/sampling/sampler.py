@@ -47,7 +47,7 @@ from jaxcredit import _checks
 from jaxcredit.logprobs import token_entropy, token_logprobs
 from jaxcredit.models.transformer import KVCache, Transformer
 from jaxcredit.sampling.actions import Actions, mask_logits
-from jaxcredit.sampling.draw import sample_token
+from jaxcredit.sampling.draw import sample_token, step_key
 
 
 class SampleOutput(NamedTuple):
@@ -204,7 +204,7 @@ def _decode(model, cache: KVCache, logits, position, slot, done, key, allowed, h
 
   def step(carry):
     i, cache, logits, done, position, buffers = carry
-    token, logp, entropy, active, done = _response_step(logits, jax.random.fold_in(key, i), done,
+    token, logp, entropy, active, done = _response_step(logits, step_key(key, i), done,
                                                          allowed[i], settings)
     fed = jnp.where(hidden[i], settings.hidden_token, token)
     out, cache = model.decode(fed[:, None], position[:, None], active[:, None], cache, slot + i,
@@ -440,7 +440,8 @@ def continue_contexts(model: Transformer, contexts: Contexts, key: Array, *, max
   Args:
     model: the policy, a `Transformer`.
     contexts: from `start_contexts` or `extend_contexts`.
-    key: a PRNG key.
+    key: a PRNG key, or ``[B]`` keys, one per row (a row's draws then depend on its own key
+      and context only).
     max_new_tokens: tokens to sample per row at most.
     done: ``[B]`` bool, rows that sample nothing.
     temperature: >= 0 (0 is greedy).
@@ -461,7 +462,9 @@ def continue_contexts(model: Transformer, contexts: Contexts, key: Array, *, max
   settings = _Sampling(max_new_tokens, float(temperature), None, None,
                        tuple(int(t) for t in stop_tokens), int(pad_id), 0, True)
   graphdef, state = nnx.split(model)
-  return _continue(graphdef, state, contexts, jnp.asarray(done, bool), key, settings)
+  allowed = jnp.ones((max_new_tokens, 1, contexts.logits.shape[-1]), bool)
+  return _continue_rows(graphdef, state, contexts, jnp.asarray(done, bool), key, allowed,
+                        jnp.zeros((max_new_tokens, 1), bool), settings)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
@@ -482,11 +485,13 @@ def _extend_jit(graphdef, state, contexts: Contexts, tokens, token_valid) -> Con
   return Contexts(cache, logits, length, contexts.slot + tokens.shape[1])
 
 
-@functools.partial(jax.jit, static_argnums=(0, 5), donate_argnums=(2,))
-def _continue(graphdef, state, contexts: Contexts, done, key, settings: _Sampling):
+@functools.partial(jax.jit, static_argnums=(0, 7), donate_argnums=(2,))
+def _continue_rows(graphdef, state, contexts: Contexts, done, key, allowed, hidden,
+                  settings: _Sampling) -> tuple[Continuation, Contexts]:
+  """`continue_contexts` on a split model, with the step-major response tables of
+  `_response_tables` (allowed [N, V] or [N, B, V], hidden [N] or [N, B]: hidden steps are fed
+  as `settings.hidden_token`)."""
   model = nnx.merge(graphdef, state)
-  steps, vocab = settings.max_new_tokens, model.config.vocab_size
-  allowed, hidden = jnp.ones((steps, 1, vocab), bool), jnp.zeros((steps, 1), bool)
   buffers, done, decode_steps, cache, logits, length = _decode(
       model, contexts.cache, contexts.logits, contexts.length, contexts.slot, done, key, allowed,
       hidden, settings, model.unstacked_layers())

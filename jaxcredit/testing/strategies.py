@@ -117,9 +117,55 @@ def make_rollout(
           "reward_components": jnp.asarray(_components(batch), jnp.float32),
           "role_baselines": jnp.asarray(np.random.default_rng([batch, 4]).random(batch),
                                         jnp.float32),
+          **dict(zip(("tree_path", "tree_segments"), map(jnp.asarray, random_tree(
+              np.random.default_rng([batch, length, 5]), batch, length, group_size, 3)))),
       },
       group_size=group_size,
   )
+
+
+def random_tree(rng: np.random.Generator, batch: int, length: int, group_size: int,
+                depth: int) -> tuple[np.ndarray, np.ndarray]:
+  """A random tree over each group's leaves, in the layout of
+  `jaxcredit.estimators.tree_credit`: each level splits every node's rows into at most two
+  contiguous children (so a group may hold two trees), the last level into one leaf per row,
+  a node's id is
+  ``first row * depth + level``, and segment k covers the k-th of `depth` equal shares of the
+  T columns.
+
+  Args:
+    rng: the NumPy generator.
+    batch: B, a multiple of `group_size`.
+    length: T.
+    group_size: G, the leaves of one prompt.
+    depth: S, segments per row.
+
+  Returns:
+    ``(path [B, S], segments [B, T])`` int arrays.
+
+  Examples:
+    >>> import numpy as np
+    >>> from jaxcredit.testing import strategies
+    >>> path, segments = strategies.random_tree(np.random.default_rng(0), 4, 6, 4, 2)
+    >>> path.shape, segments[0].tolist()
+    ((4, 2), [0, 0, 0, 1, 1, 1])
+  """
+  path = np.zeros((batch, depth), np.int32)
+  for start in range(0, batch, group_size):
+    blocks = [(start, start + group_size)]
+    for level in range(depth):
+      children = []
+      for low, high in blocks:
+        if level == depth - 1:  # the leaves: one row each
+          children += [(row, row + 1) for row in range(low, high)]
+          continue
+        cut = int(rng.integers(low + 1, high + 1))
+        children += [(low, cut)] + ([(cut, high)] if cut < high else [])
+      for low, high in children:
+        path[low:high, level] = low * depth + level
+      blocks = children
+  segments = np.minimum(np.arange(length) * depth // max(length, 1), depth - 1)
+  return path, np.broadcast_to(segments, (batch, length)).astype(np.int32)
 
 
 def _components(batch: int) -> np.ndarray:

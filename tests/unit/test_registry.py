@@ -8,6 +8,7 @@ import pytest
 
 import jaxcredit as jc
 from jaxcredit import estimators, losses, testing
+from jaxcredit.testing import strategies
 from tests import reference
 from tests.conftest import poison, random_mask, doc_block
 
@@ -53,6 +54,8 @@ def make_rollout(batch=8, length=10, group_size=4, seed=0, poisoned=True) -> jc.
       "turn_baselines": jnp.asarray(token()),
       "reward_components": jnp.asarray(rng.normal(size=(batch, 3)), jnp.float32),
       "role_baselines": jnp.asarray(rng.random(batch), jnp.float32),
+      **dict(zip(("tree_path", "tree_segments"), map(jnp.asarray, strategies.random_tree(
+          rng, batch, length, group_size, 2)))),
     },
     group_size=group_size,
   )

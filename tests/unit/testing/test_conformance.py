@@ -12,7 +12,7 @@ from tests.conftest import doc_block
 
 SHIFT_INVARIANT = {
     "grpo", "dr_grpo", "rloo", "gpg", "opo", "reinforce_pp_baseline", "grpo_high_entropy",
-    "grpo_surprisal", "prime",
+    "grpo_surprisal", "prime", "spo_tree", "treerl", "tempo", "treepo", "tree_grpo",
 }
 SCALE_INVARIANT = {
   "grpo",
@@ -24,6 +24,8 @@ SCALE_INVARIANT = {
   "pass_at_k",
   "reinforce_pp",
   "reinforce_pp_baseline",
+  "tree_grpo",
+  "treepo",
 }
 PAIR_LOSSES = {"dpo", "ipo", "simpo"}
 

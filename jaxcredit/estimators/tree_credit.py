@@ -1,0 +1,404 @@
+"""Credit from a tree of responses: responses that share a prefix, sampled by forking rows.
+
+A group's G rows are the leaves of the trees sampled from one prompt. Each row's response
+is cut into segments (k = 0, 1, ..., its depth); the k-th segment of a row is a node of the
+tree, shared by every row whose first k + 1 segments are the same tokens. Two arrays record
+the tree (`jaxcredit.sampling.sample_tree` writes them to rollout.extras):
+
+  path      [B, S] int  the node id of each row's k-th segment, -1 past its last one; the
+                        parent of node path[b, k] is path[b, k - 1], and of path[b, 0] the
+                        prompt (the root). Ids are in [0, B S) and a node's rows are in one
+                        group.
+  segments  [B, T] int  the segment index k of each response token, -1 elsewhere.
+
+A node's value is the mean reward of the leaves below it, V(n) = mean_{l in L(n)} r_l, an
+unbiased Monte-Carlo estimate of the value of its prefix; V(root) is the group's mean
+reward, V of a leaf its reward. The estimators below are exact functions of the tree and
+the rewards:
+
+  spo_tree_advantages    V(n_k) - V(n_{k-1}) on segment k (SPO-tree, arXiv 2505.23564).
+  treerl_advantages      [(V(n_k) - V(root)) + (V(n_k) - V(n_{k-1}))] / sqrt(|L(n_k)|)
+                         (TreeRL, arXiv 2506.11902).
+  tempo_advantages       GRPO's advantage, plus V(n_k) - V(n_{k-1}) on the first token of
+                         segment k, where the tree branches (TEMPO, arXiv 2509.18314).
+  treepo_advantages      the mean, over segment k's ancestor subgroups, of the reward
+                         normalised within the subgroup (TreePO, arXiv 2508.17445).
+  tree_grpo_advantages   intra-tree plus inter-tree group-normalised rewards (Tree-GRPO,
+                         arXiv 2509.21240).
+
+All are shift-invariant in each group's rewards (each is a difference of means or a
+normalised reward), so they are computed on rewards centred at each group's first reward
+and scaled to [-4, 4] (equal rewards give exactly 0; no float32 overflow for any finite
+rewards), and the unnormalised ones scaled back.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from jaxcredit import _checks
+from jaxcredit._masking import as_bool, safe_divide, safe_sqrt, scale_down
+
+
+class NodeStats(NamedTuple):
+  """Statistics of the nodes on each row's path, and of its group (the root).
+
+  Attributes:
+    values: ``[B, S]`` float32 V(n) = mean reward of the leaves below the row's k-th node (0
+      past the row's path).
+    leaves: ``[B, S]`` float32 |L(n)|, the number of those leaves (0 past the path).
+    stds: ``[B, S]`` float32 the std (ddof = 1; 0 for one leaf) of their rewards.
+    root_value: ``[B]`` float32 V(root), the mean reward of the row's group.
+    root_std: ``[B]`` float32 the std (ddof = 1) of the group's rewards.
+    scale: ``[B]`` float32 the reward unit of the statistics above: rewards are
+      ``scale * x`` with the statistics computed on x (centred, so values and stds are in
+      x units too; values are relative to the group's first reward).
+  """
+
+  values: Array
+  leaves: Array
+  stds: Array
+  root_value: Array
+  root_std: Array
+  scale: Array
+
+
+def _check_tree(rewards, path, segments, mask, group_size) -> None:
+  _checks.check_rank(rewards, 1, "rewards")
+  _checks.check_rank(path, 2, "path")
+  _checks.check_group_size(rewards.shape[0], group_size)
+  if path.shape[0] != rewards.shape[0]:
+    raise ValueError(f"path must be [B, S] with B = {rewards.shape[0]} (the rewards' rows), "
+                     f"got {list(path.shape)}.")
+  if segments is not None:
+    _checks.check_same_shape(segments=segments, mask=mask)
+    if segments.shape[0] != rewards.shape[0]:
+      raise ValueError(f"segments and mask must be [B, T] with B = {rewards.shape[0]}, got "
+                       f"{list(segments.shape)}.")
+
+
+def _centred_rewards(rewards: Array, group_size: int) -> tuple[Array, Array]:
+  """(x [B], scale [B]) with rewards - (group's first reward) = scale x, |x| <= 2."""
+  half = rewards.astype(jnp.float32).reshape(-1, group_size) * 0.5
+  x, scale = scale_down(half - half[:, :1], axis=1)
+  scale = jnp.broadcast_to(scale, x.shape)
+  return (2.0 * x).reshape(-1), scale.reshape(-1)
+
+
+def node_stats(rewards: Array, path: Array, *, group_size: int) -> NodeStats:
+  """The value, leaf count and reward std of every node on each row's path, and of the
+  root::
+
+    V(n) = (1 / |L(n)|) sum_{l in L(n)} r_l,   std(n)^2 = sum_{l in L(n)} (r_l - V(n))^2
+                                                          / (|L(n)| - 1)
+
+  over the leaves L(n) below node n (the rows whose path holds n). Values and stds are in
+  the units of `NodeStats.scale` (rewards centred at each group's first one and scaled to
+  [-2, 2]).
+
+  Args:
+    rewards: ``[B]`` the leaves' rewards, groups of `group_size` contiguous rows.
+    path: ``[B, S]`` int node ids, -1 past a row's last segment (module docstring).
+    group_size: G, leaves per prompt.
+
+  Returns:
+    the `NodeStats`.
+
+  Raises:
+    ValueError: on mismatched shapes or a batch `group_size` does not divide.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.estimators import tree_credit
+    >>> path = jnp.array([[0, 1], [0, 3], [4, 5], [4, 7]])  # two trees of two leaves
+    >>> stats = tree_credit.node_stats(jnp.array([1., 0., 0., 0.]), path, group_size=4)
+    >>> (stats.values - stats.root_value[:, None]) * stats.scale[:, None]  # V(n) - V(root)
+    Array([[ 0.25,  0.75],
+           [ 0.25, -0.25],
+           [-0.25, -0.25],
+           [-0.25, -0.25]], dtype=float32)
+    >>> stats.leaves
+    Array([[2., 1.],
+           [2., 1.],
+           [2., 1.],
+           [2., 1.]], dtype=float32)
+  """
+  _check_tree(rewards, path, None, None, group_size)
+  x, scale = _centred_rewards(rewards, group_size)
+  batch, depth = path.shape
+  on_path = path >= 0
+  ids = jnp.where(on_path, path, batch * depth).reshape(-1)  # off-path entries: a spare id
+  node_sum = lambda v: jax.ops.segment_sum(
+      jnp.where(on_path, v, 0.0).reshape(-1), ids, num_segments=batch * depth + 1)[ids].reshape(
+          batch, depth)
+  leaves = node_sum(jnp.ones_like(path, jnp.float32))
+  values = safe_divide(node_sum(jnp.broadcast_to(x[:, None], path.shape)), leaves)
+  squares = node_sum((x[:, None] - values) ** 2)
+  stds = safe_sqrt(safe_divide(squares, leaves - 1.0))
+  grouped = x.reshape(-1, group_size)
+  root = jnp.mean(grouped, axis=1, keepdims=True)
+  root_std = safe_sqrt(jnp.sum((grouped - root) ** 2, axis=1, keepdims=True)
+                       / max(group_size - 1, 1))
+  spread = lambda v: jnp.broadcast_to(v, grouped.shape).reshape(-1)
+  return NodeStats(values=jnp.where(on_path, values, 0.0), leaves=leaves,
+                   stds=jnp.where(on_path, stds, 0.0), root_value=spread(root),
+                   root_std=spread(root_std), scale=scale)
+
+
+def _parents(stats: NodeStats) -> Array:
+  """[B, S] V of each path node's parent: the root for k = 0."""
+  return jnp.concatenate([stats.root_value[:, None], stats.values[:, :-1]], axis=1)
+
+
+def _on_tokens(per_segment: Array, segments: Array, mask: Array) -> Array:
+  """[B, S] per-segment values on the [B, T] response tokens of each segment, 0 at masked
+  positions and tokens outside every segment."""
+  valid = as_bool(mask) & (segments >= 0)
+  index = jnp.clip(segments, 0, per_segment.shape[1] - 1)
+  return jnp.where(valid, jnp.take_along_axis(per_segment, index, axis=1), 0.0)
+
+
+def spo_tree_advantages(rewards: Array, path: Array, segments: Array, mask: Array, *,
+                        group_size: int) -> Array:
+  """Segment advantages from the tree's values (SPO-tree)::
+
+    A_t = V(n_k) - V(n_{k-1})   for every token t of segment k (V(n_{-1}) = V(root))
+
+  the value after the segment minus the value before it; on the leaf's last segment
+  V(n_k) = r.
+
+  Args:
+    rewards: ``[B]`` outcome rewards, groups of `group_size` rows (one prompt's leaves).
+    path: ``[B, S]`` int node ids of each row's segments (module docstring).
+    segments: ``[B, T]`` int segment index of each token, -1 outside the response.
+    mask: ``[B, T]`` policy actions.
+    group_size: G.
+
+  Returns:
+    ``[B, T]`` float32 advantages, 0 at masked positions.
+
+  Raises:
+    ValueError: on mismatched shapes.
+
+  References:
+    Guo et al., 2025, "Segment Policy Optimization: Effective Segment-Level Credit
+    Assignment in RL for Large Language Models", arXiv 2505.23564.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> path = jnp.array([[0, 1], [0, 3]])             # one fork after the first segment
+    >>> segments = jnp.array([[0, 0, 1], [0, 0, 1]])
+    >>> estimators.spo_tree_advantages(jnp.array([1., 0.]), path, segments,
+    ...                                jnp.ones((2, 3), bool), group_size=2)
+    Array([[ 0. ,  0. ,  0.5],
+           [ 0. ,  0. , -0.5]], dtype=float32)
+  """
+  _check_tree(rewards, path, segments, mask, group_size)
+  stats = node_stats(rewards, path, group_size=group_size)
+  return _on_tokens((stats.values - _parents(stats)) * stats.scale[:, None], segments, mask)
+
+
+def treerl_advantages(rewards: Array, path: Array, segments: Array, mask: Array, *,
+                      group_size: int) -> Array:
+  """TreeRL's process reward of each segment, a global plus a local advantage reweighted by
+  the number of leaves below it::
+
+    A_t = [(V(n_k) - V(root)) + (V(n_k) - V(n_{k-1}))] / sqrt(|L(n_k)|)
+
+  for every token t of segment k (V(n_{-1}) = V(root)).
+
+  Args:
+    rewards: ``[B]`` outcome rewards, groups of `group_size` rows (one prompt's leaves).
+    path: ``[B, S]`` int node ids of each row's segments (module docstring).
+    segments: ``[B, T]`` int segment index of each token, -1 outside the response.
+    mask: ``[B, T]`` policy actions.
+    group_size: G.
+
+  Returns:
+    ``[B, T]`` float32 advantages, 0 at masked positions.
+
+  Raises:
+    ValueError: on mismatched shapes.
+
+  References:
+    Hou et al., 2025, "TreeRL: LLM Reinforcement Learning with On-Policy Tree Search",
+    arXiv 2506.11902.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> path = jnp.array([[0, 1], [0, 3]])
+    >>> segments = jnp.array([[0, 0, 1], [0, 0, 1]])
+    >>> estimators.treerl_advantages(jnp.array([1., 0.]), path, segments,
+    ...                              jnp.ones((2, 3), bool), group_size=2)
+    Array([[ 0.,  0.,  1.],
+           [ 0.,  0., -1.]], dtype=float32)
+  """
+  _check_tree(rewards, path, segments, mask, group_size)
+  stats = node_stats(rewards, path, group_size=group_size)
+  credit = 2.0 * stats.values - stats.root_value[:, None] - _parents(stats)
+  reweighted = safe_divide(credit, safe_sqrt(stats.leaves))
+  return _on_tokens(reweighted * stats.scale[:, None], segments, mask)
+
+
+def _normalised(x: Array, mean: Array, std: Array, eps: float, scale: Array) -> Array:
+  """(x - mean) / (std + eps) in reward units (x, mean, std in units of `scale`); 0 where
+  the std is 0 (x = mean in exact arithmetic)."""
+  return jnp.where(std > 0, safe_divide(x - mean, std + eps / scale), 0.0)
+
+
+def tempo_advantages(rewards: Array, path: Array, segments: Array, mask: Array, *,
+                     group_size: int, eps: float = 1e-6) -> Array:
+  """GRPO's advantage with a temporal-difference correction where the tree branches
+  (TEMPO)::
+
+    A_t = (r - mean_g) / (std_g + eps) + 1[t first of segment k] (V(n_k) - V(n_{k-1}))
+
+  The correction is 0 at a node with no siblings (it and its parent have the same leaves),
+  so it acts only on the first token after a fork.
+
+  Args:
+    rewards: ``[B]`` outcome rewards, groups of `group_size` rows (one prompt's leaves).
+    path: ``[B, S]`` int node ids of each row's segments (module docstring).
+    segments: ``[B, T]`` int segment index of each token, -1 outside the response.
+    mask: ``[B, T]`` policy actions.
+    group_size: G.
+    eps: added to the group's std (ddof = 1).
+
+  Returns:
+    ``[B, T]`` float32 advantages, 0 at masked positions.
+
+  Raises:
+    ValueError: on mismatched shapes or a negative eps.
+
+  References:
+    TEMPO: Tree-Estimated Mean Prefix Value for Policy Optimization, 2025, arXiv 2509.18314.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> path = jnp.array([[0, 1], [0, 3]])
+    >>> segments = jnp.array([[0, 0, 1], [0, 0, 1]])
+    >>> estimators.tempo_advantages(jnp.array([1., 0.]), path, segments,
+    ...                             jnp.ones((2, 3), bool), group_size=2).round(3)
+    Array([[ 0.707,  0.707,  1.207],
+           [-0.707, -0.707, -1.207]], dtype=float32)
+  """
+  _check_tree(rewards, path, segments, mask, group_size)
+  _checks.check_in_range(eps, "eps", low=0.0)
+  stats = node_stats(rewards, path, group_size=group_size)
+  x = _centred_rewards(rewards, group_size)[0]
+  grpo = _normalised(x, stats.root_value, stats.root_std, eps, stats.scale)
+  step = (stats.values - _parents(stats)) * stats.scale[:, None]
+  previous = jnp.concatenate([jnp.full_like(segments[:, :1], -1), segments[:, :-1]], axis=1)
+  first = jnp.where(segments != previous, segments, -1)
+  return (_on_tokens(jnp.broadcast_to(grpo[:, None], step.shape), segments, mask)
+          + _on_tokens(step, first, mask))
+
+
+def treepo_advantages(rewards: Array, path: Array, segments: Array, mask: Array, *,
+                      group_size: int, eps: float = 1e-6) -> Array:
+  """TreePO's segment advantage: the leaf's reward normalised within each subgroup that
+  shares an ancestor of the segment, averaged over those subgroups::
+
+    A_t = (1 / |J_k|) sum_{a in J_k} (r - V(a)) / (std(a) + eps)
+
+  for every token t of segment k, where J_k holds the root (the group) and the strict
+  ancestors n_0, ..., n_{k-1} of the segment's node with two or more leaves (a subgroup
+  of one leaf compares nothing). Without forks it is GRPO's advantage.
+
+  Args:
+    rewards: ``[B]`` outcome rewards, groups of `group_size` rows (one prompt's leaves).
+    path: ``[B, S]`` int node ids of each row's segments (module docstring).
+    segments: ``[B, T]`` int segment index of each token, -1 outside the response.
+    mask: ``[B, T]`` policy actions.
+    group_size: G.
+    eps: added to each subgroup's std (ddof = 1).
+
+  Returns:
+    ``[B, T]`` float32 advantages, 0 at masked positions.
+
+  Raises:
+    ValueError: on mismatched shapes or a negative eps.
+
+  References:
+    Li et al., 2025, "TreePO: Bridging the Gap of Policy Optimization and Efficacy and
+    Inference Efficiency with Heuristic Tree-based Modeling", arXiv 2508.17445.
+
+  Examples:
+    >>> import jax.numpy as jnp, numpy as np
+    >>> from jaxcredit import estimators
+    >>> path = jnp.array([[0, 1], [0, 3], [4, 5], [4, 7]])  # two trees of two leaves
+    >>> segments = jnp.array([[0, 1]] * 4)
+    >>> advantages = estimators.treepo_advantages(jnp.array([1., 0., 1., 1.]), path, segments,
+    ...                                           jnp.ones((4, 2), bool), group_size=4)
+    >>> np.asarray(advantages, np.float64).round(3)
+    array([[ 0.5  ,  0.604],
+           [-1.5  , -1.104],
+           [ 0.5  ,  0.25 ],
+           [ 0.5  ,  0.25 ]])
+  """
+  _check_tree(rewards, path, segments, mask, group_size)
+  _checks.check_in_range(eps, "eps", low=0.0)
+  stats = node_stats(rewards, path, group_size=group_size)
+  x = _centred_rewards(rewards, group_size)[0]
+  root = _normalised(x, stats.root_value, stats.root_std, eps, stats.scale)
+  compares = stats.leaves >= 2
+  each = jnp.where(compares, _normalised(x[:, None], stats.values, stats.stds, eps,
+                                         stats.scale[:, None]), 0.0)
+  # Exclusive sums along the path: segment k averages the root and ancestors 0..k-1.
+  before = lambda v: jnp.cumsum(v, axis=1) - v
+  total = root[:, None] + before(each)
+  count = 1.0 + before(compares.astype(jnp.float32))
+  return _on_tokens(total / count, segments, mask)
+
+
+def tree_grpo_advantages(rewards: Array, path: Array, mask: Array, *, group_size: int,
+                         eps: float = 1e-6) -> Array:
+  """Tree-GRPO's advantage: the reward normalised within its tree and within the prompt's
+  group of trees, summed, on every token of the response::
+
+    A = (r - mean_tree) / (std_tree + eps) + (r - mean_g) / (std_g + eps)
+
+  A tree is the leaves below one first segment (path[:, 0]), e.g. one of M chains sampled
+  from the prompt and then forked.
+
+  Args:
+    rewards: ``[B]`` outcome rewards, groups of `group_size` rows (one prompt's leaves).
+    path: ``[B, S]`` int node ids of each row's segments (module docstring).
+    mask: ``[B, T]`` policy actions.
+    group_size: G.
+    eps: added to each std (ddof = 1).
+
+  Returns:
+    ``[B, T]`` float32 advantages, 0 at masked positions.
+
+  Raises:
+    ValueError: on mismatched shapes or a negative eps.
+
+  References:
+    Ji et al., 2025, "Tree Search for LLM Agent Reinforcement Learning", arXiv 2509.21240.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import estimators
+    >>> path = jnp.array([[0, 1], [0, 3], [4, 5], [4, 7]])  # two trees of two leaves
+    >>> estimators.tree_grpo_advantages(jnp.array([1., 0., 1., 1.]), path,
+    ...                                 jnp.ones((4, 1), bool), group_size=4).round(3)
+    Array([[ 1.207],
+           [-2.207],
+           [ 0.5  ],
+           [ 0.5  ]], dtype=float32)
+  """
+  _check_tree(rewards, path, None, None, group_size)
+  _checks.check_in_range(eps, "eps", low=0.0)
+  if mask.shape[0] != rewards.shape[0]:
+    raise ValueError(f"mask must be [B, T] with B = {rewards.shape[0]}, got {list(mask.shape)}.")
+  stats = node_stats(rewards, path, group_size=group_size)
+  x = _centred_rewards(rewards, group_size)[0]
+  intra = _normalised(x, stats.values[:, 0], stats.stds[:, 0], eps, stats.scale)
+  inter = _normalised(x, stats.root_value, stats.root_std, eps, stats.scale)
+  return jnp.where(as_bool(mask), (intra + inter)[:, None], 0.0)

@@ -1,0 +1,226 @@
+"""Tree sampling: a prompt's responses share prefixes, sampled by forking rows of the KV cache.
+
+Each prompt is prefilled once; its `roots` first segments are sampled from copies of that
+row; then, `depth` times, every row is copied `branching` times (its cache rows, logits and
+length: copy-on-fork, never a recomputed prefix) and each copy samples the next segment.
+A prompt's G = roots * branching^depth leaves are contiguous rows of the output, the same
+layout as `generate`'s (so a tree is a group of G responses to the trainer), and each
+row's ``depth + 1`` segments are recorded as the tree's nodes (`TreeSample.path`,
+`TreeSample.segments`: the layout the tree estimators of
+`jaxcredit.estimators.tree_credit` read).
+
+Segments sit in fixed response columns: segment k < depth owns `segment_tokens` columns, the
+last one the rest of `max_new_tokens`. A `fork="fixed"` segment fills its columns; a
+`fork="delimiter"` segment ends after its first delimiter token (its remaining columns are
+holes, masked out, which the learner's teacher-forced pass skips as the sampler did). A row
+that emits a stop token is finished: its copies sample nothing more.
+
+Keys: the leaf reached by root m and children c_1, ..., c_d of a prompt p samples segment d
+with the key ``fold_in(... fold_in(fold_in(fold_in(key, p), m), c_1) ..., c_d)``, its own,
+so a leaf draws exactly what an unshared row would draw with those keys (a row's draws
+depend on its key and context only).
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+
+from jaxcredit.models.transformer import Transformer
+from jaxcredit.sampling import sampler
+from jaxcredit.sampling.actions import Actions
+
+FORK_RULES = ("fixed", "delimiter")
+
+
+class TreeSpec(NamedTuple):
+  """The shape of the tree sampled from each prompt.
+
+  Attributes:
+    roots: M, first segments sampled from the prompt (independent chains).
+    branching: k, children of each forked row.
+    depth: D, forks along each path (D + 1 segments).
+    segment_tokens: the response columns of each segment but the last, which has the rest
+      of the response budget.
+    fork: "fixed" (a segment fills its columns) or "delimiter" (it ends after `delimiter`).
+    delimiter: the token that ends a segment with ``fork="delimiter"``.
+  """
+
+  roots: int = 1
+  branching: int = 2
+  depth: int = 1
+  segment_tokens: int = 8
+  fork: str = "fixed"
+  delimiter: int | None = None
+
+  @property
+  def leaves(self) -> int:
+    """G = roots * branching^depth, the leaves of one prompt's tree."""
+    return self.roots * self.branching**self.depth
+
+  def check(self, max_new_tokens: int) -> "TreeSpec":
+    """Raises ValueError naming the setting on a tree that cannot be sampled within
+    `max_new_tokens`; returns self."""
+    if min(self.roots, self.branching, self.segment_tokens) < 1 or self.depth < 0:
+      raise ValueError(f"rollout.tree needs roots, branching, segment_tokens >= 1 and "
+                       f"depth >= 0, got {self._asdict()}.")
+    if self.fork not in FORK_RULES:
+      raise ValueError(f"rollout.tree.fork must be one of {', '.join(FORK_RULES)}, got "
+                       f"{self.fork!r}.")
+    if (self.fork == "delimiter") != (self.delimiter is not None):
+      raise ValueError("rollout.tree.delimiter is the token that ends a segment: set it with "
+                       f"fork='delimiter' and only then (fork={self.fork!r}, "
+                       f"delimiter={self.delimiter!r}).")
+    last = max_new_tokens - self.depth * self.segment_tokens
+    if last < 1:
+      raise ValueError(
+          f"rollout.tree forks after {self.depth} segments of {self.segment_tokens} tokens "
+          f"({self.depth * self.segment_tokens} columns), beyond the response budget of "
+          f"{max_new_tokens} tokens: lower depth or segment_tokens to at most "
+          f"{(max_new_tokens - 1) // max(self.depth, 1)} tokens per segment, or raise the "
+          "budget.")
+    return self
+
+  def budgets(self, max_new_tokens: int) -> tuple[int, ...]:
+    """The columns of each segment: `segment_tokens` each, the last the rest."""
+    return (self.segment_tokens,) * self.depth + (
+        max_new_tokens - self.depth * self.segment_tokens,)
+
+
+class TreeSample(NamedTuple):
+  """What `sample_tree` returns.
+
+  Attributes:
+    output: the leaves as a `SampleOutput` ``[B, P + N]``, B = prompts * G, each prompt's G
+      leaves contiguous.
+    path: ``[B, D + 1]`` int32 node ids of each row's segments (a node's id is its first
+      row * (D + 1) + its level; the parent of path[:, k] is path[:, k - 1]).
+    segments: ``[B, P + N]`` int32 the segment of each sampled token, -1 elsewhere.
+    generated_tokens: ``[]`` int the tokens the tree sampled (a shared segment counted once).
+    prefill_tokens: ``[]`` int the prompt tokens prefilled (each prompt once).
+  """
+
+  output: sampler.SampleOutput
+  path: Array
+  segments: Array
+  generated_tokens: Array
+  prefill_tokens: Array
+
+
+def _fork(contexts: sampler.Contexts, parents: Array) -> sampler.Contexts:
+  """The rows `parents` [R'] of `contexts`: copies of their cache rows, logits and lengths."""
+  cache = contexts.cache
+  return sampler.Contexts(
+      cache=type(cache)(keys=cache.keys[:, parents], values=cache.values[:, parents],
+                        key_valid=cache.key_valid[parents]),
+      logits=contexts.logits[parents], length=contexts.length[parents], slot=contexts.slot)
+
+
+def _child_keys(keys: Array, count: int) -> Array:
+  """[R * count] keys: each of `keys` [R] folded with 0, ..., count - 1 (row-major)."""
+  children = jnp.arange(count)
+  return jax.vmap(lambda k: jax.vmap(lambda c: jax.random.fold_in(k, c))(children))(
+      keys).reshape(-1)
+
+
+def _node_ids(tree: TreeSpec, rows: int) -> np.ndarray:
+  """[rows, D + 1] node ids: a level-d node spans roots-major blocks of branching^(D - d)
+  leaves; its id is its first row * (D + 1) + d."""
+  levels = tree.depth + 1
+  row = np.arange(rows)[:, None]
+  block = tree.branching ** (tree.depth - np.arange(levels))[None]
+  return ((row - row % block) * levels + np.arange(levels)[None]).astype(np.int32)
+
+
+def sample_tree(model: Transformer, prompts: Array, prompt_valid: Array, key: Array, *,
+                tree: TreeSpec, max_new_tokens: int, temperature: float = 1.0,
+                stop_tokens: tuple[int, ...] = (), pad_id: int = 0, padding: str = "left",
+                actions: Actions | None = None) -> TreeSample:
+  """Samples a tree of `tree.leaves` responses per prompt, sharing prefixes (module
+  docstring).
+
+  Args:
+    model: the policy.
+    prompts: ``[n, P]`` int prompt ids.
+    prompt_valid: ``[n, P]`` bool.
+    key: a PRNG key.
+    tree: the `TreeSpec`.
+    max_new_tokens: N, the response columns.
+    temperature: the sampling temperature; 0 is greedy.
+    stop_tokens: ids that end a response.
+    pad_id: the id written where nothing was sampled.
+    padding: "left" or "right", the side of the prompts' pads.
+    actions: allowed tokens and hidden columns of the ``[P + N]`` output columns (as
+      `generate`'s, one table for every row).
+
+  Returns:
+    the `TreeSample`.
+
+  Raises:
+    ValueError: on a tree that does not fit the budget (`TreeSpec.check`), or `generate`'s
+      invalid arguments.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from jaxcredit.models import Transformer, preset
+    >>> from jaxcredit.sampling import TreeSpec, sample_tree
+    >>> model = Transformer(preset("tiny", vocab_size=16), rngs=nnx.Rngs(0))
+    >>> spec = TreeSpec(roots=1, branching=2, depth=2, segment_tokens=2)
+    >>> out = sample_tree(model, jnp.ones((1, 3), jnp.int32), jnp.ones((1, 3), bool),
+    ...                   jax.random.key(0), tree=spec, max_new_tokens=6)
+    >>> out.output.tokens.shape, out.path.tolist()
+    ((4, 9), [[0, 1, 2], [0, 1, 5], [0, 7, 8], [0, 7, 11]])
+    >>> out.generated_tokens.item(), 4 * 6  # shared segments sampled once
+    (14, 24)
+  """
+  tree.check(max_new_tokens)
+  graphdef, state, prompts, prompt_valid, allowed, hidden, settings = sampler._prepare(
+      model, prompts, prompt_valid, max_new_tokens, temperature, None, None, stop_tokens,
+      pad_id, padding, actions, True)
+  count, prompt_len = prompts.shape
+  contexts = sampler._start(graphdef, state, prompts, prompt_valid, prompt_len + max_new_tokens)
+  prefilled = jnp.sum(prompt_valid)
+  parents = jnp.repeat(jnp.arange(count), tree.roots)
+  contexts = _fork(contexts, parents)
+  keys = _child_keys(jax.vmap(lambda p: jax.random.fold_in(key, p))(jnp.arange(count)),
+                     tree.roots)
+  done = jnp.zeros(count * tree.roots, bool)
+  stops = jnp.asarray(settings.stop_tokens or (-1,))
+  pieces, generated, decode_steps, start = [], 0, 0, 0
+  for level, width in enumerate(tree.budgets(max_new_tokens)):
+    ends = settings.stop_tokens
+    if tree.fork == "delimiter" and level < tree.depth:
+      ends = (*ends, tree.delimiter)
+    step = settings._replace(max_new_tokens=width, stop_tokens=ends)
+    table = slice(start, start + width)
+    continuation, contexts = sampler._continue_rows(
+        graphdef, state, contexts, done, keys, allowed[table], hidden[table], step)
+    done = done | jnp.any(continuation.mask & jnp.isin(continuation.tokens, stops), axis=1)
+    pieces.append({"tokens": continuation.tokens, "mask": continuation.mask,
+                   "logprobs": continuation.logprobs, "entropy": continuation.entropy,
+                   "segments": jnp.where(continuation.mask, level, -1).astype(jnp.int32)})
+    generated += jnp.sum(continuation.mask)
+    decode_steps += continuation.decode_steps
+    start += width
+    if level < tree.depth:
+      parents = jnp.repeat(jnp.arange(done.shape[0]), tree.branching)
+      contexts, done = _fork(contexts, parents), done[parents]
+      keys = _child_keys(keys, tree.branching)
+      pieces = [{name: x[parents] for name, x in piece.items()} for piece in pieces]
+  prompts, prompt_valid = (jnp.repeat(x, tree.leaves, axis=0) for x in (prompts, prompt_valid))
+  glue = lambda field, before: jnp.concatenate([before, *(p[field] for p in pieces)], axis=1)
+  mask = glue("mask", jnp.zeros(prompts.shape, bool))
+  token_valid = glue("mask", prompt_valid)
+  output = sampler.SampleOutput(
+      tokens=glue("tokens", prompts), mask=mask,
+      logprobs=glue("logprobs", jnp.zeros(prompts.shape)),
+      entropy=glue("entropy", jnp.zeros(prompts.shape)), token_valid=token_valid,
+      positions=sampler.prompt_positions(token_valid),
+      truncated=~done if settings.stop_tokens else jnp.zeros_like(done),
+      decode_steps=decode_steps)
+  return TreeSample(output=output, path=jnp.asarray(_node_ids(tree, done.shape[0])),
+                    segments=glue("segments", jnp.full(prompts.shape, -1, jnp.int32)),
+                    generated_tokens=generated, prefill_tokens=prefilled)
