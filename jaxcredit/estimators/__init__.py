@@ -54,6 +54,7 @@ from jaxcredit.estimators.token_credit import (
     whiten,
 )
 from jaxcredit.estimators.tree_credit import (
+    node_leaves,
     node_stats,
     spo_tree_advantages,
     tempo_advantages,
@@ -79,6 +80,7 @@ from jaxcredit.estimators.value_credit import (
 )
 
 __all__ = [
+    "node_leaves",
     "treerl_advantages",
     "treepo_advantages",
     "tree_grpo_advantages",

@@ -168,16 +168,18 @@ def _rae(rollout: Rollout):
   return group.broadcast_to_tokens(seq, rollout.mask)
 
 
-TREE = ("tree_path", "tree_segments")  # the tree a tree sampler records (`tree_credit`)
-
-
 def _tree(rollout: Rollout, by: str):
   """(path [B, S], segments [B, T]) of a tree rollout; ValueError naming `by` on a flat one."""
+  if "tree_path" not in rollout.extras or "tree_segments" not in rollout.extras:
+    raise ValueError(
+        f"{by} needs a tree rollout: rollout.extras['tree_path'] and ['tree_segments'], which "
+        "jaxcredit.sampling.sample_tree records (in the trainer: rollout.tree.fork = 'fixed' "
+        f"or 'delimiter'); this rollout's extras are {sorted(rollout.extras)}.")
   return (rollout.extra("tree_path", by=by, per="vector"),
           rollout.extra("tree_segments", by=by))
 
 
-@register("spo_tree", needs=TREE)
+@register("spo_tree")
 def _spo_tree(rollout: Rollout):
   """V(n_k) - V(n_{k-1}) on segment k (`tree_credit.spo_tree_advantages`); needs a tree
   rollout (rollout.extras["tree_path"], ["tree_segments"])."""
@@ -185,7 +187,7 @@ def _spo_tree(rollout: Rollout):
                                          rollout.mask, group_size=rollout.group_size)
 
 
-@register("treerl", needs=TREE)
+@register("treerl")
 def _treerl(rollout: Rollout):
   """TreeRL's global plus local segment advantage (`tree_credit.treerl_advantages`); needs a
   tree rollout."""
@@ -193,7 +195,7 @@ def _treerl(rollout: Rollout):
                                        group_size=rollout.group_size)
 
 
-@register("tempo", needs=TREE)
+@register("tempo")
 def _tempo(rollout: Rollout, *, eps: float = 1e-6):
   """GRPO plus the value step at each fork (`tree_credit.tempo_advantages`); needs a tree
   rollout."""
@@ -201,7 +203,7 @@ def _tempo(rollout: Rollout, *, eps: float = 1e-6):
                                       group_size=rollout.group_size, eps=eps)
 
 
-@register("treepo", needs=TREE)
+@register("treepo")
 def _treepo(rollout: Rollout, *, eps: float = 1e-6):
   """The reward normalised within each ancestor subgroup, averaged
   (`tree_credit.treepo_advantages`); needs a tree rollout."""
@@ -209,7 +211,7 @@ def _treepo(rollout: Rollout, *, eps: float = 1e-6):
                                        group_size=rollout.group_size, eps=eps)
 
 
-@register("tree_grpo", needs=TREE)
+@register("tree_grpo")
 def _tree_grpo(rollout: Rollout, *, eps: float = 1e-6):
   """Intra-tree plus inter-tree normalised rewards (`tree_credit.tree_grpo_advantages`); needs
   a tree rollout."""

@@ -127,13 +127,9 @@ def node_stats(rewards: Array, path: Array, *, group_size: int) -> NodeStats:
   """
   _check_tree(rewards, path, None, None, group_size)
   x, scale = _centred_rewards(rewards, group_size)
-  batch, depth = path.shape
   on_path = path >= 0
-  ids = jnp.where(on_path, path, batch * depth).reshape(-1)  # off-path entries: a spare id
-  node_sum = lambda v: jax.ops.segment_sum(
-      jnp.where(on_path, v, 0.0).reshape(-1), ids, num_segments=batch * depth + 1)[ids].reshape(
-          batch, depth)
-  leaves = node_sum(jnp.ones_like(path, jnp.float32))
+  node_sum = lambda v: _node_sum(v, path)
+  leaves = node_leaves(path)
   values = safe_divide(node_sum(jnp.broadcast_to(x[:, None], path.shape)), leaves)
   squares = node_sum((x[:, None] - values) ** 2)
   stds = safe_sqrt(safe_divide(squares, leaves - 1.0))
@@ -145,6 +141,38 @@ def node_stats(rewards: Array, path: Array, *, group_size: int) -> NodeStats:
   return NodeStats(values=jnp.where(on_path, values, 0.0), leaves=leaves,
                    stds=jnp.where(on_path, stds, 0.0), root_value=spread(root),
                    root_std=spread(root_std), scale=scale)
+
+
+def _node_sum(per_row: Array, path: Array) -> Array:
+  """[B, S]: at each path entry, the sum of `per_row` [B, S] over the entries of the same
+  node (0 past a row's path)."""
+  batch, depth = path.shape
+  on_path = path >= 0
+  ids = jnp.where(on_path, path, batch * depth).reshape(-1)  # off-path entries: a spare id
+  sums = jax.ops.segment_sum(jnp.where(on_path, per_row, 0.0).reshape(-1), ids,
+                             num_segments=batch * depth + 1)
+  return jnp.where(on_path, sums[ids].reshape(batch, depth), 0.0)
+
+
+def node_leaves(path: Array) -> Array:
+  """|L(n)|, the leaves (rows) below each node on each row's path.
+
+  Args:
+    path: ``[B, S]`` int node ids, -1 past a row's last segment (module docstring).
+
+  Returns:
+    ``[B, S]`` float32 leaf counts, 0 past a row's path.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.estimators import tree_credit
+    >>> tree_credit.node_leaves(jnp.array([[0, 1], [0, 3], [4, -1]]))
+    Array([[2., 1.],
+           [2., 1.],
+           [1., 0.]], dtype=float32)
+  """
+  _checks.check_rank(path, 2, "path")
+  return _node_sum(jnp.ones(path.shape, jnp.float32), path)
 
 
 def _parents(stats: NodeStats) -> Array:

@@ -9,7 +9,7 @@ import numpy as np
 from jax import Array
 
 from jaxcredit.rollout import Rollout
-from jaxcredit.sampling import Actions, generate
+from jaxcredit.sampling import Actions, TreeSpec, generate, sample_tree
 
 Scorer = Callable[[np.ndarray, np.ndarray, Sequence[Any]], np.ndarray]
 """score(tokens [B, P + N], mask [B, P + N], examples) -> [B] rewards (host numpy)."""
@@ -31,13 +31,17 @@ class SingleTurn:
 
   The other fields are `generate`'s settings. The Rollout carries tokens, mask,
   behaviour log-probs and entropies, rewards, truncation, positions and
-  token_valid, with `group_size` rows per prompt.
+  token_valid, with `group_size` rows per prompt. With a `tree`, each prompt's group is the
+  leaves of a tree sampled from it (`sample_tree`: shared prefixes, the tree recorded in
+  rollout.extras["tree_path"] and ["tree_segments"]).
 
   Attributes:
     score: the task's reward of whole sampled rows (`Scorer`), run on the host over this
       process's rows.
     place: this process's rows -> the global batch-sharded array (identity on one process).
     local: its inverse, for scoring.
+    tree: the `TreeSpec` of each prompt's group (its leaves must be `group_size`), or None
+      for independent responses.
   """
 
   score: Scorer
@@ -49,14 +53,22 @@ class SingleTurn:
   actions: Actions = Actions()
   place: Callable[[np.ndarray], Array] = jnp.asarray
   local: Callable[[Array], np.ndarray] = np.asarray
+  tree: TreeSpec | None = None
 
   def __call__(self, model, batch: Mapping[str, Any], key: Array) -> Rollout:
-    sample = generate(model, self.place(batch["prompts"]), self.place(batch["prompt_valid"]), key,
-                      max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                      stop_tokens=self.stop_tokens, pad_id=self.pad_id, actions=self.actions)
+    prompts, valid = self.place(batch["prompts"]), self.place(batch["prompt_valid"])
+    settings = dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                    stop_tokens=self.stop_tokens, pad_id=self.pad_id, actions=self.actions)
+    extras = {}
+    if self.tree is None:
+      sample = generate(model, prompts, valid, key, **settings)
+    else:  # the group's rows repeat its prompt: one tree from each group's first row
+      tree = sample_tree(model, prompts[::self.group_size], valid[::self.group_size], key,
+                         tree=self.tree, **settings)
+      sample, extras = tree.output, {"tree_path": tree.path, "tree_segments": tree.segments}
     rewards = self.score(self.local(sample.tokens), self.local(sample.mask), batch["examples"])
     return Rollout(tokens=sample.tokens, mask=sample.mask,
                    rewards=self.place(np.asarray(rewards, np.float32)),
                    behaviour_logprobs=sample.logprobs,
                    entropy=sample.entropy, truncated=sample.truncated, positions=sample.positions,
-                   token_valid=sample.token_valid, group_size=self.group_size)
+                   token_valid=sample.token_valid, extras=extras, group_size=self.group_size)

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
+from jaxcredit.estimators.tree_credit import node_leaves
 from jaxcredit.models.transformer import Transformer
 from jaxcredit.sampling import sampler
 from jaxcredit.sampling.actions import Actions
@@ -107,6 +108,35 @@ class TreeSample(NamedTuple):
   segments: Array
   generated_tokens: Array
   prefill_tokens: Array
+
+
+def generated_tokens(path: Array, segments: Array, mask: Array) -> Array:
+  """The tokens a tree's rows hold, each shared segment counted once: what sampling the tree
+  generated. A token of segment k is shared by the |L(n_k)| rows below its node::
+
+    sum_{b, t: mask, segments >= 0} 1 / |L(path[b, segments[b, t]])|
+
+  Args:
+    path: ``[B, S]`` int node ids of each row's segments (`TreeSample.path`).
+    segments: ``[B, T]`` int segment of each token, -1 elsewhere.
+    mask: ``[B, T]`` the sampled tokens.
+
+  Returns:
+    ``[]`` int32, the count.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.sampling import tree
+    >>> path = jnp.array([[0, 1], [0, 3]])                  # a shared first segment
+    >>> segments = jnp.array([[0, 0, 1], [0, 0, 1]])
+    >>> tree.generated_tokens(path, segments, jnp.ones((2, 3), bool)).item()
+    4
+  """
+  leaves = node_leaves(path)
+  valid = jnp.asarray(mask, bool) & (segments >= 0)
+  shared = jnp.take_along_axis(leaves, jnp.clip(segments, 0, path.shape[1] - 1), axis=1)
+  share = jnp.where(valid, 1.0 / jnp.where(valid, shared, 1.0), 0.0)
+  return jnp.round(jnp.sum(share)).astype(jnp.int32)
 
 
 def _fork(contexts: sampler.Contexts, parents: Array) -> sampler.Contexts:

@@ -117,6 +117,20 @@ def get_config() -> ml_collections.ConfigDict:
   config.rl.staleness_mode = "fixed"  # fixed | uniform | periodic (t - 1 mod k, + 1)
   config.rl.sync_every = 1  # with mesh.sampler_shape: updates between weight pushes to the sampler
 
+  # Tree rollouts (jaxcredit.sampling.sample_tree): a prompt's rl.group_size responses are the
+  # leaves of a tree, roots * branching^depth of them, that share prefixes (the tree
+  # estimators spo_tree, treerl, tempo, treepo and tree_grpo read it). fork: "none"
+  # (independent responses), "fixed" (segments of segment_tokens, the last one the rest of
+  # the budget) or "delimiter" (a segment also ends after the delimiter token).
+  config.rollout = ml_collections.ConfigDict()
+  config.rollout.tree = ml_collections.ConfigDict()
+  config.rollout.tree.fork = "none"
+  config.rollout.tree.roots = 1
+  config.rollout.tree.branching = 2
+  config.rollout.tree.depth = 1
+  config.rollout.tree.segment_tokens = 8
+  config.rollout.tree.delimiter = ml_collections.config_dict.placeholder(int)
+
   config.critic = ml_collections.ConfigDict()
   # A separate value model (for gae / n_step / vtrace); None trains no critic.
   config.critic.preset = ml_collections.config_dict.placeholder(str)

@@ -38,6 +38,7 @@ from jaxcredit import forward
 from jaxcredit.credit import extras
 from jaxcredit.models import huggingface
 from jaxcredit.rollout import Rollout
+from jaxcredit.sampling import tree
 from jaxcredit.train import (
   checkpoints,
   data,
@@ -114,7 +115,9 @@ def run(config, workdir: str, *, rollout_hook: extras.Hook | None = None) -> dic
       _check_finite(update_metrics, rl_step, trainer)
       nnx.update(trainer.modules, state)
       trainer.stale.push(before_update)
-      generated = int(jnp.sum(rollout.mask))
+      generated = int(jnp.sum(rollout.mask) if "tree_path" not in rollout.extras else
+                      tree.generated_tokens(rollout.extras["tree_path"],
+                                            rollout.extras["tree_segments"], rollout.mask))
       trainer.counters.update(rl_step=rl_step + 1, step=trainer.counters["step"] + 1,
                         gen_tokens=trainer.counters["gen_tokens"] + generated)
       record.update({f"train/{k}": v for k, v in update_metrics.items()})

@@ -271,7 +271,8 @@ def run_fields(config, *, multi_turn: bool, sampler: bool) -> set[str]:
 
 def check_learner_inputs(advantage: Callable, objective: Callable | None, *, rows: int,
                          columns: int, group_size: int, fields: Collection[str],
-                         extras: Sequence[str] = (), multi_turn: bool = False) -> None:
+                         extras: Sequence[str] = (), multi_turn: bool = False,
+                         tree_depth: int | None = None) -> None:
   """Refuses, before any work, an advantage or objective that needs a Rollout field the run
   never provides.
 
@@ -289,6 +290,8 @@ def check_learner_inputs(advantage: Callable, objective: Callable | None, *, row
     fields: the optional Rollout fields the run provides.
     extras: the rollout.extras keys the providers add.
     multi_turn: add the multi-turn episode extras.
+    tree_depth: D of a tree rollout (`rollout.tree`): add its tree_path ``[B, D + 1]`` and
+      tree_segments; None for independent responses.
 
   Raises:
     ValueError: naming each missing field and the setting that provides it.
@@ -307,6 +310,9 @@ def check_learner_inputs(advantage: Callable, objective: Callable | None, *, row
   if multi_turn:
     probe_extras.update({key: (token if per_token else row)(dtype)
                          for key, (per_token, dtype) in EPISODE_EXTRAS.items()})
+  if tree_depth is not None:
+    probe_extras.update(tree_path=jax.ShapeDtypeStruct((rows, tree_depth + 1), jnp.int32),
+                        tree_segments=token(jnp.int32))
   probe = Rollout(tokens=token(jnp.int32), mask=token(jnp.bool_), rewards=row(jnp.float32),
                   **{field: optional[field] for field in fields}, extras=probe_extras,
                   group_size=group_size)

@@ -26,6 +26,7 @@ from jaxcredit.credit import extras
 from jaxcredit.models import Transformer, huggingface, preset, sharding
 from jaxcredit.rollout import Rollout
 from jaxcredit.rollout_sources import MultiTurn, SingleTurn
+from jaxcredit.sampling import TreeSpec
 from jaxcredit.tasks import loader
 from jaxcredit.train import (
   checkpoints,
@@ -149,8 +150,9 @@ class Trainer:
 
   def evaluate(self) -> float:
     """Greedy accuracy (fraction of held-out prompts with reward 1)."""
+    one = {"tree": None} if isinstance(self.source, SingleTurn) else {}  # one response each
     greedy = dataclasses.replace(self.source, temperature=0.0, group_size=1, place=jnp.asarray,
-                                 local=np.asarray)
+                                 local=np.asarray, **one)
     rewards = []
     for chunk, rows in data.batch_chunks(self.eval_batch, self.config.rl.eval_batch_size):
       rollout = greedy(self.modules["model"], chunk, jax.random.key(0))
@@ -290,11 +292,12 @@ def _check_learner_inputs(config, task: tasks.TrainTask, advantage, objective, *
   """Refuses (`refusals.check_learner_inputs`) an advantage, objective or exported comparison
   that needs what this run never provides, before any work."""
   rl, multi_turn = config.rl, task.environment is not None
+  tree = tree_spec(config, task)
   shape = dict(rows=rl.prompts_per_step * rl.group_size,
                columns=task.max_prompt_length + task.max_response_length,
                group_size=rl.group_size,
                fields=refusals.run_fields(config, multi_turn=multi_turn, sampler=sampler),
-               multi_turn=multi_turn)
+               multi_turn=multi_turn, tree_depth=None if tree is None else tree.depth)
   needs = lambda fn: [key for c in estimators.components(fn) for key in c.needs]
   refusals.check_learner_inputs(advantage, objective, extras=needs(advantage), **shape)
   for compare in (config.export.compare or ()) if config.export.every else ():
@@ -306,13 +309,46 @@ def _check_learner_inputs(config, task: tasks.TrainTask, advantage, objective, *
       raise ValueError(f"export.compare entry {compare!r}: {error}") from None
 
 
+def tree_spec(config, task: tasks.TrainTask) -> TreeSpec | None:
+  """The `TreeSpec` of `config.rollout.tree` (None for independent responses).
+
+  Args:
+    config: the experiment config.
+    task: the run's task.
+
+  Returns:
+    the tree each prompt's responses are sampled as, or None.
+
+  Raises:
+    ValueError: naming the setting, for a tree that does not fit the response budget, whose
+      leaves are not rl.group_size, or on a multi-turn task.
+  """
+  settings = config.rollout.tree
+  if settings.fork == "none":
+    return None
+  if task.environment is not None:
+    raise ValueError(f"rollout.tree samples single-turn responses; task {task.name!r} is "
+                     "multi-turn: set rollout.tree.fork = 'none'.")
+  spec = TreeSpec(roots=settings.roots, branching=settings.branching, depth=settings.depth,
+                  segment_tokens=settings.segment_tokens, fork=settings.fork,
+                  delimiter=settings.delimiter).check(task.max_response_length)
+  if spec.leaves != config.rl.group_size:
+    raise ValueError(
+        f"rollout.tree has {spec.leaves} leaves per prompt (roots {spec.roots} x branching "
+        f"{spec.branching}^depth {spec.depth}) and they are the prompt's group, but "
+        f"rl.group_size is {config.rl.group_size}: set rl.group_size = {spec.leaves} or "
+        "change the tree.")
+  return spec
+
+
 def _rollout_source(config, task: tasks.TrainTask, place, local) -> SingleTurn | MultiTurn:
-  """One sampled response per row scored by the task, or multi-turn episodes in the task's
-  environment."""
+  """One sampled response per row (or a tree of them per prompt) scored by the task, or
+  multi-turn episodes in the task's environment."""
   if task.environment is None:
     return SingleTurn(task.score_rows, task.max_response_length, group_size=config.rl.group_size,
                       temperature=config.rl.temperature, stop_tokens=task.stop_tokens,
-                      pad_id=task.pad_id, actions=task.actions, place=place, local=local)
+                      pad_id=task.pad_id, actions=task.actions, place=place, local=local,
+                      tree=tree_spec(config, task))
   return tasks.multi_turn_source(task, group_size=config.rl.group_size,
                                  temperature=config.rl.temperature, place=place, local=local)
 

@@ -70,6 +70,7 @@ EXPERIMENTS = [
   "ppo_gae",
   "countdown_grpo",
   "key_token_grpo",
+  "key_token_treepo",
   "key_turns_grpo",
   "calculator_grpo",
   "target_sum_grpo",
@@ -183,7 +184,9 @@ def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
   )
   # Without SFT every quickstart response is wrong; a truncated one scoring -1 mixes the rewards.
   mixed = ["--config.task.truncated_reward=-1.0"] if name == "ppo_gae" else []
-  result = _run(tmp_path, *SMALL, *export, *sft, *mixed, config=name, env=cli_env)
+  # A tree's leaves are the group: 1 chain forking twice into 2 is SMALL's 4.
+  tree = ["--config.rollout.tree.roots=1"] if name == "key_token_treepo" else []
+  result = _run(tmp_path, *SMALL, *export, *sft, *mixed, *tree, config=name, env=cli_env)
   assert result.returncode == 0, result.stderr[-3000:]
   train = _train_lines(tmp_path)
   assert len(train) == 2 and all(math.isfinite(line["train/loss"]) for line in train)

@@ -117,6 +117,8 @@ def test_the_prompt_is_prefilled_once_and_shared_segments_are_sampled_once(model
   assert prefilled == [int(np.sum(valid))] == [int(tree.prefill_tokens)]  # once per prompt
   # No stop tokens: 2 + 4 x 2 + 16 x 2 tokens per prompt, against 16 x 6 unshared.
   assert int(tree.generated_tokens) == 3 * (2 + 8 + 32)
+  assert int(tree_lib.generated_tokens(tree.path, tree.segments, tree.output.mask)) == int(
+      tree.generated_tokens)
   assert tree.output.tokens.shape == (3 * 16, 4 + 6)
 
 
@@ -162,7 +164,7 @@ def test_the_tree_estimators_read_the_sampled_tree(model):
   chain = rows.mean(axis=2, keepdims=True) - rows.mean(axis=(1, 2), keepdims=True)
   np.testing.assert_allclose(np.asarray(spo)[:, first], np.broadcast_to(chain, (2, 2, 2))
                              .reshape(-1), atol=1e-6)
-  with pytest.raises(ValueError, match=r"tree_grpo needs rollout.extras\['tree_path'\]"):
+  with pytest.raises(ValueError, match=r"tree_grpo needs a tree rollout.*rollout.tree.fork"):
     estimators.get("tree_grpo")(rollout.replace(extras={}))
 
 

@@ -1,0 +1,49 @@
+"""rollout.tree in the experiment config: the TreeSpec it gives and the settings it refuses."""
+
+import types
+
+import pytest
+
+from jaxcredit.sampling import TreeSpec
+from jaxcredit.train import setup
+from tests.conftest import load_experiment
+
+SINGLE_TURN = types.SimpleNamespace(name="key_token", environment=None, max_response_length=24)
+
+
+def test_the_shipped_tree_config_gives_its_tree_and_none_without_one():
+  config = load_experiment("key_token_treepo")
+  assert setup.tree_spec(config, SINGLE_TURN) == TreeSpec(roots=2, branching=2, depth=2,
+                                                          segment_tokens=8)
+  assert setup.tree_spec(load_experiment("key_token_grpo"), SINGLE_TURN) is None
+
+
+def test_tree_settings_that_cannot_work_are_refused_naming_them():
+  config = load_experiment("key_token_treepo")
+  config.rl.group_size = 4
+  with pytest.raises(ValueError, match=r"rollout.tree has 8 leaves per prompt .* set "
+                                       r"rl.group_size = 8"):
+    setup.tree_spec(config, SINGLE_TURN)
+  config = load_experiment("key_token_treepo")
+  config.rollout.tree.segment_tokens = 12
+  with pytest.raises(ValueError, match="beyond the response budget of 24 tokens"):
+    setup.tree_spec(config, SINGLE_TURN)
+  config = load_experiment("key_token_treepo")
+  multi_turn = types.SimpleNamespace(name="key_turns", environment=object(),
+                                     max_response_length=24)
+  with pytest.raises(ValueError, match="task 'key_turns' is multi-turn"):
+    setup.tree_spec(config, multi_turn)
+  config.rollout.tree.fork = "delimiter"
+  with pytest.raises(ValueError, match="delimiter is the token that ends a segment"):
+    setup.tree_spec(config, SINGLE_TURN)
+
+
+def test_a_tree_estimator_without_a_tree_rollout_is_refused_before_any_work():
+  from jaxcredit import estimators
+  from jaxcredit.train import refusals
+
+  shape = dict(rows=8, columns=10, group_size=4, fields=set())
+  for name in ("spo_tree", "treerl", "tempo", "treepo", "tree_grpo"):
+    with pytest.raises(ValueError, match=rf"{name} needs a tree rollout.*rollout.tree.fork"):
+      refusals.check_learner_inputs(estimators.from_config(name), None, **shape)
+    refusals.check_learner_inputs(estimators.from_config(name), None, tree_depth=2, **shape)
