@@ -15,7 +15,8 @@ from jaxcredit import losses
 from jaxcredit.logprobs import chunked_token_logprobs, chunked_token_logprobs_and_entropy
 from jaxcredit.models import context_parallel, sharding
 from jaxcredit.rollout import PolicyOutputs, Rollout
-from jaxcredit.sampling import Actions, prompt_positions
+from jaxcredit.models.transformer import KVCache
+from jaxcredit.sampling import Actions, TreeSpec, prompt_positions
 
 
 LOGITS_PER_CHUNK = 2**26
@@ -102,6 +103,94 @@ def policy_outputs(model, rollout: Rollout, temperature: float, actions: Actions
   logp, entropy = shifted_logprobs(model, out.hidden, rollout.tokens, temperature, actions,
                                    logits_per_chunk=logits_per_chunk, scored=rollout.mask)
   values = None if out.values is None else jnp.pad(out.values[:, :-1], [(0, 0), (1, 0)])
+  return PolicyOutputs(logprobs=logp, entropy=entropy, values=values)
+
+
+def tree_forward(model, tokens: Array, token_valid: Array, positions: Array, tree: TreeSpec,
+                 prompt_length: int, actions: Actions = Actions()):
+  """The model's hidden states (and values) on the rows of `sample_tree`'s layout, each shared
+  prefix computed once.
+
+  Row b's segment d is shared by the block of ``branching^(D - d)`` rows it heads, its prompt
+  by the G leaves of the tree. The prompt runs once per tree; then, level by level, each
+  node's KV cache rows are copied to its children (a gather, whose gradient sums the
+  children's) and segment d runs once per node at its columns, the way `sample_tree`
+  sampled it. Each token is computed once per node rather than once per
+  row, and the result equals the forward pass over the unrolled rows (up to float
+  summation order).
+
+  Args:
+    model: a `jaxcredit.models.Transformer`.
+    tokens: ``[B, P + N]`` int, the leaves of whole trees (B a multiple of `tree.leaves`).
+    token_valid: ``[B, P + N]`` bool.
+    positions: ``[B, P + N]`` int RoPE positions.
+    tree: the `TreeSpec` the rows were sampled with.
+    prompt_length: P.
+    actions: the task's action restrictions (hidden columns fed as `hidden_token`).
+
+  Returns:
+    ``(hidden [B, P + N, D], values [B, P + N] or None)``.
+
+  Raises:
+    ValueError: when B is not a multiple of the tree's leaves or the columns are not
+      P + the tree's response budget.
+  """
+  batch, length = tokens.shape
+  if batch % tree.leaves or length - prompt_length - tree.depth * tree.segment_tokens < 1:
+    raise ValueError(f"tree_forward needs whole trees of {tree.leaves} leaves over P + N "
+                     f"columns (P = {prompt_length}, N > {tree.depth} x "
+                     f"{tree.segment_tokens}), got tokens of shape {[batch, length]}.")
+  # Stages: the prompt (shared by a prompt's G leaves), then each level's segments; a stage's
+  # cache rows are copied `fork` times into the next's.
+  stages, begin = [(0, prompt_length, tree.leaves, 1)], prompt_length
+  for level, width in enumerate(tree.budgets(length - prompt_length)):
+    fork = tree.roots if level == 0 else tree.branching
+    stages.append((begin, begin + width, tree.branching ** (tree.depth - level), fork))
+    begin += width
+  inputs = actions.observe(tokens)
+  cache = KVCache.zeros(model.config, batch // tree.leaves, length)
+  hidden, values = [], []
+  for begin, end, block, fork in stages:
+    cache = _fork_cache(cache, fork) if fork > 1 else cache
+    out, cache = model.decode(inputs[::block, begin:end], positions[::block, begin:end],
+                              token_valid[::block, begin:end], cache, begin, logits=False)
+    hidden.append(jnp.repeat(out.hidden, block, axis=0))
+    values.append(None if out.values is None else jnp.repeat(out.values, block, axis=0))
+  return (jnp.concatenate(hidden, axis=1),
+          None if values[0] is None else jnp.concatenate(values, axis=1))
+
+
+def _fork_cache(cache: KVCache, branching: int) -> KVCache:
+  """Each row of the cache repeated `branching` times (its children, contiguous)."""
+  return KVCache(keys=jnp.repeat(cache.keys, branching, axis=1),
+                 values=jnp.repeat(cache.values, branching, axis=1),
+                 key_valid=jnp.repeat(cache.key_valid, branching, axis=0))
+
+
+def tree_policy_outputs(model, rollout: Rollout, temperature: float, tree: TreeSpec,
+                        prompt_length: int, actions: Actions = Actions(),
+                        logits_per_chunk: int = LOGITS_PER_CHUNK) -> PolicyOutputs:
+  """`policy_outputs` of a tree rollout, its shared prefixes computed once (`tree_forward`).
+
+  Args:
+    model: a `jaxcredit.models.Transformer` (with a value head for values).
+    rollout: a `Rollout` of whole trees in `sample_tree`'s layout (positions and token_valid
+      set).
+    temperature: the sampling temperature, > 0.
+    tree: the `TreeSpec` it was sampled with.
+    prompt_length: P, the prompt columns.
+    actions: the task's action restrictions, as the sampler applied them.
+    logits_per_chunk: float32 logits the head holds at a time.
+
+  Returns:
+    `PolicyOutputs` as `policy_outputs`'.
+  """
+  rollout.require("positions", "token_valid", by="tree_policy_outputs")
+  hidden, values = tree_forward(model, rollout.tokens, rollout.token_valid, rollout.positions,
+                                tree, prompt_length, actions)
+  logp, entropy = shifted_logprobs(model, hidden, rollout.tokens, temperature, actions,
+                                   logits_per_chunk=logits_per_chunk, scored=rollout.mask)
+  values = None if values is None else jnp.pad(values[:, :-1], [(0, 0), (1, 0)])
   return PolicyOutputs(logprobs=logp, entropy=entropy, values=values)
 
 

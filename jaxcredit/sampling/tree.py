@@ -9,11 +9,14 @@ row's ``depth + 1`` segments are recorded as the tree's nodes (`TreeSample.path`
 `TreeSample.segments`: the layout the tree estimators of
 `jaxcredit.estimators.tree_credit` read).
 
-Segments sit in fixed response columns: segment k < depth owns `segment_tokens` columns, the
-last one the rest of `max_new_tokens`. A `fork="fixed"` segment fills its columns; a
-`fork="delimiter"` segment ends after its first delimiter token (its remaining columns are
-holes, masked out, which the learner's teacher-forced pass skips as the sampler did). A row
-that emits a stop token is finished: its copies sample nothing more.
+Segments are sampled in fixed response columns: segment k < depth owns `segment_tokens`
+columns, the last one the rest of `max_new_tokens`. A `fork="fixed"` segment fills its
+columns, and the output keeps them (`jaxcredit.forward.tree_forward` runs each node once at
+its columns); a `fork="delimiter"` segment ends after its first delimiter token, and each
+output row is then closed up (its sampled tokens moved left over the holes, in order, as
+`generate` lays out a response), so a teacher-forced pass reads every token after the one
+before it; its segments then start at columns of their own. A row that emits a stop token
+is finished: its copies sample nothing more.
 
 Keys: the leaf reached by root m and children c_1, ..., c_d of a prompt p samples segment d
 with the key ``fold_in(... fold_in(fold_in(fold_in(key, p), m), c_1) ..., c_d)``, its own,
@@ -61,9 +64,10 @@ class TreeSpec(NamedTuple):
     """G = roots * branching^depth, the leaves of one prompt's tree."""
     return self.roots * self.branching**self.depth
 
-  def check(self, max_new_tokens: int) -> "TreeSpec":
+  def check(self, max_new_tokens: int, actions: Actions | None = None) -> "TreeSpec":
     """Raises ValueError naming the setting on a tree that cannot be sampled within
-    `max_new_tokens`; returns self."""
+    `max_new_tokens` (or, with ``fork="delimiter"``, with `actions` that differ between
+    response columns: closed-up rows move tokens to other columns); returns self."""
     if min(self.roots, self.branching, self.segment_tokens) < 1 or self.depth < 0:
       raise ValueError(f"rollout.tree needs roots, branching, segment_tokens >= 1 and "
                        f"depth >= 0, got {self._asdict()}.")
@@ -74,6 +78,11 @@ class TreeSpec(NamedTuple):
       raise ValueError("rollout.tree.delimiter is the token that ends a segment: set it with "
                        f"fork='delimiter' and only then (fork={self.fork!r}, "
                        f"delimiter={self.delimiter!r}).")
+    if self.fork == "delimiter" and actions is not None and (
+        actions.per_column or actions.hidden is not None):
+      raise ValueError("rollout.tree.fork = 'delimiter' closes up each response, which moves "
+                       "tokens to other columns: it cannot apply per-column actions (allowed "
+                       "tokens or hidden columns); use fork='fixed'.")
     last = max_new_tokens - self.depth * self.segment_tokens
     if last < 1:
       raise ValueError(
@@ -206,7 +215,7 @@ def sample_tree(model: Transformer, prompts: Array, prompt_valid: Array, key: Ar
     >>> out.generated_tokens.item(), 4 * 6  # shared segments sampled once
     (14, 24)
   """
-  tree.check(max_new_tokens)
+  tree.check(max_new_tokens, actions)
   graphdef, state, prompts, prompt_valid, allowed, hidden, settings = sampler._prepare(
       model, prompts, prompt_valid, max_new_tokens, temperature, None, None, stop_tokens,
       pad_id, padding, actions, True)
@@ -241,7 +250,11 @@ def sample_tree(model: Transformer, prompts: Array, prompt_valid: Array, key: Ar
       keys = _child_keys(keys, tree.branching)
       pieces = [{name: x[parents] for name, x in piece.items()} for piece in pieces]
   prompts, prompt_valid = (jnp.repeat(x, tree.leaves, axis=0) for x in (prompts, prompt_valid))
-  glue = lambda field, before: jnp.concatenate([before, *(p[field] for p in pieces)], axis=1)
+  response = {name: jnp.concatenate([p[name] for p in pieces], axis=1) for name in pieces[0]}
+  if tree.fork == "delimiter":  # a segment that ended early left holes: close them
+    order = jnp.argsort(~response["mask"], axis=1, stable=True)
+    response = {name: jnp.take_along_axis(x, order, axis=1) for name, x in response.items()}
+  glue = lambda field, before: jnp.concatenate([before, response[field]], axis=1)
   mask = glue("mask", jnp.zeros(prompts.shape, bool))
   token_valid = glue("mask", prompt_valid)
   output = sampler.SampleOutput(

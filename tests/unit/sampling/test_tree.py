@@ -16,7 +16,7 @@ from jaxcredit.sampling import (Actions, TreeSpec, continue_contexts, sample_tre
 from jaxcredit.sampling import tree as tree_lib
 
 CONFIG = preset("tiny", vocab_size=16)
-STOP, DELIMITER = 5, 3
+STOP, DELIMITER = 5, 7
 
 
 @pytest.fixture(scope="module")
@@ -78,16 +78,21 @@ def test_every_leaf_draws_what_an_unshared_row_draws_with_its_keys(model, spec):
                                         stop_tokens=stops)
     done = done | jnp.any(piece.mask & (piece.tokens == STOP), axis=1)
     pieces.append(piece)
-  response = slice(prompts.shape[1], None)
-  np.testing.assert_array_equal(out.tokens[:, response],
-                                np.concatenate([p.tokens for p in pieces], axis=1))
-  np.testing.assert_array_equal(out.mask[:, response],
-                                np.concatenate([p.mask for p in pieces], axis=1))
-  for field in ("logprobs", "entropy"):
-    np.testing.assert_allclose(getattr(out, field)[:, response],
-                               np.concatenate([getattr(p, field) for p in pieces], axis=1),
-                               rtol=1e-4, atol=1e-4)  # float32, batches of other sizes
+  # Each row's sampled tokens, in order (a delimiter tree's rows are closed up).
+  drawn = lambda field, rows, mask: [np.asarray(rows)[b][np.asarray(mask)[b]]
+                                     for b in range(len(mask))]
+  unshared_mask = np.concatenate([p.mask for p in pieces], axis=1)
+  for field in ("tokens", "logprobs", "entropy"):
+    got = drawn(field, getattr(out, field), out.mask)
+    want = drawn(field, np.concatenate([getattr(p, field) for p in pieces], axis=1),
+                 unshared_mask)
+    for g, w in zip(got, want):
+      np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)  # float32, other batch sizes
   np.testing.assert_array_equal(out.truncated, ~done)
+  if spec.fork == "delimiter":  # segments that ended early (holes closed up) were sampled
+    rises = lambda m: np.any(np.diff(m.astype(int), axis=1) > 0, axis=1)  # a hole, then tokens
+    closed = np.asarray(out.mask)[:, prompts.shape[1]:]
+    assert rises(unshared_mask).any() and not rises(closed).any()
   # The tree's rows share each node's tokens; siblings' leaves differ.
   path, segments = np.asarray(tree.path), np.asarray(tree.segments)
   tokens, mask = np.asarray(out.tokens), np.asarray(out.mask)
@@ -178,6 +183,10 @@ def test_trees_that_do_not_fit_are_refused(model):
     sample(TreeSpec(fork="entropic"))
   with pytest.raises(ValueError, match="delimiter is the token that ends a segment"):
     sample(TreeSpec(fork="delimiter"))
+  with pytest.raises(ValueError, match="cannot apply per-column actions"):
+    sample_tree(model, prompts, valid, jax.random.key(0), max_new_tokens=8,
+                tree=TreeSpec(fork="delimiter", delimiter=DELIMITER),
+                actions=Actions(np.ones((prompts.shape[1] + 8, CONFIG.vocab_size), bool)))
   with pytest.raises(ValueError, match="branching"):
     sample(TreeSpec(branching=0))
   assert tree_lib.TreeSpec(roots=2, branching=3, depth=2).leaves == 18
