@@ -1,5 +1,5 @@
 """The learner's gradient on a tree rollout: each shared prefix computed once
-(`forward.tree_policy_outputs`) against the unrolled rows (`forward.policy_outputs`).
+(`forward.policy_outputs(..., tree=)`) against the unrolled rows (`forward.policy_outputs`).
 
 python -m bench.tree_pass [--preset small --prompt 32 --segment 32 --repeats 5]
 
@@ -61,8 +61,8 @@ def main(argv=None) -> None:
   def gradient(shared: bool):
     def loss(state):
       policy = nnx.merge(graphdef, state)
-      outputs = (forward.tree_policy_outputs(policy, rollout, 1.0, spec, args.prompt) if shared
-                 else forward.policy_outputs(policy, rollout, 1.0))
+      tree = dict(tree=spec, prompt_length=args.prompt) if shared else {}
+      outputs = forward.policy_outputs(policy, rollout, 1.0, **tree)
       return jnp.sum(jnp.where(rollout.mask, outputs.logprobs, 0.0))
     return jax.jit(jax.grad(loss))
 

@@ -84,7 +84,8 @@ def _forward(model, tokens, token_valid, positions, actions: Actions):
 
 
 def policy_outputs(model, rollout: Rollout, temperature: float, actions: Actions = Actions(),
-                   logits_per_chunk: int = LOGITS_PER_CHUNK) -> PolicyOutputs:
+                   logits_per_chunk: int = LOGITS_PER_CHUNK, *, tree: TreeSpec | None = None,
+                   prompt_length: int = 0) -> PolicyOutputs:
   """The current policy's log-probs, entropies and values on a rollout's tokens.
 
   Args:
@@ -93,16 +94,26 @@ def policy_outputs(model, rollout: Rollout, temperature: float, actions: Actions
     temperature: the sampling temperature, > 0.
     actions: the task's action restrictions, as the sampler applied them.
     logits_per_chunk: float32 logits the head holds at a time.
+    tree: the `TreeSpec` of a ``fork="fixed"`` tree rollout (whole trees in `sample_tree`'s
+      layout, positions and token_valid set): each shared prefix is computed once
+      (`tree_forward`), with the same results; None computes every row.
+    prompt_length: P, the prompt columns, with `tree`.
 
   Returns:
     `PolicyOutputs` of ``[B, L]`` arrays: log-probs and entropies at the action tokens
     (``rollout.mask``), 0 elsewhere; values V(s_t), the value head's output at the state
     before action t, or None without a value head.
   """
-  out = _forward(model, rollout.tokens, rollout.token_valid, rollout.positions, actions)
-  logp, entropy = shifted_logprobs(model, out.hidden, rollout.tokens, temperature, actions,
+  if tree is None:
+    out = _forward(model, rollout.tokens, rollout.token_valid, rollout.positions, actions)
+    hidden, values = out.hidden, out.values
+  else:
+    rollout.require("positions", "token_valid", by="policy_outputs(tree=...)")
+    hidden, values = tree_forward(model, rollout.tokens, rollout.token_valid, rollout.positions,
+                                  tree, prompt_length, actions)
+  logp, entropy = shifted_logprobs(model, hidden, rollout.tokens, temperature, actions,
                                    logits_per_chunk=logits_per_chunk, scored=rollout.mask)
-  values = None if out.values is None else jnp.pad(out.values[:, :-1], [(0, 0), (1, 0)])
+  values = None if values is None else jnp.pad(values[:, :-1], [(0, 0), (1, 0)])
   return PolicyOutputs(logprobs=logp, entropy=entropy, values=values)
 
 
@@ -165,33 +176,6 @@ def _fork_cache(cache: KVCache, branching: int) -> KVCache:
   return KVCache(keys=jnp.repeat(cache.keys, branching, axis=1),
                  values=jnp.repeat(cache.values, branching, axis=1),
                  key_valid=jnp.repeat(cache.key_valid, branching, axis=0))
-
-
-def tree_policy_outputs(model, rollout: Rollout, temperature: float, tree: TreeSpec,
-                        prompt_length: int, actions: Actions = Actions(),
-                        logits_per_chunk: int = LOGITS_PER_CHUNK) -> PolicyOutputs:
-  """`policy_outputs` of a tree rollout, its shared prefixes computed once (`tree_forward`).
-
-  Args:
-    model: a `jaxcredit.models.Transformer` (with a value head for values).
-    rollout: a `Rollout` of whole trees in `sample_tree`'s layout (positions and token_valid
-      set).
-    temperature: the sampling temperature, > 0.
-    tree: the `TreeSpec` it was sampled with.
-    prompt_length: P, the prompt columns.
-    actions: the task's action restrictions, as the sampler applied them.
-    logits_per_chunk: float32 logits the head holds at a time.
-
-  Returns:
-    `PolicyOutputs` as `policy_outputs`'.
-  """
-  rollout.require("positions", "token_valid", by="tree_policy_outputs")
-  hidden, values = tree_forward(model, rollout.tokens, rollout.token_valid, rollout.positions,
-                                tree, prompt_length, actions)
-  logp, entropy = shifted_logprobs(model, hidden, rollout.tokens, temperature, actions,
-                                   logits_per_chunk=logits_per_chunk, scored=rollout.mask)
-  values = None if values is None else jnp.pad(values[:, :-1], [(0, 0), (1, 0)])
-  return PolicyOutputs(logprobs=logp, entropy=entropy, values=values)
 
 
 def sft_loss(model, tokens, loss_mask, token_valid=None, actions: Actions = Actions(),

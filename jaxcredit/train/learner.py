@@ -33,8 +33,8 @@ from flax import nnx
 from jax import Array
 
 from jaxcredit import estimators, forward, losses
-from jaxcredit.rollout import Estimate, Rollout
-from jaxcredit.sampling import Actions
+from jaxcredit.rollout import Estimate, PolicyOutputs, Rollout
+from jaxcredit.sampling import Actions, TreeSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +66,9 @@ class Settings:
     recompute_old_logprobs: one forward pass for rollout.old_logprobs.
     critic: the critic's `CriticSettings`, or None without a critic.
     logits_per_chunk: float32 logits the log-prob head holds at a time.
+    tree: the `TreeSpec` of tree rollouts (``fork="fixed"``): the policy's passes compute
+      each shared prefix once (`forward.tree_forward`); None for independent rows.
+    prompt_length: P, the prompt columns of the rollouts, with `tree`.
   """
 
   temperature: float = 1.0
@@ -77,10 +80,29 @@ class Settings:
   recompute_old_logprobs: bool = False  # one forward pass: rollout.old_logprobs
   critic: CriticSettings | None = None
   logits_per_chunk: int = forward.LOGITS_PER_CHUNK  # logits held at a time by the log-prob head
+  tree: TreeSpec | None = None
+  prompt_length: int = 0
+
+
+def policy_outputs(model, rollout: Rollout, settings: Settings) -> PolicyOutputs:
+  """`forward.policy_outputs` with the learner's settings: every pass of a policy over a
+  rollout (the update's, the reference's, the recomputed old log-probs).
+
+  Args:
+    model: a `Transformer`.
+    rollout: the `Rollout`.
+    settings: the learner's `Settings`.
+
+  Returns:
+    its `PolicyOutputs`.
+  """
+  return forward.policy_outputs(model, rollout, settings.temperature, settings.actions,
+                                settings.logits_per_chunk, tree=settings.tree,
+                                prompt_length=settings.prompt_length)
 
 
 def policy_update(model, optimizer, rollout: Rollout, estimate: Estimate, rl_step, objective,
-                  temperature: float, actions: Actions, logits_per_chunk: int) -> dict:
+                  settings: Settings) -> dict:
   """One optimizer step of the objective on a (mini)batch, in place. Traceable.
 
   Args:
@@ -91,17 +113,14 @@ def policy_update(model, optimizer, rollout: Rollout, estimate: Estimate, rl_ste
     rl_step: the step index passed to the objective (schedules).
     objective: ``objective(outputs, rollout, estimate, step) -> (loss, metrics)``
       (`losses.combine`).
-    temperature: the sampling temperature.
-    actions: the task's action restrictions.
-    logits_per_chunk: float32 logits the log-prob head holds at a time.
+    settings: the learner's `Settings` (`policy_outputs`).
 
   Returns:
     the objective's metrics and ``grad_norm``.
   """
 
   def loss_fn(model):
-    return objective(forward.policy_outputs(model, rollout, temperature, actions, logits_per_chunk),
-                     rollout, estimate, rl_step)
+    return objective(policy_outputs(model, rollout, settings), rollout, estimate, rl_step)
 
   (_, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
   optimizer.update(model, grads)
@@ -148,9 +167,7 @@ def reference_logprobs(reference, rollout: Rollout, settings: Settings) -> Array
   Returns:
     float32 ``[B, L]``, 0 off the mask.
   """
-  return jax.lax.stop_gradient(forward.policy_outputs(
-      reference, rollout, settings.temperature, settings.actions,
-      settings.logits_per_chunk).logprobs)
+  return jax.lax.stop_gradient(policy_outputs(reference, rollout, settings).logprobs)
 
 
 def prepare(models: dict, rollout: Rollout, settings: Settings) -> Rollout:
@@ -310,8 +327,7 @@ def make_step(graphdef, *, advantage: Callable[[Rollout], Estimate], objective, 
     if rows is not None:
       rollout, estimate = jax.tree.map(lambda x: x[rows], (rollout, estimate))
     metrics = policy_update(models["model"], models["optimizer"], rollout, estimate, rl_step,
-                            objective, settings.temperature, settings.actions,
-                            settings.logits_per_chunk)
+                            objective, settings)
     if settings.critic is not None:
       critic = critic_update(models["critic"], models["critic_optimizer"], rollout, settings.critic,
                              settings.actions)

@@ -341,6 +341,15 @@ def tree_spec(config, task: tasks.TrainTask) -> TreeSpec | None:
   return spec
 
 
+def _tree_pass(config, task: tasks.TrainTask) -> dict:
+  """The learner's tree settings: a ``fork="fixed"`` tree's prefixes computed once (its columns
+  are the sampler's); a delimiter tree's closed-up rows one by one."""
+  tree = tree_spec(config, task)
+  if tree is None or tree.fork != "fixed":
+    return {}
+  return {"tree": tree, "prompt_length": task.max_prompt_length}
+
+
 def _rollout_source(config, task: tasks.TrainTask, place, local) -> SingleTurn | MultiTurn:
   """One sampled response per row (or a tree of them per prompt) scored by the task, or
   multi-turn episodes in the task's environment."""
@@ -409,7 +418,7 @@ def _learner_modules(config, task: tasks.TrainTask, mesh,
                               minibatches=rl.minibatches, kl_reward_coef=rl.kl_reward_coef,
                               kl_reward_kind=rl.kl_reward_kind, critic=critic_settings,
                               recompute_old_logprobs=rl.recompute_old_logprobs,
-                              logits_per_chunk=rl.logits_per_chunk)
+                              logits_per_chunk=rl.logits_per_chunk, **_tree_pass(config, task))
   return sharding.place_state(modules, mesh), settings
 
 

@@ -191,6 +191,9 @@ def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
   train = _train_lines(tmp_path)
   assert len(train) == 2 and all(math.isfinite(line["train/loss"]) for line in train)
   assert "eval/accuracy" in train[-1]
+  if name == "key_token_treepo":  # the prefix-shared learner pass scores what the tree sampled
+    assert abs(train[0]["train/policy/ratio_mean"] - 1.0) < 1e-4
+    assert train[0]["train/gen_tokens"] == 4 * (8 + 2 * 8 + 4 * 8)  # shared segments once
   if name == "quickstart":
     assert all("step" in line for line in _metrics(tmp_path))
     for key in (

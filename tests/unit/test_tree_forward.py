@@ -42,8 +42,8 @@ def test_the_prefix_shared_pass_equals_the_unrolled_one(typed):
   weights = jnp.asarray(rng.normal(size=rollout.shape), jnp.float32)
 
   def loss(model, shared):
-    outputs = (forward.tree_policy_outputs(model, rollout, 1.0, SPEC, PROMPT, actions) if shared
-               else forward.policy_outputs(model, rollout, 1.0, actions))
+    tree = dict(tree=SPEC, prompt_length=PROMPT) if shared else {}
+    outputs = forward.policy_outputs(model, rollout, 1.0, actions, **tree)
     scored = lambda x: jnp.sum(jnp.where(rollout.mask, x * weights, 0.0))
     return scored(outputs.logprobs) + scored(outputs.entropy) + scored(outputs.values), outputs
 
