@@ -1,0 +1,43 @@
+"""The tree-credit study: a smoke run scores every tree estimator against the exact oracle,
+counts what each sampling generated, writes the report and reads finished tasks back."""
+
+import json
+
+import pytest
+
+from studies.tree_credit import configs
+from studies.tree_credit import runner as tree_credit
+
+
+def test_smoke_run_scores_every_estimator_and_resumes(tmp_path, monkeypatch):
+  study = configs.get_config("smoke")
+  results = tree_credit.run(study, str(tmp_path))
+  assert set(results) == {"key_token", "target_sum"}
+  for task, result in results.items():
+    assert set(result["scores"]) == {*(f"tree/{e}" for e in study.estimators),
+                                     "independent/grpo"}
+    for stats in result["scores"].values():
+      assert -1 <= stats["r_pool"][0] <= 1 and 0 <= stats["sa"][0] <= 1
+    tokens = result["tokens_per_prompt"]
+    assert tokens["tree"] < tokens["independent"]  # the shared segments once
+  # key_token's trees: 2 x 4 + 4 x 4 + 8 x 4 tokens per prompt, against 8 x 12.
+  assert results["key_token"]["tokens_per_prompt"] == {"tree": 56.0, "independent": 96.0}
+  assert "dm" in results["key_token"]["scores"]["tree/treerl"]
+  text = (tmp_path / "report.md").read_text()
+  assert text.count("| tree | ") == 2 * len(study.estimators) and "## target_sum" in text
+  # A rerun reads the finished tasks back.
+  monkeypatch.setattr(tree_credit, "score_task", lambda *a: pytest.fail("rescored"))
+  assert tree_credit.run(study, str(tmp_path)) == results
+  assert json.loads((tmp_path / "key_token.json").read_text()) == results["key_token"]
+
+
+def test_the_report_marks_undefined_scores():
+  study = configs.get_config("smoke")
+  stat = lambda value, defined=True: [value, defined, 10]
+  result = {"scores": {"tree/grpo": {"r_pool": stat(0.5), "spearman": stat(0.0, False),
+                                     "sa": stat(0.75)}},
+            "tokens_per_prompt": {"tree": 56.0, "independent": 96.0}, "success": 0.25,
+            "seconds": 1.0}
+  text = tree_credit.report(study, {"key_token": result})
+  assert "| tree | grpo | 0.50 | n/a | 0.75 | n/a |" in text
+  assert "56.0 as a tree, 96.0 as independent responses" in text
