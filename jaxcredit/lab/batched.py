@@ -73,7 +73,8 @@ from jaxcredit.lab import arms, diagnostics
 from jaxcredit.lab.cells import Cell
 from jaxcredit.models import Transformer
 from jaxcredit.rollout import Estimate, Rollout
-from jaxcredit.sampling import Actions, generate
+from jaxcredit.sampling import Actions, generate, sample_tree
+from jaxcredit.sampling import tree as sampling_tree
 from jaxcredit.tasks import key_token, target_sum
 from jaxcredit.train import learner
 
@@ -143,14 +144,19 @@ def make_rollout(cell: Cell, needs=frozenset(arms.EXTRAS)):
 
   def rollout(model, key, oracle_extras=False, mc_k=0):
     prompts, targets = task.draw(jax.random.fold_in(key, PROMPT_STREAM), cell.prompts_per_step)
-    sample = generate(model, jnp.repeat(prompts, group, axis=0),
-                      jnp.ones((prompts.shape[0] * group, prompt_len), bool),
-                      jax.random.fold_in(key, SAMPLE_STREAM), max_new_tokens=config.length,
-                      actions=actions, stop_tokens=task.stop_tokens)
+    settings = dict(max_new_tokens=config.length, actions=actions, stop_tokens=task.stop_tokens)
+    sample_key, extras = jax.random.fold_in(key, SAMPLE_STREAM), {}
+    if cell.tree is None:
+      sample = generate(model, jnp.repeat(prompts, group, axis=0),
+                        jnp.ones((prompts.shape[0] * group, prompt_len), bool), sample_key,
+                        **settings)
+    else:
+      tree = sample_tree(model, prompts, jnp.ones(prompts.shape, bool), sample_key,
+                         tree=cell.tree, **settings)
+      sample, extras = tree.output, {"tree_path": tree.path, "tree_segments": tree.segments}
     targets = jnp.repeat(targets, group, axis=0)
     rewards = task.reward(sample.tokens, targets, jax.random.fold_in(key, NOISE_STREAM))
     mask = sample.mask
-    extras = {}
     if oracle_extras or needs & value_needs:
       tree = task.value_tree(model, prompts, targets[::group],
                              jax.random.fold_in(key, ORACLE_STREAM))
@@ -226,7 +232,9 @@ def _update_metrics(task, cell: Cell, batch: Rollout, advantage, mc_k, decisive,
   continuation tokens; on key_token (T actions per response) the filler's entropy and the
   noisy tokens of the arm's credit (`advantage(batch)`); on target_sum (responses stop at
   EOS) the lengths of right and wrong responses and the wrong share."""
-  recorded = {"generated": jnp.sum(batch.mask, dtype=jnp.float32),
+  generated = (jnp.sum(batch.mask) if cell.tree is None else sampling_tree.generated_tokens(
+      batch.extras["tree_path"], batch.extras["tree_segments"], batch.mask))
+  recorded = {"generated": generated.astype(jnp.float32),
               "continuations": arms.continuation_tokens(batch.mask, mc_k, cell.task.length)}
   if isinstance(task, key_token.traceable.Traceable):
     recorded.update(filler_entropy=jnp.mean(batch.entropy[:, filler]),
@@ -265,7 +273,8 @@ def make_run(cell: Cell):
   objective = losses.from_config(cell.objective)
   # The critic regresses on Monte-Carlo returns (lambda = 1), clipped as in PPO.
   settings = learner.Settings(actions=actions,
-                              critic=learner.CriticSettings() if critic else None)
+                              critic=learner.CriticSettings() if critic else None,
+                              tree=cell.tree, prompt_length=cell.task.prompt_length)
   eval_prompts, eval_targets = task.eval_prompts
   ks = jnp.asarray(cell.pass_at, jnp.float32)
   rollout = make_rollout(cell, arms.needs(branches))

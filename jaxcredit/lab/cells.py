@@ -11,6 +11,7 @@ import numpy as np
 from jaxcredit import estimators
 from jaxcredit.lab import arms
 from jaxcredit.models import TransformerConfig
+from jaxcredit.sampling import TreeSpec
 from jaxcredit.tasks import key_token, target_sum, zipf_explain
 
 # The options of the tasks whose traceable form a cell runs.
@@ -69,6 +70,9 @@ class Cell:
     mechanism_evals: ...at these evaluations (None: every one).
     prm_learning_rates: the implicit PRM's Adam rate in each arm's runs (None:
       `arms.PRM_LEARNING_RATE`), with a PRIME arm.
+    tree: a `TreeSpec` (``fork="fixed"``): each prompt's group is sampled as the leaves of
+      a tree (`sampling.sample_tree`; the tree in rollout.extras, its shared segments
+      generated once), or None for independent responses.
   """
 
   task: TaskOptions
@@ -88,6 +92,7 @@ class Cell:
   # The implicit PRM's Adam rate in each arm's runs (None: arms.PRM_LEARNING_RATE), with a
   # PRIME arm: a setting of the arm, as its estimator config.
   prm_learning_rates: tuple[float | None, ...] | None = None
+  tree: TreeSpec | None = None
 
   def __post_init__(self):
     if self.updates < 1 or self.eval_every < 1 or self.updates % self.eval_every:
@@ -98,6 +103,12 @@ class Cell:
                        f"and {self.prompts_per_step}.")
     for arm in self.arms:
       arms.monte_carlo_k(estimators.from_config(arm))  # refuses Monte-Carlo values it cannot draw
+    if self.tree is not None:
+      self.tree.check(self.task.length)
+      if self.tree.fork != "fixed" or self.tree.leaves != self.group_size:
+        raise ValueError(f"A cell's tree forks at fixed columns and its leaves are the group: "
+                         f"fork='fixed' and roots x branching^depth = group_size "
+                         f"({self.group_size}), got {self.tree}.")
     if self.prm_learning_rates is not None and len(self.prm_learning_rates) != len(self.arms):
       raise ValueError(f"prm_learning_rates needs one rate (or None) per arm: "
                        f"{len(self.prm_learning_rates)} for {len(self.arms)} arms.")
@@ -149,5 +160,10 @@ class Cell:
   @property
   def tokens_per_update(self) -> int:
     """Response slots sampled per update: the generated tokens on key_token (T per
-    response), an upper bound on target_sum (a response may stop before n + 1)."""
-    return self.prompts_per_step * self.group_size * self.task.length
+    response; a tree's shared segments once), an upper bound on target_sum (a response may
+    stop before n + 1)."""
+    if self.tree is None:
+      return self.prompts_per_step * self.group_size * self.task.length
+    rows = [self.tree.roots * self.tree.branching**level for level in range(self.tree.depth + 1)]
+    widths = self.tree.budgets(self.task.length)
+    return self.prompts_per_step * sum(r * w for r, w in zip(rows, widths))

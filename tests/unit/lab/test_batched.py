@@ -481,3 +481,27 @@ def test_a_zipf_explain_batch_carries_the_monte_carlo_oracles_credit():
   assert np.all(zipf_explain.reward(np.asarray(responses), np.asarray(demo_prompts), task) == 1)
   with pytest.raises(ValueError, match="zipf_explain cells run without the gradient"):
     _cell("grpo", task=task, model=model_config, mechanism_batches=2)
+
+
+def test_a_tree_cell_samples_trees_counts_shared_segments_once_and_scores_tree_credit():
+  from jaxcredit.sampling import TreeSpec
+
+  tree = TreeSpec(roots=1, branching=2, depth=2, segment_tokens=2)  # forks before 2 and 4
+  cell = cells.Cell(task=TASK, model=MODEL, arms=("grpo", "treerl"), group_size=4,
+                    prompts_per_step=3, updates=2, eval_every=1, tree=tree)
+  assert cell.tokens_per_update == 3 * (2 + 2 * 2 + 4 * 2)  # 42 against 72 without a tree
+  batch = jax.jit(lambda key: batched.make_rollout(cell)(
+      Transformer(MODEL, rngs=nnx.Rngs(0)), key, oracle_extras=True))(jax.random.key(0))
+  path, segments = (np.asarray(batch.extras[k]) for k in ("tree_path", "tree_segments"))
+  tokens = np.asarray(batch.tokens)
+  for a, b in ((0, 1), (2, 3)):  # siblings share the first two segments
+    np.testing.assert_array_equal(tokens[a, :-2], tokens[b, :-2])
+  np.testing.assert_array_equal(path[:, 0], np.repeat([0, 12, 24], 4))  # a tree per prompt
+  assert (segments[:, -2:] == 2).all()
+  result = batched.Runner(cell).train([(0, 1e-3, 0), (1, 1e-3, 0)])
+  np.testing.assert_array_equal(result["gen_tokens"][:, -1], 2 * cell.tokens_per_update)
+  assert np.all(np.isfinite(result["success"]))
+  # The same seed samples the same first batch in both arms: a paired start.
+  np.testing.assert_array_equal(result["success"][0, 0], result["success"][1, 0])
+  with pytest.raises(ValueError, match="roots x branching\\^depth = group_size"):
+    dataclasses.replace(cell, group_size=8)
