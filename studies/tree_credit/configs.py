@@ -35,6 +35,30 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   config.prompts_per_batch = 16
   config.batches = 8
   config.estimators = ("grpo", "spo_tree", "treerl", "tempo", "treepo", "tree_grpo")
+  # Training at equal generated tokens (batched cells, `jaxcredit.lab`): the flat arms sample
+  # 8 independent responses per prompt, the tree arms a tree of 8 leaves (the shared
+  # segments generated once, so more updates fit the budget); every arm at one learning
+  # rate, the same seeds (the same initial policy per seed).
+  config.training = ml_collections.ConfigDict()
+  config.training.task = {"length": 12, "n_decisive": 2, "n_keys": 4, "n_fillers": 4,
+                          "filler_blind": True}  # chance 1/16; decisive columns 4 and 8
+  config.training.segment_tokens = 4
+  config.training.model = {"n_layers": 1, "d_model": 32, "n_heads": 4, "n_kv_heads": 4,
+                           "d_ff": 128}
+  config.training.flat_arms = ("grpo", "oracle")
+  config.training.tree_arms = ("grpo", "spo_tree", "treerl", "tempo", "treepo", "tree_grpo")
+  config.training.prompts_per_step = 8
+  config.training.token_budget = 200_000
+  config.training.eval_points = 10
+  config.training.learning_rate = 3e-3
+  config.training.seeds = [0, 1, 2, 3, 4]
   if preset == "smoke":
     config.prompts_per_batch, config.batches = 4, 2
+    config.training.model = {"n_layers": 1, "d_model": 16, "n_heads": 2, "n_kv_heads": 2,
+                             "d_ff": 32}
+    config.training.tree_arms = ("grpo", "treerl")
+    config.training.prompts_per_step = 2
+    config.training.token_budget = 4_000
+    config.training.eval_points = 2
+    config.training.seeds = [0, 1]
   return config

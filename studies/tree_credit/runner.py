@@ -10,7 +10,16 @@ trees' leaves every tree estimator and GRPO are scored against the exact credit
 A(s_t, y_t) of the same tokens (`lab.scores`: pooled Pearson r, Spearman, sign agreement,
 decisive mass on key_token), pooled over the batches; GRPO is also scored on the
 independent responses. The tokens each sampling generated are counted (a tree's shared
-segments once). Outputs in DIR: <task>.json (written once, read back on a rerun) and
+segments once).
+
+Then, at equal generated tokens, two batched cells train key_token from the same initial
+policy per seed (`jaxcredit.lab.batched`, RMS-scaled advantages, one learning rate): the
+flat arms (GRPO, the exact oracle) on independent responses, the tree arms on trees (a
+tree generates fewer tokens per update, so it takes more updates within the budget). Each
+arm's final J and AUC of J over log10 generated tokens, and its AUC minus flat GRPO's
+paired by seed, with Student-t 95% intervals.
+
+Outputs in DIR: <task>.json and training.json (written once, read back on a rerun) and
 report.md.
 """
 
@@ -24,13 +33,13 @@ from flax import nnx
 
 from jaxcredit import estimators, tasks
 from jaxcredit.atomic import write_atomically
-from jaxcredit.lab import providers, scores
+from jaxcredit.lab import batched, cells, exact_metrics, providers, scores
 from jaxcredit.models import Transformer, preset
 from jaxcredit.rollout_sources import SingleTurn
 from jaxcredit.sampling import TreeSpec, tree
-from jaxcredit.tasks import loader
+from jaxcredit.tasks import key_token, loader
 from jaxcredit.train import base_config
-from studies.credit_study.report import machine
+from studies.credit_study.report import fmt_interval, machine, t_interval
 
 COLUMNS = (("r_pool", "r"), ("spearman", "Spearman"), ("sa", "sign agreement"),
            ("dm", "decisive mass"))
@@ -97,6 +106,61 @@ def score_task(study, spec, workdir: pathlib.Path) -> dict:
           "success": float(np.mean(success)), "seconds": time.perf_counter() - started}
 
 
+def training_cells(study) -> dict[str, cells.Cell]:
+  """{"flat", "tree"}: the two cells of the equal-token comparison."""
+  spec = study.training
+  task = key_token.KeyTokenConfig(**spec.task.to_dict())
+  model = preset("tiny", vocab_size=key_token.VOCAB_SIZE, **spec.model.to_dict())
+  shape = TreeSpec(**study.tree.to_dict(), segment_tokens=spec.segment_tokens)
+  made = {}
+  for name, arms, tree_shape in (("flat", spec.flat_arms, None), ("tree", spec.tree_arms, shape)):
+    cell = cells.Cell(task=task, model=model, arms=tuple({"scale": "rms", "of": a} for a in arms),
+                      group_size=shape.leaves, prompts_per_step=spec.prompts_per_step,
+                      updates=1, eval_every=1, tree=tree_shape)
+    updates = max(1, round(spec.token_budget / cell.tokens_per_update / spec.eval_points))
+    made[name] = cells.Cell(**{**cell.__dict__, "updates": updates * spec.eval_points,
+                               "eval_every": updates})
+  return made
+
+
+def train(study) -> dict:
+  """{cell: {arm: {"success": [seeds][evals], "gen_tokens": ..., "updates": ...}},
+  "seconds"}: every arm of both cells on every seed."""
+  started, out = time.perf_counter(), {}
+  spec = study.training
+  for name, cell in training_cells(study).items():
+    arms = spec.flat_arms if name == "flat" else spec.tree_arms
+    runs = [(a, spec.learning_rate, seed) for a in range(len(arms)) for seed in spec.seeds]
+    print(f"[tree credit] training: {name} cell, {len(runs)} runs of {cell.updates} updates",
+          flush=True)
+    result = batched.Runner(cell).train(runs)
+    seeds = len(spec.seeds)
+    out[name] = {arm: {"success": result["success"][i * seeds:(i + 1) * seeds].tolist(),
+                       "gen_tokens": result["gen_tokens"][i * seeds:(i + 1) * seeds].tolist(),
+                       "updates": cell.updates}
+                 for i, arm in enumerate(arms)}
+  return {**out, "seconds": time.perf_counter() - started}
+
+
+def training_summary(study, trained: dict) -> list[list[str]]:
+  """Rows (sampling, arm, updates, final J, AUC, AUC - flat GRPO's) of the report: final J is
+  the mean of the last 3 measurements; the AUC window runs from the first measurement after
+  0 of the flat cell to the budget."""
+  low = trained["flat"]["grpo"]["gen_tokens"][0][1]
+  high = study.training.token_budget
+  auc = lambda arm: np.array([exact_metrics.auc_log_tokens(t, s, low, high)
+                              for t, s in zip(arm["gen_tokens"], arm["success"])])
+  baseline = auc(trained["flat"]["grpo"])
+  rows = []
+  for sampling in ("flat", "tree"):
+    for name, arm in trained[sampling].items():
+      final = np.asarray(arm["success"])[:, -3:].mean(axis=1)
+      rows.append([sampling, name, str(arm["updates"]), fmt_interval(*t_interval(final)),
+                   fmt_interval(*t_interval(auc(arm))),
+                   fmt_interval(*t_interval(auc(arm) - baseline))])
+  return rows
+
+
 def run(study, workdir: str) -> dict:
   """Scores every task (reading finished ones back) and writes report.md; returns
   {task: result}."""
@@ -111,6 +175,11 @@ def run(study, workdir: str) -> dict:
       result = score_task(study, spec, out)
       write_atomically(path, lambda tmp, r=result: tmp.write_text(json.dumps(r)))
     results[name] = json.loads(path.read_text())
+  path = out / "training.json"
+  if not path.exists():
+    trained = train(study)
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(trained)))
+  results["training"] = json.loads(path.read_text())
   (out / "report.md").write_text(report(study, results))
   print(f"[tree credit] wrote {out / 'report.md'}", flush=True)
   return results
@@ -133,6 +202,8 @@ def report(study, results: dict) -> str:
       "pooled over every scored token (`jaxcredit.lab.scores`).", "",
       f"Machine: {machine()}.", ""]
   for task, result in results.items():
+    if task == "training":
+      continue
     tokens = result["tokens_per_prompt"]
     lines += [f"## {task}", "",
               f"Mean reward {result['success']:.3f}; tokens generated per prompt: "
@@ -145,4 +216,17 @@ def report(study, results: dict) -> str:
       cells = [_cell(stats[name]) if name in stats else "n/a" for name, _ in COLUMNS]
       lines.append(f"| {sampling} | {est} | " + " | ".join(cells) + " |")
     lines.append("")
-  return "\n".join(lines)
+  spec, trained = study.training, results["training"]
+  lines += [
+      "## Training at equal generated tokens", "",
+      f"key_token {spec.task.to_dict()}, {spec.prompts_per_step} prompts per update of 8 "
+      f"responses (flat) or 8 leaves (tree: forks every {spec.segment_tokens} columns), "
+      f"{spec.token_budget:,} generated tokens, learning rate {spec.learning_rate} for every "
+      f"arm, RMS-scaled advantages, seeds {list(spec.seeds)}; {trained['seconds']:.0f} s. "
+      "Final J: the mean of the last 3 of the evaluations; AUC: the mean exact J over log10 "
+      "generated tokens; the last column is the AUC minus flat GRPO's, paired by seed "
+      "(Student-t 95% intervals).", "",
+      "| sampling | arm | updates | final J | AUC | AUC - flat GRPO |",
+      "|---|---|---|---|---|---|"]
+  lines += ["| " + " | ".join(row) + " |" for row in training_summary(study, trained)]
+  return "\n".join(lines) + "\n"
