@@ -133,9 +133,12 @@ class _Sampling(NamedTuple):
   pad_id: int
   hidden_token: int
   stop_when_done: bool
+  # A row stops, without sampling, before a token whose entropy reaches this (not at the
+  # first step): `sampling.tree`'s entropy forks. None: never.
+  pause_entropy: float | None = None
 
 
-def _response_step(logits, key, done, allowed, settings: _Sampling):
+def _response_step(logits, key, done, allowed, settings: _Sampling, may_pause=False):
   """Samples one token per row; returns (token, logp, entropy, active, done_after)."""
   logits = mask_logits(logits, allowed)
   token = sample_token(logits, key, temperature=settings.temperature, top_k=settings.top_k,
@@ -143,6 +146,8 @@ def _response_step(logits, key, done, allowed, settings: _Sampling):
   scale = settings.temperature or 1.0
   logp = token_logprobs(logits, token, temperature=scale)
   entropy = token_entropy(logits.astype(jnp.float32) / scale)
+  if settings.pause_entropy is not None:
+    done = done | (may_pause & (entropy >= settings.pause_entropy))
   active = ~done
   token = jnp.where(active, token, settings.pad_id)
   done = done | (active & jnp.isin(token, jnp.asarray(settings.stop_tokens or (-1,))))
@@ -205,7 +210,7 @@ def _decode(model, cache: KVCache, logits, position, slot, done, key, allowed, h
   def step(carry):
     i, cache, logits, done, position, buffers = carry
     token, logp, entropy, active, done = _response_step(logits, step_key(key, i), done,
-                                                         allowed[i], settings)
+                                                         allowed[i], settings, i > 0)
     fed = jnp.where(hidden[i], settings.hidden_token, token)
     out, cache = model.decode(fed[:, None], position[:, None], active[:, None], cache, slot + i,
                               layers=layers)

@@ -12,10 +12,13 @@ row's ``depth + 1`` segments are recorded as the tree's nodes (`TreeSample.path`
 Segments are sampled in fixed response columns: segment k < depth owns `segment_tokens`
 columns, the last one the rest of `max_new_tokens`. A `fork="fixed"` segment fills its
 columns, and the output keeps them (`jaxcredit.forward.tree_forward` runs each node once at
-its columns); a `fork="delimiter"` segment ends after its first delimiter token, and each
-output row is then closed up (its sampled tokens moved left over the holes, in order, as
-`generate` lays out a response), so a teacher-forced pass reads every token after the one
-before it; its segments then start at columns of their own. A row that emits a stop token
+its columns); a `fork="delimiter"` segment ends after its first delimiter token, a
+`fork="entropy"` one before its first token (after one) whose entropy under the policy
+reaches a threshold (TreeRL's entropy-guided forking, made online: the children draw the
+uncertain token anew). Each output row of those two rules is then closed up (its sampled
+tokens moved left over the holes, in order, as `generate` lays out a response), so a
+teacher-forced pass reads every token after the one before it; its segments then start at
+columns of their own. A row that emits a stop token
 is finished: its copies sample nothing more.
 
 Keys: the leaf reached by root m and children c_1, ..., c_d of a prompt p samples segment d
@@ -36,7 +39,7 @@ from jaxcredit.models.transformer import Transformer
 from jaxcredit.sampling import sampler
 from jaxcredit.sampling.actions import Actions
 
-FORK_RULES = ("fixed", "delimiter")
+FORK_RULES = ("fixed", "delimiter", "entropy")
 
 
 class TreeSpec(NamedTuple):
@@ -48,8 +51,11 @@ class TreeSpec(NamedTuple):
     depth: D, forks along each path (D + 1 segments).
     segment_tokens: the response columns of each segment but the last, which has the rest
       of the response budget.
-    fork: "fixed" (a segment fills its columns) or "delimiter" (it ends after `delimiter`).
+    fork: "fixed" (a segment fills its columns), "delimiter" (it ends after `delimiter`) or
+      "entropy" (it ends before the first token, after its first, whose entropy reaches
+      `entropy_threshold`: the children draw that uncertain token anew).
     delimiter: the token that ends a segment with ``fork="delimiter"``.
+    entropy_threshold: the entropy (nats) that ends a segment with ``fork="entropy"``.
   """
 
   roots: int = 1
@@ -58,6 +64,7 @@ class TreeSpec(NamedTuple):
   segment_tokens: int = 8
   fork: str = "fixed"
   delimiter: int | None = None
+  entropy_threshold: float | None = None
 
   @property
   def leaves(self) -> int:
@@ -78,9 +85,14 @@ class TreeSpec(NamedTuple):
       raise ValueError("rollout.tree.delimiter is the token that ends a segment: set it with "
                        f"fork='delimiter' and only then (fork={self.fork!r}, "
                        f"delimiter={self.delimiter!r}).")
-    if self.fork == "delimiter" and actions is not None and (
+    if (self.fork == "entropy") != (self.entropy_threshold is not None) or (
+        self.fork == "entropy" and not self.entropy_threshold > 0):
+      raise ValueError("rollout.tree.entropy_threshold is the entropy (> 0 nats) that ends a "
+                       f"segment: set it with fork='entropy' and only then (fork={self.fork!r}, "
+                       f"entropy_threshold={self.entropy_threshold!r}).")
+    if self.fork != "fixed" and actions is not None and (
         actions.per_column or actions.hidden is not None):
-      raise ValueError("rollout.tree.fork = 'delimiter' closes up each response, which moves "
+      raise ValueError(f"rollout.tree.fork = {self.fork!r} closes up each response, which moves "
                        "tokens to other columns: it cannot apply per-column actions (allowed "
                        "tokens or hidden columns); use fork='fixed'.")
     last = max_new_tokens - self.depth * self.segment_tokens
@@ -230,10 +242,10 @@ def sample_tree(model: Transformer, prompts: Array, prompt_valid: Array, key: Ar
   stops = jnp.asarray(settings.stop_tokens or (-1,))
   pieces, generated, decode_steps, start = [], 0, 0, 0
   for level, width in enumerate(tree.budgets(max_new_tokens)):
-    ends = settings.stop_tokens
-    if tree.fork == "delimiter" and level < tree.depth:
-      ends = (*ends, tree.delimiter)
-    step = settings._replace(max_new_tokens=width, stop_tokens=ends)
+    forks = level < tree.depth  # the last segment runs to the end of the budget
+    delimiter = (tree.delimiter,) if forks and tree.fork == "delimiter" else ()
+    step = settings._replace(max_new_tokens=width, stop_tokens=settings.stop_tokens + delimiter,
+                             pause_entropy=tree.entropy_threshold if forks else None)
     table = slice(start, start + width)
     continuation, contexts = sampler._continue_rows(
         graphdef, state, contexts, done, keys, allowed[table], hidden[table], step)
@@ -251,7 +263,7 @@ def sample_tree(model: Transformer, prompts: Array, prompt_valid: Array, key: Ar
       pieces = [{name: x[parents] for name, x in piece.items()} for piece in pieces]
   prompts, prompt_valid = (jnp.repeat(x, tree.leaves, axis=0) for x in (prompts, prompt_valid))
   response = {name: jnp.concatenate([p[name] for p in pieces], axis=1) for name in pieces[0]}
-  if tree.fork == "delimiter":  # a segment that ended early left holes: close them
+  if tree.fork != "fixed":  # a segment that ended early left holes: close them
     order = jnp.argsort(~response["mask"], axis=1, stable=True)
     response = {name: jnp.take_along_axis(x, order, axis=1) for name, x in response.items()}
   glue = lambda field, before: jnp.concatenate([before, response[field]], axis=1)

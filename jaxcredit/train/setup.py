@@ -331,7 +331,9 @@ def tree_spec(config, task: tasks.TrainTask) -> TreeSpec | None:
                      "multi-turn: set rollout.tree.fork = 'none'.")
   spec = TreeSpec(roots=settings.roots, branching=settings.branching, depth=settings.depth,
                   segment_tokens=settings.segment_tokens, fork=settings.fork,
-                  delimiter=settings.delimiter).check(task.max_response_length)
+                  delimiter=settings.delimiter,
+                  entropy_threshold=settings.entropy_threshold).check(task.max_response_length,
+                                                                      task.actions)
   if spec.leaves != config.rl.group_size:
     raise ValueError(
         f"rollout.tree has {spec.leaves} leaves per prompt (roots {spec.roots} x branching "

@@ -111,6 +111,34 @@ def test_every_leaf_draws_what_an_unshared_row_draws_with_its_keys(model, spec):
                              rtol=1e-4, atol=1e-4)
 
 
+def test_entropy_forks_end_a_segment_before_its_first_uncertain_token(model):
+  prompts, valid = _prompts(batch=3, seed=4)
+  threshold = 0.8
+  spec = TreeSpec(roots=1, branching=2, depth=2, segment_tokens=4, fork="entropy",
+                  entropy_threshold=threshold)
+  tree = sample_tree(model, prompts, valid, jax.random.key(5), tree=spec, max_new_tokens=12)
+  out = tree.output
+  entropy, segments = np.asarray(out.entropy), np.asarray(tree.segments)
+  mask = np.asarray(out.mask)
+  short = 0
+  for b in range(len(mask)):
+    for k in range(spec.depth):
+      columns = np.flatnonzero(segments[b] == k)
+      assert 1 <= len(columns) <= spec.segment_tokens
+      # Every token of a forking segment after its first is below the threshold...
+      assert (entropy[b, columns[1:]] < threshold).all()
+      if len(columns) < spec.segment_tokens:  # ...and one that ended early stopped before
+        short += 1  # a token at or above it, which the child drew anew
+        assert entropy[b, columns[-1] + 1] >= threshold and segments[b, columns[-1] + 1] == k + 1
+  assert short > 0, "no segment ended at an uncertain token"
+  # Closed-up rows: teacher forcing reads the sampler's log-probs.
+  rollout = Rollout(tokens=out.tokens, mask=out.mask, rewards=jnp.zeros(len(mask)),
+                    positions=out.positions, token_valid=out.token_valid)
+  forced = policy_outputs(model, rollout, 1.0, Actions())
+  np.testing.assert_allclose(np.asarray(forced.logprobs)[mask], np.asarray(out.logprobs)[mask],
+                             rtol=1e-4, atol=1e-4)
+
+
 def test_the_prompt_is_prefilled_once_and_shared_segments_are_sampled_once(model, monkeypatch):
   prefilled = []
   start = sampler._start
@@ -179,10 +207,14 @@ def test_trees_that_do_not_fit_are_refused(model):
                                               tree=spec, max_new_tokens=budget)
   with pytest.raises(ValueError, match="beyond the response budget of 8 tokens"):
     sample(TreeSpec(depth=2, segment_tokens=4))
-  with pytest.raises(ValueError, match="fork must be one of fixed, delimiter"):
+  with pytest.raises(ValueError, match="fork must be one of fixed, delimiter, entropy"):
     sample(TreeSpec(fork="entropic"))
   with pytest.raises(ValueError, match="delimiter is the token that ends a segment"):
     sample(TreeSpec(fork="delimiter"))
+  with pytest.raises(ValueError, match="entropy_threshold is the entropy"):
+    sample(TreeSpec(fork="entropy"))
+  with pytest.raises(ValueError, match="entropy_threshold is the entropy"):
+    sample(TreeSpec(fork="fixed", entropy_threshold=1.0))
   with pytest.raises(ValueError, match="cannot apply per-column actions"):
     sample_tree(model, prompts, valid, jax.random.key(0), max_new_tokens=8,
                 tree=TreeSpec(fork="delimiter", delimiter=DELIMITER),

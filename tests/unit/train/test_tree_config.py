@@ -4,11 +4,12 @@ import types
 
 import pytest
 
-from jaxcredit.sampling import TreeSpec
+from jaxcredit.sampling import Actions, TreeSpec
 from jaxcredit.train import setup
 from tests.conftest import load_experiment
 
-SINGLE_TURN = types.SimpleNamespace(name="key_token", environment=None, max_response_length=24)
+SINGLE_TURN = types.SimpleNamespace(name="key_token", environment=None, max_response_length=24,
+                                    actions=Actions())
 
 
 def test_the_shipped_tree_config_gives_its_tree_and_none_without_one():
@@ -30,12 +31,14 @@ def test_tree_settings_that_cannot_work_are_refused_naming_them():
     setup.tree_spec(config, SINGLE_TURN)
   config = load_experiment("key_token_treepo")
   multi_turn = types.SimpleNamespace(name="key_turns", environment=object(),
-                                     max_response_length=24)
+                                     max_response_length=24, actions=Actions())
   with pytest.raises(ValueError, match="task 'key_turns' is multi-turn"):
     setup.tree_spec(config, multi_turn)
   config.rollout.tree.fork = "delimiter"
   with pytest.raises(ValueError, match="delimiter is the token that ends a segment"):
     setup.tree_spec(config, SINGLE_TURN)
+  config.rollout.tree.fork, config.rollout.tree.entropy_threshold = "entropy", 1.0
+  assert setup.tree_spec(config, SINGLE_TURN).entropy_threshold == 1.0
 
 
 def test_a_tree_estimator_without_a_tree_rollout_is_refused_before_any_work():
