@@ -160,6 +160,62 @@ def generated_tokens(path: Array, segments: Array, mask: Array) -> Array:
   return jnp.round(jnp.sum(share)).astype(jnp.int32)
 
 
+def render(tokens, path, segments, *, group_size: int, group: int = 0, decode=None,
+           rewards=None) -> str:
+  """One sampled tree as indented text: each node's segment under its parent's.
+
+  Args:
+    tokens: ``[B, L]`` the rows (`TreeSample.output.tokens`).
+    path: ``[B, S]`` node ids of each row's segments (`TreeSample.path`).
+    segments: ``[B, L]`` the segment of each sampled token, -1 elsewhere.
+    group_size: G, the leaves of one prompt's tree.
+    group: which prompt's tree.
+    decode: ``decode(token_ids) -> str`` for a segment's tokens (None: the ids).
+    rewards: ``[B]`` the leaves' rewards, shown after each leaf (None: not shown).
+
+  Returns:
+    the picture, one line per node ("(nothing: finished)" for a segment after a stop token).
+
+  Examples:
+    >>> import numpy as np
+    >>> from jaxcredit.sampling import tree
+    >>> tokens = np.array([[7, 1, 2, 3], [7, 1, 2, 4], [7, 1, 5, 6], [7, 1, 5, 5]])
+    >>> segments = np.array([[-1, 0, 1, 2]] * 4)
+    >>> path = np.array([[0, 1, 2], [0, 1, 5], [0, 7, 8], [0, 7, 11]])
+    >>> print(tree.render(tokens, path, segments, group_size=4, rewards=[1, 0, 0, 1]))
+    1
+    ├── 2
+    │   ├── 3  -> 1
+    │   └── 4  -> 0
+    └── 5
+        ├── 6  -> 0
+        └── 5  -> 1
+  """
+  tokens, path, segments = (np.asarray(x) for x in (tokens, path, segments))
+  decode = decode or (lambda ids: " ".join(str(int(i)) for i in ids))
+  rows = range(group * group_size, (group + 1) * group_size)
+  lines = []
+
+  def visit(members, level, prefix, last, top):
+    first = members[0]
+    text = decode(tokens[first][segments[first] == level]) or "(nothing: finished)"
+    leaf = level + 1 == path.shape[1] or path[first, level + 1] < 0
+    note = f"  -> {float(rewards[first]):g}" if leaf and rewards is not None else ""
+    lines.append(text + note if top else f"{prefix}{'└── ' if last else '├── '}{text}{note}")
+    if leaf:
+      return
+    children = list(dict.fromkeys(int(path[r, level + 1]) for r in members))
+    inner = "" if top else prefix + ("    " if last else "│   ")
+    for i, child in enumerate(children):
+      visit([r for r in members if path[r, level + 1] == child], level + 1, inner,
+            i == len(children) - 1, False)
+
+  roots = list(dict.fromkeys(int(path[r, 0]) for r in rows))
+  for root in roots:
+    visit([r for r in rows if path[r, 0] == root], 0, "", True, True)
+  return "\n".join(lines)
+
+
 def _fork(contexts: sampler.Contexts, parents: Array) -> sampler.Contexts:
   """The rows `parents` [R'] of `contexts`: copies of their cache rows, logits and lengths."""
   cache = contexts.cache

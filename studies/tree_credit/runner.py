@@ -19,8 +19,8 @@ tree generates fewer tokens per update, so it takes more updates within the budg
 arm's final J and AUC of J over log10 generated tokens, and its AUC minus flat GRPO's
 paired by seed, with Student-t 95% intervals.
 
-Outputs in DIR: <task>.json and training.json (written once, read back on a rerun) and
-report.md.
+Outputs in DIR: <task>.json and training.json (written once, read back on a rerun),
+report.md and <task>_tree.txt (the report's picture of one sampled tree).
 """
 
 import json
@@ -64,7 +64,8 @@ def _decisive(task: tasks.TrainTask, shape) -> np.ndarray | None:
 
 def score_task(study, spec, workdir: pathlib.Path) -> dict:
   """{"scores": {sampling/estimator: {statistic: [value, defined, n]}}, "tokens_per_prompt":
-  {sampling: tokens}, "success", "seconds"} of one task."""
+  {sampling: tokens}, "success", "tree" (the first tree whose leaves' rewards differ,
+  `sampling.tree.render`; None if none does), "seconds"} of one task."""
   started = time.perf_counter()
   task = _task(spec, workdir)
   model = Transformer(preset(study.model.preset, vocab_size=task.vocab_size),
@@ -80,13 +81,20 @@ def score_task(study, spec, workdir: pathlib.Path) -> dict:
                        max_prompt_length=task.max_prompt_length, pad_id=task.pad_id)
   pooled = {f"{name}/{est}": [] for name in sources for est in study.estimators
             if name == "tree" or est == "grpo"}
-  tokens, success = {name: 0 for name in sources}, []
+  tokens, success, picture = {name: 0 for name in sources}, [], None
   for index in range(study.batches):
     batch = data.rl_batch(index, group_size=shape.leaves)
     for name, source in sources.items():
       rollout = source(model, batch, jax.random.key(index))
       exact, _ = providers.exact_credit(model, task, rollout, batch["examples"])
       rollout = rollout.replace(extras={**rollout.extras, **exact})
+      if picture is None and name == "tree":  # the first tree whose leaves' rewards differ
+        spread = np.ptp(np.asarray(rollout.rewards).reshape(-1, shape.leaves), axis=1) > 0
+        if spread.any():
+          picture = tree.render(rollout.tokens, rollout.extras["tree_path"],
+                                rollout.extras["tree_segments"], group_size=shape.leaves,
+                                group=int(np.argmax(spread)), rewards=rollout.rewards,
+                                decode=lambda ids: " ".join(task.token_texts(ids)))
       tokens[name] += int(np.sum(rollout.mask) if name == "independent" else tree.generated_tokens(
           rollout.extras["tree_path"], rollout.extras["tree_segments"], rollout.mask))
       success.append(float(np.mean(rollout.rewards)))
@@ -103,7 +111,8 @@ def score_task(study, spec, workdir: pathlib.Path) -> dict:
     results[key] = {name: [s.value, s.defined, s.n] for name, s in stats.items()}
   prompts = study.batches * study.prompts_per_batch
   return {"scores": results, "tokens_per_prompt": {k: v / prompts for k, v in tokens.items()},
-          "success": float(np.mean(success)), "seconds": time.perf_counter() - started}
+          "success": float(np.mean(success)), "tree": picture,
+          "seconds": time.perf_counter() - started}
 
 
 def training_cells(study) -> dict[str, cells.Cell]:
@@ -181,6 +190,8 @@ def run(study, workdir: str) -> dict:
     write_atomically(path, lambda tmp: tmp.write_text(json.dumps(trained)))
   results["training"] = json.loads(path.read_text())
   (out / "report.md").write_text(report(study, results))
+  for task in study.tasks:  # each task's pictured tree alone, for the docs
+    (out / f"{task}_tree.txt").write_text(f"{results[task]['tree']}\n")
   print(f"[tree credit] wrote {out / 'report.md'}", flush=True)
   return results
 
@@ -208,7 +219,9 @@ def report(study, results: dict) -> str:
     lines += [f"## {task}", "",
               f"Mean reward {result['success']:.3f}; tokens generated per prompt: "
               f"{tokens['tree']:.1f} as a tree, {tokens['independent']:.1f} as independent "
-              f"responses; {result['seconds']:.0f} s.", "",
+              f"responses; {result['seconds']:.0f} s. The first tree whose leaves' rewards "
+              "differ (each node's segment under its parent's, each leaf's reward after it):",
+              "", "```", str(result["tree"]), "```", "",
               "| sampling | estimator | " + " | ".join(c for _, c in COLUMNS) + " |",
               "|---|---|" + "---|" * len(COLUMNS)]
     for key, stats in result["scores"].items():

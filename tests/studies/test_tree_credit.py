@@ -36,6 +36,8 @@ def test_smoke_run_scores_every_estimator_and_resumes(tmp_path, monkeypatch):
   # key_token's trees: 2 x 4 + 4 x 4 + 8 x 4 tokens per prompt, against 8 x 12.
   assert results["key_token"]["tokens_per_prompt"] == {"tree": 56.0, "independent": 96.0}
   assert "dm" in results["key_token"]["scores"]["tree/treerl"]
+  picture = results["key_token"]["tree"].splitlines()  # 2 chains of 1 + 2 + 4 nodes
+  assert len(picture) == 14 and sum("-> " in line for line in picture) == 8
   text = (tmp_path / "report.md").read_text()
   assert text.count("| tree | ") == 2 * len(study.estimators) + len(study.training.tree_arms)
   assert "## target_sum" in text and "| flat | grpo | " in text
@@ -52,7 +54,7 @@ def test_the_report_marks_undefined_scores():
   result = {"scores": {"tree/grpo": {"r_pool": stat(0.5), "spearman": stat(0.0, False),
                                      "sa": stat(0.75)}},
             "tokens_per_prompt": {"tree": 56.0, "independent": 96.0}, "success": 0.25,
-            "seconds": 1.0}
+            "tree": "a\n└── b  -> 1", "seconds": 1.0}
   trained = {"seconds": 1.0, **{cell: {arm: {"success": [[0.1, 0.2, 0.3, 0.4]] * 2,
                                              "gen_tokens": [[0, 10, 20, 30]] * 2, "updates": 3}
                                        for arm in arms}
@@ -60,5 +62,5 @@ def test_the_report_marks_undefined_scores():
   text = tree_credit.report(study, {"key_token": result, "training": trained})
   assert "| tree | treerl | 3 | 0.300 (n/a) |" not in text  # two seeds: an interval
   assert "| tree | treerl | 3 | 0.300 [0.300, 0.300] |" in text
-  assert "| tree | grpo | 0.50 | n/a | 0.75 | n/a |" in text
+  assert "| tree | grpo | 0.50 | n/a | 0.75 | n/a |" in text and "```\na\n└── b  -> 1\n```" in text
   assert "56.0 as a tree, 96.0 as independent responses" in text
