@@ -11,7 +11,7 @@ one the training loop uses for reasoning tasks; `MultiTurn` alternates turns
 of the model with a `rollout_sources.environment.Environment`'s observations.
 """
 
-from jaxcredit.rollout_sources.multi_turn import MultiTurn
+from jaxcredit.rollout_sources.multi_turn import MultiTurn, TurnTree
 from jaxcredit.rollout_sources.single_turn import RolloutSource, Scorer, SingleTurn
 
-__all__ = ["MultiTurn", "RolloutSource", "Scorer", "SingleTurn"]
+__all__ = ["MultiTurn", "RolloutSource", "Scorer", "SingleTurn", "TurnTree"]

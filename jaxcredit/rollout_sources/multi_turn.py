@@ -37,6 +37,14 @@ What the Rollout carries beyond a single-turn one:
 An episode cut by the context is still scored: its reward is the sum of the
 turn rewards it received. Nothing is dropped silently: cuts are counted.
 
+With a `TurnTree`, a prompt's group is a tree of episodes whose nodes are whole turns
+(Tree-GRPO's agent steps): `roots` episodes start from the prompt, and after every
+`segment_turns` turns each running episode is copied `branching` times - its context's KV
+cache rows, its environment state (a deep copy) and its record - `depth` times; the
+rollout then carries the tree as `sampling.sample_tree`'s do (extras["tree_path"] and
+["tree_segments"], a segment being the turns between two forks, with the observations
+answering them).
+
 The KV cache lives across turns (`sampling.Contexts`): a turn prefills only
 what is new in each row - the observation since its last action - into a
 block of slots shared by the batch (`_bucket` columns, left-padded), then
@@ -50,7 +58,7 @@ import copy
 import dataclasses
 import zlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -58,8 +66,9 @@ import numpy as np
 from jax import Array
 
 from jaxcredit.rollout import Rollout
-from jaxcredit.sampling import (continue_contexts, extend_contexts, prompt_positions,
+from jaxcredit.sampling import (TreeSpec, continue_contexts, extend_contexts, prompt_positions,
                                 start_contexts)
+from jaxcredit.sampling import tree as sampling_tree
 from jaxcredit.rollout_sources.environment import Environment, as_observation, as_reward
 
 
@@ -87,6 +96,11 @@ class _Episodes:
                np.zeros(shape, np.int32), np.zeros(rows, np.int64), np.zeros(rows, bool),
                np.zeros(rows, bool))
 
+  def take(self, rows: np.ndarray) -> "_Episodes":
+    """The episodes of `rows` (copies), in that order."""
+    return _Episodes(**{f.name: getattr(self, f.name)[rows].copy()
+                        for f in dataclasses.fields(self)})
+
   def append(self, row: int, tokens: np.ndarray, turn: int, **values: np.ndarray) -> bool:
     """Writes `tokens` (and per-token `values`: action, logprobs, entropy, anchors) after
     the row's episode; what does not fit is cut and the episode ends truncated.
@@ -104,6 +118,39 @@ class _Episodes:
     return fits == len(tokens)
 
 
+class TurnTree(NamedTuple):
+  """The tree of episodes sampled from each prompt (module docstring).
+
+  Attributes:
+    roots: episodes started from the prompt.
+    branching: copies of each running episode at a fork.
+    depth: forks along each path.
+    segment_turns: turns between forks.
+  """
+
+  roots: int = 1
+  branching: int = 2
+  depth: int = 1
+  segment_turns: int = 1
+
+  @property
+  def leaves(self) -> int:
+    """roots * branching^depth episodes per prompt."""
+    return self.roots * self.branching**self.depth
+
+  def check(self, max_turns: int) -> "TurnTree":
+    """Raises ValueError naming the setting when the forks do not fall within `max_turns`
+    turns or a count is not positive; returns self."""
+    if min(self.roots, self.branching, self.segment_turns) < 1 or self.depth < 0:
+      raise ValueError(f"rollout.tree needs roots, branching, segment_turns >= 1 and "
+                       f"depth >= 0, got {self._asdict()}.")
+    if self.depth * self.segment_turns >= max_turns:
+      raise ValueError(f"rollout.tree forks after {self.depth} x {self.segment_turns} turns, "
+                       f"not within the episode's {max_turns} turns: lower depth or "
+                       "segment_turns.")
+    return self
+
+
 @dataclasses.dataclass(frozen=True)
 class MultiTurn:
   """Drives `env` against the model for up to `max_turns` turns per row (module docstring).
@@ -117,6 +164,8 @@ class MultiTurn:
       max_turn_tokens long.
     place: this process's rows -> the global batch-sharded array (identity on one process).
     local: its inverse.
+    tree: a `TurnTree`: each prompt's `group_size` episodes are its leaves; None for
+      independent episodes.
   """
 
   env: Environment
@@ -129,40 +178,92 @@ class MultiTurn:
   pad_id: int = 0
   place: Callable[[np.ndarray], Array] = jnp.asarray
   local: Callable[[Array], np.ndarray] = np.asarray
+  tree: TurnTree | None = None
 
   def __post_init__(self):
     for name in ("max_turns", "max_turn_tokens", "max_episode_tokens"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
         raise ValueError(f"MultiTurn.{name} must be a positive int, got {value!r}.")
+    if self.tree is not None:
+      self.tree.check(self.max_turns)
+      if self.tree.leaves != self.group_size:
+        raise ValueError(f"rollout.tree has {self.tree.leaves} leaves per prompt, but the group "
+                         f"is {self.group_size} episodes: set rl.group_size = "
+                         f"{self.tree.leaves}.")
 
   def __call__(self, model, batch: Mapping[str, Any], key: Array) -> Rollout:
     prompts, prompt_valid = np.asarray(batch["prompts"]), np.asarray(batch["prompt_valid"], bool)
     examples, vocab = batch["examples"], model.config.vocab_size
-    rows = len(prompts)
-    episodes = _Episodes.empty(rows, self.max_episode_tokens, self.pad_id)
     reset_key, key = jax.random.split(key)
     seeds = self.local(jax.random.bits(reset_key, (self.place(prompts).shape[0],), jnp.uint32))
+    # A tree starts its roots from each group's first row; independent episodes, every row.
+    starts = (np.arange(len(prompts)) if self.tree is None else
+              np.repeat(np.arange(0, len(prompts), self.group_size), self.tree.roots))
+    rows = len(starts)
+    prompts, prompt_valid, seeds = prompts[starts], prompt_valid[starts], seeds[starts]
+    episodes = _Episodes.empty(rows, self.max_episode_tokens, self.pad_id)
     states, observations = [], []
     for row in range(rows):
-      state, observation = self.env.reset(np.random.default_rng(int(seeds[row])), examples[row])
+      state, observation = self.env.reset(np.random.default_rng(int(seeds[row])),
+                                          examples[starts[row]])
       states.append(state)
       observations.append(as_observation(observation, vocab, f"{_name(self.env)}.reset"))
       episodes.append(row, observations[row], -1)
-    rewards, turns, cut = self._play(model, prompts, prompt_valid, episodes, states, observations,
-                                     np.zeros(rows, np.int64), key)
-    return self._rollout(prompts, prompt_valid, episodes, rewards, turns, cut, seeds)
+    if self.tree is None:
+      rewards, turns, cut, _ = self._play(model, prompts, prompt_valid, episodes, states,
+                                          observations, np.zeros(rows, np.int64), key)
+      return self._rollout(prompts, prompt_valid, episodes, rewards, turns, cut, seeds)
+    return self._play_tree(model, prompts, prompt_valid, episodes, states, observations, seeds,
+                           key)
+
+  def _play_tree(self, model, prompts, prompt_valid, episodes: _Episodes, states: list,
+                 observations: list, seeds, key: Array) -> Rollout:
+    """Plays each segment of `segment_turns` turns, then copies every row `branching` times
+    (cache rows, environment state, record), `depth` times (module docstring)."""
+    tree, rows = self.tree, len(prompts)
+    totals = [np.zeros(rows, np.float32), np.zeros(rows, np.int32), np.zeros(rows, np.int32)]
+    cache, forks = None, []  # forks: each row's episode columns at each fork
+    for level in range(tree.depth + 1):
+      played = level * tree.segment_turns
+      turns = tree.segment_turns if level < tree.depth else self.max_turns - played
+      *segment, cache = self._play(model, prompts, prompt_valid, episodes, states, observations,
+                                   np.full(len(prompts), played), jax.random.fold_in(key, level),
+                                   cache=cache, turns_to_play=turns)
+      totals = [total + part for total, part in zip(totals, segment)]
+      if level < tree.depth:
+        parents = np.repeat(np.arange(len(prompts)), tree.branching)
+        forks = [f[parents] for f in forks] + [episodes.length[parents].copy()]
+        episodes = episodes.take(parents)
+        states = [copy.deepcopy(states[row]) for row in parents]
+        observations = [observations[row] for row in parents]
+        prompts, prompt_valid, seeds = prompts[parents], prompt_valid[parents], seeds[parents]
+        totals = [total[parents] for total in totals]
+        cache = _Cache(None if cache.contexts is None else sampling_tree.fork(
+            cache.contexts, jnp.asarray(parents)), cache.columns[parents])
+    rollout = self._rollout(prompts, prompt_valid, episodes, *totals, seeds)
+    columns = np.arange(self.max_episode_tokens)[None]
+    level = sum((columns >= f[:, None]).astype(np.int32) for f in forks) + np.zeros_like(columns)
+    level = np.where(columns < episodes.length[:, None], level, -1)
+    segments = np.concatenate([np.full(prompts.shape, -1, np.int32), level], axis=1)
+    spec = TreeSpec(roots=tree.roots, branching=tree.branching, depth=tree.depth)
+    return rollout.replace(extras={**rollout.extras,
+                                   "tree_path": self.place(sampling_tree.node_ids(spec, rows=len(
+                                       prompts))),
+                                   "tree_segments": self.place(segments.astype(np.int32))})
 
   def _play(self, model, prompts, prompt_valid, episodes: _Episodes, states: list,
-            observations: list, first_turn: np.ndarray, key: Array):
+            observations: list, first_turn: np.ndarray, key: Array, *,
+            cache: "_Cache | None" = None, turns_to_play: int | None = None):
     """Plays every row's episode on from turn first_turn[row] (its context: the prompt and
     the episode columns so far; states and observations: the environment's) until done,
-    out of turns or out of columns. Returns (rewards received, turns taken, turns cut)."""
+    out of turns or out of columns, or for `turns_to_play` turns. Returns (rewards received,
+    turns taken, turns cut, the rows' KV cache: `cache` grown, or a new one)."""
     rows, vocab = len(prompts), model.config.vocab_size
     rewards = np.zeros(rows, np.float32)
     turns, cut = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
-    cache = _Cache(None, np.zeros(rows, np.int64))
-    for step in range(self.max_turns):
+    cache = cache or _Cache(None, np.zeros(rows, np.int64))
+    for step in range(turns_to_play or self.max_turns):
       if episodes.done.all():
         break
       sample = self._sample_turn(model, prompts, prompt_valid, episodes, cache,
@@ -190,7 +291,7 @@ class MultiTurn:
           episodes.done[row] = True
         elif turn + 1 >= self.max_turns:  # out of turns
           episodes.done[row] = episodes.truncated[row] = True
-    return rewards, turns, cut
+    return rewards, turns, cut, cache
 
   def returns_to_go(self, model, rollout: Rollout, examples, *, samples: int,
                     key: Array) -> tuple[np.ndarray, int]:
@@ -226,7 +327,7 @@ class MultiTurn:
       history = tokens[row, prompt_width:start]
       episodes.tokens[i, :len(history)], episodes.length[i] = history, len(history)
     rows = [b[0] for b in branches]
-    rewards, _, _ = self._play(model, tokens[rows, :prompt_width], valid[rows, :prompt_width],
+    rewards, *_ = self._play(model, tokens[rows, :prompt_width], valid[rows, :prompt_width],
                                episodes, [copy.deepcopy(b[2]) for b in branches],
                                [b[3] for b in branches], np.asarray([b[4] for b in branches]), key)
     baselines = np.zeros(tokens.shape, np.float32)

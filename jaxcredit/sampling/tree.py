@@ -216,8 +216,16 @@ def render(tokens, path, segments, *, group_size: int, group: int = 0, decode=No
   return "\n".join(lines)
 
 
-def _fork(contexts: sampler.Contexts, parents: Array) -> sampler.Contexts:
-  """The rows `parents` [R'] of `contexts`: copies of their cache rows, logits and lengths."""
+def fork(contexts: sampler.Contexts, parents: Array) -> sampler.Contexts:
+  """Copy-on-fork of rows held in a KV cache.
+
+  Args:
+    contexts: the rows' `Contexts`.
+    parents: ``[R']`` int, the row each new row copies.
+
+  Returns:
+    `Contexts` of R' rows: copies of the parents' cache rows, logits and lengths.
+  """
   cache = contexts.cache
   return sampler.Contexts(
       cache=type(cache)(keys=cache.keys[:, parents], values=cache.values[:, parents],
@@ -232,9 +240,17 @@ def _child_keys(keys: Array, count: int) -> Array:
       keys).reshape(-1)
 
 
-def _node_ids(tree: TreeSpec, rows: int) -> np.ndarray:
-  """[rows, D + 1] node ids: a level-d node spans roots-major blocks of branching^(D - d)
-  leaves; its id is its first row * (D + 1) + d."""
+def node_ids(tree: TreeSpec, rows: int) -> np.ndarray:
+  """The node ids of whole trees' rows (`TreeSample.path`).
+
+  Args:
+    tree: the `TreeSpec` (its roots, branching and depth).
+    rows: B, whole trees' leaves in `sample_tree`'s row order.
+
+  Returns:
+    int32 ``[rows, D + 1]``: a level-d node spans blocks of branching^(D - d) rows, its id
+    is its first row * (D + 1) + d.
+  """
   levels = tree.depth + 1
   row = np.arange(rows)[:, None]
   block = tree.branching ** (tree.depth - np.arange(levels))[None]
@@ -291,7 +307,7 @@ def sample_tree(model: Transformer, prompts: Array, prompt_valid: Array, key: Ar
   contexts = sampler._start(graphdef, state, prompts, prompt_valid, prompt_len + max_new_tokens)
   prefilled = jnp.sum(prompt_valid)
   parents = jnp.repeat(jnp.arange(count), tree.roots)
-  contexts = _fork(contexts, parents)
+  contexts = fork(contexts, parents)
   keys = _child_keys(jax.vmap(lambda p: jax.random.fold_in(key, p))(jnp.arange(count)),
                      tree.roots)
   done = jnp.zeros(count * tree.roots, bool)
@@ -314,7 +330,7 @@ def sample_tree(model: Transformer, prompts: Array, prompt_valid: Array, key: Ar
     start += width
     if level < tree.depth:
       parents = jnp.repeat(jnp.arange(done.shape[0]), tree.branching)
-      contexts, done = _fork(contexts, parents), done[parents]
+      contexts, done = fork(contexts, parents), done[parents]
       keys = _child_keys(keys, tree.branching)
       pieces = [{name: x[parents] for name, x in piece.items()} for piece in pieces]
   prompts, prompt_valid = (jnp.repeat(x, tree.leaves, axis=0) for x in (prompts, prompt_valid))
@@ -332,6 +348,6 @@ def sample_tree(model: Transformer, prompts: Array, prompt_valid: Array, key: Ar
       positions=sampler.prompt_positions(token_valid),
       truncated=~done if settings.stop_tokens else jnp.zeros_like(done),
       decode_steps=decode_steps)
-  return TreeSample(output=output, path=jnp.asarray(_node_ids(tree, done.shape[0])),
+  return TreeSample(output=output, path=jnp.asarray(node_ids(tree, done.shape[0])),
                     segments=glue("segments", jnp.full(prompts.shape, -1, jnp.int32)),
                     generated_tokens=generated, prefill_tokens=prefilled)

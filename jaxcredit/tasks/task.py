@@ -393,7 +393,8 @@ def within_tokenizer(task: TrainTask, model_vocab_size: int) -> TrainTask:
 
 
 def multi_turn_source(task: TrainTask, *, group_size: int = 1, temperature: float = 1.0,
-                      place: Callable = jnp.asarray, local: Callable = np.asarray) -> MultiTurn:
+                      place: Callable = jnp.asarray, local: Callable = np.asarray,
+                      tree=None) -> MultiTurn:
   """The rollout source of a task with an environment.
 
   Args:
@@ -402,6 +403,7 @@ def multi_turn_source(task: TrainTask, *, group_size: int = 1, temperature: floa
     temperature: the sampling temperature.
     place: puts host arrays on the devices (e.g. sharded).
     local: reads device arrays back to the host.
+    tree: a `rollout_sources.TurnTree` of each prompt's episodes, or None.
 
   Returns:
     a `rollout_sources.MultiTurn`.
@@ -415,4 +417,5 @@ def multi_turn_source(task: TrainTask, *, group_size: int = 1, temperature: floa
                    max_turn_tokens=task.max_turn_tokens,
                    max_episode_tokens=task.max_response_length,
                    turn_end_tokens=task.turn_end_tokens, group_size=group_size,
-                   temperature=temperature, pad_id=task.pad_id, place=place, local=local)
+                   temperature=temperature, pad_id=task.pad_id, place=place, local=local,
+                   tree=tree)

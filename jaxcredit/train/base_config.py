@@ -122,7 +122,8 @@ def get_config() -> ml_collections.ConfigDict:
   # estimators spo_tree, treerl, tempo, treepo and tree_grpo read it). fork: "none"
   # (independent responses), "fixed" (segments of segment_tokens, the last one the rest of
   # the budget), "delimiter" (a segment also ends after the delimiter token) or "entropy"
-  # (it also ends before a token whose entropy reaches entropy_threshold nats).
+  # (it also ends before a token whose entropy reaches entropy_threshold nats); a multi-turn
+  # task's episodes fork between turns, every segment_turns turns ("turns").
   config.rollout = ml_collections.ConfigDict()
   config.rollout.tree = ml_collections.ConfigDict()
   config.rollout.tree.fork = "none"
@@ -132,6 +133,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.rollout.tree.segment_tokens = 8
   config.rollout.tree.delimiter = ml_collections.config_dict.placeholder(int)
   config.rollout.tree.entropy_threshold = ml_collections.config_dict.placeholder(float)
+  config.rollout.tree.segment_turns = 1
 
   config.critic = ml_collections.ConfigDict()
   # A separate value model (for gae / n_step / vtrace); None trains no critic.

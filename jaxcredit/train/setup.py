@@ -25,7 +25,7 @@ from jaxcredit.atomic import write_atomically
 from jaxcredit.credit import extras
 from jaxcredit.models import Transformer, huggingface, preset, sharding
 from jaxcredit.rollout import Rollout
-from jaxcredit.rollout_sources import MultiTurn, SingleTurn
+from jaxcredit.rollout_sources import MultiTurn, SingleTurn, TurnTree
 from jaxcredit.sampling import TreeSpec
 from jaxcredit.tasks import loader
 from jaxcredit.train import (
@@ -150,9 +150,8 @@ class Trainer:
 
   def evaluate(self) -> float:
     """Greedy accuracy (fraction of held-out prompts with reward 1)."""
-    one = {"tree": None} if isinstance(self.source, SingleTurn) else {}  # one response each
     greedy = dataclasses.replace(self.source, temperature=0.0, group_size=1, place=jnp.asarray,
-                                 local=np.asarray, **one)
+                                 local=np.asarray, tree=None)  # one response per prompt
     rewards = []
     for chunk, rows in data.batch_chunks(self.eval_batch, self.config.rl.eval_batch_size):
       rollout = greedy(self.modules["model"], chunk, jax.random.key(0))
@@ -309,31 +308,40 @@ def _check_learner_inputs(config, task: tasks.TrainTask, advantage, objective, *
       raise ValueError(f"export.compare entry {compare!r}: {error}") from None
 
 
-def tree_spec(config, task: tasks.TrainTask) -> TreeSpec | None:
-  """The `TreeSpec` of `config.rollout.tree` (None for independent responses).
+def tree_spec(config, task: tasks.TrainTask) -> TreeSpec | TurnTree | None:
+  """The tree of `config.rollout.tree`: a `TreeSpec` of a single-turn task's responses, a
+  `TurnTree` of a multi-turn task's episodes (``fork="turns"``), or None for independent
+  ones.
 
   Args:
     config: the experiment config.
     task: the run's task.
 
   Returns:
-    the tree each prompt's responses are sampled as, or None.
+    the tree each prompt's group is sampled as, or None.
 
   Raises:
-    ValueError: naming the setting, for a tree that does not fit the response budget, whose
-      leaves are not rl.group_size, or on a multi-turn task.
+    ValueError: naming the setting, for a tree that does not fit the response budget or the
+      episode's turns, whose leaves are not rl.group_size, or whose fork rule does not suit
+      the task.
   """
   settings = config.rollout.tree
   if settings.fork == "none":
     return None
-  if task.environment is not None:
-    raise ValueError(f"rollout.tree samples single-turn responses; task {task.name!r} is "
-                     "multi-turn: set rollout.tree.fork = 'none'.")
-  spec = TreeSpec(roots=settings.roots, branching=settings.branching, depth=settings.depth,
-                  segment_tokens=settings.segment_tokens, fork=settings.fork,
-                  delimiter=settings.delimiter,
-                  entropy_threshold=settings.entropy_threshold).check(task.max_response_length,
-                                                                      task.actions)
+  if (settings.fork == "turns") != (task.environment is not None):
+    raise ValueError(
+        f"rollout.tree.fork = {settings.fork!r} does not suit task {task.name!r}: a multi-turn "
+        "task's episodes fork between turns (fork='turns'), a single-turn task's responses "
+        "at columns (fork='fixed', 'delimiter' or 'entropy').")
+  if settings.fork == "turns":
+    spec = TurnTree(roots=settings.roots, branching=settings.branching, depth=settings.depth,
+                    segment_turns=settings.segment_turns).check(task.max_turns)
+  else:
+    spec = TreeSpec(roots=settings.roots, branching=settings.branching, depth=settings.depth,
+                    segment_tokens=settings.segment_tokens, fork=settings.fork,
+                    delimiter=settings.delimiter,
+                    entropy_threshold=settings.entropy_threshold).check(task.max_response_length,
+                                                                        task.actions)
   if spec.leaves != config.rl.group_size:
     raise ValueError(
         f"rollout.tree has {spec.leaves} leaves per prompt (roots {spec.roots} x branching "
@@ -347,7 +355,7 @@ def _tree_pass(config, task: tasks.TrainTask) -> dict:
   """The learner's tree settings: a ``fork="fixed"`` tree's prefixes computed once (its columns
   are the sampler's); a delimiter tree's closed-up rows one by one."""
   tree = tree_spec(config, task)
-  if tree is None or tree.fork != "fixed":
+  if not isinstance(tree, TreeSpec) or tree.fork != "fixed":
     return {}
   return {"tree": tree, "prompt_length": task.max_prompt_length}
 
@@ -361,7 +369,8 @@ def _rollout_source(config, task: tasks.TrainTask, place, local) -> SingleTurn |
                       pad_id=task.pad_id, actions=task.actions, place=place, local=local,
                       tree=tree_spec(config, task))
   return tasks.multi_turn_source(task, group_size=config.rl.group_size,
-                                 temperature=config.rl.temperature, place=place, local=local)
+                                 temperature=config.rl.temperature, place=place, local=local,
+                                 tree=tree_spec(config, task))
 
 
 def _process_0_first(make: Callable):

@@ -72,6 +72,7 @@ EXPERIMENTS = [
   "key_token_grpo",
   "key_token_treepo",
   "key_turns_grpo",
+  "key_turns_tree_grpo",
   "calculator_grpo",
   "target_sum_grpo",
   "gsm8k_grpo",
@@ -185,7 +186,7 @@ def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
   # Without SFT every quickstart response is wrong; a truncated one scoring -1 mixes the rewards.
   mixed = ["--config.task.truncated_reward=-1.0"] if name == "ppo_gae" else []
   # A tree's leaves are the group: 1 chain forking twice into 2 is SMALL's 4.
-  tree = ["--config.rollout.tree.roots=1"] if name == "key_token_treepo" else []
+  tree = ["--config.rollout.tree.roots=1"] if name.endswith(("treepo", "tree_grpo")) else []
   result = _run(tmp_path, *SMALL, *export, *sft, *mixed, *tree, config=name, env=cli_env)
   assert result.returncode == 0, result.stderr[-3000:]
   train = _train_lines(tmp_path)

@@ -242,3 +242,47 @@ def test_per_turn_baselines_refuse_an_environment_that_does_not_replay(model):
   baselines, _ = counting.returns_to_go(model, rollout, batch["examples"], samples=2,
                                         key=jax.random.key(7))
   assert np.isfinite(baselines).all() and (np.asarray(rollout.mask) | (baselines == 0)).all()
+
+
+def test_a_turn_tree_shares_whole_turns_copies_the_environment_and_records_the_tree(model):
+  from jaxcredit.rollout_sources import TurnTree
+
+  tree = TurnTree(roots=2, branching=2, depth=2, segment_turns=1)  # forks after turns 0 and 1
+  source = MultiTurn(CountingEnv(turns=4), max_turns=4, max_turn_tokens=3,
+                     max_episode_tokens=40, turn_end_tokens=(TURN_END,), group_size=8, tree=tree)
+  batch = _batch(rows=16)
+  batch["examples"] = [{"offset": i // 8} for i in range(16)]  # a group repeats its prompt
+  rollout = source(model, batch, jax.random.key(3))
+  path, segments = (np.asarray(rollout.extras[k]) for k in ("tree_path", "tree_segments"))
+  np.testing.assert_array_equal(path[:8, 0], [0] * 4 + [12] * 4)  # two roots per prompt
+  tokens, turn_ids = np.asarray(rollout.tokens), np.asarray(rollout.turn_ids)
+  prompt = np.arange(tokens.shape[1]) < batch["prompts"].shape[1]
+  for level in range(3):
+    for a in range(16):
+      for b in np.flatnonzero(path[:, level] == path[a, level]):
+        # Rows under one node hold the same turns up to it: prompt, episode and observations.
+        shared = prompt | ((segments[a] <= level) & (segments[a] >= 0))
+        np.testing.assert_array_equal(tokens[a][shared], tokens[b][shared])
+    # A segment is whole turns with the observations answering them (the reset observation
+    # before the first turn; the last segment, every turn after the last fork).
+    for row in range(16):
+      turns = set(turn_ids[row][segments[row] == level].tolist())
+      assert turns <= ({-1, 0} if level == 0 else {1} if level == 1 else {2, 3}), turns
+  # Copied environment states: each leaf's observations are those its actions get, and the
+  # rewards sum its turns' (replayed from the reset seed, as the per-turn baseline does).
+  for row in range(16):
+    turns = _turns(rollout, row)
+    assert len(turns) == 4
+    for actions, observation in turns:
+      np.testing.assert_array_equal(observation, CountingEnv().observe(actions))
+    assert float(rollout.rewards[row]) == sum(float(a[0] % 2 == 0) for a, _ in turns)
+  source.returns_to_go(model, rollout, batch["examples"], samples=1, key=jax.random.key(0))
+  advantages = estimators.get("tree_grpo")(rollout).advantages
+  assert np.all(np.isfinite(advantages))
+  assert np.all(np.asarray(advantages)[~np.asarray(rollout.mask)] == 0)
+  with pytest.raises(ValueError, match="set rl.group_size = 8"):
+    MultiTurn(CountingEnv(), max_turns=4, max_turn_tokens=3, max_episode_tokens=40,
+              group_size=4, tree=tree)
+  with pytest.raises(ValueError, match="not within the episode's 2 turns"):
+    MultiTurn(CountingEnv(), max_turns=2, max_turn_tokens=3, max_episode_tokens=40,
+              group_size=8, tree=tree)

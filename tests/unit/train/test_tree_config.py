@@ -4,12 +4,14 @@ import types
 
 import pytest
 
+from jaxcredit.rollout_sources import TurnTree
 from jaxcredit.sampling import Actions, TreeSpec
 from jaxcredit.train import setup
 from tests.conftest import load_experiment
 
 SINGLE_TURN = types.SimpleNamespace(name="key_token", environment=None, max_response_length=24,
                                     actions=Actions())
+MULTI_TURN = types.SimpleNamespace(name="key_turns", environment=object(), max_turns=4)
 
 
 def test_the_shipped_tree_config_gives_its_tree_and_none_without_one():
@@ -17,6 +19,12 @@ def test_the_shipped_tree_config_gives_its_tree_and_none_without_one():
   assert setup.tree_spec(config, SINGLE_TURN) == TreeSpec(roots=2, branching=2, depth=2,
                                                           segment_tokens=8)
   assert setup.tree_spec(load_experiment("key_token_grpo"), SINGLE_TURN) is None
+  assert setup.tree_spec(load_experiment("key_turns_tree_grpo"), MULTI_TURN) == TurnTree(
+      roots=2, branching=2, depth=2, segment_turns=1)
+  config = load_experiment("key_turns_tree_grpo")
+  config.rollout.tree.depth = 4
+  with pytest.raises(ValueError, match="not within the episode's 4 turns"):
+    setup.tree_spec(config, MULTI_TURN)
 
 
 def test_tree_settings_that_cannot_work_are_refused_naming_them():
@@ -32,7 +40,7 @@ def test_tree_settings_that_cannot_work_are_refused_naming_them():
   config = load_experiment("key_token_treepo")
   multi_turn = types.SimpleNamespace(name="key_turns", environment=object(),
                                      max_response_length=24, actions=Actions())
-  with pytest.raises(ValueError, match="task 'key_turns' is multi-turn"):
+  with pytest.raises(ValueError, match="does not suit task 'key_turns'.*fork='turns'"):
     setup.tree_spec(config, multi_turn)
   config.rollout.tree.fork = "delimiter"
   with pytest.raises(ValueError, match="delimiter is the token that ends a segment"):
