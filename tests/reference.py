@@ -599,7 +599,7 @@ def _z(r, subgroup, eps):
 
 def tree_credit(name, rewards, path, segments, mask, group_size, eps=1e-6):
   """The tree estimators (spo_tree, treerl, tempo, treepo, tree_grpo) by walking each row's
-  path: [B, T] float64."""
+  path: [B, T] float64 (treepo whitened with eps 1e-8, its default)."""
   leaves, groups = _tree(rewards, path, group_size)
   rewards, path = np.asarray(rewards, np.float64), np.asarray(path)
   segments, mask = np.asarray(segments), np.asarray(mask, bool)
@@ -618,10 +618,16 @@ def tree_credit(name, rewards, path, segments, mask, group_size, eps=1e-6):
       elif name == "tempo":
         first = t == 0 or segments[b, t - 1] != k
         out[b, t] = _z(rewards[b], groups[b], eps) + (value(k) - value(k - 1) if first else 0.0)
-      elif name == "treepo":
-        subgroups = [groups[b]] + [leaves[n] for n in nodes[:k] if len(leaves[n]) >= 2]
-        out[b, t] = np.mean([_z(rewards[b], s, eps) for s in subgroups])
+      elif name == "treepo":  # before whitening
+        subgroups = [groups[b]] + [leaves[n] for n in nodes if len(leaves[n]) >= 2]
+        out[b, t] = (sum(len(s) * (rewards[b] - s.mean()) for s in subgroups)
+                     / sum(len(s) for s in subgroups))
       elif name == "tree_grpo":
         out[b, t] = _z(rewards[b], leaves[nodes[0]], eps) + _z(rewards[b], groups[b], eps)
+  if name == "treepo":  # whitened over the valid tokens (mean, unbiased variance)
+    values = out[mask]
+    var = values.var(ddof=1) if values.size > 1 else 0.0
+    out = np.where(mask, (out - (values.mean() if values.size else 0.0)) / np.sqrt(var + 1e-8),
+                   0.0)
   return out
 

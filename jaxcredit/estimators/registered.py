@@ -204,10 +204,11 @@ def _tempo(rollout: Rollout, *, eps: float = 1e-6):
 
 
 @register("treepo")
-def _treepo(rollout: Rollout, *, eps: float = 1e-6):
-  """The reward normalised within each ancestor subgroup, averaged
+def _treepo(rollout: Rollout, *, eps: float = 1e-8):
+  """The reward relative to each subgroup sharing an ancestor, size-weighted and whitened
   (`tree_credit.treepo_advantages`); needs a tree rollout."""
-  return tree_credit.treepo_advantages(rollout.rewards, *_tree(rollout, "treepo"), rollout.mask,
+  path, _ = _tree(rollout, "treepo")
+  return tree_credit.treepo_advantages(rollout.rewards, path, rollout.mask,
                                        group_size=rollout.group_size, eps=eps)
 
 

@@ -21,8 +21,8 @@ the rewards:
                          (TreeRL, arXiv 2506.11902).
   tempo_advantages       GRPO's advantage, plus V(n_k) - V(n_{k-1}) on the first token of
                          segment k, where the tree branches (TEMPO, arXiv 2509.18314).
-  treepo_advantages      the mean, over segment k's ancestor subgroups, of the reward
-                         normalised within the subgroup (TreePO, arXiv 2508.17445).
+  treepo_advantages      the reward relative to each subgroup sharing an ancestor, weighted
+                         by its size, whitened over the batch (TreePO, arXiv 2508.17445).
   tree_grpo_advantages   intra-tree plus inter-tree group-normalised rewards (Tree-GRPO,
                          arXiv 2509.21240).
 
@@ -40,6 +40,7 @@ from jax import Array
 
 from jaxcredit import _checks
 from jaxcredit._masking import as_bool, safe_divide, safe_sqrt, scale_down
+from jaxcredit.estimators import token_credit
 
 
 class NodeStats(NamedTuple):
@@ -327,24 +328,24 @@ def tempo_advantages(rewards: Array, path: Array, segments: Array, mask: Array, 
           + _on_tokens(step, first, mask))
 
 
-def treepo_advantages(rewards: Array, path: Array, segments: Array, mask: Array, *,
-                      group_size: int, eps: float = 1e-6) -> Array:
-  """TreePO's segment advantage: the leaf's reward normalised within each subgroup that
-  shares an ancestor of the segment, averaged over those subgroups::
+def treepo_advantages(rewards: Array, path: Array, mask: Array, *, group_size: int,
+                      eps: float = 1e-8) -> Array:
+  """TreePO's advantage, as its authors' code computes it: the leaf's reward relative to each
+  subgroup of leaves that shares one of its ancestors, weighted by the subgroup's size, on
+  every token of the response, whitened over the batch's response tokens::
 
-    A_t = (1 / |J_k|) sum_{a in J_k} (r - V(a)) / (std(a) + eps)
+    a = sum_{n in J} |L(n)| (r - V(n)) / sum_{n in J} |L(n)|,    A_t = whiten(a)_t
 
-  for every token t of segment k, where J_k holds the root (the group) and the strict
-  ancestors n_0, ..., n_{k-1} of the segment's node with two or more leaves (a subgroup
-  of one leaf compares nothing). Without forks it is GRPO's advantage.
+  where J holds the root (the group) and the nodes of the leaf's path with two or more
+  leaves (a subgroup of one leaf compares nothing), and whiten is `whiten` (the mean and
+  unbiased variance over the valid tokens). Without forks, a is Dr. GRPO's r - mean_g.
 
   Args:
     rewards: ``[B]`` outcome rewards, groups of `group_size` rows (one prompt's leaves).
     path: ``[B, S]`` int node ids of each row's segments (module docstring).
-    segments: ``[B, T]`` int segment index of each token, -1 outside the response.
     mask: ``[B, T]`` policy actions.
     group_size: G.
-    eps: added to each subgroup's std (ddof = 1).
+    eps: added to the whitening's variance.
 
   Returns:
     ``[B, T]`` float32 advantages, 0 at masked positions.
@@ -354,34 +355,33 @@ def treepo_advantages(rewards: Array, path: Array, segments: Array, mask: Array,
 
   References:
     Li et al., 2025, "TreePO: Bridging the Gap of Policy Optimization and Efficacy and
-    Inference Efficiency with Heuristic Tree-based Modeling", arXiv 2508.17445.
+    Inference Efficiency with Heuristic Tree-based Modeling", arXiv 2508.17445 (the
+    subgroup-size weighting and the whitening of its released code).
 
   Examples:
     >>> import jax.numpy as jnp, numpy as np
     >>> from jaxcredit import estimators
     >>> path = jnp.array([[0, 1], [0, 3], [4, 5], [4, 7]])  # two trees of two leaves
-    >>> segments = jnp.array([[0, 1]] * 4)
-    >>> advantages = estimators.treepo_advantages(jnp.array([1., 0., 1., 1.]), path, segments,
-    ...                                           jnp.ones((4, 2), bool), group_size=4)
-    >>> np.asarray(advantages, np.float64).round(3)
-    array([[ 0.5  ,  0.604],
-           [-1.5  , -1.104],
-           [ 0.5  ,  0.25 ],
-           [ 0.5  ,  0.25 ]])
+    >>> advantages = estimators.treepo_advantages(jnp.array([1., 0., 1., 1.]), path,
+    ...                                           jnp.ones((4, 1), bool), group_size=4)
+    >>> np.asarray(advantages, np.float64).round(3)  # a = 1/3, -2/3, 1/6, 1/6, whitened
+    array([[ 0.739],
+           [-1.477],
+           [ 0.369],
+           [ 0.369]])
   """
-  _check_tree(rewards, path, segments, mask, group_size)
+  _check_tree(rewards, path, None, None, group_size)
   _checks.check_in_range(eps, "eps", low=0.0)
+  if mask.shape[0] != rewards.shape[0]:
+    raise ValueError(f"mask must be [B, T] with B = {rewards.shape[0]}, got {list(mask.shape)}.")
   stats = node_stats(rewards, path, group_size=group_size)
   x = _centred_rewards(rewards, group_size)[0]
-  root = _normalised(x, stats.root_value, stats.root_std, eps, stats.scale)
-  compares = stats.leaves >= 2
-  each = jnp.where(compares, _normalised(x[:, None], stats.values, stats.stds, eps,
-                                         stats.scale[:, None]), 0.0)
-  # Exclusive sums along the path: segment k averages the root and ancestors 0..k-1.
-  before = lambda v: jnp.cumsum(v, axis=1) - v
-  total = root[:, None] + before(each)
-  count = 1.0 + before(compares.astype(jnp.float32))
-  return _on_tokens(total / count, segments, mask)
+  weights = jnp.where(stats.leaves >= 2, stats.leaves, 0.0)
+  total = group_size * (x - stats.root_value) + jnp.sum(weights * (x[:, None] - stats.values),
+                                                        axis=1)
+  relative = total / (group_size + jnp.sum(weights, axis=1)) * stats.scale
+  valid = as_bool(mask)
+  return token_credit.whiten(jnp.where(valid, relative[:, None], 0.0), valid, eps=eps)
 
 
 def tree_grpo_advantages(rewards: Array, path: Array, mask: Array, *, group_size: int,

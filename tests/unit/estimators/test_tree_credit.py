@@ -16,7 +16,7 @@ ON_SEGMENTS = {  # name -> fn(rewards, path, segments, mask, group_size)
     "spo_tree": lambda r, p, s, m, g: estimators.spo_tree_advantages(r, p, s, m, group_size=g),
     "treerl": lambda r, p, s, m, g: estimators.treerl_advantages(r, p, s, m, group_size=g),
     "tempo": lambda r, p, s, m, g: estimators.tempo_advantages(r, p, s, m, group_size=g),
-    "treepo": lambda r, p, s, m, g: estimators.treepo_advantages(r, p, s, m, group_size=g),
+    "treepo": lambda r, p, s, m, g: estimators.treepo_advantages(r, p, m, group_size=g),
     "tree_grpo": lambda r, p, s, m, g: estimators.tree_grpo_advantages(r, p, m, group_size=g),
 }
 TREES = [(4, 4, 2), (8, 4, 3), (16, 8, 3), (8, 8, 1), (6, 3, 4), (4, 1, 2)]  # (B, G, depth)
@@ -101,19 +101,19 @@ def test_degenerate_trees_give_defined_values():
       got = np.asarray(fn(rewards, path, segments, holes, 4))
       assert np.all(np.isfinite(got)) and np.all(got[1] == 0), name
       want = reference.tree_credit(name, rewards, path, segments, holes, 4)
-      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(rewards).max(),
-                                 err_msg=name)
+      scale = 1.0 if name == "treepo" else np.abs(rewards).max()  # treepo's are whitened
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale, err_msg=name)
 
 
-def test_without_forks_treepo_is_grpo_and_spo_tree_telescopes_to_the_group_baseline():
+def test_without_forks_treepo_is_whitened_dr_grpo_and_spo_tree_telescopes():
   rng = np.random.default_rng(3)
   rewards = rng.normal(size=8).astype(np.float32)
   chains = (np.arange(8)[:, None] * 3 + np.arange(3)).astype(np.int32)  # no shared node
-  segments = np.broadcast_to(np.array([0, 0, 1, 1, 2, 2]), (8, 6))
   mask = np.ones((8, 6), bool)
-  grpo = estimators.grpo_advantages(rewards, group_size=4)
-  treepo = estimators.treepo_advantages(rewards, chains, segments, mask, group_size=4)
-  np.testing.assert_allclose(treepo, np.broadcast_to(grpo[:, None], (8, 6)), atol=1e-6)
+  dr_grpo = estimators.grpo_advantages(rewards, group_size=4, scale_by_std=False)
+  treepo = estimators.treepo_advantages(rewards, chains, mask, group_size=4)
+  want = estimators.whiten(jnp.broadcast_to(dr_grpo[:, None], (8, 6)), mask)
+  np.testing.assert_allclose(treepo, want, atol=1e-5)
   # On any tree, a row's segment advantages sum to r - mean_g.
   path, segments = strategies.random_tree(rng, 8, 6, 4, 3)
   spo = estimators.spo_tree_advantages(rewards, path, segments, mask, group_size=4)
@@ -137,6 +137,6 @@ def test_mis_shaped_trees_are_refused():
   with pytest.raises(ValueError, match="segments"):
     estimators.treerl_advantages(rewards, HAND_PATH, HAND_SEGMENTS[:, :3], mask, group_size=4)
   with pytest.raises(ValueError, match="group_size"):
-    estimators.treepo_advantages(rewards, HAND_PATH, HAND_SEGMENTS, mask, group_size=3)
+    estimators.treepo_advantages(rewards, HAND_PATH, mask, group_size=3)
   with pytest.raises(ValueError, match="mask must be"):
     estimators.tree_grpo_advantages(rewards, HAND_PATH, mask[:2], group_size=4)
