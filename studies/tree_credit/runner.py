@@ -17,7 +17,8 @@ policy per seed (`jaxcredit.lab.batched`, RMS-scaled advantages, one learning ra
 flat arms (GRPO, the exact oracle) on independent responses, the tree arms on trees (a
 tree generates fewer tokens per update, so it takes more updates within the budget). Each
 arm's final J and AUC of J over log10 generated tokens, and its AUC minus flat GRPO's
-paired by seed, with Student-t 95% intervals.
+paired by seed, with Student-t 95% intervals, its sign-flip p and Holm's adjustment over
+the comparisons.
 
 Outputs in DIR: <task>.json and training.json (written once, read back on a rerun),
 report.md and <task>_tree.txt (the report's picture of one sampled tree).
@@ -33,7 +34,7 @@ from flax import nnx
 
 from jaxcredit import estimators, tasks
 from jaxcredit.atomic import write_atomically
-from jaxcredit.lab import batched, cells, exact_metrics, providers, scores
+from jaxcredit.lab import batched, cells, exact_metrics, providers, scores, statistics
 from jaxcredit.models import Transformer, preset
 from jaxcredit.rollout_sources import SingleTurn
 from jaxcredit.sampling import TreeSpec, tree
@@ -152,21 +153,29 @@ def train(study) -> dict:
 
 
 def training_summary(study, trained: dict) -> list[list[str]]:
-  """Rows (sampling, arm, updates, final J, AUC, AUC - flat GRPO's) of the report: final J is
-  the mean of the last 3 measurements; the AUC window runs from the first measurement after
-  0 of the flat cell to the budget."""
+  """Rows (sampling, arm, updates, final J, AUC, AUC - flat GRPO's, its sign-flip p and Holm's
+  adjustment over every comparison with flat GRPO) of the report: final J is the mean of
+  the last 3 measurements; the AUC window runs from the first measurement after 0 of the
+  flat cell to the budget."""
   low = trained["flat"]["grpo"]["gen_tokens"][0][1]
   high = study.training.token_budget
   auc = lambda arm: np.array([exact_metrics.auc_log_tokens(t, s, low, high)
                               for t, s in zip(arm["gen_tokens"], arm["success"])])
   baseline = auc(trained["flat"]["grpo"])
+  arms = [(sampling, name, arm) for sampling in ("flat", "tree")
+          for name, arm in trained[sampling].items()]
+  compared = [i for i, (sampling, name, _) in enumerate(arms) if (sampling, name) != (
+      "flat", "grpo")]
+  p_values = [statistics.sign_flip_p(auc(arms[i][2]) - baseline) for i in compared]
+  adjusted = dict(zip(compared, statistics.holm(p_values)))
+  raw = dict(zip(compared, p_values))
   rows = []
-  for sampling in ("flat", "tree"):
-    for name, arm in trained[sampling].items():
-      final = np.asarray(arm["success"])[:, -3:].mean(axis=1)
-      rows.append([sampling, name, str(arm["updates"]), fmt_interval(*t_interval(final)),
-                   fmt_interval(*t_interval(auc(arm))),
-                   fmt_interval(*t_interval(auc(arm) - baseline))])
+  for i, (sampling, name, arm) in enumerate(arms):
+    final = np.asarray(arm["success"])[:, -3:].mean(axis=1)
+    tests = [f"{raw[i]:.3f}", f"{adjusted[i]:.3f}"] if i in raw else ["", ""]
+    rows.append([sampling, name, str(arm["updates"]), fmt_interval(*t_interval(final)),
+                 fmt_interval(*t_interval(auc(arm))),
+                 fmt_interval(*t_interval(auc(arm) - baseline)), *tests])
   return rows
 
 
@@ -237,9 +246,12 @@ def report(study, results: dict) -> str:
       f"{spec.token_budget:,} generated tokens, learning rate {spec.learning_rate} for every "
       f"arm, RMS-scaled advantages, seeds {list(spec.seeds)}; {trained['seconds']:.0f} s. "
       "Final J: the mean of the last 3 of the evaluations; AUC: the mean exact J over log10 "
-      "generated tokens; the last column is the AUC minus flat GRPO's, paired by seed "
-      "(Student-t 95% intervals).", "",
-      "| sampling | arm | updates | final J | AUC | AUC - flat GRPO |",
-      "|---|---|---|---|---|---|"]
+      "generated tokens; then the AUC minus flat GRPO's, paired by seed (Student-t 95% "
+      "intervals), its two-sided sign-flip p and Holm's adjustment over the "
+      f"{len(spec.flat_arms) + len(spec.tree_arms) - 1} comparisons (with "
+      f"{len(spec.seeds)} seeds the smallest p a sign-flip test can give is "
+      f"{2 / 2 ** len(spec.seeds):.4g}).", "",
+      "| sampling | arm | updates | final J | AUC | AUC - flat GRPO | p | Holm p |",
+      "|---|---|---|---|---|---|---|---|"]
   lines += ["| " + " | ".join(row) + " |" for row in training_summary(study, trained)]
   return "\n".join(lines) + "\n"
