@@ -74,9 +74,8 @@ def main(argv=None) -> None:
   seconds = time_calls(compiled, state, repeats=args.repeats)
   rows, length = rollout.shape
   tokens = {"unrolled rows": rows * length,
-            "prefix-shared tree": args.prompts * (args.prompt + sum(
-                spec.roots * spec.branching**d * w for d, w in enumerate(
-                    spec.budgets(length - args.prompt))))}
+            "prefix-shared tree": args.prompts * (args.prompt
+                                                  + spec.slots(length - args.prompt))}
   print(f"# Tree pass: {args.preset}, {args.prompts} x 4-ary depth-3 tree (64 leaves), "
         f"prompt {args.prompt}, segments of {args.segment} tokens\n")
   print(f"Machine: {machine()}\n")

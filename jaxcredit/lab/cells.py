@@ -164,6 +164,4 @@ class Cell:
     stop before n + 1)."""
     if self.tree is None:
       return self.prompts_per_step * self.group_size * self.task.length
-    rows = [self.tree.roots * self.tree.branching**level for level in range(self.tree.depth + 1)]
-    widths = self.tree.budgets(self.task.length)
-    return self.prompts_per_step * sum(r * w for r, w in zip(rows, widths))
+    return self.prompts_per_step * self.tree.slots(self.task.length)

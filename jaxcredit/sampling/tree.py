@@ -110,6 +110,12 @@ class TreeSpec(NamedTuple):
     return (self.segment_tokens,) * self.depth + (
         max_new_tokens - self.depth * self.segment_tokens,)
 
+  def slots(self, max_new_tokens: int) -> int:
+    """The response tokens one tree holds, each node's once: what it samples when no row
+    stops early (sum over levels of the level's rows times its segment's columns)."""
+    return sum(self.roots * self.branching**level * width
+               for level, width in enumerate(self.budgets(max_new_tokens)))
+
 
 class TreeSample(NamedTuple):
   """What `sample_tree` returns.
