@@ -161,7 +161,7 @@ class Attention(nnx.Module):
     keys/values [n_layers, B, S, KV, hd], this layer's at index `layer`.
 
     Returns (output [B, T, D], cache) with this step's keys/values written at
-    slots [slot, slot + T) of the layer.
+    slots [slot, slot + T) of the layer (`slot` an int, or [B] per row with T = 1).
     """
     cfg = self.config
     b, t, _ = x.shape
@@ -178,8 +178,7 @@ class Attention(nnx.Module):
       keys, values = k, v
     else:
       all_keys, all_values, layer = cache
-      write = lambda stored, new: jax.lax.dynamic_update_slice(
-          stored, new[None].astype(stored.dtype), (layer, 0, slot, 0, 0))
+      write = functools.partial(_write_slots, layer=layer, slot=slot)
       all_keys, all_values = write(all_keys, k), write(all_values, v)
       keys, values, cache = all_keys[layer], all_values[layer], (all_keys, all_values, layer)
     sharded = cache is None and context_parallel.sequence_shards() > 1
@@ -192,6 +191,15 @@ class Attention(nnx.Module):
       attend = context_parallel.sequence_sharded(attend)
     out = attend(q.reshape(b, t, n_kv, group, hd), keys, values, query_slots, key_valid)
     return self.o_proj(out.reshape(b, t, cfg.n_heads * hd).astype(x.dtype)), cache
+
+
+def _write_slots(stored: Array, new: Array, *, layer, slot) -> Array:
+  """stored [n_layers, B, S, ...] with new [B, T, ...] written at layer `layer`, slots
+  [slot, slot + T): one int slot for every row, or a [B] slot per row (T = 1)."""
+  new = new.astype(stored.dtype)
+  if jnp.ndim(slot) == 1:
+    return stored.at[layer, jnp.arange(new.shape[0]), slot].set(new[:, 0])
+  return jax.lax.dynamic_update_slice(stored, new[None], (layer, 0, slot, 0, 0))
 
 
 class MLP(nnx.Module):
@@ -347,11 +355,21 @@ class Transformer(nnx.Module):
     outputs for these tokens and the updated cache. A cache of more slots than
     config.max_position is refused (ValueError). layers: `unstacked_layers()`,
     taken once before a decode loop, or None to slice the stacked layers here.
+    `slot` may be a [B] array, a slot per row, for one token per row (T = 1):
+    each row then attends to every valid slot of its own, so a row must hold no
+    valid slot after its own (continuous batching's slots, `sampling.continuous`).
     """
     b, t = tokens.shape
-    self.config.check_length(cache.key_valid.shape[1])
-    key_valid = jax.lax.dynamic_update_slice(cache.key_valid, token_valid, (0, slot))
-    query_slots = slot + jnp.arange(t)
+    slots = cache.key_valid.shape[1]
+    self.config.check_length(slots)
+    if jnp.ndim(slot) == 1:
+      if t != 1:
+        raise ValueError(f"decode: a slot per row writes one token per row, got {t}.")
+      key_valid = cache.key_valid.at[jnp.arange(b), slot].set(token_valid[:, 0])
+      query_slots = jnp.full((1,), slots - 1)
+    else:
+      key_valid = jax.lax.dynamic_update_slice(cache.key_valid, token_valid, (0, slot))
+      query_slots = slot + jnp.arange(t)
     hidden, (keys, values) = self._blocks(self.embed_tokens(tokens), positions, query_slots,
                                           key_valid, (cache.keys, cache.values), slot, layers)
     return self._outputs(self.norm(hidden), logits), KVCache(keys, values, key_valid)

@@ -52,13 +52,13 @@ def step_key(key: Array, step) -> Array:
 
   Args:
     key: a PRNG key, or ``[B]`` keys.
-    step: an int (traced or not).
+    step: an int (traced or not), or with ``[B]`` keys a ``[B]`` array, a step per row.
 
   Returns:
     the folded key(s), of `key`'s shape.
   """
   if jnp.ndim(key) == 1:
-    return jax.vmap(jax.random.fold_in, (0, None))(key, step)
+    return jax.vmap(jax.random.fold_in, (0, 0 if jnp.ndim(step) == 1 else None))(key, step)
   return jax.random.fold_in(key, step)
 
 

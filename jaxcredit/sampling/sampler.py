@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax import Array
 
@@ -187,12 +188,14 @@ def _extend(model, cache: KVCache, logits, length, slot, tokens, token_valid, la
 
 
 def _decode(model, cache: KVCache, logits, position, slot, done, key, allowed, hidden,
-            settings: _Sampling, layers):
+            settings: _Sampling, layers, budget=None):
   """A `while_loop` of one-token decode steps from `logits` [B, V], writing slots
-  slot, slot + 1, ...; rows `done` [B] from the start sample nothing.
+  slot, slot + 1, ...; rows `done` [B] from the start sample nothing, and a row
+  samples at most `budget` [B] tokens (None: max_new_tokens), then is cut off
+  (not `done`: truncated).
 
   The loop ends after `max_new_tokens` steps or, with `stop_when_done`, as
-  soon as every row has emitted a stop token. The step outputs live in [N, B]
+  soon as every row has emitted a stop token or spent its budget. The step outputs live in [N, B]
   buffers pre-filled with what a finished row would write (pad, 0, 0, False),
   so an early stop returns exactly what running all N steps returns. Returns
   (buffers, done, decode steps run, cache, logits after each row's last token,
@@ -203,14 +206,18 @@ def _decode(model, cache: KVCache, logits, position, slot, done, key, allowed, h
              jnp.zeros((steps, batch), jnp.float32), jnp.zeros((steps, batch), jnp.float32),
              jnp.zeros((steps, batch), bool))
 
+  budget = jnp.full(batch, steps) if budget is None else budget
+
   def unfinished(carry):
     i, done = carry[0], carry[3]
-    return (i < steps) & ~(settings.stop_when_done & jnp.all(done))
+    return (i < steps) & ~(settings.stop_when_done & jnp.all(done | (i >= budget)))
 
   def step(carry):
     i, cache, logits, done, position, buffers = carry
-    token, logp, entropy, active, done = _response_step(logits, step_key(key, i), done,
-                                                         allowed[i], settings, i > 0)
+    spent = i >= budget
+    token, logp, entropy, active, ended = _response_step(logits, step_key(key, i), done | spent,
+                                                          allowed[i], settings, i > 0)
+    done = ended & (done | ~spent)
     fed = jnp.where(hidden[i], settings.hidden_token, token)
     out, cache = model.decode(fed[:, None], position[:, None], active[:, None], cache, slot + i,
                               layers=layers)
@@ -226,7 +233,7 @@ def _decode(model, cache: KVCache, logits, position, slot, done, key, allowed, h
 
 @functools.partial(jax.jit, static_argnums=(0, 7))
 def _generate_cached(graphdef, state, prompts, prompt_valid, key, allowed, hidden,
-                     settings: _Sampling):
+                     settings: _Sampling, budgets=None):
   """Prefill, then the decode loop (`_decode`)."""
   model = nnx.merge(graphdef, state)
   batch, prompt_len = prompts.shape
@@ -237,7 +244,7 @@ def _generate_cached(graphdef, state, prompts, prompt_valid, key, allowed, hidde
                                   prompt_valid, layers)
   buffers, done, decode_steps, *_ = _decode(model, cache, logits, length, prompt_len,
                                             jnp.zeros(batch, bool), key, allowed, hidden,
-                                            settings, layers)
+                                            settings, layers, budgets)
   return _assemble(prompts, prompt_valid, buffers, done, settings, decode_steps)
 
 
@@ -256,6 +263,7 @@ def generate(
     padding: str = "left",
     actions: Actions | None = None,
     stop_when_done: bool = True,
+    budgets: Array | None = None,
 ) -> SampleOutput:
   """Samples up to `max_new_tokens` per prompt with a KV cache; deterministic given `key`.
 
@@ -282,6 +290,9 @@ def generate(
     stop_when_done: stop decoding once every row has emitted a stop token (the output equals
       the full N-step run's); False always runs N steps, e.g. to time a fixed amount of
       decoding.
+    budgets: ``[B]`` int in [1, max_new_tokens], each row's own response budget: a row that
+      has sampled that many tokens without a stop token is cut off (truncated). None: every
+      row's is max_new_tokens.
 
   Returns:
     A `SampleOutput`: tokens, mask, logprobs, entropy, token_valid and positions
@@ -304,7 +315,32 @@ def generate(
   graphdef, state, prompts, prompt_valid, allowed, hidden, settings = _prepare(
       model, prompts, prompt_valid, max_new_tokens, temperature, top_k, top_p, stop_tokens, pad_id,
       padding, actions, stop_when_done)
-  return _generate_cached(graphdef, state, prompts, prompt_valid, key, allowed, hidden, settings)
+  return _generate_cached(graphdef, state, prompts, prompt_valid, key, allowed, hidden, settings,
+                          check_budgets(budgets, prompts.shape[0], max_new_tokens))
+
+
+def check_budgets(budgets, rows: int, max_new_tokens: int) -> Array | None:
+  """Per-row response budgets as ``[rows]`` int32, checked to lie in [1, max_new_tokens].
+
+  Args:
+    budgets: ``[rows]`` ints, or None.
+    rows: the number of responses.
+    max_new_tokens: the largest budget allowed.
+
+  Returns:
+    the budgets as an int32 array, or None when `budgets` is None.
+
+  Raises:
+    ValueError: on a shape other than ``[rows]`` or a budget outside [1, max_new_tokens].
+  """
+  if budgets is None:
+    return None
+  budgets = np.asarray(budgets)
+  _checks.check_shape(budgets, (rows,), "budgets")
+  if budgets.size and (budgets.min() < 1 or budgets.max() > max_new_tokens):
+    raise ValueError(f"budgets must lie in [1, max_new_tokens = {max_new_tokens}], got "
+                     f"[{budgets.min()}, {budgets.max()}].")
+  return jnp.asarray(budgets, jnp.int32)
 
 
 def _prepare(model, prompts, prompt_valid, max_new_tokens, temperature, top_k, top_p, stop_tokens,

@@ -4,28 +4,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from jaxcredit.logprobs import token_entropy, token_logprobs
-from jaxcredit.models import Transformer, preset
+from jaxcredit.models import preset
 from jaxcredit.sampling import (Actions, continue_contexts, extend_contexts, generate,
                                 inverse_cdf_sample, left_align, sample_token, start_contexts)
 from bench.no_cache import generate_without_cache
 from tests.conftest import doc_block
+from tests.unit.sampling.conftest import peaked_model
 
 CONFIG = preset("tiny", vocab_size=32)
 
 
 @pytest.fixture(scope="module")
 def model():
-  model = Transformer(CONFIG, rngs=nnx.Rngs(0))
-  state = nnx.state(model, nnx.Param)
-  rng = np.random.default_rng(0)
-  # Larger weights than the init so that distributions are peaked and stop tokens occur.
-  nnx.update(
-    model, jax.tree.map(lambda x: x * 8 + 0.02 * rng.normal(size=x.shape).astype(x.dtype), state)
-  )
-  return model
+  return peaked_model(CONFIG, 8)
 
 
 def _prompts(seed=0, batch=4, length=7):

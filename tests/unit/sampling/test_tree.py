@@ -5,15 +5,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from jaxcredit import estimators
 from jaxcredit.forward import policy_outputs
-from jaxcredit.models import Transformer, preset
+from jaxcredit.models import preset
 from jaxcredit.rollout import Rollout
 from jaxcredit.sampling import (Actions, TreeSpec, continue_contexts, sample_tree, sampler,
                                 start_contexts)
 from jaxcredit.sampling import tree as tree_lib
+from tests.unit.sampling.conftest import left_padded_prompts, peaked_model
 
 CONFIG = preset("tiny", vocab_size=16)
 STOP, DELIMITER = 5, 7
@@ -21,20 +21,11 @@ STOP, DELIMITER = 5, 7
 
 @pytest.fixture(scope="module")
 def model():
-  model = Transformer(CONFIG, rngs=nnx.Rngs(0))
-  state = nnx.state(model, nnx.Param)
-  rng = np.random.default_rng(0)
-  # Peaked distributions, so that stop and delimiter tokens occur and some entropies are low.
-  nnx.update(model, jax.tree.map(
-      lambda x: x * 6 + 0.02 * rng.normal(size=x.shape).astype(x.dtype), state))
-  return model
+  return peaked_model(CONFIG, 6)
 
 
 def _prompts(batch=2, length=4, seed=0):
-  rng = np.random.default_rng(seed)
-  lengths = rng.integers(2, length + 1, batch)
-  valid = np.arange(length)[None] >= (length - lengths)[:, None]
-  return jnp.asarray(np.where(valid, rng.integers(6, 16, (batch, length)), 0)), jnp.asarray(valid)
+  return left_padded_prompts(np.random.default_rng(seed), batch, length, 6, 16)
 
 
 def _leaf_keys(key, spec: TreeSpec, prompts: int) -> list[list]:

@@ -1,0 +1,146 @@
+"""Continuous batching: every response equals the static batch's draw with its key, whatever
+slot it lands in and whatever that slot held before; the loop runs the responses' total
+length over the slots, not the longest one's."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxcredit.models import preset
+from jaxcredit.sampling import Actions, generate
+from jaxcredit.sampling.continuous import generate_continuous, response_keys
+from tests.unit.sampling.conftest import left_padded_prompts, peaked_model
+
+CONFIG = preset("tiny", vocab_size=16)
+STOP = (5, 7)
+
+
+@pytest.fixture(scope="module")
+def model():
+  return peaked_model(CONFIG, 6)
+
+
+def _static(model, prompts, valid, key, group_size, **kwargs):
+  """`generate` on the prompts repeated group_size times with the per-response keys."""
+  rows = prompts.shape[0] * group_size
+  return generate(model, jnp.repeat(prompts, group_size, 0), jnp.repeat(valid, group_size, 0),
+                  response_keys(key, rows), **kwargs)
+
+
+def _assert_same(got, want):
+  for name in got._fields:
+    if name == "decode_steps":
+      continue
+    a, b = np.asarray(getattr(got, name)), np.asarray(getattr(want, name))
+    if a.dtype == np.float32:
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)
+    else:
+      np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+@pytest.mark.parametrize("slots", [1, 3, 8, 24])
+def test_every_response_equals_the_static_batchs_draw_with_its_key(model, slots):
+  prompts, valid = left_padded_prompts(np.random.default_rng(0), 6, 5, 8, 16)
+  budgets = np.random.default_rng(1).integers(1, 13, 24)
+  kwargs = dict(max_new_tokens=12, stop_tokens=STOP, budgets=budgets)
+  got = generate_continuous(model, prompts, valid, jax.random.key(2), slots=slots, group_size=4,
+                            **kwargs)
+  want = _static(model, prompts, valid, jax.random.key(2), 4, **kwargs)
+  _assert_same(got, want)
+  lengths = np.asarray(got.mask).sum(1)
+  assert 0 < np.asarray(want.truncated).sum() < 24 and (lengths < budgets).any()
+  # One slot decodes the responses one after another; as many slots as responses run together.
+  if slots == 1:
+    assert int(got.decode_steps) == lengths.sum()
+  if slots == 24:
+    assert int(got.decode_steps) == lengths.max()
+  assert int(got.decode_steps) >= -(-lengths.sum() // slots)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, None, None), (0.7, 4, None),
+                                                     (1.3, None, 0.8)])
+def test_sampling_settings_and_right_padding_follow_the_static_sampler(model, temperature, top_k,
+                                                                       top_p):
+  prompts, valid = left_padded_prompts(np.random.default_rng(3), 3, 6, 8, 16)
+  shift = (np.arange(6)[None] + 6 - valid.sum(1, keepdims=True)) % 6  # the valid tokens first
+  right = jnp.take_along_axis(prompts, shift, 1), jnp.take_along_axis(valid, shift, 1)
+  kwargs = dict(max_new_tokens=10, stop_tokens=STOP, temperature=temperature, top_k=top_k,
+                top_p=top_p)
+  got = generate_continuous(model, *right, jax.random.key(4), slots=2, group_size=3,
+                            padding="right", **kwargs)
+  _assert_same(got, _static(model, prompts, valid, jax.random.key(4), 3, **kwargs))
+
+
+def test_a_slot_keeps_nothing_of_its_previous_response(model):
+  """The same response drawn after different occupants of its slot (other prompts, longer or
+  shorter) is the same response: the admitted slot's earlier columns are invalid."""
+  prompts, valid = left_padded_prompts(np.random.default_rng(5), 4, 6, 8, 16)
+  keys = response_keys(jax.random.key(6), 8)
+  kwargs = dict(max_new_tokens=16, stop_tokens=STOP, group_size=2)
+  one_slot = generate_continuous(model, prompts, valid, keys, slots=1, **kwargs)
+  # The last prompt alone, with its responses' keys: nothing ran in the slot before.
+  alone = generate_continuous(model, prompts[3:], valid[3:], keys[6:], slots=1, **kwargs)
+  _assert_same(jax.tree.map(lambda x: x[6:] if np.ndim(x) else x, one_slot), alone)
+  # Reversed prompt order: every response follows different occupants.
+  order = np.arange(4)[::-1]
+  reordered = generate_continuous(model, prompts[order], valid[order],
+                                  keys.reshape(4, 2)[order].reshape(8), slots=3, **kwargs)
+  rows = (order[:, None] * 2 + np.arange(2)).reshape(8)
+  _assert_same(jax.tree.map(lambda x: x[rows] if np.ndim(x) else x, one_slot), reordered)
+
+
+def test_typed_actions_and_hidden_columns_hold_in_every_slot(model):
+  prompts, valid = left_padded_prompts(np.random.default_rng(7), 3, 4, 8, 16)
+  rng = np.random.default_rng(8)
+  allowed = np.concatenate([np.ones((4, 16), bool), rng.random((9, 16)) < 0.4])
+  allowed[4:, 5] = True  # a stop token is always allowed
+  hidden = np.concatenate([np.zeros(4, bool), np.arange(9) % 3 == 1])
+  actions = Actions(allowed, hidden, 3)
+  kwargs = dict(max_new_tokens=9, stop_tokens=STOP, actions=actions)
+  got = generate_continuous(model, prompts, valid, jax.random.key(9), slots=4, group_size=4,
+                            **kwargs)
+  _assert_same(got, _static(model, prompts, valid, jax.random.key(9), 4, **kwargs))
+  response, mask = np.asarray(got.tokens)[:, 4:], np.asarray(got.mask)[:, 4:]
+  assert allowed[4 + np.arange(9)[None], response][mask].all()
+
+
+def test_bad_settings_are_refused_naming_the_limit(model):
+  prompts, valid = jnp.ones((2, 3), jnp.int32), jnp.ones((2, 3), bool)
+  run = lambda **kw: generate_continuous(model, prompts, valid, jax.random.key(0),
+                                         **{"slots": 2, "max_new_tokens": 4, "group_size": 2,
+                                            **kw})
+  with pytest.raises(ValueError, match=r"slots must be an int in \[1, prompts x group_size = 4\]"):
+    run(slots=5)
+  with pytest.raises(ValueError, match="slots must be"):
+    run(slots=0)
+  with pytest.raises(ValueError, match="group_size must be a positive int"):
+    run(group_size=0)
+  with pytest.raises(ValueError, match=r"budgets must lie in \[1, max_new_tokens = 4\]"):
+    run(budgets=np.asarray([1, 2, 5, 1]))
+  with pytest.raises(ValueError, match=r"budgets must have shape \[4\]"):
+    run(budgets=np.asarray([1, 2]))
+  with pytest.raises(ValueError, match=r"key must be one key or \[R = 4\] keys"):
+    generate_continuous(model, prompts, valid, jax.random.split(jax.random.key(0), 3), slots=2,
+                        max_new_tokens=4, group_size=2)
+  with pytest.raises(ValueError, match="not per response"):
+    run(actions=Actions(np.ones((4, 7, CONFIG.vocab_size), bool)))
+  with pytest.raises(ValueError, match="max_new_tokens must be a positive int"):
+    run(max_new_tokens=0)
+
+
+def test_static_budgets_cut_rows_off_as_truncated(model):
+  prompts, valid = left_padded_prompts(np.random.default_rng(10), 4, 5, 8, 16)
+  full = generate(model, prompts, valid, jax.random.key(11), max_new_tokens=10)
+  cut = generate(model, prompts, valid, jax.random.key(11), max_new_tokens=10,
+                 budgets=np.asarray([1, 4, 10, 7]))
+  np.testing.assert_array_equal(np.asarray(cut.mask)[:, 5:].sum(1), [1, 4, 10, 7])
+  kept = np.asarray(cut.mask)
+  np.testing.assert_array_equal(np.asarray(cut.tokens)[kept], np.asarray(full.tokens)[kept])
+  assert int(cut.decode_steps) == 10
+  stopped = generate(model, prompts, valid, jax.random.key(11), max_new_tokens=10,
+                     stop_tokens=STOP, budgets=np.asarray([2, 2, 3, 2]))
+  assert int(stopped.decode_steps) <= 3
+  lengths = np.asarray(stopped.mask).sum(1)
+  ends = np.asarray(stopped.tokens)[np.arange(4), 4 + lengths]
+  np.testing.assert_array_equal(np.asarray(stopped.truncated), ~np.isin(ends, STOP))
