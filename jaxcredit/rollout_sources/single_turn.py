@@ -9,7 +9,7 @@ import numpy as np
 from jax import Array
 
 from jaxcredit.rollout import Rollout
-from jaxcredit.sampling import Actions, TreeSpec, generate, sample_tree
+from jaxcredit.sampling import Actions, TreeSpec, generate, generate_continuous, sample_tree
 
 Scorer = Callable[[np.ndarray, np.ndarray, Sequence[Any]], np.ndarray]
 """score(tokens [B, P + N], mask [B, P + N], examples) -> [B] rewards (host numpy)."""
@@ -27,7 +27,8 @@ class RolloutSource(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class SingleTurn:
-  """Samples `max_new_tokens` per row (KV-cache `generate`) and scores the rows.
+  """Samples `max_new_tokens` per row (KV-cache `generate`, or `generate_continuous`) and
+  scores the rows.
 
   The other fields are `generate`'s settings. The Rollout carries tokens, mask,
   behaviour log-probs and entropies, rewards, truncation, positions and
@@ -42,6 +43,9 @@ class SingleTurn:
     local: its inverse, for scoring.
     tree: the `TreeSpec` of each prompt's group (its leaves must be `group_size`), or None
       for independent responses.
+    slots: None samples the rows as one static batch (`generate`); an int samples them by
+      continuous batching through that many slots (`generate_continuous`: a slot takes the
+      next response as soon as its own ends; each response drawn with a key of its own).
   """
 
   score: Scorer
@@ -54,13 +58,18 @@ class SingleTurn:
   place: Callable[[np.ndarray], Array] = jnp.asarray
   local: Callable[[Array], np.ndarray] = np.asarray
   tree: TreeSpec | None = None
+  slots: int | None = None
 
   def __call__(self, model, batch: Mapping[str, Any], key: Array) -> Rollout:
     prompts, valid = self.place(batch["prompts"]), self.place(batch["prompt_valid"])
     settings = dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
                     stop_tokens=self.stop_tokens, pad_id=self.pad_id, actions=self.actions)
     extras = {}
-    if self.tree is None:
+    if self.slots is not None:  # the group's rows repeat its prompt: prefilled once
+      sample = generate_continuous(model, prompts[::self.group_size], valid[::self.group_size],
+                                   key, slots=self.slots, group_size=self.group_size,
+                                   **settings)
+    elif self.tree is None:
       sample = generate(model, prompts, valid, key, **settings)
     else:  # the group's rows repeat its prompt: one tree from each group's first row
       tree = sample_tree(model, prompts[::self.group_size], valid[::self.group_size], key,

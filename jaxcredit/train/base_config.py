@@ -125,6 +125,11 @@ def get_config() -> ml_collections.ConfigDict:
   # (it also ends before a token whose entropy reaches entropy_threshold nats); a multi-turn
   # task's episodes fork between turns, every segment_turns turns ("turns").
   config.rollout = ml_collections.ConfigDict()
+  # The single-turn sampler: "static" (one batch, every row decoded until the longest ends) or
+  # "continuous" (jaxcredit.sampling.generate_continuous: rollout.slots rows decoded at once,
+  # a slot taking the next response as soon as its own ends; None: a quarter of the rows).
+  config.rollout.engine = "static"
+  config.rollout.slots = ml_collections.config_dict.placeholder(int)
   config.rollout.tree = ml_collections.ConfigDict()
   config.rollout.tree.fork = "none"
   config.rollout.tree.roots = 1

@@ -20,7 +20,7 @@ import tqdm
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from jaxcredit import estimators, losses, tasks
+from jaxcredit import _checks, estimators, losses, tasks
 from jaxcredit.atomic import write_atomically
 from jaxcredit.credit import extras
 from jaxcredit.models import Transformer, huggingface, preset, sharding
@@ -308,6 +308,36 @@ def _check_learner_inputs(config, task: tasks.TrainTask, advantage, objective, *
       raise ValueError(f"export.compare entry {compare!r}: {error}") from None
 
 
+def engine_slots(config, task: tasks.TrainTask) -> int | None:
+  """The continuous engine's slot count (`config.rollout.engine`, `config.rollout.slots`), or
+  None for the static sampler.
+
+  Args:
+    config: the experiment config.
+    task: the run's task.
+
+  Returns:
+    the slots `SingleTurn` decodes at once, or None.
+
+  Raises:
+    ValueError: naming the setting, for an unknown engine, slots outside [1, the step's
+      rows], or the continuous engine with a tree or a multi-turn task.
+  """
+  rollout, rows = config.rollout, config.rl.prompts_per_step * config.rl.group_size
+  _checks.check_choice(rollout.engine, ("static", "continuous"), "rollout.engine")
+  if rollout.engine == "static":
+    return None
+  if config.rollout.tree.fork != "none" or task.environment is not None:
+    raise ValueError("rollout.engine = 'continuous' samples independent single-turn responses: "
+                     "set rollout.tree.fork = 'none' and a single-turn task, or rollout.engine "
+                     "= 'static'.")
+  slots = max(1, rows // 4) if rollout.slots is None else rollout.slots
+  if not 1 <= slots <= rows:
+    raise ValueError(f"rollout.slots = {slots} must lie in [1, rl.prompts_per_step x "
+                     f"rl.group_size = {rows}].")
+  return slots
+
+
 def tree_spec(config, task: tasks.TrainTask) -> TreeSpec | TurnTree | None:
   """The tree of `config.rollout.tree`: a `TreeSpec` of a single-turn task's responses, a
   `TurnTree` of a multi-turn task's episodes (``fork="turns"``), or None for independent
@@ -367,7 +397,7 @@ def _rollout_source(config, task: tasks.TrainTask, place, local) -> SingleTurn |
     return SingleTurn(task.score_rows, task.max_response_length, group_size=config.rl.group_size,
                       temperature=config.rl.temperature, stop_tokens=task.stop_tokens,
                       pad_id=task.pad_id, actions=task.actions, place=place, local=local,
-                      tree=tree_spec(config, task))
+                      tree=tree_spec(config, task), slots=engine_slots(config, task))
   return tasks.multi_turn_source(task, group_size=config.rl.group_size,
                                  temperature=config.rl.temperature, place=place, local=local,
                                  tree=tree_spec(config, task))

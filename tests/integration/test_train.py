@@ -69,6 +69,7 @@ EXPERIMENTS = [
   "credit_mix",
   "ppo_gae",
   "countdown_grpo",
+  "countdown_continuous",
   "key_token_grpo",
   "key_token_treepo",
   "key_turns_grpo",

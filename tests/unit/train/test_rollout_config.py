@@ -1,4 +1,5 @@
-"""rollout.tree in the experiment config: the TreeSpec it gives and the settings it refuses."""
+"""config.rollout: the tree (TreeSpec) and the sampling engine it gives, and the settings it
+refuses."""
 
 import types
 
@@ -58,3 +59,37 @@ def test_a_tree_estimator_without_a_tree_rollout_is_refused_before_any_work():
     with pytest.raises(ValueError, match=rf"{name} needs a tree rollout.*rollout.tree.fork"):
       refusals.check_learner_inputs(estimators.from_config(name), None, **shape)
     refusals.check_learner_inputs(estimators.from_config(name), None, tree_depth=2, **shape)
+
+
+def test_the_engine_gives_the_continuous_slots_and_none_for_the_static_sampler():
+  config = load_experiment("quickstart")
+  rows = config.rl.prompts_per_step * config.rl.group_size
+  assert setup.engine_slots(config, SINGLE_TURN) is None
+  config.rollout.engine = "continuous"
+  assert setup.engine_slots(config, SINGLE_TURN) == rows // 4
+  config.rollout.slots = 3
+  assert setup.engine_slots(config, SINGLE_TURN) == 3
+
+
+@pytest.mark.parametrize("setting,value,message", [
+    ("engine", "vllm", r"Unknown rollout.engine 'vllm'; known: static, continuous"),
+    ("slots", 0, r"rollout.slots = 0 must lie in \[1, rl.prompts_per_step x rl.group_size"),
+    ("slots", 10_000, r"rollout.slots = 10000 must lie in \[1,"),
+])
+def test_bad_engine_settings_are_refused_naming_them(setting, value, message):
+  config = load_experiment("quickstart")
+  config.rollout.engine = "continuous"
+  config.rollout[setting] = value
+  with pytest.raises(ValueError, match=message):
+    setup.engine_slots(config, SINGLE_TURN)
+
+
+def test_the_continuous_engine_refuses_trees_and_episodes():
+  config = load_experiment("key_token_treepo")
+  config.rollout.engine = "continuous"
+  with pytest.raises(ValueError, match="rollout.tree.fork = 'none' and a single-turn task"):
+    setup.engine_slots(config, SINGLE_TURN)
+  config = load_experiment("key_turns_grpo")
+  config.rollout.engine = "continuous"
+  with pytest.raises(ValueError, match="rollout.engine = 'static'"):
+    setup.engine_slots(config, MULTI_TURN)
