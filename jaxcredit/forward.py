@@ -162,20 +162,14 @@ def tree_forward(model, tokens: Array, token_valid: Array, positions: Array, tre
   cache = KVCache.zeros(model.config, batch // tree.leaves, length)
   hidden, values = [], []
   for begin, end, block, fork in stages:
-    cache = _fork_cache(cache, fork) if fork > 1 else cache
+    if fork > 1:  # each row's children, contiguous
+      cache = cache.rows(jnp.repeat(jnp.arange(cache.key_valid.shape[0]), fork))
     out, cache = model.decode(inputs[::block, begin:end], positions[::block, begin:end],
                               token_valid[::block, begin:end], cache, begin, logits=False)
     hidden.append(jnp.repeat(out.hidden, block, axis=0))
     values.append(None if out.values is None else jnp.repeat(out.values, block, axis=0))
   return (jnp.concatenate(hidden, axis=1),
           None if values[0] is None else jnp.concatenate(values, axis=1))
-
-
-def _fork_cache(cache: KVCache, branching: int) -> KVCache:
-  """Each row of the cache repeated `branching` times (its children, contiguous)."""
-  return KVCache(keys=jnp.repeat(cache.keys, branching, axis=1),
-                 values=jnp.repeat(cache.values, branching, axis=1),
-                 key_valid=jnp.repeat(cache.key_valid, branching, axis=0))
 
 
 def sft_loss(model, tokens, loss_mask, token_valid=None, actions: Actions = Actions(),

@@ -99,6 +99,38 @@ def cli_env() -> dict:
 
 
 
+def _memory_maps() -> int:
+  """This process's memory mappings (Linux; 0 elsewhere)."""
+  try:
+    with open("/proc/self/maps") as maps:
+      return sum(1 for _ in maps)
+  except OSError:
+    return 0
+
+
+def _map_limit() -> int:
+  try:
+    return int(pathlib.Path("/proc/sys/vm/max_map_count").read_text())
+  except (OSError, ValueError):
+    return 65530
+
+
+def pytest_runtest_teardown(item, nextitem):
+  """After a test file, drops JAX's compiled programs once this process holds half the
+  kernel's memory-map limit: every executable XLA:CPU loads keeps a few mappings, and a
+  worker that compiles ~10k programs reaches vm.max_map_count (65,530 by default), where
+  XLA:CPU's next compilation crashes (a segmentation fault) instead of failing cleanly."""
+  if nextitem is not None and nextitem.path == item.path:
+    return
+  if _memory_maps() > _map_limit() // 2:
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+
+
 def pytest_collection_modifyitems(config, items):
   """Marks the tests `tests/slow_tests.txt` lists (0.5 s or more on 2 cores) `slow`."""
   del config

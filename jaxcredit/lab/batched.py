@@ -42,7 +42,9 @@ One run is a pure function of its arm (an index into cell.arms), learning rate a
 A `Runner` compiles one program for all its runs: `jax.vmap` over them of a `lax.scan` over
 evaluation blocks, each a `lax.scan` over E updates (under vmap every arm's estimator is
 computed for every run and the run's own selected: estimators are cheap next to sampling).
-Calls with the same number of runs (`width`) reuse the compiled program. Generated tokens
+Calls with the same number of runs (`width`) reuse the compiled program, and so do the
+calls of every `Runner` of an equal cell in the process (the most recent `CACHED_PROGRAMS`
+programs are kept). Generated tokens
 are the policy's samples only, counted per run (on key_token every arm generates B T
 tokens per update; target_sum's responses stop at EOS); the oracle is uncharged. Charged
 tokens add what a Monte-Carlo arm's continuations would generate: K (T - t) for the
@@ -54,6 +56,7 @@ gradient measurements, and their J(pi) is the oracle's estimate (EVAL_PATHS cont
 per evaluation prompt: `zipf_explain.traceable`), not exact.
 """
 
+import collections
 import time
 from collections.abc import Sequence
 
@@ -341,6 +344,11 @@ def make_run(cell: Cell):
   return run
 
 
+CACHED_PROGRAMS = 8
+# (repr(cell), width) -> executable: a cell is a frozen value whose repr holds every field.
+_compiled = collections.OrderedDict()
+
+
 class Runner:
   """The compiled program of a cell's runs (module docstring).
 
@@ -351,7 +359,19 @@ class Runner:
   def __init__(self, cell: Cell):
     self.cell = cell
     self._program = jax.jit(jax.vmap(make_run(cell)))
-    self._compiled = {}  # width -> executable
+
+  def _executable(self, width: int, arguments: tuple):
+    """The program compiled for `width` runs (this cell's, if compiled before) and the seconds
+    compiling took now (0 when reused)."""
+    key = (repr(self.cell), width)
+    if key in _compiled:
+      _compiled.move_to_end(key)
+      return _compiled[key], 0.0
+    started = time.perf_counter()
+    _compiled[key] = self._program.lower(*arguments).compile()
+    if len(_compiled) > CACHED_PROGRAMS:
+      _compiled.popitem(last=False)
+    return _compiled[key], time.perf_counter() - started
 
   def train(self, runs: Sequence[tuple[int, float, int]], width: int | None = None) -> dict:
     """Trains `runs` [(arm index, learning rate, seed), ...] together, padded to `width`
@@ -371,13 +391,9 @@ class Runner:
     arguments = (jnp.asarray([a for a, _, _ in padded], jnp.int32),
                  jnp.asarray([r for _, r, _ in padded], jnp.float32),
                  jnp.asarray([s for _, _, s in padded], jnp.int32))
-    compile_seconds = 0.0
-    if width not in self._compiled:
-      started = time.perf_counter()
-      self._compiled[width] = self._program.lower(*arguments).compile()
-      compile_seconds = time.perf_counter() - started
+    executable, compile_seconds = self._executable(width, arguments)
     started = time.perf_counter()
-    measured, metrics = jax.block_until_ready(self._compiled[width](*arguments))
+    measured, metrics = jax.block_until_ready(executable(*arguments))
     run_seconds = time.perf_counter() - started
     kept = lambda x: np.asarray(x, np.float64)[:len(runs)]
     updates = np.arange(0, self.cell.updates + 1, self.cell.eval_every)

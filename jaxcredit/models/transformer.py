@@ -45,6 +45,11 @@ class KVCache(NamedTuple):
     return cls(keys=jnp.zeros(shape, config.dtype), values=jnp.zeros(shape, config.dtype),
                key_valid=jnp.zeros((batch, slots), bool))
 
+  def rows(self, index: Array) -> "KVCache":
+    """The cache of rows `index` (``[R']`` int): row r' copies row index[r'] (copy-on-fork,
+    or a prefilled prompt copied into a decode slot)."""
+    return KVCache(self.keys[:, index], self.values[:, index], self.key_valid[index])
+
 
 class ModelOutput(NamedTuple):
   """What a forward pass returns.

@@ -177,14 +177,15 @@ def _generate(graphdef, state, prompts, prompt_valid, keys, allowed, hidden, bud
     candidate = carry.admitted + jnp.cumsum(free) - 1
     take = free & (candidate < responses)
     prompt = jnp.where(take, candidate, 0) // group_size
+    copied = bank.rows(prompt)
     row = lambda x: take.reshape((1, slots) + (1,) * (x.ndim - 2))
-    keys_, values = (jnp.where(row(x), bank_x[:, prompt], x[:, :, :prompt_len])
-                     for x, bank_x in ((carry.cache.keys, bank.keys),
-                                       (carry.cache.values, bank.values)))
+    keys_, values = (jnp.where(row(x), new, x[:, :, :prompt_len])
+                     for x, new in ((carry.cache.keys, copied.keys),
+                                    (carry.cache.values, copied.values)))
     cache = KVCache(carry.cache.keys.at[:, :, :prompt_len].set(keys_),
                     carry.cache.values.at[:, :, :prompt_len].set(values),
                     jnp.where(take[:, None],
-                              jnp.concatenate([bank.key_valid[prompt], free_columns], 1),
+                              jnp.concatenate([copied.key_valid, free_columns], 1),
                               carry.cache.key_valid))
     return carry._replace(
         cache=cache, logits=jnp.where(take[:, None], bank_logits[prompt], carry.logits),

@@ -232,11 +232,8 @@ def fork(contexts: sampler.Contexts, parents: Array) -> sampler.Contexts:
   Returns:
     `Contexts` of R' rows: copies of the parents' cache rows, logits and lengths.
   """
-  cache = contexts.cache
-  return sampler.Contexts(
-      cache=type(cache)(keys=cache.keys[:, parents], values=cache.values[:, parents],
-                        key_valid=cache.key_valid[parents]),
-      logits=contexts.logits[parents], length=contexts.length[parents], slot=contexts.slot)
+  return sampler.Contexts(cache=contexts.cache.rows(parents), logits=contexts.logits[parents],
+                          length=contexts.length[parents], slot=contexts.slot)
 
 
 def _child_keys(keys: Array, count: int) -> Array:

@@ -25,8 +25,8 @@ def patched_train(monkeypatch):
 def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_path,
                                                                             monkeypatch):
   study = configs.get_config("smoke")
-  # Programs of two runs: every pass below reuses the first pass's compiled programs (the
-  # run's persistent compilation cache), and runs are split over programs and joined back.
+  # Programs of two runs: every pass below reuses the first pass's compiled programs (a
+  # process keeps the lab's recent programs), and runs are split over programs and joined back.
   study.runs_per_program = 2
   # First without the oracle; a rerun with it trains that arm only (pieces resume by arm).
   all_arms, study.arms = study.arms, {k: v for k, v in study.arms.items() if k != "oracle"}

@@ -127,6 +127,9 @@ def test_bad_settings_are_refused_naming_the_limit(model):
     run(actions=Actions(np.ones((4, 7, CONFIG.vocab_size), bool)))
   with pytest.raises(ValueError, match="max_new_tokens must be a positive int"):
     run(max_new_tokens=0)
+  short = peaked_model(preset("tiny", vocab_size=16, max_position=6), 1)
+  with pytest.raises(ValueError, match="A row of 7 tokens is longer than model.max_position = 6"):
+    generate_continuous(short, prompts, valid, jax.random.key(0), slots=2, max_new_tokens=4)
 
 
 def test_static_budgets_cut_rows_off_as_truncated(model):
