@@ -66,10 +66,9 @@ def poison(x: np.ndarray, mask: np.ndarray, value=np.nan) -> np.ndarray:
 
 
 def pytest_configure(config):
-  """One persistent JAX compilation cache for the CLI subprocesses the tests start (they
-  inherit the environment): runs that build the same programs (same model and batch shapes)
-  compile them once. The xdist workers themselves keep their programs in memory only: XLA:CPU
-  has crashed serialising a batched-lab program into the cache. Set before any test module
+  """One persistent JAX compilation cache for the test run, shared by the xdist workers and
+  the CLI subprocesses the tests start (they inherit the environment): runs that build the
+  same programs (same model and batch shapes) compile them once. Set before any test module
   imports jax."""
   run = getattr(config, "workerinput", {}).get("testrunuid") or uuid.uuid4().hex
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
@@ -82,9 +81,6 @@ def pytest_configure(config):
   # unchanged; speed is measured in bench/, which compiles with XLA's defaults.
   os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 "
                                      "--xla_cpu_use_fusion_emitters=false")
-  import jax  # after the environment above, which it reads
-
-  jax.config.update("jax_enable_compilation_cache", False)
 
 
 def xla_flags(*flags: str) -> str:

@@ -26,11 +26,11 @@ def _log_conditionals(model, config, prompt, prefixes):
   """{prefix: log pi(. | prompt, prefix) over the allowed tokens}, float64, from one
   teacher-forced pass per prefix."""
   allowed = ts.allowed(config)
+  last_logits = nnx.jit(lambda model, ids: model(ids).logits[0, -1])  # a program per length
   out = {}
   for prefix in prefixes:
     ids = np.asarray([*prompt, *(ts.DIGIT0 + np.asarray(prefix, np.int64))], np.int32)[None]
-    logits = np.asarray(model(ids, positions=np.arange(ids.shape[1])[None],
-                              token_valid=np.ones(ids.shape, bool)).logits[0, -1], np.float64)
+    logits = np.asarray(last_logits(model, ids), np.float64)
     logits = np.where(allowed[len(prefix)], logits, -np.inf)
     out[prefix] = logits - np.logaddexp.reduce(logits[np.isfinite(logits)])
   return out
