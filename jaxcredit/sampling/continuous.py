@@ -19,6 +19,14 @@ log-probs and entropies are those `generate` draws for the same prompt with the 
 and what the other slots hold, never enters its computation. The output is the static
 batch's `SampleOutput`, rows in prompt-major order (row r = prompt r // G); its
 `decode_steps` counts the loop's steps, each one decode step of the S slots.
+
+Partial rollouts (`generate_partial`): the loop also stops after `decode_limit` steps; the
+responses still running (or not yet admitted) come back unfinished, as a `Partial` a later
+call resumes, under that call's policy: its prompt and sampled tokens are prefilled again
+(the newer policy's keys and values) and sampling goes on from its step with its own key, so
+a response resumed under an unchanged policy is the one an uninterrupted run draws. Every
+sampled token records the version of the policy that drew it, and its behaviour log-prob is
+that policy's.
 """
 
 import functools
@@ -33,7 +41,8 @@ from jaxcredit.models.transformer import KVCache, Transformer
 from jaxcredit.sampling.actions import Actions
 from jaxcredit.sampling.draw import step_key
 from jaxcredit.sampling.sampler import (SampleOutput, _assemble, _extend, _prepare,
-                                        _response_step, _Sampling, check_budgets)
+                                        _response_step, _Sampling, check_budgets,
+                                        prompt_positions)
 
 
 class _Slots(NamedTuple):
@@ -46,8 +55,68 @@ class _Slots(NamedTuple):
   response: Array  # [S] the response a slot decodes, -1 when free
   admitted: Array  # [] responses admitted so far
   decode_steps: Array  # []
-  buffers: tuple  # tokens, log-probs, entropies, sampled: [N, R] each
+  buffers: tuple  # tokens, log-probs, entropies, sampled, versions: [N, R] each
   stopped: Array  # [R] emitted a stop token
+
+
+class Partial(NamedTuple):
+  """Responses to resume (`generate_partial`), in `SampleOutput`'s ``[C, P + N]`` layout.
+
+  Attributes:
+    tokens: ``[C, P + N]`` int, the left-padded prompt, then the tokens sampled so far.
+    mask: ``[C, P + N]`` bool, the sampled tokens (a prefix of the response columns).
+    logprobs: ``[C, P + N]`` float32, each sampled token's log-prob under the policy that drew
+      it.
+    entropy: ``[C, P + N]`` float32.
+    token_valid: ``[C, P + N]`` bool, the prompt's tokens and the sampled ones.
+    version: ``[C, P + N]`` int32, the version of the policy that drew each sampled token.
+    keys: ``[C]`` the responses' keys.
+    budgets: ``[C]`` int32, the responses' budgets.
+  """
+
+  tokens: Array
+  mask: Array
+  logprobs: Array
+  entropy: Array
+  token_valid: Array
+  version: Array
+  keys: Array
+  budgets: Array
+
+
+class PartialSample(NamedTuple):
+  """What `generate_partial` returns: the resumed responses, then the new ones.
+
+  Attributes:
+    output: the `SampleOutput` of every response (the unfinished ones so far).
+    unfinished: ``[R]`` bool, responses the decode limit cut short (resume them with
+      `carry_over`).
+    version: ``[R, P + N]`` int32, the version of the policy that drew each sampled token.
+    keys: ``[R]`` the responses' keys.
+    budgets: ``[R]`` int32, their budgets.
+  """
+
+  output: SampleOutput
+  unfinished: Array
+  version: Array
+  keys: Array
+  budgets: Array
+
+
+def carry_over(sample: PartialSample) -> Partial:
+  """The unfinished responses of `sample`, to resume in a later `generate_partial` call.
+
+  Args:
+    sample: a `PartialSample`.
+
+  Returns:
+    the `Partial` of its unfinished rows (C = their number).
+  """
+  rows = jnp.flatnonzero(sample.unfinished)
+  out = sample.output
+  return Partial(out.tokens[rows], out.mask[rows], out.logprobs[rows], out.entropy[rows],
+                 out.token_valid[rows], sample.version[rows], sample.keys[rows],
+                 sample.budgets[rows])
 
 
 def response_keys(key: Array, responses: int) -> Array:
@@ -130,23 +199,90 @@ def generate_continuous(
     >>> bool((out.tokens == static.tokens).all()), out.tokens.shape
     (True, (4, 7))
   """
+  return _run(model, prompts, prompt_valid, key, None, None, 0, slots=slots,
+              max_new_tokens=max_new_tokens, group_size=group_size, temperature=temperature,
+              top_k=top_k, top_p=top_p, stop_tokens=stop_tokens, pad_id=pad_id,
+              padding=padding, actions=actions, budgets=budgets).output
+
+
+def generate_partial(
+    model: Transformer,
+    prompts: Array,
+    prompt_valid: Array,
+    key: Array,
+    *,
+    decode_limit: int,
+    resume: Partial | None = None,
+    version: int = 0,
+    **settings,
+) -> PartialSample:
+  """`generate_continuous` for at most `decode_limit` decode steps, resuming `resume` first.
+
+  The C responses of `resume` are admitted before the Q x G new ones: each is prefilled again
+  under `model` (its prompt and the tokens it sampled) and goes on from its step with its
+  key. The responses still running after `decode_limit` steps, or never admitted, come back
+  unfinished (`carry_over` gives them as the next call's `resume`). Each token sampled here
+  records `version` (the policy's, e.g. its RL step).
+
+  Args:
+    model: the policy.
+    prompts: ``[Q, P]`` int, the new responses' prompts (Q may be 0 when resuming).
+    prompt_valid: ``[Q, P]`` bool.
+    key: a PRNG key (new response r is drawn with ``response_keys(key, Q x G)[r]``), or
+      ``[Q x G]`` keys.
+    decode_limit: the most decode steps this call runs.
+    resume: a `Partial` of responses to continue (their ``P + N`` columns must be this
+      call's), or None.
+    version: the version recorded for every token this call samples.
+    **settings: `generate_continuous`'s keyword arguments (slots, max_new_tokens, group_size,
+      temperature, top_k, top_p, stop_tokens, pad_id, padding, actions, budgets: the new
+      responses').
+
+  Returns:
+    A `PartialSample` of C + Q x G rows, the resumed responses first.
+
+  Raises:
+    ValueError: as `generate_continuous`, on a decode_limit below 1, or a `resume` of other
+      columns.
+  """
+  if not isinstance(decode_limit, int) or decode_limit < 1:
+    raise ValueError(f"decode_limit must be a positive int, got {decode_limit!r}.")
+  return _run(model, prompts, prompt_valid, key, resume, decode_limit, version, **settings)
+
+
+def _run(model, prompts, prompt_valid, key, resume, decode_limit, version, *, slots,
+         max_new_tokens, group_size=1, temperature=1.0, top_k=None, top_p=None, stop_tokens=(),
+         pad_id=0, padding="left", actions=None, budgets=None) -> PartialSample:
+  """Checks the arguments and runs the compiled loop (`_generate`)."""
   if not isinstance(group_size, int) or group_size < 1:
     raise ValueError(f"group_size must be a positive int, got {group_size!r}.")
-  responses = jnp.shape(prompts)[0] * group_size if jnp.ndim(prompts) == 2 else 0
+  fresh = jnp.shape(prompts)[0] * group_size if jnp.ndim(prompts) == 2 else 0
+  carried = 0 if resume is None else resume.tokens.shape[0]
+  responses = fresh + carried
   if not isinstance(slots, int) or not 1 <= slots <= max(responses, 1):
     raise ValueError(f"slots must be an int in [1, prompts x group_size = {responses}], got "
                      f"{slots!r}.")
-  keys = response_keys(key, responses) if jnp.ndim(key) == 0 else jnp.asarray(key)
-  if keys.shape != (responses,):
-    raise ValueError(f"key must be one key or [R = {responses}] keys, got shape "
+  keys = response_keys(key, fresh) if jnp.ndim(key) == 0 else jnp.asarray(key)
+  if keys.shape != (fresh,):
+    raise ValueError(f"key must be one key or [R = {fresh}] keys, got shape "
                      f"{list(keys.shape)}.")
   graphdef, state, prompts, prompt_valid, allowed, hidden, settings = _prepare(
       model, prompts, prompt_valid, max_new_tokens, temperature, top_k, top_p, stop_tokens, pad_id,
       padding, _check_column_actions(actions), True)
-  budgets = check_budgets(budgets, responses, max_new_tokens)
-  budgets = jnp.full(responses, max_new_tokens, jnp.int32) if budgets is None else budgets
-  return _generate(graphdef, state, prompts, prompt_valid, keys, allowed, hidden, budgets,
-                   settings, slots, group_size)
+  budgets = check_budgets(budgets, fresh, max_new_tokens)
+  budgets = jnp.full(fresh, max_new_tokens, jnp.int32) if budgets is None else budgets
+  if resume is not None:
+    width = prompts.shape[1] + max_new_tokens
+    if resume.tokens.shape[1] != width:
+      raise ValueError(f"resume holds rows of {resume.tokens.shape[1]} columns, but this call's "
+                       f"are P + N = {width}.")
+    keys, budgets = (jnp.concatenate([resume.keys, keys]),
+                     jnp.concatenate([jnp.asarray(resume.budgets, jnp.int32), budgets]))
+  limit = jnp.iinfo(jnp.int32).max if decode_limit is None else decode_limit
+  out, unfinished, versions = _generate(graphdef, state, prompts, prompt_valid, keys, allowed,
+                                        hidden, budgets, resume, jnp.int32(limit),
+                                        jnp.int32(version), settings, slots, group_size)
+  return PartialSample(out, unfinished, versions, keys, budgets)
 
 
 def _check_column_actions(actions: Actions | None) -> Actions | None:
@@ -158,44 +294,79 @@ def _check_column_actions(actions: Actions | None) -> Actions | None:
   return actions
 
 
-@functools.partial(jax.jit, static_argnums=(0, 8, 9, 10))
-def _generate(graphdef, state, prompts, prompt_valid, keys, allowed, hidden, budgets,
-              settings: _Sampling, slots: int, group_size: int) -> SampleOutput:
+def _carried_bank(model, carried: Partial, hidden, settings: _Sampling, prompt_len: int, layers):
+  """Resumed rows prefilled under `model`: their cache, the logits after each row's last
+  token and its length."""
+  rows, width = carried.tokens.shape
+  fed = carried.tokens.at[:, prompt_len:].set(  # hidden: [N], one table for every row
+      jnp.where(hidden[None], settings.hidden_token, carried.tokens[:, prompt_len:]))
+  length = jnp.sum(carried.token_valid, axis=1)
+  out, cache = model.decode(fed, prompt_positions(carried.token_valid), carried.token_valid,
+                            KVCache.zeros(model.config, rows, width), 0, logits=False,
+                            layers=layers)
+  last = prompt_len + jnp.sum(carried.mask, axis=1) - 1
+  return cache, model.logits(out.hidden[jnp.arange(rows), last]), length
+
+
+@functools.partial(jax.jit, static_argnums=(0, 11, 12, 13))
+def _generate(graphdef, state, prompts, prompt_valid, keys, allowed, hidden, budgets, carried,
+              limit, version, settings: _Sampling, slots: int, group_size: int):
+  """The loop of the module docstring over the `carried` responses (a `Partial` or None),
+  then the new ones; returns (SampleOutput, unfinished [R], versions [R, P + N])."""
   model = nnx.merge(graphdef, state)
   layers = model.unstacked_layers()
   (n_prompts, prompt_len), steps = prompts.shape, settings.max_new_tokens
   responses, vocab = keys.shape[0], model.config.vocab_size
+  n_carried = 0 if carried is None else carried.tokens.shape[0]
   # Every prompt prefilled once; its G responses copy its keys and values into their slots.
-  bank, bank_logits, bank_length = _extend(
-      model, KVCache.zeros(model.config, n_prompts, prompt_len),
-      jnp.zeros((n_prompts, vocab), jnp.float32), jnp.zeros(n_prompts, jnp.int32), 0, prompts,
-      prompt_valid, layers)
+  if n_prompts:
+    bank, bank_logits, bank_length = _extend(
+        model, KVCache.zeros(model.config, n_prompts, prompt_len),
+        jnp.zeros((n_prompts, vocab), jnp.float32), jnp.zeros(n_prompts, jnp.int32), 0, prompts,
+        prompt_valid, layers)
+  if n_carried:
+    carried_bank, carried_logits, carried_length = _carried_bank(model, carried, hidden,
+                                                                 settings, prompt_len, layers)
+    carried_steps = jnp.sum(carried.mask, axis=1)
   free_columns = jnp.zeros((slots, steps), bool)
+  row = lambda x, where: where.reshape((1, slots) + (1,) * (x.ndim - 2))
 
   def admit(carry: _Slots) -> _Slots:
     free = carry.response < 0
     candidate = carry.admitted + jnp.cumsum(free) - 1
     take = free & (candidate < responses)
-    prompt = jnp.where(take, candidate, 0) // group_size
-    copied = bank.rows(prompt)
-    row = lambda x: take.reshape((1, slots) + (1,) * (x.ndim - 2))
-    keys_, values = (jnp.where(row(x), new, x[:, :, :prompt_len])
-                     for x, new in ((carry.cache.keys, copied.keys),
-                                    (carry.cache.values, copied.values)))
-    cache = KVCache(carry.cache.keys.at[:, :, :prompt_len].set(keys_),
-                    carry.cache.values.at[:, :, :prompt_len].set(values),
-                    jnp.where(take[:, None],
-                              jnp.concatenate([copied.key_valid, free_columns], 1),
-                              carry.cache.key_valid))
-    return carry._replace(
-        cache=cache, logits=jnp.where(take[:, None], bank_logits[prompt], carry.logits),
-        position=jnp.where(take, bank_length[prompt], carry.position),
-        step=jnp.where(take, 0, carry.step),
-        response=jnp.where(take, candidate, carry.response),
-        admitted=carry.admitted + jnp.sum(take))
+    cache, logits, position, step = carry.cache, carry.logits, carry.position, carry.step
+    if n_prompts:  # a new response's prompt; its response columns made invalid
+      new = take & (candidate >= n_carried)
+      prompt = jnp.where(new, candidate - n_carried, 0) // group_size
+      copied = bank.rows(prompt)
+      keys_, values = (jnp.where(row(x, new), fresh, x[:, :, :prompt_len])
+                       for x, fresh in ((cache.keys, copied.keys), (cache.values, copied.values)))
+      cache = KVCache(cache.keys.at[:, :, :prompt_len].set(keys_),
+                      cache.values.at[:, :, :prompt_len].set(values),
+                      jnp.where(new[:, None],
+                                jnp.concatenate([copied.key_valid, free_columns], 1),
+                                cache.key_valid))
+      logits = jnp.where(new[:, None], bank_logits[prompt], logits)
+      position = jnp.where(new, bank_length[prompt], position)
+      step = jnp.where(new, 0, step)
+    if n_carried:  # a resumed response's whole row: its prompt and what it sampled
+      resumed = take & (candidate < n_carried)
+      index = jnp.where(resumed, candidate, 0)
+      rows = carried_bank.rows(index)
+      cache = KVCache(*(jnp.where(row(x, resumed), fresh, x) for x, fresh in (
+          (cache.keys, rows.keys), (cache.values, rows.values))),
+                      jnp.where(resumed[:, None], rows.key_valid, cache.key_valid))
+      logits = jnp.where(resumed[:, None], carried_logits[index], logits)
+      position = jnp.where(resumed, carried_length[index], position)
+      step = jnp.where(resumed, carried_steps[index], step)
+    return carry._replace(cache=cache, logits=logits, position=position, step=step,
+                          response=jnp.where(take, candidate, carry.response),
+                          admitted=carry.admitted + jnp.sum(take))
 
   def unfinished(carry: _Slots):
-    return (carry.admitted < responses) | jnp.any(carry.response >= 0)
+    return (((carry.admitted < responses) | jnp.any(carry.response >= 0))
+            & (carry.decode_steps < limit))
 
   def decode(carry: _Slots) -> _Slots:
     carry = jax.lax.cond(jnp.any(carry.response < 0) & (carry.admitted < responses), admit,
@@ -209,8 +380,8 @@ def _generate(graphdef, state, prompts, prompt_valid, keys, allowed, hidden, bud
     stopped = active & ended
     finished = stopped | (active & (carry.step + 1 >= budgets[response]))
     written = jnp.where(active, response, responses)  # out of range: dropped
-    buffers = tuple(b.at[column, written].set(v.astype(b.dtype), mode="drop")
-                    for b, v in zip(carry.buffers, (token, logp, entropy, active)))
+    buffers = tuple(b.at[column, written].set(jnp.asarray(v).astype(b.dtype), mode="drop")
+                    for b, v in zip(carry.buffers, (token, logp, entropy, active, version)))
     fed = jnp.where(slot_hidden, settings.hidden_token, token)
     out, cache = model.decode(fed[:, None], carry.position[:, None], active[:, None],
                               carry.cache, prompt_len + column, layers=layers)
@@ -220,16 +391,32 @@ def _generate(graphdef, state, prompts, prompt_valid, keys, allowed, hidden, bud
         response=jnp.where(finished, -1, carry.response), decode_steps=carry.decode_steps + 1,
         buffers=buffers, stopped=carry.stopped.at[written].set(stopped, mode="drop"))
 
+  fresh = responses - n_carried
+  buffers = (jnp.full((steps, fresh), settings.pad_id, jnp.int32),
+             jnp.zeros((steps, fresh), jnp.float32), jnp.zeros((steps, fresh), jnp.float32),
+             jnp.zeros((steps, fresh), bool), jnp.zeros((steps, fresh), jnp.int32))
+  if n_carried:  # what the resumed responses sampled before
+    sampled = [jnp.where(carried.mask, x, fill)[:, prompt_len:].T for x, fill in (
+        (carried.tokens, settings.pad_id), (carried.logprobs, 0.0), (carried.entropy, 0.0),
+        (carried.mask, False), (carried.version, 0))]
+    buffers = tuple(jnp.concatenate([old.astype(b.dtype), b], 1)
+                    for old, b in zip(sampled, buffers))
   init = _Slots(
       cache=KVCache.zeros(model.config, slots, prompt_len + steps),
       logits=jnp.zeros((slots, vocab), jnp.float32), position=jnp.zeros(slots, jnp.int32),
       step=jnp.zeros(slots, jnp.int32), response=jnp.full(slots, -1, jnp.int32),
-      admitted=jnp.int32(0), decode_steps=jnp.int32(0),
-      buffers=(jnp.full((steps, responses), settings.pad_id, jnp.int32),
-               jnp.zeros((steps, responses), jnp.float32),
-               jnp.zeros((steps, responses), jnp.float32), jnp.zeros((steps, responses), bool)),
+      admitted=jnp.int32(0), decode_steps=jnp.int32(0), buffers=buffers,
       stopped=jnp.zeros(responses, bool))
   final = jax.lax.while_loop(unfinished, decode, init)
-  repeat = lambda x: jnp.repeat(x, group_size, axis=0)
-  return _assemble(repeat(prompts), repeat(prompt_valid), final.buffers, final.stopped, settings,
-                   final.decode_steps)
+  rows, row_valid = jnp.repeat(prompts, group_size, 0), jnp.repeat(prompt_valid, group_size, 0)
+  if n_carried:
+    rows = jnp.concatenate([carried.tokens[:, :prompt_len], rows])
+    row_valid = jnp.concatenate([carried.token_valid[:, :prompt_len], row_valid])
+  left = jnp.zeros(responses, bool).at[jnp.where(final.response >= 0, final.response,
+                                                 responses)].set(True, mode="drop")
+  left |= jnp.arange(responses) >= final.admitted
+  out = _assemble(rows, row_valid, final.buffers[:4], final.stopped, settings,
+                  final.decode_steps)
+  versions = jnp.concatenate([jnp.zeros((responses, prompt_len), jnp.int32),
+                              final.buffers[4].T], 1)
+  return out._replace(truncated=out.truncated & ~left), left, versions

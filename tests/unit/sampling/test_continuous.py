@@ -9,7 +9,8 @@ import pytest
 
 from jaxcredit.models import preset
 from jaxcredit.sampling import Actions, generate
-from jaxcredit.sampling.continuous import generate_continuous, response_keys
+from jaxcredit.sampling.continuous import (carry_over, generate_continuous, generate_partial,
+                                            response_keys)
 from tests.unit.sampling.conftest import left_padded_prompts, peaked_model
 
 CONFIG = preset("tiny", vocab_size=16)
@@ -147,3 +148,62 @@ def test_static_budgets_cut_rows_off_as_truncated(model):
   lengths = np.asarray(stopped.mask).sum(1)
   ends = np.asarray(stopped.tokens)[np.arange(4), 4 + lengths]
   np.testing.assert_array_equal(np.asarray(stopped.truncated), ~np.isin(ends, STOP))
+
+
+def _by_response(first, resumed, rows):
+  """Each response's final row: `first`'s finished rows, then `resumed`'s rows (its first
+  len(rows) rows continue first's unfinished `rows`)."""
+  final = {r: jax.tree.map(lambda x, r=r: x[r] if np.ndim(x) else x, first.output)
+           for r in range(first.unfinished.shape[0]) if not first.unfinished[r]}
+  for i, r in enumerate(rows):
+    final[int(r)] = jax.tree.map(lambda x, i=i: x[i] if np.ndim(x) else x, resumed.output)
+  return final
+
+
+def test_a_response_resumed_under_the_same_policy_is_the_uninterrupted_one(model):
+  prompts, valid = left_padded_prompts(np.random.default_rng(12), 3, 5, 8, 16)
+  kwargs = dict(max_new_tokens=12, stop_tokens=STOP, group_size=4, slots=4)
+  whole = generate_continuous(model, prompts, valid, jax.random.key(13), **kwargs)
+  first = generate_partial(model, prompts, valid, jax.random.key(13), decode_limit=5, **kwargs)
+  unfinished = np.flatnonzero(first.unfinished)
+  assert 4 <= unfinished.size < 12  # cut short in their slots, or never admitted
+  assert not np.asarray(first.output.truncated)[unfinished].any()
+  more, more_valid = left_padded_prompts(np.random.default_rng(14), 1, 5, 8, 16)
+  resumed = generate_partial(model, more, more_valid, jax.random.key(15), decode_limit=100,
+                             resume=carry_over(first), version=1, **kwargs)
+  assert not np.asarray(resumed.unfinished).any()
+  final = _by_response(first, resumed, unfinished)
+  for r in range(12):
+    _assert_same(final[r], jax.tree.map(lambda x, r=r: x[r] if np.ndim(x) else x, whole))
+  # The new prompt's responses follow the resumed ones, drawn as a run of their own draws them.
+  alone = generate_continuous(model, more, more_valid, jax.random.key(15), **kwargs)
+  _assert_same(jax.tree.map(lambda x: x[unfinished.size:] if np.ndim(x) else x, resumed.output),
+               alone)
+  # Versions: tokens sampled before the cut are version 0, those after it version 1.
+  versions, mask = np.asarray(resumed.version)[:unfinished.size], np.asarray(
+      resumed.output.mask)[:unfinished.size]
+  before = np.asarray(first.output.mask)[unfinished]
+  assert (versions[before] == 0).all() and (versions[mask & ~before] == 1).all()
+  assert (mask & ~before).any()
+
+
+def test_resumed_tokens_carry_the_log_probs_of_the_policy_that_drew_them(model):
+  """Version 1 is another policy: tokens drawn before the cut have version 0's log-probs,
+  those after it version 1's, each equal to teacher forcing under its own policy."""
+  newer = peaked_model(CONFIG.replace(d_ff=CONFIG.d_ff), 3)
+  prompts, valid = left_padded_prompts(np.random.default_rng(16), 2, 5, 8, 16)
+  kwargs = dict(max_new_tokens=10, group_size=2, slots=4)  # no stop tokens: all cut at 4
+  first = generate_partial(model, prompts, valid, jax.random.key(17), decode_limit=4, **kwargs)
+  assert np.asarray(first.unfinished).all()
+  resumed = generate_partial(newer, prompts[:0], valid[:0], jax.random.key(18), decode_limit=50,
+                             resume=carry_over(first), version=1, **kwargs)
+  out = resumed.output
+  version = np.asarray(resumed.version)
+  for policy, v in ((model, 0), (newer, 1)):
+    logits = policy(out.tokens, positions=out.positions, token_valid=out.token_valid).logits
+    logp = np.asarray(jax.nn.log_softmax(logits[:, :-1], -1))
+    forced = np.take_along_axis(logp, np.asarray(out.tokens)[:, 1:, None], -1)[..., 0]
+    drawn = (version[:, 1:] == v) & np.asarray(out.mask)[:, 1:]
+    assert drawn.sum() == 4 * (4 if v == 0 else 6)
+    np.testing.assert_allclose(np.asarray(out.logprobs)[:, 1:][drawn], forced[drawn],
+                               rtol=1e-4, atol=1e-4)
