@@ -9,9 +9,11 @@ samples from `model`, scores what it sampled and returns the `Rollout` the
 learner reads. `SingleTurn` (one response per row, an outcome reward) is the
 one the training loop uses for reasoning tasks; `MultiTurn` alternates turns
 of the model with a `rollout_sources.environment.Environment`'s observations.
+`PartialRollouts` carries a continuous `SingleTurn`'s unfinished responses across steps.
 """
 
 from jaxcredit.rollout_sources.multi_turn import MultiTurn, TurnTree
+from jaxcredit.rollout_sources.partial import PartialRollouts
 from jaxcredit.rollout_sources.single_turn import RolloutSource, Scorer, SingleTurn
 
-__all__ = ["MultiTurn", "RolloutSource", "Scorer", "SingleTurn", "TurnTree"]
+__all__ = ["MultiTurn", "PartialRollouts", "RolloutSource", "Scorer", "SingleTurn", "TurnTree"]

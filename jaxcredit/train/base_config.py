@@ -130,6 +130,10 @@ def get_config() -> ml_collections.ConfigDict:
   # a slot taking the next response as soon as its own ends; None: a quarter of the rows).
   config.rollout.engine = "static"
   config.rollout.slots = ml_collections.config_dict.placeholder(int)
+  # Partial rollouts (continuous engine): a step decodes at most this many steps, then learns
+  # from the oldest whole groups that have finished; responses still running go on in the next
+  # step under the newer policy (jaxcredit.rollout_sources.PartialRollouts). None: off.
+  config.rollout.partial_decode_steps = ml_collections.config_dict.placeholder(int)
   config.rollout.tree = ml_collections.ConfigDict()
   config.rollout.tree.fork = "none"
   config.rollout.tree.roots = 1

@@ -25,7 +25,7 @@ from jaxcredit.atomic import write_atomically
 from jaxcredit.credit import extras
 from jaxcredit.models import Transformer, huggingface, preset, sharding
 from jaxcredit.rollout import Rollout
-from jaxcredit.rollout_sources import MultiTurn, SingleTurn, TurnTree
+from jaxcredit.rollout_sources import MultiTurn, PartialRollouts, SingleTurn, TurnTree
 from jaxcredit.sampling import TreeSpec
 from jaxcredit.tasks import loader
 from jaxcredit.train import (
@@ -110,6 +110,7 @@ class Trainer:
   prompt_lengths: np.ndarray  # [n] token counts of the train split's prompts
   eval_batch: dict
   source: SingleTurn | MultiTurn  # prompts -> scored Rollout
+  partial: PartialRollouts | None  # rollout.partial_decode_steps: responses across steps
   modules: dict  # model, optimizer, reference[, critic, critic_optimizer]
   learner_step: Callable
   provide_extras: extras.Chain | None  # what the estimators need (None: nothing)
@@ -126,6 +127,11 @@ class Trainer:
     it can be nonzero)."""
     rl = self.config.rl
     batch = self.rl_data.rl_batch(rl_step, group_size=rl.group_size)
+    if self.partial is not None:  # a batch ahead in flight: the step's groups, then the next's
+      ahead = [self.rl_data.rl_batch(rl_step + 1, group_size=rl.group_size)]
+      return self.partial.sample(self.modules["model"],
+                                 ahead if self.partial.started else [batch, *ahead],
+                                 jax.random.fold_in(key, rl_step))
     if self.sampler is None:
       lag = self.stale.lag(rl_step)
       rollout = self.source(self.stale.sampler(self.modules["model"], lag), batch,
@@ -281,7 +287,8 @@ def build(config, workdir: pathlib.Path) -> Trainer | None:
       config=config, workdir=workdir, checkpointer=checkpointer, resumed=resumed,
       counters=counters, mesh=mesh, place=place, local=local, task=task,
       data_counts=data_counts, prompt_lengths=prompt_lengths, eval_batch=eval_batch,
-      source=source, modules=modules, learner_step=learner_step,
+      source=source, partial=partial_rollouts(config, source), modules=modules,
+      learner_step=learner_step,
       provide_extras=provide_extras, reference_logprobs=reference_logprobs, stale=stale,
       sampler=sampler, rl_data=rl_data, writer=writer, exporter=exporter)
 
@@ -336,6 +343,32 @@ def engine_slots(config, task: tasks.TrainTask) -> int | None:
     raise ValueError(f"rollout.slots = {slots} must lie in [1, rl.prompts_per_step x "
                      f"rl.group_size = {rows}].")
   return slots
+
+
+def partial_rollouts(config, source: SingleTurn | MultiTurn) -> PartialRollouts | None:
+  """The partial rollouts of `config.rollout.partial_decode_steps` over `source`, or None.
+
+  Args:
+    config: the experiment config.
+    source: the run's rollout source.
+
+  Returns:
+    a `PartialRollouts`, or None when the setting is unset.
+
+  Raises:
+    ValueError: naming the setting, without the continuous engine, with stale or overlapped
+      sampling (rl.max_staleness, mesh.sampler_shape), or a limit below 1.
+  """
+  limit = config.rollout.partial_decode_steps
+  if limit is None:
+    return None
+  if config.rollout.engine != "continuous":
+    raise ValueError("rollout.partial_decode_steps needs the continuous engine: set "
+                     "rollout.engine = 'continuous'.")
+  if config.rl.max_staleness or config.mesh.sampler_shape:
+    raise ValueError("rollout.partial_decode_steps records each token's own staleness: it "
+                     "does not combine with rl.max_staleness or mesh.sampler_shape.")
+  return PartialRollouts(source, limit)
 
 
 def tree_spec(config, task: tasks.TrainTask) -> TreeSpec | TurnTree | None:

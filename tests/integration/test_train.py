@@ -172,6 +172,18 @@ SMALL = [  # no SFT (test_multiprocess trains from SFT) but for countdown's nois
 ]
 
 
+def test_partial_rollouts_train_from_the_cli_and_carry_responses_across_steps(tmp_path, cli_env):
+  result = _run(tmp_path, *SMALL, "--config.rl.steps=3", "--config.rollout.partial_decode_steps=3",
+                config="countdown_continuous", env=cli_env)
+  assert result.returncode == 0, result.stderr[-3000:]
+  train = _train_lines(tmp_path)
+  assert len(train) == 3 and all(math.isfinite(line["train/loss"]) for line in train)
+  # Sampled 3 decode steps per step, responses of up to 64 tokens run on across steps: their
+  # first tokens were drawn by older policies.
+  assert train[0]["train/staleness_mean"] == 0 and max(
+      line["train/staleness_mean"] for line in train) > 0
+
+
 def test_the_shipped_configs_are_the_documented_ones():
   assert sorted([*SHIPPED, "gsm8k_grpo"]) == sorted(EXPERIMENTS)
   documented = documentation()

@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from jaxcredit.rollout_sources import TurnTree
+from jaxcredit.rollout_sources import SingleTurn, TurnTree
 from jaxcredit.sampling import Actions, TreeSpec
 from jaxcredit.train import setup
 from tests.conftest import load_experiment
@@ -93,3 +93,18 @@ def test_the_continuous_engine_refuses_trees_and_episodes():
   config.rollout.engine = "continuous"
   with pytest.raises(ValueError, match="rollout.engine = 'static'"):
     setup.engine_slots(config, MULTI_TURN)
+
+
+def test_partial_rollouts_need_the_continuous_engine_and_fresh_sampling():
+  source = SingleTurn(lambda tokens, mask, examples: mask.sum(1), 8, slots=2)
+  config = load_experiment("countdown_continuous")
+  assert setup.partial_rollouts(config, source) is None
+  config.rollout.partial_decode_steps = 4
+  assert setup.partial_rollouts(config, source).decode_limit == 4
+  config.rl.max_staleness = 1
+  with pytest.raises(ValueError, match="does not combine with rl.max_staleness"):
+    setup.partial_rollouts(config, source)
+  config = load_experiment("quickstart")
+  config.rollout.partial_decode_steps = 4
+  with pytest.raises(ValueError, match="rollout.partial_decode_steps needs the continuous engine"):
+    setup.partial_rollouts(config, source)
