@@ -104,6 +104,7 @@ def _memory_maps() -> int:
     return 0
 
 
+@functools.cache
 def _map_limit() -> int:
   try:
     return int(pathlib.Path("/proc/sys/vm/max_map_count").read_text())

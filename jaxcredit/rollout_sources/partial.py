@@ -87,20 +87,17 @@ class PartialRollouts:
                            "rows": [None] * group_size})
     fresh = [(group, member) for group in self._groups[len(self._groups) - len(prompts):]
              for member in range(group_size)]
-    settings = dict(slots=source.slots, max_new_tokens=source.max_new_tokens,
-                    group_size=group_size, temperature=source.temperature,
-                    stop_tokens=source.stop_tokens, pad_id=source.pad_id, actions=source.actions)
     while True:
       carried, padding = _padded(self._carried)
       owners = self._owners + [None] * padding + fresh
-      settings["slots"] = min(source.slots, len(owners))
-      sample = continuous.generate_partial(model, prompts, valid, key, resume=carried,
-                                           decode_limit=self.decode_limit, version=self._calls,
-                                           **settings)
+      sample = continuous.generate_partial(
+          model, prompts, valid, key, resume=carried, decode_limit=self.decode_limit,
+          version=self._calls, slots=min(source.slots, len(owners)), group_size=group_size,
+          **source.sampling)
       output = jax.tree.map(np.asarray, sample.output._asdict())
-      version = np.asarray(sample.version)
-      unfinished = np.asarray(sample.unfinished) & np.asarray([o is not None for o in owners])
-      for row in np.flatnonzero(~np.asarray(sample.unfinished)):
+      version, cut = np.asarray(sample.version), np.asarray(sample.unfinished)
+      unfinished = cut & np.asarray([o is not None for o in owners])
+      for row in np.flatnonzero(~cut):
         if owners[row] is not None:
           group, member = owners[row]
           group["rows"][member] = ({k: output[k][row] for k in _FIELDS}
@@ -113,7 +110,6 @@ class PartialRollouts:
       if len(complete) >= wanted:
         break
       prompts, valid, fresh = prompts[:0], valid[:0], []  # decode on, no new prompts
-      key = jax.random.fold_in(key, len(self._owners))
     emitted = complete[:wanted]
     self._groups = [g for g in self._groups if all(g is not e for e in emitted)]
     rollout = self._rollout(emitted)

@@ -60,11 +60,15 @@ class SingleTurn:
   tree: TreeSpec | None = None
   slots: int | None = None
 
+  @property
+  def sampling(self) -> dict:
+    """The sampler's keyword arguments these fields set (every engine's)."""
+    return dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                stop_tokens=self.stop_tokens, pad_id=self.pad_id, actions=self.actions)
+
   def __call__(self, model, batch: Mapping[str, Any], key: Array) -> Rollout:
     prompts, valid = self.place(batch["prompts"]), self.place(batch["prompt_valid"])
-    settings = dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                    stop_tokens=self.stop_tokens, pad_id=self.pad_id, actions=self.actions)
-    extras = {}
+    settings, extras = self.sampling, {}
     if self.slots is not None:  # the group's rows repeat its prompt: prefilled once
       sample = generate_continuous(model, prompts[::self.group_size], valid[::self.group_size],
                                    key, slots=self.slots, group_size=self.group_size,
