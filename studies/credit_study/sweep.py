@@ -16,11 +16,12 @@ are written once to DIR/cells/<regime>/{tuning,G<g>}.json and skipped on a rerun
 (resumable).
 
 The report (DIR/report.md, figures) holds, per cell: each arm's final J, pass@k, AUC and
-tokens to 0.9 of the best plateau; differences from GRPO paired by seed with bootstrap
-intervals (n/a below 5 seeds), sign-flip p-values Holm-adjusted across the arms, and TOST
-equivalence within +-margin; for arms charged more than they sample (the Monte-Carlo
-ladder), J at the cell's budget of charged tokens against GRPO's; and the localisation gain
-Delta_loc = oracle - oracle_seq against G (the tables: `lab.sweep_tables`).
+tokens to 0.9 of the best plateau; differences from GRPO paired by seed with BCa bootstrap
+intervals (n/a below 5 seeds), sign-flip p-values and sign-flip TOST within +-margin, both
+Holm-adjusted across the arms, and a verdict (`tables.decide`); for arms charged more
+than they sample (the Monte-Carlo ladder), J at the cell's budget of charged tokens against
+GRPO's; and the localisation gain Delta_loc = oracle - oracle_seq against G (the tables:
+`studies.credit_study.tables`).
 """
 
 import dataclasses
@@ -402,9 +403,13 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
       "every number below). Advantages are "
       "RMS-scaled; one PPO-clip step per batch (a plain policy gradient). J(π): exact "
       "expected success over the evaluation prompts. Paired differences from GRPO by seed: "
-      "95% bootstrap intervals (n/a below 5 seeds), sign-flip permutation p-values, "
-      f"Holm-adjusted across the arms of a cell; TOST at ±{study.margin}. Verdicts at "
-      f"α = {tables.VERDICT_ALPHA}. Wall time {seconds:.0f} s summed over the pieces "
+      "95% BCa bootstrap intervals (n/a below 5 seeds), sign-flip permutation p-values and "
+      f"sign-flip TOST at ±{study.margin}, each Holm-adjusted across the arms of a cell. "
+      f"Verdicts at α = {tables.VERDICT_ALPHA}: higher or lower when significant and at least "
+      "the margin, negligible when shown inside it, ceiling when both arms' final J is at "
+      f"least {tables.CEILING}, else inconclusive; these are per cell, exploratory (the "
+      "corrected verdicts across cells are `studies.credit_study.verdicts`'). "
+      f"Wall time {seconds:.0f} s summed over the pieces "
       f"(tuning and cells; {compile_seconds:.0f} s of it compiling), "
       f"{study.get('workers', 1)} at a time: {busy / 60:.0f} min while pieces ran (the union "
       "of their spans: the pauses of a resumed sweep are not counted), on "

@@ -14,11 +14,14 @@ from jaxcredit.lab import diagnostics, statistics
 from studies.credit_study import report
 
 VERDICT_ALPHA = 0.05
+CEILING = 0.98  # both arms' mean final J at or above it: the cell cannot tell them apart
+INTERVAL = "BCa"
 
 
-def compare(summary: dict, metric: str, margin: float, rng) -> dict:
-  """{arm: {"delta": (mean, low, high), "p", "p_holm", "p_tost", "verdict"}} of each arm's
-  per-seed `metric` minus GRPO's on the same seeds; Holm across the arms."""
+def paired(summary: dict, metric: str, margin: float, rng) -> dict:
+  """{arm: {"delta": (mean, low, high), "p", "p_tost", "at_ceiling"}} of each arm's
+  per-seed `metric` minus GRPO's on the same seeds, before any correction for
+  multiplicity (BCa intervals, sign-flip p, TOST by sign flips at +-margin)."""
   base = summary["grpo"]
   out = {}
   for arm, per_seed in summary.items():
@@ -26,25 +29,41 @@ def compare(summary: dict, metric: str, margin: float, rng) -> dict:
       continue
     seeds = sorted(set(per_seed) & set(base))
     d = np.asarray([per_seed[s][metric] - base[s][metric] for s in seeds])
-    out[arm] = {"delta": statistics.reported_ci(d, rng, 10000),
-                "p": statistics.sign_flip_p(d, rng),
-                "p_tost": statistics.tost(d, margin)}
-  for arm, p in zip(out, statistics.holm([c["p"] for c in out.values()])):
-    c = out[arm]
-    c["p_holm"] = float(p)
-    c["verdict"] = (f"n/a (below {statistics.MIN_SEEDS} seeds)" if c["delta"][1] is None else
-                    "higher" if p <= VERDICT_ALPHA and c["delta"][0] > 0 else
-                    "lower" if p <= VERDICT_ALPHA else
-                    f"equivalent (±{margin})" if c["p_tost"] <= VERDICT_ALPHA else "inconclusive")
+    means = [np.mean([runs[s][metric] for s in seeds]) for runs in (per_seed, base)]
+    out[arm] = {"delta": statistics.reported_ci(d, rng, 10000, INTERVAL),
+                "p": statistics.sign_flip_p(d, rng), "p_tost": statistics.tost(d, margin, rng),
+                "at_ceiling": metric == "final" and min(means) >= CEILING}
+  return out
+
+
+def decide(comparisons: list[dict], margin: float) -> None:
+  """Holm across `comparisons` (one family: their p and their TOST p), then each one's
+  `statistics.verdict`; writes "p_holm", "p_tost_holm" and "verdict" into each."""
+  if not comparisons:
+    return
+  p_holm = statistics.holm([c["p"] for c in comparisons])
+  p_tost_holm = statistics.holm([c["p_tost"] for c in comparisons])
+  for c, p, p_tost in zip(comparisons, p_holm, p_tost_holm):
+    c["p_holm"], c["p_tost_holm"] = float(p), float(p_tost)
+    c["verdict"] = statistics.verdict(c["delta"], p, p_tost, margin, alpha=VERDICT_ALPHA,
+                                      at_ceiling=c["at_ceiling"])
+    if c["verdict"] == "n/a":
+      c["verdict"] = f"n/a (below {statistics.MIN_SEEDS} seeds)"
+
+
+def compare(summary: dict, metric: str, margin: float, rng) -> dict:
+  """`paired`, with Holm across the cell's arms and each arm's verdict (`decide`)."""
+  out = paired(summary, metric, margin, rng)
+  decide(list(out.values()), margin)
   return out
 
 
 def comparison_table(comparisons: dict, metric: str) -> list[str]:
-  lines = [f"| arm | Δ {metric} vs grpo [95% CI] | p (sign-flip) | p (Holm) | p (TOST) | "
-           "verdict |", "|---|---|---|---|---|---|"]
+  lines = [f"| arm | Δ {metric} vs grpo [95% BCa CI] | p (sign-flip) | p (Holm) | "
+           "p (TOST, Holm) | verdict |", "|---|---|---|---|---|---|"]
   for arm, c in comparisons.items():
     lines.append(f"| {arm} | {report.fmt_interval(*c['delta'])} | {c['p']:.4f} | "
-                 f"{c['p_holm']:.4f} | {c['p_tost']:.4f} | {c['verdict']} |")
+                 f"{c['p_holm']:.4f} | {c['p_tost_holm']:.4f} | {c['verdict']} |")
   return lines
 
 

@@ -7,25 +7,39 @@ arms to the small preset's cells, or runs other regimes, has its own DIR):
       studies/credit_study/results/scale studies/credit_study/results/mid_filler \\
       studies/credit_study/results/mid_filler_Z3 --out studies/credit_study/results/verdicts
 
-writes OUT/verdicts.md and OUT/differences.png. Per (regime, G) cell, paired by seed:
+writes OUT/verdicts.md and OUT/differences.png.
+
+The headline claims are pre-specified here (CLAIMS), each with the cells that feed it, and
+each is one family for the correction: Holm across its cells (or regimes, for a slope). The
+primary claims form a hierarchy (fixed-sequence gatekeeping): the first is tested at alpha;
+each next one only if every test of the ones before it rejected "no difference", so the
+family-wise error over the primary claims stays at alpha. A secondary claim is its own
+family (not gated). Every other comparison in the cells is exploratory: one Holm family
+across all of them. A comparison's verdict (`statistics.verdict`) is "higher" or "lower"
+when significant and at least the margin, "negligible" when shown inside it, "ceiling"
+when both arms' final J is at least CEILING, else "inconclusive"; it never depends on how
+many arms a cell holds.
+
+Per (regime, G) cell, paired by seed:
 
   H3, plateau   oracle - GRPO on final J (the mean of the last 3 exact measurements)
   H3, speed     oracle - GRPO on AUC over log10 generated tokens, and GRPO's tokens to
                 0.9 x the best plateau over the oracle's (medians over the seeds that reach it)
-  H1            GRPO's final J and its plateau verdict; oracle_seq - GRPO (the exact
-                baseline, broadcast); GRPO's gradient at the start: cosine with the exact-
-                credit gradient and its filler share |g_filler| / (|g_filler| + |g_decisive|)
+  H1            GRPO's final J; oracle_seq - GRPO (the exact baseline, broadcast); GRPO's
+                gradient at the start: cosine with the exact-credit gradient and its filler
+                share |g_filler| / (|g_filler| + |g_decisive|)
   H2            the slopes on log2 G, per regime, of oracle - GRPO (final J, AUC) and of
-                Delta_loc = oracle - oracle_seq (OLS over runs, bootstrap interval)
+                Delta_loc = oracle - oracle_seq (OLS over runs, bootstrap interval,
+                permutation p)
 
-Verdicts as in the sweep's reports (`tables.compare`), with Holm's correction across
-every arm the cell holds (the G = 8 cells hold the added arms too, so their family is larger than
-in the small report). The figure shows every arm's difference from GRPO in every cell on one
-colour scale; a difference whose 95% interval holds 0 (or with fewer than 5 seeds) is hatched.
+Intervals are BCa bootstrap intervals (n/a below 5 seeds). The figure shows every arm's
+difference from GRPO in every cell on one colour scale; a difference whose 95% interval holds
+0 (or with fewer than 5 seeds) is hatched.
 """
 
 import argparse
 import collections
+import dataclasses
 import json
 import pathlib
 import re
@@ -39,6 +53,41 @@ from studies.credit_study import report, tables
 
 MARGIN = 0.05  # TOST margin on J, as the study's presets set it
 METRICS = {"auc": "AUC over log₁₀ tokens", "final": "final J"}
+T24 = ("uniform_filler", "peaked_filler", "mid_filler")  # key_token, T = 24, from chance
+GS = (4, 8, 16, 32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  """A headline claim and the tests that feed it: `arm` - GRPO on `metric` in each of
+  `cells` ((regime, G) pairs), or with `slope`, the OLS slope of that difference on log2 G
+  in each regime of `cells` (its G ignored)."""
+  name: str
+  arm: str
+  metric: str
+  cells: tuple
+  primary: bool = False
+  slope: bool = False
+
+
+CLAIMS = (
+    Claim("H3, speed: exact credit learns faster at the primary cells (G = 8, 20 seeds)",
+          "oracle", "auc", (("uniform_filler", 8), ("peaked_filler", 8)), primary=True),
+    Claim("H2: exact credit's speed gain changes with G (slope on log₂ G)", "oracle", "auc",
+          tuple((r, None) for r in T24), primary=True, slope=True),
+    Claim("H3, speed at every G (T = 24 from chance)", "oracle", "auc",
+          tuple((r, g) for r in T24 for g in GS)),
+    Claim("H3, plateau at every G (T = 24 from chance)", "oracle", "final",
+          tuple((r, g) for r in T24 for g in GS)),
+    Claim("H1: the exact baseline broadcast (oracle_seq) against GRPO's plateau", "oracle_seq",
+          "final", tuple((r, g) for r in T24 for g in GS)),
+    Claim("Middling filler at three times the budget: the exact baseline's plateau "
+          "(oracle_seq)", "oracle_seq", "final", (("mid_filler_Z3", 8),)),
+    Claim("Middling filler at three times the budget: exact credit's plateau", "oracle",
+          "final", (("mid_filler_Z3", 8),)),
+    Claim("A warm start (J = 0.3): exact credit's speed", "oracle", "auc",
+          tuple(("start_at_0_3", g) for g in GS)),
+)
 
 
 def read_cells(workdirs) -> dict:
@@ -60,11 +109,12 @@ def read_cells(workdirs) -> dict:
 
 
 def cell_evidence(curves: dict, rng) -> dict:
-  """One cell's summary (`report.summarise`), every arm's comparison with GRPO on each of
-  METRICS (`tables.compare`), the oracle's speed-up and GRPO's gradient at the start."""
+  """One cell's summary (`report.summarise`), every arm's paired comparison with GRPO on
+  each of METRICS before any correction (`tables.paired`; `correct` decides them), the
+  oracle's speed-up and GRPO's gradient at the start."""
   summary, bounds = report.summarise(curves)
   out = {"summary": summary, "level": bounds["level"],
-         **{m: tables.compare(summary, m, MARGIN, rng) for m in METRICS}}
+         **{m: tables.paired(summary, m, MARGIN, rng) for m in METRICS}}
   out["speedup"] = tables.oracle_speedup(summary)
   grpo = list(curves["grpo"].values())
   if all("cosine_to_exact" in run for run in grpo):
@@ -112,32 +162,121 @@ def cell_table(evidence: dict) -> list[str]:
   return lines
 
 
+def _slope_data(by_g: dict, arm: str, base: str, metric: str) -> tuple[list, list]:
+  """(log2 G, arm - base on `metric`) over every seed both arms ran, in every cell."""
+  x, y = [], []
+  for g, e in by_g.items():
+    s = e["summary"]
+    if {arm, base} <= set(s):
+      for seed in sorted(set(s[arm]) & set(s[base])):
+        x.append(np.log2(g))
+        y.append(s[arm][seed][metric] - s[base][seed][metric])
+  return x, y
+
+
+def slope_test(by_g: dict, arm: str, base: str, metric: str, rng) -> dict | None:
+  """{"delta": (slope, low, high), "p", "x", "y"} of arm - base on log2 G; None with fewer
+  than two G."""
+  x, y = _slope_data(by_g, arm, base, metric)
+  if len(set(x)) < 2:
+    return None
+  return {"delta": statistics.ols_slope(x, y, rng), "p": statistics.slope_p(x, y, rng),
+          "x": x, "y": y}
+
+
 def scale_slopes(evidence: dict) -> list[str]:
   """H2: per regime with at least two G, the OLS slope on log2 G (over runs, paired by
-  seed) of oracle - GRPO and of Delta_loc, on final J and AUC; H2 predicts slopes < 0."""
-  lines = ["| regime | quantity | slope on log₂ G [95% CI] | at the largest G |",
-           "|---|---|---|---|"]
+  seed) of oracle - GRPO and of Delta_loc, on final J and AUC; H2 predicts slopes < 0.
+  The p-values are uncorrected (the corrected ones of the claims are `claims_table`'s)."""
+  lines = ["| regime | quantity | slope on log₂ G [95% CI] | p (permutation) | at the largest G |",
+           "|---|---|---|---|---|"]
   for regime, by_g in evidence.items():
-    if len(by_g) < 2:
-      continue
     for quantity, (arm, base) in {"oracle − GRPO": ("oracle", "grpo"),
                                   "Δ_loc = oracle − oracle_seq": ("oracle", "oracle_seq")}.items():
       for metric in METRICS:
-        x, y = [], []
-        for g, e in by_g.items():
-          s = e["summary"]
-          if not {arm, base} <= set(s):
-            continue
-          for seed in sorted(set(s[arm]) & set(s[base])):
-            x.append(np.log2(g))
-            y.append(s[arm][seed][metric] - s[base][seed][metric])
-        if len(set(x)) < 2:
-          continue
         rng = stream(regime, quantity, metric)
-        slope, low, high = statistics.ols_slope(x, y, rng)
-        last = np.asarray(y)[np.asarray(x) == max(x)]
+        test = slope_test(by_g, arm, base, metric, rng)
+        if test is None:
+          continue
+        x, y = np.asarray(test["x"]), np.asarray(test["y"])
+        slope, low, high = test["delta"]
         lines.append(f"| {regime} | {quantity}, {METRICS[metric]} | {slope:+.3f} "
-                     f"[{low:+.3f}, {high:+.3f}] | {_interval(last, rng)} |")
+                     f"[{low:+.3f}, {high:+.3f}] | {test['p']:.4f} | "
+                     f"{_interval(y[x == x.max()], rng)} |")
+  return lines
+
+
+def _claim_tests(claim: Claim, evidence: dict) -> list[tuple[str, dict]]:
+  """(where, test) of every test that feeds `claim` among the cells read (a copy of each
+  cell comparison: a comparison can feed more than one claim)."""
+  tests = []
+  for regime, g in claim.cells:
+    if claim.slope:
+      if regime in evidence:
+        test = slope_test(evidence[regime], claim.arm, "grpo", claim.metric,
+                          stream(regime, claim.arm, claim.metric, "slope"))
+        if test is not None:
+          tests.append((regime, {**test, "p_tost": 1.0, "at_ceiling": False}))
+    else:
+      c = evidence.get(regime, {}).get(g, {}).get(claim.metric, {}).get(claim.arm)
+      if c is not None:
+        tests.append((f"{regime}, G = {g}", dict(c)))
+  return tests
+
+
+def correct(evidence: dict) -> list[tuple[Claim, list[tuple[str, dict]]]]:
+  """Decides every comparison: the tests of each claim of CLAIMS as one Holm family (the
+  primary ones gated in order), then every comparison no claim holds as one exploratory
+  family. Writes "verdict" and "family" into each cell comparison of `evidence` (the first
+  claim holding it, else "exploratory"); returns each claim read with its decided tests."""
+  claimed, decided, gate = set(), [], True
+  for claim in CLAIMS:
+    tests = _claim_tests(claim, evidence)
+    if not tests:
+      continue
+    family = [test for _, test in tests]
+    tables.decide(family, 0.0 if claim.slope else MARGIN)
+    if claim.primary and not gate:
+      for test in family:
+        test["verdict"] = "not tested (an earlier primary claim did not hold)"
+    if claim.primary:
+      gate = gate and all(t["p_holm"] <= tables.VERDICT_ALPHA for t in family)
+    if claim.slope:
+      for test in family:
+        if test["verdict"] in ("higher", "lower"):
+          test["verdict"] = {"higher": "rises with G", "lower": "falls with G"}[test["verdict"]]
+    else:
+      for regime, g in claim.cells:
+        c = evidence.get(regime, {}).get(g, {}).get(claim.metric, {}).get(claim.arm)
+        if c is not None and (regime, g, claim.metric, claim.arm) not in claimed:
+          claimed.add((regime, g, claim.metric, claim.arm))
+          test = next(t for w, t in tests if w == f"{regime}, G = {g}")
+          c.update(verdict=test["verdict"], p_holm=test["p_holm"], family=claim.name)
+    decided.append((claim, tests))
+  exploratory = [c for regime, by_g in evidence.items() for g, e in by_g.items()
+                 for metric in METRICS for arm, c in e[metric].items()
+                 if (regime, g, metric, arm) not in claimed]
+  tables.decide(exploratory, MARGIN)
+  for c in exploratory:
+    c["family"] = "exploratory"
+  return decided
+
+
+def _p(p: float) -> str:
+  return "< 0.0001" if p < 1e-4 else f"{p:.4f}"
+
+
+def claims_table(decided) -> list[str]:
+  """One row per test of each claim: its place, the difference (or slope) with its
+  interval, its p before and after the claim's Holm correction, and its verdict."""
+  lines = ["| claim | cell | difference [95% CI] | p | p (Holm, the claim's family) | "
+           "verdict |", "|---|---|---|---|---|---|"]
+  for claim, tests in decided:
+    name = f"**{claim.name}**" + (" (primary)" if claim.primary else "")
+    for where, t in tests:
+      lines.append(f"| {name} | {where} | {report.fmt_interval(*t['delta'])} | {_p(t['p'])} | "
+                   f"{_p(t['p_holm'])} | {t['verdict']} |")
+      name = ""
   return lines
 
 
@@ -201,15 +340,25 @@ def write(workdirs, out) -> dict:
   cells = read_cells(workdirs)
   evidence = {regime: {g: cell_evidence(curves, stream(regime, g)) for g, curves in by_g.items()
                        if "grpo" in curves} for regime, by_g in cells.items()}
+  decided = correct(evidence)
   arms = collections.Counter(a for by_g in cells.values() for c in by_g.values() for a in c)
   lines = ["# The credit study's evidence, by hypothesis", "",
            f"Read from the cells of {', '.join(f'`{w}`' for w in workdirs)} by `python -m "
            "studies.credit_study.verdicts`: " + ", ".join(
                f"{len(by_g)} cell{'s' * (len(by_g) != 1)} of `{r}`" for r, by_g in cells.items())
            + "; arms (cells holding them): " + ", ".join(f"{a} ({n})" for a, n in arms.items())
-           + ". Differences are paired by seed, with 95% bootstrap intervals (n/a below 5 "
-           "seeds) and verdicts after Holm across the arms each cell holds (TOST at "
-           f"±{MARGIN} for equivalence).", "",
+           + ". Differences are paired by seed, with 95% BCa bootstrap intervals (n/a below 5 "
+           "seeds), sign-flip p-values and sign-flip TOST at "
+           f"±{MARGIN}; verdicts at α = {tables.VERDICT_ALPHA} after Holm within each "
+           "pre-specified claim (below) or, for a comparison no claim holds, across all of "
+           "them (exploratory). higher / lower: significant and at least the margin; "
+           "negligible: shown inside the margin; ceiling: both arms' mean final J at least "
+           f"{tables.CEILING}; inconclusive: neither.", "",
+           "## The claims, corrected", "",
+           "Pre-specified in `studies.credit_study.verdicts.CLAIMS`. The primary claims are "
+           "tested in order, each only if every test of the ones before it held (fixed-"
+           "sequence gatekeeping); each other claim is a Holm family of its own.", "",
+           *claims_table(decided), "",
            "## Per cell", "", *cell_table(evidence), "",
            "## Across G (H2)", "",
            "H2 (scale compensates) predicts negative slopes and differences near 0 at the "

@@ -15,20 +15,40 @@ def _summary(deltas: dict, seeds: int = 10) -> dict:
                                  for arm, (d, noise) in deltas.items()}}
 
 
-def test_comparisons_call_higher_lower_equivalent_or_inconclusive_after_holm():
+def test_comparisons_call_higher_lower_negligible_or_inconclusive_after_holm():
   summary = _summary({"better": (0.2, 0.02), "worse": (-0.2, 0.02), "same": (0.0, 0.005),
-                      "noisy": (0.0, 0.3)})
+                      "noisy": (0.0, 0.3), "slightly": (0.01, 0.002)})
   out = tables.compare(summary, "final", 0.05, np.random.default_rng(0))
-  assert [out[a]["verdict"] for a in ("better", "worse", "same", "noisy")] == [
-      "higher", "lower", "equivalent (±0.05)", "inconclusive"]
+  # "slightly" is significant (all ten differences positive) but inside the margin.
+  assert [out[a]["verdict"] for a in ("better", "worse", "same", "noisy", "slightly")] == [
+      "higher", "lower", "negligible", "inconclusive", "negligible"]
+  assert out["slightly"]["p_holm"] <= tables.VERDICT_ALPHA
   np.testing.assert_allclose([out[a]["p_holm"] for a in out],
                              statistics.holm([out[a]["p"] for a in out]))
+  np.testing.assert_allclose([out[a]["p_tost_holm"] for a in out],
+                             statistics.holm([out[a]["p_tost"] for a in out]))
   low, high = out["better"]["delta"][1:]
   assert low < 0.2 < high
+  d = [summary["better"][s]["final"] - summary["grpo"][s]["final"] for s in range(10)]
+  assert out["better"]["delta"] == statistics.bootstrap_ci(d, np.random.default_rng(0), 10000,
+                                                           "BCa")
   few = tables.compare(_summary({"better": (0.2, 0.02)}, seeds=3), "final", 0.05,
                              np.random.default_rng(0))
   assert few["better"]["delta"][1:] == (None, None)  # n/a below 5 seeds, never a range
   assert few["better"]["verdict"] == "n/a (below 5 seeds)"
+
+
+def test_both_arms_at_the_ceiling_read_ceiling_on_final_j_only():
+  rng = np.random.default_rng(0)
+  make = lambda values: {s: {"final": float(v), "auc": float(v) - 0.5} for s, v in
+                         enumerate(values)}
+  summary = {"grpo": make(rng.uniform(0.985, 1.0, 10)),
+             "oracle": make(rng.uniform(0.985, 1.0, 10) + 0.0),
+             "below": make(rng.uniform(0.95, 0.97, 10))}
+  final = tables.compare(summary, "final", 0.05, rng)
+  assert final["oracle"]["verdict"] == "ceiling" and final["oracle"]["at_ceiling"]
+  assert final["below"]["verdict"] != "ceiling"
+  assert tables.compare(summary, "auc", 0.05, rng)["oracle"]["verdict"] != "ceiling"
 
 
 def test_the_budget_check_compares_z_with_grpos_median_tokens_to_the_level():

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from jaxcredit.lab import statistics
 from studies.credit_study import verdicts
 
 TOKENS = [0.0, *np.arange(1, 11) * 1000.0]  # 11 measurements
@@ -43,7 +44,62 @@ def test_a_cells_evidence_pairs_by_seed_and_reads_the_oracles_speed_up():
   assert e["final"]["oracle"]["delta"][0] == pytest.approx(np.mean(1.0 - grpo_final))
   np.testing.assert_allclose(e["loc"], 1.0 - seq_final)
   assert e["cosine"] == pytest.approx(3.7) and e["filler_share"] == pytest.approx(0.75)
-  assert e["final"]["oracle"]["verdict"] == "higher"
+  d = 1.0 - grpo_final
+  assert e["final"]["oracle"]["p"] == statistics.sign_flip_p(d)
+  assert e["final"]["oracle"]["p_tost"] == statistics.tost(d, verdicts.MARGIN)
+  assert "verdict" not in e["final"]["oracle"]  # decided across cells, by `correct`
+
+
+def _evidence(oracle_reach: int, arms=("grpo", "oracle")) -> dict:
+  """Cells of two regimes at G = 4 and 8 (8 seeds); GRPO reaches 0.9 at measurement 6,
+  the oracle at `oracle_reach`; other arms as GRPO."""
+  evidence = {}
+  for regime in ("uniform_filler", "peaked_filler"):
+    for g in (4, 8):
+      plateaus = {arm: verdicts.stream(regime, g, arm).uniform(0.5, 0.9, 8) for arm in arms}
+      curves = {arm: {s: _curve(plateaus[arm][s], oracle_reach if arm == "oracle" else 6)
+                      for s in range(8)} for arm in arms}
+      evidence.setdefault(regime, {})[g] = verdicts.cell_evidence(
+          curves, verdicts.stream(regime, g))
+  return evidence
+
+
+def test_each_claim_is_one_holm_family_and_the_primary_claims_are_gated_in_order():
+  evidence = _evidence(oracle_reach=2)
+  decided = {claim.name: tests for claim, tests in verdicts.correct(evidence)}
+  speed, slope, every_g = (decided[c.name] for c in verdicts.CLAIMS[:3])
+  assert [where for where, _ in speed] == ["uniform_filler, G = 8", "peaked_filler, G = 8"]
+  assert [t["verdict"] for _, t in speed] == ["higher", "higher"]
+  assert [where for where, _ in slope] == ["uniform_filler", "peaked_filler"]
+  assert not any(t["verdict"].startswith("not tested") for _, t in slope)
+  # A claim's correction runs over its own cells: 4 here, whatever else the cells hold.
+  np.testing.assert_allclose([t["p_holm"] for _, t in every_g],
+                             statistics.holm([t["p"] for _, t in every_g]))
+  cell = evidence["uniform_filler"][4]["auc"]["oracle"]
+  assert cell["family"] == verdicts.CLAIMS[2].name and cell["verdict"] == "higher"
+  # Exploratory: what no claim holds (the oracle's final J is in a claim; nothing else is).
+  exploratory = [by_g[g][m][arm] for by_g in evidence.values() for g in by_g
+                 for m in verdicts.METRICS for arm in by_g[g][m]
+                 if by_g[g][m][arm]["family"] == "exploratory"]
+  assert exploratory == []
+  # When the first primary claim does not hold, the second is not tested.
+  failed = {claim.name: tests for claim, tests in verdicts.correct(_evidence(oracle_reach=6))}
+  assert not all(t["verdict"] == "higher" for _, t in failed[verdicts.CLAIMS[0].name])
+  assert all(t["verdict"].startswith("not tested") for _, t in failed[verdicts.CLAIMS[1].name])
+
+
+def test_a_claims_verdicts_do_not_depend_on_how_many_arms_a_cell_holds():
+  two = verdicts.correct(_evidence(2))
+  evidence = _evidence(2, arms=("grpo", "oracle", "oracle_shuffled", "ktae", "entropy80"))
+  more = verdicts.correct(evidence)
+  assert [(c.name, [(w, t["verdict"], t["p_holm"]) for w, t in tests]) for c, tests in two] == [
+      (c.name, [(w, t["verdict"], t["p_holm"]) for w, t in tests]) for c, tests in more]
+  # The added arms are exploratory: one Holm family across every cell and metric.
+  added = [e[m][arm] for by_g in evidence.values() for e in by_g.values()
+           for m in verdicts.METRICS for arm in ("oracle_shuffled", "ktae", "entropy80")]
+  assert {c["family"] for c in added} == {"exploratory"} and len(added) == 24
+  np.testing.assert_allclose([c["p_holm"] for c in added],
+                             statistics.holm([c["p"] for c in added]))
 
 
 def test_the_verdicts_read_every_workdirs_cells_regress_on_log_g_and_draw_the_figure(tmp_path):
