@@ -2,8 +2,7 @@
 
   sign_flip_p(differences)            exact p of "mean difference = 0" (two- or one-sided)
   holm(p_values)                      Holm step-down adjusted p-values (family-wise error)
-  tost(differences, margin)           two one-sided sign-flip tests: equivalence within
-                                      +-margin
+  tost(differences, margin)           equivalence within +-margin by two sign-flip tests
   bootstrap_ci(values, rng, draws)    mean and 95% bootstrap interval (percentile or BCa)
   reported_ci(values, rng, draws)     the same, or no interval below MIN_SEEDS values
   ols_slope(x, y, rng)                OLS slope with a 95% bootstrap interval over the pairs

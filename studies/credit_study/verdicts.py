@@ -280,6 +280,21 @@ def claims_table(decided) -> list[str]:
   return lines
 
 
+def exploratory_table(evidence: dict) -> list[str]:
+  """Every comparison no claim holds, decided in one Holm family across all of them."""
+  lines = ["| regime | G | arm − GRPO | difference [95% CI] | p | p (Holm, exploratory) | "
+           "verdict |", "|---|---|---|---|---|---|---|"]
+  for regime, by_g in evidence.items():
+    for g, e in by_g.items():
+      for metric, label in METRICS.items():
+        for arm in _ordered(e[metric]):
+          c = e[metric][arm]
+          if c["family"] == "exploratory":
+            lines.append(f"| {regime} | {g} | {arm}, {label} | {report.fmt_interval(*c['delta'])} "
+                         f"| {_p(c['p'])} | {_p(c['p_holm'])} | {c['verdict']} |")
+  return lines
+
+
 def _ordered(arms) -> list[str]:
   """The arms in order of first appearance, a numbered family (oracle_mc_K) by its number."""
   arms = list(dict.fromkeys(arms))
@@ -364,7 +379,10 @@ def write(workdirs, out) -> dict:
            "H2 (scale compensates) predicts negative slopes and differences near 0 at the "
            "largest G; H3 (capability left on the table) needs a plateau gap (final J) that "
            "persists there.", "", *scale_slopes(evidence), "",
-           "## Every arm against GRPO", "", *differences_figure(out, evidence)]
+           "## Every arm against GRPO", "", *differences_figure(out, evidence), "",
+           "## Exploratory comparisons", "",
+           "Every comparison that no claim holds, corrected together (one Holm family).", "",
+           *exploratory_table(evidence)]
   (out / "verdicts.md").write_text("\n".join(lines) + "\n")
   return evidence
 
