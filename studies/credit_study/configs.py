@@ -16,6 +16,7 @@ tokens.
   python -m studies.credit_study --config studies/credit_study/configs.py:mid_filler --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:mid_filler_Z3 \\
       --workdir DIR
+  python -m studies.credit_study --config studies/credit_study/configs.py:same_rate --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:full --workdir DIR
   ... --config.run_regimes="('uniform_filler',)"   # some regimes now, the others later
 
@@ -61,7 +62,8 @@ run trains the arms a small run's cells lack and reads the rest back).
 import ml_collections
 
 PRESETS = ("smoke", "small", "primary", "entropy", "ktae_prime", "mc_ladder", "critic",
-           "regimes", "budgets", "language", "scale", "mid_filler", "mid_filler_Z3", "full")
+           "regimes", "budgets", "language", "scale", "mid_filler", "mid_filler_Z3", "same_rate",
+           "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -76,6 +78,10 @@ ARMS = {
     **{f"prime_prm_{rate}": "prime" for rate in ("1e-3", "1e-4", "1e-5", "1e-6")},
     **{f"oracle_mc_{k}": {"name": "vineppo", "k": k, "positions": "all"} for k in (1, 4, 16, 64)},
 }
+# Same-rate controls: a core arm at another arm's tuned rate (`fixed_learning_rates`).
+SAME_RATE = {"grpo_at_1e-3": ("grpo", 1e-3), "oracle_at_1e-3": ("oracle", 1e-3),
+             "oracle_seq_at_3e-3": ("oracle_seq", 3e-3)}
+ARMS.update({name: ARMS[arm] for name, (arm, _) in SAME_RATE.items()})
 MC_LADDER = tuple(name for name in ARMS if name.startswith("oracle_mc_"))
 PRIME = tuple(name for name in ARMS if name.startswith("prime_"))
 SCALE_REGIMES = ("uniform_filler_d64", "peaked_filler_d64", "uniform_filler_B16",
@@ -108,6 +114,7 @@ SOME_REGIMES = {
     # (1.3-1.7x its tokens there): the primary G again at three times the budget, tuning
     # included, to tell a slower start from a lower plateau.
     "mid_filler_Z3": ("mid_filler_Z3",),
+    "same_rate": ("mid_filler_Z3",),  # the same-rate controls (below)
 }
 
 
@@ -145,6 +152,8 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   # The implicit PRM's Adam rate of each PRIME arm (a setting the arm's runs record).
   config.prm_learning_rates = {name: float(name.removeprefix("prime_prm_")) for name in PRIME}
   config.learning_rates = [3e-4, 1e-3, 3e-3, 1e-2]
+  # Arms that take a given rate instead of the tuned one (the same-rate controls).
+  config.fixed_learning_rates = {}
   config.tuning_seeds = [100, 101]  # choose the learning rate; excluded from the report
   config.seeds = list(range(10))
   config.margin = 0.05  # TOST equivalence margin on J
@@ -198,7 +207,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.workers = 1  # a regime's cell waits for its tuning: one process on both cores
   if preset in ("full", *SOME_REGIMES):
     config.regimes = _full_regimes(config.regimes.to_dict(), task)
-    config.arms = ARMS
+    config.arms = {name: arm for name, arm in ARMS.items() if name not in SAME_RATE}
     config.workers = 1
   if preset in SOME_REGIMES:
     config.regimes = {name: config.regimes[name] for name in SOME_REGIMES[preset]}
@@ -206,8 +215,17 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     # One regime at one G (mid_filler_Z3) is a chain (its cell waits for its tuning): one
     # process on both cores. language: for an accelerator.
     config.workers = 1 if preset in ("language", "mid_filler_Z3") else 2
-  if preset in ("scale", "mid_filler_Z3"):
+  if preset in ("scale", "mid_filler_Z3", "same_rate"):
     config.group_sizes = (8,)
+  if preset == "same_rate":
+    # The middling-filler contrast at three times the budget with every core arm at each
+    # of the two rates the tuning chose there (GRPO and exact credit 3e-3, oracle_seq
+    # 1e-3): run in a copy of the mid_filler_Z3 preset's workdir, it reads the tuned arms
+    # back and trains the three controls.
+    config.arms = {name: ARMS[name] for name in (*CORE, *SAME_RATE)}
+    config.fixed_learning_rates = {name: rate for name, (_, rate) in SAME_RATE.items()}
+    config.workers = 1
+    config.runs_per_program = 30  # the three controls x 10 seeds
   if preset == "smoke":
     config.regimes = {"uniform_filler": {"task": {"length": 6, "n_decisive": 2, "n_keys": 3,
                                                   "n_fillers": 2, "filler_blind": True}}}

@@ -164,9 +164,10 @@ def _piece_arms(study, path: pathlib.Path, expected: dict, *,
 def refuse_other_settings(path: pathlib.Path, stored: dict | None, expected: dict) -> None:
   """Raises unless the `signature` stored in `path` is `expected` (naming the settings that
   differ): a file written under other settings is refused rather than mixed with new runs
-  or overwritten."""
-  if stored != expected:
-    differ = _differences(stored or {}, expected) or ["signature (none stored)"]
+  or overwritten. A setting the stored signature lacks reads as None (a Cell field added
+  since, at a None default, changes no run)."""
+  differ = ["signature (none stored)"] if stored is None else _differences(stored, expected)
+  if differ:
     raise ValueError(f"{path} was written under other settings ({', '.join(differ)} differ); "
                      "move it away to rerun the piece under these.")
 
@@ -219,26 +220,33 @@ def train_in_programs(study, runner: batched.Runner, runs: list) -> dict:
 
 def tune(study, regime: str, runners: dict, path: pathlib.Path) -> dict:
   """Tunes every arm at every rate of the grid on the tuning seeds in the `tuning_cell`; the
-  rate of the best mean AUC is chosen (module docstring). Arms already in `path` are read
-  back. Returns {"arms": {arm: {"learning_rate", "tuning_auc" {rate: mean AUC}}},
-  "seconds", "compile_seconds", "spans", "signature"}."""
+  rate of the best mean AUC is chosen (module docstring). An arm the study's
+  `fixed_learning_rates` names takes that rate untuned (its tuning_auc empty). Arms
+  already in `path` are read back. Returns {"arms": {arm: {"learning_rate", "tuning_auc"
+  {rate: mean AUC}}}, "seconds", "compile_seconds", "spans", "signature"}."""
   cell = tuning_cell(study, regime)
   expected = signature(cell, study.tuning_seeds, list(study.learning_rates))
   written, missing = _piece_arms(study, path, expected)
-  if missing:
+  fixed = dict(study.get("fixed_learning_rates") or {})
+  new = {arm: {"learning_rate": float(fixed[arm]), "tuning_auc": {}, **arm_settings(study, arm)}
+         for arm in missing if arm in fixed}
+  tuned = [arm for arm in missing if arm not in fixed]
+  trained = {"started_at": time.time(), "compile_seconds": 0.0}
+  if tuned:
     arms = list(study.arms)
-    print(f"[sweep] {regime}: tuning {len(missing)} arms at G={cell.group_size}", flush=True)
-    runs = [(arms.index(arm), r, s) for arm in missing for r in study.learning_rates
+    print(f"[sweep] {regime}: tuning {len(tuned)} arms at G={cell.group_size}", flush=True)
+    runs = [(arms.index(arm), r, s) for arm in tuned for r in study.learning_rates
             for s in study.tuning_seeds]
-    tuning = train_in_programs(study, _runner(cell, runners), runs)
+    trained = train_in_programs(study, _runner(cell, runners), runs)
     auc = {}
     for row, (a, rate, _) in enumerate(runs):
-      auc.setdefault(arms[a], {}).setdefault(rate, []).append(_auc(_curve(tuning, row)))
-    new = {arm: {"learning_rate": max(by_rate, key=lambda r: np.mean(by_rate[r])),
-                 "tuning_auc": {str(r): float(np.mean(v)) for r, v in by_rate.items()},
-                 **arm_settings(study, arm)}
-           for arm, by_rate in auc.items()}
-    written = _write_piece(path, written, new, expected, tuning)
+      auc.setdefault(arms[a], {}).setdefault(rate, []).append(_auc(_curve(trained, row)))
+    new.update({arm: {"learning_rate": max(by_rate, key=lambda r: np.mean(by_rate[r])),
+                      "tuning_auc": {str(r): float(np.mean(v)) for r, v in by_rate.items()},
+                      **arm_settings(study, arm)}
+                for arm, by_rate in auc.items()})
+  if new:
+    written = _write_piece(path, written, new, expected, trained)
   return written
 
 
@@ -429,7 +437,8 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
     lines += ([entropy, ""] if entropy else []) + [
               "Learning rates chosen (mean AUC of the tuning seeds at each rate): " + "; ".join(
                   f"{arm} {t['learning_rate']:g} ("
-                  + ", ".join(f"{float(r):g}: {a:.3f}" for r, a in t["tuning_auc"].items()) + ")"
+                  + (", ".join(f"{float(r):g}: {a:.3f}" for r, a in t["tuning_auc"].items())
+                     or "fixed, not tuned") + ")"
                   for arm, t in tuned[regime]["arms"].items() if arm in study.arms), ""]
     for g, cell in by_g.items():
       by_arm = {arm: cell["arms"][arm] for arm in study.arms}

@@ -343,3 +343,35 @@ def test_a_zipf_explain_regime_warms_up_and_runs_through_the_sweep(tmp_path):
   study.regimes["explain"]["warmup"]["filler_probs"] = [0.5, 0.5]
   with pytest.raises(ValueError, match="a warmup without filler_probs"):
     sweep.cell_of(study, "explain", 2)
+
+
+def test_arms_with_a_fixed_learning_rate_take_it_untuned(tmp_path, monkeypatch):
+  study = configs.get_config("smoke")
+  study.fixed_learning_rates = {arm: 3e-3 for arm in study.arms}
+  with patched_train(monkeypatch):
+    tuned = sweep.tune(study, "uniform_filler", {}, tmp_path / "tuning.json")
+  assert {arm: t["learning_rate"] for arm, t in tuned["arms"].items()} == {
+      arm: 3e-3 for arm in study.arms}
+  assert all(t["tuning_auc"] == {} for t in tuned["arms"].values())
+  # The same-rate preset: the tuned arms are read back from the mid_filler_Z3 pieces, the
+  # controls take the other arms' tuned rates.
+  same, z3 = configs.get_config("same_rate"), configs.get_config("mid_filler_Z3")
+  assert set(same.arms) - set(z3.arms) == set(same.fixed_learning_rates) == {
+      "grpo_at_1e-3", "oracle_at_1e-3", "oracle_seq_at_3e-3"}
+  for cell_of in (lambda s: sweep.tuning_cell(s, "mid_filler_Z3"),
+                  lambda s: sweep.cell_of(s, "mid_filler_Z3", 8)):
+    assert sweep.signature(cell_of(same), ()) == sweep.signature(cell_of(z3), ())
+  assert not set(same.fixed_learning_rates) & set(configs.get_config("full").arms)
+
+
+def test_a_setting_a_stored_signature_lacks_reads_as_none(tmp_path):
+  """A Cell field added after a piece was written, at a None default, changes no run; any
+  other difference is refused, naming the setting."""
+  expected = {"cell": {"updates": 10, "tree": None}, "seeds": [0]}
+  path = tmp_path / "G8.json"
+  sweep.refuse_other_settings(path, {"cell": {"updates": 10}, "seeds": [0]}, expected)
+  with pytest.raises(ValueError, match=r"\(cell.tree differ\)"):
+    sweep.refuse_other_settings(path, {"cell": {"updates": 10}, "seeds": [0]},
+                                {**expected, "cell": {"updates": 10, "tree": "a tree"}})
+  with pytest.raises(ValueError, match=r"signature \(none stored\) differ"):
+    sweep.refuse_other_settings(path, None, expected)
