@@ -7,6 +7,7 @@
   reported_ci(values, rng, draws)     the same, or no interval below MIN_SEEDS values
   ols_slope(x, y, rng)                OLS slope with a 95% bootstrap interval over the pairs
   slope_p(x, y, rng)                  permutation p of "the slope is 0"
+  time_to_level(times, reached)       Kaplan-Meier median time to a level, runs censored
   verdict(delta, p, p_tost, margin)   higher / lower / negligible / ceiling / inconclusive
 
 Every difference is paired by seed (the same initialisation, prompts and sampling keys), so
@@ -14,6 +15,7 @@ the tests are one-sample tests of the per-seed differences.
 """
 
 import itertools
+import warnings
 
 import numpy as np
 import scipy.stats
@@ -244,6 +246,56 @@ def slope_p(x, y, rng: np.random.Generator, draws: int = 9999) -> float:
   observed = abs(slope(y)) * (1 - 1e-12)
   shuffled = rng.permuted(np.broadcast_to(y, (draws, len(y))), axis=1)
   return float((1 + np.sum(np.abs(slope(shuffled)) >= observed)) / (draws + 1))
+
+
+def time_to_level(times, reached) -> dict:
+  """Kaplan-Meier estimate of the time a run takes to reach a level, each run that never
+  reaches it censored at its last time (the budget): no survivor bias from leaving those
+  runs out.
+
+  The survival function S(t) (`scipy.stats.ecdf` on right-censored data) is the chance a
+  run has not reached the level by t; the median is the first t with S(t) <= 1/2, and its
+  95% interval (Brookmeyer and Crowley) the times whose log-log pointwise band holds 1/2.
+
+  Args:
+    times: per run, the time it reached the level, or its last time if it never did.
+    reached: per run, whether it reached the level.
+
+  Returns:
+    {"median", "low", "high"}: each a time, or None where S stays above 1/2 (the median
+    lies beyond every run's budget); "reached": the fraction of runs that reached it.
+
+  Raises:
+    ValueError: on no runs or mismatched lengths.
+
+  References:
+    Kaplan and Meier, 1958, "Nonparametric Estimation from Incomplete Observations", JASA
+    53; Brookmeyer and Crowley, 1982, "A Confidence Interval for the Median Survival Time",
+    Biometrics 38.
+
+  Examples:
+    >>> from jaxcredit.lab import statistics
+    >>> statistics.time_to_level([1.0, 2.0, 3.0, 4.0], [True, True, False, False])["median"]
+    2.0
+  """
+  times, reached = np.asarray(times, np.float64), np.asarray(reached, bool)
+  if times.size == 0 or times.shape != reached.shape:
+    raise ValueError(f"Expected one time and one reached flag per run, got {times} and "
+                     f"{reached}.")
+  out = {"median": None, "low": None, "high": None, "reached": float(reached.mean())}
+  if not reached.any():
+    return out
+  sf = scipy.stats.ecdf(scipy.stats.CensoredData(uncensored=times[reached],
+                                                 right=times[~reached])).sf
+  with warnings.catch_warnings():  # the band is undefined where S is 0 or 1: NaN there
+    warnings.simplefilter("ignore", RuntimeWarning)
+    band = sf.confidence_interval(0.95, method="log-log")
+  first_at_half = lambda probabilities: next(  # S = 1/2 exactly, up to rounding, counts
+      (float(t) for t, p in zip(sf.quantiles, probabilities) if p <= 0.5 + 1e-12), None)
+  with np.errstate(invalid="ignore"):
+    out.update(median=first_at_half(sf.probabilities), low=first_at_half(band.low.probabilities),
+               high=first_at_half(band.high.probabilities))
+  return out
 
 
 def verdict(delta, p: float, p_equivalence: float, margin: float, *, alpha: float = 0.05,

@@ -44,8 +44,8 @@ def summarise(curves: dict, *, level: float = 0.9) -> tuple[dict, dict]:
   {estimator: {seed: exact curve}}
   (`exact_metrics.read_curve`): final J (mean of the last 3 measurements: the plateau
   reached), final pass@k, AUC of J over log10 generated tokens on the cell's common range,
-  tokens to reach `level` x the best arm's mean final J, the mean fraction of zero-variance
-  groups and the generated tokens."""
+  tokens and updates to reach `level` x the best arm's mean final J (None if never), the
+  mean fraction of zero-variance groups, and the generated tokens and updates."""
   runs = [curve for by_seed in curves.values() for curve in by_seed.values()]
   low = min(t for curve in runs for t in curve["gen_tokens"] if t > 0)
   high = max(curve["gen_tokens"][-1] for curve in runs)
@@ -57,6 +57,9 @@ def summarise(curves: dict, *, level: float = 0.9) -> tuple[dict, dict]:
       "pass@k": {k: final(values) for k, values in curve["pass@k"].items()},
       "auc": exact_metrics.auc_log_tokens(curve["gen_tokens"], curve["success"], low, high),
       "tau": exact_metrics.tokens_to_reach(curve["gen_tokens"], curve["success"], level * best),
+      "tau_updates": exact_metrics.tokens_to_reach(curve["updates"], curve["success"],
+                                                   level * best),
+      "updates": curve["updates"][-1],
       "zero_variance_groups": curve["zero_variance_groups"],
       "gen_tokens": curve["gen_tokens"][-1],
   } for seed, curve in by_seed.items()} for name, by_seed in curves.items()}, {

@@ -175,6 +175,18 @@ def localisation(summaries: dict, curves: dict, rng) -> tuple[list[str], dict, l
   return lines, slopes, rows
 
 
+def time_to_level(per_seed: dict) -> dict:
+  """{"tokens", "updates"}: `statistics.time_to_level` of an arm's runs ({seed: summary}),
+  in generated tokens and in updates, each run that never reaches the level censored at its
+  budget."""
+  runs = list(per_seed.values())
+  reached = [m["tau"] is not None for m in runs]
+  return {unit: statistics.time_to_level(
+      [m[tau] if m[tau] is not None else m[final] for m in runs], reached)
+      for unit, tau, final in (("tokens", "tau", "gen_tokens"),
+                               ("updates", "tau_updates", "updates"))}
+
+
 def oracle_speedup(summary: dict) -> float | None:
   """GRPO's tokens to 0.9 x the best plateau over the oracle's (medians over the seeds that
   reach it, `report.summarise`'s "tau"); None when either arm is missing or never reaches it."""

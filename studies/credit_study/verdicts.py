@@ -23,8 +23,9 @@ many arms a cell holds.
 Per (regime, G) cell, paired by seed:
 
   H3, plateau   oracle - GRPO on final J (the mean of the last 3 exact measurements)
-  H3, speed     oracle - GRPO on AUC over log10 generated tokens, and GRPO's tokens to
-                0.9 x the best plateau over the oracle's (medians over the seeds that reach it)
+  H3, speed     oracle - GRPO on AUC over log10 generated tokens, and GRPO's and the
+                oracle's time to 0.9 x the best plateau in tokens and in updates
+                (Kaplan-Meier medians, a run that never reaches it censored at its budget)
   H1            GRPO's final J; oracle_seq - GRPO (the exact baseline, broadcast); GRPO's
                 gradient at the start: cosine with the exact-credit gradient and its filler
                 share |g_filler| / (|g_filler| + |g_decisive|)
@@ -110,12 +111,14 @@ def read_cells(workdirs) -> dict:
 
 def cell_evidence(curves: dict, rng) -> dict:
   """One cell's summary (`report.summarise`), every arm's paired comparison with GRPO on
-  each of METRICS before any correction (`tables.paired`; `correct` decides them), the
-  oracle's speed-up and GRPO's gradient at the start."""
+  each of METRICS before any correction (`tables.paired`; `correct` decides them), GRPO's
+  and the oracle's Kaplan-Meier time to 0.9 x the best plateau in tokens and updates
+  (`tables.time_to_level`) and GRPO's gradient at the start."""
   summary, bounds = report.summarise(curves)
   out = {"summary": summary, "level": bounds["level"],
          **{m: tables.paired(summary, m, MARGIN, rng) for m in METRICS}}
-  out["speedup"] = tables.oracle_speedup(summary)
+  out["time_to_level"] = {arm: tables.time_to_level(summary[arm])
+                          for arm in ("grpo", "oracle") if arm in summary}
   grpo = list(curves["grpo"].values())
   if all("cosine_to_exact" in run for run in grpo):
     out["cosine"] = float(np.mean([run["cosine_to_exact"][0] for run in grpo]))
@@ -142,12 +145,31 @@ def _delta(evidence: dict, arm: str, metric: str) -> str:
   return "—" if c is None else f"{report.fmt_interval(*c['delta'])}, {c['verdict']}"
 
 
+def _time(km: dict, unit: str) -> str:
+  """A Kaplan-Meier median with the share of runs that reached the level; beyond every
+  run's budget when fewer than half did."""
+  median = km["median"]
+  text = ("> budget" if median is None else f"{median / 1000:.0f}k" if unit == "tokens"
+          else f"{median:.0f}")
+  return text + ("" if km["reached"] == 1 else f" ({km['reached']:.0%} reach)")
+
+
+def _speed(times: dict, unit: str) -> str:
+  """GRPO's and the oracle's Kaplan-Meier medians in `unit`, and their ratio."""
+  if not {"grpo", "oracle"} <= set(times):
+    return "—"
+  grpo, oracle = times["grpo"][unit], times["oracle"][unit]
+  ratio = ("" if None in (grpo["median"], oracle["median"]) or oracle["median"] <= 0
+           else f" ({grpo['median'] / oracle['median']:.1f}×)")
+  return f"{_time(grpo, unit)} → {_time(oracle, unit)}{ratio}"
+
+
 def cell_table(evidence: dict) -> list[str]:
   """One row per (regime, G): the numbers each hypothesis is read from."""
   lines = ["| regime | G | GRPO final J (IQM) | oracle − GRPO, final J | oracle − GRPO, AUC | "
-           "τ GRPO ÷ τ oracle | oracle_seq − GRPO, final J | Δ_loc, final J | "
-           "GRPO at the start: cosine to exact / filler share |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "τ GRPO → τ oracle, tokens | τ, updates | oracle_seq − GRPO, final J | "
+           "Δ_loc, final J | GRPO at the start: cosine to exact / filler share |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
   for regime, by_g in evidence.items():
     for g, e in by_g.items():
       finals = [m["final"] for m in e["summary"]["grpo"].values()]
@@ -155,7 +177,8 @@ def cell_table(evidence: dict) -> list[str]:
       lines.append(
           f"| {regime} | {g} | {np.mean(finals):.3f} ({scipy.stats.trim_mean(finals, 0.25):.3f}) | "
           f"{_delta(e, 'oracle', 'final')} | {_delta(e, 'oracle', 'auc')} | "
-          + (f"{e['speedup']:.1f}×" if e["speedup"] else "—") + " | "
+          + _speed(e.get("time_to_level", {}), "tokens") + " | "
+          + _speed(e.get("time_to_level", {}), "updates") + " | "
           f"{_delta(e, 'oracle_seq', 'final')} | "
           + (_interval(e["loc"], stream(regime, g, "loc")) if "loc" in e else "—")
           + f" | {start} |")

@@ -28,20 +28,30 @@ def _write(workdir, regime: str, g: int, arms: dict) -> None:
                                        for arm, runs in arms.items()}}))
 
 
-def test_a_cells_evidence_pairs_by_seed_and_reads_the_oracles_speed_up():
+def test_a_cells_evidence_pairs_by_seed_and_reads_kaplan_meier_times_to_the_level():
   rng = np.random.default_rng(0)
   seeds = range(8)  # the smallest sign-flip p, 2 / 2^8, survives Holm over two arms
-  grpo_final = rng.uniform(0.9, 1.0, 8)
+  grpo_final = np.concatenate([rng.uniform(0.9, 1.0, 6), [0.1, 0.1]])
   seq_final = rng.uniform(0.9, 1.0, 8)
+  stuck = lambda **kw: {**_curve(0.1, 3, **kw), "success": [0.1] * 11,
+                        "pass@k": {"16": [0.1] * 11}}
+  mechanism = lambda s: {"cosine_to_exact": [0.2 + s, 0.0], "filler_norm": [3.0, 1.0],
+                         "decisive_norm": [1.0, 1.0]}
   curves = {
-      # GRPO reaches 0.9 (0.9 x the oracle's plateau of 1) at 5,000 or 7,000 tokens, the
-      # oracle at 2,000: a speed-up of median(5k, 7k) / 2k = 3.
-      "grpo": {s: _curve(grpo_final[s], 5 + 2 * (s % 2), cosine_to_exact=[0.2 + s, 0.0],
-                         filler_norm=[3.0, 1.0], decisive_norm=[1.0, 1.0]) for s in seeds},
+      # GRPO reaches 0.9 (0.9 x the oracle's plateau of 1) at measurement 5 or 7 (5,000 or
+      # 7,000 tokens) in 6 seeds and never in 2; the oracle at measurement 2 in every seed.
+      # Kaplan-Meier: S = 5/8 after 5k, 5/8 x 2/5 = 1/4 after 7k, so GRPO's median is 7k
+      # (the median of the 6 that reach it, 6k, leaves the 2 stalled runs out).
+      "grpo": {s: (_curve(grpo_final[s], 5 + 2 * (s % 2), **mechanism(s)) if s < 6
+                   else stuck(**mechanism(s))) for s in seeds},
       "oracle": {s: _curve(1.0, 2) for s in seeds},
       "oracle_seq": {s: _curve(seq_final[s], 7) for s in seeds}}
   e = verdicts.cell_evidence(curves, rng)
-  assert e["speedup"] == pytest.approx(3.0)
+  grpo, oracle = e["time_to_level"]["grpo"], e["time_to_level"]["oracle"]
+  assert (grpo["tokens"]["median"], grpo["updates"]["median"]) == pytest.approx((7000.0, 7.0))
+  assert grpo["tokens"]["reached"] == 0.75
+  assert (oracle["tokens"]["median"], oracle["updates"]["median"]) == pytest.approx((2000.0, 2.0))
+  assert verdicts._speed(e["time_to_level"], "tokens") == "7k (75% reach) → 2k (3.5×)"
   assert e["final"]["oracle"]["delta"][0] == pytest.approx(np.mean(1.0 - grpo_final))
   np.testing.assert_allclose(e["loc"], 1.0 - seq_final)
   assert e["cosine"] == pytest.approx(3.7) and e["filler_share"] == pytest.approx(0.75)

@@ -172,3 +172,38 @@ def test_the_slopes_bootstrap_interval_is_that_of_ols_on_each_resample():
   np.testing.assert_allclose([slope, low, high],
                              [np.polyfit(x, y, 1)[0], *np.quantile(slopes, [0.025, 0.975])],
                              rtol=1e-9)
+
+
+def _kaplan_meier(times, reached):
+  """The product-limit estimate from its definition: S(t) = prod over event times u <= t of
+  (1 - events at u / runs still at risk at u)."""
+  times, reached = np.asarray(times, np.float64), np.asarray(reached, bool)
+  survival, curve = 1.0, {}
+  for u in np.unique(times[reached]):
+    survival *= 1.0 - np.sum(reached & (times == u)) / np.sum(times >= u)
+    curve[u] = survival
+  return curve
+
+
+def test_time_to_level_is_the_kaplan_meier_median_with_runs_censored_at_their_budget():
+  rng = np.random.default_rng(6)
+  for _ in range(30):
+    n = int(rng.integers(5, 30))
+    times = rng.exponential(1.0, n)
+    reached = rng.uniform(size=n) < rng.uniform(0.3, 1.0)
+    times[~reached] = np.minimum(times[~reached] + rng.exponential(1.0, (~reached).sum()), 3.0)
+    out = statistics.time_to_level(times, reached)
+    want = next((u for u, s in _kaplan_meier(times, reached).items() if s <= 0.5 + 1e-12), None)
+    assert out["median"] == want and out["reached"] == pytest.approx(reached.mean())
+    if want is not None and out["low"] is not None:
+      assert out["low"] <= want and (out["high"] is None or want <= out["high"])
+  # Two of ten runs reach the level early, eight never do: the median of those that reach
+  # it (1.5) is survivor-biased; the Kaplan-Meier median and its upper bound lie beyond the
+  # budget.
+  out = statistics.time_to_level([1.0, 2.0] + [10.0] * 8, [True] * 2 + [False] * 8)
+  assert (out["median"], out["high"], out["reached"]) == (None, None, 0.2)
+  assert statistics.time_to_level([5.0, 6.0], [False, False])["median"] is None
+  uncensored = statistics.time_to_level([4.0, 1.0, 3.0, 2.0], [True] * 4)
+  assert uncensored["median"] == 2.0  # the first time half the runs have reached it
+  with pytest.raises(ValueError, match="one time and one reached flag per run"):
+    statistics.time_to_level([1.0], [True, False])
