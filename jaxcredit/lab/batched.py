@@ -315,7 +315,7 @@ def make_run(cell: Cell):
       recorded = _update_metrics(task, cell, batch, advantage, mc_k, decisive, filler)
       return state, {**recorded, **{name: metrics[name] for name in UPDATE_METRICS}}
 
-    def measure(state, start):
+    def measure(state, start, index):
       measured = evaluate(state, jax.random.fold_in(jax.random.fold_in(key, EVAL_STREAM), start))
       if cell.mechanism_batches:
         measure_key = jax.random.fold_in(jax.random.fold_in(key, MECHANISM_STREAM), start)
@@ -326,20 +326,35 @@ def make_run(cell: Cell):
         # `start` is the same for every run: under vmap this stays a branch, so the
         # evaluations without measurements cost nothing.
         measured.update(jax.lax.cond(
-            jnp.isin(start // cell.eval_every, jnp.asarray(cell.measured_evals)), gradients,
-            lambda: skipped))
+            jnp.isin(index, jnp.asarray(cell.measured_evals)), gradients, lambda: skipped))
       return measured
 
     def block(state, start):
-      measured = measure(state, start)
+      measured = measure(state, start, start // cell.eval_every)
       state, metrics = jax.lax.scan(update, state, start + jnp.arange(cell.eval_every))
       return state, (measured, metrics)
 
-    starts = jnp.arange(0, cell.updates, cell.eval_every)
-    state, (measured, metrics) = jax.lax.scan(block, state, starts)
+    def measured_update(state, u):
+      # `u` is the same for every run: under vmap the evaluation stays a branch, taken only
+      # at the updates of `eval_at`.
+      index = jnp.searchsorted(eval_at, u)
+      due = eval_at[jnp.minimum(index, len(cell.eval_at) - 1)] == u
+      measured = jax.lax.cond(due, lambda: measure(state, u, index), lambda: jax.tree.map(
+          jnp.zeros_like, jax.eval_shape(measure, state, u, index)))
+      state, metrics = update(state, u)
+      return state, (measured, metrics)
+
+    if cell.eval_at is None:
+      starts = jnp.arange(0, cell.updates, cell.eval_every)
+      state, (measured, metrics) = jax.lax.scan(block, state, starts)
+      metrics = jax.tree.map(lambda m: m.reshape(-1), metrics)
+    else:
+      eval_at = jnp.asarray(cell.eval_at)
+      state, (measured, metrics) = jax.lax.scan(measured_update, state, jnp.arange(cell.updates))
+      measured = jax.tree.map(lambda m: m[eval_at], measured)
     measured = jax.tree.map(lambda m, last: jnp.concatenate([m, last[None]]), measured,
-                            measure(state, cell.updates))
-    return measured, jax.tree.map(lambda m: m.reshape(-1), metrics)
+                            measure(state, cell.updates, cell.n_evals - 1))
+    return measured, metrics
 
   return run
 
@@ -396,7 +411,7 @@ class Runner:
     measured, metrics = jax.block_until_ready(executable(*arguments))
     run_seconds = time.perf_counter() - started
     kept = lambda x: np.asarray(x, np.float64)[:len(runs)]
-    updates = np.arange(0, self.cell.updates + 1, self.cell.eval_every)
+    updates = np.asarray(self.cell.eval_updates)
     pass_at = kept(measured["pass@k"])
     evals = list(self.cell.measured_evals)
     so_far = lambda per_update: np.concatenate(

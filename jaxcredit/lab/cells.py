@@ -59,7 +59,10 @@ class Cell:
     group_size: G.
     prompts_per_step: prompts per update.
     updates: RL updates per run.
-    eval_every: updates between evaluations.
+    eval_every: updates between evaluations (when `eval_at` is None).
+    eval_at: the updates before which J is measured (increasing, from 0, below `updates`;
+      J is also measured after the last update), e.g. log-spaced to resolve a fast start;
+      None: every `eval_every` updates.
     max_grad_norm: the global-norm clip.
     objective: the `losses.from_config` objective.
     eval_prompts: the most evaluation prompts.
@@ -93,11 +96,17 @@ class Cell:
   # PRIME arm: a setting of the arm, as its estimator config.
   prm_learning_rates: tuple[float | None, ...] | None = None
   tree: TreeSpec | None = None
+  eval_at: tuple[int, ...] | None = None
 
   def __post_init__(self):
     if self.updates < 1 or self.eval_every < 1 or self.updates % self.eval_every:
       raise ValueError(f"updates ({self.updates}) must be a positive multiple of eval_every "
                        f"({self.eval_every}).")
+    if self.eval_at is not None and (
+        not self.eval_at or self.eval_at[0] != 0 or self.eval_at[-1] >= self.updates
+        or any(b <= a for a, b in zip(self.eval_at, self.eval_at[1:]))):
+      raise ValueError(f"eval_at must be increasing updates from 0, below updates "
+                       f"({self.updates}); got {self.eval_at}.")
     if self.group_size < 1 or self.prompts_per_step < 1:
       raise ValueError(f"group_size and prompts_per_step must be >= 1, got {self.group_size} "
                        f"and {self.prompts_per_step}.")
@@ -146,9 +155,17 @@ class Cell:
                        f"{self.n_evals}), got {self.mechanism_evals}.")
 
   @property
+  def eval_updates(self) -> tuple[int, ...]:
+    """The update before which each evaluation is taken: `eval_at` (or 0, E, 2E, ...) and
+    `updates` (after the last)."""
+    before = self.eval_at if self.eval_at is not None else range(0, self.updates,
+                                                                 self.eval_every)
+    return (*before, self.updates)
+
+  @property
   def n_evals(self) -> int:
-    """Evaluations of a run: before updates 0, E, 2E, ... and after the last."""
-    return self.updates // self.eval_every + 1
+    """Evaluations of a run (`eval_updates`)."""
+    return len(self.eval_updates)
 
   @property
   def measured_evals(self) -> tuple[int, ...]:

@@ -146,7 +146,8 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   config.token_budget = {"4": 1_100_000, "8": 1_200_000, "16": 1_600_000, "32": 2_400_000}
   config.tuning_group_size = 8  # each arm's learning rate is chosen here, per regime, ...
   config.tuning_token_budget = 600_000  # ...at this budget (GRPO reaches 0.9 x in ~400k)
-  config.eval_points = 20  # exact J measured this many times (and at the start)
+  config.eval_points = 20  # exact J measured this many times (and at the start)...
+  config.eval_spacing = "linear"  # ...evenly, or "log": evenly in log updates
   config.eval_prompts = 256  # every prompt when |C|^K is at most this
   config.arms = {name: ARMS[name] for name in CORE}
   # The implicit PRM's Adam rate of each PRIME arm (a setting the arm's runs record).

@@ -73,6 +73,10 @@ def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> c
     if warmup.get("filler_probs") is not None:
       warmup["filler_probs"] = tuple(warmup["filler_probs"])
     warmup = cells.Warmup(**warmup)
+  eval_at = log_spaced(updates * blocks, blocks) if study.get("eval_spacing") == "log" else None
+  mechanism_evals = tuple(study.mechanism_evals) if study.get("mechanism_evals") else None
+  if eval_at is not None and mechanism_evals is not None:  # fewer points once repeats drop
+    mechanism_evals = tuple(sorted({min(i, len(eval_at)) for i in mechanism_evals}))
   return cells.Cell(
       task=task, model=preset(study.model.preset, vocab_size=task_ops.traceable.vocab_size,
                               **model_overrides),
@@ -81,10 +85,17 @@ def cell_of(study, regime: str, group_size: int, budget: int | None = None) -> c
                                for arm in study.arms),
       group_size=group_size, prompts_per_step=prompts_per_step,
       updates=updates * blocks, eval_every=updates, eval_prompts=study.eval_prompts,
-      warmup=warmup,
+      eval_at=eval_at, warmup=warmup,
       # The gradient measurements read key_token's decisive positions.
       mechanism_batches=study.get("mechanism_batches", 0) if name == "key_token" else 0,
-      mechanism_evals=tuple(study.mechanism_evals) if study.get("mechanism_evals") else None)
+      mechanism_evals=mechanism_evals)
+
+
+def log_spaced(updates: int, points: int) -> tuple[int, ...]:
+  """Update 0 and up to `points` - 1 updates spaced evenly in log between 1 and `updates`
+  (rounded, repeats dropped): where J is measured to resolve a fast start."""
+  spaced = np.unique(np.round(np.geomspace(1, updates, points)).astype(int))
+  return (0, *(int(u) for u in spaced if u < updates))
 
 
 ARM_SETTINGS = ("prm_learning_rate",)

@@ -375,3 +375,16 @@ def test_a_setting_a_stored_signature_lacks_reads_as_none(tmp_path):
                                 {**expected, "cell": {"updates": 10, "tree": "a tree"}})
   with pytest.raises(ValueError, match=r"signature \(none stored\) differ"):
     sweep.refuse_other_settings(path, None, expected)
+
+
+def test_log_spaced_evaluations_resolve_the_start_and_keep_the_measurements_in_range():
+  assert sweep.log_spaced(1000, 4) == (0, 1, 10, 100)
+  assert sweep.log_spaced(6, 20) == (0, 1, 2, 3, 4, 5)  # repeats dropped
+  study = configs.get_config("small")
+  study.eval_spacing = "log"
+  cell = sweep.cell_of(study, "uniform_filler", 8)
+  assert cell.eval_at[:4] == (0, 1, 2, 3) and cell.eval_updates[-1] == cell.updates
+  assert len(cell.eval_at) < study.eval_points  # the smallest steps round to the same update
+  assert cell.measured_evals == (0, 3, cell.n_evals - 1)  # start, early, end
+  linear = sweep.cell_of(configs.get_config("small"), "uniform_filler", 8)
+  assert linear.eval_at is None and linear.updates == cell.updates

@@ -214,6 +214,27 @@ def test_implicit_credit_against_a_loop_over_shared_states():
   np.testing.assert_allclose(diagnostics.implicit_credit(credit, tokens, decisive, 1), credit)
 
 
+def test_evaluations_at_given_updates_equal_the_regular_ones_there():
+  """eval_at measures J (and the gradients) before the updates it names: at 0, 3 it is the
+  eval_every = 3 run; at log-spaced updates each measurement is the state after those
+  updates, and the updates themselves do not change."""
+  runs = [(0, 1e-2, 3), (1, 1e-2, 3)]
+  regular = batched.Runner(_cell("grpo", "oracle", mechanism_batches=2)).train(runs)
+  named = batched.Runner(_cell("grpo", "oracle", mechanism_batches=2, eval_at=(0, 3))).train(runs)
+  for key in ("success", "gen_tokens", "updates", "reward_mean", "grad_norm",
+              *diagnostics.MECHANISM):
+    np.testing.assert_allclose(named[key], regular[key], rtol=1e-5, atol=1e-6, err_msg=key)
+  spaced = batched.Runner(_cell("grpo", "oracle", eval_at=(0, 1, 2, 4))).train(runs)
+  np.testing.assert_array_equal(spaced["updates"], [0, 1, 2, 4, 6])
+  np.testing.assert_array_equal(spaced["gen_tokens"], [[0, 72, 144, 288, 432]] * 2)
+  np.testing.assert_allclose(spaced["reward_mean"], regular["reward_mean"], rtol=1e-5)
+  np.testing.assert_allclose(spaced["success"][:, [0, -1]], regular["success"][:, [0, -1]],
+                             rtol=1e-5, atol=1e-6)
+  for bad in ((), (1, 2), (0, 3, 3), (0, 6)):
+    with pytest.raises(ValueError, match="eval_at must be increasing updates from 0"):
+      _cell("grpo", eval_at=bad)
+
+
 def test_a_warm_start_sets_the_regime_confident_filler_and_a_starting_success():
   """SFT on demonstrations with filler F0 99% of the time and the right keys half the time:
   the filler entropy falls far below a fresh policy's, and J starts near the
