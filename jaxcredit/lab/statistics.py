@@ -8,6 +8,8 @@
   ols_slope(x, y, rng)                OLS slope with a 95% bootstrap interval over the pairs
   slope_p(x, y, rng)                  permutation p of "the slope is 0"
   time_to_level(times, reached)       Kaplan-Meier median time to a level, runs censored
+  paired_binary_p(first, second)      exact McNemar p of paired yes/no outcomes (stalls)
+  seeds_for_power(p1, p2)             seeds per arm for Fisher's exact test to see p1 vs p2
   verdict(delta, p, p_tost, margin)   higher / lower / negligible / ceiling / inconclusive
 
 Every difference is paired by seed (the same initialisation, prompts and sampling keys), so
@@ -296,6 +298,72 @@ def time_to_level(times, reached) -> dict:
     out.update(median=first_at_half(sf.probabilities), low=first_at_half(band.low.probabilities),
                high=first_at_half(band.high.probabilities))
   return out
+
+
+def paired_binary_p(first, second) -> float:
+  """Exact McNemar p-value of H0 "the two arms' yes/no outcomes are exchangeable", paired by
+  seed: of the n seeds where they differ, the count where only `first` says yes is
+  Binomial(n, 1/2) under H0 (two-sided: twice the smaller tail, at most 1).
+
+  Args:
+    first: per seed, one arm's outcome (bool), e.g. "the run stalled".
+    second: per seed, the other arm's.
+
+  Returns:
+    the p-value; 1.0 when the arms agree on every seed.
+
+  Raises:
+    ValueError: on outcomes of different lengths.
+
+  References:
+    McNemar, 1947, "Note on the sampling error of the difference between correlated
+    proportions or percentages", Psychometrika 12.
+
+  Examples:
+    >>> from jaxcredit.lab import statistics
+    >>> statistics.paired_binary_p([1, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0])  # 2 x 2^-5
+    0.0625
+  """
+  first, second = np.asarray(first, bool), np.asarray(second, bool)
+  if first.shape != second.shape:
+    raise ValueError(f"Expected one outcome per seed for both arms, got {first.shape} and "
+                     f"{second.shape}.")
+  only_first, only_second = int(np.sum(first & ~second)), int(np.sum(second & ~first))
+  if only_first + only_second == 0:
+    return 1.0
+  tail = scipy.stats.binom.cdf(min(only_first, only_second), only_first + only_second, 0.5)
+  return float(min(1.0, 2 * tail))
+
+
+def fisher_power(seeds: int, p1: float, p2: float, alpha: float = 0.05) -> float:
+  """The chance that Fisher's exact test (two-sided, at alpha) tells two arms apart whose
+  runs each say yes (e.g. stall) with chances p1 and p2, `seeds` runs each: the sum of the
+  two binomials' probabilities over the tables it rejects (exact enumeration)."""
+  n = seeds
+  counts = np.arange(n + 1)
+  chance = scipy.stats.binom.pmf(counts, n, p1)[:, None] * scipy.stats.binom.pmf(counts, n, p2)
+  rejected = np.zeros((n + 1, n + 1), bool)
+  for total in range(2 * n + 1):  # given the total yes count, the first arm's is hypergeometric
+    first = np.arange(max(0, total - n), min(n, total) + 1)
+    pmf = scipy.stats.hypergeom.pmf(first, 2 * n, total, n)
+    ordered = np.sort(pmf)
+    p = np.cumsum(ordered)[np.searchsorted(ordered, pmf * (1 + 1e-7), side="right") - 1]
+    rejected[first, total - first] = p <= alpha
+  return float(chance[rejected].sum())
+
+
+def seeds_for_power(p1: float, p2: float, *, alpha: float = 0.05, power: float = 0.8,
+                    step: int = 5, most: int = 200) -> int | None:
+  """The fewest seeds per arm (a multiple of `step`) at which Fisher's exact test tells
+  chances p1 and p2 apart with probability `power` (`fisher_power`); None beyond `most`.
+
+  Examples:
+    >>> from jaxcredit.lab import statistics
+    >>> statistics.seeds_for_power(0.2, 0.0)  # 20% of stalls against none
+    40
+  """
+  return next((n for n in range(step, most + 1, step)
+               if fisher_power(n, p1, p2, alpha) >= power), None)
 
 
 def verdict(delta, p: float, p_equivalence: float, margin: float, *, alpha: float = 0.05,

@@ -14,6 +14,7 @@ from jaxcredit.lab import diagnostics, statistics
 from studies.credit_study import report
 
 VERDICT_ALPHA = 0.05
+STALL, SOLVE = 0.5, 0.9  # a run stalls below this final J, solves at or above that one
 CEILING = 0.98  # both arms' mean final J at or above it: the cell cannot tell them apart
 INTERVAL = "BCa"
 
@@ -185,6 +186,32 @@ def time_to_level(per_seed: dict) -> dict:
       [m[tau] if m[tau] is not None else m[final] for m in runs], reached)
       for unit, tau, final in (("tokens", "tau", "gen_tokens"),
                                ("updates", "tau_updates", "updates"))}
+
+
+def stall_rows(regime: str, g: int, summary: dict) -> list[str]:
+  """Per arm of the core comparisons: its stalls (final J < STALL) and solves (>= SOLVE)
+  out of its runs, the exact McNemar p of its stalls against GRPO's on the same seeds, and
+  the seeds per arm at which Fisher's exact test would see the two stall rates apart (80%
+  power)."""
+  base = summary["grpo"]
+  rows = []
+  for arm in ("grpo", "oracle", "oracle_seq"):
+    if arm not in summary:
+      continue
+    finals = np.asarray([m["final"] for m in summary[arm].values()])
+    row = [regime, str(g), arm, f"{np.sum(finals < STALL)}/{len(finals)}",
+           f"{np.sum(finals >= SOLVE)}/{len(finals)}"]
+    if arm == "grpo":
+      row += ["—", "—"]
+    else:
+      seeds = sorted(set(summary[arm]) & set(base))
+      stalled = lambda runs: np.asarray([runs[s]["final"] < STALL for s in seeds])
+      rates = [float(np.mean(stalled(runs))) for runs in (summary[arm], base)]
+      needed = statistics.seeds_for_power(*rates) if rates[0] != rates[1] else None
+      row += [f"{statistics.paired_binary_p(stalled(summary[arm]), stalled(base)):.4f}",
+              "—" if rates[0] == rates[1] else str(needed or "> 200")]
+    rows.append("| " + " | ".join(row) + " |")
+  return rows
 
 
 def oracle_speedup(summary: dict) -> float | None:

@@ -402,6 +402,15 @@ def write(workdirs, out) -> dict:
            "H2 (scale compensates) predicts negative slopes and differences near 0 at the "
            "largest G; H3 (capability left on the table) needs a plateau gap (final J) that "
            "persists there.", "", *scale_slopes(evidence), "",
+           "## Stalls", "",
+           f"A run stalls when its final J is below {tables.STALL} and solves when it is at "
+           f"least {tables.SOLVE}. Stalls are paired by seed against GRPO's (exact McNemar "
+           "p, uncorrected). The last column is the seeds per arm at which Fisher's exact test "
+           "would tell the two stall rates apart with 80% power, were they the true ones.", "",
+           "| regime | G | arm | stalls | solves | p (McNemar, vs GRPO) | seeds for 80% power |",
+           "|---|---|---|---|---|---|---|",
+           *(row for regime, by_g in evidence.items() for g, e in by_g.items()
+             for row in tables.stall_rows(regime, g, e["summary"])), "",
            "## Every arm against GRPO", "", *differences_figure(out, evidence), "",
            "## Exploratory comparisons", "",
            "Every comparison that no claim holds, corrected together (one Holm family).", "",

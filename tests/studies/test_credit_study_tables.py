@@ -142,3 +142,17 @@ def test_the_ranking_table_lists_the_arms_that_trained_a_critic():
   assert lines[2] == "| arm | critic | random | mc1 | mc4 | mc16 | mc64 |"
   assert lines[-1] == "| ppo_gae | 0.25 / 0.55 | " + " | ".join(["0.25 / 0.75"] * 5) + " |"
   assert tables.ranking_table({"grpo": {0: {"gen_tokens": [0]}}}) == []
+
+
+def test_stall_rows_count_stalls_and_solves_and_pair_them_by_seed():
+  make = lambda finals: {s: {"final": f} for s, f in enumerate(finals)}
+  summary = {"grpo": make([0.1, 0.2, 0.3, 0.95, 0.97, 0.6]),
+             "oracle": make([0.99, 0.95, 0.92, 0.96, 0.4, 0.91])}
+  grpo, oracle = tables.stall_rows("r", 8, summary)
+  assert grpo == "| r | 8 | grpo | 3/6 | 2/6 | — | — |"
+  # Discordant seeds: GRPO alone stalls on 0, 1, 2; the oracle alone on 4: 2 P(Bin(4) <= 1).
+  p = statistics.paired_binary_p([False, False, False, False, True, False],
+                                 [True, True, True, False, False, False])
+  assert p == pytest.approx(2 * 5 / 16)
+  assert oracle == (f"| r | 8 | oracle | 1/6 | 5/6 | {p:.4f} | "
+                    f"{statistics.seeds_for_power(1 / 6, 3 / 6)} |")

@@ -1,6 +1,7 @@
 """The study's paired statistics against scipy and independent formulations."""
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -207,3 +208,30 @@ def test_time_to_level_is_the_kaplan_meier_median_with_runs_censored_at_their_bu
   assert uncensored["median"] == 2.0  # the first time half the runs have reached it
   with pytest.raises(ValueError, match="one time and one reached flag per run"):
     statistics.time_to_level([1.0], [True, False])
+
+
+def test_paired_binary_p_is_the_exact_binomial_test_of_the_discordant_seeds():
+  rng = np.random.default_rng(7)
+  for _ in range(50):
+    n = int(rng.integers(1, 40))
+    first, second = rng.uniform(size=n) < rng.uniform(), rng.uniform(size=n) < rng.uniform()
+    b, c = int(np.sum(first & ~second)), int(np.sum(second & ~first))
+    want = 1.0 if b + c == 0 else min(
+        1.0, 2 * sum(math.comb(b + c, k) for k in range(min(b, c) + 1)) / 2 ** (b + c))
+    assert statistics.paired_binary_p(first, second) == pytest.approx(want, rel=1e-9)
+  with pytest.raises(ValueError, match="one outcome per seed"):
+    statistics.paired_binary_p([True], [True, False])
+
+
+def test_fishers_power_is_the_rejection_rate_of_scipys_fisher_exact_test():
+  rng = np.random.default_rng(8)
+  for n, p1, p2 in ((12, 0.5, 0.1), (20, 0.3, 0.05), (8, 0.2, 0.2)):
+    first, second = rng.binomial(n, p1, 3000), rng.binomial(n, p2, 3000)
+    simulated = np.mean([scipy.stats.fisher_exact([[x, n - x], [y, n - y]]).pvalue <= 0.05
+                         for x, y in zip(first, second)])
+    want = statistics.fisher_power(n, p1, p2)
+    assert abs(simulated - want) < 4 * np.sqrt(want * (1 - want) / 3000) + 1e-3, (n, p1, p2)
+  seeds = statistics.seeds_for_power(0.2, 0.0)
+  assert statistics.fisher_power(seeds, 0.2, 0.0) >= 0.8 > statistics.fisher_power(
+      seeds - 5, 0.2, 0.0)
+  assert statistics.seeds_for_power(0.2, 0.19, most=50) is None
