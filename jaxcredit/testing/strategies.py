@@ -168,6 +168,49 @@ def random_tree(rng: np.random.Generator, batch: int, length: int, group_size: i
   return path, np.broadcast_to(segments, (batch, length)).astype(np.int32)
 
 
+def make_episodes(rng: np.random.Generator, *, batch: int, group_size: int, turns: tuple[int, int],
+                  action_tokens: tuple[int, int], observation_tokens: tuple[int, int]) -> Rollout:
+  """A random multi-turn `Rollout` laid out as `rollout_sources.MultiTurn` lays episodes
+  out: a reset observation, then per turn k its action tokens (mask 1) and the observation
+  answering them (mask 0), right-padded; turn ids on each turn's actions and its
+  observation (-1 on the reset observation and the padding), each turn's reward on its
+  last action, the turn index as its anchor; every other field as `make_rollout`'s.
+
+  Args:
+    rng: the NumPy generator.
+    batch: B, a multiple of `group_size`.
+    group_size: G.
+    turns: the (fewest, most) turns of an episode.
+    action_tokens: the (fewest, most) action tokens of a turn.
+    observation_tokens: the (fewest, most) tokens of an observation.
+
+  Returns:
+    the `Rollout`, T the longest episode.
+  """
+  draw = lambda bounds, size=None: rng.integers(bounds[0], bounds[1] + 1, size)
+  rows = []
+  for _ in range(batch):
+    spans = [(False, -1, int(draw(observation_tokens)))]
+    for k in range(int(draw(turns))):
+      spans += [(True, k, int(draw(action_tokens))), (False, k, int(draw(observation_tokens)))]
+    rows.append(spans)
+  length = max(sum(n for _, _, n in spans) for spans in rows)
+  mask, turn_ids = np.zeros((batch, length), bool), np.full((batch, length), -1, np.int32)
+  turn_rewards = np.zeros((batch, length), np.float32)
+  for row, spans in enumerate(rows):
+    start = 0
+    for action, turn, n in spans:
+      mask[row, start:start + n], turn_ids[row, start:start + n] = action, turn
+      if action:
+        turn_rewards[row, start + n - 1] = rng.normal()
+      start += n
+  base = make_rollout(rng, batch=batch, length=length, group_size=group_size)
+  return base.replace(mask=jnp.asarray(mask), turn_ids=jnp.asarray(turn_ids),
+                      rewards=jnp.asarray(turn_rewards.sum(axis=1)),
+                      extras={**base.extras, "turn_rewards": jnp.asarray(turn_rewards),
+                              "turn_anchors": jnp.asarray(np.maximum(turn_ids, 0))})
+
+
 def _components(batch: int) -> np.ndarray:
   """[B, 3] reward components: two 0/1 ones and a continuous one."""
   rng = np.random.default_rng([batch, 3])
