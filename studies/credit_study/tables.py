@@ -19,14 +19,14 @@ CEILING = 0.98  # both arms' mean final J at or above it: the cell cannot tell t
 INTERVAL = "BCa"
 
 
-def paired(summary: dict, metric: str, margin: float, rng) -> dict:
+def paired(summary: dict, metric: str, margin: float, rng, base: str = "grpo") -> dict:
   """{arm: {"delta": (mean, low, high), "p", "p_tost", "at_ceiling"}} of each arm's
-  per-seed `metric` minus GRPO's on the same seeds, before any correction for
+  per-seed `metric` minus `base`'s (GRPO's) on the same seeds, before any correction for
   multiplicity (BCa intervals, sign-flip p, TOST by sign flips at +-margin)."""
-  base = summary["grpo"]
+  base_name, base = base, summary[base]
   out = {}
   for arm, per_seed in summary.items():
-    if arm == "grpo":
+    if arm == base_name:
       continue
     seeds = sorted(set(per_seed) & set(base))
     d = np.asarray([per_seed[s][metric] - base[s][metric] for s in seeds])

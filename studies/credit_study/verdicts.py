@@ -5,7 +5,7 @@ arms to the small preset's cells, or runs other regimes, has its own DIR):
   python -m studies.credit_study.verdicts studies/credit_study/results \\
       studies/credit_study/results/regimes studies/credit_study/results/budgets \\
       studies/credit_study/results/scale studies/credit_study/results/mid_filler \\
-      studies/credit_study/results/mid_filler_Z3 --out studies/credit_study/results/verdicts
+      studies/credit_study/results/same_rate --out studies/credit_study/results/verdicts
 
 writes OUT/verdicts.md and OUT/differences.png.
 
@@ -60,15 +60,16 @@ GS = (4, 8, 16, 32)
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
-  """A headline claim and the tests that feed it: `arm` - GRPO on `metric` in each of
-  `cells` ((regime, G) pairs), or with `slope`, the OLS slope of that difference on log2 G
-  in each regime of `cells` (its G ignored)."""
+  """A headline claim and the tests that feed it: `arm` - `base` (GRPO) on `metric` in
+  each of `cells` ((regime, G) pairs), or with `slope`, the OLS slope of that difference on
+  log2 G in each regime of `cells` (its G ignored)."""
   name: str
   arm: str
   metric: str
   cells: tuple
   primary: bool = False
   slope: bool = False
+  base: str = "grpo"
 
 
 CLAIMS = (
@@ -88,6 +89,14 @@ CLAIMS = (
           "final", (("mid_filler_Z3", 8),)),
     Claim("A warm start (J = 0.3): exact credit's speed", "oracle", "auc",
           tuple(("start_at_0_3", g) for g in GS)),
+    # The same-rate controls (the same_rate preset): each contrast at one learning rate.
+    Claim("Middling filler, three times the budget, both at 1e-3: the exact baseline's "
+          "plateau against GRPO's", "oracle_seq", "final", (("mid_filler_Z3", 8),),
+          base="grpo_at_1e-3"),
+    Claim("Middling filler, three times the budget, both at 3e-3: the exact baseline's "
+          "plateau against GRPO's", "oracle_seq_at_3e-3", "final", (("mid_filler_Z3", 8),)),
+    Claim("Middling filler, three times the budget: GRPO at 1e-3 against its tuned 3e-3",
+          "grpo_at_1e-3", "final", (("mid_filler_Z3", 8),)),
 )
 
 
@@ -240,6 +249,13 @@ def _claim_tests(claim: Claim, evidence: dict) -> list[tuple[str, dict]]:
                           stream(regime, claim.arm, claim.metric, "slope"))
         if test is not None:
           tests.append((regime, {**test, "p_tost": 1.0, "at_ceiling": False}))
+    elif claim.base != "grpo":
+      summary = evidence.get(regime, {}).get(g, {}).get("summary", {})
+      if {claim.arm, claim.base} <= set(summary):
+        pair = {name: summary[name] for name in (claim.base, claim.arm)}
+        tests.append((f"{regime}, G = {g}", tables.paired(
+            pair, claim.metric, MARGIN, stream(regime, g, claim.arm, claim.base),
+            base=claim.base)[claim.arm]))
     else:
       c = evidence.get(regime, {}).get(g, {}).get(claim.metric, {}).get(claim.arm)
       if c is not None:
@@ -268,7 +284,7 @@ def correct(evidence: dict) -> list[tuple[Claim, list[tuple[str, dict]]]]:
       for test in family:
         if test["verdict"] in ("higher", "lower"):
           test["verdict"] = {"higher": "rises with G", "lower": "falls with G"}[test["verdict"]]
-    else:
+    elif claim.base == "grpo":
       for regime, g in claim.cells:
         c = evidence.get(regime, {}).get(g, {}).get(claim.metric, {}).get(claim.arm)
         if c is not None and (regime, g, claim.metric, claim.arm) not in claimed:
@@ -295,7 +311,8 @@ def claims_table(decided) -> list[str]:
   lines = ["| claim | cell | difference [95% CI] | p | p (Holm, the claim's family) | "
            "verdict |", "|---|---|---|---|---|---|"]
   for claim, tests in decided:
-    name = f"**{claim.name}**" + (" (primary)" if claim.primary else "")
+    name = (f"**{claim.name}**" + (" (primary)" if claim.primary else "")
+            + ("" if claim.base == "grpo" else f" ({claim.arm} − {claim.base})"))
     for where, t in tests:
       lines.append(f"| {name} | {where} | {report.fmt_interval(*t['delta'])} | {_p(t['p'])} | "
                    f"{_p(t['p_holm'])} | {t['verdict']} |")

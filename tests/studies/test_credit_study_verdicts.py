@@ -161,3 +161,16 @@ def test_a_regime_in_two_workdirs_or_a_workdir_without_cells_is_refused(tmp_path
 def test_a_numbered_family_of_arms_is_ordered_by_its_number():
   assert verdicts._ordered(["oracle", "oracle_mc_1", "oracle_mc_16", "grpo", "oracle_mc_4"]) == [
       "oracle", "oracle_mc_1", "oracle_mc_4", "oracle_mc_16", "grpo"]
+
+
+def test_a_claim_can_compare_two_arms_other_than_grpo():
+  """The same-rate controls: `base` names the arm the claim's arm is paired against."""
+  evidence = _evidence(6, arms=("grpo", "oracle", "grpo_at_1e-3"))
+  claim = verdicts.Claim("same rate", "oracle", "final", (("uniform_filler", 4),),
+                         base="grpo_at_1e-3")
+  [(where, test)] = verdicts._claim_tests(claim, evidence)
+  summary = evidence["uniform_filler"][4]["summary"]
+  d = [summary["oracle"][s]["final"] - summary["grpo_at_1e-3"][s]["final"] for s in range(8)]
+  assert where == "uniform_filler, G = 4"
+  assert test["delta"][0] == pytest.approx(np.mean(d))
+  assert test["p"] == statistics.sign_flip_p(d)
