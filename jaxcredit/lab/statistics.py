@@ -337,8 +337,18 @@ def paired_binary_p(first, second) -> float:
 
 def fisher_power(seeds: int, p1: float, p2: float, alpha: float = 0.05) -> float:
   """The chance that Fisher's exact test (two-sided, at alpha) tells two arms apart whose
-  runs each say yes (e.g. stall) with chances p1 and p2, `seeds` runs each: the sum of the
-  two binomials' probabilities over the tables it rejects (exact enumeration)."""
+  runs each say yes (e.g. stall) with chances p1 and p2: the sum of the two binomials'
+  probabilities over the tables it rejects (exact enumeration).
+
+  Args:
+    seeds: runs per arm.
+    p1: one arm's chance of a yes.
+    p2: the other's.
+    alpha: the test's level.
+
+  Returns:
+    the power, in [0, 1].
+  """
   n = seeds
   counts = np.arange(n + 1)
   chance = scipy.stats.binom.pmf(counts, n, p1)[:, None] * scipy.stats.binom.pmf(counts, n, p2)
@@ -355,7 +365,18 @@ def fisher_power(seeds: int, p1: float, p2: float, alpha: float = 0.05) -> float
 def seeds_for_power(p1: float, p2: float, *, alpha: float = 0.05, power: float = 0.8,
                     step: int = 5, most: int = 200) -> int | None:
   """The fewest seeds per arm (a multiple of `step`) at which Fisher's exact test tells
-  chances p1 and p2 apart with probability `power` (`fisher_power`); None beyond `most`.
+  chances p1 and p2 apart with probability `power` (`fisher_power`).
+
+  Args:
+    p1: one arm's chance of a yes.
+    p2: the other's.
+    alpha: the test's level.
+    power: the chance of telling them apart asked for.
+    step: seeds are counted in steps of this many.
+    most: the most seeds tried.
+
+  Returns:
+    the seeds per arm, or None beyond `most`.
 
   Examples:
     >>> from jaxcredit.lab import statistics
