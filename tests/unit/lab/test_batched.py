@@ -218,7 +218,8 @@ def test_evaluations_at_given_updates_equal_the_regular_ones_there():
   """eval_at measures J (and the gradients) before the updates it names: at 0, 3 it is the
   eval_every = 3 run; at log-spaced updates each measurement is the state after those
   updates, and the updates themselves do not change."""
-  runs = [(0, 1e-2, 3), (1, 1e-2, 3)]
+  # The runs and cell of the vmapped test above: the process keeps its compiled program.
+  runs = [(arm, rate, seed) for arm in (0, 1) for rate in (1e-3, 1e-2) for seed in (3, 5)]
   regular = batched.Runner(_cell("grpo", "oracle", mechanism_batches=2)).train(runs)
   named = batched.Runner(_cell("grpo", "oracle", mechanism_batches=2, eval_at=(0, 3))).train(runs)
   for key in ("success", "gen_tokens", "updates", "reward_mean", "grad_norm",
@@ -226,7 +227,7 @@ def test_evaluations_at_given_updates_equal_the_regular_ones_there():
     np.testing.assert_allclose(named[key], regular[key], rtol=1e-5, atol=1e-6, err_msg=key)
   spaced = batched.Runner(_cell("grpo", "oracle", eval_at=(0, 1, 2, 4))).train(runs)
   np.testing.assert_array_equal(spaced["updates"], [0, 1, 2, 4, 6])
-  np.testing.assert_array_equal(spaced["gen_tokens"], [[0, 72, 144, 288, 432]] * 2)
+  np.testing.assert_array_equal(spaced["gen_tokens"], [[0, 72, 144, 288, 432]] * len(runs))
   np.testing.assert_allclose(spaced["reward_mean"], regular["reward_mean"], rtol=1e-5)
   np.testing.assert_allclose(spaced["success"][:, [0, -1]], regular["success"][:, [0, -1]],
                              rtol=1e-5, atol=1e-6)
