@@ -207,9 +207,8 @@ def stall_rows(regime: str, g: int, summary: dict) -> list[str]:
       seeds = sorted(set(summary[arm]) & set(base))
       stalled = lambda runs: np.asarray([runs[s]["final"] < STALL for s in seeds])
       rates = [float(np.mean(stalled(runs))) for runs in (summary[arm], base)]
-      needed = statistics.seeds_for_power(*rates) if rates[0] != rates[1] else None
       row += [f"{statistics.paired_binary_p(stalled(summary[arm]), stalled(base)):.4f}",
-              "—" if rates[0] == rates[1] else str(needed or "> 200")]
+              "—" if rates[0] == rates[1] else str(statistics.seeds_for_power(*rates) or "> 200")]
     rows.append("| " + " | ".join(row) + " |")
   return rows
 

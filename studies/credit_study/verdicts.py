@@ -238,9 +238,11 @@ def scale_slopes(evidence: dict) -> list[str]:
   return lines
 
 
-def _claim_tests(claim: Claim, evidence: dict) -> list[tuple[str, dict]]:
-  """(where, test) of every test that feeds `claim` among the cells read (a copy of each
-  cell comparison: a comparison can feed more than one claim)."""
+def _claim_tests(claim: Claim, evidence: dict) -> list[tuple[str, dict, tuple | None]]:
+  """(where, test, key) of every test that feeds `claim` among the cells read: a copy of
+  each cell comparison (a comparison can feed more than one claim) with its key (regime, G,
+  metric, arm) in `evidence`, or None for a test no cell comparison holds (a slope, or a
+  pair without GRPO)."""
   tests = []
   for regime, g in claim.cells:
     if claim.slope:
@@ -248,18 +250,18 @@ def _claim_tests(claim: Claim, evidence: dict) -> list[tuple[str, dict]]:
         test = slope_test(evidence[regime], claim.arm, "grpo", claim.metric,
                           stream(regime, claim.arm, claim.metric, "slope"))
         if test is not None:
-          tests.append((regime, {**test, "p_tost": 1.0, "at_ceiling": False}))
+          tests.append((regime, {**test, "p_tost": 1.0, "at_ceiling": False}, None))
     elif claim.base != "grpo":
       summary = evidence.get(regime, {}).get(g, {}).get("summary", {})
       if {claim.arm, claim.base} <= set(summary):
         pair = {name: summary[name] for name in (claim.base, claim.arm)}
         tests.append((f"{regime}, G = {g}", tables.paired(
             pair, claim.metric, MARGIN, stream(regime, g, claim.arm, claim.base),
-            base=claim.base)[claim.arm]))
+            base=claim.base)[claim.arm], None))
     else:
       c = evidence.get(regime, {}).get(g, {}).get(claim.metric, {}).get(claim.arm)
       if c is not None:
-        tests.append((f"{regime}, G = {g}", dict(c)))
+        tests.append((f"{regime}, G = {g}", dict(c), (regime, g, claim.metric, claim.arm)))
   return tests
 
 
@@ -273,7 +275,7 @@ def correct(evidence: dict) -> list[tuple[Claim, list[tuple[str, dict]]]]:
     tests = _claim_tests(claim, evidence)
     if not tests:
       continue
-    family = [test for _, test in tests]
+    family = [test for _, test, _ in tests]
     tables.decide(family, 0.0 if claim.slope else MARGIN)
     if claim.primary and not gate:
       for test in family:
@@ -282,16 +284,15 @@ def correct(evidence: dict) -> list[tuple[Claim, list[tuple[str, dict]]]]:
       gate = gate and all(t["p_holm"] <= tables.VERDICT_ALPHA for t in family)
     if claim.slope:
       for test in family:
-        if test["verdict"] in ("higher", "lower"):
-          test["verdict"] = {"higher": "rises with G", "lower": "falls with G"}[test["verdict"]]
-    elif claim.base == "grpo":
-      for regime, g in claim.cells:
-        c = evidence.get(regime, {}).get(g, {}).get(claim.metric, {}).get(claim.arm)
-        if c is not None and (regime, g, claim.metric, claim.arm) not in claimed:
-          claimed.add((regime, g, claim.metric, claim.arm))
-          test = next(t for w, t in tests if w == f"{regime}, G = {g}")
-          c.update(verdict=test["verdict"], p_holm=test["p_holm"], family=claim.name)
-    decided.append((claim, tests))
+        test["verdict"] = {"higher": "rises with G", "lower": "falls with G"}.get(
+            test["verdict"], test["verdict"])
+    for _, test, key in tests:
+      if key is not None and key not in claimed:
+        claimed.add(key)
+        regime, g, metric, arm = key
+        evidence[regime][g][metric][arm].update(verdict=test["verdict"], p_holm=test["p_holm"],
+                                                family=claim.name)
+    decided.append((claim, [(where, test) for where, test, _ in tests]))
   exploratory = [c for regime, by_g in evidence.items() for g, e in by_g.items()
                  for metric in METRICS for arm, c in e[metric].items()
                  if (regime, g, metric, arm) not in claimed]

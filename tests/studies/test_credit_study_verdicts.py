@@ -168,9 +168,9 @@ def test_a_claim_can_compare_two_arms_other_than_grpo():
   evidence = _evidence(6, arms=("grpo", "oracle", "grpo_at_1e-3"))
   claim = verdicts.Claim("same rate", "oracle", "final", (("uniform_filler", 4),),
                          base="grpo_at_1e-3")
-  [(where, test)] = verdicts._claim_tests(claim, evidence)
+  [(where, test, key)] = verdicts._claim_tests(claim, evidence)
   summary = evidence["uniform_filler"][4]["summary"]
   d = [summary["oracle"][s]["final"] - summary["grpo_at_1e-3"][s]["final"] for s in range(8)]
-  assert where == "uniform_filler, G = 4"
+  assert where == "uniform_filler, G = 4" and key is None  # no cell comparison holds it
   assert test["delta"][0] == pytest.approx(np.mean(d))
   assert test["p"] == statistics.sign_flip_p(d)

@@ -4,6 +4,8 @@ never read an observation token: poisoning every observation position changes no
 and each result on the actions equals the one on the same episodes with their observations
 cut out."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 
 from jaxcredit import estimators, losses
 from jaxcredit.rollout import PolicyOutputs, Rollout
-from jaxcredit.testing import strategies
+from jaxcredit.testing import conformance, strategies
 
 # The estimators that read turn structure, and those that carry returns or values from
 # position to position (where an observation span could leak into an action's credit).
@@ -32,17 +34,9 @@ def _per_token(rollout: Rollout, fn) -> Rollout:
   """`fn` applied to every [B, T] array of the rollout, its extras' included."""
   shape = rollout.shape
   apply = lambda x: fn(x) if hasattr(x, "shape") and x.shape == shape else x
-  fields = {name: apply(getattr(rollout, name)) for name in
-            ("tokens", "mask", "behaviour_logprobs", "old_logprobs", "ref_logprobs", "values",
-             "token_rewards", "entropy", "turn_ids")}
+  fields = {f.name: apply(getattr(rollout, f.name)) for f in dataclasses.fields(rollout)
+            if f.name not in ("extras", "group_size")}
   return rollout.replace(**fields, extras={k: apply(v) for k, v in rollout.extras.items()})
-
-
-def _observations_poisoned(rollout: Rollout) -> Rollout:
-  """NaN at every masked position of every float [B, T] array (the mask kept)."""
-  mask = rollout.mask
-  poison = lambda x: jnp.where(mask, x, jnp.nan) if jnp.issubdtype(x.dtype, jnp.floating) else x
-  return _per_token(rollout, poison).replace(mask=mask)
 
 
 def _pack(x, mask: np.ndarray) -> jax.Array:
@@ -74,7 +68,7 @@ def test_no_estimator_reads_an_observation_token(episodes, name):
   mask = np.asarray(episodes.mask, bool)
   assert np.isfinite(advantages).all() and np.all(advantages[~mask] == 0)
   assert np.abs(advantages[mask]).max() > 0
-  np.testing.assert_array_equal(np.asarray(estimate(_observations_poisoned(episodes))),
+  np.testing.assert_array_equal(np.asarray(estimate(conformance.poison_masked(episodes))),
                                 advantages)
   compact = _compact(episodes)
   for long, short in zip(_on_actions(advantages, episodes),
@@ -100,7 +94,7 @@ def test_kl_and_entropy_never_read_an_observation_token(episodes):
   for grad in grads:
     grad = np.asarray(grad)
     assert np.isfinite(grad).all() and np.all(grad[~mask] == 0) and np.abs(grad[mask]).max() > 0
-  poisoned_value, _ = value_and_grads(_observations_poisoned(episodes),
+  poisoned_value, _ = value_and_grads(conformance.poison_masked(episodes),
                                       jnp.where(episodes.mask, logprobs, jnp.nan))
   assert poisoned_value == value
   compact = _compact(episodes)
@@ -117,7 +111,7 @@ def test_the_checks_catch_credit_that_reads_observations(episodes):
   leaky = jax.jit(lambda r: jnp.where(r.mask, estimators.gae(
       r.token_rewards, r.values, jnp.ones_like(r.mask), gamma=1.0, lam=0.95)[0], 0.0))
   advantages = np.asarray(leaky(episodes))
-  assert np.isnan(np.asarray(leaky(_observations_poisoned(episodes)))).any()
+  assert np.isnan(np.asarray(leaky(conformance.poison_masked(episodes)))).any()
   compact = _compact(episodes)
   assert any(not np.allclose(long, short, atol=1e-3) for long, short in zip(
       _on_actions(advantages, episodes), _on_actions(leaky(compact), compact)))
