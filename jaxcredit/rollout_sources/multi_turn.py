@@ -47,11 +47,15 @@ answering them).
 
 The KV cache lives across turns (`sampling.Contexts`): a turn prefills only
 what is new in each row - the observation since its last action - into a
-block of slots shared by the batch (`_bucket` columns, left-padded), then
-decodes the turn. The rows' blocks leave pad slots behind (the shorter rows'
-observations and turns); when the next block and turn would not fit in the
-P + E + max_turn_tokens slots, the cache is rebuilt from the rows' whole
-contexts, packed.
+block of slots shared by the batch (`_bucket` columns: the most any row adds,
+rounded up to a power of two; left-padded), then decodes the turn. The rows'
+blocks leave pad slots behind (the shorter rows' observations and turns). The
+cache holds P + E + max_turn_tokens slots and `cache_headroom` (a quarter) of
+P + E more; when the next block and turn would not fit, it is rebuilt from the
+rows' whole contexts, packed (`_packed_width` columns). So a turn's cost does
+not grow with the turns before it beyond attention's own: rows that add the
+same number of columns each turn leave no pads and never rebuild, and
+otherwise a rebuild comes only after pads have filled the headroom.
 """
 
 import copy
@@ -66,8 +70,8 @@ import numpy as np
 from jax import Array
 
 from jaxcredit.rollout import Rollout
-from jaxcredit.sampling import (TreeSpec, continue_contexts, extend_contexts, prompt_positions,
-                                start_contexts)
+from jaxcredit.sampling import (Actions, TreeSpec, continue_contexts, extend_contexts,
+                                prompt_positions, start_contexts)
 from jaxcredit.sampling import tree as sampling_tree
 from jaxcredit.rollout_sources.environment import Environment, as_observation, as_reward
 
@@ -166,6 +170,11 @@ class MultiTurn:
     local: its inverse.
     tree: a `TurnTree`: each prompt's `group_size` episodes are its leaves; None for
       independent episodes.
+    actions: the `sampling.Actions` the learner applies too: one allowed set ``[V]`` for every
+      action, and hidden columns ``[P + max_episode_tokens]`` (a token there is recorded as
+      sampled or observed but fed to the model as ``actions.hidden_token``).
+    cache_headroom: the KV cache's slots beyond P + E + max_turn_tokens, as a fraction of
+      P + E, that pad slots may fill before the cache is rebuilt (module docstring).
   """
 
   env: Environment
@@ -179,12 +188,22 @@ class MultiTurn:
   place: Callable[[np.ndarray], Array] = jnp.asarray
   local: Callable[[Array], np.ndarray] = np.asarray
   tree: TurnTree | None = None
+  actions: Actions = Actions()
+  cache_headroom: float = 0.25
 
   def __post_init__(self):
     for name in ("max_turns", "max_turn_tokens", "max_episode_tokens"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
         raise ValueError(f"MultiTurn.{name} must be a positive int, got {value!r}.")
+    if not self.cache_headroom >= 0:
+      raise ValueError(f"MultiTurn.cache_headroom must be >= 0, got {self.cache_headroom!r}.")
+    if self.actions.allowed is not None and np.ndim(self.actions.allowed) != 1:
+      raise ValueError("MultiTurn takes one allowed set [V] for every action, got shape "
+                       f"{list(np.shape(self.actions.allowed))}.")
+    if self.actions.hidden is not None and np.ndim(self.actions.hidden) != 1:
+      raise ValueError("MultiTurn takes hidden columns as one [P + max_episode_tokens] vector, "
+                       f"got shape {list(np.shape(self.actions.hidden))}.")
     if self.tree is not None:
       self.tree.check(self.max_turns)
       if self.tree.leaves != self.group_size:
@@ -195,6 +214,10 @@ class MultiTurn:
   def __call__(self, model, batch: Mapping[str, Any], key: Array) -> Rollout:
     prompts, prompt_valid = np.asarray(batch["prompts"]), np.asarray(batch["prompt_valid"], bool)
     examples, vocab = batch["examples"], model.config.vocab_size
+    hidden = self.actions.hidden
+    if hidden is not None and len(hidden) != prompts.shape[1] + self.max_episode_tokens:
+      raise ValueError(f"MultiTurn: actions.hidden has {len(hidden)} columns, the rows "
+                       f"{prompts.shape[1]} prompt + {self.max_episode_tokens} episode columns.")
     reset_key, key = jax.random.split(key)
     seeds = self.local(jax.random.bits(reset_key, (self.place(prompts).shape[0],), jnp.uint32))
     # A tree starts its roots from each group's first row; independent episodes, every row.
@@ -355,32 +378,56 @@ class MultiTurn:
     the episode columns not in the cache yet are prefilled first, or the cache is
     rebuilt from the whole contexts (module docstring). Updates `cache`."""
     rows, prompt_width = len(prompts), prompts.shape[1]
-    slots = prompt_width + self.max_episode_tokens + self.max_turn_tokens
+    most = prompt_width + self.max_episode_tokens
+    slots = most + int(most * self.cache_headroom) + self.max_turn_tokens
     new = np.where(episodes.done, 0, episodes.length - cache.columns)
     most_new = self._global_max(new)  # every process builds the same shapes
     width = _bucket(most_new, self.max_episode_tokens) if most_new else 0
     if self._rebuild(cache, width, slots):
-      contexts = [np.concatenate([prompts[row, prompt_valid[row]],
-                                  episodes.tokens[row, :episodes.length[row]]])
+      fed_prompts = self._fed(prompts, 0)
+      contexts = [np.concatenate([fed_prompts[row, prompt_valid[row]],
+                                  self._fed(episodes.tokens[row, :episodes.length[row]],
+                                            prompt_width)])
                   for row in range(rows)]
-      width = _bucket(self._global_max([len(ids) for ids in contexts]),
-                      prompt_width + self.max_episode_tokens)
+      width = _packed_width(self._global_max([len(ids) for ids in contexts]), most)
       cache.contexts = start_contexts(model, *self._left_padded(contexts, width), slots=slots)
     elif width:
-      chunks = [episodes.tokens[row, cache.columns[row]:cache.columns[row] + new[row]]
-                for row in range(rows)]
+      chunks = [self._fed(episodes.tokens[row, cache.columns[row]:cache.columns[row] + new[row]],
+                          prompt_width + cache.columns[row]) for row in range(rows)]
       cache.contexts = extend_contexts(model, cache.contexts, *self._left_padded(chunks, width))
     cache.columns[:] = episodes.length
     out, cache.contexts = continue_contexts(
         model, cache.contexts, key, max_new_tokens=self.max_turn_tokens,
         done=self.place(episodes.done), temperature=self.temperature,
-        stop_tokens=self.turn_end_tokens, pad_id=self.pad_id)
+        stop_tokens=self.turn_end_tokens, pad_id=self.pad_id, allowed=self.actions.allowed,
+        hidden=self._hidden_steps(prompt_width + episodes.length),
+        hidden_token=self.actions.hidden_token)
     return {"tokens": self.local(out.tokens), "mask": self.local(out.mask).astype(bool),
             "logprobs": self.local(out.logprobs), "entropy": self.local(out.entropy),
             "truncated": self.local(out.truncated)}
 
+  def _fed(self, tokens: np.ndarray, first_column: int) -> np.ndarray:
+    """What the model is fed for `tokens` placed from row column `first_column` on (the last
+    axis): `actions.hidden_token` at hidden columns."""
+    if self.actions.hidden is None:
+      return tokens
+    hidden = np.asarray(self.actions.hidden, bool)[first_column:first_column + tokens.shape[-1]]
+    return np.where(hidden, self.actions.hidden_token, tokens).astype(tokens.dtype)
+
+  def _hidden_steps(self, next_columns: np.ndarray):
+    """[b, max_turn_tokens] whether each decode step's token is hidden (its row column:
+    `next_columns` [b] onwards), placed; None without hidden columns."""
+    if self.actions.hidden is None:
+      return None
+    hidden = np.asarray(self.actions.hidden, bool)
+    columns = next_columns[:, None] + np.arange(self.max_turn_tokens)
+    steps = np.where(columns < len(hidden), hidden[np.minimum(columns, len(hidden) - 1)], False)
+    return self.place(steps)
+
   def _global_max(self, values) -> int:
     """The largest of `values` [b] over every process's rows."""
+    if jax.process_count() == 1:
+      return int(np.max(values))
     return int(jnp.max(self.place(np.asarray(values, np.int32))))
 
   def _left_padded(self, rows: list[np.ndarray], width: int) -> tuple[Array, Array]:
@@ -427,9 +474,16 @@ class _Cache:
 
 
 def _bucket(columns: int, most: int) -> int:
-  """A block width for `columns` new columns: the next power of two (at least 8), at
-  most `most`, so that a few shapes compile."""
-  return min(max(8, 1 << (int(columns) - 1).bit_length()), most)
+  """A block width for `columns` > 0 new columns: the next power of two, at most `most`, so
+  that a few shapes compile."""
+  return min(1 << (int(columns) - 1).bit_length(), most)
+
+
+def _packed_width(columns: int, most: int) -> int:
+  """The width of a rebuilt cache's contexts, `columns` > 0 at the longest: rounded up to an
+  eighth of its power of two (at most 1/8 pad; eight shapes per doubling), at most `most`."""
+  step = max(1, (1 << (int(columns) - 1).bit_length()) // 8)
+  return min(-(-int(columns) // step) * step, most)
 
 
 def _name(env) -> str:

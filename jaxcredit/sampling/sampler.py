@@ -473,10 +473,11 @@ def extend_contexts(model: Transformer, contexts: Contexts, tokens: Array,
 
 def continue_contexts(model: Transformer, contexts: Contexts, key: Array, *, max_new_tokens: int,
                       done: Array, temperature: float = 1.0, stop_tokens: tuple[int, ...] = (),
-                      pad_id: int = 0) -> tuple[Continuation, Contexts]:
+                      pad_id: int = 0, allowed: Array | None = None, hidden: Array | None = None,
+                      hidden_token: int = 0) -> tuple[Continuation, Contexts]:
   """Samples up to `max_new_tokens` per row after its context, as `generate` samples after a
-  prompt (the same draws for the same key). The sampled tokens join the contexts; the cache
-  is donated.
+  prompt (the same draws for the same key). The sampled tokens join the contexts (a hidden
+  one as `hidden_token`); the cache is donated.
 
   Args:
     model: the policy, a `Transformer`.
@@ -488,6 +489,10 @@ def continue_contexts(model: Transformer, contexts: Contexts, key: Array, *, max
     temperature: >= 0 (0 is greedy).
     stop_tokens: ids that end a row.
     pad_id: the id after a row ends.
+    allowed: ``[V]`` bool, or None: the ids the policy may emit (`sampling.Actions.allowed`).
+    hidden: ``[B, N]`` bool, or None: the new tokens recorded as sampled but fed to the model
+      as `hidden_token` (`sampling.Actions.hidden`).
+    hidden_token: the id fed in place of a hidden token.
 
   Returns:
     ``(continuation, contexts)``: the `Continuation` sampled (tokens, mask, log-probs,
@@ -501,11 +506,20 @@ def continue_contexts(model: Transformer, contexts: Contexts, key: Array, *, max
     raise ValueError(f"continue_contexts: {max_new_tokens} new tokens do not fit in the "
                      f"cache's {free} free slots.")
   settings = _Sampling(max_new_tokens, float(temperature), None, None,
-                       tuple(int(t) for t in stop_tokens), int(pad_id), 0, True)
+                       tuple(int(t) for t in stop_tokens), int(pad_id), int(hidden_token), True)
   graphdef, state = nnx.split(model)
-  allowed = jnp.ones((max_new_tokens, 1, contexts.logits.shape[-1]), bool)
-  return _continue_rows(graphdef, state, contexts, jnp.asarray(done, bool), key, allowed,
-                        jnp.zeros((max_new_tokens, 1), bool), settings)
+  vocab = contexts.logits.shape[-1]
+  if allowed is not None:
+    _checks.check_shape(allowed, (vocab,), "allowed")
+  allowed = jnp.broadcast_to(jnp.ones(vocab, bool) if allowed is None else allowed,
+                             (max_new_tokens, 1, vocab))
+  if hidden is None:
+    hidden = jnp.zeros((max_new_tokens, 1), bool)
+  else:
+    _checks.check_shape(hidden, (contexts.logits.shape[0], max_new_tokens), "hidden")
+    hidden = jnp.asarray(hidden, bool).T
+  return _continue_rows(graphdef, state, contexts, jnp.asarray(done, bool), key, allowed, hidden,
+                        settings)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))

@@ -418,4 +418,4 @@ def multi_turn_source(task: TrainTask, *, group_size: int = 1, temperature: floa
                    max_episode_tokens=task.max_response_length,
                    turn_end_tokens=task.turn_end_tokens, group_size=group_size,
                    temperature=temperature, pad_id=task.pad_id, place=place, local=local,
-                   tree=tree)
+                   tree=tree, actions=task.actions)

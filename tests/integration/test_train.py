@@ -74,6 +74,7 @@ EXPERIMENTS = [
   "key_token_treepo",
   "key_turns_grpo",
   "key_turns_tree_grpo",
+  "key_turns_long",
   "calculator_grpo",
   "target_sum_grpo",
   "gsm8k_grpo",
@@ -200,7 +201,10 @@ def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
   mixed = ["--config.task.truncated_reward=-1.0"] if name == "ppo_gae" else []
   # A tree's leaves are the group: 1 chain forking twice into 2 is SMALL's 4.
   tree = ["--config.rollout.tree.roots=1"] if name.endswith(("treepo", "tree_grpo")) else []
-  result = _run(tmp_path, *SMALL, *export, *sft, *mixed, *tree, config=name, env=cli_env)
+  # 256 turns a episode: 2 groups of 2 episodes, and 2 held-out ones.
+  long = (["--config.rl.prompts_per_step=2", "--config.rl.group_size=2",
+           "--config.task.test_size=2"] if name == "key_turns_long" else [])
+  result = _run(tmp_path, *SMALL, *export, *sft, *mixed, *tree, *long, config=name, env=cli_env)
   assert result.returncode == 0, result.stderr[-3000:]
   train = _train_lines(tmp_path)
   assert len(train) == 2 and all(math.isfinite(line["train/loss"]) for line in train)
@@ -208,6 +212,9 @@ def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
   if name == "key_token_treepo":  # the prefix-shared learner pass scores what the tree sampled
     assert abs(train[0]["train/policy/ratio_mean"] - 1.0) < 1e-4
     assert train[0]["train/gen_tokens"] == 4 * (8 + 2 * 8 + 4 * 8)  # shared segments once
+  if name == "key_turns_long":  # whole 256-turn episodes, the sampler's view the learner's
+    assert train[0]["train/gen_tokens"] == 4 * 256
+    assert abs(train[0]["train/policy/ratio_mean"] - 1.0) < 1e-4
   if name == "quickstart":
     assert all("step" in line for line in _metrics(tmp_path))
     for key in (

@@ -2,9 +2,10 @@
 
 Token ids are key_token's (V = 32): 0 PAD, 1 BOS, 2 SEP, 3 EOS, 4 FILL, 5-12
 keys K0..K7. An episode has `n_turns` turns; before turn k the environment
-shows [key_k, SEP] when k is decisive and [FILL, SEP] otherwise; in turn k
-the policy emits `turn_length` tokens (no turn-end token: fixed-length
-turns). A decisive turn is right when its first token is key_k. The keys
+shows `observation_length` tokens, [key_k, FILL, ..., SEP] when k is decisive
+and [FILL, ..., SEP] otherwise; in turn k the policy emits `turn_length`
+tokens (no turn-end token: fixed-length turns, so every episode has the same
+layout). A decisive turn is right when its first token is key_k. The keys
 are drawn uniformly from the first `n_keys` keys, independently per turn,
 and a key is shown only just before its turn, so the value of a history
 averages over the keys still hidden. ::
@@ -22,7 +23,11 @@ Rewards (rule "all"): 1 at the last turn iff every decisive turn was right,
 
 The exact value of every history is computable (`jaxcredit.tasks.key_turns.oracle`):
 only the right key continues a decisive turn, so the tree of reachable
-histories is small.
+histories is small while few turns precede the last decisive one. With
+`hidden_actions`, every action token but a decisive turn's first is hidden
+from later inputs (recorded, scored and credited, but fed to the policy as
+FILL, as key_token's filler_blind does): the policy's view then branches only
+at decisive turns, and the oracle stays exact at hundreds of turns.
 """
 
 import dataclasses
@@ -31,11 +36,46 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxcredit import _checks
+from jaxcredit.sampling import Actions
 from jaxcredit.tasks import builders, loader, procedural, task
 from jaxcredit.tasks.key_token import BOS, FILL, KEY0, PAD, SEP, VOCAB_SIZE, token_names
 
-__all__ = ["KeyTurnsConfig", "KeyTurnsEnv", "VOCAB_SIZE", "demonstration_actions", "make_example",
-           "token_names"]
+__all__ = ["KeyTurnsConfig", "KeyTurnsEnv", "MAX_TURNS", "VOCAB_SIZE", "decisive_turns",
+           "demonstration_actions", "make_example", "token_names"]
+
+MAX_TURNS = 4096
+PLACEMENTS = ("early", "late", "spread")
+
+
+def decisive_turns(n_turns: int, count: int, placement: str) -> tuple[int, ...]:
+  """`count` decisive turns of `n_turns`, placed early (the first turns), late (the last)
+  or spread (evenly, the first and the last included).
+
+  Args:
+    n_turns: turns per episode.
+    count: decisive turns, 1 <= count <= n_turns.
+    placement: "early", "late" or "spread".
+
+  Returns:
+    the decisive turns, sorted.
+
+  Raises:
+    ValueError: on an unknown placement or a count out of range.
+
+  Examples:
+    >>> from jaxcredit.tasks.key_turns import decisive_turns
+    >>> decisive_turns(256, 3, "spread")
+    (0, 128, 255)
+  """
+  if placement not in PLACEMENTS:
+    raise ValueError(f"Unknown placement {placement!r}; expected one of {PLACEMENTS}.")
+  if not 1 <= count <= n_turns:
+    raise ValueError(f"count must be in [1, {n_turns}], got {count}.")
+  if placement == "early":
+    return tuple(range(count))
+  if placement == "late":
+    return tuple(range(n_turns - count, n_turns))
+  return tuple(int(t) for t in np.round(np.linspace(0, n_turns - 1, count)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +88,9 @@ class KeyTurnsConfig:
     n_keys: |C| <= 8.
     turn_length: tokens per turn.
     per_turn_rewards: pay each right decisive turn when it is taken.
+    observation_length: tokens the environment shows before each turn (>= 2).
+    hidden_actions: feed every action token but a decisive turn's first to the policy as
+      FILL (module docstring).
   """
 
   n_turns: int = 4
@@ -55,16 +98,21 @@ class KeyTurnsConfig:
   n_keys: int = 3
   turn_length: int = 1
   per_turn_rewards: bool = False
+  observation_length: int = 2
+  hidden_actions: bool = False
 
   def __post_init__(self):
     object.__setattr__(self, "decisive", tuple(sorted(int(k) for k in self.decisive)))
     checks = [
-        (1 <= self.n_turns <= 16, f"n_turns must be in [1, 16], got {self.n_turns}"),
+        (1 <= self.n_turns <= MAX_TURNS,
+         f"n_turns must be in [1, {MAX_TURNS}], got {self.n_turns}"),
         (len(self.decisive) > 0 and len(set(self.decisive)) == len(self.decisive)
          and all(0 <= k < self.n_turns for k in self.decisive),
          f"decisive must be distinct turns in [0, {self.n_turns}), got {self.decisive}"),
         (2 <= self.n_keys <= 8, f"n_keys must be in [2, 8], got {self.n_keys}"),
         (self.turn_length >= 1, f"turn_length must be >= 1, got {self.turn_length}"),
+        (self.observation_length >= 2,
+         f"observation_length must be >= 2, got {self.observation_length}"),
     ]
     _checks.require(checks)
 
@@ -74,15 +122,41 @@ class KeyTurnsConfig:
     return np.arange(KEY0, KEY0 + self.n_keys)
 
   @property
+  def turn_width(self) -> int:
+    """Columns a turn takes: its observation and its actions."""
+    return self.observation_length + self.turn_length
+
+  @property
   def episode_length(self) -> int:
-    """Columns an episode takes: 2 observation tokens and turn_length actions per turn."""
-    return self.n_turns * (2 + self.turn_length)
+    """Columns an episode takes."""
+    return self.n_turns * self.turn_width
+
+  def turn_start(self, turn: int) -> int:
+    """The episode column of `turn`'s first action (after its observation)."""
+    return turn * self.turn_width + self.observation_length
 
   def observation(self, turn: int, keys) -> np.ndarray:
     """What the environment shows before `turn` ([] after the last)."""
     if turn >= self.n_turns:
       return np.zeros(0, np.int32)
-    return np.asarray([keys[turn] if turn in self.decisive else FILL, SEP], np.int32)
+    shown = np.full(self.observation_length, FILL, np.int32)
+    shown[-1] = SEP
+    if turn in self.decisive:
+      shown[0] = keys[turn]
+    return shown
+
+  def action_columns(self) -> np.ndarray:
+    """bool ``[episode_length]``: the policy's columns."""
+    return np.arange(self.episode_length) % self.turn_width >= self.observation_length
+
+  def hidden_columns(self) -> np.ndarray:
+    """bool ``[episode_length]``: the action columns fed as FILL (none without
+    hidden_actions)."""
+    if not self.hidden_actions:
+      return np.zeros(self.episode_length, bool)
+    hidden = self.action_columns()
+    hidden[[self.turn_start(k) for k in self.decisive]] = False
+    return hidden
 
 
 def make_example(rng: np.random.Generator, config: KeyTurnsConfig) -> dict:
@@ -114,7 +188,7 @@ def demonstration_actions(completion: np.ndarray, config: KeyTurnsConfig) -> np.
   Returns:
     bool ``[len(completion)]``.
   """
-  return np.arange(len(completion)) % (2 + config.turn_length) >= 2
+  return np.arange(len(completion)) % config.turn_width >= config.observation_length
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,7 +269,9 @@ def train_task(config, *, data_dir: str, seed: int,
   """
   del tokenizer
   options = task.options_of(KeyTurnsConfig, config)
+  hidden = np.concatenate([np.zeros(2, bool), options.hidden_columns()])
   return task.TrainTask(
+      actions=Actions(hidden=hidden, hidden_token=FILL) if hidden.any() else Actions(),
       vocab_size=VOCAB_SIZE, pad_id=PAD, stop_tokens=(), max_prompt_length=2,
       max_response_length=options.episode_length, encode=loader.ids_encoder,
       score=task.environment_rewards("key_turns"), token_texts=token_names,

@@ -101,7 +101,8 @@ def test_layout_rewards_and_behaviour_logprobs(model):
 
 def test_the_cache_kept_across_turns_samples_what_full_prefills_sample(model, monkeypatch):
   """The cache kept across turns (prefill each turn's new observation; rebuild when the slots
-  run out) against a full prefill every turn: the same key, the same episodes."""
+  run out, here with no headroom) against a full prefill every turn: the same key, the same
+  episodes."""
   from jaxcredit.rollout_sources import multi_turn
 
   starts = []
@@ -112,11 +113,11 @@ def test_the_cache_kept_across_turns_samples_what_full_prefills_sample(model, mo
   rollouts = {}
   for reuse, source_type in ((True, MultiTurn), (False, RebuildingMultiTurn)):
     starts.clear()
-    source = source_type(CountingEnv(turns=6, reset_length=3), max_turns=6, max_turn_tokens=4,
-                         max_episode_tokens=40, turn_end_tokens=(TURN_END,))
+    source = source_type(CountingEnv(turns=8, reset_length=3), max_turns=8, max_turn_tokens=4,
+                         max_episode_tokens=40, turn_end_tokens=(TURN_END,), cache_headroom=0)
     rollouts[reuse] = source(model, _batch(rows=5), jax.random.key(5))
     rollouts[reuse, "starts"] = len(starts)
-  assert 1 < rollouts[True, "starts"] < rollouts[False, "starts"] == 6  # rebuilt when full
+  assert 1 < rollouts[True, "starts"] < rollouts[False, "starts"]  # rebuilt when full
   kept, rebuilt = rollouts[True], rollouts[False]
   for name in ("tokens", "mask", "token_valid", "turn_ids", "rewards", "truncated"):
     np.testing.assert_array_equal(getattr(kept, name), getattr(rebuilt, name), err_msg=name)
