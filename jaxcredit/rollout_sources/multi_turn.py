@@ -21,6 +21,9 @@ What the Rollout carries beyond a single-turn one:
   rewards                  [B]         the sum of the turn rewards.
   truncated                [B] bool    the episode did not end (`done`) within
                                        max_turns, or ran out of context columns.
+  extras["dropped_tokens"] [B] int32   tokens that did not fit in the context columns:
+                                       the rest of the observation or turn that
+                                       overflowed them (the episode ends there).
   extras["turn_rewards"]   [B, T]      each turn's reward on its last action token.
   extras["turn_anchors"]   [B, T] int32 an id of the state the turn started from, on
                                        its action tokens: `env.anchor(state)` when the
@@ -90,6 +93,7 @@ class _Episodes:
   length: np.ndarray  # [b] int: columns used
   done: np.ndarray  # [b] bool
   truncated: np.ndarray  # [b] bool
+  dropped: np.ndarray  # [b] int: tokens that did not fit
 
   @classmethod
   def empty(cls, rows: int, columns: int, pad_id: int) -> "_Episodes":
@@ -98,7 +102,7 @@ class _Episodes:
                np.zeros(shape, np.float32), np.zeros(shape, np.float32),
                np.full(shape, -1, np.int32), np.zeros(shape, np.float32),
                np.zeros(shape, np.int32), np.zeros(rows, np.int64), np.zeros(rows, bool),
-               np.zeros(rows, bool))
+               np.zeros(rows, bool), np.zeros(rows, np.int64))
 
   def take(self, rows: np.ndarray) -> "_Episodes":
     """The episodes of `rows` (copies), in that order."""
@@ -107,8 +111,8 @@ class _Episodes:
 
   def append(self, row: int, tokens: np.ndarray, turn: int, **values: np.ndarray) -> bool:
     """Writes `tokens` (and per-token `values`: action, logprobs, entropy, anchors) after
-    the row's episode; what does not fit is cut and the episode ends truncated.
-    Returns whether everything fitted."""
+    the row's episode; what does not fit is cut (and counted) and the episode ends
+    truncated. Returns whether everything fitted."""
     start = self.length[row]
     fits = min(len(tokens), self.tokens.shape[1] - start)
     columns = slice(start, start + fits)
@@ -119,6 +123,7 @@ class _Episodes:
     self.length[row] += fits
     if fits < len(tokens):
       self.done[row] = self.truncated[row] = True
+      self.dropped[row] += len(tokens) - fits
     return fits == len(tokens)
 
 
@@ -459,6 +464,7 @@ class MultiTurn:
         extras={"turn_rewards": place(joined(0.0, episodes.turn_rewards)),
                 "turn_anchors": place(joined(0, episodes.anchors)),
                 "turns": place(turns), "cut_turns": place(cut),
+                "dropped_tokens": place(episodes.dropped.astype(np.int32)),
                 "env_seeds": place(np.asarray(seeds, np.uint32))},
         group_size=self.group_size,
     )

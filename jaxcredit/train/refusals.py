@@ -245,7 +245,7 @@ FIELD_SETTINGS = {
 # (per token, dtype).
 EPISODE_EXTRAS = {"turn_rewards": (True, jnp.float32), "turn_anchors": (True, jnp.int32),
                   "turns": (False, jnp.int32), "cut_turns": (False, jnp.int32),
-                  "env_seeds": (False, jnp.uint32)}
+                  "dropped_tokens": (False, jnp.int32), "env_seeds": (False, jnp.uint32)}
 
 
 def run_fields(config, *, multi_turn: bool, sampler: bool) -> set[str]:

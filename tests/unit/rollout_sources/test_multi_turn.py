@@ -146,6 +146,42 @@ def test_context_overflow_is_counted_and_scored(model):
   assert np.isin(np.asarray(rollout.rewards), [0.0, 1.0]).all()  # the first turn's reward counts
 
 
+class _Oversized(CountingEnv):
+  """Answers turn 0 with `size` tokens; resets with `reset_length` tokens."""
+
+  def __init__(self, size, reset_length=2):
+    super().__init__(turns=3, reset_length=reset_length)
+    self.size = size
+
+  def step(self, state, actions):
+    state, observation, reward, done = super().step(state, actions)
+    return state, np.full(self.size if state == 1 else 2, 20), reward, done
+
+
+def test_an_oversized_observation_ends_the_episode_and_counts_what_it_drops(model):
+  """The rule at the context limit: what fits is kept, the episode ends truncated and scored
+  by the rewards it received, and the tokens that did not fit are counted."""
+  source = MultiTurn(_Oversized(40), max_turns=3, max_turn_tokens=2, max_episode_tokens=30,
+                     turn_end_tokens=(TURN_END,))
+  rollout = source(model, _batch(rows=4), jax.random.key(4))
+  first_turn = np.asarray(rollout.mask).sum(axis=1)  # only turn 0's actions fit
+  np.testing.assert_array_equal(np.asarray(rollout.extras["turns"]), 1)
+  np.testing.assert_array_equal(np.asarray(rollout.extras["dropped_tokens"]),
+                                40 - (30 - 2 - first_turn))
+  assert np.asarray(rollout.truncated).all()
+  np.testing.assert_array_equal(np.asarray(rollout.token_valid)[:, 4:].sum(axis=1), 30)
+  # A reset observation longer than the episode: no turn is played.
+  rollout = MultiTurn(CountingEnv(reset_length=50), max_turns=3, max_turn_tokens=2,
+                      max_episode_tokens=30)(model, _batch(rows=2), jax.random.key(4))
+  np.testing.assert_array_equal(np.asarray(rollout.extras["dropped_tokens"]), 20)
+  np.testing.assert_array_equal(np.asarray(rollout.extras["turns"]), 0)
+  assert not np.asarray(rollout.mask).any() and np.asarray(rollout.truncated).all()
+  # Within the columns nothing is dropped.
+  rollout = MultiTurn(CountingEnv(turns=2), max_turns=2, max_turn_tokens=2,
+                      max_episode_tokens=30)(model, _batch(rows=2), jax.random.key(4))
+  np.testing.assert_array_equal(np.asarray(rollout.extras["dropped_tokens"]), 0)
+
+
 def test_an_episode_out_of_turns_is_truncated(model):
   rollout = MultiTurn(CountingEnv(turns=5), max_turns=2, max_turn_tokens=2,
                       max_episode_tokens=30)(model, _batch(rows=2), jax.random.key(3))

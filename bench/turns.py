@@ -1,0 +1,109 @@
+"""Multi-turn sampling across hundreds of turns: the cost per turn and per action token as the
+number of turns grows, for the KV cache kept across turns (with its headroom, and without
+one) against prefilling every turn's whole context.
+
+python -m bench.turns [--batch 8 --turn-tokens 4 --turns 8 64 256 512]
+
+An environment answers each turn with 4-12 observation tokens (so the rows' blocks leave pad
+slots). The three sources play the same episodes from the same key (asserted); each is timed
+on its own after a warm-up run (compilation). A cost per turn that stays flat as the turns
+grow, beyond attention's own growth with the context, is the target; prefilling the whole
+context every turn grows with it, so its total work is quadratic in turns.
+"""
+
+import argparse
+
+import jax
+import numpy as np
+from flax import nnx
+
+from bench.common import machine, table, time_call
+from bench.no_cache import RebuildingMultiTurn
+from jaxcredit.models import Transformer, preset
+from jaxcredit.rollout_sources import MultiTurn, multi_turn
+
+
+class ShortToolEnv:
+  """Answers every turn with 4-12 observation tokens; done after `turns` turns."""
+
+  def __init__(self, turns: int, vocab: int):
+    self.turns, self.vocab = turns, vocab
+
+  def reset(self, rng, example):
+    del example
+    return (0, rng), rng.integers(1, self.vocab, 8)
+
+  def step(self, state, actions):
+    turn, rng = state
+    observation = rng.integers(1, self.vocab, int(rng.integers(4, 13)))
+    return (turn + 1, rng), observation, float(actions[0] % 2), turn + 1 >= self.turns
+
+
+def _counting_rebuilds(play):
+  """play() and the number of times it built a cache (`start_contexts`)."""
+  calls = []
+  original = multi_turn.start_contexts
+
+  def counted(*args, **kwargs):
+    calls.append(1)
+    return original(*args, **kwargs)
+
+  multi_turn.start_contexts = counted
+  try:
+    out = play()
+  finally:
+    multi_turn.start_contexts = original
+  return out, len(calls)
+
+
+def rows_for(turns: int, batch: int, turn_tokens: int, full_prefill_turns: int) -> list[list]:
+  config = preset("tiny")
+  model = Transformer(config, rngs=nnx.Rngs(0))
+  rng = np.random.default_rng(0)
+  prompts = {"prompts": rng.integers(1, config.vocab_size, (batch, 16)),
+             "prompt_valid": np.ones((batch, 16), bool), "examples": [{}] * batch}
+
+  def make(source_type, **options):
+    return source_type(ShortToolEnv(turns, config.vocab_size), max_turns=turns,
+                       max_turn_tokens=turn_tokens,
+                       max_episode_tokens=8 + turns * (turn_tokens + 12), **options)
+
+  sources = {"kept": make(MultiTurn), "kept, no headroom": make(MultiTurn, cache_headroom=0)}
+  if turns <= full_prefill_turns:
+    sources["whole context every turn"] = make(RebuildingMultiTurn)
+  tokens = {}
+  rows = []
+  for label, source in sources.items():
+    play = lambda source=source: source(model, prompts, jax.random.key(0))
+    rollout, rebuilds = _counting_rebuilds(play)
+    tokens[label] = np.asarray(rollout.tokens)
+    seconds = time_call(lambda: play().tokens, repeats=1)
+    actions = int(np.asarray(rollout.mask).sum())
+    rows.append([turns, label, f"{actions / seconds:,.0f}", f"{1e3 * seconds / turns:.1f}",
+                 f"{1e6 * seconds / actions:.0f}", rebuilds,
+                 int(np.asarray(rollout.token_valid).sum(1).max())])
+  first = next(iter(tokens.values()))
+  assert all(np.array_equal(first, t) for t in tokens.values()), "the sources' episodes differ"
+  return rows
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--turn-tokens", type=int, default=4)
+  parser.add_argument("--turns", type=int, nargs="+", default=[8, 64, 256, 512])
+  parser.add_argument("--full-prefill-turns", type=int, default=256,
+                      help="the most turns the whole-context baseline is run at")
+  args = parser.parse_args()
+  print(f"# Multi-turn sampling across turns\n\nmachine: {machine()}\n")
+  print(f"tiny preset, batch {args.batch}, prompt 16, {args.turn_tokens} action tokens a turn, "
+        "observations of 4-12 tokens, temperature 1, float32\n")
+  rows = []
+  for turns in args.turns:
+    rows += rows_for(turns, args.batch, args.turn_tokens, args.full_prefill_turns)
+  print(table(["turns", "source", "action tok/s", "ms / turn", "µs / action token",
+               "cache builds", "longest row (tokens)"], rows))
+
+
+if __name__ == "__main__":
+  main()
