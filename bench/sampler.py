@@ -44,19 +44,19 @@ def draw_rows(repeats: int) -> list[list]:
 
 
 class ToolEnv:
-  """Answers every turn with 32-96 observation tokens (a tool's output); done after
-  `turns` turns."""
+  """Answers every turn with `low` to `high` observation tokens (a tool's output; 32-96 by
+  default) after `low` at reset; done after `turns` turns."""
 
-  def __init__(self, turns: int, vocab: int):
-    self.turns, self.vocab = turns, vocab
+  def __init__(self, turns: int, vocab: int, low: int = 32, high: int = 96):
+    self.turns, self.vocab, self.low, self.high = turns, vocab, low, high
 
   def reset(self, rng, example):
     del example
-    return (0, rng), rng.integers(1, self.vocab, 32)
+    return (0, rng), rng.integers(1, self.vocab, self.low)
 
   def step(self, state, actions):
     turn, rng = state
-    observation = rng.integers(1, self.vocab, int(rng.integers(32, 97)))
+    observation = rng.integers(1, self.vocab, int(rng.integers(self.low, self.high + 1)))
     return (turn + 1, rng), observation, float(actions[0] % 2), turn + 1 >= self.turns
 
 

@@ -4,11 +4,12 @@ one) against prefilling every turn's whole context.
 
 python -m bench.turns [--batch 8 --turn-tokens 4 --turns 8 64 256 512]
 
-An environment answers each turn with 4-12 observation tokens (so the rows' blocks leave pad
-slots). The three sources play the same episodes from the same key (asserted); each is timed
-on its own after a warm-up run (compilation). A cost per turn that stays flat as the turns
-grow, beyond attention's own growth with the context, is the target; prefilling the whole
-context every turn grows with it, so its total work is quadratic in turns.
+An environment answers each turn with 4-12 observation tokens, after 4 at reset (so the rows'
+blocks leave pad slots). The three sources play the same episodes from the same key
+(asserted); each is timed on its own after a warm-up run (compilation). A cost per turn that
+stays flat as the turns grow, beyond attention's own growth with the context, is the target;
+prefilling the whole context every turn grows with it, so its total work is quadratic in
+turns.
 """
 
 import argparse
@@ -19,24 +20,9 @@ from flax import nnx
 
 from bench.common import machine, table, time_call
 from bench.no_cache import RebuildingMultiTurn
+from bench.sampler import ToolEnv
 from jaxcredit.models import Transformer, preset
 from jaxcredit.rollout_sources import MultiTurn, multi_turn
-
-
-class ShortToolEnv:
-  """Answers every turn with 4-12 observation tokens; done after `turns` turns."""
-
-  def __init__(self, turns: int, vocab: int):
-    self.turns, self.vocab = turns, vocab
-
-  def reset(self, rng, example):
-    del example
-    return (0, rng), rng.integers(1, self.vocab, 8)
-
-  def step(self, state, actions):
-    turn, rng = state
-    observation = rng.integers(1, self.vocab, int(rng.integers(4, 13)))
-    return (turn + 1, rng), observation, float(actions[0] % 2), turn + 1 >= self.turns
 
 
 def _counting_rebuilds(play):
@@ -64,9 +50,9 @@ def rows_for(turns: int, batch: int, turn_tokens: int, full_prefill_turns: int) 
              "prompt_valid": np.ones((batch, 16), bool), "examples": [{}] * batch}
 
   def make(source_type, **options):
-    return source_type(ShortToolEnv(turns, config.vocab_size), max_turns=turns,
+    return source_type(ToolEnv(turns, config.vocab_size, 4, 12), max_turns=turns,
                        max_turn_tokens=turn_tokens,
-                       max_episode_tokens=8 + turns * (turn_tokens + 12), **options)
+                       max_episode_tokens=4 + turns * (turn_tokens + 12), **options)
 
   sources = {"kept": make(MultiTurn), "kept, no headroom": make(MultiTurn, cache_headroom=0)}
   if turns <= full_prefill_turns:
