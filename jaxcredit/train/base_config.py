@@ -108,6 +108,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.rl.eval_batch_size = ml_collections.config_dict.placeholder(int)
   # The log-prob head reads at most this many logits at a time (from hidden states in chunks).
   config.rl.logits_per_chunk = forward.LOGITS_PER_CHUNK
+  # Print the learner step's memory per device from its compiled program at the first step
+  # (XLA's memory_analysis: arguments, outputs, temporaries); costs one more compilation.
+  config.rl.report_memory = False
   # True: one extra forward pass per step gives rollout.old_logprobs (the learner's own log-probs
   # before its updates; the off-policy losses need them) and the mismatch/... metrics.
   config.rl.recompute_old_logprobs = False

@@ -104,6 +104,8 @@ def run(config, workdir: str, *, rollout_hook: extras.Hook | None = None) -> dic
       orders = learner.minibatch_orders(rollout.tokens.shape[0], rl.group_size, rl.epochs,
                                         rl.minibatches, config.seed, rl_step)
       before_update = trainer.stale.capture(trainer.modules["model"])
+      if rl.report_memory and rl_step == progress.initial:
+        _report_memory(trainer.learner_step, nnx.state(trainer.modules), rollout, orders, rl_step)
       state, update_metrics = trainer.learner_step(nnx.state(trainer.modules), rollout, orders,
                                                    rl_step)
       # Per-token export, off this thread.
@@ -291,6 +293,19 @@ def _reward_failures(trainer: setup.Trainer, rl_step: int) -> int:
       f"At RL step {rl_step + 1} the reward function raised on {failed} of {scored} responses, "
       f"at least task.max_reward_failures = {limit} of them (first: {reason}). Fix the reward "
       f"function and rerun to resume from RL step {trainer.checkpointer.latest_step() or 0}.")
+
+
+def _report_memory(step, *args) -> None:
+  """Prints the memory per device of `step`(*args)'s compiled program (`rl.report_memory`)."""
+  stats = step.lower(*args).compile().memory_analysis()
+  if stats is None:
+    print("Learner step memory: this backend does not report it.", flush=True)
+    return
+  gib = lambda n: f"{n / 2**30:.4g} GiB"
+  print(f"Learner step memory per device ({jax.device_count()} devices): arguments "
+        f"{gib(stats.argument_size_in_bytes)}, outputs {gib(stats.output_size_in_bytes)}, "
+        f"temporaries {gib(stats.temp_size_in_bytes)} (XLA's memory_analysis of the compiled "
+        "step).", flush=True)
 
 
 def _check_finite(update_metrics: dict, rl_step: int, trainer: setup.Trainer) -> None:

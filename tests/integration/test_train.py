@@ -3,6 +3,7 @@
 import json
 import math
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -201,9 +202,11 @@ def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
   mixed = ["--config.task.truncated_reward=-1.0"] if name == "ppo_gae" else []
   # A tree's leaves are the group: 1 chain forking twice into 2 is SMALL's 4.
   tree = ["--config.rollout.tree.roots=1"] if name.endswith(("treepo", "tree_grpo")) else []
-  # 256 turns a episode: 2 groups of 2 episodes, and 2 held-out ones.
+  # 256 turns an episode: 2 groups of 2 episodes, and 2 held-out ones; the learner step's
+  # memory reported at the start.
   long = (["--config.rl.prompts_per_step=2", "--config.rl.group_size=2",
-           "--config.task.test_size=2"] if name == "key_turns_long" else [])
+           "--config.task.test_size=2", "--config.rl.report_memory=True"]
+          if name == "key_turns_long" else [])
   result = _run(tmp_path, *SMALL, *export, *sft, *mixed, *tree, *long, config=name, env=cli_env)
   assert result.returncode == 0, result.stderr[-3000:]
   train = _train_lines(tmp_path)
@@ -215,6 +218,10 @@ def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
   if name == "key_turns_long":  # whole 256-turn episodes, the sampler's view the learner's
     assert train[0]["train/gen_tokens"] == 4 * 256
     assert abs(train[0]["train/policy/ratio_mean"] - 1.0) < 1e-4
+    memory = re.search(r"Learner step memory per device \(1 devices\): arguments ([0-9.e-]+) GiB, "
+                       r"outputs ([0-9.e-]+) GiB, temporaries ([0-9.e-]+) GiB", result.stdout)
+    assert memory and float(memory[1]) > 0 and float(memory[3]) > 0, result.stdout[-2000:]
+    assert result.stdout.count("Learner step memory") == 1
   if name == "quickstart":
     assert all("step" in line for line in _metrics(tmp_path))
     for key in (
