@@ -63,6 +63,7 @@ otherwise a rebuild comes only after pads have filled the headroom.
 
 import copy
 import dataclasses
+import functools
 import zlib
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -219,7 +220,7 @@ class MultiTurn:
   def __call__(self, model, batch: Mapping[str, Any], key: Array) -> Rollout:
     prompts, prompt_valid = np.asarray(batch["prompts"]), np.asarray(batch["prompt_valid"], bool)
     examples, vocab = batch["examples"], model.config.vocab_size
-    hidden = self.actions.hidden
+    hidden = self._hidden
     if hidden is not None and len(hidden) != prompts.shape[1] + self.max_episode_tokens:
       raise ValueError(f"MultiTurn: actions.hidden has {len(hidden)} columns, the rows "
                        f"{prompts.shape[1]} prompt + {self.max_episode_tokens} episode columns.")
@@ -411,20 +412,25 @@ class MultiTurn:
             "logprobs": self.local(out.logprobs), "entropy": self.local(out.entropy),
             "truncated": self.local(out.truncated)}
 
+  @functools.cached_property
+  def _hidden(self) -> np.ndarray | None:
+    """`actions.hidden` on the host (read every turn), or None."""
+    return None if self.actions.hidden is None else np.asarray(self.actions.hidden, bool)
+
   def _fed(self, tokens: np.ndarray, first_column: int) -> np.ndarray:
     """What the model is fed for `tokens` placed from row column `first_column` on (the last
     axis): `actions.hidden_token` at hidden columns."""
-    if self.actions.hidden is None:
+    if self._hidden is None:
       return tokens
-    hidden = np.asarray(self.actions.hidden, bool)[first_column:first_column + tokens.shape[-1]]
+    hidden = self._hidden[first_column:first_column + tokens.shape[-1]]
     return np.where(hidden, self.actions.hidden_token, tokens).astype(tokens.dtype)
 
   def _hidden_steps(self, next_columns: np.ndarray):
     """[b, max_turn_tokens] whether each decode step's token is hidden (its row column:
     `next_columns` [b] onwards), placed; None without hidden columns."""
-    if self.actions.hidden is None:
+    hidden = self._hidden
+    if hidden is None:
       return None
-    hidden = np.asarray(self.actions.hidden, bool)
     columns = next_columns[:, None] + np.arange(self.max_turn_tokens)
     steps = np.where(columns < len(hidden), hidden[np.minimum(columns, len(hidden) - 1)], False)
     return self.place(steps)

@@ -145,9 +145,10 @@ class KeyTurnsConfig:
       shown[0] = keys[turn]
     return shown
 
-  def action_columns(self) -> np.ndarray:
-    """bool ``[episode_length]``: the policy's columns."""
-    return np.arange(self.episode_length) % self.turn_width >= self.observation_length
+  def action_columns(self, length: int | None = None) -> np.ndarray:
+    """bool ``[length]`` (by default ``[episode_length]``): the policy's episode columns."""
+    columns = np.arange(self.episode_length if length is None else length)
+    return columns % self.turn_width >= self.observation_length
 
   def hidden_columns(self) -> np.ndarray:
     """bool ``[episode_length]``: the action columns fed as FILL (none without
@@ -157,6 +158,14 @@ class KeyTurnsConfig:
     hidden = self.action_columns()
     hidden[[self.turn_start(k) for k in self.decisive]] = False
     return hidden
+
+  def actions(self, prompt_length: int) -> Actions:
+    """The `sampling.Actions` of rows of `prompt_length` prompt columns then an episode: the
+    hidden columns fed as FILL (`Actions()` without hidden_actions)."""
+    if not self.hidden_actions:
+      return Actions()
+    return Actions(hidden=np.concatenate([np.zeros(prompt_length, bool), self.hidden_columns()]),
+                   hidden_token=FILL)
 
 
 def make_example(rng: np.random.Generator, config: KeyTurnsConfig) -> dict:
@@ -188,7 +197,7 @@ def demonstration_actions(completion: np.ndarray, config: KeyTurnsConfig) -> np.
   Returns:
     bool ``[len(completion)]``.
   """
-  return np.arange(len(completion)) % config.turn_width >= config.observation_length
+  return config.action_columns(len(completion))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,9 +278,8 @@ def train_task(config, *, data_dir: str, seed: int,
   """
   del tokenizer
   options = task.options_of(KeyTurnsConfig, config)
-  hidden = np.concatenate([np.zeros(2, bool), options.hidden_columns()])
   return task.TrainTask(
-      actions=Actions(hidden=hidden, hidden_token=FILL) if hidden.any() else Actions(),
+      actions=options.actions(prompt_length=2),
       vocab_size=VOCAB_SIZE, pad_id=PAD, stop_tokens=(), max_prompt_length=2,
       max_response_length=options.episode_length, encode=loader.ids_encoder,
       score=task.environment_rewards("key_turns"), token_texts=token_names,

@@ -78,10 +78,8 @@ def _in_chunks(rows: np.ndarray, chunk: int, score) -> np.ndarray:
 
 def _fed(config: KeyTurnsConfig, rows: np.ndarray, prompt_length: int) -> np.ndarray:
   """What the policy is fed for `rows` (a prompt, then episode columns): FILL at the hidden
-  columns (`KeyTurnsConfig.hidden_columns`)."""
-  hidden = config.hidden_columns()[:rows.shape[1] - prompt_length]
-  return np.concatenate([rows[:, :prompt_length],
-                         np.where(hidden, FILL, rows[:, prompt_length:])], axis=1)
+  columns (`KeyTurnsConfig.actions`)."""
+  return np.asarray(config.actions(prompt_length).columns(0, rows.shape[1]).observe(rows))
 
 
 def _next_probs(model, config: KeyTurnsConfig, histories: np.ndarray,

@@ -18,8 +18,7 @@ PROMPT = np.asarray([1, 2])
 
 
 def _actions(config) -> Actions:
-  return Actions(hidden=np.concatenate([np.zeros(2, bool), config.hidden_columns()]),
-                 hidden_token=FILL)
+  return config.actions(prompt_length=2)
 
 
 def _episodes(model, config, rows, seed, actions=None):
@@ -66,6 +65,10 @@ def test_the_layout_with_long_observations_and_turns():
   np.testing.assert_array_equal(np.flatnonzero(config.action_columns()), [4, 5, 10, 11, 16, 17])
   # Every action is hidden but the decisive turn's first.
   np.testing.assert_array_equal(np.flatnonzero(config.hidden_columns()), [4, 5, 11, 16, 17])
+  actions = config.actions(prompt_length=2)  # the rows' columns: the prompt is seen
+  np.testing.assert_array_equal(np.flatnonzero(actions.hidden), [6, 7, 13, 18, 19])
+  assert actions.hidden_token == FILL
+  assert key_turns.KeyTurnsConfig().actions(prompt_length=2) == Actions()
   np.testing.assert_array_equal(
       key_turns.demonstration_actions(example["completion"], config), config.action_columns())
 
