@@ -9,10 +9,13 @@ blocks leave pad slots). The three sources play the same episodes from the same 
 (asserted); each is timed on its own after a warm-up run (compilation). A cost per turn that
 stays flat as the turns grow, beyond attention's own growth with the context, is the target;
 prefilling the whole context every turn grows with it, so its total work is quadratic in
-turns.
+turns. The named baseline for attention's own cost: decoding alone (no turns) after a prompt
+as long as the episode's mean context; a ratio to it that does not grow with the turns is a
+cost per action token that grows no faster than attention's own.
 """
 
 import argparse
+import time
 
 import jax
 import numpy as np
@@ -21,6 +24,7 @@ from flax import nnx
 from bench.common import machine, table, time_call
 from bench.no_cache import RebuildingMultiTurn
 from bench.sampler import ToolEnv
+from jaxcredit import sampling
 from jaxcredit.models import Transformer, preset
 from jaxcredit.rollout_sources import MultiTurn, multi_turn
 
@@ -71,7 +75,34 @@ def rows_for(turns: int, batch: int, turn_tokens: int, full_prefill_turns: int) 
                  int(np.asarray(rollout.token_valid).sum(1).max())])
   first = next(iter(tokens.values()))
   assert all(np.array_equal(first, t) for t in tokens.values()), "the sources' episodes differ"
+  context = int(np.asarray(rollout.token_valid).sum(1).max()) // 2
+  per_token = decode_alone(model, batch, context)
+  for row in rows:  # µs per action token, as a multiple of decoding alone
+    row.insert(5, f"{float(row[4]) / (1e6 * per_token):.1f}×")
+  rows.append([turns, f"decode alone at {context} tokens of context", "", "",
+               f"{1e6 * per_token:.0f}", "1×", "", ""])
   return rows
+
+
+def decode_alone(model, batch: int, context: int, steps: int = 32) -> float:
+  """Seconds per sampled token (a row's) of `steps` decode steps after a `context`-token
+  prompt, in a cache of context + steps slots: the decoder's own cost at the episode's mean
+  context, without the turns (no observations, no host round trips)."""
+  rng = np.random.default_rng(1)
+  tokens = rng.integers(1, model.config.vocab_size, (batch, context))
+  valid = np.ones((batch, context), bool)
+
+  def decode():
+    contexts = sampling.start_contexts(model, tokens, valid, slots=context + steps)
+    jax.block_until_ready(contexts)
+    start = time.perf_counter()
+    continuation, _ = sampling.continue_contexts(model, contexts, jax.random.key(0),
+                                                 max_new_tokens=steps, done=np.zeros(batch, bool))
+    jax.block_until_ready(continuation.tokens)
+    return time.perf_counter() - start
+
+  decode()  # compilation
+  return min(decode() for _ in range(3)) / (steps * batch)
 
 
 def main():
@@ -86,7 +117,7 @@ def main():
   print(f"tiny preset, batch {args.batch}, prompt 16, {args.turn_tokens} action tokens a turn, "
         "observations of 4-12 tokens, temperature 1, float32\n")
   header = ["turns", "source", "action tok/s", "ms / turn", "µs / action token",
-            "cache builds", "longest row (tokens)"]
+            "vs decode alone", "cache builds", "longest row (tokens)"]
   print(table(header, []))
   for turns in args.turns:
     rows = rows_for(turns, args.batch, args.turn_tokens, args.full_prefill_turns)

@@ -24,8 +24,11 @@ row) gets the mean of every value, in both implementations. Output
            backward pass recomputes the scores block by block (flash
            attention's backward, `_flash_backward`): forward and backward hold
            one [B, KV, G, block, block] block of scores at a time, so memory is
-           linear in T and S. When T and S fit in one block this is the xla
-           computation, and runs as it.
+           linear in T and S. A query block scans only the key blocks up to its
+           last slot (causal): a teacher-forced pass computes the lower
+           triangle of blocks, and a decode step against a cache reads the
+           written slots, not the whole cache. When T and S fit in one block
+           this is the xla computation, and runs as it.
 """
 
 import functools
@@ -36,12 +39,12 @@ import jax.numpy as jnp
 from jax import Array
 
 IMPLEMENTATIONS = ("chunked", "xla", "cudnn", "splash")
-_MASKED = jnp.finfo(jnp.float32).min  # a masked key: still counted by a row that sees no key
+_MASKED = jnp.finfo(jnp.float32).min  # a masked key: the running max of a row that sees no key
 _PADDING = -jnp.inf  # a slot added to fill the last block: never counted
 
 
 def attention(q: Array, keys: Array, values: Array, query_slots: Array, key_valid: Array, *,
-              implementation: str = "xla", block_size: int = 512) -> Array:
+              implementation: str = "xla", block_size: int = 512, layer=None) -> Array:
   """Causal grouped-query attention (module docstring); scores in float32, scaled by
   1 / sqrt(hd).
 
@@ -53,10 +56,13 @@ def attention(q: Array, keys: Array, values: Array, query_slots: Array, key_vali
     key_valid: ``[B, S]`` bool.
     implementation: one of `IMPLEMENTATIONS`.
     block_size: the query and key block of "chunked" and "splash".
+    layer: None, or an int index: keys and values are then a stacked cache
+      ``[n_layers, B, S, KV, hd]`` and this layer's are attended. "chunked" reads its key
+      blocks from the stacked cache in place (a decode step copies no layer of it; forward
+      only), the others take the layer's slice.
 
   Returns:
-    ``[B, T, KV, G, hd]`` in the values' dtype; a query that sees no key gets the mean of
-    every value.
+    ``[B, T, KV, G, hd]`` in the values' dtype; a query that sees no key gets zeros.
 
   Raises:
     ValueError: on an unknown implementation, or "cudnn" / "splash" off a GPU / TPU.
@@ -65,11 +71,14 @@ def attention(q: Array, keys: Array, values: Array, query_slots: Array, key_vali
     Rabe and Staats, 2021, "Self-attention Does Not Need O(n^2) Memory", arXiv 2112.05682;
     Dao et al., 2022, "FlashAttention", arXiv 2205.14135.
   """
-  single_block = max(q.shape[1], keys.shape[1]) <= block_size
+  single_block = max(q.shape[1], keys.shape[-3]) <= block_size
+  if layer is not None and (implementation != "chunked" or single_block
+                            or keys.shape[-3] % block_size):
+    keys, values, layer = keys[layer], values[layer], None  # a padded cache would be copied
   if implementation == "xla" or (implementation == "chunked" and single_block):
     return _naive(q, keys, values, query_slots, key_valid)  # one block: the same computation
   if implementation == "chunked":
-    return _blockwise(q, keys, values, query_slots, key_valid, block_size)
+    return _blockwise(q, keys, values, query_slots, key_valid, block_size, layer)
   if implementation == "cudnn":
     if jax.default_backend() != "gpu":
       raise ValueError(f"model.attention='cudnn' (cuDNN flash attention) needs a CUDA GPU; "
@@ -100,7 +109,8 @@ def _scores(q, keys, visible):
 
 def _naive(q, keys, values, query_slots, key_valid):
   visible = _visible(query_slots, jnp.arange(keys.shape[1]), key_valid)
-  probs = jax.nn.softmax(_scores(q, keys, visible), axis=-1).astype(values.dtype)
+  probs = jax.nn.softmax(_scores(q, keys, visible), axis=-1)
+  probs = jnp.where(visible.any(-1, keepdims=True), probs, 0.0).astype(values.dtype)
   return jnp.einsum("bkgts,bskd->btkgd", probs, values)
 
 
@@ -112,7 +122,8 @@ def _fused(q, keys, values, query_slots, key_valid, implementation: str):
   visible = _visible(query_slots, jnp.arange(keys.shape[1]), key_valid)[:, 0]
   out = jax.nn.dot_product_attention(q.reshape(b, t, n_kv * group, hd), keys, values,
                                      mask=visible, implementation=implementation)
-  return out.reshape(q.shape).astype(values.dtype)
+  seen = jnp.moveaxis(visible.any(-1), 1, 2)[..., None, None]  # [B, T, 1, 1, 1]
+  return jnp.where(seen, out.reshape(q.shape), 0).astype(values.dtype)
 
 
 def _splash(q, keys, values, token_valid, block_size: int, interpret: bool = False):
@@ -157,14 +168,17 @@ def _block(x: Array, index, size: int, axis: int) -> Array:
   return jax.lax.dynamic_slice_in_dim(x, index * size, size, axis=axis)
 
 
-def _blockwise(q, keys, values, query_slots, key_valid, block_size: int):
+def _blockwise(q, keys, values, query_slots, key_valid, block_size: int, layer=None):
   """Blocks are read in place with dynamic slices (a decode step reads the cache
-  block by block); only a length that is not a multiple of the block is padded."""
-  t, s = q.shape[1], keys.shape[1]
+  block by block, from the stacked cache when `layer` is given: forward only); only
+  a length that is not a multiple of the block is padded."""
+  t, s = q.shape[1], keys.shape[-3]
   sizes = (min(block_size, t), min(block_size, s), s)
+  q, query_slots = _padded(q, sizes[0], 1, 0), _padded(query_slots, sizes[0], 0, 0)
+  if layer is not None:  # S is a multiple of the block (`attention`)
+    return _flash_forward(q, keys, values, query_slots, key_valid, sizes, layer)[0][:, :t]
   keys, values = _padded(keys, sizes[1], 1, 0), _padded(values, sizes[1], 1, 0)
   key_valid = _padded(key_valid, sizes[1], 1, False)
-  q, query_slots = _padded(q, sizes[0], 1, 0), _padded(query_slots, sizes[0], 0, 0)
   return _flash(q, keys, values, query_slots, key_valid, sizes)[:, :t]
 
 
@@ -177,10 +191,29 @@ class _KeyBlock(NamedTuple):
   real: Array  # [k]: False for the slots that pad the last block
 
 
-def _key_block(keys, values, key_valid, q_slots, j, k_size: int, length: int) -> _KeyBlock:
+def _key_block(keys, values, key_valid, q_slots, j, k_size: int, length: int,
+               layer=None) -> _KeyBlock:
+  """Key block j; keys and values [B, S, KV, hd], or stacked [n_layers, B, S, KV, hd] and
+  read at `layer`."""
+  if layer is None:
+    read = lambda x: _block(x, j, k_size, 1)
+  else:
+    read = lambda x: jax.lax.dynamic_slice(x, (layer, 0, j * k_size, 0, 0),
+                                           (1, x.shape[1], k_size, *x.shape[3:]))[0]
   slots = j * k_size + jnp.arange(k_size)
-  return _KeyBlock(_block(keys, j, k_size, 1), _block(values, j, k_size, 1),
+  return _KeyBlock(read(keys), read(values),
                    _visible(q_slots, slots, _block(key_valid, j, k_size, 1)), slots < length)
+
+
+def _key_blocks(q_slots, k_size: int, slots: int):
+  """How many key blocks a query block reads: those up to its last slot (the later ones
+  hold no key it may see)."""
+  return jnp.minimum(jnp.max(q_slots) // k_size + 1, slots // k_size)
+
+
+def _seen(m):
+  """Whether each query row saw a key: its running max passed the masked score."""
+  return m > _MASKED
 
 
 def _block_scores(q_block, kb: _KeyBlock):
@@ -199,9 +232,10 @@ def _flash(q, keys, values, query_slots, key_valid, sizes):
   return _flash_forward(q, keys, values, query_slots, key_valid, sizes)[0]
 
 
-def _flash_forward(q, keys, values, query_slots, key_valid, sizes):
+def _flash_forward(q, keys, values, query_slots, key_valid, sizes, layer=None):
   """Output [B, T, KV, G, hd] and each query row's running max m and normaliser
-  l ([n, B, KV, G, q]), which the backward pass needs to recompute the probabilities."""
+  l ([n, B, KV, G, q]), which the backward pass needs to recompute the probabilities.
+  With `layer`, keys and values are a stacked cache (`_key_block`)."""
   q_size, k_size, length = sizes
   # Ties the masks' inputs to q: under rematerialisation, values that depend only on
   # undifferentiated inputs are computed once and stored, and the masks of every
@@ -212,9 +246,9 @@ def _flash_forward(q, keys, values, query_slots, key_valid, sizes):
   def query_block(_, block):
     q_block, q_slots = block
 
-    def key_block(carry, j):
+    def key_block(j, carry):
       m, l, acc = carry
-      kb = _key_block(keys, values, key_valid, q_slots, j, k_size, length)
+      kb = _key_block(keys, values, key_valid, q_slots, j, k_size, length, layer)
       scores = _block_scores(q_block, kb)
       m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
       p = jnp.exp(scores - m_new[..., None])
@@ -223,13 +257,15 @@ def _flash_forward(q, keys, values, query_slots, key_valid, sizes):
       acc = acc * correction[..., None] + jnp.einsum(
           "bkgts,bskd->bkgtd", p.astype(values.dtype), kb.values,
           preferred_element_type=jnp.float32)
-      return (m_new, l, acc), None
+      return m_new, l, acc
 
     b, _, n_kv, group, hd = q_block.shape
     rows = (b, n_kv, group, q_size)
     init = (jnp.full(rows, _MASKED), jnp.zeros(rows), jnp.zeros((*rows, hd)))
-    (m, l, acc), _ = jax.lax.scan(key_block, init, jnp.arange(keys.shape[1] // k_size))
-    return None, (jnp.einsum("bkgtd->btkgd", acc / l[..., None]).astype(values.dtype), m, l)
+    m, l, acc = jax.lax.fori_loop(0, _key_blocks(q_slots, k_size, keys.shape[-3]), key_block,
+                                  init)
+    out = jnp.where(_seen(m)[..., None], acc / l[..., None], 0.0)
+    return None, (jnp.einsum("bkgtd->btkgd", out).astype(values.dtype), m, l)
 
   _, (out, m, l) = jax.lax.scan(query_block, None, _query_blocks(q, query_slots, q_size))
   out = jnp.moveaxis(out, 0, 1).reshape(q.shape)
@@ -256,11 +292,12 @@ def _flash_backward(sizes, residuals, d_out):
 
   def query_block(d_kv, block):
     q_block, q_slots, d_out_block, m_block, l_block, dot_block = block
+    rows = jnp.where(_seen(m_block), 1 / l_block, 0.0)[..., None]  # 0: a row that sees no key
 
-    def key_block(carry, j):
+    def key_block(j, carry):
       d_q, d_keys, d_values = carry
       kb = _key_block(keys, values, key_valid, q_slots, j, k_size, length)
-      p = jnp.exp(_block_scores(q_block, kb) - m_block[..., None]) / l_block[..., None]
+      p = jnp.exp(_block_scores(q_block, kb) - m_block[..., None]) * rows
       d_values = _add_block(d_values, j, k_size, jnp.einsum("bkgts,btkgd->bskd", p, d_out_block))
       d_p = jnp.einsum("btkgd,bskd->bkgts", d_out_block, kb.values,
                        preferred_element_type=jnp.float32)
@@ -268,10 +305,11 @@ def _flash_backward(sizes, residuals, d_out):
       d_q += jnp.einsum("bkgts,bskd->btkgd", d_z, kb.keys, preferred_element_type=jnp.float32)
       d_keys = _add_block(d_keys, j, k_size, jnp.einsum(
           "bkgts,btkgd->bskd", d_z, q_block, preferred_element_type=jnp.float32))
-      return (d_q, d_keys, d_values), None
+      return d_q, d_keys, d_values
 
     init = (jnp.zeros(q_block.shape, jnp.float32), *d_kv)
-    (d_q, *d_kv), _ = jax.lax.scan(key_block, init, jnp.arange(keys.shape[1] // k_size))
+    d_q, *d_kv = jax.lax.fori_loop(0, _key_blocks(q_slots, k_size, keys.shape[1]), key_block,
+                                   init)
     return tuple(d_kv), d_q.astype(q.dtype)
 
   blocks = (*_query_blocks(q, query_slots, q_size), _query_blocks(d_out, query_slots, q_size)[0],

@@ -130,6 +130,29 @@ class TransformerConfig:
           "shorten the prompts and responses (task.max_prompt_length, max_response_length), "
           "or raise model.max_position where the model's RoPE scaling covers it.")
 
+  def cache_slots(self, slots: int) -> int:
+    """The KV cache size to allocate for `slots` slots.
+
+    Past one attention block, a whole number of blocks, so that blockwise attention reads a
+    decode step's key blocks from the cache in place instead of padding a copy of it; never
+    past max_position.
+
+    Args:
+      slots: the slots the cache must hold at least.
+
+    Returns:
+      ``slots``, or the next multiple of ``attention_block`` (at most max_position).
+
+    Examples:
+      >>> from jaxcredit.models import preset
+      >>> preset("tiny", attention_block=512).cache_slots(600)
+      1024
+    """
+    if slots <= self.attention_block:
+      return slots
+    rounded = -(-slots // self.attention_block) * self.attention_block
+    return max(slots, min(rounded, self.max_position or rounded))
+
   @property
   def resolved_head_dim(self) -> int:
     return self.head_dim or self.d_model // self.n_heads

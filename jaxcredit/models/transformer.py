@@ -180,18 +180,18 @@ class Attention(nnx.Module):
     k = rope(k, positions, cfg.rope_theta, cfg.rope_scaling)
     v = self.v_proj(x).reshape(b, t, n_kv, hd)
     if cache is None:
-      keys, values = k, v
-    else:
+      keys, values, layer = k, v, None
+    else:  # attention reads this layer's keys from the stacked cache
       all_keys, all_values, layer = cache
       write = functools.partial(_write_slots, layer=layer, slot=slot)
-      all_keys, all_values = write(all_keys, k), write(all_values, v)
-      keys, values, cache = all_keys[layer], all_values[layer], (all_keys, all_values, layer)
+      keys, values = write(all_keys, k), write(all_values, v)
+      cache = (keys, values, layer)
     sharded = cache is None and context_parallel.sequence_shards() > 1
     implementation = cfg.attention
     if implementation == "splash" and (cache is not None or sharded):
       implementation = "chunked"  # splash attends a whole unsharded row to itself only
     attend = functools.partial(attention, implementation=implementation,
-                               block_size=cfg.attention_block)
+                               block_size=cfg.attention_block, layer=layer)
     if cache is None:  # teacher-forced rows may be sharded along the sequence
       attend = context_parallel.sequence_sharded(attend)
     out = attend(q.reshape(b, t, n_kv, group, hd), keys, values, query_slots, key_valid)

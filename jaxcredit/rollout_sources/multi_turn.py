@@ -54,7 +54,8 @@ block of slots shared by the batch (`_bucket` columns: the most any row adds,
 rounded up to a power of two; left-padded), then decodes the turn. The rows'
 blocks leave pad slots behind (the shorter rows' observations and turns). The
 cache holds P + E + max_turn_tokens slots and `cache_headroom` (a quarter) of
-P + E more; when the next block and turn would not fit, it is rebuilt from the
+P + E more (rounded up to whole attention blocks, `TransformerConfig.cache_slots`);
+when the next block and turn would not fit, it is rebuilt from the
 rows' whole contexts, packed (`_packed_width` columns). So a turn's cost does
 not grow with the turns before it beyond attention's own: rows that add the
 same number of columns each turn leave no pads and never rebuild, and
@@ -385,7 +386,8 @@ class MultiTurn:
     rebuilt from the whole contexts (module docstring). Updates `cache`."""
     rows, prompt_width = len(prompts), prompts.shape[1]
     most = prompt_width + self.max_episode_tokens
-    slots = most + int(most * self.cache_headroom) + self.max_turn_tokens
+    slots = model.config.cache_slots(most + int(most * self.cache_headroom)
+                                     + self.max_turn_tokens)
     new = np.where(episodes.done, 0, episodes.length - cache.columns)
     most_new = self._global_max(new)  # every process builds the same shapes
     width = _bucket(most_new, self.max_episode_tokens) if most_new else 0

@@ -237,7 +237,8 @@ def _generate_cached(graphdef, state, prompts, prompt_valid, key, allowed, hidde
   """Prefill, then the decode loop (`_decode`)."""
   model = nnx.merge(graphdef, state)
   batch, prompt_len = prompts.shape
-  cache = KVCache.zeros(model.config, batch, prompt_len + settings.max_new_tokens)
+  slots = model.config.cache_slots(prompt_len + settings.max_new_tokens)
+  cache = KVCache.zeros(model.config, batch, slots)
   layers = model.unstacked_layers()  # once, outside the loop
   logits = jnp.zeros((batch, model.config.vocab_size), jnp.float32)
   cache, logits, length = _extend(model, cache, logits, jnp.zeros(batch, jnp.int32), 0, prompts,

@@ -13,16 +13,16 @@ from tests.unit.test_logprobs import _intermediate_sizes
 
 
 def _reference(q, k, v, query_slots, key_valid):
-  """float64 softmax attention; a query that sees no key averages every value."""
+  """float64 softmax attention; a query that sees no key gets zeros."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   scores = np.einsum("btkgd,bskd->bkgts", q, k) / np.sqrt(q.shape[-1])
   visible = (np.arange(k.shape[1])[None, :] <= np.asarray(query_slots)[:, None])[None]
   visible = visible & np.asarray(key_valid)[:, None, :]
   scores = np.where(visible[:, None, None], scores, -np.inf)
   seen = visible.any(-1)[:, None, None, :, None]
-  scores = np.where(seen, scores, 0.0)  # no key seen: uniform over all of them
+  scores = np.where(seen, scores, 0.0)
   probs = np.exp(scores - scores.max(-1, keepdims=True))
-  probs /= probs.sum(-1, keepdims=True)
+  probs = np.where(seen, probs / probs.sum(-1, keepdims=True), 0.0)  # no key seen: zeros
   return np.einsum("bkgts,bskd->btkgd", probs, v)
 
 
@@ -184,3 +184,46 @@ def test_splash_kernel_equals_naive_on_real_tokens(t, block):
     lambda *x: jnp.sum(jnp.where(real, weights * f(*x), 0)), argnums=(0, 1, 2)
   )(q, k, v)
   chex.assert_trees_all_close(grad(splash), grad(naive), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("t,s,block", [(1, 40, 8), (5, 40, 8), (16, 16, 4)])
+def test_blockwise_reads_no_key_block_after_a_query_blocks_last_slot(t, s, block):
+  """A query block reads the key blocks up to its last slot only (a decode step reads the
+  written slots of its cache, a teacher-forced pass the lower triangle of blocks): NaN keys
+  and values in a later block, at slots no query sees, reach neither the earlier query
+  blocks' outputs nor their gradient. Naive attention would read them (0 * NaN)."""
+  q, k, v, _, key_valid = _inputs(2, t, s, 2, 2, 8)
+  query_slots = np.arange(t) + (s // 2 if t < s else 0)
+  unread = (query_slots[-1] // block + 1) * block if t < s else s - block  # a block's start
+  k[:, unread:], v[:, unread:] = np.nan, np.nan
+  key_valid[:, unread:] = False
+  rows = query_slots < unread  # the queries whose blocks end before the NaN
+  want = _reference(q, np.nan_to_num(k), np.nan_to_num(v), query_slots, key_valid)
+  run = lambda q, k, v: attention(q, k, v, query_slots, key_valid, implementation="chunked",
+                                  block_size=block)
+  np.testing.assert_allclose(jax.jit(run)(q, k, v)[:, rows], want[:, rows], atol=1e-5, rtol=1e-5)
+  d_q, d_k, d_v = jax.grad(lambda *x: jnp.sum(run(*x)[:, rows]), argnums=(0, 1, 2))(q, k, v)
+  assert np.isfinite(d_q[:, rows]).all()
+  if rows.all():  # no query reads the NaN block (under teacher forcing the last one does)
+    assert np.isfinite(d_k[:, :unread]).all() and np.isfinite(d_v[:, :unread]).all()
+  naive = attention(q, k, v, query_slots, key_valid, implementation="xla")
+  assert np.isnan(np.asarray(naive)[:, rows]).any()  # the control: reading them poisons
+
+
+@pytest.mark.parametrize("impl,s,block", [("chunked", 40, 8), ("chunked", 29, 8),
+                                          ("chunked", 8, 8), ("xla", 40, 8)])
+def test_a_stacked_cache_read_at_a_layer_equals_that_layers_keys(impl, s, block):
+  """`layer`: keys and values [n_layers, B, S, KV, hd], the layer's read in place (chunked,
+  S a multiple of the block) or sliced (otherwise), for a traced layer index too."""
+  q, k, v, _, key_valid = _inputs(2, 3, s, 2, 2, 8)
+  rng = np.random.default_rng(2)
+  stacked_k, stacked_v = (jnp.stack([rng.normal(size=x.shape).astype(np.float32), x, x + 1])
+                          for x in (k, v))
+  query_slots = np.arange(3) + s // 2
+  want = attention(q, k, v, query_slots, key_valid, implementation=impl, block_size=block)
+  run = jax.jit(lambda layer: attention(q, stacked_k, stacked_v, query_slots, key_valid,
+                                        implementation=impl, block_size=block, layer=layer))
+  np.testing.assert_allclose(run(1), want, atol=1e-6, rtol=1e-6)
+  np.testing.assert_allclose(run(0)[:, :1], _reference(q, stacked_k[0], stacked_v[0],
+                                                       query_slots, key_valid)[:, :1],
+                             atol=1e-5, rtol=1e-5)
