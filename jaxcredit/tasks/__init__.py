@@ -10,12 +10,12 @@ import.
 """
 
 from jaxcredit.tasks import (arithmetic, calculator, chat_template, countdown, gsm8k, key_token,
-                             key_turns, target_sum, zipf_explain)
+                             key_turns, log_lookup, target_sum, zipf_explain)
 from jaxcredit.tasks.task import (Task, TrainTask, get, make, multi_turn_source, names,
                                   of_options, options_of, register, unregister, within_tokenizer)
 from jaxcredit.tasks.tokenizers import CharTokenizer, HFTokenizer, Tokenizer
 
 __all__ = ["CharTokenizer", "HFTokenizer", "Task", "Tokenizer", "TrainTask", "arithmetic",
            "calculator", "chat_template", "countdown", "get", "gsm8k", "key_token", "key_turns",
-           "make", "multi_turn_source", "names", "of_options", "options_of", "register",
-           "target_sum", "unregister", "within_tokenizer", "zipf_explain"]
+           "log_lookup", "make", "multi_turn_source", "names", "of_options", "options_of",
+           "register", "target_sum", "unregister", "within_tokenizer", "zipf_explain"]

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxcredit import _checks
-from jaxcredit.tasks import builders, loader, procedural, task
+from jaxcredit.tasks import builders, procedural, task
 from jaxcredit.tasks.countdown import ExpressionError, parse
 from jaxcredit.tasks.loader import as_text
 from jaxcredit.tasks.tokenizers import CharTokenizer
@@ -183,16 +183,10 @@ def train_task(config, *, data_dir: str, seed: int,
   del tokenizer
   options = task.options_of(CalculatorConfig, config)
   characters = CharTokenizer(ALPHABET)
-  return task.TrainTask(
-      vocab_size=characters.vocab_size, pad_id=characters.pad_id, stop_tokens=(),
-      max_prompt_length=config.max_prompt_length, max_response_length=options.episode_length,
-      encode=loader.text_encoder(characters, eos=False),
-      score=task.environment_rewards("calculator"), token_texts=characters.token_texts,
-      environment=CalculatorEnv(characters), max_turns=options.max_turns,
-      max_turn_tokens=options.max_turn_tokens,
-      turn_end_tokens=tuple(characters.encode(TURN_END)),
-      demonstration_actions=lambda ids: demonstration_actions(characters.decode(ids)),
-      **procedural.fields("calculator", config, options, data_dir=data_dir, seed=seed))
+  return procedural.character_environment_task(
+      "calculator", config, options, characters, CalculatorEnv(characters), turn_end=TURN_END,
+      data_dir=data_dir, seed=seed,
+      demonstration_actions=lambda ids: demonstration_actions(characters.decode(ids)))
 
 
 TASK = task.register(task.Task(name="calculator", options=CalculatorConfig, data=Calculator,

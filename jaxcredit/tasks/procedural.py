@@ -75,6 +75,38 @@ def character_task(name: str, config, options, alphabet: str,
       **fields(name, config, options, data_dir=data_dir, seed=seed))
 
 
+def character_environment_task(name: str, config, options, tokenizer: CharTokenizer,
+                               environment, *, turn_end: str, data_dir: str, seed: int,
+                               demonstration_actions: Callable | None = None) -> task.TrainTask:
+  """A generated multi-turn task on a character tokenizer, its rewards from `environment`
+  turn by turn (`task.environment_rewards`), its turns ended by `turn_end`.
+
+  Args:
+    name: the task's name.
+    config: the run's ``task`` config.
+    options: the task's options, with ``episode_length``, ``max_turns`` and
+      ``max_turn_tokens``.
+    tokenizer: the character tokenizer of observations and actions.
+    environment: the task's environment (`rollout_sources.environment.Environment`).
+    turn_end: the character that ends a turn.
+    data_dir: where the dataset is built.
+    seed: the data seed.
+    demonstration_actions: ``completion ids [n] -> bool [n]``, a demonstration's policy
+      tokens (SFT), or None (RL only).
+
+  Returns:
+    the `TrainTask`.
+  """
+  return task.TrainTask(
+      vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, stop_tokens=(),
+      max_prompt_length=config.max_prompt_length, max_response_length=options.episode_length,
+      encode=loader.text_encoder(tokenizer, eos=False), score=task.environment_rewards(name),
+      token_texts=tokenizer.token_texts, environment=environment, max_turns=options.max_turns,
+      max_turn_tokens=options.max_turn_tokens, turn_end_tokens=tuple(tokenizer.encode(turn_end)),
+      demonstration_actions=demonstration_actions,
+      **fields(name, config, options, data_dir=data_dir, seed=seed))
+
+
 def evaluation_symbols(n_keys: int, count: int, limit: int) -> np.ndarray:
   """The key symbols of a batched task's evaluation prompts: all ``|C|^count`` combinations
   when that is at most `limit`, else `limit` drawn uniformly (a fixed stream, the same for

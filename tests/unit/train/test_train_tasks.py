@@ -94,12 +94,12 @@ def test_unknown_task_lists_the_known_ones(tmp_path):
   with pytest.raises(
     ValueError,
     match="Unknown task 'chess'; known: arithmetic, calculator, countdown, gsm8k, key_token, "
-    "key_turns, target_sum",
+    "key_turns, log_lookup, target_sum",
   ):
     tasks.make(config, data_dir=str(tmp_path), seed=0)
   with pytest.raises(ValueError, match="Task 'zipf_explain' runs in the batched lab only; the "
                      "training loop takes: arithmetic, calculator, countdown, gsm8k, key_token, "
-                     "key_turns, target_sum."):
+                     "key_turns, log_lookup, target_sum."):
     tasks.make(ml_collections.ConfigDict({"name": "zipf_explain"}), data_dir=str(tmp_path),
                seed=0)
 
