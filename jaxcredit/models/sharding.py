@@ -262,3 +262,21 @@ def batch_sharding(mesh: Mesh, rules: Mapping = DEFAULT_RULES) -> NamedSharding:
   """
   group = _batch_axes(mesh, rules)
   return NamedSharding(mesh, PartitionSpec(group or None))
+
+
+def sampling_sharding(mesh: Mesh, rules: Mapping = DEFAULT_RULES) -> NamedSharding:
+  """Shards sampled rows over the mesh axes of the `batch` rule and `sequence`.
+
+  The learner splits a row's tokens over `sequence`; a decode step has one token per row, so
+  when sampling those devices take rows of their own instead of each sampling every row.
+
+  Args:
+    mesh: the device mesh.
+    rules: logical axis name -> mesh axis, tuple of mesh axes, or None (replicated).
+
+  Returns:
+    a `NamedSharding` of the leading (row) axis.
+  """
+  group = _batch_axes(mesh, rules) + tuple(
+      a for a in ("sequence",) if mesh.shape.get(a, 1) > 1 and a not in _batch_axes(mesh, rules))
+  return NamedSharding(mesh, PartitionSpec(group or None))

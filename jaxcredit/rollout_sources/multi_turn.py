@@ -51,7 +51,8 @@ answering them).
 The KV cache lives across turns (`sampling.Contexts`): a turn prefills only
 what is new in each row - the observation since its last action - into a
 block of slots shared by the batch (`_bucket` columns: the most any row adds,
-rounded up to a power of two; left-padded), then decodes the turn. The rows'
+rounded up to a power of two, past 64 to an eighth of one; left-padded), then decodes the
+turn. The rows'
 blocks leave pad slots behind (the shorter rows' observations and turns). The
 cache holds P + E + max_turn_tokens slots and `cache_headroom` (a quarter) of
 P + E more (rounded up to whole attention blocks, `TransformerConfig.cache_slots`);
@@ -388,6 +389,8 @@ class MultiTurn:
     most = prompt_width + self.max_episode_tokens
     slots = model.config.cache_slots(most + int(most * self.cache_headroom)
                                      + self.max_turn_tokens)
+    if model.config.max_position:  # the headroom never takes the cache past the model's rows
+      slots = max(most + self.max_turn_tokens, min(slots, model.config.max_position))
     new = np.where(episodes.done, 0, episodes.length - cache.columns)
     most_new = self._global_max(new)  # every process builds the same shapes
     width = _bucket(most_new, self.max_episode_tokens) if most_new else 0
@@ -488,9 +491,11 @@ class _Cache:
 
 
 def _bucket(columns: int, most: int) -> int:
-  """A block width for `columns` > 0 new columns: the next power of two, at most `most`, so
-  that a few shapes compile."""
-  return min(1 << (int(columns) - 1).bit_length(), most)
+  """A block width for `columns` > 0 new columns, so that a few shapes compile: the next power
+  of two up to 64, past that `_packed_width` (a tool's page of 2,112 tokens takes 2,560
+  columns, not 4,096), at most `most`."""
+  power = 1 << (int(columns) - 1).bit_length()
+  return min(power, most) if power <= 64 else _packed_width(columns, most)
 
 
 def _packed_width(columns: int, most: int) -> int:

@@ -156,8 +156,11 @@ class Trainer:
 
   def evaluate(self) -> float:
     """Greedy accuracy (fraction of held-out prompts with reward 1)."""
-    greedy = dataclasses.replace(self.source, temperature=0.0, group_size=1, place=jnp.asarray,
-                                 local=np.asarray, tree=None)  # one response per prompt
+    # One response per prompt; every process evaluates every prompt, placed as sampled rows
+    # on one process.
+    place = self.source.place if jax.process_count() == 1 else jnp.asarray
+    greedy = dataclasses.replace(self.source, temperature=0.0, group_size=1, place=place,
+                                 local=np.asarray, tree=None)
     rewards = []
     for chunk, rows in data.batch_chunks(self.eval_batch, self.config.rl.eval_batch_size):
       rollout = greedy(self.modules["model"], chunk, jax.random.key(0))
@@ -251,7 +254,7 @@ def build(config, workdir: pathlib.Path) -> Trainer | None:
 
   model = policy(config.model, task, seed=config.seed)
   task = tasks.within_tokenizer(task, model.config.vocab_size)
-  source = _rollout_source(config, task, place, local)
+  source = _rollout_source(config, task, *_sampling_placement(mesh, place, local))
   modules, learner_settings = _learner_modules(config, task, mesh, model)
   graphdef, _ = nnx.split(modules)
   learner_step = learner.make_step(graphdef, advantage=advantage, objective=objective,
@@ -421,6 +424,17 @@ def _tree_pass(config, task: tasks.TrainTask) -> dict:
   if not isinstance(tree, TreeSpec) or tree.fork != "fixed":
     return {}
   return {"tree": tree, "prompt_length": task.max_prompt_length}
+
+
+def _sampling_placement(mesh, place, local):
+  """(place, local) for the sampled rows: on one process, rows over the batch axes and
+  `sequence` wherever they divide (`sharding.sampling_sharding`), else the learner's."""
+  if jax.process_count() > 1:
+    return place, local
+  rows = sharding.sampling_sharding(mesh)
+  shards = math.prod(mesh.shape[a] for a in rows.spec[0] or ())
+  return (lambda x: jax.device_put(x, rows) if np.shape(x)[0] % shards == 0 else place(x),
+          np.asarray)
 
 
 def _rollout_source(config, task: tasks.TrainTask, place, local) -> SingleTurn | MultiTurn:

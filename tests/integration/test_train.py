@@ -12,7 +12,7 @@ import pytest
 from jaxcredit.models import load_hf_checkpoint, stop_tokens
 from jaxcredit.tasks import CharTokenizer, arithmetic
 from tests.cli import KEY_TOKEN
-from tests.conftest import documentation, load_experiment
+from tests.conftest import documentation, load_experiment, xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -76,6 +76,7 @@ EXPERIMENTS = [
   "key_turns_grpo",
   "key_turns_tree_grpo",
   "key_turns_long",
+  "key_turns_32k",
   "calculator_grpo",
   "target_sum_grpo",
   "gsm8k_grpo",
@@ -207,7 +208,13 @@ def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
   long = (["--config.rl.prompts_per_step=2", "--config.rl.group_size=2",
            "--config.task.test_size=2", "--config.rl.report_memory=True"]
           if name == "key_turns_long" else [])
-  result = _run(tmp_path, *SMALL, *export, *sft, *mixed, *tree, *long, config=name, env=cli_env)
+  env = cli_env
+  if name == "key_turns_32k":  # 4 turns of 64 tokens, still split 8 ways along `sequence`,
+    # and 8 episodes: one sampled on each device
+    long = ["--config.rl.group_size=2", "--config.task.options.n_turns=4",
+            "--config.task.options.observation_length=62", "--config.task.options.decisive=(0, 3)"]
+    env = {**cli_env, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8")}
+  result = _run(tmp_path, *SMALL, *export, *sft, *mixed, *tree, *long, config=name, env=env)
   assert result.returncode == 0, result.stderr[-3000:]
   train = _train_lines(tmp_path)
   assert len(train) == 2 and all(math.isfinite(line["train/loss"]) for line in train)
@@ -222,6 +229,10 @@ def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
                        r"outputs ([0-9.e-]+) GiB, temporaries ([0-9.e-]+) GiB", result.stdout)
     assert memory and float(memory[1]) > 0 and float(memory[3]) > 0, result.stdout[-2000:]
     assert result.stdout.count("Learner step memory") == 1
+  if name == "key_turns_32k":  # whole episodes: 2 action tokens a turn, rows over 8 devices
+    assert train[0]["train/gen_tokens"] == 8 * 4 * 2
+    assert abs(train[0]["train/policy/ratio_mean"] - 1.0) < 1e-4
+    assert "Learner step memory per device (8 devices)" in result.stdout, result.stdout[-2000:]
   if name == "quickstart":
     assert all("step" in line for line in _metrics(tmp_path))
     for key in (

@@ -62,6 +62,18 @@ def test_eight_device_forward_equals_one_device():
   assert report["logits_diff"] < 1e-4 and report["values_diff"] < 1e-4, report
 
 
+def test_sampled_rows_take_the_sequence_devices_too():
+  """The learner splits rows' tokens over `sequence`; the sampler gives those devices rows."""
+  names = ("data", "fsdp", "sequence", "model")
+  P = jax.sharding.PartitionSpec
+  mesh = lambda shape: jax.sharding.AbstractMesh(shape, names)
+  assert sharding.sampling_sharding(mesh((1, 1, 8, 1))).spec == P(("data", "fsdp", "sequence"))
+  assert sharding.batch_sharding(mesh((1, 1, 8, 1))).spec == P(("data", "fsdp"))
+  for shape in ((2, 2, 1, 2), (8, 1, 1, 1)):  # no sequence axis: the learner's rows
+    assert sharding.sampling_sharding(mesh(shape)).spec == sharding.batch_sharding(
+        mesh(shape)).spec
+
+
 def test_specs_replicate_what_a_mesh_axis_does_not_divide():
   mesh = sharding.make_mesh((1, 1, 1, 1))
   model = Transformer(preset("tiny"), rngs=nnx.Rngs(0))

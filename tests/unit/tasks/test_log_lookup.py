@@ -79,8 +79,9 @@ def test_options_out_of_range_are_refused():
 
 
 def test_sampled_episodes_lay_out_the_pages_the_tool_returned(tmp_path):
-  """Through `tasks.multi_turn_source` and the cache kept across turns: each row is the prompt,
-  then turns (trained, mask 1) and the pages the tool returned for them (mask 0), in order."""
+  """Through `tasks.multi_turn_source` and the cache kept across turns (its headroom capped by
+  the model's max_position): each row is the prompt, then turns (trained, mask 1) and the pages
+  the tool returned for them (mask 0), in order."""
   config = ml_collections.ConfigDict({
       "name": "log_lookup", "options": {"n_pages": 3, "page_records": 20}, "train_size": 4,
       "test_size": 4, "max_prompt_length": 8, "max_response_length": 0})
@@ -88,7 +89,10 @@ def test_sampled_episodes_lay_out_the_pages_the_tool_returned(tmp_path):
   examples = [task.sources["test"][i] for i in range(4)]
   prompts = np.stack([np.pad(task.encode(e)[0], (8 - len(task.encode(e)[0]), 0)) for e in examples])
   source = tasks.multi_turn_source(task, group_size=1, temperature=1.0)
-  model = Transformer(preset("tiny", vocab_size=task.vocab_size), rngs=nnx.Rngs(0))
+  # Rows of exactly prompt + episode + a turn: the cache's headroom stops at max_position.
+  most = 8 + task.max_response_length + task.max_turn_tokens
+  model = Transformer(preset("tiny", vocab_size=task.vocab_size, max_position=most),
+                      rngs=nnx.Rngs(0))
   rollout = source(model, {"prompts": prompts, "prompt_valid": prompts > 0, "examples": examples},
                    jax.random.key(0))
   tokens, mask = np.asarray(rollout.tokens)[:, 8:], np.asarray(rollout.mask)[:, 8:]
