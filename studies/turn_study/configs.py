@@ -4,6 +4,8 @@
   python -m studies.turn_study --config studies/turn_study/configs.py:smoke --workdir DIR
   # 2 CPU cores
   python -m studies.turn_study --config studies/turn_study/configs.py:small --workdir DIR
+  # along the number of turns: 4, 16, 64 and 256 (an accelerator's work at 256)
+  python -m studies.turn_study --config studies/turn_study/configs.py:along_turns --workdir DIR
 
 key_turns (one-token turns, decisive turns 1 and 3, outcome reward), trained from the
 random policy, in two regimes: 4 turns, and 8 (four turns after the last key, which cannot
@@ -18,7 +20,11 @@ import ml_collections
 
 from experiments import key_turns_grpo
 
-PRESETS = ("smoke", "small")
+PRESETS = ("smoke", "small", "along_turns")
+# The number of turns, the decisive turns (1 and 3) the same in each: 4, 16, 64 and 256 turns,
+# every action after turn 3 irrelevant and hidden from later turns (so the exact turn oracle
+# stays tractable at 256 turns). Its prediction is stated in the study's README.
+ALONG_TURNS = {f"turns_{n:03d}": {"n_turns": n, "hidden_actions": True} for n in (4, 16, 64, 256)}
 ESTIMATORS = {
   "grpo": {"name": "grpo"},
   "mt_grpo": {"name": "mt_grpo"},
@@ -50,6 +56,8 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   config.seeds = [0, 1, 2, 3, 4]
   config.updates = 150  # J(pi) after 0, measure_every, ..., updates updates
   config.measure_every = 15
+  if preset == "along_turns":
+    config.regimes = ALONG_TURNS
   if preset == "smoke":
     train.task.train_size = 64
     train.rl.prompts_per_step, train.rl.group_size = 2, 4

@@ -147,3 +147,15 @@ def test_the_oracle_provider_gives_exact_turn_credit_on_key_turns(tmp_path):
                              rtol=1e-6)
   np.testing.assert_allclose(credit.sum(axis=1), np.asarray(rollout.rewards) - values[:, 0],
                              atol=1e-9)
+
+
+def test_the_along_turns_preset_keeps_the_decisive_turns_and_hides_the_rest():
+  from jaxcredit.tasks import key_turns
+  from studies.turn_study import configs
+
+  study = configs.get_config("along_turns")
+  assert list(study.regimes) == ["turns_004", "turns_016", "turns_064", "turns_256"]
+  for regime, n in zip(study.regimes, (4, 16, 64, 256)):
+    options = turn_study.train_config(study, regime, "grpo", 0, "/unused").task.options
+    config = key_turns.KeyTurnsConfig(**options.to_dict())
+    assert (config.n_turns, config.decisive, config.hidden_actions) == (n, (1, 3), True)
