@@ -4,11 +4,10 @@ page at a time, thousands of characters per observation.
 Prompt `?3f2a=` (character tokens): the key to look up. The log holds `n_pages` pages of
 `page_records` records `kkkk:vv;` (a 4-hex-digit key, a 2-digit value; 8 characters), its
 keys distinct, generated from the example's seed; the prompt's key is in exactly one record.
-In each turn the policy writes up to `max_turn_tokens` characters, ended by `;`:
-
-  A<value>;   the answer: the episode ends with reward 1 if it is the key's value, else 0;
-  anything    else (or a turn cut off before `;`) reads: the tool shows the next page, and
-              `E;` once every page has been shown.
+In each turn the policy writes up to `max_turn_tokens` characters, ended by `;`. The answer
+`A<value>;` ends the episode with reward 1 if it is the key's value, else 0; any other turn
+(a turn cut off before `;` too) reads: the tool shows the next page, or `E;` once every page
+has been shown.
 
 An episode that never answers is truncated with reward 0 after ``n_pages + 1`` turns. With
 the `LONG` options (48 pages of 264 records) an episode that reads the whole log holds
