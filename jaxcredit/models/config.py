@@ -130,28 +130,32 @@ class TransformerConfig:
           "shorten the prompts and responses (task.max_prompt_length, max_response_length), "
           "or raise model.max_position where the model's RoPE scaling covers it.")
 
-  def cache_slots(self, slots: int) -> int:
-    """The KV cache size to allocate for `slots` slots.
+  def cache_slots(self, slots: int, headroom: int = 0) -> int:
+    """The KV cache size to allocate for `slots` slots and up to `headroom` more.
 
     Past one attention block, a whole number of blocks, so that blockwise attention reads a
-    decode step's key blocks from the cache in place instead of padding a copy of it; never
-    past max_position.
+    decode step's key blocks from the cache in place instead of padding a copy of it; the
+    headroom and the rounding never take it past max_position.
 
     Args:
       slots: the slots the cache must hold at least.
+      headroom: slots more that it may hold.
 
     Returns:
-      ``slots``, or the next multiple of ``attention_block`` (at most max_position).
+      ``slots + headroom``, or the next multiple of ``attention_block``, at most max_position
+      but at least ``slots``.
 
     Examples:
       >>> from jaxcredit.models import preset
       >>> preset("tiny", attention_block=512).cache_slots(600)
       1024
+      >>> preset("tiny", attention_block=512, max_position=700).cache_slots(600, headroom=150)
+      700
     """
-    if slots <= self.attention_block:
-      return slots
-    rounded = -(-slots // self.attention_block) * self.attention_block
-    return max(slots, min(rounded, self.max_position or rounded))
+    wanted = slots + headroom
+    if wanted > self.attention_block:
+      wanted = -(-wanted // self.attention_block) * self.attention_block
+    return max(slots, min(wanted, self.max_position or wanted))
 
   @property
   def resolved_head_dim(self) -> int:

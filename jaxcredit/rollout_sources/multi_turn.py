@@ -387,10 +387,8 @@ class MultiTurn:
     rebuilt from the whole contexts (module docstring). Updates `cache`."""
     rows, prompt_width = len(prompts), prompts.shape[1]
     most = prompt_width + self.max_episode_tokens
-    slots = model.config.cache_slots(most + int(most * self.cache_headroom)
-                                     + self.max_turn_tokens)
-    if model.config.max_position:  # the headroom never takes the cache past the model's rows
-      slots = max(most + self.max_turn_tokens, min(slots, model.config.max_position))
+    slots = model.config.cache_slots(most + self.max_turn_tokens,
+                                     headroom=int(most * self.cache_headroom))
     new = np.where(episodes.done, 0, episodes.length - cache.columns)
     most_new = self._global_max(new)  # every process builds the same shapes
     width = _bucket(most_new, self.max_episode_tokens) if most_new else 0
