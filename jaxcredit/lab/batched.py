@@ -329,31 +329,40 @@ def make_run(cell: Cell):
             jnp.isin(index, jnp.asarray(cell.measured_evals)), gradients, lambda: skipped))
       return measured
 
+    def until_the_end(step):
+      """`step(state, u)` before update `cell.updates`; at it, the state unchanged and zero
+      metrics, so that the last measurement is taken in the same scan (`measure` traced
+      once). `u` is the same for every run: under vmap this stays a branch."""
+      def skip(state, u):
+        return state, jax.tree.map(jnp.zeros_like, jax.eval_shape(step, state, u)[1])
+      return lambda state, u: jax.lax.cond(u < cell.updates, step, skip, state, u)
+
+    updates_from = lambda state, start: jax.lax.scan(update, state,
+                                                     start + jnp.arange(cell.eval_every))
+
     def block(state, start):
       measured = measure(state, start, start // cell.eval_every)
-      state, metrics = jax.lax.scan(update, state, start + jnp.arange(cell.eval_every))
+      state, metrics = until_the_end(updates_from)(state, start)
       return state, (measured, metrics)
 
     def measured_update(state, u):
       # `u` is the same for every run: under vmap the evaluation stays a branch, taken only
-      # at the updates of `eval_at`.
-      index = jnp.searchsorted(eval_at, u)
-      due = eval_at[jnp.minimum(index, len(cell.eval_at) - 1)] == u
+      # at the updates of `eval_updates`.
+      index = jnp.searchsorted(eval_updates, u)
+      due = eval_updates[jnp.minimum(index, cell.n_evals - 1)] == u
       measured = jax.lax.cond(due, lambda: measure(state, u, index), lambda: jax.tree.map(
           jnp.zeros_like, jax.eval_shape(measure, state, u, index)))
-      state, metrics = update(state, u)
+      state, metrics = until_the_end(update)(state, u)
       return state, (measured, metrics)
 
-    if cell.eval_at is None:
-      starts = jnp.arange(0, cell.updates, cell.eval_every)
-      state, (measured, metrics) = jax.lax.scan(block, state, starts)
-      metrics = jax.tree.map(lambda m: m.reshape(-1), metrics)
+    eval_updates = jnp.asarray(cell.eval_updates)
+    if cell.eval_at is None:  # a block of eval_every updates after each measurement
+      _, (measured, metrics) = jax.lax.scan(block, state, eval_updates)
+      metrics = jax.tree.map(lambda m: m[:-1].reshape(-1), metrics)
     else:
-      eval_at = jnp.asarray(cell.eval_at)
-      state, (measured, metrics) = jax.lax.scan(measured_update, state, jnp.arange(cell.updates))
-      measured = jax.tree.map(lambda m: m[eval_at], measured)
-    measured = jax.tree.map(lambda m, last: jnp.concatenate([m, last[None]]), measured,
-                            measure(state, cell.updates, cell.n_evals - 1))
+      _, (measured, metrics) = jax.lax.scan(measured_update, state, jnp.arange(cell.updates + 1))
+      measured = jax.tree.map(lambda m: m[eval_updates], measured)
+      metrics = jax.tree.map(lambda m: m[:-1], metrics)
     return measured, metrics
 
   return run

@@ -257,12 +257,15 @@ def mechanism(sample, gradient, models: dict, advantage, key, *, batches: int, d
   models_graphdef, models_state = nnx.split(used)
 
   def on_batch(models_state, key):
-    models = nnx.merge(models_graphdef, models_state)  # in this trace (nnx modules are not
-    model = models["model"]  # shared across trace levels)
+    # Merged in this trace: nnx modules are not shared across trace levels.
+    models = nnx.merge(models_graphdef, models_state)
     batch = sample(models, key)
     credit = advantage(batch).advantages
-    g, g_exact = gradient(model, batch, credit), gradient(model, batch, exact(batch).advantages)
-    on_decisive = gradient(model, batch, jnp.where(decisive, credit, 0.0))
+    # The arm's, the exact and the arm's on decisive tokens: one backward pass traced.
+    credits = jnp.stack([credit, exact(batch).advantages, jnp.where(decisive, credit, 0.0)])
+    _, (g, g_exact, on_decisive) = jax.lax.scan(
+        lambda state, c: (state, gradient(nnx.merge(models_graphdef, state)["model"], batch, c)),
+        models_state, credits)
     implicit = implicit_credit(credit, batch.tokens, seen, group_size)
     credit_cosines = (cosine(credit, batch.extras["oracle_advantages"], batch.mask),
                       cosine(implicit, batch.extras["oracle_advantages"], batch.mask))
