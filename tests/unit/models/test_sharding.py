@@ -119,8 +119,10 @@ def loss(state, tokens):
                                          scored=valid)  # packed per batch shard
   return jnp.sum(jnp.where(valid, logp * advantages, 0.0)) / length, (logp, entropy)
 
+step = jax.jit(jax.value_and_grad(loss, has_aux=True))
+
 def run(state, tokens):
-  (_, (logp, entropy)), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(state, tokens)
+  (_, (logp, entropy)), grads = step(state, tokens)
   return logp, entropy, grads
 
 graphdef, state = nnx.split(model)
@@ -129,9 +131,9 @@ mesh = sharding.make_mesh(tuple(mesh_shape))
 sharding.shard_model(model, mesh)
 graphdef, state = nnx.split(model)
 with jax.set_mesh(mesh):
-  multi = run(state, jax.device_put(tokens, sharding.batch_sharding(mesh)))
-  compiled = jax.jit(jax.value_and_grad(loss, has_aux=True)).lower(state, tokens).compile()
-  compiled = compiled.as_text()
+  sharded = jax.device_put(tokens, sharding.batch_sharding(mesh))
+  multi = run(state, sharded)
+  compiled = step.lower(state, sharded).compile().as_text()  # the program that just ran
 diff = lambda a, b: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
 print(json.dumps({
     "logp": diff(single[0], multi[0]), "entropy": diff(single[1], multi[1]),
