@@ -6,6 +6,9 @@
   python -m studies.turn_study --config studies/turn_study/configs.py:small --workdir DIR
   # along the number of turns: 4, 16, 64 and 256 (an accelerator's work at 256)
   python -m studies.turn_study --config studies/turn_study/configs.py:along_turns --workdir DIR
+  # its arms without continuations at 4, 16 and 64 turns, 3 seeds (2 CPU cores, ~2 h)
+  python -m studies.turn_study --config studies/turn_study/configs.py:along_turns_cpu \\
+      --workdir DIR
 
 key_turns (one-token turns, decisive turns 1 and 3, outcome reward), trained from the
 random policy, in two regimes: 4 turns, and 8 (four turns after the last key, which cannot
@@ -20,7 +23,7 @@ import ml_collections
 
 from experiments import key_turns_grpo
 
-PRESETS = ("smoke", "small", "along_turns")
+PRESETS = ("smoke", "small", "along_turns", "along_turns_cpu")
 # The number of turns, the decisive turns (1 and 3) the same in each: 4, 16, 64 and 256 turns,
 # every action after turn 3 irrelevant and hidden from later turns (so the exact turn oracle
 # stays tractable at 256 turns). Its prediction is stated in the study's README.
@@ -58,6 +61,11 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   config.measure_every = 15
   if preset == "along_turns":
     config.regimes = ALONG_TURNS
+  if preset == "along_turns_cpu":
+    config.regimes = {k: v for k, v in ALONG_TURNS.items() if v["n_turns"] <= 64}
+    config.estimators = {k: v for k, v in ESTIMATORS.items() if "k" not in v}
+    config.seeds = [0, 1, 2]
+    train.rl.prompts_per_step = 8
   if preset == "smoke":
     train.task.train_size = 64
     train.rl.prompts_per_step, train.rl.group_size = 2, 4

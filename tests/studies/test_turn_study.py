@@ -159,3 +159,24 @@ def test_the_along_turns_preset_keeps_the_decisive_turns_and_hides_the_rest():
     options = turn_study.train_config(study, regime, "grpo", 0, "/unused").task.options
     config = key_turns.KeyTurnsConfig(**options.to_dict())
     assert (config.n_turns, config.decisive, config.hidden_actions) == (n, (1, 3), True)
+
+
+def test_the_baseline_check_measures_every_turn_and_reports_the_z_scores():
+  """Six turns, decisive first and last: finite per-turn advantages and baseline errors
+  (b_k - V(h_k), both in [0, 1]) for every turn of sampled episodes, and the report's
+  z-scores as NumPy computes them, a biased turn standing out."""
+  from studies.turn_study import baseline_check
+  from jaxcredit.tasks import key_turns
+
+  config = key_turns.KeyTurnsConfig(n_turns=6, decisive=(0, 5), hidden_actions=True)
+  model = baseline_check.leaning_policy(0)
+  advantages, errors, generated = baseline_check.turn_advantages(model, config, 8, 2, seed=0)
+  assert advantages.shape == errors.shape == (8, 6) and generated > 0
+  assert np.isfinite(advantages).all() and np.abs(errors).max() <= 1.0
+  rng = np.random.default_rng(0)
+  shifted = rng.normal(size=(50, 6)) + np.asarray([0, 0, 0, 0, 0, 3.0])  # turn 5 biased
+  text = baseline_check.report(shifted, 0 * shifted, config, "# header")
+  z = shifted.mean(0) / (shifted.std(0, ddof=1) / np.sqrt(50))
+  assert f"| z of mean A_k: max abs | {np.abs(z).max():.2f} |" in text
+  assert f"| turns with abs z > 3 (expected 0.0) | {np.sum(np.abs(z) > 3)} |" in text
+  assert f"| 5 | {shifted[:, 5].mean():+.4f} |" in text and np.abs(z[5]) > 3 > np.abs(z[:5]).max()
