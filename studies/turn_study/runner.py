@@ -180,11 +180,46 @@ def report(study, curves: dict, wall_seconds: float) -> str:
   not_run = sweep.regimes_not_run(study, curves)
   if not_run:
     lines += ["", not_run]
+  turns = {regime: {**study.train.task.options, **study.regimes[regime]}["n_turns"]
+           for regime in curves}
+  if len(set(turns.values())) > 1:
+    lines += along_turns_lines(curves, turns)
   for regime, by_arm in curves.items():
     options = {**study.train.task.options, **study.regimes[regime]}
     lines += ["", f"## {regime}: key_turns {options}", "", *_regime_lines(by_arm),
               *_turn_score_lines(by_arm, options)]
   return "\n".join(lines) + "\n"
+
+
+def along_turns_lines(curves: dict, turns: dict) -> list[str]:
+  """Regimes that differ in the number of turns (`turns`: regime -> n): each arm's J at its
+  regime's budget, and its mean J over log tokens minus GRPO's (paired by seed) with the
+  slope of that difference on log2(n), fitted per seed."""
+  regimes = sorted(curves, key=turns.get)
+  tables = {regime: summaries(curves[regime])[0] for regime in regimes}
+  arms = [arm for arm in curves[regimes[0]] if all(arm in curves[r] for r in regimes)]
+  columns = " | ".join(f"{turns[r]} turns" for r in regimes)
+  at_budget = ["| estimator | " + columns + " |", "|---|" + "---|" * len(regimes)]
+  gains = ["| estimator | " + columns + " | slope per doubling of turns |",
+           "|---|" + "---|" * (len(regimes) + 1)]
+  log_turns = np.log2([turns[r] for r in regimes])
+  for arm in arms:
+    at_budget.append(f"| {arm} | " + " | ".join(
+        _interval(list(tables[r]["J at the budget"][arm].values())) for r in regimes) + " |")
+    if arm == "grpo" or "grpo" not in arms:
+      continue
+    means = {r: tables[r]["mean J over log tokens"] for r in regimes}
+    seeds = sorted(set.intersection(*(set(means[r][arm]) & set(means[r]["grpo"])
+                                      for r in regimes)))
+    gain = np.asarray([[means[r][arm][s] - means[r]["grpo"][s] for r in regimes] for s in seeds])
+    slopes = [np.polyfit(log_turns, row, 1)[0] for row in gain]
+    gains.append(f"| {arm} | " + " | ".join(_interval(list(column)) for column in gain.T)
+                 + f" | {_interval(slopes)} |")
+  return ["", "## Along the number of turns", "",
+          "Each regime at its own budget (the tokens every run of the regime reached: an "
+          "episode of n one-token turns holds 3n tokens). J at the budget:", "", *at_budget, "",
+          "Mean J over log tokens minus GRPO's, paired by seed, and its slope on log2(turns) "
+          "(fitted per seed):", "", *gains]
 
 
 def _regime_lines(curves: dict) -> list[str]:
