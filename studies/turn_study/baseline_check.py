@@ -68,29 +68,38 @@ def turn_advantages(model, config, episodes: int, samples: int, seed: int):
 
 
 def report(advantages: np.ndarray, errors: np.ndarray, config, header: str) -> str:
-  """The markdown report of A [N, K] and the baselines' errors [N, K]."""
-  n = len(advantages)
-  stderr = lambda x: x.std(0, ddof=1) / np.sqrt(n)
-  z = np.where(stderr(advantages) > 0, advantages.mean(0) / np.maximum(stderr(advantages), 1e-12),
-               0.0)
-  z_error = np.where(stderr(errors) > 0, errors.mean(0) / np.maximum(stderr(errors), 1e-12), 0.0)
-  k = config.n_turns
+  """The markdown report of A [N, K] and the baselines' errors b_k - V(h_k) [N, K].
+
+  Episodes are independent, the turns of one episode are not: A_k = (R - V(h_k)) +
+  (V(h_k) - b_k) shares the episode's reward R across its turns, so the test over every
+  turn at once is on each episode's mean A over its turns (a t-statistic over episodes).
+  The baseline's errors are independent across turns given the episode (fresh
+  continuations at every turn), so their per-turn z-scores are counted against the normal
+  tails."""
+  n, k = advantages.shape
+  z_of = lambda x: x.mean(0) / np.maximum(x.std(0, ddof=1) / np.sqrt(len(x)), 1e-12)
+  per_episode = advantages.mean(1)
+  z, z_error = z_of(advantages), z_of(errors)
   lines = [header, "",
            f"{n} episodes of {k} turns (decisive turns {config.decisive}); A_k = G_k - b_k at "
            "each turn's first action token.", "",
-           "| | over the turns |", "|---|---|",
-           f"| mean A_k, mean over turns | {advantages.mean():+.4f} |",
-           f"| z of mean A_k: max abs | {np.abs(z).max():.2f} |",
-           f"| turns with abs z > 2 (expected 5% of {k}: {0.05 * k:.0f}) | "
-           f"{np.sum(np.abs(z) > 2)} |",
-           f"| turns with abs z > 3 (expected {0.0027 * k:.1f}) | {np.sum(np.abs(z) > 3)} |",
-           f"| mean of z^2 (1 when every turn's mean is 0) | {np.mean(z**2):.2f} |",
-           f"| b_k - V(h_k): z max abs | {np.abs(z_error).max():.2f} |",
-           f"| b_k - V(h_k): turns with abs z > 3 | {np.sum(np.abs(z_error) > 3)} |", "",
-           "| turn | mean A_k | std A_k | z | mean b_k - V(h_k) |", "|---|---|---|---|---|"]
+           "| | |", "|---|---|",
+           f"| mean A_k over turns and episodes | {per_episode.mean():+.4f} |",
+           f"| its z over episodes (each episode's mean A over its turns) | "
+           f"{z_of(per_episode[:, None])[0]:+.2f} |",
+           f"| z of mean A_k per turn: max abs (turns share their episode's R) | "
+           f"{np.abs(z).max():.2f} |",
+           f"| b_k - V(h_k): mean | {errors.mean():+.4f} |",
+           f"| b_k - V(h_k): turns with abs z > 2 (expected 5% of {k}: {0.05 * k:.0f}) | "
+           f"{np.sum(np.abs(z_error) > 2)} |",
+           f"| b_k - V(h_k): turns with abs z > 3 (expected {0.0027 * k:.1f}) | "
+           f"{np.sum(np.abs(z_error) > 3)} |",
+           f"| b_k - V(h_k): mean z^2 (1 when unbiased) | {np.mean(z_error**2):.2f} |", "",
+           "| turn | mean A_k | std A_k | z | mean b_k - V(h_k) | its z |",
+           "|---|---|---|---|---|---|"]
   for turn in sorted({0, 1, 2, 3, k // 4, k // 2, 3 * k // 4, k - 2, k - 1}):
     lines.append(f"| {turn} | {advantages[:, turn].mean():+.4f} | {advantages[:, turn].std():.4f}"
-                 f" | {z[turn]:+.2f} | {errors[:, turn].mean():+.4f} |")
+                 f" | {z[turn]:+.2f} | {errors[:, turn].mean():+.4f} | {z_error[turn]:+.2f} |")
   return "\n".join(lines) + "\n"
 
 
@@ -122,6 +131,7 @@ def main():
             f"J = {j:.3f}; {args.samples} continuations per turn start, {tokens:,} continuation "
             f"tokens; {time.perf_counter() - started:.0f} s.")
   args.out.write_text(report(advantages, errors, config, header))
+  np.savez(args.out.with_suffix(".npz"), advantages=advantages, baseline_errors=errors)
   print(args.out.read_text())
 
 
