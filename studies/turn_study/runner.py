@@ -180,14 +180,13 @@ def report(study, curves: dict, wall_seconds: float) -> str:
   not_run = sweep.regimes_not_run(study, curves)
   if not_run:
     lines += ["", not_run]
-  turns = {regime: {**study.train.task.options, **study.regimes[regime]}["n_turns"]
-           for regime in curves}
+  options = {regime: {**study.train.task.options, **study.regimes[regime]} for regime in curves}
+  turns = {regime: options[regime]["n_turns"] for regime in curves}
   if len(set(turns.values())) > 1:
     lines += along_turns_lines(curves, turns)
   for regime, by_arm in curves.items():
-    options = {**study.train.task.options, **study.regimes[regime]}
-    lines += ["", f"## {regime}: key_turns {options}", "", *_regime_lines(by_arm),
-              *_turn_score_lines(by_arm, options)]
+    lines += ["", f"## {regime}: key_turns {options[regime]}", "", *_regime_lines(by_arm),
+              *_turn_score_lines(by_arm, options[regime])]
   return "\n".join(lines) + "\n"
 
 
@@ -203,12 +202,12 @@ def along_turns_lines(curves: dict, turns: dict) -> list[str]:
   gains = ["| estimator | " + columns + " | slope per doubling of turns |",
            "|---|" + "---|" * (len(regimes) + 1)]
   log_turns = np.log2([turns[r] for r in regimes])
+  means = {r: tables[r]["mean J over log tokens"] for r in regimes}
   for arm in arms:
     at_budget.append(f"| {arm} | " + " | ".join(
         _interval(list(tables[r]["J at the budget"][arm].values())) for r in regimes) + " |")
     if arm == "grpo" or "grpo" not in arms:
       continue
-    means = {r: tables[r]["mean J over log tokens"] for r in regimes}
     seeds = sorted(set.intersection(*(set(means[r][arm]) & set(means[r]["grpo"])
                                       for r in regimes)))
     gain = np.asarray([[means[r][arm][s] - means[r]["grpo"][s] for r in regimes] for s in seeds])
