@@ -37,7 +37,7 @@ exclude_patterns = ["_build", "README.md", "examples", "viewer", "**.ipynb_check
 
 html_theme = "sphinx_book_theme"
 html_title = "jaxcredit"
-html_theme_options = {"show_toc_level": 2}
+html_theme_options = {"show_toc_level": 2, "collapse_navbar": True}
 
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
 myst_heading_anchors = 3
