@@ -88,10 +88,9 @@ class PartialRollouts:
     fresh = [(group, member) for group in self._groups[len(self._groups) - len(prompts):]
              for member in range(group_size)]
     while True:
-      carried, padding = _padded(self._carried)
-      owners = self._owners + [None] * padding + fresh
+      owners = self._owners + fresh
       sample = continuous.generate_partial(
-          model, prompts, valid, key, resume=carried, decode_limit=self.decode_limit,
+          model, prompts, valid, key, resume=self._carried, decode_limit=self.decode_limit,
           version=self._calls, slots=min(source.slots, len(owners)), group_size=group_size,
           **source.sampling)
       output = jax.tree.map(np.asarray, sample.output._asdict())
@@ -103,9 +102,12 @@ class PartialRollouts:
           group["rows"][member] = ({k: output[k][row] for k in _FIELDS}
                                    | {"version": version[row]})
       left = np.flatnonzero(unfinished)
-      self._carried = (continuous.carry_over(sample._replace(unfinished=unfinished))
+      # Padded to a power of two rows (the copies own nothing: their samples are dropped).
+      self._carried = (continuous.carry_over(sample._replace(unfinished=unfinished), pad=True)
                        if left.size else None)
       self._owners = [owners[row] for row in left]
+      if left.size:
+        self._owners += [None] * (self._carried.tokens.shape[0] - left.size)
       complete = [g for g in self._groups if all(r is not None for r in g["rows"])]
       if len(complete) >= wanted:
         break
@@ -137,13 +139,3 @@ class PartialRollouts:
                    staleness=place(staleness[np.arange(len(rows)), first]),
                    extras={"token_staleness": place(staleness)}, group_size=source.group_size)
 
-
-def _padded(carried: continuous.Partial | None) -> tuple[continuous.Partial | None, int]:
-  """`carried` with its last row repeated up to a power of two rows (the engine compiles one
-  program per row count; the copies' samples are dropped), and the number of copies."""
-  if carried is None:
-    return None, 0
-  rows = carried.tokens.shape[0]
-  padding = (1 << (rows - 1).bit_length()) - rows
-  index = np.minimum(np.arange(rows + padding), rows - 1)
-  return jax.tree.map(lambda x: x[index], carried), padding

@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax import Array
 
@@ -103,20 +104,31 @@ class PartialSample(NamedTuple):
   budgets: Array
 
 
-def carry_over(sample: PartialSample) -> Partial:
+def carry_over(sample: PartialSample, *, pad: bool = False) -> Partial:
   """The unfinished responses of `sample`, to resume in a later `generate_partial` call.
 
   Args:
     sample: a `PartialSample`.
+    pad: repeat the last unfinished row up to a power of two rows, so that a loop of
+      `generate_partial` calls compiles one program per power of two rather than one per
+      count (the copies are drawn again: drop their samples).
 
   Returns:
-    the `Partial` of its unfinished rows (C = their number).
+    the `Partial` of its unfinished rows, in order (C = their number, or the power of two
+    at or above it with `pad`).
   """
-  rows = jnp.flatnonzero(sample.unfinished)
+  rows = np.flatnonzero(np.asarray(sample.unfinished))
+  if pad and rows.size:
+    rows = rows[np.minimum(np.arange(1 << (rows.size - 1).bit_length()), rows.size - 1)]
   out = sample.output
-  return Partial(out.tokens[rows], out.mask[rows], out.logprobs[rows], out.entropy[rows],
-                 out.token_valid[rows], sample.version[rows], sample.keys[rows],
-                 sample.budgets[rows])
+  return _take_rows(Partial(out.tokens, out.mask, out.logprobs, out.entropy, out.token_valid,
+                            sample.version, sample.keys, sample.budgets), jnp.asarray(rows))
+
+
+@jax.jit
+def _take_rows(partial: Partial, rows: Array) -> Partial:
+  """`partial`'s rows `rows`, every field in one program."""
+  return jax.tree.map(lambda x: x[rows], partial)
 
 
 def response_keys(key: Array, responses: int) -> Array:

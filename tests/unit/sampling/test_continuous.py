@@ -185,6 +185,15 @@ def test_a_response_resumed_under_the_same_policy_is_the_uninterrupted_one(model
   before = np.asarray(first.output.mask)[unfinished]
   assert (versions[before] == 0).all() and (versions[mask & ~before] == 1).all()
   assert (mask & ~before).any()
+  # Padded to a power of two rows: the unfinished rows, then copies of the last.
+  exact, padded = carry_over(first), carry_over(first, pad=True)
+  width = 1 << (unfinished.size - 1).bit_length()
+  index = np.minimum(np.arange(width), unfinished.size - 1)
+  assert padded.tokens.shape[0] == width > unfinished.size
+  for got, want in zip(padded, exact):
+    got, want = (jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+                 for x in (got, want))
+    np.testing.assert_array_equal(got, np.asarray(want)[index])
 
 
 def test_resumed_tokens_carry_the_log_probs_of_the_policy_that_drew_them(model):
