@@ -25,7 +25,6 @@ from flax import nnx
 
 from jaxcredit import estimators
 from jaxcredit.models import Transformer, preset
-from jaxcredit.rollout_sources import MultiTurn
 from jaxcredit.tasks import key_turns
 
 
@@ -48,14 +47,8 @@ def leaning_policy(seed: int, lean: float = 1.0) -> Transformer:
 def turn_advantages(model, config, episodes: int, samples: int, seed: int):
   """(A [episodes, K], b_k - V(h_k) [episodes, K], continuation tokens) for `episodes`
   episodes sampled with key `seed`."""
-  examples = [key_turns.make_example(np.random.default_rng([seed, i]), config)
-              for i in range(episodes)]
-  batch = {"prompts": np.stack([e["prompt"] for e in examples]),
-           "prompt_valid": np.ones((episodes, 2), bool), "examples": examples}
-  source = MultiTurn(key_turns.KeyTurnsEnv(config), max_turns=config.n_turns,
-                     max_turn_tokens=config.turn_length, max_episode_tokens=config.episode_length,
-                     actions=config.actions(prompt_length=2))
-  rollout = source(model, batch, jax.random.key(seed))
+  rollout, examples = key_turns.sample_episodes(model, config, episodes, seed)
+  source = key_turns.episode_source(config)
   baselines, generated = source.returns_to_go(model, rollout, examples, samples=samples,
                                               key=jax.random.fold_in(jax.random.key(seed), 1))
   values, _ = key_turns.oracle.turn_credit(model, config, rollout.tokens, rollout.token_valid)

@@ -32,10 +32,13 @@ at decisive turns, and the oracle stays exact at hundreds of turns.
 
 import dataclasses
 
+import jax
 import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxcredit import _checks
+from jaxcredit.rollout import Rollout
+from jaxcredit.rollout_sources import MultiTurn
 from jaxcredit.sampling import Actions
 from jaxcredit.tasks import builders, loader, procedural, task
 from jaxcredit.tasks.key_token import BOS, FILL, KEY0, PAD, SEP, VOCAB_SIZE, token_names
@@ -287,3 +290,38 @@ def train_task(config, *, data_dir: str, seed: int,
       max_turn_tokens=options.turn_length,
       demonstration_actions=lambda ids: demonstration_actions(ids, options),
       **procedural.fields("key_turns", config, options, data_dir=data_dir, seed=seed))
+
+
+def episode_source(config: KeyTurnsConfig) -> MultiTurn:
+  """The `rollout_sources.MultiTurn` that samples key_turns episodes (after the 2-token
+  prompt) with `config`'s turn, episode and action settings.
+
+  Args:
+    config: the task's `KeyTurnsConfig`.
+
+  Returns:
+    the `MultiTurn` source.
+  """
+  return MultiTurn(KeyTurnsEnv(config), max_turns=config.n_turns,
+                   max_turn_tokens=config.turn_length, max_episode_tokens=config.episode_length,
+                   actions=config.actions(prompt_length=2))
+
+
+def sample_episodes(model, config: KeyTurnsConfig, rows: int,
+                    seed: int) -> tuple[Rollout, list[dict]]:
+  """`rows` episodes of `model`: example i drawn with the NumPy seed ``[seed, i]``, the
+  episodes sampled by `episode_source` with the JAX key `seed`.
+
+  Args:
+    model: the policy (`models.Transformer`).
+    config: the task's `KeyTurnsConfig`.
+    rows: the number of episodes.
+    seed: the seed of the examples and of the sampling.
+
+  Returns:
+    ``(rollout, examples)``: the episodes' `Rollout` and their `make_example` dicts.
+  """
+  examples = [make_example(np.random.default_rng([seed, i]), config) for i in range(rows)]
+  batch = {"prompts": np.stack([e["prompt"] for e in examples]),
+           "prompt_valid": np.ones((rows, 2), bool), "examples": examples}
+  return episode_source(config)(model, batch, jax.random.key(seed)), examples

@@ -78,13 +78,7 @@ def _key_leaning_model():
 
 
 def _episodes(model, rows, seed, config=CONFIG):
-  examples = [key_turns.make_example(np.random.default_rng([seed, i]), config)
-              for i in range(rows)]
-  batch = {"prompts": np.stack([e["prompt"] for e in examples]),
-           "prompt_valid": np.ones((rows, 2), bool), "examples": examples}
-  source = MultiTurn(key_turns.KeyTurnsEnv(config), max_turns=config.n_turns,
-                     max_turn_tokens=config.turn_length, max_episode_tokens=config.episode_length)
-  return source(model, batch, jax.random.key(seed)), examples
+  return key_turns.sample_episodes(model, config, rows, seed)
 
 
 # Two turns after the last decisive one: the oracle stops enumerating where the reward is
@@ -180,8 +174,7 @@ def test_turn_estimators_on_sampled_episodes():
 
 
 def _source():
-  return MultiTurn(key_turns.KeyTurnsEnv(CONFIG), max_turns=CONFIG.n_turns,
-                   max_turn_tokens=CONFIG.turn_length, max_episode_tokens=CONFIG.episode_length)
+  return key_turns.episode_source(CONFIG)
 
 
 def test_the_per_turn_baseline_is_unbiased_and_reads_only_the_history():

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from jaxcredit import forward
-from jaxcredit.rollout_sources import MultiTurn
 from jaxcredit.sampling import Actions
 from jaxcredit.tasks import key_turns
 from jaxcredit.tasks.key_token import FILL
@@ -21,15 +20,8 @@ def _actions(config) -> Actions:
   return config.actions(prompt_length=2)
 
 
-def _episodes(model, config, rows, seed, actions=None):
-  examples = [key_turns.make_example(np.random.default_rng([seed, i]), config)
-              for i in range(rows)]
-  batch = {"prompts": np.stack([e["prompt"] for e in examples]),
-           "prompt_valid": np.ones((rows, 2), bool), "examples": examples}
-  source = MultiTurn(key_turns.KeyTurnsEnv(config), max_turns=config.n_turns,
-                     max_turn_tokens=config.turn_length, max_episode_tokens=config.episode_length,
-                     actions=_actions(config) if actions is None else actions)
-  return source(model, batch, jax.random.key(seed))
+def _episodes(model, config, rows, seed):
+  return key_turns.sample_episodes(model, config, rows, seed)[0]
 
 
 def test_decisive_turns_are_placed_early_late_or_spread():
