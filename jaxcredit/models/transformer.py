@@ -362,7 +362,8 @@ class Transformer(nnx.Module):
     taken once before a decode loop, or None to slice the stacked layers here.
     `slot` may be a [B] array, a slot per row, for one token per row (T = 1):
     each row then attends to every valid slot of its own, so a row must hold no
-    valid slot after its own (continuous batching's slots, `sampling.continuous`).
+    valid slot after its own (continuous batching's slots, `sampling.continuous`); the
+    key blocks read are those up to the furthest row's slot.
     """
     b, t = tokens.shape
     slots = cache.key_valid.shape[1]
@@ -371,7 +372,7 @@ class Transformer(nnx.Module):
       if t != 1:
         raise ValueError(f"decode: a slot per row writes one token per row, got {t}.")
       key_valid = cache.key_valid.at[jnp.arange(b), slot].set(token_valid[:, 0])
-      query_slots = jnp.full((1,), slots - 1)
+      query_slots = jnp.max(slot, keepdims=True)
     else:
       key_valid = jax.lax.dynamic_update_slice(cache.key_valid, token_valid, (0, slot))
       query_slots = slot + jnp.arange(t)

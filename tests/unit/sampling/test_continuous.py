@@ -59,6 +59,18 @@ def test_every_response_equals_the_static_batchs_draw_with_its_key(model, slots)
   assert int(got.decode_steps) >= -(-lengths.sum() // slots)
 
 
+def test_a_cache_of_several_attention_blocks_draws_the_same_responses():
+  """Blocks of 4 slots: a decode step reads the key blocks up to its furthest row's slot,
+  each row seeing its own keys only."""
+  blocked = peaked_model(CONFIG.replace(attention_block=4), 6)
+  prompts, valid = left_padded_prompts(np.random.default_rng(0), 6, 5, 8, 16)
+  budgets = np.random.default_rng(1).integers(1, 13, 24)
+  kwargs = dict(max_new_tokens=12, stop_tokens=STOP, budgets=budgets)
+  got = generate_continuous(blocked, prompts, valid, jax.random.key(2), slots=3, group_size=4,
+                            **kwargs)
+  _assert_same(got, _static(blocked, prompts, valid, jax.random.key(2), 4, **kwargs))
+
+
 @pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, None, None), (0.7, 4, None),
                                                      (1.3, None, 0.8)])
 def test_sampling_settings_and_right_padding_follow_the_static_sampler(model, temperature, top_k,
