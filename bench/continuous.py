@@ -169,8 +169,9 @@ def rows_for(name: str, args, directory: str) -> list[list]:
       # Responses of 1 token compile the static and continuous engines' programs in moments.
       short = _engines(model, prompts, args.group, slots, args.budget,
                        jnp.ones_like(budgets), args.partial_calls)
-      measured = {engine: _timed(fn, args.repeats, short.get(engine) if engine in (
-          "static", "continuous") else None) for engine, fn in engines.items()}
+      warmups = {engine: short[engine] for engine in ("static", "continuous")}
+      measured = {engine: _timed(fn, args.repeats, warmups.get(engine))
+                  for engine, fn in engines.items()}
       np.testing.assert_array_equal(measured["static"][1][0], measured["continuous"][1][0])
       assert measured["static"][1][2] == measured["continuous"][1][2] == int(budgets.sum())
       speed = {engine: generated / seconds
