@@ -49,7 +49,7 @@ from jaxcredit.sampling.sampler import (SampleOutput, _assemble, _extend, _prepa
 class _Slots(NamedTuple):
   """The decode loop's state: S slots and the [N, R] output buffers."""
 
-  cache: KVCache  # [n_layers, S, P + N, ...]
+  cache: KVCache  # [n_layers, S, C, ...], C >= P + N (`TransformerConfig.cache_slots`)
   logits: Array  # [S, V] after each slot's last token
   position: Array  # [S] the next RoPE position
   step: Array  # [S] tokens the slot's response has sampled
@@ -313,9 +313,9 @@ def _carried_bank(model, carried: Partial, hidden, settings: _Sampling, prompt_l
   fed = carried.tokens.at[:, prompt_len:].set(  # hidden: [N], one table for every row
       jnp.where(hidden[None], settings.hidden_token, carried.tokens[:, prompt_len:]))
   length = jnp.sum(carried.token_valid, axis=1)
+  cache = KVCache.zeros(model.config, rows, model.config.cache_slots(width))
   out, cache = model.decode(fed, prompt_positions(carried.token_valid), carried.token_valid,
-                            KVCache.zeros(model.config, rows, width), 0, logits=False,
-                            layers=layers)
+                            cache, 0, logits=False, layers=layers)
   last = prompt_len + jnp.sum(carried.mask, axis=1) - 1
   return cache, model.logits(out.hidden[jnp.arange(rows), last]), length
 
@@ -340,7 +340,9 @@ def _generate(graphdef, state, prompts, prompt_valid, keys, allowed, hidden, bud
     carried_bank, carried_logits, carried_length = _carried_bank(model, carried, hidden,
                                                                  settings, prompt_len, layers)
     carried_steps = jnp.sum(carried.mask, axis=1)
-  free_columns = jnp.zeros((slots, steps), bool)
+  # Whole attention blocks, so that a decode step reads its key blocks in place.
+  columns = model.config.cache_slots(prompt_len + steps)
+  free_columns = jnp.zeros((slots, columns - prompt_len), bool)
   row = lambda x, where: where.reshape((1, slots) + (1,) * (x.ndim - 2))
 
   def admit(carry: _Slots) -> _Slots:
@@ -414,7 +416,7 @@ def _generate(graphdef, state, prompts, prompt_valid, keys, allowed, hidden, bud
     buffers = tuple(jnp.concatenate([old.astype(b.dtype), b], 1)
                     for old, b in zip(sampled, buffers))
   init = _Slots(
-      cache=KVCache.zeros(model.config, slots, prompt_len + steps),
+      cache=KVCache.zeros(model.config, slots, columns),
       logits=jnp.zeros((slots, vocab), jnp.float32), position=jnp.zeros(slots, jnp.int32),
       step=jnp.zeros(slots, jnp.int32), response=jnp.full(slots, -1, jnp.int32),
       admitted=jnp.int32(0), decode_steps=jnp.int32(0), buffers=buffers,

@@ -61,14 +61,25 @@ def test_every_response_equals_the_static_batchs_draw_with_its_key(model, slots)
 
 def test_a_cache_of_several_attention_blocks_draws_the_same_responses():
   """Blocks of 4 slots: a decode step reads the key blocks up to its furthest row's slot,
-  each row seeing its own keys only."""
+  each row seeing its own keys only; P + N = 21 columns take a cache of 24 (whole blocks),
+  and a resumed response's row is prefilled into one as wide."""
   blocked = peaked_model(CONFIG.replace(attention_block=4), 6)
   prompts, valid = left_padded_prompts(np.random.default_rng(0), 6, 5, 8, 16)
-  budgets = np.random.default_rng(1).integers(1, 13, 24)
-  kwargs = dict(max_new_tokens=12, stop_tokens=STOP, budgets=budgets)
+  budgets = np.random.default_rng(1).integers(1, 14, 24)
+  kwargs = dict(max_new_tokens=13, stop_tokens=STOP, budgets=budgets)
   got = generate_continuous(blocked, prompts, valid, jax.random.key(2), slots=3, group_size=4,
                             **kwargs)
   _assert_same(got, _static(blocked, prompts, valid, jax.random.key(2), 4, **kwargs))
+  settings = dict(max_new_tokens=13, stop_tokens=STOP, group_size=4, slots=3)
+  first = generate_partial(blocked, prompts[:2], valid[:2], jax.random.key(2), decode_limit=6,
+                           budgets=budgets[:8], **settings)
+  unfinished = np.flatnonzero(first.unfinished)
+  resumed = generate_partial(blocked, prompts[:0], valid[:0], jax.random.key(3),
+                             decode_limit=100, resume=carry_over(first), **settings)
+  final = _by_response(first, resumed, unfinished)
+  assert unfinished.size and len(final) == 8
+  for r in range(8):
+    _assert_same(final[r], jax.tree.map(lambda x, r=r: x[r] if np.ndim(x) else x, got))
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, None, None), (0.7, 4, None),
