@@ -1,7 +1,8 @@
 """Causal grouped-query attention over slots, naive or blockwise.
 
 Shapes: q [B, T, KV, G, hd] (G query heads per KV head), keys / values
-[B, S, KV, hd]; query_slots [T] int (the slot of each query in the key
+[B, KV, S, hd] (heads before slots: each head's keys are a contiguous [S, hd] matrix, which
+a batched matmul reads in place); query_slots [T] int (the slot of each query in the key
 sequence); key_valid [B, S] bool. Query t attends to the keys in slots
 s <= query_slots[t] with key_valid[b, s]; a query that sees no key (a padding
 row) gets the mean of every value, in both implementations. Output
@@ -50,14 +51,14 @@ def attention(q: Array, keys: Array, values: Array, query_slots: Array, key_vali
 
   Args:
     q: ``[B, T, KV, G, hd]`` queries, G query heads per KV head.
-    keys: ``[B, S, KV, hd]``.
-    values: ``[B, S, KV, hd]``.
+    keys: ``[B, KV, S, hd]``.
+    values: ``[B, KV, S, hd]``.
     query_slots: ``[T]`` int, the slot of each query in the key sequence.
     key_valid: ``[B, S]`` bool.
     implementation: one of `IMPLEMENTATIONS`.
     block_size: the query and key block of "chunked" and "splash".
     layer: None, or an int index: keys and values are then a stacked cache
-      ``[n_layers, B, S, KV, hd]`` and this layer's are attended. "chunked" reads its key
+      ``[n_layers, B, KV, S, hd]`` and this layer's are attended. "chunked" reads its key
       blocks from the stacked cache in place (a decode step copies no layer of it; forward
       only), the others take the layer's slice.
 
@@ -71,9 +72,9 @@ def attention(q: Array, keys: Array, values: Array, query_slots: Array, key_vali
     Rabe and Staats, 2021, "Self-attention Does Not Need O(n^2) Memory", arXiv 2112.05682;
     Dao et al., 2022, "FlashAttention", arXiv 2205.14135.
   """
-  single_block = max(q.shape[1], keys.shape[-3]) <= block_size
+  single_block = max(q.shape[1], keys.shape[-2]) <= block_size
   if layer is not None and (implementation != "chunked" or single_block
-                            or keys.shape[-3] % block_size):
+                            or keys.shape[-2] % block_size):
     keys, values, layer = keys[layer], values[layer], None  # a padded cache would be copied
   if implementation == "xla" or (implementation == "chunked" and single_block):
     return _naive(q, keys, values, query_slots, key_valid)  # one block: the same computation
@@ -103,15 +104,16 @@ def _visible(query_slots, key_slots, key_valid):
 
 def _scores(q, keys, visible):
   """[B, KV, G, T, S] float32 scores / sqrt(hd), _MASKED where not visible."""
-  scores = jnp.einsum("btkgd,bskd->bkgts", q, keys, preferred_element_type=jnp.float32)
+  scores = jnp.einsum("btkgd,bksd->bkgts", q, keys, preferred_element_type=jnp.float32)
   return jnp.where(visible, scores / jnp.sqrt(q.shape[-1]), _MASKED)
 
 
 def _naive(q, keys, values, query_slots, key_valid):
-  visible = _visible(query_slots, jnp.arange(keys.shape[1]), key_valid)
+  visible = _visible(query_slots, jnp.arange(keys.shape[2]), key_valid)
   probs = jax.nn.softmax(_scores(q, keys, visible), axis=-1)
   probs = jnp.where(visible.any(-1, keepdims=True), probs, 0.0).astype(values.dtype)
-  return jnp.einsum("bkgts,bskd->btkgd", probs, values)
+  # The product in the batched matmul's own order, then the (query-sized) output transposed.
+  return jnp.einsum("bkgtd->btkgd", jnp.einsum("bkgts,bksd->bkgtd", probs, values))
 
 
 def _fused(q, keys, values, query_slots, key_valid, implementation: str):
@@ -119,9 +121,11 @@ def _fused(q, keys, values, query_slots, key_valid, implementation: str):
   mask as a [B, 1, T, S] bool (the kernel reads it as a bias): the query heads
   of each KV head are consecutive, as `jax.nn` expects for grouped queries."""
   b, t, n_kv, group, hd = q.shape
-  visible = _visible(query_slots, jnp.arange(keys.shape[1]), key_valid)[:, 0]
-  out = jax.nn.dot_product_attention(q.reshape(b, t, n_kv * group, hd), keys, values,
-                                     mask=visible, implementation=implementation)
+  visible = _visible(query_slots, jnp.arange(keys.shape[2]), key_valid)[:, 0]
+  slots_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B, S, KV, hd], as jax.nn takes them
+  out = jax.nn.dot_product_attention(q.reshape(b, t, n_kv * group, hd), slots_first(keys),
+                                     slots_first(values), mask=visible,
+                                     implementation=implementation)
   seen = jnp.moveaxis(visible.any(-1), 1, 2)[..., None, None]  # [B, T, 1, 1, 1]
   return jnp.where(seen, out.reshape(q.shape), 0).astype(values.dtype)
 
@@ -135,9 +139,9 @@ def _splash(q, keys, values, token_valid, block_size: int, interpret: bool = Fal
   never read by a real token). T is padded to a multiple of the block."""
   from jax.experimental.pallas.ops.tpu import splash_attention as splash
   b, t, n_kv, group, hd = q.shape
-  if keys.shape[1] != t:
+  if keys.shape[2] != t:
     raise ValueError(f"attention='splash' runs teacher-forced passes (T = S); got T = {t} "
-                     f"queries against S = {keys.shape[1]} keys.")
+                     f"queries against S = {keys.shape[2]} keys.")
   size = min(block_size, -(-t // 128) * 128)
   length = -(-t // size) * size
   mask = splash.MultiHeadMask([splash.CausalMask((length, length))] * (n_kv * group))
@@ -146,11 +150,12 @@ def _splash(q, keys, values, token_valid, block_size: int, interpret: bool = Fal
                              block_q_dq=size, block_kv_dq=size)
   kernel = splash.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1,
                                   interpret=interpret)
-  heads_first = lambda x: jnp.moveaxis(_padded(x, size, 1, 0), 2, 1)  # [B, H, T, hd]
   scaled = (q.astype(jnp.float32) / jnp.sqrt(hd)).astype(q.dtype).reshape(b, t, -1, hd)
+  scaled = jnp.moveaxis(_padded(scaled, size, 1, 0), 2, 1)  # [B, H, T, hd], as keys are
+  keys, values = _padded(keys, size, 2, 0), _padded(values, size, 2, 0)
   segments = _padded(token_valid, size, 1, False).astype(jnp.int32)
   out = jax.vmap(lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(ids, ids)))(
-      heads_first(scaled), heads_first(keys), heads_first(values), segments)
+      scaled, keys, values, segments)
   return jnp.moveaxis(out, 1, 2)[:, :t].reshape(q.shape).astype(values.dtype)
 
 
@@ -172,18 +177,18 @@ def _blockwise(q, keys, values, query_slots, key_valid, block_size: int, layer=N
   """Blocks are read in place with dynamic slices (a decode step reads the cache
   block by block, from the stacked cache when `layer` is given: forward only); only
   a length that is not a multiple of the block is padded."""
-  t, s = q.shape[1], keys.shape[-3]
+  t, s = q.shape[1], keys.shape[-2]
   sizes = (min(block_size, t), min(block_size, s), s)
   q, query_slots = _padded(q, sizes[0], 1, 0), _padded(query_slots, sizes[0], 0, 0)
   if layer is not None:  # S is a multiple of the block (`attention`)
     return _flash_forward(q, keys, values, query_slots, key_valid, sizes, layer)[0][:, :t]
-  keys, values = _padded(keys, sizes[1], 1, 0), _padded(values, sizes[1], 1, 0)
+  keys, values = _padded(keys, sizes[1], 2, 0), _padded(values, sizes[1], 2, 0)
   key_valid = _padded(key_valid, sizes[1], 1, False)
   return _flash(q, keys, values, query_slots, key_valid, sizes)[:, :t]
 
 
 class _KeyBlock(NamedTuple):
-  """Key block j's keys, values [B, k, KV, hd] and visibility to a query block."""
+  """Key block j's keys, values [B, KV, k, hd] and visibility to a query block."""
 
   keys: Array
   values: Array
@@ -193,13 +198,13 @@ class _KeyBlock(NamedTuple):
 
 def _key_block(keys, values, key_valid, q_slots, j, k_size: int, length: int,
                layer=None) -> _KeyBlock:
-  """Key block j; keys and values [B, S, KV, hd], or stacked [n_layers, B, S, KV, hd] and
+  """Key block j; keys and values [B, KV, S, hd], or stacked [n_layers, B, KV, S, hd] and
   read at `layer`."""
   if layer is None:
-    read = lambda x: _block(x, j, k_size, 1)
+    read = lambda x: _block(x, j, k_size, 2)
   else:
-    read = lambda x: jax.lax.dynamic_slice(x, (layer, 0, j * k_size, 0, 0),
-                                           (1, x.shape[1], k_size, *x.shape[3:]))[0]
+    read = lambda x: jax.lax.dynamic_slice(x, (layer, 0, 0, j * k_size, 0),
+                                           (1, *x.shape[1:3], k_size, x.shape[4]))[0]
   slots = j * k_size + jnp.arange(k_size)
   return _KeyBlock(read(keys), read(values),
                    _visible(q_slots, slots, _block(key_valid, j, k_size, 1)), slots < length)
@@ -255,14 +260,14 @@ def _flash_forward(q, keys, values, query_slots, key_valid, sizes, layer=None):
       correction = jnp.exp(m - m_new)
       l = l * correction + jnp.sum(p, axis=-1)
       acc = acc * correction[..., None] + jnp.einsum(
-          "bkgts,bskd->bkgtd", p.astype(values.dtype), kb.values,
+          "bkgts,bksd->bkgtd", p.astype(values.dtype), kb.values,
           preferred_element_type=jnp.float32)
       return m_new, l, acc
 
     b, _, n_kv, group, hd = q_block.shape
     rows = (b, n_kv, group, q_size)
     init = (jnp.full(rows, _MASKED), jnp.zeros(rows), jnp.zeros((*rows, hd)))
-    m, l, acc = jax.lax.fori_loop(0, _key_blocks(q_slots, k_size, keys.shape[-3]), key_block,
+    m, l, acc = jax.lax.fori_loop(0, _key_blocks(q_slots, k_size, keys.shape[-2]), key_block,
                                   init)
     out = jnp.where(_seen(m)[..., None], acc / l[..., None], 0.0)
     return None, (jnp.einsum("bkgtd->btkgd", out).astype(values.dtype), m, l)
@@ -298,17 +303,17 @@ def _flash_backward(sizes, residuals, d_out):
       d_q, d_keys, d_values = carry
       kb = _key_block(keys, values, key_valid, q_slots, j, k_size, length)
       p = jnp.exp(_block_scores(q_block, kb) - m_block[..., None]) * rows
-      d_values = _add_block(d_values, j, k_size, jnp.einsum("bkgts,btkgd->bskd", p, d_out_block))
-      d_p = jnp.einsum("btkgd,bskd->bkgts", d_out_block, kb.values,
+      d_values = _add_block(d_values, j, k_size, jnp.einsum("bkgts,btkgd->bksd", p, d_out_block))
+      d_p = jnp.einsum("btkgd,bksd->bkgts", d_out_block, kb.values,
                        preferred_element_type=jnp.float32)
       d_z = jnp.where(kb.visible, p * (d_p - dot_block[..., None]), 0.0) * scale
-      d_q += jnp.einsum("bkgts,bskd->btkgd", d_z, kb.keys, preferred_element_type=jnp.float32)
+      d_q += jnp.einsum("bkgts,bksd->btkgd", d_z, kb.keys, preferred_element_type=jnp.float32)
       d_keys = _add_block(d_keys, j, k_size, jnp.einsum(
-          "bkgts,btkgd->bskd", d_z, q_block, preferred_element_type=jnp.float32))
+          "bkgts,btkgd->bksd", d_z, q_block, preferred_element_type=jnp.float32))
       return d_q, d_keys, d_values
 
     init = (jnp.zeros(q_block.shape, jnp.float32), *d_kv)
-    d_q, *d_kv = jax.lax.fori_loop(0, _key_blocks(q_slots, k_size, keys.shape[1]), key_block,
+    d_q, *d_kv = jax.lax.fori_loop(0, _key_blocks(q_slots, k_size, keys.shape[2]), key_block,
                                    init)
     return tuple(d_kv), d_q.astype(q.dtype)
 
@@ -321,9 +326,9 @@ def _flash_backward(sizes, residuals, d_out):
 
 
 def _add_block(total: Array, j, size: int, block: Array) -> Array:
-  """total [B, S, ...] with `block` added at slots [j * size, (j + 1) * size)."""
-  return jax.lax.dynamic_update_slice_in_dim(total, _block(total, j, size, 1) + block,
-                                             j * size, axis=1)
+  """total [B, KV, S, hd] with `block` added at slots [j * size, (j + 1) * size)."""
+  return jax.lax.dynamic_update_slice_in_dim(total, _block(total, j, size, 2) + block,
+                                             j * size, axis=2)
 
 
 _flash.defvjp(_flash_forward, _flash_backward)

@@ -9,7 +9,7 @@ token-local and run on the local slice (`over_sequence`); only attention
 looks across slices.
 
 Attention all-gathers keys and values (`sequence_sharded`): each device
-gathers the full [B, L, KV, hd] keys and values of a layer, attends with its
+gathers the full [B, KV, L, hd] keys and values of a layer, attends with its
 own L / N queries (blockwise, so memory stays linear in L) and drops them;
 the backward pass reduce-scatters their gradients (the transpose of the
 all-gather). Why not ring attention (Liu et al., 2023): with grouped-query
@@ -109,7 +109,7 @@ def sequence_sharded(attend: Callable) -> Callable:
 
   Args:
     attend: ``attend(q, keys, values, query_slots, key_valid)`` with q ``[B, T, ...]``,
-      keys and values ``[B, T, ...]``, query_slots ``[T]`` and key_valid ``[B, T]``, T the
+      keys and values ``[B, KV, T, hd]``, query_slots ``[T]`` and key_valid ``[B, T]``, T the
       full length.
 
   Returns:
@@ -119,15 +119,16 @@ def sequence_sharded(attend: Callable) -> Callable:
     return attend
 
   def local(q, keys, values, query_slots, key_valid):
-    return attend(q, _gather(keys), _gather(values), query_slots, _gather(key_valid))
+    return attend(q, _gather(keys, 2), _gather(values, 2), query_slots, _gather(key_valid, 1))
 
-  return over_sequence(local, in_axes=(1, 1, 1, 0, 1))
+  return over_sequence(local, in_axes=(1, 2, 2, 0, 1))
 
 
-def _gather(x: jax.Array) -> jax.Array:
-  """The whole [B, L, ...] from each device's [B, L / N, ...] slice."""
+def _gather(x: jax.Array, axis: int) -> jax.Array:
+  """The whole of x along `axis` (the sequence's, L) from each device's slice of L / N."""
   if jax.default_backend() == "cpu" and x.dtype == jnp.bfloat16:
     # XLA:CPU aborts compiling the bf16 reduce-scatter that transposes this gather in
     # a partially manual shard_map ("Invalid binary instruction opcode copy").
-    return jax.lax.all_gather(x.astype(jnp.float32), SEQUENCE, axis=1, tiled=True).astype(x.dtype)
-  return jax.lax.all_gather(x, SEQUENCE, axis=1, tiled=True)
+    return jax.lax.all_gather(x.astype(jnp.float32), SEQUENCE, axis=axis,
+                              tiled=True).astype(x.dtype)
+  return jax.lax.all_gather(x, SEQUENCE, axis=axis, tiled=True)

@@ -29,9 +29,9 @@ class KVCache(NamedTuple):
   """Keys and values of every layer for S slots, and which slots hold tokens.
 
   Attributes:
-    keys: ``[n_layers, B, S, n_kv_heads, head_dim]`` (a decode step writes its slots in
-      place).
-    values: ``[n_layers, B, S, n_kv_heads, head_dim]``.
+    keys: ``[n_layers, B, n_kv_heads, S, head_dim]`` (heads before slots, as attention
+      reads them; a decode step writes its slots in place).
+    values: ``[n_layers, B, n_kv_heads, S, head_dim]``.
     key_valid: ``[B, S]`` bool.
   """
 
@@ -41,7 +41,7 @@ class KVCache(NamedTuple):
 
   @classmethod
   def zeros(cls, config: TransformerConfig, batch: int, slots: int) -> "KVCache":
-    shape = (config.n_layers, batch, slots, config.n_kv_heads, config.resolved_head_dim)
+    shape = (config.n_layers, batch, config.n_kv_heads, slots, config.resolved_head_dim)
     return cls(keys=jnp.zeros(shape, config.dtype), values=jnp.zeros(shape, config.dtype),
                key_valid=jnp.zeros((batch, slots), bool))
 
@@ -163,7 +163,7 @@ class Attention(nnx.Module):
   def __call__(self, x, positions, query_slots, key_valid, cache, slot):
     """x [B, T, D]; query_slots [T] (the queries' slots); key_valid [B, S];
     cache: None (the keys are this call's own) or (keys, values, layer) with
-    keys/values [n_layers, B, S, KV, hd], this layer's at index `layer`.
+    keys/values [n_layers, B, KV, S, hd], this layer's at index `layer`.
 
     Returns (output [B, T, D], cache) with this step's keys/values written at
     slots [slot, slot + T) of the layer (`slot` an int, or [B] per row with T = 1).
@@ -179,6 +179,7 @@ class Attention(nnx.Module):
     q = rope(q, positions, cfg.rope_theta, cfg.rope_scaling)
     k = rope(k, positions, cfg.rope_theta, cfg.rope_scaling)
     v = self.v_proj(x).reshape(b, t, n_kv, hd)
+    k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, KV, T, hd], as attention reads
     if cache is None:
       keys, values, layer = k, v, None
     else:  # attention reads this layer's keys from the stacked cache
@@ -199,12 +200,12 @@ class Attention(nnx.Module):
 
 
 def _write_slots(stored: Array, new: Array, *, layer, slot) -> Array:
-  """stored [n_layers, B, S, ...] with new [B, T, ...] written at layer `layer`, slots
+  """stored [n_layers, B, KV, S, hd] with new [B, KV, T, hd] written at layer `layer`, slots
   [slot, slot + T): one int slot for every row, or a [B] slot per row (T = 1)."""
   new = new.astype(stored.dtype)
   if jnp.ndim(slot) == 1:
-    return stored.at[layer, jnp.arange(new.shape[0]), slot].set(new[:, 0])
-  return jax.lax.dynamic_update_slice(stored, new[None], (layer, 0, slot, 0, 0))
+    return stored.at[layer, jnp.arange(new.shape[0]), :, slot].set(new[:, :, 0])
+  return jax.lax.dynamic_update_slice(stored, new[None], (layer, 0, 0, slot, 0))
 
 
 class MLP(nnx.Module):
@@ -395,7 +396,7 @@ class Transformer(nnx.Module):
     Without a cache, each scanned block runs under `jax.checkpoint` with the
     config's remat policy (`REMAT_POLICIES`), so the backward pass keeps only
     what the policy saves of one block at a time.
-    cache: None or (keys, values) [n_layers, B, S, KV, hd], updated in place."""
+    cache: None or (keys, values) [n_layers, B, KV, S, hd], updated in place."""
     graphdef, layers = nnx.split(self.layers)
 
     def block(carry, layer):

@@ -354,10 +354,10 @@ def _generate(graphdef, state, prompts, prompt_valid, keys, allowed, hidden, bud
       new = take & (candidate >= n_carried)
       prompt = jnp.where(new, candidate - n_carried, 0) // group_size
       copied = bank.rows(prompt)
-      keys_, values = (jnp.where(row(x, new), fresh, x[:, :, :prompt_len])
+      keys_, values = (jnp.where(row(x, new), fresh, x[..., :prompt_len, :])
                        for x, fresh in ((cache.keys, copied.keys), (cache.values, copied.values)))
-      cache = KVCache(cache.keys.at[:, :, :prompt_len].set(keys_),
-                      cache.values.at[:, :, :prompt_len].set(values),
+      cache = KVCache(cache.keys.at[..., :prompt_len, :].set(keys_),
+                      cache.values.at[..., :prompt_len, :].set(values),
                       jnp.where(new[:, None],
                                 jnp.concatenate([copied.key_valid, free_columns], 1),
                                 cache.key_valid))

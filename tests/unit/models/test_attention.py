@@ -13,24 +13,25 @@ from tests.unit.test_logprobs import _intermediate_sizes
 
 
 def _reference(q, k, v, query_slots, key_valid):
-  """float64 softmax attention; a query that sees no key gets zeros."""
+  """float64 softmax attention, keys and values [B, KV, S, hd]; a query that sees no key
+  gets zeros."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-  scores = np.einsum("btkgd,bskd->bkgts", q, k) / np.sqrt(q.shape[-1])
-  visible = (np.arange(k.shape[1])[None, :] <= np.asarray(query_slots)[:, None])[None]
+  scores = np.einsum("btkgd,bksd->bkgts", q, k) / np.sqrt(q.shape[-1])
+  visible = (np.arange(k.shape[2])[None, :] <= np.asarray(query_slots)[:, None])[None]
   visible = visible & np.asarray(key_valid)[:, None, :]
   scores = np.where(visible[:, None, None], scores, -np.inf)
   seen = visible.any(-1)[:, None, None, :, None]
   scores = np.where(seen, scores, 0.0)
   probs = np.exp(scores - scores.max(-1, keepdims=True))
   probs = np.where(seen, probs / probs.sum(-1, keepdims=True), 0.0)  # no key seen: zeros
-  return np.einsum("bkgts,bskd->btkgd", probs, v)
+  return np.einsum("bkgts,bksd->btkgd", probs, v)
 
 
 def _inputs(b, t, s, n_kv, group, hd, seed=0, dtype=np.float32):
   rng = np.random.default_rng(seed)
   q = rng.normal(size=(b, t, n_kv, group, hd)).astype(dtype)
-  k = rng.normal(size=(b, s, n_kv, hd)).astype(dtype)
-  v = rng.normal(size=(b, s, n_kv, hd)).astype(dtype)
+  k = rng.normal(size=(b, n_kv, s, hd)).astype(dtype)
+  v = rng.normal(size=(b, n_kv, s, hd)).astype(dtype)
   # Ragged: left padding of random length, then random holes; one row fully padded.
   key_valid = np.arange(s)[None] >= rng.integers(0, s // 2 + 1, (b, 1))
   key_valid &= rng.random((b, s)) > 0.15
@@ -195,7 +196,7 @@ def test_blockwise_reads_no_key_block_after_a_query_blocks_last_slot(t, s, block
   q, k, v, _, key_valid = _inputs(2, t, s, 2, 2, 8)
   query_slots = np.arange(t) + (s // 2 if t < s else 0)
   unread = (query_slots[-1] // block + 1) * block if t < s else s - block  # a block's start
-  k[:, unread:], v[:, unread:] = np.nan, np.nan
+  k[:, :, unread:], v[:, :, unread:] = np.nan, np.nan
   key_valid[:, unread:] = False
   rows = query_slots < unread  # the queries whose blocks end before the NaN
   want = _reference(q, np.nan_to_num(k), np.nan_to_num(v), query_slots, key_valid)
@@ -205,7 +206,7 @@ def test_blockwise_reads_no_key_block_after_a_query_blocks_last_slot(t, s, block
   d_q, d_k, d_v = jax.grad(lambda *x: jnp.sum(run(*x)[:, rows]), argnums=(0, 1, 2))(q, k, v)
   assert np.isfinite(d_q[:, rows]).all()
   if rows.all():  # no query reads the NaN block (under teacher forcing the last one does)
-    assert np.isfinite(d_k[:, :unread]).all() and np.isfinite(d_v[:, :unread]).all()
+    assert np.isfinite(d_k[:, :, :unread]).all() and np.isfinite(d_v[:, :, :unread]).all()
   naive = attention(q, k, v, query_slots, key_valid, implementation="xla")
   assert np.isnan(np.asarray(naive)[:, rows]).any()  # the control: reading them poisons
 
@@ -213,7 +214,7 @@ def test_blockwise_reads_no_key_block_after_a_query_blocks_last_slot(t, s, block
 @pytest.mark.parametrize("impl,s,block", [("chunked", 40, 8), ("chunked", 29, 8),
                                           ("chunked", 8, 8), ("xla", 40, 8)])
 def test_a_stacked_cache_read_at_a_layer_equals_that_layers_keys(impl, s, block):
-  """`layer`: keys and values [n_layers, B, S, KV, hd], the layer's read in place (chunked,
+  """`layer`: keys and values [n_layers, B, KV, S, hd], the layer's read in place (chunked,
   S a multiple of the block) or sliced (otherwise), for a traced layer index too."""
   q, k, v, _, key_valid = _inputs(2, 3, s, 2, 2, 8)
   rng = np.random.default_rng(2)

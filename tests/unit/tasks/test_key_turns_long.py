@@ -80,7 +80,7 @@ def test_hidden_actions_values_equal_the_enumeration_of_every_history():
   for row in range(len(tokens)):
     for k in range(max(config.decisive) + 2):
       expected = tree[k].get(tuple(tokens[row, :starts[k]].tolist()), 0.0)
-      np.testing.assert_allclose(values[row, k], expected, rtol=1e-6, atol=1e-12)
+      np.testing.assert_allclose(values[row, k], expected, rtol=1e-5, atol=1e-12)  # float32
   tree_success = np.mean(list(tree[0].values()))
   np.testing.assert_allclose(key_turns.oracle.success(model, config, PROMPT), tree_success,
                              rtol=1e-6)
