@@ -111,24 +111,31 @@ def carry_over(sample: PartialSample, *, pad: bool = False) -> Partial:
     sample: a `PartialSample`.
     pad: repeat the last unfinished row up to a power of two rows, so that a loop of
       `generate_partial` calls compiles one program per power of two rather than one per
-      count (the copies are drawn again: drop their samples).
+      count. The copies have no budget left: a later call frees their slots as it admits
+      them, decoding nothing (drop their rows).
 
   Returns:
     the `Partial` of its unfinished rows, in order (C = their number, or the power of two
     at or above it with `pad`).
   """
   rows = np.flatnonzero(np.asarray(sample.unfinished))
+  copies = np.zeros(rows.size, bool)
   if pad and rows.size:
-    rows = rows[np.minimum(np.arange(1 << (rows.size - 1).bit_length()), rows.size - 1)]
+    padded = np.arange(1 << (rows.size - 1).bit_length())
+    rows, copies = rows[np.minimum(padded, rows.size - 1)], padded >= rows.size
   out = sample.output
   return _take_rows(Partial(out.tokens, out.mask, out.logprobs, out.entropy, out.token_valid,
-                            sample.version, sample.keys, sample.budgets), jnp.asarray(rows))
+                            sample.version, sample.keys, sample.budgets), jnp.asarray(rows),
+                    jnp.asarray(copies))
 
 
 @jax.jit
-def _take_rows(partial: Partial, rows: Array) -> Partial:
-  """`partial`'s rows `rows`, every field in one program."""
-  return jax.tree.map(lambda x: x[rows], partial)
+def _take_rows(partial: Partial, rows: Array, copies: Array) -> Partial:
+  """`partial`'s rows `rows`, every field in one program; `copies` get a budget of the
+  tokens they hold (none left)."""
+  taken = jax.tree.map(lambda x: x[rows], partial)
+  return taken._replace(budgets=jnp.where(copies, jnp.sum(taken.mask, axis=1),
+                                          taken.budgets).astype(taken.budgets.dtype))
 
 
 def response_keys(key: Array, responses: int) -> Array:
@@ -385,8 +392,9 @@ def _generate(graphdef, state, prompts, prompt_valid, keys, allowed, hidden, bud
   def decode(carry: _Slots) -> _Slots:
     carry = jax.lax.cond(jnp.any(carry.response < 0) & (carry.admitted < responses), admit,
                          lambda c: c, carry)
-    busy = carry.response >= 0
     response = jnp.maximum(carry.response, 0)
+    spent = (carry.response >= 0) & (carry.step >= budgets[response])  # `carry_over`'s copies
+    busy = (carry.response >= 0) & ~spent
     column = jnp.minimum(carry.step, steps - 1)
     slot_allowed, slot_hidden = allowed[column], hidden[column]
     token, logp, entropy, active, ended = _response_step(
@@ -402,7 +410,8 @@ def _generate(graphdef, state, prompts, prompt_valid, keys, allowed, hidden, bud
     return carry._replace(
         cache=cache, logits=jnp.where(active[:, None], out.logits[:, 0], carry.logits),
         position=carry.position + active, step=carry.step + active,
-        response=jnp.where(finished, -1, carry.response), decode_steps=carry.decode_steps + 1,
+        response=jnp.where(finished | spent, -1, carry.response),
+        decode_steps=carry.decode_steps + 1,
         buffers=buffers, stopped=carry.stopped.at[written].set(stopped, mode="drop"))
 
   fresh = responses - n_carried

@@ -208,15 +208,31 @@ def test_a_response_resumed_under_the_same_policy_is_the_uninterrupted_one(model
   before = np.asarray(first.output.mask)[unfinished]
   assert (versions[before] == 0).all() and (versions[mask & ~before] == 1).all()
   assert (mask & ~before).any()
-  # Padded to a power of two rows: the unfinished rows, then copies of the last.
+  # Padded to a power of two rows: the unfinished rows, then copies of the last with no
+  # budget left, which a resuming call frees without decoding.
   exact, padded = carry_over(first), carry_over(first, pad=True)
   width = 1 << (unfinished.size - 1).bit_length()
   index = np.minimum(np.arange(width), unfinished.size - 1)
   assert padded.tokens.shape[0] == width > unfinished.size
-  for got, want in zip(padded, exact):
+  for name, got, want in zip(padded._fields, padded, exact):
     got, want = (jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
                  for x in (got, want))
-    np.testing.assert_array_equal(got, np.asarray(want)[index])
+    want = np.asarray(want)[index]
+    if name == "budgets":
+      want[unfinished.size:] = np.asarray(padded.mask)[unfinished.size:].sum(1)
+      assert (want[unfinished.size:] < kwargs["max_new_tokens"]).all()
+    np.testing.assert_array_equal(got, want, err_msg=name)
+  again = generate_partial(model, more, more_valid, jax.random.key(15), decode_limit=100,
+                           resume=padded, version=1, **kwargs)
+  real = np.r_[np.arange(unfinished.size), np.arange(width, width + 4)]
+  _assert_same(jax.tree.map(lambda x: x[real] if np.ndim(x) else x, again.output),
+               resumed.output)
+  np.testing.assert_array_equal(np.asarray(again.output.mask)[unfinished.size:width],
+                                np.asarray(padded.mask)[unfinished.size:])
+  assert not np.asarray(again.unfinished).any()
+  # A copy holds a slot for the one step that frees it.
+  assert (int(again.output.decode_steps)
+          <= int(resumed.output.decode_steps) + width - unfinished.size)
 
 
 def test_resumed_tokens_carry_the_log_probs_of_the_policy_that_drew_them(model):
