@@ -32,9 +32,10 @@ rows decoded at once (S slots):
                preset in Qwen2's layout, with qkv bias, read by tunix's Qwen2 loader). Its
                tokens are its own draws (another random stream), of the same count.
 
-Columns: generated tokens/s (tokens drawn over the wall time), decode steps (of S rows), useful
-work (generated tokens / (decode steps x S): the fraction of decoded rows that were live
-responses), the tokens drawn, and the speed-up over static in tokens/s. Times are the median
+Columns: generated tokens/s (tokens drawn over the wall time), decode steps, live rows a step
+(generated tokens / decode steps, of the S rows a static step decodes; continuous batching's
+drain decodes fewer rows a step once a quarter of its slots or fewer are busy), the tokens
+drawn, and the speed-up over static in tokens/s. Times are the median
 of `--repeats` runs after a warm-up run (compilation: of responses of 1 token for the static
 and continuous engines, whose programs do not depend on the lengths; the whole run for the
 partial engine, whose calls are the same each run, so that it compiles every carried width
@@ -178,7 +179,7 @@ def rows_for(name: str, args, directory: str) -> list[list]:
                for engine, (seconds, (_, _, generated)) in measured.items()}
       for engine, (seconds, (_, steps, generated)) in measured.items():
         rows.append([name, kind, slots, engine, f"{speed[engine]:,.0f}", f"{steps:,}",
-                     f"{generated / (steps * slots):.0%}", f"{generated:,}", f"{seconds:.1f}",
+                     f"{generated / steps:.1f}", f"{generated:,}", f"{seconds:.1f}",
                      f"{speed[engine] / speed['static']:.2f}x"])
   return rows
 
@@ -211,7 +212,7 @@ def main(argv=None):
   with tempfile.TemporaryDirectory() as directory:
     rows = [row for name in args.presets for row in rows_for(name, args, directory)]
   print(table(["model", "lengths", "slots", "engine", "generated tok/s", "decode steps",
-               "useful work", "tokens", "seconds", "vs static"], rows))
+               "live rows a step", "tokens", "seconds", "vs static"], rows))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@ slots, all inside one jitted `while_loop`:
             logits and length are copied into the slot (its earlier slots made invalid);
   decode    one token for every busy slot, written at that slot's own cache column
             (`Transformer.decode` with a slot per row);
-  release   a slot whose response emitted a stop token or spent its budget is free again.
+  release   a slot whose response emitted a stop token or spent its budget is free again;
+  drain     once every response is admitted and at most a quarter of the slots are busy, the
+            busy ones move into a cache of a quarter the rows, and so on down to one: the
+            last responses of a long tail do not decode S rows a step.
 
 Response r is sampled with its own key (`keys[r]`, folded with its step), so its tokens,
 log-probs and entropies are those `generate` draws for the same prompt with the same key
@@ -313,6 +316,20 @@ def _check_column_actions(actions: Actions | None) -> Actions | None:
   return actions
 
 
+def _compacted(carry: _Slots, width: int, responses: int) -> tuple[_Slots, Array]:
+  """`carry` in `width` slots, its busy ones first (in slot order), and the ``[R]`` responses
+  of the busy slots that did not fit."""
+  busy = carry.response >= 0
+  order = jnp.argsort(~busy, stable=True)
+  cut = busy & (jnp.cumsum(busy) > width)
+  dropped = jnp.zeros(responses, bool).at[jnp.where(cut, carry.response, responses)].set(
+      True, mode="drop")
+  order = order[:width]
+  return carry._replace(cache=carry.cache.rows(order), logits=carry.logits[order],
+                        position=carry.position[order], step=carry.step[order],
+                        response=carry.response[order]), dropped
+
+
 def _carried_bank(model, carried: Partial, hidden, settings: _Sampling, prompt_len: int, layers):
   """Resumed rows prefilled under `model`: their cache, the logits after each row's last
   token and its length."""
@@ -349,8 +366,7 @@ def _generate(graphdef, state, prompts, prompt_valid, keys, allowed, hidden, bud
     carried_steps = jnp.sum(carried.mask, axis=1)
   # Whole attention blocks, so that a decode step reads its key blocks in place.
   columns = model.config.cache_slots(prompt_len + steps)
-  free_columns = jnp.zeros((slots, columns - prompt_len), bool)
-  row = lambda x, where: where.reshape((1, slots) + (1,) * (x.ndim - 2))
+  row = lambda x, where: where.reshape((1, where.shape[0]) + (1,) * (x.ndim - 2))
 
   def admit(carry: _Slots) -> _Slots:
     free = carry.response < 0
@@ -363,6 +379,7 @@ def _generate(graphdef, state, prompts, prompt_valid, keys, allowed, hidden, bud
       copied = bank.rows(prompt)
       keys_, values = (jnp.where(row(x, new), fresh, x[..., :prompt_len, :])
                        for x, fresh in ((cache.keys, copied.keys), (cache.values, copied.values)))
+      free_columns = jnp.zeros((slots, columns - prompt_len), bool)
       cache = KVCache(cache.keys.at[..., :prompt_len, :].set(keys_),
                       cache.values.at[..., :prompt_len, :].set(values),
                       jnp.where(new[:, None],
@@ -389,9 +406,12 @@ def _generate(graphdef, state, prompts, prompt_valid, keys, allowed, hidden, bud
     return (((carry.admitted < responses) | jnp.any(carry.response >= 0))
             & (carry.decode_steps < limit))
 
-  def decode(carry: _Slots) -> _Slots:
+  def admit_and_decode(carry: _Slots) -> _Slots:
     carry = jax.lax.cond(jnp.any(carry.response < 0) & (carry.admitted < responses), admit,
                          lambda c: c, carry)
+    return decode(carry)
+
+  def decode(carry: _Slots) -> _Slots:
     response = jnp.maximum(carry.response, 0)
     spent = (carry.response >= 0) & (carry.step >= budgets[response])  # `carry_over`'s copies
     busy = (carry.response >= 0) & ~spent
@@ -430,13 +450,27 @@ def _generate(graphdef, state, prompts, prompt_valid, keys, allowed, hidden, bud
       step=jnp.zeros(slots, jnp.int32), response=jnp.full(slots, -1, jnp.int32),
       admitted=jnp.int32(0), decode_steps=jnp.int32(0), buffers=buffers,
       stopped=jnp.zeros(responses, bool))
-  final = jax.lax.while_loop(unfinished, decode, init)
+  # Once every response is admitted, the slots drain: when at most a quarter of them are
+  # busy, those move into a cache of a quarter the rows and decode on there, and so on.
+  widths = [slots]
+  while widths[-1] // 4:
+    widths.append(widths[-1] // 4)
+  final, left = init, jnp.zeros(responses, bool)
+  for phase, width in enumerate(widths):
+    if phase:  # busy slots beyond `width` remain only when the decode limit stopped the loop
+      final, cut = _compacted(final, width, responses)
+      left |= cut
+    narrower = widths[phase + 1] if phase + 1 < len(widths) else 0
+    draining = lambda c, narrower=narrower: (
+        (c.admitted < responses) | (jnp.sum(c.response >= 0) > narrower))
+    final = jax.lax.while_loop(lambda c, draining=draining: unfinished(c) & draining(c),
+                               admit_and_decode if phase == 0 else decode, final)
   rows, row_valid = jnp.repeat(prompts, group_size, 0), jnp.repeat(prompt_valid, group_size, 0)
   if n_carried:
     rows = jnp.concatenate([carried.tokens[:, :prompt_len], rows])
     row_valid = jnp.concatenate([carried.token_valid[:, :prompt_len], row_valid])
-  left = jnp.zeros(responses, bool).at[jnp.where(final.response >= 0, final.response,
-                                                 responses)].set(True, mode="drop")
+  left = left.at[jnp.where(final.response >= 0, final.response, responses)].set(
+      True, mode="drop")
   left |= jnp.arange(responses) >= final.admitted
   out = _assemble(rows, row_valid, final.buffers[:4], final.stopped, settings,
                   final.decode_steps)
