@@ -316,15 +316,18 @@ def _check_column_actions(actions: Actions | None) -> Actions | None:
   return actions
 
 
+def _held(response: Array, where: Array, responses: int) -> Array:
+  """``[R]`` bool: the responses that the slots `where` (``[S]`` bool) hold."""
+  return jnp.zeros(responses, bool).at[jnp.where(where, response, responses)].set(
+      True, mode="drop")
+
+
 def _compacted(carry: _Slots, width: int, responses: int) -> tuple[_Slots, Array]:
   """`carry` in `width` slots, its busy ones first (in slot order), and the ``[R]`` responses
   of the busy slots that did not fit."""
   busy = carry.response >= 0
-  order = jnp.argsort(~busy, stable=True)
-  cut = busy & (jnp.cumsum(busy) > width)
-  dropped = jnp.zeros(responses, bool).at[jnp.where(cut, carry.response, responses)].set(
-      True, mode="drop")
-  order = order[:width]
+  order = jnp.argsort(~busy, stable=True)[:width]
+  dropped = _held(carry.response, busy & (jnp.cumsum(busy) > width), responses)
   return carry._replace(cache=carry.cache.rows(order), logits=carry.logits[order],
                         position=carry.position[order], step=carry.step[order],
                         response=carry.response[order]), dropped
@@ -406,15 +409,20 @@ def _generate(graphdef, state, prompts, prompt_valid, keys, allowed, hidden, bud
     return (((carry.admitted < responses) | jnp.any(carry.response >= 0))
             & (carry.decode_steps < limit))
 
+  def running(carry: _Slots, narrower: int):
+    """Unfinished, and still admitting or with more than `narrower` slots busy."""
+    return unfinished(carry) & ((carry.admitted < responses)
+                                | (jnp.sum(carry.response >= 0) > narrower))
+
   def admit_and_decode(carry: _Slots) -> _Slots:
     carry = jax.lax.cond(jnp.any(carry.response < 0) & (carry.admitted < responses), admit,
                          lambda c: c, carry)
     return decode(carry)
 
   def decode(carry: _Slots) -> _Slots:
-    response = jnp.maximum(carry.response, 0)
-    spent = (carry.response >= 0) & (carry.step >= budgets[response])  # `carry_over`'s copies
-    busy = (carry.response >= 0) & ~spent
+    assigned, response = carry.response >= 0, jnp.maximum(carry.response, 0)
+    spent = assigned & (carry.step >= budgets[response])  # `carry_over`'s copies
+    busy = assigned & ~spent
     column = jnp.minimum(carry.step, steps - 1)
     slot_allowed, slot_hidden = allowed[column], hidden[column]
     token, logp, entropy, active, ended = _response_step(
@@ -456,21 +464,17 @@ def _generate(graphdef, state, prompts, prompt_valid, keys, allowed, hidden, bud
   while widths[-1] // 4:
     widths.append(widths[-1] // 4)
   final, left = init, jnp.zeros(responses, bool)
-  for phase, width in enumerate(widths):
+  for phase, (width, narrower) in enumerate(zip(widths, widths[1:] + [0])):
     if phase:  # busy slots beyond `width` remain only when the decode limit stopped the loop
       final, cut = _compacted(final, width, responses)
       left |= cut
-    narrower = widths[phase + 1] if phase + 1 < len(widths) else 0
-    draining = lambda c, narrower=narrower: (
-        (c.admitted < responses) | (jnp.sum(c.response >= 0) > narrower))
-    final = jax.lax.while_loop(lambda c, draining=draining: unfinished(c) & draining(c),
+    final = jax.lax.while_loop(functools.partial(running, narrower=narrower),
                                admit_and_decode if phase == 0 else decode, final)
   rows, row_valid = jnp.repeat(prompts, group_size, 0), jnp.repeat(prompt_valid, group_size, 0)
   if n_carried:
     rows = jnp.concatenate([carried.tokens[:, :prompt_len], rows])
     row_valid = jnp.concatenate([carried.token_valid[:, :prompt_len], row_valid])
-  left = left.at[jnp.where(final.response >= 0, final.response, responses)].set(
-      True, mode="drop")
+  left |= _held(final.response, final.response >= 0, responses)
   left |= jnp.arange(responses) >= final.admitted
   out = _assemble(rows, row_valid, final.buffers[:4], final.stopped, settings,
                   final.decode_steps)
