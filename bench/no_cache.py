@@ -58,6 +58,6 @@ class RebuildingMultiTurn(MultiTurn):
   """`MultiTurn` that rebuilds its KV cache from every row's whole context at every turn
   instead of prefilling only what is new."""
 
-  def _rebuild(self, cache, width: int, slots: int) -> bool:
-    del cache, width, slots
+  def _rebuild(self, cache, width: int, slots: int, longest: int) -> bool:
+    del cache, width, slots, longest
     return True

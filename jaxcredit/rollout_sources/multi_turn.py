@@ -61,6 +61,14 @@ rows' whole contexts, packed (`_packed_width` columns). So a turn's cost does
 not grow with the turns before it beyond attention's own: rows that add the
 same number of columns each turn leave no pads and never rebuild, and
 otherwise a rebuild comes only after pads have filled the headroom.
+
+With `slots` (continuous batching of episodes), S rows of the cache play the batch's episodes
+S at a time: when an episode ends, its row is emptied (`sampling.clear_contexts`) and takes
+the next episode in row order, whose prompt and reset observation are prefilled in the same
+block as the other rows' new observations; the rollout's rows stay in batch order. Episode r
+samples its turn k with ``fold_in(response_keys(key, B)[r], k)``, so its episode does not
+depend on the slot it is played in, on the episodes before it there, or on S. Episodes that
+run many more turns than the others then no longer keep finished rows decoding beside them.
 """
 
 import copy
@@ -76,8 +84,10 @@ import numpy as np
 from jax import Array
 
 from jaxcredit.rollout import Rollout
-from jaxcredit.sampling import (Actions, TreeSpec, continue_contexts, extend_contexts,
-                                prompt_positions, start_contexts)
+from jaxcredit.sampling import (Actions, TreeSpec, clear_contexts, continue_contexts,
+                                extend_contexts, prompt_positions, start_contexts)
+from jaxcredit.sampling.continuous import response_keys
+from jaxcredit.sampling.draw import step_key
 from jaxcredit.sampling import tree as sampling_tree
 from jaxcredit.rollout_sources.environment import Environment, as_observation, as_reward
 
@@ -183,6 +193,8 @@ class MultiTurn:
       sampled or observed but fed to the model as ``actions.hidden_token``).
     cache_headroom: the KV cache's slots beyond P + E + max_turn_tokens, as a fraction of
       P + E, that pad slots may fill before the cache is rebuilt (module docstring).
+    slots: episodes played at once, each taking the next episode when its own ends (module
+      docstring); None plays every row at once.
   """
 
   env: Environment
@@ -198,12 +210,16 @@ class MultiTurn:
   tree: TurnTree | None = None
   actions: Actions = Actions()
   cache_headroom: float = 0.25
+  slots: int | None = None
 
   def __post_init__(self):
-    for name in ("max_turns", "max_turn_tokens", "max_episode_tokens"):
+    for name in ("max_turns", "max_turn_tokens", "max_episode_tokens", "slots"):
       value = getattr(self, name)
-      if not isinstance(value, int) or value < 1:
+      if not (name == "slots" and value is None) and (not isinstance(value, int) or value < 1):
         raise ValueError(f"MultiTurn.{name} must be a positive int, got {value!r}.")
+    if self.slots is not None and self.tree is not None:
+      raise ValueError("MultiTurn plays a tree's episodes together (they fork from each "
+                       "other): set slots = None or tree = None.")
     if not self.cache_headroom >= 0:
       raise ValueError(f"MultiTurn.cache_headroom must be >= 0, got {self.cache_headroom!r}.")
     if self.actions.allowed is not None and np.ndim(self.actions.allowed) != 1:
@@ -241,6 +257,9 @@ class MultiTurn:
       states.append(state)
       observations.append(as_observation(observation, vocab, f"{_name(self.env)}.reset"))
       episodes.append(row, observations[row], -1)
+    if self.slots is not None:
+      totals = self._play_slots(model, prompts, prompt_valid, episodes, states, observations, key)
+      return self._rollout(prompts, prompt_valid, episodes, *totals, seeds)
     if self.tree is None:
       rewards, turns, cut, _ = self._play(model, prompts, prompt_valid, episodes, states,
                                           observations, np.zeros(rows, np.int64), key)
@@ -271,7 +290,7 @@ class MultiTurn:
         prompts, prompt_valid, seeds = prompts[parents], prompt_valid[parents], seeds[parents]
         totals = [total[parents] for total in totals]
         cache = _Cache(None if cache.contexts is None else sampling_tree.fork(
-            cache.contexts, jnp.asarray(parents)), cache.columns[parents])
+            cache.contexts, jnp.asarray(parents)), cache.columns[parents], cache.fresh[parents])
     rollout = self._rollout(prompts, prompt_valid, episodes, *totals, seeds)
     columns = np.arange(self.max_episode_tokens)[None]
     level = sum((columns >= f[:, None]).astype(np.int32) for f in forks) + np.zeros_like(columns)
@@ -290,39 +309,81 @@ class MultiTurn:
     the episode columns so far; states and observations: the environment's) until done,
     out of turns or out of columns, or for `turns_to_play` turns. Returns (rewards received,
     turns taken, turns cut, the rows' KV cache: `cache` grown, or a new one)."""
-    rows, vocab = len(prompts), model.config.vocab_size
-    rewards = np.zeros(rows, np.float32)
-    turns, cut = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
-    cache = cache or _Cache(None, np.zeros(rows, np.int64))
+    rows = len(prompts)
+    totals = (np.zeros(rows, np.float32), np.zeros(rows, np.int32), np.zeros(rows, np.int32))
+    cache = cache or _Cache(None, np.zeros(rows, np.int64), np.zeros(rows, bool))
     for step in range(turns_to_play or self.max_turns):
       if episodes.done.all():
         break
       sample = self._sample_turn(model, prompts, prompt_valid, episodes, cache,
                                  jax.random.fold_in(key, step))
       for row in np.flatnonzero(~episodes.done):
-        turn = int(first_turn[row]) + step
-        taken = sample["mask"][row]
-        actions = sample["tokens"][row, taken]
-        turns[row] += 1
-        anchor = np.full(len(actions), self._anchor(states[row], observations[row], turn))
-        if not episodes.append(row, actions, turn, action=np.ones(len(actions), bool),
-                               logprobs=sample["logprobs"][row, taken],
-                               entropy=sample["entropy"][row, taken], anchors=anchor):
-          continue  # the context is full: the episode ends here, scored by what it received
-        cache.columns[row] = episodes.length[row]  # the actions are in the cache already
-        cut[row] += sample["truncated"][row]
-        where = f"{_name(self.env)}.step (turn {turn})"
-        states[row], observation, reward, done = self.env.step(states[row], actions)
-        reward = as_reward(reward, where)
-        episodes.turn_rewards[row, episodes.length[row] - 1] = reward
-        rewards[row] += reward
-        observations[row] = as_observation(observation, vocab, where)
-        episodes.append(row, observations[row], turn)
-        if done:
-          episodes.done[row] = True
-        elif turn + 1 >= self.max_turns:  # out of turns
-          episodes.done[row] = episodes.truncated[row] = True
-    return rewards, turns, cut, cache
+        cache.columns[row] = self._take_turn(model, episodes, row, int(first_turn[row]) + step,
+                                             sample, row, states, observations, totals)
+    return *totals, cache
+
+  def _play_slots(self, model, prompts, prompt_valid, episodes: _Episodes, states: list,
+                  observations: list, key: Array):
+    """Plays every row's episode from its reset, `slots` rows of the cache at a time: a
+    row whose episode ends takes the next one (module docstring). Returns (rewards
+    received, turns taken, turns cut)."""
+    if jax.process_count() > 1:
+      raise ValueError("MultiTurn.slots plays one process's episodes: set slots = None to "
+                       "play episodes over several processes.")
+    rows = len(prompts)
+    keys = response_keys(key, rows)
+    totals = (np.zeros(rows, np.float32), np.zeros(rows, np.int32), np.zeros(rows, np.int32))
+    held = np.full(min(self.slots, rows), -1)  # the episode in each slot; -1: none
+    cache = _Cache(None, np.zeros(len(held), np.int64), np.zeros(len(held), bool))
+    waiting = 0
+    while True:
+      for slot in np.flatnonzero((held < 0) | episodes.done[np.maximum(held, 0)]):
+        held[slot] = -1
+        while held[slot] < 0 and waiting < rows:
+          if not episodes.done[waiting]:  # a reset observation can overflow the columns
+            held[slot], cache.fresh[slot] = waiting, True
+          waiting += 1
+      if (held < 0).all():
+        return totals
+      playing = np.maximum(held, 0)
+      view = episodes.take(playing)
+      view.done |= held < 0
+      sample = self._sample_turn(model, prompts[playing], prompt_valid[playing], view, cache,
+                                 step_key(keys[playing], jnp.asarray(totals[1][playing])))
+      for slot in np.flatnonzero(held >= 0):
+        row = held[slot]
+        cache.columns[slot] = self._take_turn(model, episodes, row, int(totals[1][row]), sample,
+                                              slot, states, observations, totals)
+
+  def _take_turn(self, model, episodes: _Episodes, row: int, turn: int, sample: dict,
+                 index: int, states: list, observations: list, totals) -> int:
+    """Records turn `turn` of episode `row` (sampled as `sample` row `index`): its actions,
+    then the environment's step on them, adding to `totals` (rewards, turns, cut) and ending
+    the episode when done or out of turns. Returns the episode's columns up to its actions
+    (what the sampled row's cache holds of it)."""
+    rewards, turns, cut = totals
+    taken = sample["mask"][index]
+    actions = sample["tokens"][index, taken]
+    turns[row] += 1
+    anchor = np.full(len(actions), self._anchor(states[row], observations[row], turn))
+    if not episodes.append(row, actions, turn, action=np.ones(len(actions), bool),
+                           logprobs=sample["logprobs"][index, taken],
+                           entropy=sample["entropy"][index, taken], anchors=anchor):
+      return episodes.length[row]  # the context is full: the episode ends, scored as it stands
+    in_cache = episodes.length[row]
+    cut[row] += sample["truncated"][index]
+    where = f"{_name(self.env)}.step (turn {turn})"
+    states[row], observation, reward, done = self.env.step(states[row], actions)
+    reward = as_reward(reward, where)
+    episodes.turn_rewards[row, episodes.length[row] - 1] = reward
+    rewards[row] += reward
+    observations[row] = as_observation(observation, model.config.vocab_size, where)
+    episodes.append(row, observations[row], turn)
+    if done:
+      episodes.done[row] = True
+    elif turn + 1 >= self.max_turns:  # out of turns
+      episodes.done[row] = episodes.truncated[row] = True
+    return in_cache
 
   def returns_to_go(self, model, rollout: Rollout, examples, *, samples: int,
                     key: Array) -> tuple[np.ndarray, int]:
@@ -374,11 +435,16 @@ class MultiTurn:
     key = repr(anchor(state)) if anchor else f"{turn}:{observation.tolist()}"
     return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
-  def _rebuild(self, cache: "_Cache", width: int, slots: int) -> bool:
-    """Whether the turn rebuilds the cache from the whole contexts: there is none yet, or the
-    next `width` columns of observations and the turn would not fit in its `slots`."""
-    return (cache.contexts is None
-            or int(cache.contexts.slot) + width + self.max_turn_tokens > slots)
+  def _rebuild(self, cache: "_Cache", width: int, slots: int, longest: int) -> bool:
+    """Whether the turn rebuilds the cache from the whole contexts: there is none yet, the
+    next `width` columns of observations and the turn would not fit in its `slots`, or, with
+    episode slots, the written slots are more than twice the `longest` context a row will
+    hold (the columns of ended episodes are dead: attention would keep reading them)."""
+    if cache.contexts is None:
+      return True
+    written = int(cache.contexts.slot) + width
+    return (written + self.max_turn_tokens > slots
+            or (self.slots is not None and written > 2 * longest))
 
   def _sample_turn(self, model, prompts, prompt_valid, episodes: _Episodes, cache: "_Cache",
                    key) -> dict:
@@ -389,22 +455,28 @@ class MultiTurn:
     most = prompt_width + self.max_episode_tokens
     slots = model.config.cache_slots(most + self.max_turn_tokens,
                                      headroom=int(most * self.cache_headroom))
-    new = np.where(episodes.done, 0, episodes.length - cache.columns)
+    fresh = cache.fresh & ~episodes.done
+    fed_prompts = self._fed(prompts, 0)
+    whole = lambda row: np.concatenate([fed_prompts[row, prompt_valid[row]], self._fed(
+        episodes.tokens[row, :episodes.length[row]], prompt_width)])
+    new = np.where(episodes.done, 0, np.where(fresh, prompt_valid.sum(axis=1) + episodes.length,
+                                              episodes.length - cache.columns))
     most_new = self._global_max(new)  # every process builds the same shapes
-    width = _bucket(most_new, self.max_episode_tokens) if most_new else 0
-    if self._rebuild(cache, width, slots):
-      fed_prompts = self._fed(prompts, 0)
-      contexts = [np.concatenate([fed_prompts[row, prompt_valid[row]],
-                                  self._fed(episodes.tokens[row, :episodes.length[row]],
-                                            prompt_width)])
-                  for row in range(rows)]
+    width = _bucket(most_new, most if fresh.any() else self.max_episode_tokens) if most_new else 0
+    longest = self._global_max(np.where(episodes.done, 0, prompt_valid.sum(axis=1)
+                                        + episodes.length))
+    if self._rebuild(cache, width, slots, longest):
+      contexts = [whole(row) for row in range(rows)]
       width = _packed_width(self._global_max([len(ids) for ids in contexts]), most)
       cache.contexts = start_contexts(model, *self._left_padded(contexts, width), slots=slots)
     elif width:
-      chunks = [self._fed(episodes.tokens[row, cache.columns[row]:cache.columns[row] + new[row]],
-                          prompt_width + cache.columns[row]) for row in range(rows)]
+      if fresh.any():
+        cache.contexts = clear_contexts(cache.contexts, self.place(fresh))
+      chunks = [whole(row) if fresh[row] else self._fed(
+          episodes.tokens[row, cache.columns[row]:cache.columns[row] + new[row]],
+          prompt_width + cache.columns[row]) for row in range(rows)]
       cache.contexts = extend_contexts(model, cache.contexts, *self._left_padded(chunks, width))
-    cache.columns[:] = episodes.length
+    cache.columns[:], cache.fresh[:] = episodes.length, False
     out, cache.contexts = continue_contexts(
         model, cache.contexts, key, max_new_tokens=self.max_turn_tokens,
         done=self.place(episodes.done), temperature=self.temperature,
@@ -482,10 +554,12 @@ class MultiTurn:
 @dataclasses.dataclass
 class _Cache:
   """The rows' KV cache between turns (None before the first) and, per row, the
-  episode columns it holds."""
+  episode columns it holds, and whether it holds another episode's context (a slot that
+  took a new episode: its whole context is prefilled into the next block)."""
 
   contexts: Any
   columns: np.ndarray  # [b] int
+  fresh: np.ndarray  # [b] bool
 
 
 def _bucket(columns: int, most: int) -> int:

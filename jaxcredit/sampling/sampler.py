@@ -21,7 +21,9 @@ prompt left-padded, so rows of a batch stay aligned:
 Multi-turn sampling keeps the cache between calls (`Contexts`): `start_contexts`
 prefills rows, `extend_contexts` appends a chunk to each (an environment's
 observation), `continue_contexts` samples after them as `generate` samples after
-a prompt (the same draws for the same key), and its tokens join the contexts.
+a prompt (the same draws for the same key), and its tokens join the contexts;
+`clear_contexts` empties rows, so that a row can take a new context (the next
+episode) while the others keep theirs.
 
 The behaviour log-probs are those of the temperature-scaled distribution
 before top-k / top-p truncation - what a teacher-forced forward pass at the
@@ -470,6 +472,37 @@ def extend_contexts(model: Transformer, contexts: Contexts, tokens: Array,
   graphdef, state = nnx.split(model)
   return _extend_jit(graphdef, state, contexts, jnp.asarray(tokens),
                      jnp.asarray(token_valid, bool))
+
+
+def clear_contexts(contexts: Contexts, rows: Array) -> Contexts:
+  """Contexts with `rows` emptied: their cache slots are no longer attended to and their
+  positions restart at 0, so the next chunk `extend_contexts` writes to such a row is a new
+  context that sees nothing of the old one. The other rows are unchanged.
+
+  Args:
+    contexts: from `start_contexts`, `extend_contexts` or `continue_contexts`.
+    rows: ``[B]`` bool, the rows to empty.
+
+  Returns:
+    the `Contexts`.
+
+  Raises:
+    ValueError: when `rows` is not ``[B]``.
+
+  Examples:
+    >>> from flax import nnx
+    >>> from jaxcredit.models import Transformer, preset
+    >>> model = Transformer(preset("tiny", vocab_size=16), rngs=nnx.Rngs(0))
+    >>> contexts = start_contexts(model, jnp.ones((2, 3), int), jnp.ones((2, 3), bool),
+    ...                           slots=8)
+    >>> cleared = clear_contexts(contexts, jnp.array([True, False]))
+    >>> cleared.length.tolist(), cleared.cache.key_valid[:, :3].tolist()
+    ([0, 3], [[False, False, False], [True, True, True]])
+  """
+  _checks.check_shape(rows, contexts.length.shape, "rows")
+  rows = jnp.asarray(rows, bool)
+  cache = contexts.cache._replace(key_valid=contexts.cache.key_valid & ~rows[:, None])
+  return contexts._replace(cache=cache, length=jnp.where(rows, 0, contexts.length))
 
 
 def continue_contexts(model: Transformer, contexts: Contexts, key: Array, *, max_new_tokens: int,

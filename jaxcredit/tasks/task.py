@@ -394,7 +394,7 @@ def within_tokenizer(task: TrainTask, model_vocab_size: int) -> TrainTask:
 
 def multi_turn_source(task: TrainTask, *, group_size: int = 1, temperature: float = 1.0,
                       place: Callable = jnp.asarray, local: Callable = np.asarray,
-                      tree=None) -> MultiTurn:
+                      tree=None, slots: int | None = None) -> MultiTurn:
   """The rollout source of a task with an environment.
 
   Args:
@@ -404,6 +404,7 @@ def multi_turn_source(task: TrainTask, *, group_size: int = 1, temperature: floa
     place: puts host arrays on the devices (e.g. sharded).
     local: reads device arrays back to the host.
     tree: a `rollout_sources.TurnTree` of each prompt's episodes, or None.
+    slots: episodes played at once (`MultiTurn.slots`), or None for every row at once.
 
   Returns:
     a `rollout_sources.MultiTurn`.
@@ -418,4 +419,4 @@ def multi_turn_source(task: TrainTask, *, group_size: int = 1, temperature: floa
                    max_episode_tokens=task.max_response_length,
                    turn_end_tokens=task.turn_end_tokens, group_size=group_size,
                    temperature=temperature, pad_id=task.pad_id, place=place, local=local,
-                   tree=tree, actions=task.actions)
+                   tree=tree, actions=task.actions, slots=slots)

@@ -128,9 +128,10 @@ def get_config() -> ml_collections.ConfigDict:
   # (it also ends before a token whose entropy reaches entropy_threshold nats); a multi-turn
   # task's episodes fork between turns, every segment_turns turns ("turns").
   config.rollout = ml_collections.ConfigDict()
-  # The single-turn sampler: "static" (one batch, every row decoded until the longest ends) or
-  # "continuous" (jaxcredit.sampling.generate_continuous: rollout.slots rows decoded at once,
-  # a slot taking the next response as soon as its own ends; None: a quarter of the rows).
+  # The sampler: "static" (one batch, every row decoded until the longest ends) or "continuous"
+  # (rollout.slots rows decoded at once, a slot taking the next response as soon as its own
+  # ends - jaxcredit.sampling.generate_continuous -, or a multi-turn task's next episode -
+  # MultiTurn.slots -; None: a quarter of the rows).
   config.rollout.engine = "static"
   config.rollout.slots = ml_collections.config_dict.placeholder(int)
   # Partial rollouts (continuous engine): a step decodes at most this many steps, then learns

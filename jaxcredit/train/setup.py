@@ -327,20 +327,20 @@ def engine_slots(config, task: tasks.TrainTask) -> int | None:
     task: the run's task.
 
   Returns:
-    the slots `SingleTurn` decodes at once, or None.
+    the responses `SingleTurn` decodes at once, or the episodes `MultiTurn` plays at once;
+    None.
 
   Raises:
     ValueError: naming the setting, for an unknown engine, slots outside [1, the step's
-      rows], or the continuous engine with a tree or a multi-turn task.
+      rows], or the continuous engine with a tree.
   """
   rollout, rows = config.rollout, config.rl.prompts_per_step * config.rl.group_size
   _checks.check_choice(rollout.engine, ("static", "continuous"), "rollout.engine")
   if rollout.engine == "static":
     return None
-  if config.rollout.tree.fork != "none" or task.environment is not None:
-    raise ValueError("rollout.engine = 'continuous' samples independent single-turn responses: "
-                     "set rollout.tree.fork = 'none' and a single-turn task, or rollout.engine "
-                     "= 'static'.")
+  if config.rollout.tree.fork != "none":
+    raise ValueError("rollout.engine = 'continuous' samples independent responses or episodes: "
+                     "set rollout.tree.fork = 'none', or rollout.engine = 'static'.")
   slots = max(1, rows // 4) if rollout.slots is None else rollout.slots
   if not 1 <= slots <= rows:
     raise ValueError(f"rollout.slots = {slots} must lie in [1, rl.prompts_per_step x "
@@ -359,8 +359,9 @@ def partial_rollouts(config, source: SingleTurn | MultiTurn) -> PartialRollouts 
     a `PartialRollouts`, or None when the setting is unset.
 
   Raises:
-    ValueError: naming the setting, without the continuous engine, with stale or overlapped
-      sampling (rl.max_staleness, mesh.sampler_shape), or a limit below 1.
+    ValueError: naming the setting, without the continuous engine, with a multi-turn task,
+      with stale or overlapped sampling (rl.max_staleness, mesh.sampler_shape), or a limit
+      below 1.
   """
   limit = config.rollout.partial_decode_steps
   if limit is None:
@@ -368,6 +369,9 @@ def partial_rollouts(config, source: SingleTurn | MultiTurn) -> PartialRollouts 
   if config.rollout.engine != "continuous":
     raise ValueError("rollout.partial_decode_steps needs the continuous engine: set "
                      "rollout.engine = 'continuous'.")
+  if isinstance(source, MultiTurn):
+    raise ValueError("rollout.partial_decode_steps carries single-turn responses across steps; "
+                     "a multi-turn task's episodes are played whole within a step: unset it.")
   if config.rl.max_staleness or config.mesh.sampler_shape:
     raise ValueError("rollout.partial_decode_steps records each token's own staleness: it "
                      "does not combine with rl.max_staleness or mesh.sampler_shape.")
@@ -447,7 +451,7 @@ def _rollout_source(config, task: tasks.TrainTask, place, local) -> SingleTurn |
                       tree=tree_spec(config, task), slots=engine_slots(config, task))
   return tasks.multi_turn_source(task, group_size=config.rl.group_size,
                                  temperature=config.rl.temperature, place=place, local=local,
-                                 tree=tree_spec(config, task))
+                                 tree=tree_spec(config, task), slots=engine_slots(config, task))
 
 
 def _process_0_first(make: Callable):

@@ -11,6 +11,7 @@ from bench.no_cache import RebuildingMultiTurn
 from jaxcredit import estimators, forward
 from jaxcredit.models import Transformer, preset
 from jaxcredit.rollout_sources import MultiTurn
+from jaxcredit.sampling import Actions
 
 CONFIG = preset("tiny", vocab_size=32)
 TURN_END = 5
@@ -323,3 +324,59 @@ def test_a_turn_tree_shares_whole_turns_copies_the_environment_and_records_the_t
   with pytest.raises(ValueError, match="not within the episode's 2 turns"):
     MultiTurn(CountingEnv(), max_turns=2, max_turn_tokens=3, max_episode_tokens=40,
               group_size=8, tree=tree)
+
+
+class _Varying(CountingEnv):
+  """CountingEnv whose episode also ends on a first action divisible by 3: 1 to `turns`
+  turns."""
+
+  def step(self, state, actions):
+    state, observation, reward, done = super().step(state, actions)
+    return state, observation, reward, done or actions[0] % 3 == 0
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+def test_episode_slots_play_each_episode_as_every_row_at_once_does(model, hidden):
+  """Continuous batching of episodes: through one slot (each episode after the others in the
+  same cache row, cleared between them) or three (a new episode prefilled beside the others'
+  observations; no headroom, so the cache is also rebuilt), every episode is the one it is
+  with a slot of its own - tokens, rewards, the environment's records - and the learner's
+  teacher-forced pass reproduces its log-probs, so no episode sees its slot's previous one."""
+  rows, prompt_width, columns = 8, 4, 48
+  actions = Actions()
+  if hidden:  # hidden columns, on the prompt and on the episode, fed as another token
+    hidden_columns = np.zeros(prompt_width + columns, bool)
+    hidden_columns[[2, 7, 12, 20]] = True
+    actions = Actions(hidden=hidden_columns, hidden_token=3)
+  rollouts = {}
+  for slots in (rows, 3, 1):
+    source = MultiTurn(_Varying(turns=6), max_turns=6, max_turn_tokens=4,
+                       max_episode_tokens=columns, turn_end_tokens=(TURN_END,), actions=actions,
+                       cache_headroom=0, slots=slots)
+    rollouts[slots] = source(model, _batch(rows=rows, length=prompt_width), jax.random.key(3))
+  turns = np.asarray(rollouts[rows].extras["turns"])
+  assert turns.min() == 1 and turns.max() >= 4, "the test should see short and long episodes"
+  for slots in (3, 1):
+    for name in ("tokens", "mask", "token_valid", "turn_ids", "rewards", "truncated"):
+      np.testing.assert_array_equal(getattr(rollouts[rows], name), getattr(rollouts[slots], name),
+                                    err_msg=f"{name}, {slots} slots")
+    for name in ("turns", "cut_turns", "turn_rewards", "turn_anchors", "env_seeds"):
+      np.testing.assert_array_equal(rollouts[rows].extras[name], rollouts[slots].extras[name],
+                                    err_msg=f"{name}, {slots} slots")
+    np.testing.assert_allclose(rollouts[rows].behaviour_logprobs,
+                               rollouts[slots].behaviour_logprobs, rtol=2e-3, atol=1e-4)
+  rollout = rollouts[1]
+  mask = np.asarray(rollout.mask)
+  forced = forward.policy_outputs(model, rollout, 1.0, actions=actions)
+  np.testing.assert_allclose(np.asarray(rollout.behaviour_logprobs)[mask],
+                             np.asarray(forced.logprobs)[mask], atol=1e-4)
+
+
+def test_bad_episode_slots_are_refused_naming_them():
+  with pytest.raises(ValueError, match="MultiTurn.slots must be a positive int, got 0"):
+    MultiTurn(CountingEnv(), max_turns=2, max_turn_tokens=3, max_episode_tokens=20, slots=0)
+  from jaxcredit.rollout_sources import TurnTree
+
+  with pytest.raises(ValueError, match="set slots = None or tree = None"):
+    MultiTurn(CountingEnv(), max_turns=2, max_turn_tokens=3, max_episode_tokens=20,
+              group_size=2, tree=TurnTree(roots=1, branching=2, depth=1), slots=2)

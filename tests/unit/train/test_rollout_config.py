@@ -3,9 +3,10 @@ refuses."""
 
 import types
 
+import numpy as np
 import pytest
 
-from jaxcredit.rollout_sources import SingleTurn, TurnTree
+from jaxcredit.rollout_sources import MultiTurn, SingleTurn, TurnTree
 from jaxcredit.sampling import Actions, TreeSpec
 from jaxcredit.train import setup
 from tests.conftest import load_experiment
@@ -84,15 +85,21 @@ def test_bad_engine_settings_are_refused_naming_them(setting, value, message):
     setup.engine_slots(config, SINGLE_TURN)
 
 
-def test_the_continuous_engine_refuses_trees_and_episodes():
+def test_the_continuous_engine_refuses_trees_and_plays_episodes_in_slots():
   config = load_experiment("key_token_treepo")
   config.rollout.engine = "continuous"
-  with pytest.raises(ValueError, match="rollout.tree.fork = 'none' and a single-turn task"):
+  with pytest.raises(ValueError, match="set rollout.tree.fork = 'none', or rollout.engine"):
     setup.engine_slots(config, SINGLE_TURN)
   config = load_experiment("key_turns_grpo")
-  config.rollout.engine = "continuous"
-  with pytest.raises(ValueError, match="rollout.engine = 'static'"):
-    setup.engine_slots(config, MULTI_TURN)
+  config.rollout.engine, config.rollout.slots = "continuous", 5
+  assert setup.engine_slots(config, MULTI_TURN) == 5
+  task = types.SimpleNamespace(**vars(MULTI_TURN), max_turn_tokens=1, max_response_length=8,
+                               turn_end_tokens=(), pad_id=0, actions=Actions())
+  source = setup._rollout_source(config, task, np.asarray, np.asarray)
+  assert isinstance(source, MultiTurn) and source.slots == 5
+  config.rollout.partial_decode_steps = 4
+  with pytest.raises(ValueError, match="episodes are played whole within a step"):
+    setup.partial_rollouts(config, source)
 
 
 def test_partial_rollouts_need_the_continuous_engine_and_fresh_sampling():
