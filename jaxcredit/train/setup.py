@@ -332,7 +332,8 @@ def engine_slots(config, task: tasks.TrainTask) -> int | None:
 
   Raises:
     ValueError: naming the setting, for an unknown engine, slots outside [1, the step's
-      rows], or the continuous engine with a tree.
+      rows], or the continuous engine with a tree or with a multi-turn task on several
+      processes.
   """
   rollout, rows = config.rollout, config.rl.prompts_per_step * config.rl.group_size
   _checks.check_choice(rollout.engine, ("static", "continuous"), "rollout.engine")
@@ -341,6 +342,9 @@ def engine_slots(config, task: tasks.TrainTask) -> int | None:
   if config.rollout.tree.fork != "none":
     raise ValueError("rollout.engine = 'continuous' samples independent responses or episodes: "
                      "set rollout.tree.fork = 'none', or rollout.engine = 'static'.")
+  if task.environment is not None and jax.process_count() > 1:
+    raise ValueError("rollout.engine = 'continuous' plays a multi-turn task's episodes on one "
+                     "process: set rollout.engine = 'static' to play them over several.")
   slots = max(1, rows // 4) if rollout.slots is None else rollout.slots
   if not 1 <= slots <= rows:
     raise ValueError(f"rollout.slots = {slots} must lie in [1, rl.prompts_per_step x "

@@ -102,6 +102,15 @@ def test_the_continuous_engine_refuses_trees_and_plays_episodes_in_slots():
     setup.partial_rollouts(config, source)
 
 
+def test_episode_slots_on_several_processes_are_refused(monkeypatch):
+  config = load_experiment("key_turns_grpo")
+  config.rollout.engine = "continuous"
+  monkeypatch.setattr(setup.jax, "process_count", lambda: 2)
+  with pytest.raises(ValueError, match="episodes on one process: set rollout.engine = 'static'"):
+    setup.engine_slots(config, MULTI_TURN)
+  assert setup.engine_slots(load_experiment("countdown_continuous"), SINGLE_TURN) >= 1
+
+
 def test_partial_rollouts_need_the_continuous_engine_and_fresh_sampling():
   source = SingleTurn(lambda tokens, mask, examples: mask.sum(1), 8, slots=2)
   config = load_experiment("countdown_continuous")
