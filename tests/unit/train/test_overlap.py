@@ -39,18 +39,26 @@ def overlapped(steps):
   c.mesh.sampler_shape = (4, 1, 1, 1)
   return c
 
+def continuous(c):
+  c.rollout.engine, c.rollout.slots = "continuous", 5
+  return c
+
 workdir = pathlib.Path(sys.argv[1])
 loop.run(overlapped(4), str(workdir / "overlapped"))
 loop.run(config(4, max_staleness=2, staleness_mode="periodic"), str(workdir / "simulated"))
 loop.run(overlapped(2), str(workdir / "resumed"))  # stops after update 2: a weight push is due
 loop.run(overlapped(4), str(workdir / "resumed"))
+loop.run(continuous(overlapped(4)), str(workdir / "overlapped_continuous"))
+loop.run(continuous(config(4, max_staleness=2, staleness_mode="periodic")),
+         str(workdir / "simulated_continuous"))
 try:
   sharding.split_meshes((4, 1, 1, 1), (3, 1, 1, 1))
   split_error = None
 except ValueError as error:
   split_error = str(error)
 print(json.dumps({"records": {name: _train_records(workdir / name)
-                              for name in ("overlapped", "simulated", "resumed")},
+                              for name in ("overlapped", "simulated", "resumed",
+                                           "overlapped_continuous", "simulated_continuous")},
                   "sampled_on": sorted(sampled_on), "split_error": split_error}))
 """
 
@@ -89,6 +97,16 @@ def test_overlapped_run_resumes_with_the_parameters_its_next_batch_was_sampled_w
                        for records in (report["records"]["resumed"],
                                        report["records"]["overlapped"]))
   _assert_records_equal(resumed, straight)
+
+
+def test_the_overlapped_sampler_samples_with_the_continuous_engine(report):
+  """rollout.engine = 'continuous' on the sampler's devices: the run equals the simulated one
+  with the same engine and differs from the static sampler's (its keys are per response)."""
+  records = report["records"]
+  overlapped = records["overlapped_continuous"]
+  assert [r["train/staleness_mean"] for r in overlapped] == [0.0, 1.0, 2.0, 1.0]
+  _assert_records_equal(overlapped, records["simulated_continuous"])
+  assert overlapped[0]["train/entropy"] != records["overlapped"][0]["train/entropy"]
 
 
 def test_a_split_that_does_not_use_every_device_names_both_fields(report):

@@ -8,8 +8,9 @@ import pytest
 
 from jaxcredit.rollout_sources import MultiTurn, SingleTurn, TurnTree
 from jaxcredit.sampling import Actions, TreeSpec
-from jaxcredit.train import setup
+from jaxcredit.train import loop, setup
 from tests.conftest import load_experiment
+from tests.unit.train.test_staleness import _train_records
 
 SINGLE_TURN = types.SimpleNamespace(name="key_token", environment=None, max_response_length=24,
                                     actions=Actions())
@@ -100,6 +101,32 @@ def test_the_continuous_engine_refuses_trees_and_plays_episodes_in_slots():
   config.rollout.partial_decode_steps = 4
   with pytest.raises(ValueError, match="episodes are played whole within a step"):
     setup.partial_rollouts(config, source)
+
+
+def test_a_multi_turn_task_trains_with_episode_slots_as_with_every_row_at_once(tmp_path,
+                                                                            monkeypatch):
+  """rollout.engine = 'continuous' plays key_turns' episodes 5 rows at a time: the run equals
+  the one with a slot per row (each episode has its own key)."""
+  played = []
+  play = MultiTurn._play_slots
+  monkeypatch.setattr(MultiTurn, "_play_slots",
+                      lambda self, *args: played.append(self.slots) or play(self, *args))
+  records = {}
+  for slots in (5, 32):
+    config = load_experiment("key_turns_grpo")
+    config.task.options.update(n_turns=3, decisive=(1,))  # one key to copy: some rewards
+    config.task.train_size, config.task.test_size = 64, 16
+    config.rl.prompts_per_step, config.rl.group_size, config.rl.steps = 8, 4, 3
+    config.rl.eval_every, config.checkpoint.every = 100, 100
+    config.rollout.engine, config.rollout.slots = "continuous", slots
+    loop.run(config, str(tmp_path / str(slots)))
+    records[slots] = _train_records(tmp_path / str(slots))
+  assert sorted(set(played)) == [5, 32]
+  assert len(records[5]) == 3 and records[5][0].keys() == records[32][0].keys()
+  assert sum(record["train/reward_mean"] for record in records[5]) > 0
+  for got, want in zip(records[5], records[32]):
+    for key in want:
+      np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
 
 def test_episode_slots_on_several_processes_are_refused(monkeypatch):
