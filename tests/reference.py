@@ -631,3 +631,24 @@ def tree_credit(name, rewards, path, segments, mask, group_size, eps=1e-6):
                    0.0)
   return out
 
+
+
+def lambda_grpo_weights(lengths, group_size, lam, r=1.0, h_min=1e-3, eps=1e-6):
+  lengths = np.asarray(lengths, np.float64)
+  out = np.ones_like(lengths)
+  if group_size == 1:
+    return out
+  for start in range(0, len(lengths), group_size):
+    group = lengths[start : start + group_size]
+    std = group.std(ddof=1)
+    z = (group - group.mean()) / (std + eps) if std > 0 else np.zeros_like(group)
+    g = np.exp(np.minimum(lam * np.log(np.maximum(1.0 + r * z, h_min)), 80.0))
+    g = np.exp(g - g.max())
+    out[start : start + group_size] = group_size * g / g.sum()
+  return out
+
+
+def lambda_grpo_surrogate(lam, rewards, lengths, group_size, r=1.0):
+  weights = lambda_grpo_weights(lengths, group_size, lam, r)
+  lengths = np.asarray(lengths, np.float64)
+  return -np.sum(weights * grpo(rewards, group_size) * lengths) / max(lengths.sum(), 1.0)

@@ -13,7 +13,8 @@ settings of the estimator that needs it (`estimators.Component.settings`)::
 
 Built in: Monte-Carlo values (vineppo, spo), the implicit PRM (prime),
 KTAE's key-token scores, multi-turn per-turn baselines (turn_baseline), RAE's per-role
-reward baselines (rae) and a task's reward components (gdpo).
+reward baselines (rae), lambda-GRPO's learnt length weights (lambda_grpo_learned) and a
+task's reward components (gdpo).
 Providers defined elsewhere (the lab's exact oracle) register themselves
 when their module is imported; modules named in the "jaxcredit.extras"
 entry-point group are imported when a needed key has no provider yet. A
@@ -30,7 +31,7 @@ from flax import nnx
 from jax import Array
 
 from jaxcredit import estimators, tasks
-from jaxcredit.credit import implicit_prm, monte_carlo, token_statistics
+from jaxcredit.credit import implicit_prm, length_preference, monte_carlo, token_statistics
 from jaxcredit.registry import Registry
 from jaxcredit.rollout import Rollout
 
@@ -300,6 +301,15 @@ def _implicit_prm(settings: Mapping, *, temperature: float) -> Hook:
   """PRIME's implicit PRM (implicit_prm.ImplicitPRM), trained on each batch after scoring it."""
   return _ImplicitPRMProvider(
       implicit_prm.ImplicitPRM(beta=float(settings["beta"]), temperature=temperature))
+
+
+@register("length_weights", per="sequence")
+def _length_weights(settings: Mapping, *, temperature: float) -> Hook:
+  """lambda-GRPO's length weights under a learnt preference exponent
+  (length_preference.LengthPreferenceProvider)."""
+  del temperature
+  return length_preference.LengthPreferenceProvider(
+      float(settings["lam"]), float(settings["r"]), float(settings["lam_learning_rate"]))
 
 
 @register_traceable("ktae_scores")

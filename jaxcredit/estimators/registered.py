@@ -156,6 +156,28 @@ def _gdpo(rollout: Rollout, *, weights: tuple[float, ...] | None = None, eps: fl
   return group.broadcast_to_tokens(seq, rollout.mask)
 
 
+@register("lambda_grpo")
+def _lambda_grpo(rollout: Rollout, *, lam: float = 1.0, r: float = 1.0, h_min: float = 1e-3,
+                 eps: float = 1e-6):
+  """lambda-GRPO with a fixed preference exponent `lam` (group.lambda_grpo_advantages, the
+  lengths counted on rollout.mask); lam = 0 is GRPO under token-mean aggregation."""
+  lengths = jnp.sum(as_bool(rollout.mask), axis=1)
+  seq = group.lambda_grpo_advantages(rollout.rewards, lengths, group_size=rollout.group_size,
+                                     lam=lam, r=r, h_min=h_min, eps=eps)
+  return group.broadcast_to_tokens(seq, rollout.mask)
+
+
+@register("lambda_grpo_learned", needs=("length_weights",),
+          settings={"lam": 1.0, "r": 1.0, "lam_learning_rate": 0.01})
+def _lambda_grpo_learned(rollout: Rollout, *, eps: float = 1e-6):
+  """lambda-GRPO with a learnt exponent: GRPO's advantages times
+  rollout.extras["length_weights"] [B], the weights under the lam its provider learns
+  (credit.length_preference; settings lam, its start, r, and lam_learning_rate)."""
+  weights = rollout.extra("length_weights", by="lambda_grpo_learned", per="sequence")
+  seq = group.grpo_advantages(rollout.rewards, group_size=rollout.group_size, eps=eps)
+  return group.broadcast_to_tokens(seq * weights.astype(jnp.float32), rollout.mask)
+
+
 @register("rae", needs=("role_baselines",), settings={"decay": 0.95, "roles": 8})
 def _rae(rollout: Rollout):
   """Role-conditioned advantage estimation (RAE): ``A = r - b_role`` on every token, with

@@ -117,6 +117,8 @@ def make_rollout(
           "reward_components": jnp.asarray(_components(batch), jnp.float32),
           "role_baselines": jnp.asarray(np.random.default_rng([batch, 4]).random(batch),
                                         jnp.float32),
+          "length_weights": jnp.asarray(
+              np.random.default_rng([batch, 6]).uniform(0.5, 1.5, batch), jnp.float32),
           **dict(zip(("tree_path", "tree_segments"), map(jnp.asarray, random_tree(
               np.random.default_rng([batch, length, 5]), batch, length, group_size, 3)))),
       },

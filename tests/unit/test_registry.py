@@ -56,6 +56,7 @@ def make_rollout(batch=8, length=10, group_size=4, seed=0, poisoned=True) -> jc.
       "role_baselines": jnp.asarray(rng.random(batch), jnp.float32),
       **dict(zip(("tree_path", "tree_segments"), map(jnp.asarray, strategies.random_tree(
           rng, batch, length, group_size, 2)))),
+      "length_weights": jnp.asarray(rng.uniform(0.5, 1.5, batch), jnp.float32),
     },
     group_size=group_size,
   )

@@ -12,6 +12,7 @@ import pytest
 from jaxcredit import demo, estimators
 from jaxcredit.credit import extras, token_statistics
 from jaxcredit.rollout import Rollout
+from tests import reference
 
 
 def test_advantage_configs_list_their_estimators_settings_and_needs():
@@ -139,6 +140,42 @@ def test_traceable_providers_are_the_host_providers_of_their_keys_and_run_under_
       np.asarray(extras.TRACEABLE.get("ktae_scores")(rollout, key, 16)["ktae_scores"]),
       np.asarray(token_statistics.ktae_scores(rollout.tokens, rollout.mask, rollout.rewards,
                                               rollout.group_size, vocab_size=16)))
+
+
+def test_lambda_grpo_learns_its_exponent_by_adam_on_the_surrogates_gradient():
+  """Each batch is weighed with the lam from before it; then lam takes one Adam step on
+  d/dlam of -sum_i f_i A_i l_i / sum_i l_i (checked against the float64 reference's central
+  difference: Adam's first step moves lam by its learning rate against the gradient's sign)."""
+  config = {"name": "lambda_grpo_learned", "lam": 0.5, "r": 1.0, "lam_learning_rate": 0.1}
+  hook = extras.hook(estimators.from_config(config))
+  rollout = demo.sample_rollout()  # rewards 1 0 0 1 1 1 1 0, ragged lengths
+  mask = np.array(rollout.mask)
+  mask[0, 1:] = False  # a short right answer beside long ones
+  rollout = rollout.replace(mask=jnp.asarray(mask))
+  lengths = mask.sum(1)
+  first, metrics = hook(None, rollout)
+  assert metrics == {"lambda_grpo/lam": 0.5}
+  np.testing.assert_allclose(first["length_weights"],
+                             reference.lambda_grpo_weights(lengths, 4, 0.5), rtol=1e-5)
+  step = 1e-5
+  gradient = (reference.lambda_grpo_surrogate(0.5 + step, rollout.rewards, lengths, 4)
+              - reference.lambda_grpo_surrogate(0.5 - step, rollout.rewards, lengths, 4)) / (
+                  2 * step)
+  assert abs(gradient) > 1e-3
+  lam = float(hook.modules()["length_preference"].lam[...])
+  np.testing.assert_allclose(lam, 0.5 - 0.1 * np.sign(gradient), rtol=1e-4)
+  second, metrics = hook(None, rollout)
+  np.testing.assert_allclose(metrics["lambda_grpo/lam"], lam)
+  np.testing.assert_allclose(second["length_weights"],
+                             reference.lambda_grpo_weights(lengths, 4, lam), rtol=1e-5)
+  estimate = estimators.get("lambda_grpo_learned")(rollout.replace(extras=second))
+  want = (reference.lambda_grpo_weights(lengths, 4, lam)
+          * reference.grpo(rollout.rewards, 4))[:, None]
+  np.testing.assert_allclose(estimate.advantages, np.where(mask, want, 0.0), atol=1e-5)
+  fixed = estimators.get("lambda_grpo")(rollout, lam=lam)
+  np.testing.assert_allclose(fixed.advantages, estimate.advantages, atol=1e-6)
+  with pytest.raises(ValueError, match="lam_learning_rate must be > 0"):
+    extras.hook(estimators.from_config({**config, "lam_learning_rate": 0.0}))
 
 
 def test_rae_baselines_are_per_role_moving_averages_of_earlier_batches():

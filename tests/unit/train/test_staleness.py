@@ -132,19 +132,24 @@ def test_stale_sampling_follows_the_lag_and_resumes_exactly(tmp_path):
 
 
 @pytest.mark.parametrize(
-  "advantage,critic",
+  "advantage,critic,task",
   [
-    ({"sum": [{"weight": 0.7, "name": "grpo"}, {"weight": 0.3, "name": "prime"}]}, None),
-    ({"name": "gae", "lam": 0.95}, "tiny"),
-    ({"name": "rae", "decay": 0.5}, None),
+    ({"sum": [{"weight": 0.7, "name": "grpo"}, {"weight": 0.3, "name": "prime"}]}, None, None),
+    ({"name": "gae", "lam": 0.95}, "tiny", None),
+    ({"name": "rae", "decay": 0.5}, None, None),
+    # target_sum's responses stop at EOS: lengths differ, so lam moves.
+    ({"name": "lambda_grpo_learned", "lam_learning_rate": 0.1}, None, "target_sum_grpo"),
   ],
 )
-def test_estimators_that_keep_state_resume_exactly(tmp_path, advantage, critic):
-  """PRIME's implicit PRM, a critic and RAE's role baselines are checkpointed with the policy:
+def test_estimators_that_keep_state_resume_exactly(tmp_path, advantage, critic, task):
+  """PRIME's implicit PRM, a critic, RAE's role baselines and lambda-GRPO's learnt exponent are
+  checkpointed with the policy:
   2 updates, then a resume to 4, log what 4 straight updates log."""
 
   def config(steps):
     run = _config(steps)
+    if task is not None:
+      run.task.name, run.task.options = (load_experiment(task).task[k] for k in ("name", "options"))
     run.advantage, run.critic.preset = advantage, critic
     return run
 
@@ -153,6 +158,8 @@ def test_estimators_that_keep_state_resume_exactly(tmp_path, advantage, critic):
   loop.run(config(4), str(tmp_path / "split"))
   straight, resumed = _train_records(tmp_path / "straight"), _train_records(tmp_path / "split")
   assert len(resumed) == len(straight) == 4
+  lam = [record.get("train/hook/lambda_grpo/lam") for record in straight]
+  assert task is None or len(set(lam)) == 4, lam
   for step in (2, 3):
     for key, value in straight[step].items():
       np.testing.assert_allclose(
