@@ -4,7 +4,8 @@
   python -m studies.length_bias --config studies/length_bias/configs.py:small --workdir DIR
 
 Arms: GRPO as published (std-normalised advantages, each response's loss divided by its
-length), GRPO without the length division, and Dr. GRPO (neither). target_sum responses
+length), GRPO without the length division, Dr. GRPO (neither), and lambda-GRPO with a fixed
+length preference either way (lam = 1, -1). target_sum responses
 stop at a sampled EOS, so their length is the policy's choice; two regimes, one where the
 task rewards length and one where it does not.
 """
@@ -33,6 +34,12 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
       "grpo": {"advantage": "grpo", "aggregation": "seq-mean-token-mean"},
       "grpo_token_sum": {"advantage": "grpo", "aggregation": "seq-mean-token-sum-norm"},
       "dr_grpo": {"advantage": "dr_grpo", "aggregation": "seq-mean-token-sum-norm"},
+      # lambda-GRPO's length preference at a fixed exponent, each way: lam = 1 weighs a
+      # group's longer responses more, lam = -1 its shorter ones (token-mean aggregation).
+      "lambda_grpo_long": {"advantage": {"name": "lambda_grpo", "lam": 1.0},
+                           "aggregation": "token-mean"},
+      "lambda_grpo_short": {"advantage": {"name": "lambda_grpo", "lam": -1.0},
+                            "aggregation": "token-mean"},
   }
   config.group_size, config.prompts_per_step = 8, 8
   config.updates, config.eval_every = 1000, 100
@@ -46,5 +53,6 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.group_size, config.prompts_per_step = 2, 4
     config.updates, config.eval_every = 4, 2
     config.seeds = [0, 1]
-    config.arms = {name: config.arms[name].to_dict() for name in ("grpo", "dr_grpo")}
+    config.arms = {name: config.arms[name].to_dict()
+                   for name in ("grpo", "dr_grpo", "lambda_grpo_short")}
   return config

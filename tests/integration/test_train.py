@@ -79,6 +79,7 @@ EXPERIMENTS = [
   "key_turns_32k",
   "calculator_grpo",
   "target_sum_grpo",
+  "lambda_grpo",
   "gsm8k_grpo",
 ]
 
