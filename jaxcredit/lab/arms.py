@@ -1,7 +1,8 @@
 """What a batched cell's arms read and train beside the policy, traceable where it runs
 inside the cell's program: the extras an arm's estimator needs, Monte-Carlo values drawn in
 distribution from the exact values (and the continuation tokens they would cost), the
-learned critic, PRIME's implicit PRM and its frozen reference, and a run's modules.
+learned critic, PRIME's implicit PRM and its frozen reference, lambda-GRPO's learnt length
+preference, and a run's modules.
 """
 
 import dataclasses
@@ -14,6 +15,7 @@ from flax import nnx
 
 from jaxcredit import estimators
 from jaxcredit.credit import extras
+from jaxcredit.credit import length_preference as length_preference_lib
 from jaxcredit.lab import providers  # noqa: F401  (registers the lab's traceable providers)
 from jaxcredit.models import Transformer
 
@@ -21,10 +23,11 @@ if TYPE_CHECKING:
   from jaxcredit.lab.cells import Cell
 
 # What a cell computes: the task's exact values and credit, simulated Monte-Carlo values, the
-# implicit PRM's log-probs (here), and every traceable provider's extras (`extras.TRACEABLE`,
+# implicit PRM's log-probs and lambda-GRPO's learnt length weights (here), and every traceable
+# provider's extras (`extras.TRACEABLE`,
 # the same functions the training loop runs).
-EXTRAS = ("oracle_advantages", "oracle_values", "prm_logprobs", *estimators.registered.MC_VALUES,
-          *extras.TRACEABLE.names())
+EXTRAS = ("oracle_advantages", "oracle_values", "prm_logprobs", "length_weights",
+          *estimators.registered.MC_VALUES, *extras.TRACEABLE.names())
 CRITICS = ("gae",)  # estimators that read a learned critic's values V(s_t) (rollout.values)
 CRITIC_LEARNING_RATE = 1e-3  # the critic's Adam (the policy's rate is tuned per arm)
 PRM_LEARNING_RATE = 1e-3  # PRIME's implicit PRM's Adam
@@ -184,6 +187,30 @@ def prm_beta(cell: "Cell") -> float | None:
   return betas.pop() if betas else None
 
 
+def length_preference(cell: "Cell") -> dict | None:
+  """The settings (lam, r, lam_learning_rate) of the cell's learnt lambda-GRPO arms
+  (components needing "length_weights"): with one, every run of the cell learns a length
+  preference (`credit.length_preference`; its own arm may ignore it).
+
+  Args:
+    cell: the batched `Cell`.
+
+  Returns:
+    ``{"lam", "r", "learning_rate"}``, or None without such an arm.
+
+  Raises:
+    ValueError: when those arms differ in their settings.
+  """
+  settings = {(float(c.settings["lam"]), float(c.settings["r"]),
+               float(c.settings["lam_learning_rate"]))
+              for arm in cell.arms for c in estimators.components(estimators.from_config(arm))
+              if "length_weights" in c.needs}
+  if len(settings) > 1:
+    raise ValueError(f"A cell learns one length preference: its lambda_grpo_learned arms must "
+                     f"share (lam, r, lam_learning_rate), got {sorted(settings)}.")
+  return dict(zip(("lam", "r", "learning_rate"), settings.pop())) if settings else None
+
+
 def prm_learning_rates(cell: "Cell") -> tuple[float, ...]:
   """The implicit PRM's Adam rate in each arm's runs (`Cell.prm_learning_rates`).
 
@@ -204,7 +231,8 @@ def modules(model, cell: "Cell", learning_rate, critic=None,
   The policy and its optimizer; the critic and its optimizer; with a PRIME arm, the implicit
   PRM (its Adam at `prm_learning_rate`, which may be traced) and the frozen reference, both
   copies of the starting policy (after any warm start), as PRIME starts them from the SFT
-  model.
+  model; with a learnt lambda-GRPO arm, the length preference and its Adam
+  (`length_preference`).
 
   Args:
     model: the policy.
@@ -227,4 +255,7 @@ def modules(model, cell: "Cell", learning_rate, critic=None,
     prm_adam = optax.inject_hyperparams(optax.adam)(learning_rate=prm_learning_rate)
     modules.update(prm=prm, prm_optimizer=nnx.Optimizer(prm, prm_adam, wrt=nnx.Param),
                    reference=nnx.clone(model))
+  preference = length_preference(cell)
+  if preference is not None:
+    modules.update(length_preference_lib.modules(**preference))
   return modules

@@ -68,7 +68,7 @@ from flax import nnx
 
 from jaxcredit import estimators, forward, losses, tasks
 from jaxcredit.credit import extras as extras_lib
-from jaxcredit.credit import implicit_prm
+from jaxcredit.credit import implicit_prm, length_preference
 from jaxcredit.lab import arms, diagnostics
 from jaxcredit.lab.cells import Cell
 from jaxcredit.models import Transformer
@@ -83,23 +83,26 @@ WARMUP_STREAM, MECHANISM_STREAM, MC_STREAM = 4, 5, 6  # 7: the critic's (arms.CR
 ORACLE_STREAM, EVAL_STREAM = 8, 9  # a Monte-Carlo oracle's draws (zipf_explain)
 UPDATE_METRICS = ("reward_mean", "zero_variance_groups", "entropy", "grad_norm")
 def with_models(models: dict, batch: Rollout, actions: Actions,
-                prm_beta: float | None = None) -> Rollout:
+                prm_beta: float | None = None, learn: bool = False) -> Rollout:
   """The batch with what its arms read from the run's other models.
 
   The critic's values V(s_t) (the learner step keeps them: `learner.prepare`); the
-  reference's log-probs and the implicit PRM's, 0 off the mask. PRIME scores a batch with the
-  PRM before that batch updates it: with `prm_beta` the PRM also takes that step here
-  (`implicit_prm.update`, in place), whose pre-update log-probs are the batch's. Traceable.
+  reference's log-probs and the implicit PRM's, 0 off the mask; lambda-GRPO's length weights
+  under the learnt preference. PRIME scores a batch with the PRM before that batch updates
+  it: with `prm_beta` the PRM also takes that step here (`implicit_prm.update`, in place),
+  whose pre-update log-probs are the batch's; with `learn` the length preference takes its
+  step likewise (`length_preference.update`). Traceable.
 
   Args:
     models: the run's modules (`arms.modules`).
     batch: the sampled `Rollout`.
     actions: the task's action restrictions.
     prm_beta: PRIME's beta to update the PRM with, or None (no update).
+    learn: whether the length preference takes this batch's step.
 
   Returns:
-    the `Rollout` with values, ref_logprobs and extras["prm_logprobs"] where the models
-    exist.
+    the `Rollout` with values, ref_logprobs, extras["prm_logprobs"] and
+    extras["length_weights"] where the models exist.
   """
   if "critic" in models:
     batch = batch.replace(values=forward.critic_values(models["critic"], batch, actions))
@@ -113,6 +116,12 @@ def with_models(models: dict, batch: Rollout, actions: Actions,
       _, prm_logprobs = implicit_prm.update(models["prm"], models["prm_optimizer"], batch,
                                             actions, prm_beta, 1.0)
     batch = batch.replace(extras={**batch.extras, "prm_logprobs": prm_logprobs})
+  if "length_preference" in models:
+    preference = models["length_preference"]
+    weights = (length_preference.update(preference, models["length_preference_optimizer"],
+                                        batch) if learn else
+               length_preference.weights(preference, batch))
+    batch = batch.replace(extras={**batch.extras, "length_weights": weights})
   return batch
 
 
@@ -307,13 +316,17 @@ def make_run(cell: Cell):
 
     def update(state, u):
       models = nnx.merge(graphdef, state)
+      # lambda-GRPO's learnt exponent before this batch's step (the one its weights use).
+      preference = ({"length_preference_lam": models["length_preference"].lam[...]}
+                    if "length_preference" in models else {})
       batch = with_models(models, rollout(models["model"], jax.random.fold_in(key, u),
-                                          mc_k=mc_k), actions, prm_beta=beta)
-      if beta is not None:  # the PRM's step, taken in with_models
+                                          mc_k=mc_k), actions, prm_beta=beta, learn=True)
+      if beta is not None or preference:  # steps taken in with_models
         state = nnx.state(models)
       state, metrics = step(state, batch, None, u)
       recorded = _update_metrics(task, cell, batch, advantage, mc_k, decisive, filler)
-      return state, {**recorded, **{name: metrics[name] for name in UPDATE_METRICS}}
+      return state, {**recorded, **preference,
+                     **{name: metrics[name] for name in UPDATE_METRICS}}
 
     def measure(state, start, index):
       measured = evaluate(state, jax.random.fold_in(jax.random.fold_in(key, EVAL_STREAM), start))

@@ -5,7 +5,7 @@
 
 Arms: GRPO as published (std-normalised advantages, each response's loss divided by its
 length), GRPO without the length division, Dr. GRPO (neither), and lambda-GRPO with a fixed
-length preference either way (lam = 1, -1). target_sum responses
+length preference either way (lam = 1, -1) and with one learnt from lam = 0. target_sum responses
 stop at a sampled EOS, so their length is the policy's choice; two regimes, one where the
 task rewards length and one where it does not.
 """
@@ -40,6 +40,10 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
                            "aggregation": "token-mean"},
       "lambda_grpo_short": {"advantage": {"name": "lambda_grpo", "lam": -1.0},
                             "aggregation": "token-mean"},
+      # ...and learnt from lam = 0 (every response alike) by its own Adam.
+      "lambda_grpo_learned": {"advantage": {"name": "lambda_grpo_learned", "lam": 0.0,
+                                            "r": 1.0, "lam_learning_rate": 0.01},
+                              "aggregation": "token-mean"},
   }
   config.group_size, config.prompts_per_step = 8, 8
   config.updates, config.eval_every = 1000, 100
@@ -54,5 +58,5 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.updates, config.eval_every = 4, 2
     config.seeds = [0, 1]
     config.arms = {name: config.arms[name].to_dict()
-                   for name in ("grpo", "dr_grpo", "lambda_grpo_short")}
+                   for name in ("grpo", "dr_grpo", "lambda_grpo_learned")}
   return config

@@ -33,6 +33,7 @@ from jaxcredit.tasks import target_sum
 from studies.credit_study.report import fmt_interval, machine, t_interval
 
 LENGTHS = ("length_incorrect", "length_correct")
+LEARNT = "length_preference_lam"  # lambda_grpo_learned's exponent before each update
 
 
 def cell_of(study, regime: str, arm: str) -> cells.Cell:
@@ -80,7 +81,8 @@ def run(study, workdir: str) -> dict:
         result = batched.Runner(cell_of(study, regime, arm)).train(
             [(0, study.learning_rate, seed) for seed in study.seeds])
         kept = {name: np.asarray(result[name]).tolist()
-                for name in ("success", "gen_tokens", *LENGTHS, "incorrect_share")}
+                for name in ("success", "gen_tokens", *LENGTHS, "incorrect_share", LEARNT)
+                if name in result}
         kept["seconds"] = result["compile_seconds"] + result["run_seconds"]
         path.write_text(json.dumps(kept))
       results.setdefault(regime, {})[arm] = {
@@ -99,8 +101,8 @@ def _interval(values) -> str:
 def report(study, results: dict) -> str:
   """Per regime and arm: the exact J(pi) at the start and the end, and the mean length of
   the unrewarded and rewarded responses in the first batch and over the last tenth of the
-  updates, and its change; then each arm's change minus GRPO's, paired by seed. Student-t
-  95% intervals over seeds."""
+  updates, and its change; a learnt lambda-GRPO arm's exponent per seed; then each arm's
+  change minus GRPO's, paired by seed. Student-t 95% intervals over seeds."""
   seconds = sum(float(r["seconds"]) for by_arm in results.values() for r in by_arm.values())
   lines = [
       "# Dr. GRPO's length bias on target_sum", "",
@@ -132,6 +134,12 @@ def report(study, results: dict) -> str:
         cells += [_interval(first), _interval(last), _interval(last - first)]
       advantage = spec.advantage if isinstance(spec.advantage, str) else dict(spec.advantage)
       lines.append(f"| {arm} | {advantage} | {spec.aggregation} | " + " | ".join(cells) + " |")
+    learnt = {arm: result[LEARNT] for arm, result in by_arm.items() if LEARNT in result}
+    for arm, lam in learnt.items():
+      width = max(1, lam.shape[1] // 10)
+      lines += ["", f"{arm}'s learnt λ, per seed: at the first update "
+                f"{', '.join(f'{v:.3f}' for v in lam[:, 0])}; mean over the last 10% "
+                f"{', '.join(f'{v:.3f}' for v in lam[:, -width:].mean(1))}."]
     if "grpo" in by_arm:
       lines += ["", "Each arm's length change minus GRPO's, paired by seed (negative: the arm "
                 "lengthens less than GRPO does).", "",

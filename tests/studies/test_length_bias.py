@@ -34,7 +34,7 @@ def test_start_and_end_weight_each_update_by_its_share():
 def test_smoke_run_reports_every_arm_and_resumes(tmp_path, monkeypatch):
   study = configs.get_config("smoke")
   results = length_bias.run(study, str(tmp_path))["smoke"]
-  assert list(results) == ["grpo", "dr_grpo", "lambda_grpo_short"]
+  assert list(results) == ["grpo", "dr_grpo", "lambda_grpo_learned"]
   for result in results.values():
     assert result["success"].shape == (2, 3)
     defined = result["length_incorrect"][result["incorrect_share"] > 0]
@@ -43,7 +43,9 @@ def test_smoke_run_reports_every_arm_and_resumes(tmp_path, monkeypatch):
   assert "## Regime `smoke`: target_sum {'n_digits': 3" in text
   assert "| grpo | grpo | seq-mean-token-mean | " in text
   assert "| dr_grpo | dr_grpo | seq-mean-token-sum-norm | " in text
-  assert "| lambda_grpo_short | {'lam': -1.0, 'name': 'lambda_grpo'} | token-mean | " in text
+  learnt = results["lambda_grpo_learned"]["length_preference_lam"]
+  assert learnt.shape == (2, 4) and np.all(learnt[:, 0] == 0.0) and np.any(learnt[:, -1] != 0)
+  assert "lambda_grpo_learned's learnt λ, per seed: at the first update 0.000, 0.000" in text
   assert "| dr_grpo | " in text.split("paired by seed")[-1]
   monkeypatch.setattr(batched.Runner, "train", lambda *a, **k: pytest.fail("retrained"))
   again = length_bias.run(study, str(tmp_path))["smoke"]

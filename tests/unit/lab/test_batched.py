@@ -290,6 +290,41 @@ def test_a_target_sum_batch_carries_its_rule_reward_and_e_tree_credit():
     _cell("grpo", task=task, model=model.config, mechanism_batches=2)
 
 
+def test_a_learnt_lambda_grpo_arm_steps_its_preference_as_the_trainers_provider_does():
+  """lambda_grpo_learned in a batched cell (target_sum: lengths differ): a batch's length
+  weights and lam's Adam step equal the trainer's provider on the same batch (its runs train
+  and log lam: tests/studies/test_length_bias.py); a cell's learnt arms share one
+  preference."""
+  from jaxcredit.credit import length_preference
+  from jaxcredit.tasks import target_sum
+
+  task = target_sum.TargetSumConfig(n_digits=3, n_values=3, target_low=1, target_high=5)
+  model = Transformer(dataclasses.replace(MODEL, vocab_size=target_sum.VOCAB_SIZE),
+                      rngs=nnx.Rngs(0))
+  learnt = {"name": "lambda_grpo_learned", "lam": 0.5, "r": 1.0, "lam_learning_rate": 0.1}
+  cell = _cell("grpo", task=task, model=model.config, prompts_per_step=4)
+  cell = dataclasses.replace(cell, arms=(*cell.arms, {"scale": "rms", "of": learnt}))
+  assert arms.length_preference(cell) == {"lam": 0.5, "r": 1.0, "learning_rate": 0.1}
+  modules = arms.modules(model, cell, 1e-3)
+  actions = batched._task(cell).actions
+  batch = batched.make_rollout(cell)(model, jax.random.key(3))
+  assert len(set(np.asarray(batch.mask).sum(1).tolist())) > 1
+  host = length_preference.LengthPreferenceProvider(0.5, 1.0, 0.1)
+  extras, metrics = host(None, batch)
+  scored = batched.with_models(modules, batch, actions)  # no step: lam stays 0.5
+  np.testing.assert_allclose(scored.extras["length_weights"], extras["length_weights"],
+                             rtol=1e-6)
+  assert float(modules["length_preference"].lam[...]) == metrics["lambda_grpo/lam"] == 0.5
+  stepped = batched.with_models(modules, batch, actions, learn=True)
+  np.testing.assert_allclose(stepped.extras["length_weights"], extras["length_weights"],
+                             rtol=1e-6)
+  np.testing.assert_allclose(modules["length_preference"].lam[...],
+                             host.modules()["length_preference"].lam[...], rtol=1e-6)
+  assert float(modules["length_preference"].lam[...]) != 0.5
+  with pytest.raises(ValueError, match="must share"):
+    arms.length_preference(dataclasses.replace(cell, arms=(learnt, {**learnt, "lam": 1.0})))
+
+
 def test_a_ktae_arm_reads_its_groups_token_statistics():
   """KTAE in a batched cell: the batch's key-token scores (with the TF term) equal the
   float64 reference on its tokens and rewards (its runs train: the PRIME test below)."""
