@@ -1,11 +1,24 @@
-"""Shared benchmark helpers: timing, machine description, markdown tables."""
+"""Shared benchmark helpers: timing, machine description, markdown tables, shipped configs."""
 
+import importlib.util
 import os
+import pathlib
 import platform
 import time
 
 import jax
 import numpy as np
+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def experiment(name: str):
+  """get_config() of the shipped config experiments/<name>.py."""
+  spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
 
 
 def machine() -> str:

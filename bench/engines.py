@@ -16,16 +16,14 @@ differ between rows: tokens/s is the comparison, the step time its context.
 """
 
 import argparse
-import importlib.util
 import pathlib
 import tempfile
 import time
 
 import numpy as np
 
-from bench.common import machine, table
+from bench.common import experiment, machine, table
 
-ROOT = pathlib.Path(__file__).parent.parent
 # config -> the rows' settings: (rollout.engine, rollout.partial_decode_steps)
 WORKLOADS = {
     "countdown_continuous": {"static": ("static", None), "continuous": ("continuous", None),
@@ -35,10 +33,7 @@ WORKLOADS = {
 
 
 def _config(name: str, engine: str, partial: int | None, steps: int):
-  spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = experiment(name)
   config.rollout.engine, config.rollout.partial_decode_steps = engine, partial
   config.rl.steps, config.rl.eval_every, config.checkpoint.every = steps, 10**6, 10**6
   config.task.eval_size = 100

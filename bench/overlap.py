@@ -14,7 +14,6 @@ The time of an RL step is the interval between consecutive metric writes (the fi
 """
 
 import argparse
-import importlib.util
 import os
 import pathlib
 import subprocess
@@ -25,7 +24,8 @@ import time
 import jax
 import numpy as np
 
-ROOT = pathlib.Path(__file__).parent.parent
+from bench.common import ROOT, experiment
+
 # name -> (task, task options, prompts per step, group size, seconds the verifier takes
 # per batch: a sleep after scoring stands for a sandbox or a reward model on the host)
 WORKLOADS = {
@@ -36,10 +36,7 @@ WORKLOADS = {
 
 
 def _config(task: str, options: dict, prompts: int, group: int, steps: int):
-  spec = importlib.util.spec_from_file_location("quickstart", ROOT / "experiments/quickstart.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = experiment("quickstart")
   config.task.name, config.task.options = task, options
   config.task.train_size, config.task.test_size, config.sft.max_steps = 256, 16, 0
   config.rl.prompts_per_step, config.rl.group_size = prompts, group

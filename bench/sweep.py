@@ -14,7 +14,6 @@ started together (their tokens added up over the slowest one's time).
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import os
 import pathlib
@@ -27,18 +26,14 @@ import jax
 
 from bench.common import machine, table
 from jaxcredit.lab import batched, cells
-from studies.credit_study import sweep
+from studies.credit_study import configs, sweep
 
 GiB = 2**30
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def small_study():
-  spec = importlib.util.spec_from_file_location("credit_study",
-                                                ROOT / "experiments" / "credit_study.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config("small")
+  return configs.get_config("small")
 
 
 def _runs(study, width: int) -> list:
