@@ -1,7 +1,9 @@
 """The test suite's slow tier: `slow_tests.txt` lists the tests that take 0.5 s or more on 2 CPU
-cores (a phase's duration: setup, call or teardown), but the quickest of each file, and
-conftest.py marks them `slow`, so `pytest -m "not slow"` is the fast tier. Regenerate the
-list from a full run's durations:
+cores (a phase's duration: setup, call or teardown) in any of the runs given, but the quickest
+of each file where it takes under 5 s, and conftest.py marks them `slow`, so
+`pytest -m "not slow"` is the fast tier. A test quick after its file's slow tests (their
+compilations shared) may be slow without them, so the fast tier's own durations are read too.
+Regenerate the list:
 
   python -m pytest -q -n 2 --dist loadfile tests --durations=0 > durations.log
   python -m pytest -q -n 2 --dist loadfile tests -m "not slow" --durations=0 > fast.log
@@ -15,23 +17,31 @@ import sys
 
 LIST = pathlib.Path(__file__).with_name("slow_tests.txt")
 SECONDS = 0.5
+KEEP_SECONDS = 5.0
 _DURATION = re.compile(r"^([0-9.]+)s (?:call|setup|teardown)\s+(\S.*?)\s*$")
 
 
-def slow_ids(log: str, seconds: float = SECONDS) -> list[str]:
-  """The test ids in a `--durations=0` report with a phase of `seconds` or more, less the
-  quickest test of each file whose tests would all be slow (the fast tier runs every file)."""
-  totals, slow = collections.Counter(), set()
-  for m in filter(None, map(_DURATION.match, log.splitlines())):
-    totals[m.group(2)] += float(m.group(1))
-    if float(m.group(1)) >= seconds:
-      slow.add(m.group(2))
+def slow_ids(logs: list[str], seconds: float = SECONDS, keep: float = KEEP_SECONDS) -> list[str]:
+  """The test ids with a phase of `seconds` or more in any `--durations=0` report of `logs`,
+  less the quickest test of each file whose tests would all be slow, where that test takes
+  under `keep` seconds (a file whose every test needs a costly fixture stays out of the fast
+  tier)."""
+  longest, slow = collections.Counter(), set()
+  for log in logs:
+    totals = collections.Counter()
+    for m in filter(None, map(_DURATION.match, log.splitlines())):
+      totals[m.group(2)] += float(m.group(1))
+      if float(m.group(1)) >= seconds:
+        slow.add(m.group(2))
+    for test, total in totals.items():
+      longest[test] = max(longest[test], total)
   by_file = collections.defaultdict(list)
-  for test in totals:
+  for test in longest:
     by_file[test.split("::")[0]].append(test)
   for tests in by_file.values():
-    if slow.issuperset(tests):
-      slow.discard(min(tests, key=totals.__getitem__))
+    quickest = min(tests, key=longest.__getitem__)
+    if slow.issuperset(tests) and longest[quickest] < keep:
+      slow.discard(quickest)
   return sorted(slow)
 
 
@@ -40,5 +50,5 @@ def read() -> frozenset[str]:
 
 
 if __name__ == "__main__":  # one or more logs: a full run's, and the fast tier's own
-  logs = "\n".join(pathlib.Path(path).read_text() for path in sys.argv[1:])
-  LIST.write_text("\n".join(slow_ids(logs)) + "\n")
+  LIST.write_text("\n".join(slow_ids([pathlib.Path(path).read_text()
+                                      for path in sys.argv[1:]])) + "\n")

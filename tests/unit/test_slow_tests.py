@@ -1,0 +1,33 @@
+"""The slow tier's list (tests/slow_tests.py) from `--durations=0` reports."""
+
+from tests import slow_tests
+
+FULL = """
+0.80s call     tests/a.py::test_slow
+0.10s setup    tests/a.py::test_quick
+0.60s call     tests/b.py::test_one
+0.70s call     tests/b.py::test_two
+9.00s setup    tests/c.py::test_fixture_user
+6.00s call     tests/c.py::test_other
+(12 durations < 0.005s hidden.)
+"""
+FAST = """
+0.40s setup    tests/a.py::test_quick
+0.30s call     tests/a.py::test_quick
+"""
+
+
+def test_a_phase_of_half_a_second_in_any_run_is_slow_but_each_file_keeps_its_quickest_test():
+  assert slow_tests.slow_ids([FULL]) == ["tests/a.py::test_slow", "tests/b.py::test_two",
+                                         "tests/c.py::test_fixture_user", "tests/c.py::test_other"]
+  # Quick after its file's slow tests, 0.7 s alone: slow too (0.4 s and 0.3 s phases are not,
+  # their 0.7 s total decides which of a file's tests is quickest).
+  assert "tests/a.py::test_quick" not in slow_tests.slow_ids([FULL, FAST])
+  # At 0.6 s it is slow, and the quickest of its file's tests (0.8 s against 0.9 s) is kept.
+  slow = slow_tests.slow_ids([FULL, FAST.replace("0.40s", "0.60s")])
+  assert "tests/a.py::test_quick" in slow and "tests/a.py::test_slow" not in slow
+
+
+def test_a_file_whose_quickest_test_takes_5_s_or_more_leaves_the_fast_tier():
+  assert "tests/c.py::test_other" in slow_tests.slow_ids([FULL])
+  assert "tests/c.py::test_other" not in slow_tests.slow_ids([FULL], keep=7.0)
