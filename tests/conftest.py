@@ -70,6 +70,8 @@ def pytest_configure(config):
   the CLI subprocesses the tests start (they inherit the environment): runs that build the
   same programs (same model and batch shapes) compile them once. Set before any test module
   imports jax."""
+  if hasattr(config.option, "loadscopereorder"):  # xdist: keep the files' order (below)
+    config.option.loadscopereorder = False
   run = getattr(config, "workerinput", {}).get("testrunuid") or uuid.uuid4().hex
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                         str(pathlib.Path(tempfile.gettempdir()) / f"jaxcredit-jax-cache-{run}"))
@@ -133,10 +135,16 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 def pytest_collection_modifyitems(config, items):
-  """Marks the tests `tests/slow_tests.txt` lists (0.5 s or more on 2 cores) `slow`."""
+  """Marks the tests `tests/slow_tests.txt` lists (0.5 s or more on 2 cores) `slow`, and
+  orders the files longest first (`tests/file_seconds.txt`), a file's tests kept in their
+  order: `--dist loadfile` then hands out the long files first, not by their number of tests
+  (xdist's default, turned off in pytest_configure), which left a 2-minute file to run alone
+  at the end."""
   del config
   from tests import slow_tests
   slow = slow_tests.read()
   for item in items:
     if item.nodeid in slow:
       item.add_marker(pytest.mark.slow)
+  seconds = slow_tests.read_file_seconds()
+  items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))

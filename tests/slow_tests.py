@@ -3,7 +3,9 @@ cores (a phase's duration: setup, call or teardown) in any of the runs given, bu
 of each file where it takes under 5 s, and conftest.py marks them `slow`, so
 `pytest -m "not slow"` is the fast tier. A test quick after its file's slow tests (their
 compilations shared) may be slow without them, so the fast tier's own durations are read too.
-Regenerate the list:
+`file_seconds.txt` holds each test file's seconds in those runs (the most of any run):
+conftest.py runs the files longest first, so that under `--dist loadfile` no long file is
+left to run alone at the end. Regenerate both:
 
   python -m pytest -q -n 2 --dist loadfile tests --durations=0 > durations.log
   python -m pytest -q -n 2 --dist loadfile tests -m "not slow" --durations=0 > fast.log
@@ -16,25 +18,33 @@ import re
 import sys
 
 LIST = pathlib.Path(__file__).with_name("slow_tests.txt")
+FILE_SECONDS = pathlib.Path(__file__).with_name("file_seconds.txt")
 SECONDS = 0.5
 KEEP_SECONDS = 5.0
 _DURATION = re.compile(r"^([0-9.]+)s (?:call|setup|teardown)\s+(\S.*?)\s*$")
 
 
-def slow_ids(logs: list[str], seconds: float = SECONDS, keep: float = KEEP_SECONDS) -> list[str]:
-  """The test ids with a phase of `seconds` or more in any `--durations=0` report of `logs`,
-  less the quickest test of each file whose tests would all be slow, where that test takes
-  under `keep` seconds (a file whose every test needs a costly fixture stays out of the fast
-  tier)."""
+def _test_seconds(logs: list[str]) -> tuple[collections.Counter, set[str]]:
+  """Each test's seconds (its phases summed, the most of any log) and the tests with a phase
+  of `SECONDS` or more."""
   longest, slow = collections.Counter(), set()
   for log in logs:
     totals = collections.Counter()
     for m in filter(None, map(_DURATION.match, log.splitlines())):
       totals[m.group(2)] += float(m.group(1))
-      if float(m.group(1)) >= seconds:
+      if float(m.group(1)) >= SECONDS:
         slow.add(m.group(2))
     for test, total in totals.items():
       longest[test] = max(longest[test], total)
+  return longest, slow
+
+
+def slow_ids(logs: list[str], keep: float = KEEP_SECONDS) -> list[str]:
+  """The test ids with a phase of `SECONDS` or more in any `--durations=0` report of `logs`,
+  less the quickest test of each file whose tests would all be slow, where that test takes
+  under `keep` seconds (a file whose every test needs a costly fixture stays out of the fast
+  tier)."""
+  longest, slow = _test_seconds(logs)
   by_file = collections.defaultdict(list)
   for test in longest:
     by_file[test.split("::")[0]].append(test)
@@ -45,10 +55,32 @@ def slow_ids(logs: list[str], seconds: float = SECONDS, keep: float = KEEP_SECON
   return sorted(slow)
 
 
+def file_seconds(logs: list[str]) -> dict[str, float]:
+  """{test file: seconds} in `logs` (per log, its tests' seconds summed; the most of any)."""
+  seconds = collections.Counter()
+  for log in logs:
+    per_file = collections.Counter()
+    for test, total in _test_seconds([log])[0].items():
+      per_file[test.split("::")[0]] += total
+    for path, total in per_file.items():
+      seconds[path] = max(seconds[path], round(total, 1))
+  return dict(sorted(seconds.items()))
+
+
 def read() -> frozenset[str]:
   return frozenset(LIST.read_text().splitlines()) if LIST.exists() else frozenset()
 
 
+def read_file_seconds() -> dict[str, float]:
+  """{test file: seconds} of `file_seconds.txt` (empty if absent)."""
+  if not FILE_SECONDS.exists():
+    return {}
+  return {path: float(seconds) for seconds, path in
+          (line.split(maxsplit=1) for line in FILE_SECONDS.read_text().splitlines())}
+
+
 if __name__ == "__main__":  # one or more logs: a full run's, and the fast tier's own
-  LIST.write_text("\n".join(slow_ids([pathlib.Path(path).read_text()
-                                      for path in sys.argv[1:]])) + "\n")
+  logs = [pathlib.Path(path).read_text() for path in sys.argv[1:]]
+  LIST.write_text("\n".join(slow_ids(logs)) + "\n")
+  FILE_SECONDS.write_text("".join(f"{seconds} {path}\n"
+                                  for path, seconds in file_seconds(logs).items()))

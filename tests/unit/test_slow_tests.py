@@ -31,3 +31,8 @@ def test_a_phase_of_half_a_second_in_any_run_is_slow_but_each_file_keeps_its_qui
 def test_a_file_whose_quickest_test_takes_5_s_or_more_leaves_the_fast_tier():
   assert "tests/c.py::test_other" in slow_tests.slow_ids([FULL])
   assert "tests/c.py::test_other" not in slow_tests.slow_ids([FULL], keep=7.0)
+
+
+def test_file_seconds_are_each_files_tests_summed_the_most_of_any_run():
+  assert slow_tests.file_seconds([FULL, FAST]) == {"tests/a.py": 0.9, "tests/b.py": 1.3,
+                                                  "tests/c.py": 15.0}
