@@ -49,7 +49,9 @@ are the policy's samples only, counted per run (on key_token every arm generates
 tokens per update; target_sum's responses stop at EOS); the oracle is uncharged. Charged
 tokens add what a Monte-Carlo arm's continuations would generate: K (T - t) for the
 action at response step t (t = 0, ..., T - 1; on target_sum, whose continuations may stop
-at EOS, an upper bound).
+at EOS, an upper bound). Charged FLOPs count the model FLOPs of sampling, the learner's step
+and what the arm reads (a critic, PRIME's implicit PRM, Monte-Carlo continuations):
+`lab.compute`.
 target_sum cells take no warmup and no gradient measurements (both read key_token's
 decisive positions); zipf_explain cells take a warmup (its grammar's demonstrations) and no
 gradient measurements, and their J(pi) is the oracle's estimate (EVAL_PATHS continuations
@@ -69,7 +71,7 @@ from flax import nnx
 from jaxcredit import estimators, forward, losses, tasks
 from jaxcredit.credit import extras as extras_lib
 from jaxcredit.credit import implicit_prm, length_preference
-from jaxcredit.lab import arms, diagnostics
+from jaxcredit.lab import arms, compute, diagnostics
 from jaxcredit.lab.cells import Cell
 from jaxcredit.models import Transformer
 from jaxcredit.rollout import Estimate, Rollout
@@ -236,15 +238,27 @@ def _columns(task, cell: Cell):
   return decisive, filler, decisive | (filler & (not getattr(config, "filler_blind", False)))
 
 
-def _update_metrics(task, cell: Cell, batch: Rollout, advantage, mc_k, decisive, filler) -> dict:
+def _update_metrics(task, cell: Cell, batch: Rollout, advantage, charges, decisive,
+                    filler) -> dict:
   """What one update records beside the learner's UPDATE_METRICS: its generated and charged
-  continuation tokens; on key_token (T actions per response) the filler's entropy and the
-  noisy tokens of the arm's credit (`advantage(batch)`); on target_sum (responses stop at
-  EOS) the lengths of right and wrong responses and the wrong share."""
-  generated = (jnp.sum(batch.mask) if cell.tree is None else sampling_tree.generated_tokens(
-      batch.extras["tree_path"], batch.extras["tree_segments"], batch.mask))
-  recorded = {"generated": generated.astype(jnp.float32),
-              "continuations": arms.continuation_tokens(batch.mask, mc_k, cell.task.length)}
+  continuation tokens and the model FLOPs charged to the arm (`compute.update_flops`;
+  `charges` = (K, critic, prime) of the arm); on key_token (T actions per response) the
+  filler's entropy and the noisy tokens of the arm's credit (`advantage(batch)`); on
+  target_sum (responses stop at EOS) the lengths of right and wrong responses and the wrong
+  share."""
+  mc_k, critic, prime = charges
+  length = cell.task.length
+  if cell.tree is None:
+    shares, prompts = batch.mask.astype(jnp.float32), batch.shape[0]
+  else:
+    shares = sampling_tree.token_shares(batch.extras["tree_path"],
+                                        batch.extras["tree_segments"], batch.mask)
+    prompts = cell.prompts_per_step
+  recorded = {"generated": jnp.round(jnp.sum(shares)),
+              "continuations": arms.continuation_tokens(batch.mask, mc_k, length),
+              "flops": compute.update_flops(
+                  cell.model, cell.task.prompt_length, shares[:, -length:], prompts,
+                  response_mask=batch.mask[:, -length:], k=mc_k, critic=critic, prime=prime)}
   if isinstance(task, key_token.traceable.Traceable):
     recorded.update(filler_entropy=jnp.mean(batch.entropy[:, filler]),
                     noisy_tokens=diagnostics.noisy_tokens(advantage(batch).advantages,
@@ -288,6 +302,9 @@ def make_run(cell: Cell):
   ks = jnp.asarray(cell.pass_at, jnp.float32)
   rollout = make_rollout(cell, arms.needs(branches))
   arm_ks = jnp.asarray([arms.monte_carlo_k(branch) for branch in branches], jnp.int32)
+  arm_critics = jnp.asarray([any(c.name in arms.CRITICS for c in estimators.components(branch))
+                             for branch in branches])
+  arm_primes = jnp.asarray(["prm_logprobs" in arms.needs([branch]) for branch in branches])
   prm_rates = jnp.asarray(arms.prm_learning_rates(cell), jnp.float32)
   decisive, filler, seen = _columns(task, cell)
   ranked = critic and isinstance(task, key_token.traceable.Traceable) and cell.task.filler_blind
@@ -324,7 +341,8 @@ def make_run(cell: Cell):
       if beta is not None or preference:  # steps taken in with_models
         state = nnx.state(models)
       state, metrics = step(state, batch, None, u)
-      recorded = _update_metrics(task, cell, batch, advantage, mc_k, decisive, filler)
+      recorded = _update_metrics(task, cell, batch, advantage,
+                                 (mc_k, arm_critics[arm], arm_primes[arm]), decisive, filler)
       return state, {**recorded, **preference,
                      **{name: metrics[name] for name in UPDATE_METRICS}}
 
@@ -416,7 +434,8 @@ class Runner:
     arrays over the runs: "success" [N, n_evals] (exact J), "pass@k" {k: [N, n_evals]}, the
     per-update metrics [N, updates]; "updates" [n_evals] and "gen_tokens" [N, n_evals] (the
     response tokens each run generated before each measurement) and "charged_tokens" [N,
-    n_evals] (those and its Monte-Carlo continuations'); the MECHANISM (and RANKING, with a
+    n_evals] (those and its Monte-Carlo continuations') and "charged_flops" [N, n_evals] (the
+    model FLOPs charged to its arm, `compute`); the MECHANISM (and RANKING, with a
     critic on filler-blind key_token) measurements [N, len(cell.measured_evals)] and their
     "mechanism_gen_tokens"; "compile_seconds" (0 when reused) and "run_seconds"."""
     runs = [(int(a), float(r), int(s)) for a, r, s in runs]
@@ -440,6 +459,7 @@ class Runner:
         [np.zeros((len(runs), 1)), np.cumsum(per_update, axis=1)], axis=1)[:, updates]
     gen_tokens = so_far(kept(metrics["generated"]))
     charged = so_far(kept(metrics["generated"]) + kept(metrics["continuations"]))
+    charged_flops = so_far(kept(metrics["flops"]))
     return {
         "success": kept(measured["success"]),
         "pass@k": {k: pass_at[..., i] for i, k in enumerate(self.cell.pass_at)},
@@ -448,9 +468,10 @@ class Runner:
         "updates": updates,
         "gen_tokens": gen_tokens,
         "charged_tokens": charged,
+        "charged_flops": charged_flops,
         **({"mechanism_gen_tokens": gen_tokens[:, evals]} if evals else {}),
         **{name: kept(value) for name, value in metrics.items()
-           if name not in ("generated", "continuations")},
+           if name not in ("generated", "continuations", "flops")},
         "compile_seconds": compile_seconds,
         "run_seconds": run_seconds,
     }

@@ -32,6 +32,31 @@ def _heads(config: TransformerConfig) -> int:
   return 2 * config.d_model * (config.vocab_size + (1 if config.value_head else 0))
 
 
+def token_flops(config: TransformerConfig, keys, *, logits: bool = True):
+  """Forward FLOPs of one token that attends to `keys` tokens (itself included).
+
+  2 n_layers (D (H + 2 H_kv) hd + H hd D + 3 D F) + 4 n_layers H hd keys, + 2 D V for its
+  logits (+ 2 D with a value head).
+
+  Args:
+    config: the model.
+    keys: the keys it attends to (an int, or a float array of them, traceable: model FLOPs
+      overflow int32).
+    logits: count its unembedding (and value head).
+
+  Returns:
+    FLOPs (of the type of `keys`).
+
+  Examples:
+    >>> from jaxcredit.models import preset
+    >>> config = preset("tiny", vocab_size=16, n_layers=1, d_model=32, n_heads=2,
+    ...                 n_kv_heads=2, d_ff=64)
+    >>> token_flops(config, 1, logits=False)  # 2 (4 D H hd + 3 D F) + 4 H hd
+    20608
+  """
+  return _per_token(config) + (_heads(config) if logits else 0) + _attention(config, keys)
+
+
 def sequence_flops(config: TransformerConfig, length: int, *, causal: bool = True,
                    logits: bool = True) -> int:
   """Forward FLOPs of a teacher-forced pass over one row of `length` tokens.
@@ -53,8 +78,8 @@ def sequence_flops(config: TransformerConfig, length: int, *, causal: bool = Tru
     >>> from jaxcredit.models import preset
     >>> config = preset("tiny", vocab_size=16, n_layers=1, d_model=32, n_heads=2,
     ...                 n_kv_heads=2, d_ff=64)
-    >>> sequence_flops(config, 1, logits=False)  # 2 (4 D H hd + 3 D F) + 4 H hd
-    20608
+    >>> sequence_flops(config, 3) == sum(token_flops(config, k) for k in (1, 2, 3))
+    True
   """
   keys = length * (length + 1) // 2 if causal else length * length
   return length * (_per_token(config) + (_heads(config) if logits else 0)) + _attention(

@@ -137,11 +137,38 @@ class TreeSample(NamedTuple):
   prefill_tokens: Array
 
 
+def token_shares(path: Array, segments: Array, mask: Array) -> Array:
+  """Each token's share of its segment's one sampling: 1 / |L(n_k)| for a token of segment k,
+  shared by the |L(n_k)| rows below its node, 0 off the sampled tokens. Summed over the
+  rows, a shared token counts once.
+
+  Args:
+    path: ``[B, S]`` int node ids of each row's segments (`TreeSample.path`).
+    segments: ``[B, T]`` int segment of each token, -1 elsewhere.
+    mask: ``[B, T]`` the sampled tokens.
+
+  Returns:
+    ``[B, T]`` float32 shares.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.sampling import tree
+    >>> path = jnp.array([[0, 1], [0, 3]])                  # a shared first segment
+    >>> segments = jnp.array([[0, 0, 1], [0, 0, 1]])
+    >>> tree.token_shares(path, segments, jnp.ones((2, 3), bool)).tolist()
+    [[0.5, 0.5, 1.0], [0.5, 0.5, 1.0]]
+  """
+  leaves = node_leaves(path)
+  valid = jnp.asarray(mask, bool) & (segments >= 0)
+  shared = jnp.take_along_axis(leaves, jnp.clip(segments, 0, path.shape[1] - 1), axis=1)
+  return jnp.where(valid, 1.0 / jnp.where(valid, shared, 1.0), 0.0)
+
+
 def generated_tokens(path: Array, segments: Array, mask: Array) -> Array:
   """The tokens a tree's rows hold, each shared segment counted once: what sampling the tree
   generated. A token of segment k is shared by the |L(n_k)| rows below its node::
 
-    sum_{b, t: mask, segments >= 0} 1 / |L(path[b, segments[b, t]])|
+    sum_{b, t: mask, segments >= 0} 1 / |L(path[b, segments[b, t]])|   (`token_shares`)
 
   Args:
     path: ``[B, S]`` int node ids of each row's segments (`TreeSample.path`).
@@ -159,11 +186,7 @@ def generated_tokens(path: Array, segments: Array, mask: Array) -> Array:
     >>> tree.generated_tokens(path, segments, jnp.ones((2, 3), bool)).item()
     4
   """
-  leaves = node_leaves(path)
-  valid = jnp.asarray(mask, bool) & (segments >= 0)
-  shared = jnp.take_along_axis(leaves, jnp.clip(segments, 0, path.shape[1] - 1), axis=1)
-  share = jnp.where(valid, 1.0 / jnp.where(valid, shared, 1.0), 0.0)
-  return jnp.round(jnp.sum(share)).astype(jnp.int32)
+  return jnp.round(jnp.sum(token_shares(path, segments, mask))).astype(jnp.int32)
 
 
 def render(tokens, path, segments, *, group_size: int, group: int = 0, decode=None,

@@ -12,7 +12,7 @@ from flax import nnx
 
 from jaxcredit import estimators
 from jaxcredit.lab import arms, batched, cells, diagnostics
-from jaxcredit.models import Transformer, preset
+from jaxcredit.models import Transformer, flops, preset
 from jaxcredit.credit import monte_carlo
 from jaxcredit.tasks import key_token, procedural
 from jaxcredit.testing import strategies
@@ -94,6 +94,13 @@ def test_prompts_are_laid_out_as_the_task_builds_them(key_fn):
                                                      config)
     np.testing.assert_array_equal(prompt, example["prompt"])
     np.testing.assert_array_equal(targets, example["targets"])
+
+
+def _sampling_and_step_flops(cell) -> float:
+  """Model FLOPs of one update's sampling (a causal pass with the drawn tokens' logits) and
+  gradient step (3 such passes), from models.flops."""
+  rows = cell.prompts_per_step * cell.group_size
+  return 4.0 * rows * flops.sampling_flops(cell.model, TASK.prompt_length, TASK.length)
 
 
 def _cell(*arms, **changes):
@@ -377,6 +384,12 @@ def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does
   out = batched.Runner(_cell("grpo", "ktae", "prime")).train([(1, 1e-2, 0), (2, 1e-2, 0)])
   assert np.all(np.isfinite(out["success"])) and np.all(np.any(out["grad_norm"] > 0, axis=1))
   assert not np.allclose(out["grad_norm"][0], out["grad_norm"][1])
+  # PRIME is charged its PRM's step and the reference's pass (4 policy passes) beside
+  # sampling and its own step; KTAE's statistics are free.
+  per_update = _sampling_and_step_flops(_cell())
+  np.testing.assert_allclose(out["charged_flops"], [[0, 3 * per_update, 6 * per_update],
+                                                    [0, 6 * per_update, 12 * per_update]],
+                             rtol=1e-5)
   with pytest.raises(ValueError, match="must share beta"):
     arms.prm_beta(_cell("prime", {"name": "prime", "beta": 0.1}))
   # Each arm's PRM learns at its own rate: at rate 0 the PRM stays the reference, the
@@ -439,6 +452,15 @@ def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_
   np.testing.assert_array_equal(result["charged_tokens"][1],
                                 result["gen_tokens"][1] * (1 + k * (TASK.length + 1) / 2))
   assert result["gen_tokens"][1, -1] == cell.updates * rows * TASK.length
+  # FLOPs: K continuations from the state at slot t generate slots t..T-1 (slot j attends to
+  # P + j + 1 keys), their prefix cached.
+  slots = [flops.token_flops(cell.model, TASK.prompt_length + j + 1) for j in range(TASK.length)]
+  continuations = k * rows * sum((j + 1) * slots[j] for j in range(TASK.length))
+  per_update = _sampling_and_step_flops(cell)
+  updates = result["updates"]
+  np.testing.assert_allclose(result["charged_flops"][0], updates * per_update, rtol=1e-5)
+  np.testing.assert_allclose(result["charged_flops"][1], updates * (per_update + continuations),
+                             rtol=1e-5)
   credit = estimators.from_config(mc_arm)(batch).advantages
   first = np.asarray(drawn)[:, prompt_len]
   np.testing.assert_allclose(np.sum(credit, axis=1), np.asarray(batch.rewards) - first,
@@ -459,6 +481,15 @@ def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact
   cell = _cell("grpo", ppo_gae, mechanism_batches=1)
   assert arms.has_critic(cell) and not arms.has_critic(_cell("grpo", "oracle"))
   result = batched.Runner(cell).train([(0, 1e-2, 3), (1, 1e-2, 3), (1, 3e-3, 4)])
+  # Only the arm that reads the critic is charged for it: its values and its step, 4 passes
+  # without logits.
+  rows = cell.prompts_per_step * cell.group_size
+  critic_flops = 4.0 * rows * flops.sequence_flops(
+      MODEL, TASK.prompt_length + TASK.length, logits=False)
+  per_update = _sampling_and_step_flops(cell)
+  np.testing.assert_allclose(result["charged_flops"], np.outer(
+      [1, 1 + critic_flops / per_update, 1 + critic_flops / per_update],
+      result["updates"] * per_update), rtol=1e-5)
   for name in diagnostics.RANKING:
     assert result[name].shape == (3, 3) and np.all((result[name] >= 0) & (result[name] <= 1))
   assert np.all(result["grad_norm"][1:].max(axis=1) > 0)
@@ -557,6 +588,12 @@ def test_a_tree_cell_samples_trees_counts_shared_segments_once_and_scores_tree_c
   assert (segments[:, -2:] == 2).all()
   result = batched.Runner(cell).train([(0, 1e-3, 0), (1, 1e-3, 0)])
   np.testing.assert_array_equal(result["gen_tokens"][:, -1], 2 * cell.tokens_per_update)
+  # FLOPs likewise: a tree's prompt once, its segments once (1, 2 and 4 of them), each token
+  # attending to its prefix; sampling and the step are 4 such passes.
+  token = lambda t: flops.token_flops(MODEL, TASK.prompt_length + t + 1)
+  tree_pass = flops.sequence_flops(MODEL, TASK.prompt_length, logits=False) + sum(
+      width * (token(2 * s) + token(2 * s + 1)) for s, width in enumerate((1, 2, 4)))
+  np.testing.assert_allclose(result["charged_flops"][:, -1], 2 * 4 * 3 * tree_pass, rtol=1e-5)
   assert np.all(np.isfinite(result["success"]))
   # The same seed samples the same first batch in both arms: a paired start.
   np.testing.assert_array_equal(result["success"][0, 0], result["success"][1, 0])

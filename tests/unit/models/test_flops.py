@@ -68,3 +68,13 @@ def test_sampling_is_one_causal_pass_with_the_drawn_positions_logits():
   model_flops = flops.sampling_flops(CONFIG, 5, 9)
   assert model_flops == _reference(CONFIG, 14, True, False) + 9 * 2.0 * 128 * 96
   assert flops.sampling_flops(CONFIG, 5, 0) == flops.sequence_flops(CONFIG, 5, logits=False)
+
+
+def test_a_token_attending_to_its_prefix_sums_to_the_sequence():
+  for length in (1, 5, 12):
+    assert sum(flops.token_flops(CONFIG, keys) for keys in range(1, length + 1)) == (
+        flops.sequence_flops(CONFIG, length))
+  # Traced keys (float: model FLOPs overflow int32): 4 FLOPs a key per layer, head and head dim.
+  np.testing.assert_array_equal(
+      jax.jit(lambda k: flops.token_flops(CONFIG, k, logits=False))(jnp.arange(1.0, 4.0)),
+      [flops.sequence_flops(CONFIG, 1, logits=False) + 4 * 2 * 4 * 32 * k for k in (0, 1, 2)])
