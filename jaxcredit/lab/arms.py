@@ -133,9 +133,21 @@ def optimizer(cell: "Cell", model, learning_rate) -> nnx.Optimizer:
   return nnx.Optimizer(model, adam, wrt=nnx.Param)
 
 
+def reads_critic(advantage) -> bool:
+  """Whether an advantage function reads a learned critic's values (a component in `CRITICS`).
+
+  Args:
+    advantage: an advantage function (`estimators.from_config`).
+
+  Returns:
+    bool.
+  """
+  return any(component.name in CRITICS for component in estimators.components(advantage))
+
+
 def has_critic(cell: "Cell") -> bool:
-  """Whether an arm of the cell reads a learned critic (`CRITICS`): then every run of the cell
-  trains one (its own arm may ignore it).
+  """Whether an arm of the cell reads a learned critic (`reads_critic`): then every run of the
+  cell trains one (its own arm may ignore it).
 
   Args:
     cell: the batched `Cell`.
@@ -143,8 +155,7 @@ def has_critic(cell: "Cell") -> bool:
   Returns:
     bool.
   """
-  return any(component.name in CRITICS for arm in cell.arms
-             for component in estimators.components(estimators.from_config(arm)))
+  return any(reads_critic(estimators.from_config(arm)) for arm in cell.arms)
 
 
 def critic(cell: "Cell", policy: Transformer, seed) -> Transformer:
