@@ -9,6 +9,7 @@ V after the last action is R.
   rb_credit(..., logprobs=...)          Rao-Blackwellised: A = (1 - pi)(Q_y - Q_-)
   Continuations(...).returns(pairs)     [M, K] rewards of K continuations per (row, column)
   select_positions(mask, logprobs, spec)  where V is evaluated ("all", "stride:k", "cutpoints:tau")
+  evaluated_positions(mask, logprobs, stride, threshold)  the same, traceable in its rule
   mc_value_stats(returns, valid)        means and standard errors of K returns per state
 
 Rows use the training layout: [B, L] with L = P + N (a left-padded prompt,
@@ -73,16 +74,66 @@ def mc_value_stats(returns: Array, valid: Array, *,
   return mean, var, jnp.where(count > 0, stderr, 0.5)
 
 
+def position_rule(spec: str) -> tuple[int, float]:
+  """The rule of a positions spec: V(s_t) is evaluated at the actions whose rank r in their row
+  has ``r % stride == 0`` and whose ``pi(y_t) < threshold``, and at every row's first action.
+
+  Args:
+    spec: "all" (every action), "stride:k" (every k-th action of the row) or
+      "cutpoints:tau" (actions with pi(y_t) < tau: where the outcome can fork, as in SPO's
+      cutpoints).
+
+  Returns:
+    ``(stride, threshold)``: (1, inf), (k, inf) or (1, tau).
+
+  Raises:
+    ValueError: on an unknown spec, a stride below 1 or a threshold outside [0, 1].
+
+  Examples:
+    >>> from jaxcredit.credit import monte_carlo
+    >>> monte_carlo.position_rule("stride:4"), monte_carlo.position_rule("cutpoints:0.9")
+    ((4, inf), (1, 0.9))
+  """
+  kind, _, arg = spec.partition(":")
+  try:
+    rule = {"all": lambda: (1, math.inf), "stride": lambda: (int(arg), math.inf),
+            "cutpoints": lambda: (1, float(arg))}[kind]()
+  except (KeyError, ValueError):
+    raise ValueError(f"Unknown positions {spec!r}; known: all, stride:k, cutpoints:tau.") from None
+  if rule[0] < 1 or (kind == "cutpoints" and not 0 <= rule[1] <= 1):
+    raise ValueError(f"positions {spec!r}: a stride is >= 1 and a cutpoint threshold in [0, 1].")
+  return rule
+
+
+def evaluated_positions(mask: Array, logprobs: Array | None, stride, threshold) -> Array:
+  """The actions where V(s_t) is evaluated under `position_rule`'s ``(stride, threshold)``.
+  Traceable (stride and threshold may be traced).
+
+  Args:
+    mask: ``[B, L]`` bool, the actions.
+    logprobs: ``[B, L]`` behaviour log-probs, or None (then no threshold applies).
+    stride: every stride-th action of a row.
+    threshold: actions with ``pi(y_t) < threshold`` (inf: every action).
+
+  Returns:
+    bool ``[B, L]``, a subset of `mask` holding every row's first action.
+  """
+  mask = jnp.asarray(mask, bool)
+  index = jnp.cumsum(mask, axis=1) - 1  # rank of each action within its row
+  chosen = mask & (index % stride == 0)
+  if logprobs is not None:
+    chosen &= jnp.exp(jnp.where(mask, logprobs, 0.0)) < threshold
+  return chosen | (mask & (index == 0))
+
+
 def select_positions(mask: Array, logprobs: Array | None, spec: str) -> Array:
-  """Where a budgeted oracle evaluates V(s_t). Every row's first action is always included
-  (segments start there).
+  """Where a budgeted oracle evaluates V(s_t): `evaluated_positions` under the spec's
+  `position_rule`. Every row's first action is always included (segments start there).
 
   Args:
     mask: ``[B, L]`` bool, the actions.
     logprobs: ``[B, L]`` behaviour log-probs, or None (needed by "cutpoints:tau").
-    spec: "all" (every action), "stride:k" (every k-th action of the row) or
-      "cutpoints:tau" (actions with pi(y_t) < tau: where the outcome can fork, as in SPO's
-      cutpoints).
+    spec: "all", "stride:k" or "cutpoints:tau" (`position_rule`).
 
   Returns:
     bool ``[B, L]``, a subset of `mask`.
@@ -90,19 +141,10 @@ def select_positions(mask: Array, logprobs: Array | None, spec: str) -> Array:
   Raises:
     ValueError: on an unknown spec, or cutpoints without log-probs.
   """
-  mask = jnp.asarray(mask, bool)
-  index = jnp.cumsum(mask, axis=1) - 1  # rank of each action within its row
-  first = mask & (index == 0)
-  kind, _, arg = spec.partition(":")
-  if kind == "all":
-    return mask
-  if kind == "stride":
-    return mask & (index % int(arg) == 0)
-  if kind == "cutpoints":
-    if logprobs is None:
-      raise ValueError("positions='cutpoints:tau' needs the behaviour logprobs.")
-    return first | (mask & (jnp.exp(logprobs) < float(arg)))
-  raise ValueError(f"Unknown positions {spec!r}; known: all, stride:k, cutpoints:tau.")
+  stride, threshold = position_rule(spec)
+  if logprobs is None and threshold < math.inf:
+    raise ValueError("positions='cutpoints:tau' needs the behaviour logprobs.")
+  return evaluated_positions(mask, logprobs, stride, threshold)
 
 
 def _continuation_actions(allowed: np.ndarray, hidden: np.ndarray, width: int, hidden_token: int,

@@ -6,7 +6,8 @@ preference, and a run's modules.
 """
 
 import dataclasses
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ from flax import nnx
 from jaxcredit import estimators
 from jaxcredit.credit import extras
 from jaxcredit.credit import length_preference as length_preference_lib
+from jaxcredit.credit import monte_carlo as monte_carlo_lib
 from jaxcredit.lab import providers  # noqa: F401  (registers the lab's traceable providers)
 from jaxcredit.models import Transformer
 
@@ -55,31 +57,46 @@ def needs(advantages) -> set[str]:
   return needs
 
 
-def monte_carlo_k(advantage) -> int:
-  """K of the Monte-Carlo values an advantage function reads (its components needing
-  "mc_values": `vineppo`, `spo`). Batched cells draw them at every action only, and one K
-  per arm.
+class MonteCarlo(NamedTuple):
+  """The Monte-Carlo values an arm reads. The fields may be traced (one per arm, indexed by
+  the arm inside a cell's program).
+
+  Attributes:
+    k: continuations per evaluated state (0: the arm reads none).
+    stride: V-hat at every stride-th action of a response (`monte_carlo.position_rule`).
+    threshold: V-hat at the actions with pi(y_t) < threshold (inf: every one).
+  """
+
+  k: int = 0
+  stride: int = 1
+  threshold: float = math.inf
+
+
+def monte_carlo(advantage) -> MonteCarlo:
+  """The Monte-Carlo values an advantage function reads (its components needing "mc_values":
+  `vineppo`, `spo`), one setting per arm.
 
   Args:
     advantage: an advantage function.
 
   Returns:
-    K; 0 when it reads none.
+    its `MonteCarlo` (k = 0 when it reads none).
 
   Raises:
-    ValueError: on several K, K < 1, or positions other than "all".
+    ValueError: on several settings in one arm, K < 1, or an unknown positions spec.
   """
   readers = [c for c in estimators.components(advantage) if "mc_values" in c.needs]
-  ks = {int(c.settings["k"]) for c in readers}
-  positions = {c.settings["positions"] for c in readers}
-  if len(ks) > 1 or positions - {"all"} or any(k < 1 for k in ks):
-    raise ValueError(f"Batched cells draw Monte-Carlo values at every action (positions="
-                     f"'all') with one K >= 1 per arm; got k {sorted(ks)}, positions "
-                     f"{sorted(positions)}.")
-  return ks.pop() if ks else 0
+  settings = {(int(c.settings["k"]), c.settings["positions"]) for c in readers}
+  if len(settings) > 1 or any(k < 1 for k, _ in settings):
+    raise ValueError(f"Batched cells draw one set of Monte-Carlo values per arm, K >= 1; got "
+                     f"(k, positions) {sorted(settings)}.")
+  if not settings:
+    return MonteCarlo()
+  k, positions = settings.pop()
+  return MonteCarlo(k, *monte_carlo_lib.position_rule(positions))
 
 
-def monte_carlo_values(key, values, mask, k, largest: int):
+def monte_carlo_values(key, values, evaluated, k, largest: int):
   """Monte-Carlo value estimates drawn in distribution from the exact values. Traceable.
 
   With a 0/1 reward the k continuations' successes are Binomial(k, V(s_t)), V the exact
@@ -88,24 +105,25 @@ def monte_carlo_values(key, values, mask, k, largest: int):
   Args:
     key: a PRNG key.
     values: ``[B, L]`` the oracle's exact V(s_t).
-    mask: ``[B, L]`` bool, the actions.
+    evaluated: ``[B, L]`` bool, the states evaluated (`monte_carlo.evaluated_positions`).
     k: continuations per state, ``0 <= k <= largest`` (may be traced).
     largest: the largest k of the cell (static).
 
   Returns:
-    float32 ``[B, L]`` V-hat(s_t), the mean reward of k continuations, 0 off `mask`.
+    float32 ``[B, L]`` V-hat(s_t), the mean reward of k continuations, 0 off `evaluated`.
   """
   draws = jax.random.uniform(key, (*values.shape, largest)) < jnp.clip(values, 0.0, 1.0)[..., None]
   successes = jnp.sum(draws & (jnp.arange(largest) < k), axis=-1, dtype=jnp.float32)
-  return jnp.where(mask, successes / jnp.maximum(k, 1), 0.0)
+  return jnp.where(evaluated, successes / jnp.maximum(k, 1), 0.0)
 
 
-def continuation_tokens(mask, k, length: int):
-  """The tokens k continuations from every action's state generate: k (T - t) summed over the
-  actions at response step t. Traceable.
+def continuation_tokens(evaluated, k, length: int):
+  """The tokens k continuations from each evaluated state generate: k (T - t) summed over the
+  states at response step t. Traceable.
 
   Args:
-    mask: ``[B, L]`` bool, the actions; its last `length` columns are the response slots.
+    evaluated: ``[B, L]`` bool, the states continued from; its last `length` columns are the
+      response slots.
     k: continuations per state (may be traced).
     length: the response slots T.
 
@@ -113,7 +131,7 @@ def continuation_tokens(mask, k, length: int):
     a float32 scalar.
   """
   remaining = jnp.arange(length, 0, -1, dtype=jnp.float32)  # T - t
-  return k * jnp.sum(jnp.where(mask[:, -length:], remaining, 0.0))
+  return k * jnp.sum(jnp.where(evaluated[:, -length:], remaining, 0.0))
 
 
 def optimizer(cell: "Cell", model, learning_rate) -> nnx.Optimizer:

@@ -24,9 +24,10 @@ One run is a pure function of its arm (an index into cell.arms), learning rate a
     Monte-Carlo values of `zipf_explain.oracle` at each response's cuts, its own draws), the
     permutation draws of `oracle_shuffled`, KTAE's key-token
     scores (`token_statistics.ktae_scores`); for a
-    Monte-Carlo arm (`vineppo` at every action, the `oracle_mc_K` ladder) the values
-    V-hat(s_t) of K continuations from every action's state, drawn in distribution
-    (`arms.monte_carlo_values`) and charged;
+    Monte-Carlo arm (`vineppo`, `spo`) the values V-hat(s_t) of K continuations from each
+    state at the arm's positions (every action, every k-th or the cutpoints:
+    `monte_carlo.evaluated_positions`), drawn in distribution (`arms.monte_carlo_values`)
+    and charged;
   - one learner step (`learner.make_step`: `cell.objective` on the whole batch, the arm's
     estimator chosen by `lax.switch`); in a cell with a critic arm (`arms.CRITICS`: `ppo_gae`)
     every run also trains a critic (the policy's architecture with a value head, its trunk
@@ -47,8 +48,8 @@ calls of every `Runner` of an equal cell in the process (the most recent `CACHED
 programs are kept). Generated tokens
 are the policy's samples only, counted per run (on key_token every arm generates B T
 tokens per update; target_sum's responses stop at EOS); the oracle is uncharged. Charged
-tokens add what a Monte-Carlo arm's continuations would generate: K (T - t) for the
-action at response step t (t = 0, ..., T - 1; on target_sum, whose continuations may stop
+tokens add what a Monte-Carlo arm's continuations would generate: K (T - t) for each
+evaluated state at response step t (t = 0, ..., T - 1; on target_sum, whose continuations may stop
 at EOS, an upper bound). Charged FLOPs count the model FLOPs of sampling, the learner's step
 and what the arm reads (a critic, PRIME's implicit PRM, Monte-Carlo continuations):
 `lab.compute`.
@@ -70,7 +71,7 @@ from flax import nnx
 
 from jaxcredit import estimators, forward, losses, tasks
 from jaxcredit.credit import extras as extras_lib
-from jaxcredit.credit import implicit_prm, length_preference
+from jaxcredit.credit import implicit_prm, length_preference, monte_carlo
 from jaxcredit.lab import arms, compute, diagnostics
 from jaxcredit.lab.cells import Cell
 from jaxcredit.models import Transformer
@@ -144,16 +145,16 @@ def make_rollout(cell: Cell, needs=frozenset(arms.EXTRAS)):
     needs: the extras to compute (`arms.EXTRAS` by default).
 
   Returns:
-    ``rollout(model, key, oracle_extras=False, mc_k=0) -> Rollout``, with the extras in
-    `needs` (all of them with oracle_extras; Monte-Carlo values of mc_k continuations,
-    which may be traced, 0 for none).
+    ``rollout(model, key, oracle_extras=False, mc=arms.MonteCarlo()) -> Rollout``, with the
+    extras in `needs` (all of them with oracle_extras; Monte-Carlo values as `mc` sets them,
+    its fields may be traced, k = 0 for none).
   """
   task, group, config = _task(cell), cell.group_size, cell.task
   actions, prompt_len = task.actions, config.prompt_length
-  largest_k = max(arms.monte_carlo_k(estimators.from_config(arm)) for arm in cell.arms)
+  largest_k = max(arms.monte_carlo(estimators.from_config(arm)).k for arm in cell.arms)
   value_needs = {"oracle_advantages", "oracle_values", *estimators.registered.MC_VALUES}
 
-  def rollout(model, key, oracle_extras=False, mc_k=0):
+  def rollout(model, key, oracle_extras=False, mc=arms.MonteCarlo()):
     prompts, targets = task.draw(jax.random.fold_in(key, PROMPT_STREAM), cell.prompts_per_step)
     settings = dict(max_new_tokens=config.length, actions=actions, stop_tokens=task.stop_tokens)
     sample_key, extras = jax.random.fold_in(key, SAMPLE_STREAM), {}
@@ -175,10 +176,11 @@ def make_rollout(cell: Cell, needs=frozenset(arms.EXTRAS)):
       in_rows = lambda x: jnp.where(mask, jnp.pad(x, [(0, 0), (prompt_len, 0)]), 0.0)
       extras.update(oracle_values=in_rows(values), oracle_advantages=in_rows(credit))
     if largest_k and (oracle_extras or "mc_values" in needs):
+      evaluated = monte_carlo.evaluated_positions(mask, sample.logprobs, mc.stride, mc.threshold)
       extras.update(mc_values=arms.monte_carlo_values(jax.random.fold_in(key, MC_STREAM),
-                                                      extras["oracle_values"], mask, mc_k,
+                                                      extras["oracle_values"], evaluated, mc.k,
                                                       largest_k),
-                    mc_evaluated=mask)
+                    mc_evaluated=evaluated)
     # No KL term: the sampler's log-probs stand in for the reference's (no reference pass).
     batch = Rollout(tokens=sample.tokens, mask=mask, rewards=rewards,
                     behaviour_logprobs=sample.logprobs, ref_logprobs=sample.logprobs,
@@ -242,12 +244,13 @@ def _update_metrics(task, cell: Cell, batch: Rollout, advantage, charges, decisi
                     filler) -> dict:
   """What one update records beside the learner's UPDATE_METRICS: its generated and charged
   continuation tokens and the model FLOPs charged to the arm (`compute.update_flops`;
-  `charges` = (K, critic, prime) of the arm); on key_token (T actions per response) the
+  `charges` = (K, critic, prime) of the arm, its K continuations from the states in
+  extras["mc_evaluated"]); on key_token (T actions per response) the
   filler's entropy and the noisy tokens of the arm's credit (`advantage(batch)`); on
   target_sum (responses stop at EOS) the lengths of right and wrong responses and the wrong
   share."""
   mc_k, critic, prime = charges
-  length = cell.task.length
+  length, continued = cell.task.length, batch.extras.get("mc_evaluated", batch.mask)
   if cell.tree is None:
     shares, prompts = batch.mask.astype(jnp.float32), batch.shape[0]
   else:
@@ -255,10 +258,10 @@ def _update_metrics(task, cell: Cell, batch: Rollout, advantage, charges, decisi
                                         batch.extras["tree_segments"], batch.mask)
     prompts = cell.prompts_per_step
   recorded = {"generated": jnp.round(jnp.sum(shares)),
-              "continuations": arms.continuation_tokens(batch.mask, mc_k, length),
+              "continuations": arms.continuation_tokens(continued, mc_k, length),
               "flops": compute.update_flops(
                   cell.model, cell.task.prompt_length, shares[:, -length:], prompts,
-                  response_mask=batch.mask[:, -length:], k=mc_k, critic=critic, prime=prime)}
+                  continued=continued[:, -length:], k=mc_k, critic=critic, prime=prime)}
   if isinstance(task, key_token.traceable.Traceable):
     recorded.update(filler_entropy=jnp.mean(batch.entropy[:, filler]),
                     noisy_tokens=diagnostics.noisy_tokens(advantage(batch).advantages,
@@ -301,7 +304,8 @@ def make_run(cell: Cell):
   eval_prompts, eval_targets = task.eval_prompts
   ks = jnp.asarray(cell.pass_at, jnp.float32)
   rollout = make_rollout(cell, arms.needs(branches))
-  arm_ks = jnp.asarray([arms.monte_carlo_k(branch) for branch in branches], jnp.int32)
+  arm_mc = arms.MonteCarlo(*(jnp.asarray(field) for field in zip(
+      *(arms.monte_carlo(branch) for branch in branches))))
   arm_critics = jnp.asarray([arms.reads_critic(branch) for branch in branches])
   arm_primes = jnp.asarray(["prm_logprobs" in arms.needs([branch]) for branch in branches])
   prm_rates = jnp.asarray(arms.prm_learning_rates(cell), jnp.float32)
@@ -317,7 +321,7 @@ def make_run(cell: Cell):
             "pass@k": jnp.mean(1.0 - (1.0 - success[:, None]) ** ks, axis=0)}
 
   def run(arm, learning_rate, seed):
-    key, mc_k = jax.random.key(seed), arm_ks[arm]
+    key, mc = jax.random.key(seed), jax.tree.map(lambda field: field[arm], arm_mc)
     warm_key = None if cell.warmup is None else jax.random.fold_in(key, WARMUP_STREAM)
     state = nnx.state(modules(seed, learning_rate, prm_rates[arm], warm_key))
     advantage = lambda rollout: Estimate(advantages=jax.lax.switch(
@@ -325,7 +329,7 @@ def make_run(cell: Cell):
     step = learner.make_step(graphdef, advantage=advantage, objective=objective,
                              settings=settings)
     sample = lambda models, key: with_models(
-        models, rollout(models["model"], key, oracle_extras=True, mc_k=mc_k), actions)
+        models, rollout(models["model"], key, oracle_extras=True, mc=mc), actions)
     gradient = lambda model, batch, credit: diagnostics.policy_gradient(
         objective, model, batch, credit, actions)
     rank = diagnostics.critic_ranking(task, cell.group_size, MC_STREAM) if ranked else None
@@ -336,12 +340,12 @@ def make_run(cell: Cell):
       preference = ({"length_preference_lam": models["length_preference"].lam[...]}
                     if "length_preference" in models else {})
       batch = with_models(models, rollout(models["model"], jax.random.fold_in(key, u),
-                                          mc_k=mc_k), actions, prm_beta=beta, learn=True)
+                                          mc=mc), actions, prm_beta=beta, learn=True)
       if beta is not None or preference:  # steps taken in with_models
         state = nnx.state(models)
       state, metrics = step(state, batch, None, u)
       recorded = _update_metrics(task, cell, batch, advantage,
-                                 (mc_k, arm_critics[arm], arm_primes[arm]), decisive, filler)
+                                 (mc.k, arm_critics[arm], arm_primes[arm]), decisive, filler)
       return state, {**recorded, **preference,
                      **{name: metrics[name] for name in UPDATE_METRICS}}
 

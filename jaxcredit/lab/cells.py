@@ -111,7 +111,7 @@ class Cell:
       raise ValueError(f"group_size and prompts_per_step must be >= 1, got {self.group_size} "
                        f"and {self.prompts_per_step}.")
     for arm in self.arms:
-      arms.monte_carlo_k(estimators.from_config(arm))  # refuses Monte-Carlo values it cannot draw
+      arms.monte_carlo(estimators.from_config(arm))  # refuses Monte-Carlo values it cannot draw
     if self.tree is not None:
       self.tree.check(self.task.length)
       if self.tree.fork != "fixed" or self.tree.leaves != self.group_size:

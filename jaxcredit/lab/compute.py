@@ -10,8 +10,9 @@ once: `sampling.tree.token_shares`), its logits taken. Per update an arm is char
     without logits (the value head's 2 D a token left out);
   - a PRIME arm: the implicit PRM's step, whose forward scores the batch (3), and the
     reference's log-probs (1);
-  - a Monte-Carlo arm: K continuations from every action's state, each response slot t..T-1
-    generated with the prefix cached (an upper bound where responses stop at EOS).
+  - a Monte-Carlo arm: K continuations from each state it evaluates, the one at response
+    slot t generating slots t..T-1 with the prefix cached (an upper bound where responses
+    stop at EOS).
 
 The exact oracle and the gradient measurements are not training compute and are uncharged.
 A run of a cell with a critic or a PRM trains it whatever its arm (`arms`); only the arms
@@ -63,28 +64,29 @@ def forward_flops(config: TransformerConfig, prompt_length: int, shares, prompts
   return prefill + jnp.sum(shares * slot)
 
 
-def continuation_flops(config: TransformerConfig, prompt_length: int, response_mask, k):
-  """Forward FLOPs of k continuations from every action's state: the one at response slot t
-  generates slots t..T-1, its prefix cached. Traceable.
+def continuation_flops(config: TransformerConfig, prompt_length: int, continued, k):
+  """Forward FLOPs of k continuations from each state continued from: the one at response
+  slot t generates slots t..T-1, its prefix cached. Traceable.
 
-  k sum_{b, t: mask} sum_{j >= t} F_token(P + j + 1).
+  k sum_{b, t: continued} sum_{j >= t} F_token(P + j + 1).
 
   Args:
     config: the model.
     prompt_length: P.
-    response_mask: ``[B, T]`` the actions.
+    continued: ``[B, T]`` bool, the states continued from (the actions at the evaluated
+      positions).
     k: continuations per state (may be traced).
 
   Returns:
     a float32 scalar.
   """
-  slot = _slot_flops(config, prompt_length, response_mask.shape[1], True)
+  slot = _slot_flops(config, prompt_length, continued.shape[1], True)
   remaining = jnp.cumsum(slot[::-1])[::-1]  # sum_{j >= t}
-  return k * jnp.sum(jnp.where(response_mask, remaining, 0.0))
+  return k * jnp.sum(jnp.where(continued, remaining, 0.0))
 
 
 def update_flops(config: TransformerConfig, prompt_length: int, shares, prompts: int, *,
-                 response_mask, k, critic, prime):
+                 continued, k, critic, prime):
   """The FLOPs one update charges an arm (module docstring). Traceable.
 
   Args:
@@ -92,7 +94,7 @@ def update_flops(config: TransformerConfig, prompt_length: int, shares, prompts:
     prompt_length: P.
     shares: ``[B, T]`` each response token's share (`forward_flops`).
     prompts: the prompts passed.
-    response_mask: ``[B, T]`` the actions (for the continuations).
+    continued: ``[B, T]`` bool, the states the arm's continuations start from.
     k: the arm's Monte-Carlo continuations per state (0: none; may be traced).
     critic: whether the arm reads a critic (may be traced).
     prime: whether the arm reads PRIME's implicit PRM (may be traced).
@@ -104,4 +106,4 @@ def update_flops(config: TransformerConfig, prompt_length: int, shares, prompts:
   trunk = forward_flops(config, prompt_length, shares, prompts, logits=False)
   return ((SAMPLING + LEARNER) * policy + jnp.where(critic, CRITIC * trunk, 0.0)
           + jnp.where(prime, PRIME * policy, 0.0)
-          + continuation_flops(config, prompt_length, response_mask, k))
+          + continuation_flops(config, prompt_length, continued, k))

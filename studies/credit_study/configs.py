@@ -8,6 +8,8 @@ tokens.
   python -m studies.credit_study --config studies/credit_study/configs.py:entropy --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:ktae_prime --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:mc_ladder --workdir DIR
+  python -m studies.credit_study --config studies/credit_study/configs.py:mc_granularity \\
+      --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:critic --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:regimes --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:budgets --workdir DIR
@@ -54,6 +56,11 @@ regime on seeds excluded from the report. The arms:
                              many tokens as the others and are also charged the
                              continuations' K T (T + 1) / 2 tokens per response (compared
                              at equal charged tokens in a table of their own)
+  mc_K_stride_S, mc_K_cut    VinePPO at practical granularity: V-hat(s_t) from K
+                             continuations at every S-th action of a response only, or at
+                             SPO's cutpoints (actions with pi(y_t) < 0.9, and the first);
+                             each segment's tokens share its V-hat(next) - V-hat(start)
+                             (compared with GRPO at equal charged FLOPs)
 The small preset runs the core arms (CORE: broadcast credit, exact credit, the exact baseline
 without localisation, and localisation destroyed); the full preset adds the others (a full
 run trains the arms a small run's cells lack and reads the rest back).
@@ -61,7 +68,8 @@ run trains the arms a small run's cells lack and reads the rest back).
 
 import ml_collections
 
-PRESETS = ("smoke", "small", "primary", "entropy", "ktae_prime", "mc_ladder", "critic",
+PRESETS = ("smoke", "small", "primary", "entropy", "ktae_prime", "mc_ladder", "mc_granularity",
+           "critic",
            "regimes", "budgets", "language", "scale", "mid_filler", "mid_filler_Z3", "same_rate",
            "full")
 
@@ -77,12 +85,15 @@ ARMS = {
     "ktae": "ktae",
     **{f"prime_prm_{rate}": "prime" for rate in ("1e-3", "1e-4", "1e-5", "1e-6")},
     **{f"oracle_mc_{k}": {"name": "vineppo", "k": k, "positions": "all"} for k in (1, 4, 16, 64)},
+    **{f"mc_{k}_stride_6": {"name": "vineppo", "k": k, "positions": "stride:6"} for k in (1, 4)},
+    **{f"mc_{k}_cut": {"name": "vineppo", "k": k, "positions": "cutpoints:0.9"} for k in (1, 4)},
 }
 # Same-rate controls: a core arm at another arm's tuned rate (`fixed_learning_rates`).
 SAME_RATE = {"grpo_at_1e-3": ("grpo", 1e-3), "oracle_at_1e-3": ("oracle", 1e-3),
              "oracle_seq_at_3e-3": ("oracle_seq", 3e-3)}
 ARMS.update({name: ARMS[arm] for name, (arm, _) in SAME_RATE.items()})
 MC_LADDER = tuple(name for name in ARMS if name.startswith("oracle_mc_"))
+MC_GRANULARITY = ("mc_1_stride_6", "mc_4_stride_6", "mc_1_cut", "mc_4_cut")
 PRIME = tuple(name for name in ARMS if name.startswith("prime_"))
 SCALE_REGIMES = ("uniform_filler_d64", "peaked_filler_d64", "uniform_filler_B16",
                  "peaked_filler_B16")
@@ -198,6 +209,18 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     # workdir, as for the entropy preset).
     config.arms = {name: ARMS[name] for name in (*CORE, *MC_LADDER)}
     config.group_sizes = (8,)
+  if preset == "mc_granularity":
+    # VinePPO at practical granularity on peaked filler at G = 8, against GRPO and VinePPO
+    # at every action (K = 4) at equal charged FLOPs: V-hat at every 6th action (4 of the 24:
+    # 0, 6, 12, 18, none of them decisive) or at the cutpoints (pi(y_t) < 0.9: the keys, not
+    # the confident filler). A fresh workdir: each run records its charged FLOPs, and J is
+    # measured at log-spaced updates so an arm charged 10x is read early in its run.
+    config.regimes = {"peaked_filler": config.regimes["peaked_filler"]}
+    config.arms = {name: ARMS[name] for name in ("grpo", "oracle_mc_4", *MC_GRANULARITY)}
+    config.group_sizes = (8,)
+    config.eval_points = 30
+    config.eval_spacing = "log"
+    config.runs_per_program = 30
   if preset == "critic":
     # A learned critic (PPO-GAE) beside the core arms at G = 8 in both filler regimes, and
     # how well it ranks alternative steps against Monte-Carlo values of the same states

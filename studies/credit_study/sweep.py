@@ -122,6 +122,7 @@ def _curve(result: dict, row: int) -> dict:
           # Only a run charged for more than it sampled (Monte-Carlo continuations) says so.
           **({"charged_tokens": result["charged_tokens"][row].tolist()}
              if np.any(result["charged_tokens"][row] != result["gen_tokens"][row]) else {}),
+          "charged_flops": result["charged_flops"][row].tolist(),
           "zero_variance_groups": float(result["zero_variance_groups"][row].mean()),
           **({"filler_entropy": float(result["filler_entropy"][row, 0]),
               "noisy_tokens": float(result["noisy_tokens"][row].mean())}
@@ -471,6 +472,8 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
           lines += [""] + tables.comparison_table(comparisons, metric)
       charged = tables.charged_table(curves, tokens, rng)
       lines += [""] + charged if charged else []
+      matched = tables.flops_table(curves, rng)
+      lines += [""] + matched if matched else []
       lines += [""] + tables.mechanism_table(curves)
       ranks = tables.ranking_table(curves)
       lines += [""] + ranks if ranks else []

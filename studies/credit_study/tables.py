@@ -68,6 +68,22 @@ def comparison_table(comparisons: dict, metric: str) -> list[str]:
   return lines
 
 
+def _at_budget(runs: dict, grpo: dict, spent, budget: float) -> tuple[list, np.ndarray,
+                                                                      np.ndarray]:
+  """An arm's J read at `budget` of what `spent(curve)` counts (linear between its
+  measurements), paired by seed with GRPO's final J: ``(seeds, J at the budget, difference)``."""
+  seeds = sorted(set(runs) & set(grpo))
+  at_budget = np.asarray([np.interp(budget, spent(runs[s]), runs[s]["success"]) for s in seeds])
+  return seeds, at_budget, at_budget - np.asarray([grpo[s]["success"][-1] for s in seeds])
+
+
+def _matched_columns(at_budget: np.ndarray, difference: np.ndarray, rng) -> str:
+  """The J-at-the-budget, difference and sign-flip columns of an equal-compute row."""
+  return (f"{report.fmt_interval(*statistics.reported_ci(at_budget, rng, 10000))} | "
+          f"{report.fmt_interval(*statistics.reported_ci(difference, rng, 10000))} | "
+          f"{statistics.sign_flip_p(difference, rng):.4f} |")
+
+
 def charged_table(curves: dict, budget: float, rng) -> list[str]:
   """The arms charged for more tokens than they sample (Monte-Carlo continuations) against
   GRPO at equal charged tokens: per arm, the tokens charged per run and their multiple of
@@ -84,19 +100,42 @@ def charged_table(curves: dict, budget: float, rng) -> list[str]:
            "| arm | charged tokens / run | × its samples | samples within the budget | "
            "J at the budget [95% CI] | Δ vs grpo [95% CI] | p (sign-flip) |",
            "|---|---|---|---|---|---|---|"]
+  tokens = lambda curve: curve.get("charged_tokens", curve["gen_tokens"])
   for arm, runs in charged.items():
-    seeds = sorted(set(runs) & set(curves["grpo"]))
-    spent = [runs[s].get("charged_tokens", runs[s]["gen_tokens"]) for s in seeds]
-    at_budget = np.asarray([np.interp(budget, t, runs[s]["success"])
-                            for t, s in zip(spent, seeds)])
-    difference = at_budget - np.asarray([curves["grpo"][s]["success"][-1] for s in seeds])
+    seeds, at_budget, difference = _at_budget(runs, curves["grpo"], tokens, budget)
+    spent = [tokens(runs[s]) for s in seeds]
     multiple = np.mean([t[-1] / runs[s]["gen_tokens"][-1] for t, s in zip(spent, seeds)])
     lines.append(
         f"| {arm} | {np.mean([t[-1] for t in spent]):,.0f} | {multiple:.1f} | "
-        f"{budget / multiple:,.0f} | "
-        f"{report.fmt_interval(*statistics.reported_ci(at_budget, rng, 10000))} | "
-        f"{report.fmt_interval(*statistics.reported_ci(difference, rng, 10000))} | "
-        f"{statistics.sign_flip_p(difference, rng):.4f} |")
+        f"{budget / multiple:,.0f} | {_matched_columns(at_budget, difference, rng)}")
+  return lines
+
+
+def flops_table(curves: dict, rng) -> list[str]:
+  """The arms charged more model FLOPs than GRPO (Monte-Carlo continuations, a critic, a
+  PRM: `jaxcredit.lab.compute`) against GRPO at equal charged FLOPs: per arm, its FLOPs
+  per run and their multiple of GRPO's, the updates it takes within GRPO's FLOPs per run
+  (the budget), and J there (read as in `charged_table`) paired by seed with GRPO's final
+  J. Empty unless every run of the cell records its charged FLOPs (cells run before they
+  were recorded) and GRPO is in the cell."""
+  if "grpo" not in curves or not all("charged_flops" in curve for runs in curves.values()
+                                     for curve in runs.values()):
+    return []
+  budget = float(np.mean([c["charged_flops"][-1] for c in curves["grpo"].values()]))
+  lines = ["At equal charged FLOPs (model FLOPs of sampling, the learner's step and what the "
+           f"arm reads), against GRPO at its {budget:.3g} FLOPs per run:", "",
+           "| arm | charged FLOPs / run | × GRPO's | updates within the budget | "
+           "J at the budget [95% CI] | Δ vs grpo [95% CI] | p (sign-flip) |",
+           "|---|---|---|---|---|---|---|"]
+  flops = lambda curve: curve["charged_flops"]
+  for arm, runs in curves.items():
+    spent = np.mean([flops(curve)[-1] for curve in runs.values()])
+    if arm == "grpo" or spent <= budget * (1 + 1e-6):
+      continue
+    seeds, at_budget, difference = _at_budget(runs, curves["grpo"], flops, budget)
+    updates = np.mean([np.interp(budget, flops(runs[s]), runs[s]["updates"]) for s in seeds])
+    lines.append(f"| {arm} | {spent:.3g} | {spent / budget:.1f} | {updates:,.0f} | "
+                 f"{_matched_columns(at_budget, difference, rng)}")
   return lines
 
 

@@ -67,6 +67,11 @@ def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_
   assert "n/a" in text and "slope of Δ_loc (auc) on log₂ G" in text
   assert text.count("At equal charged tokens") == len(study.group_sizes)
   assert "\n| oracle_mc_4 | " in text
+  # and at equal charged FLOPs (its continuations beside the sampling and step).
+  assert text.count("At equal charged FLOPs") == len(study.group_sizes)
+  matched = [line for line in text.splitlines() if line.startswith("| oracle_mc_4 | ")
+             and "e+" in line.split("|")[2]]
+  assert len(matched) == len(study.group_sizes)
   assert "slope of Δ_loc (final) on GRPO's filler share at the start" in text
   assert (tmp_path / "localisation.png").exists()
   assert text.count("Budget: GRPO ") == len(study.group_sizes)

@@ -133,6 +133,25 @@ def test_the_charged_table_reads_monte_carlo_runs_at_grpos_budget_of_charged_tok
                                     np.random.default_rng(0)) == []
 
 
+def test_the_flops_table_reads_each_arm_at_grpos_charged_flops():
+  grpo = {s: {"success": [0.1, 0.5, 0.9 - s / 10], "updates": [0, 10, 20],
+              "charged_flops": [0.0, 1e9, 2e9]} for s in (0, 1)}
+  strided = {s: {"success": [0.1, 0.3 + s / 10, 0.6], "updates": [0, 10, 20],
+                 "charged_flops": [0.0, 4e9, 8e9]} for s in (0, 1)}
+  curves = {"grpo": grpo, "mc_4_stride_6": strided, "oracle": grpo}
+  lines = tables.flops_table(curves, np.random.default_rng(0))
+  # GRPO spends 2e9 a run; the strided arm 4x as much, so it is read after 5 of its updates,
+  # half way to its first measurement: J = 0.1 + 0.5 (0.2 + s / 10); GRPO ends at 0.9, 0.8.
+  at_budget = [0.1 + 0.5 * 0.2, 0.1 + 0.5 * 0.3]
+  delta = np.mean(at_budget) - np.mean([0.9, 0.8])
+  assert "GRPO at its 2e+09 FLOPs per run" in lines[0]
+  assert len(lines) == 5 and lines[-1].startswith("| mc_4_stride_6 | 8e+09 | 4.0 | 5 | ")
+  assert f"{np.mean(at_budget):.3f} (n/a)" in lines[-1] and f"{delta:.3f} (n/a)" in lines[-1]
+  # Cells run before runs recorded their FLOPs have no such table.
+  del strided[1]["charged_flops"]
+  assert tables.flops_table(curves, np.random.default_rng(0)) == []
+
+
 def test_the_ranking_table_lists_the_arms_that_trained_a_critic():
   run = lambda shift: {"mechanism_gen_tokens": [0, 5000], "critic_top1": [0.25, 0.5 + shift],
                        **{name: [0.25, 0.75] for name in diagnostics.RANKING[1:]}}

@@ -410,7 +410,8 @@ def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_
   """A Monte-Carlo arm's values (k continuations from every action's state, drawn as
   Binomial(k, V) / k) against real continuations of the same batch (`monte_carlo.mc_credit`):
   both scatter around the exact V with variance V (1 - V) / k, and the charge is the
-  tokens the real continuations generate."""
+  tokens the real continuations generate; an arm evaluating every third action (VinePPO at
+  a stride) or SPO's cutpoints draws and is charged at those states only."""
   import ml_collections
 
   from jaxcredit import tasks
@@ -424,8 +425,10 @@ def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_
   state = nnx.state(model, nnx.Param)  # peaked conditionals: values spread over (0, 1)
   nnx.update(model, jax.tree.map(lambda x: 3 * x, state))
   mc_arm = {"name": "vineppo", "k": k, "positions": "all"}
-  cell = _cell("grpo", mc_arm, prompts_per_step=16)
-  batch = batched.make_rollout(cell)(model, jax.random.key(4), mc_k=k)
+  strided_arm = {"name": "vineppo", "k": k, "positions": "stride:3"}
+  cell = _cell("grpo", mc_arm, strided_arm, prompts_per_step=16)
+  sample = batched.make_rollout(cell)
+  batch = sample(model, jax.random.key(4), mc=arms.MonteCarlo(k))
   mask, values = np.asarray(batch.mask), np.asarray(batch.extras["oracle_values"])
   drawn = np.asarray(batch.extras["mc_values"])
   np.testing.assert_array_equal(batch.extras["mc_evaluated"], mask)
@@ -444,29 +447,51 @@ def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_
   assert inner.sum() > 100
   charged = arms.continuation_tokens(batch.mask, k, TASK.length)
   assert charged == real.cost["gen_tokens"] == k * mask.sum(0)[prompt_len:] @ np.arange(6, 0, -1)
+  # At a stride or at cutpoints: the same draws at the evaluated states (the trainer's
+  # select_positions), 0 elsewhere, and the real continuations' tokens from those states.
+  for arm, logprobs in ((strided_arm, None), ({"name": "spo", "k": k}, batch.behaviour_logprobs)):
+    rule = arms.monte_carlo(estimators.from_config(arm))
+    spec = arm.get("positions", "cutpoints:0.9")
+    at = sample(model, jax.random.key(4), mc=rule)
+    evaluated = np.asarray(monte_carlo.select_positions(mask, logprobs, spec))
+    assert 0 < evaluated.sum() < mask.sum()
+    np.testing.assert_array_equal(at.extras["mc_evaluated"], evaluated)
+    np.testing.assert_array_equal(at.extras["mc_values"], np.where(evaluated, drawn, 0.0))
+    real = monte_carlo.mc_credit(model, task, tokens, mask, batch.token_valid, examples,
+                                 jax.random.key(5), k=k, positions=spec,
+                                 logprobs=np.asarray(batch.behaviour_logprobs))
+    np.testing.assert_array_equal(real.evaluated, evaluated)
+    assert arms.continuation_tokens(evaluated, k, TASK.length) == real.cost["gen_tokens"]
   # In a run: the arm's credit telescopes to R - V_hat(x); only it is charged, per update
-  # k T (T + 1) / 2 tokens per response beside its T.
-  result = batched.Runner(cell).train([(0, 1e-2, 3), (1, 1e-2, 3)])
+  # k T (T + 1) / 2 tokens per response beside its T at every action, k (T + (T - 3)) at
+  # every third.
+  result = batched.Runner(cell).train([(0, 1e-2, 3), (1, 1e-2, 3), (2, 1e-2, 3)])
   rows = cell.prompts_per_step * cell.group_size
   np.testing.assert_array_equal(result["charged_tokens"][0], result["gen_tokens"][0])
   np.testing.assert_array_equal(result["charged_tokens"][1],
                                 result["gen_tokens"][1] * (1 + k * (TASK.length + 1) / 2))
+  np.testing.assert_array_equal(result["charged_tokens"][2],
+                                result["gen_tokens"][2] * (1 + k * (2 * TASK.length - 3) / 6))
   assert result["gen_tokens"][1, -1] == cell.updates * rows * TASK.length
   # FLOPs: K continuations from the state at slot t generate slots t..T-1 (slot j attends to
   # P + j + 1 keys), their prefix cached.
   slots = [flops.token_flops(cell.model, TASK.prompt_length + j + 1) for j in range(TASK.length)]
   continuations = k * rows * sum((j + 1) * slots[j] for j in range(TASK.length))
+  strided = k * rows * sum(sum(slots[t:]) for t in range(0, TASK.length, 3))
   per_update = _sampling_and_step_flops(cell)
   updates = result["updates"]
   np.testing.assert_allclose(result["charged_flops"][0], updates * per_update, rtol=1e-5)
   np.testing.assert_allclose(result["charged_flops"][1], updates * (per_update + continuations),
                              rtol=1e-5)
+  np.testing.assert_allclose(result["charged_flops"][2], updates * (per_update + strided),
+                             rtol=1e-5)
   credit = estimators.from_config(mc_arm)(batch).advantages
   first = np.asarray(drawn)[:, prompt_len]
   np.testing.assert_allclose(np.sum(credit, axis=1), np.asarray(batch.rewards) - first,
                              atol=1e-5)
-  with pytest.raises(ValueError, match="every action"):
-    _cell({"name": "vineppo", "k": 4, "positions": "stride:2"})
+  for positions in ("stride:0", "every"):
+    with pytest.raises(ValueError, match="positions"):
+      _cell({"name": "vineppo", "k": 4, "positions": positions})
 
 
 def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact_values():

@@ -53,7 +53,7 @@ def test_an_arm_is_charged_the_parts_it_reads_under_jit():
   mask = rng.random((6, 7)) < 0.8
   shares = jnp.asarray(mask, jnp.float32)
   charge = jax.jit(lambda k, critic, prime: compute.update_flops(
-      CONFIG, 5, shares, 6, response_mask=mask, k=k, critic=critic, prime=prime))
+      CONFIG, 5, shares, 6, continued=mask, k=k, critic=critic, prime=prime))
   policy, trunk = _forward(CONFIG, 5, mask, 6), _forward(CONFIG, 5, mask, 6, logits=False)
   continuations = _continuations(CONFIG, 5, mask, 3)
   cases = {(0, False, False): 4 * policy,  # sampling and the learner's step

@@ -256,6 +256,15 @@ def test_select_positions():
     np.testing.assert_array_equal(np.flatnonzero(cut[b]), want)
   with pytest.raises(ValueError, match="Unknown positions 'every'"):
     monte_carlo.select_positions(mask, None, "every")
+  # Traced: the rule's stride and threshold as arguments of one compiled function.
+  traced = jax.jit(monte_carlo.evaluated_positions)
+  for spec, want in (("all", mask), ("stride:3", stride), ("cutpoints:0.5", cut)):
+    stride_k, threshold = monte_carlo.position_rule(spec)
+    np.testing.assert_array_equal(traced(mask, logprobs, jnp.int32(stride_k),
+                                         jnp.float32(threshold)), want)
+  for spec in ("stride:0", "cutpoints:1.5", "stride:x"):
+    with pytest.raises(ValueError, match="positions"):
+      monte_carlo.position_rule(spec)
 
 
 def test_calibration_check_accepts_mc_values_and_rejects_an_off_by_one_bug(setting):
