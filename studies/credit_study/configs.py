@@ -69,9 +69,8 @@ run trains the arms a small run's cells lack and reads the rest back).
 import ml_collections
 
 PRESETS = ("smoke", "small", "primary", "entropy", "ktae_prime", "mc_ladder", "mc_granularity",
-           "critic",
-           "regimes", "budgets", "language", "scale", "mid_filler", "mid_filler_Z3", "same_rate",
-           "full")
+           "critic", "regimes", "budgets", "language", "scale", "mid_filler", "mid_filler_Z3",
+           "same_rate", "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -212,8 +211,9 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   if preset == "mc_granularity":
     # VinePPO at practical granularity on peaked filler at G = 8, against GRPO and VinePPO
     # at every action (K = 4) at equal charged FLOPs: V-hat at every 6th action (4 of the 24:
-    # 0, 6, 12, 18, none of them decisive) or at the cutpoints (pi(y_t) < 0.9: the keys, not
-    # the confident filler). A fresh workdir: each run records its charged FLOPs, and J is
+    # 0, 6, 12, 18, none of them decisive) or at the cutpoints (pi(y_t) < 0.9: at the start
+    # the keys, not the confident filler; whatever filler training makes less confident
+    # later). A fresh workdir: each run records its charged FLOPs, and J is
     # measured at log-spaced updates so an arm charged 10x is read early in its run.
     config.regimes = {"peaked_filler": config.regimes["peaked_filler"]}
     config.arms = {name: ARMS[name] for name in ("grpo", "oracle_mc_4", *MC_GRANULARITY)}
