@@ -38,7 +38,8 @@ One run is a pure function of its arm (an index into cell.arms), learning rate a
     with it, against a frozen copy of the starting policy;
   - exact J(pi) = mean_x V^pi(x) and pass@k on the evaluation prompts (every prompt when
     there are at most `eval_prompts`, else a fixed sample) before updates 0, E, 2E, ...
-    and after the last.
+    and after the last; on filler-blind key_token also the policy's distribution over the
+    keys at each decisive position (`key_token.oracle.decisive_distributions`).
 
 A `Runner` compiles one program for all its runs: `jax.vmap` over them of a `lax.scan` over
 evaluation blocks, each a `lax.scan` over E updates (under vmap every arm's estimator is
@@ -310,15 +311,20 @@ def make_run(cell: Cell):
   arm_primes = jnp.asarray(["prm_logprobs" in arms.needs([branch]) for branch in branches])
   prm_rates = jnp.asarray(arms.prm_learning_rates(cell), jnp.float32)
   decisive, filler, seen = _columns(task, cell)
-  ranked = critic and isinstance(task, key_token.traceable.Traceable) and cell.task.filler_blind
+  keyed = isinstance(task, key_token.traceable.Traceable) and cell.task.filler_blind
+  ranked = critic and keyed
   skipped = {name: jnp.zeros(()) for name in diagnostics.MECHANISM
              + (diagnostics.RANKING if ranked else ())}
 
   def evaluate(state, key):
-    success = task.success(task.value_tree(nnx.merge(graphdef, state)["model"], eval_prompts,
-                                           eval_targets, key))
-    return {"success": jnp.mean(success),
-            "pass@k": jnp.mean(1.0 - (1.0 - success[:, None]) ** ks, axis=0)}
+    model = nnx.merge(graphdef, state)["model"]
+    success = task.success(task.value_tree(model, eval_prompts, eval_targets, key))
+    measured = {"success": jnp.mean(success),
+                "pass@k": jnp.mean(1.0 - (1.0 - success[:, None]) ** ks, axis=0)}
+    if keyed:
+      measured["keys"] = key_token.oracle.decisive_distributions(model, cell.task, eval_prompts,
+                                                                 eval_targets)
+    return measured
 
   def run(arm, learning_rate, seed):
     key, mc = jax.random.key(seed), jax.tree.map(lambda field: field[arm], arm_mc)
@@ -438,7 +444,10 @@ class Runner:
     per-update metrics [N, updates]; "updates" [n_evals] and "gen_tokens" [N, n_evals] (the
     response tokens each run generated before each measurement) and "charged_tokens" [N,
     n_evals] (those and its Monte-Carlo continuations') and "charged_flops" [N, n_evals] (the
-    model FLOPs charged to its arm, `compute`); the MECHANISM (and RANKING, with a
+    model FLOPs charged to its arm, `compute`); on filler-blind key_token, "final_keys" [N,
+    n_eval_prompts, K, |C|], the policy's keys at the last evaluation
+    (`key_token.oracle.decisive_distributions`), and "key_targets" [N, n_eval_prompts, K], the
+    right keys' indices in C; the MECHANISM (and RANKING, with a
     critic on filler-blind key_token) measurements [N, len(cell.measured_evals)] and their
     "mechanism_gen_tokens"; "compile_seconds" (0 when reused) and "run_seconds"."""
     runs = [(int(a), float(r), int(s)) for a, r, s in runs]
@@ -463,6 +472,7 @@ class Runner:
     gen_tokens = so_far(kept(metrics["generated"]))
     charged = so_far(kept(metrics["generated"]) + kept(metrics["continuations"]))
     charged_flops = so_far(kept(metrics["flops"]))
+    final_keys = kept(measured["keys"])[:, -1] if "keys" in measured else None
     return {
         "success": kept(measured["success"]),
         "pass@k": {k: pass_at[..., i] for i, k in enumerate(self.cell.pass_at)},
@@ -472,6 +482,9 @@ class Runner:
         "gen_tokens": gen_tokens,
         "charged_tokens": charged,
         "charged_flops": charged_flops,
+        **({"final_keys": final_keys, "key_targets": np.broadcast_to(
+            np.asarray(_task(self.cell).eval_prompts[1]) - key_token.KEY0, final_keys.shape[:3])}
+           if "keys" in measured else {}),
         **({"mechanism_gen_tokens": gen_tokens[:, evals]} if evals else {}),
         **{name: kept(value) for name, value in metrics.items()
            if name not in ("generated", "continuations", "flops")},

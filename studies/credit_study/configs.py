@@ -5,6 +5,7 @@ tokens.
   python -m studies.credit_study --config studies/credit_study/configs.py:smoke --workdir DIR  # CI
   python -m studies.credit_study --config studies/credit_study/configs.py:small --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:primary --workdir DIR
+  python -m studies.credit_study --config studies/credit_study/configs.py:stalls --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:entropy --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:ktae_prime --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:mc_ladder --workdir DIR
@@ -68,9 +69,9 @@ run trains the arms a small run's cells lack and reads the rest back).
 
 import ml_collections
 
-PRESETS = ("smoke", "small", "primary", "entropy", "ktae_prime", "mc_ladder", "mc_granularity",
-           "critic", "regimes", "budgets", "language", "scale", "mid_filler", "mid_filler_Z3",
-           "same_rate", "full")
+PRESETS = ("smoke", "small", "primary", "stalls", "entropy", "ktae_prime", "mc_ladder",
+           "mc_granularity", "critic", "regimes", "budgets", "language", "scale", "mid_filler",
+           "mid_filler_Z3", "same_rate", "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -188,6 +189,19 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     # seeds 0-9 back and trains 10-19 (a cell grows run by run).
     config.group_sizes = (8,)
     config.seeds = list(range(20))
+  if preset == "stalls":
+    # Stalls as an outcome where they occur (peaked filler; GRPO stalled in 5 of 20 primary
+    # seeds at G = 8, the exact credit in 1): GRPO and the exact credit at 40 paired seeds,
+    # each run's keys recorded after its last update (what a stall is), J at log-spaced
+    # updates. A fresh workdir.
+    config.regimes = {"peaked_filler": config.regimes["peaked_filler"]}
+    config.arms = {name: ARMS[name] for name in ("grpo", "oracle")}
+    config.group_sizes = (8,)
+    config.seeds = list(range(40))
+    config.eval_points = 30
+    config.eval_spacing = "log"
+    config.mechanism_batches = 0
+    config.workers = 1  # the cell waits for its tuning: one process on both cores
   if preset == "entropy":
     # The 80/20 check (arXiv 2506.01939: GRPO's gradient on the 20% of tokens of highest
     # entropy matches or beats all tokens; on the other 80% it falls behind) at G = 8 in

@@ -123,6 +123,8 @@ def _curve(result: dict, row: int) -> dict:
           **({"charged_tokens": result["charged_tokens"][row].tolist()}
              if np.any(result["charged_tokens"][row] != result["gen_tokens"][row]) else {}),
           "charged_flops": result["charged_flops"][row].tolist(),
+          **({name: result[name][row].tolist() for name in ("final_keys", "key_targets")}
+             if "final_keys" in result else {}),
           "zero_variance_groups": float(result["zero_variance_groups"][row].mean()),
           **({"filler_entropy": float(result["filler_entropy"][row, 0]),
               "noisy_tokens": float(result["noisy_tokens"][row].mean())}
@@ -223,7 +225,7 @@ def train_in_programs(study, runner: batched.Runner, runs: list) -> dict:
   started_at = time.time()
   width = study.get("runs_per_program") or len(runs)
   parts = [runner.train(runs[i:i + width], width) for i in range(0, len(runs), width)]
-  join = lambda *x: np.concatenate(x) if np.ndim(x[0]) == 2 else x[0]
+  join = lambda *x: np.concatenate(x) if np.ndim(x[0]) >= 2 else x[0]  # [runs, ...]
   timed = ("compile_seconds", "run_seconds")
   return {**jax.tree.map(join, *[{k: v for k, v in part.items() if k not in timed}
                                  for part in parts]),
@@ -474,6 +476,10 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
       lines += [""] + charged if charged else []
       matched = tables.flops_table(curves, rng)
       lines += [""] + matched if matched else []
+      keys = tables.key_table(curves, summary)
+      if keys and "grpo" in summary:
+        lines += ["", *tables.STALL_HEADER, *tables.stall_rows(regime, g, summary)]
+      lines += [""] + keys if keys else []
       lines += [""] + tables.mechanism_table(curves)
       ranks = tables.ranking_table(curves)
       lines += [""] + ranks if ranks else []

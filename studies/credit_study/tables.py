@@ -252,6 +252,52 @@ def stall_rows(regime: str, g: int, summary: dict) -> list[str]:
   return rows
 
 
+STALL_HEADER = ["| regime | G | arm | stalls | solves | p (McNemar, vs GRPO) | "
+                "seeds for 80% power |", "|---|---|---|---|---|---|---|"]
+
+
+OUTCOMES = (("stalled", lambda j: j < STALL), ("between", lambda j: STALL <= j < SOLVE),
+            ("solved", lambda j: j >= SOLVE))
+
+
+def key_table(curves: dict, summary: dict) -> list[str]:
+  """What a stalled run is, from the policy's keys after its last update (filler-blind
+  key_token: each run's "final_keys", ``[prompts, K, |C|]``): per arm and outcome (its
+  final J below STALL, between, at least SOLVE), the runs, the mean entropy of the key
+  distribution at each decisive position (nats; ln |C| is uniform), and the share of the
+  (prompt, position) pairs whose right key has probability at least 1/2, whose wrong keys
+  have (one of them; settled on a wrong key), and where no key has (undecided). A right
+  key at position k is read given the right keys before it. Empty unless every run of the
+  cell records its keys."""
+  if not all("final_keys" in curve for runs in curves.values() for curve in runs.values()):
+    return []
+  n_decisive = np.asarray(next(iter(next(iter(curves.values())).values()))["final_keys"]).shape[1]
+  lines = ["The policy's keys after the last update, by outcome (final J below "
+           f"{STALL}: stalled; at least {SOLVE}: solved): mean entropy of the key distribution "
+           "at each decisive position k (nats), and the share of (prompt, k) pairs where the "
+           "right key (given the right keys before it), a wrong key, or no key has "
+           "probability at least 1/2.", "",
+           "| arm | outcome | runs | " + " | ".join(f"key entropy k = {k + 1}"
+                                                    for k in range(n_decisive))
+           + " | right key | wrong key | undecided |",
+           "|---|---|---|" + "---|" * (n_decisive + 3)]
+  for arm, runs in curves.items():
+    for outcome, holds in OUTCOMES:
+      seeds = [s for s in runs if holds(summary[arm][s]["final"])]
+      if not seeds:
+        continue
+      keys = np.stack([np.asarray(runs[s]["final_keys"], np.float64) for s in seeds])
+      right = np.take_along_axis(keys, np.asarray(runs[seeds[0]]["key_targets"])[
+          None, ..., None], -1)[..., 0]  # [runs, prompts, K]
+      wrong = (keys.max(-1) >= 0.5) & (right < 0.5)
+      entropy = scipy.stats.entropy(keys, axis=-1).mean(axis=(0, 1))
+      lines.append(f"| {arm} | {outcome} | {len(seeds)} | "
+                   + " | ".join(f"{e:.2f}" for e in entropy)
+                   + f" | {np.mean(right >= 0.5):.2f} | {np.mean(wrong):.2f} | "
+                   f"{np.mean((right < 0.5) & ~wrong):.2f} |")
+  return lines
+
+
 def oracle_speedup(summary: dict) -> float | None:
   """GRPO's tokens to 0.9 x the best plateau over the oracle's (medians over the seeds that
   reach it, `report.summarise`'s "tau"); None when either arm is missing or never reaches it."""

@@ -425,8 +425,7 @@ def write(workdirs, out) -> dict:
            f"least {tables.SOLVE}. Stalls are paired by seed against GRPO's (exact McNemar "
            "p, uncorrected). The last column is the seeds per arm at which Fisher's exact test "
            "would tell the two stall rates apart with 80% power, were they the true ones.", "",
-           "| regime | G | arm | stalls | solves | p (McNemar, vs GRPO) | seeds for 80% power |",
-           "|---|---|---|---|---|---|---|",
+           *tables.STALL_HEADER,
            *(row for regime, by_g in evidence.items() for g, e in by_g.items()
              for row in tables.stall_rows(regime, g, e["summary"])), "",
            "## Every arm against GRPO", "", *differences_figure(out, evidence), "",

@@ -85,6 +85,13 @@ def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_
   assert 0 < float(grpo_row[0].split("|")[-2]) <= 4.0
   assert (tmp_path / "learning_curves_uniform_filler_G2.png").exists()
   assert (tmp_path / "learning_curves_uniform_filler_G2_charged.png").exists()
+  # Each run's keys after its last update (9 prompts, 2 positions, 3 keys), read by outcome,
+  # beside the stall counts.
+  curve = cell["arms"]["grpo"]["curves"]["0"]
+  assert np.asarray(curve["final_keys"]).shape == (9, 2, 3)
+  assert np.asarray(curve["key_targets"]).shape == (9, 2)
+  assert text.count("The policy's keys after the last update") == len(study.group_sizes)
+  assert text.count("| uniform_filler | 4 | oracle_seq | ") == 1  # its stall row
   # A rerun reads every finished cell back instead of training it.
   with patched_train(monkeypatch):
     assert sweep.run(study, str(tmp_path)) == summaries
@@ -218,6 +225,15 @@ def test_the_full_preset_scales_the_budget_with_t_and_keeps_the_small_cells():
               == sweep.signature(sweep.cell_of(full, regime, 8), full.seeds))
 
 
+def test_the_stalls_preset_runs_grpo_and_the_exact_credit_at_40_seeds_recording_their_keys():
+  study, small = (configs.get_config(p) for p in ("stalls", "small"))
+  cell = sweep.cell_of(study, "peaked_filler", 8)
+  assert list(study.regimes) == ["peaked_filler"] and list(study.arms) == ["grpo", "oracle"]
+  assert study.seeds == list(range(40)) and not cell.mechanism_batches
+  assert cell.task == sweep.cell_of(small, "peaked_filler", 8).task and cell.task.filler_blind
+  assert cell.eval_updates[:3] == (0, 1, 2) and cell.eval_updates[-1] == cell.updates
+
+
 @pytest.mark.parametrize("preset, added", [
     ("primary", set()),
     ("entropy", {"entropy80", "entropy80_low"}),
@@ -271,6 +287,7 @@ def test_runs_split_over_programs_join_back_in_order():
       self.widths.append(width)
       seeds = np.asarray([s for _, _, s in runs], float)
       return {"success": np.stack([seeds, seeds + 1], 1), "pass@k": {4: seeds[:, None]},
+              "final_keys": np.broadcast_to(seeds[:, None, None, None], (len(seeds), 3, 2, 4)),
               "gen_tokens": np.arange(2), "compile_seconds": 1.0, "run_seconds": 2.0}
 
   study = configs.get_config("smoke")
@@ -280,6 +297,7 @@ def test_runs_split_over_programs_join_back_in_order():
   assert Runner.widths == [2, 2, 2]
   np.testing.assert_array_equal(joined["success"][:, 0], np.arange(5))
   np.testing.assert_array_equal(joined["pass@k"][4][:, 0], np.arange(5))
+  np.testing.assert_array_equal(joined["final_keys"][:, 0, 0, 0], np.arange(5))
   np.testing.assert_array_equal(joined["gen_tokens"], [0, 1])
   assert (joined["compile_seconds"], joined["run_seconds"]) == (3.0, 6.0)
 

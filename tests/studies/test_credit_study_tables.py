@@ -175,3 +175,32 @@ def test_stall_rows_count_stalls_and_solves_and_pair_them_by_seed():
   assert p == pytest.approx(2 * 5 / 16)
   assert oracle == (f"| r | 8 | oracle | 1/6 | 5/6 | {p:.4f} | "
                     f"{statistics.seeds_for_power(1 / 6, 3 / 6)} |")
+
+
+def test_the_key_table_says_whether_stalled_runs_hold_wrong_or_undecided_keys():
+  """Two prompts, two decisive positions, |C| = 2 (right keys: 0 then 1, and 1 then 1)."""
+  targets = [[0, 1], [1, 1]]
+  uniform = [[[0.5, 0.5], [0.5, 0.5]], [[0.5, 0.5], [0.5, 0.5]]]
+  wrong = [[[0.1, 0.9], [0.8, 0.2]], [[0.5, 0.5], [0.6, 0.4]]]  # 2 wrong, 1 undecided, 1 wrong
+  right = [[[1.0, 0.0], [0.0, 1.0]], [[0.0, 1.0], [0.3, 0.7]]]
+  run = lambda keys: {"final_keys": keys, "key_targets": targets}
+  curves = {"grpo": {0: run(uniform), 1: run(wrong), 2: run(right)},
+            "oracle": {0: run(right)}}
+  summary = {"grpo": {0: {"final": 0.25}, 1: {"final": 0.3}, 2: {"final": 0.95}},
+             "oracle": {0: {"final": 0.95}}}
+  lines = tables.key_table(curves, summary)
+  assert lines[2] == ("| arm | outcome | runs | key entropy k = 1 | key entropy k = 2 | "
+                      "right key | wrong key | undecided |")
+  entropy = lambda p: -np.sum(np.where(np.asarray(p) > 0, p * np.log(np.maximum(p, 1e-300)), 0))
+  # Stalled: the uniform run (every pair undecided at ln 2, which is at least 1/2 for the
+  # right key: ties count as right) and the wrong one.
+  h1 = np.mean([np.log(2), np.log(2), entropy([0.1, 0.9]), np.log(2)])
+  h2 = np.mean([np.log(2), np.log(2), entropy([0.8, 0.2]), entropy([0.6, 0.4])])
+  # Right key >= 1/2: the uniform run's 4 pairs and the wrong run's (prompt 1, k = 1); wrong:
+  # (0, 1), (0, 2), (1, 2) of the wrong run.
+  assert lines[4] == f"| grpo | stalled | 2 | {h1:.2f} | {h2:.2f} | 0.62 | 0.38 | 0.00 |"
+  h = [np.mean([0.0, 0.0]), np.mean([0.0, entropy([0.3, 0.7])])]
+  assert lines[5] == f"| grpo | solved | 1 | {h[0]:.2f} | {h[1]:.2f} | 1.00 | 0.00 | 0.00 |"
+  assert lines[6].startswith("| oracle | solved | 1 | ") and len(lines) == 7
+  del curves["oracle"][0]["final_keys"]  # a cell run before the keys were recorded
+  assert tables.key_table(curves, summary) == []

@@ -43,6 +43,59 @@ from jaxcredit.rollout import Credit
 from jaxcredit.tasks import exact
 from jaxcredit.tasks.key_token import definition as key_token
 
+def _decisive_conditionals(model, config: key_token.KeyTokenConfig, prompts: Array,
+                           keys: Array) -> Array:
+  """pi(. | x_i, keys[i, m, :k]) over C at each decisive position k of filler-blind
+  key_token, ``[n, M, K, |C|]``, from one teacher-forced pass over the ``n * M`` responses
+  whose decisive tokens are ``keys`` ``[n, M, K]`` (key indices) and whose filler is FILL."""
+  n, m = keys.shape[:2]
+  prompt_len, positions = config.prompt_length, config.decisive_positions
+  response = jnp.full((n, m, config.length), key_token.FILL, jnp.int32)
+  response = response.at[..., positions].set(key_token.KEY0 + keys.astype(jnp.int32))
+  rows = jnp.concatenate([jnp.repeat(jnp.asarray(prompts, jnp.int32), m, axis=0),
+                          response.reshape(n * m, config.length)], axis=1)
+  allowed = key_token.allowed_in_rows(config)
+  logp = exact.masked_log_softmax(model, rows,
+                                  np.concatenate([allowed[1:], np.ones_like(allowed[:1])]))
+  return jnp.exp(logp[:, prompt_len + positions - 1][..., config.keys]).reshape(
+      n, m, config.n_decisive, config.n_keys)
+
+
+def decisive_distributions(model, config: key_token.KeyTokenConfig, prompts: Array,
+                           targets: Array) -> Array:
+  """The policy's distribution over the keys at each decisive position of filler-blind
+  key_token, given the right keys before it, at temperature 1. Traceable.
+
+  ``D[i, k, c] = pi(C[c] | x_i, y_(p_1) .. y_(p_(k-1)) = the targets)``: under rule `all`,
+  ``prod_k D[i, k, target_k] = V(x_i)``; its entropy over c says whether a prompt's keys
+  are unlearnt (near ln |C|) or settled (near 0) on the right key or on a wrong one.
+
+  Args:
+    model: the policy.
+    config: the task's `KeyTokenConfig`.
+    prompts: ``[n, K + 2]`` prompt ids.
+    targets: ``[n, K]`` the key ids each must copy.
+
+  Returns:
+    float32 ``[n, K, |C|]``.
+
+  Examples:
+    >>> from flax import nnx
+    >>> from jaxcredit import models
+    >>> from jaxcredit.tasks.key_token import definition, oracle, traceable
+    >>> config = definition.KeyTokenConfig(length=6, n_keys=3, n_decisive=2,
+    ...                                    filler_blind=True)
+    >>> model = models.Transformer(models.preset("tiny", vocab_size=definition.VOCAB_SIZE),
+    ...                            rngs=nnx.Rngs(0))
+    >>> prompts, targets = traceable.prompts_of([[0, 2]], config)
+    >>> oracle.decisive_distributions(model, config, prompts, targets).shape
+    (1, 2, 3)
+  """
+  _check_exact(config)
+  keys = jnp.asarray(targets, jnp.int32)[:, None] - key_token.KEY0
+  return _decisive_conditionals(model, config, prompts, keys)[:, 0]
+
+
 def decisive_values(model, config: key_token.KeyTokenConfig, prompts: Array,
                     targets: Array) -> list[Array]:
   """The exact value tree of filler-blind key_token (E-DEC) at temperature 1. Traceable (jit,
@@ -63,22 +116,14 @@ def decisive_values(model, config: key_token.KeyTokenConfig, prompts: Array,
     decisive tokens are u]``, u a lexicographic index over C (key index = id - KEY0).
   """
   _check_exact(config)
-  n_keys, n_decisive, prompt_len = config.n_keys, config.n_decisive, config.prompt_length
-  positions = config.decisive_positions
+  n_keys, n_decisive = config.n_keys, config.n_decisive
   prefixes = np.asarray(list(itertools.product(range(n_keys), repeat=n_decisive - 1)),
                         np.int32).reshape(-1, n_decisive - 1)  # [M, K - 1], M = |C|^(K-1)
-  response = np.full((len(prefixes), config.length), key_token.FILL, np.int32)
-  response[:, positions[:-1]] = key_token.KEY0 + prefixes
-  response[:, positions[-1]] = key_token.KEY0
+  rows = np.concatenate([prefixes, np.zeros((len(prefixes), 1), np.int32)], axis=1)
   n = prompts.shape[0]
-  rows = jnp.concatenate([jnp.repeat(jnp.asarray(prompts, jnp.int32), len(prefixes), axis=0),
-                          jnp.tile(jnp.asarray(response), (n, 1))], axis=1)
-  allowed = key_token.allowed_in_rows(config)
-  logp = exact.masked_log_softmax(model, rows,
-                                  np.concatenate([allowed[1:], np.ones_like(allowed[:1])]))
   # [n, M, K, |C|]: pi(. | x, prefix) at each decisive position.
-  probs = jnp.exp(logp[:, prompt_len + positions - 1][..., config.keys]).reshape(
-      n, len(prefixes), n_decisive, n_keys)
+  probs = _decisive_conditionals(model, config, prompts,
+                                 jnp.broadcast_to(jnp.asarray(rows), (n, *rows.shape)))
   leaves = np.asarray(list(itertools.product(range(n_keys), repeat=n_decisive)), np.int32)
   tree = [key_token.rule_reward(key_token.KEY0 + jnp.asarray(leaves)[None],
                                 jnp.asarray(targets)[:, None], config)]

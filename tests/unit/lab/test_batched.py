@@ -140,6 +140,15 @@ def test_vmapped_runs_equal_their_runs_alone_and_start_at_the_policys_exact_succ
     for k in cell.pass_at:
       np.testing.assert_allclose(grid["pass@k"][k][row, 0], np.mean(1 - (1 - start) ** k),
                                  atol=1e-6)
+  # After the last update, each prompt's keys (rule `all`): the right keys' probabilities
+  # multiply to its value, whose mean is the last J.
+  assert grid["final_keys"].shape == (8, 9, TASK.n_decisive, TASK.n_keys)
+  np.testing.assert_allclose(grid["final_keys"][[-1, 0]], alone["final_keys"], rtol=1e-5,
+                             atol=1e-6)
+  np.testing.assert_array_equal(grid["key_targets"],
+                                np.broadcast_to(np.asarray(targets) - key_token.KEY0, (8, 9, 2)))
+  right = np.take_along_axis(grid["final_keys"], grid["key_targets"][..., None], -1)[..., 0]
+  np.testing.assert_allclose(right.prod(-1).mean(-1), grid["success"][:, -1], atol=1e-5)
   # The gradient measurements: the exact credit's gradient is its own (cosine 1) and has
   # no filler part; GRPO's has one and points elsewhere.
   oracle_runs, grpo_runs = slice(4, 8), slice(0, 4)

@@ -355,3 +355,38 @@ def test_exact_success_is_the_prompt_value_and_the_mean_sampled_reward(setting):
   stderr = np.maximum(np.sqrt(got * (1 - got) / n), 1 / n)
   assert np.all(np.abs(rewards.mean(1) - got) < 4.5 * stderr), (rewards.mean(1), got)
   assert got.std() > 0.01  # the prompts differ: a per-prompt value, not one number
+
+
+def test_decisive_distributions_are_the_enumerated_key_marginals_and_give_the_success(setting):
+  """D[i, k, c] against enumeration in float64: the probability of key c at decisive position
+  k among every allowed response whose earlier keys are right; under rule `all` the product of
+  the right keys' probabilities is V(x)."""
+  _, model, examples, _ = setting
+  config = key_token.KeyTokenConfig(**OPTIONS)
+  firsts, p = examples[::4], config.prompt_length
+  prompts, targets = (np.stack([e[k] for e in firsts]) for k in ("prompt", "targets"))
+  got = np.asarray(jax.jit(key_token.oracle.decisive_distributions, static_argnums=1)(
+      model, config, prompts, targets), np.float64)
+  allowed = key_token.allowed(config)
+  responses = np.asarray(list(itertools.product(*[np.flatnonzero(a) for a in allowed])))
+  decisive = responses[:, config.decisive_positions]
+  for row, prompt in enumerate(prompts):
+    rows = np.tile(prompt, (len(responses), 1))
+    logp = _teacher_forced_logprobs(
+      model,
+      np.concatenate([rows, key_token.observe(responses, config)], 1),
+      np.concatenate([np.ones((p, key_token.VOCAB_SIZE), bool), allowed]),
+    )
+    path = np.exp(np.take_along_axis(logp[:, p - 1 : -1], responses[..., None], 2)[..., 0].sum(1))
+    for k in range(config.n_decisive):
+      right_before = (decisive[:, :k] == targets[row, :k]).all(axis=1)
+      want = [path[right_before & (decisive[:, k] == key)].sum() for key in config.keys]
+      np.testing.assert_allclose(got[row, k], np.asarray(want) / path[right_before].sum(),
+                                 atol=1e-5)
+  np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-5)
+  right = np.take_along_axis(got, (targets - key_token.KEY0)[..., None], 2)[..., 0]
+  np.testing.assert_allclose(right.prod(1), key_token.oracle.exact_success(
+      model, config, prompts, targets), atol=1e-5)
+  assert got.std() > 0.01
+  with pytest.raises(ValueError, match="filler_blind"):
+    key_token.oracle.decisive_distributions(model, key_token.KeyTokenConfig(), prompts, targets)
