@@ -39,22 +39,30 @@ def fmt_interval(mean, low, high) -> str:
   return f"{mean:.3f} (n/a)" if low is None else _fmt(mean, low, high)
 
 
-def summarise(curves: dict, *, level: float = 0.9) -> tuple[dict, dict]:
+def summarise(curves: dict, *, level: float = 0.9,
+              final_share: float | None = None) -> tuple[dict, dict]:
   """({estimator: {seed: metrics}}, {"low", "high", "level"}) of one cell's
   {estimator: {seed: exact curve}}
-  (`exact_metrics.read_curve`): final J (mean of the last 3 measurements: the plateau
-  reached), final pass@k, AUC of J over log10 generated tokens on the cell's common range,
+  (`exact_metrics.read_curve`): final J (the plateau reached: the mean of the last 3
+  measurements, or with `final_share` of those over the last `final_share` of the run's
+  updates), final pass@k, AUC of J over log10 generated tokens on the cell's common range,
   tokens and updates to reach `level` x the best arm's mean final J (None if never), the
   mean fraction of zero-variance groups, and the generated tokens and updates."""
   runs = [curve for by_seed in curves.values() for curve in by_seed.values()]
   low = min(t for curve in runs for t in curve["gen_tokens"] if t > 0)
   high = max(curve["gen_tokens"][-1] for curve in runs)
-  final = lambda values: float(np.mean(values[-3:]))
-  best = max(np.mean([final(c["success"]) for c in by_seed.values()])
+
+  def final(curve, values) -> float:
+    if final_share is None:
+      return float(np.mean(values[-3:]))
+    updates = np.asarray(curve["updates"], np.float64)
+    return float(np.mean(np.asarray(values)[updates >= (1 - final_share) * updates[-1] - 1e-6]))
+
+  best = max(np.mean([final(c, c["success"]) for c in by_seed.values()])
              for by_seed in curves.values())
   return {name: {seed: {
-      "final": final(curve["success"]),
-      "pass@k": {k: final(values) for k, values in curve["pass@k"].items()},
+      "final": final(curve, curve["success"]),
+      "pass@k": {k: final(curve, values) for k, values in curve["pass@k"].items()},
       "auc": exact_metrics.auc_log_tokens(curve["gen_tokens"], curve["success"], low, high),
       "tau": exact_metrics.tokens_to_reach(curve["gen_tokens"], curve["success"], level * best),
       "tau_updates": exact_metrics.tokens_to_reach(curve["updates"], curve["success"],

@@ -457,7 +457,7 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
     for g, cell in by_g.items():
       by_arm = {arm: cell["arms"][arm] for arm in study.arms}
       curves = {arm: {int(s): c for s, c in r["curves"].items()} for arm, r in by_arm.items()}
-      summary, bounds = report.summarise(curves)
+      summary, bounds = report.summarise(curves, final_share=tables.FINAL_SHARE)
       summaries.setdefault(regime, {})[g] = summary
       all_curves.setdefault(regime, {})[g] = curves
       # The cell's budget: every run's on key_token; on target_sum the most any run took

@@ -15,6 +15,9 @@ from studies.credit_study import report
 
 VERDICT_ALPHA = 0.05
 STALL, SOLVE = 0.5, 0.9  # a run stalls below this final J, solves at or above that one
+# Final J: the mean over the last 10% of a run's updates (the last 3 of 20 evenly spaced
+# measurements; with log-spaced ones, the last: the last 3 would reach back over a third).
+FINAL_SHARE = 0.1
 CEILING = 0.98  # both arms' mean final J at or above it: the cell cannot tell them apart
 INTERVAL = "BCa"
 
@@ -117,7 +120,7 @@ def flops_table(curves: dict, rng) -> list[str]:
   per run and their multiple of GRPO's, the updates it takes within GRPO's FLOPs per run
   (the budget), and J there (read as in `charged_table`) paired by seed with GRPO's final
   J. Empty unless every run of the cell records its charged FLOPs (cells run before they
-  were recorded) and GRPO is in the cell."""
+  were recorded), GRPO is in the cell and some arm is charged more than it."""
   if "grpo" not in curves or not all("charged_flops" in curve for runs in curves.values()
                                      for curve in runs.values()):
     return []
@@ -136,7 +139,7 @@ def flops_table(curves: dict, rng) -> list[str]:
     updates = np.mean([np.interp(budget, flops(runs[s]), runs[s]["updates"]) for s in seeds])
     lines.append(f"| {arm} | {spent:.3g} | {spent / budget:.1f} | {updates:,.0f} | "
                  f"{_matched_columns(at_budget, difference, rng)}")
-  return lines
+  return lines if len(lines) > 4 else []
 
 
 LOCALISED = ("final", "auc")  # the metrics Delta_loc is taken on

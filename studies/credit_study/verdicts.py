@@ -22,7 +22,8 @@ many arms a cell holds.
 
 Per (regime, G) cell, paired by seed:
 
-  H3, plateau   oracle - GRPO on final J (the mean of the last 3 exact measurements)
+  H3, plateau   oracle - GRPO on final J (the mean of the exact measurements over the
+                last 10% of the updates: the last 3 of 20 evenly spaced)
   H3, speed     oracle - GRPO on AUC over log10 generated tokens, and GRPO's and the
                 oracle's time to 0.9 x the best plateau in tokens and in updates
                 (Kaplan-Meier medians, a run that never reaches it censored at its budget)
@@ -123,7 +124,7 @@ def cell_evidence(curves: dict, rng) -> dict:
   each of METRICS before any correction (`tables.paired`; `correct` decides them), GRPO's
   and the oracle's Kaplan-Meier time to 0.9 x the best plateau in tokens and updates
   (`tables.time_to_level`) and GRPO's gradient at the start."""
-  summary, bounds = report.summarise(curves)
+  summary, bounds = report.summarise(curves, final_share=tables.FINAL_SHARE)
   out = {"summary": summary, "level": bounds["level"],
          **{m: tables.paired(summary, m, MARGIN, rng) for m in METRICS}}
   out["time_to_level"] = {arm: tables.time_to_level(summary[arm])

@@ -147,6 +147,8 @@ def test_the_flops_table_reads_each_arm_at_grpos_charged_flops():
   assert "GRPO at its 2e+09 FLOPs per run" in lines[0]
   assert len(lines) == 5 and lines[-1].startswith("| mc_4_stride_6 | 8e+09 | 4.0 | 5 | ")
   assert f"{np.mean(at_budget):.3f} (n/a)" in lines[-1] and f"{delta:.3f} (n/a)" in lines[-1]
+  # No arm charged more than GRPO: no table.
+  assert tables.flops_table({"grpo": grpo, "oracle": grpo}, np.random.default_rng(0)) == []
   # Cells run before runs recorded their FLOPs have no such table.
   del strided[1]["charged_flops"]
   assert tables.flops_table(curves, np.random.default_rng(0)) == []
@@ -204,3 +206,22 @@ def test_the_key_table_says_whether_stalled_runs_hold_wrong_or_undecided_keys():
   assert lines[6].startswith("| oracle | solved | 1 | ") and len(lines) == 7
   del curves["oracle"][0]["final_keys"]  # a cell run before the keys were recorded
   assert tables.key_table(curves, summary) == []
+
+
+def test_final_j_is_the_mean_over_the_last_tenth_of_the_updates():
+  """Evenly spaced: the last 3 of 20 measurements. Log-spaced: the last only (the last 3
+  reach back over a third of the run)."""
+  from studies.credit_study import report
+  even = {"updates": list(range(0, 210, 10)), "success": [0.0] * 18 + [0.5, 0.6, 0.7]}
+  logs = {"updates": [0, 1, 3, 10, 30, 100, 400, 650, 1000],
+          "success": [0.0, 0, 0, 0, 0, 0.1, 0.2, 0.4, 0.9]}
+  curves = {"grpo": {0: even, 1: logs}}
+  for curve in (even, logs):
+    curve.update({"pass@k": {"4": curve["success"]}, "gen_tokens": curve["updates"],
+                  "zero_variance_groups": 0.5})
+  summary, _ = report.summarise(curves, final_share=tables.FINAL_SHARE)
+  assert summary["grpo"][0]["final"] == pytest.approx(0.6)
+  assert summary["grpo"][1]["final"] == pytest.approx(0.9)
+  assert summary["grpo"][1]["pass@k"]["4"] == pytest.approx(0.9)
+  default, _ = report.summarise(curves)  # the last 3, as the runner's fixed-interval curves
+  assert default["grpo"][1]["final"] == pytest.approx(0.5)
