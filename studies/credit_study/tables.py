@@ -125,21 +125,23 @@ def flops_table(curves: dict, rng) -> list[str]:
                                      for curve in runs.values()):
     return []
   budget = float(np.mean([c["charged_flops"][-1] for c in curves["grpo"].values()]))
-  lines = ["At equal charged FLOPs (model FLOPs of sampling, the learner's step and what the "
-           f"arm reads), against GRPO at its {budget:.3g} FLOPs per run:", "",
-           "| arm | charged FLOPs / run | × GRPO's | updates within the budget | "
-           "J at the budget [95% CI] | Δ vs grpo [95% CI] | p (sign-flip) |",
-           "|---|---|---|---|---|---|---|"]
   flops = lambda curve: curve["charged_flops"]
+  rows = []
   for arm, runs in curves.items():
     spent = np.mean([flops(curve)[-1] for curve in runs.values()])
     if arm == "grpo" or spent <= budget * (1 + 1e-6):
       continue
     seeds, at_budget, difference = _at_budget(runs, curves["grpo"], flops, budget)
     updates = np.mean([np.interp(budget, flops(runs[s]), runs[s]["updates"]) for s in seeds])
-    lines.append(f"| {arm} | {spent:.3g} | {spent / budget:.1f} | {updates:,.0f} | "
-                 f"{_matched_columns(at_budget, difference, rng)}")
-  return lines if len(lines) > 4 else []
+    rows.append(f"| {arm} | {spent:.3g} | {spent / budget:.1f} | {updates:,.0f} | "
+                f"{_matched_columns(at_budget, difference, rng)}")
+  if not rows:
+    return []
+  return ["At equal charged FLOPs (model FLOPs of sampling, the learner's step and what the "
+          f"arm reads), against GRPO at its {budget:.3g} FLOPs per run:", "",
+          "| arm | charged FLOPs / run | × GRPO's | updates within the budget | "
+          "J at the budget [95% CI] | Δ vs grpo [95% CI] | p (sign-flip) |",
+          "|---|---|---|---|---|---|---|", *rows]
 
 
 LOCALISED = ("final", "auc")  # the metrics Delta_loc is taken on
@@ -274,7 +276,8 @@ def key_table(curves: dict, summary: dict) -> list[str]:
   cell records its keys."""
   if not all("final_keys" in curve for runs in curves.values() for curve in runs.values()):
     return []
-  n_decisive = np.asarray(next(iter(next(iter(curves.values())).values()))["final_keys"]).shape[1]
+  first_run = next(iter(next(iter(curves.values())).values()))
+  n_decisive = np.shape(first_run["final_keys"])[1]
   lines = ["The policy's keys after the last update, by outcome (final J below "
            f"{STALL}: stalled; at least {SOLVE}: solved): mean entropy of the key distribution "
            "at each decisive position k (nats), and the share of (prompt, k) pairs where the "

@@ -119,11 +119,12 @@ def decisive_values(model, config: key_token.KeyTokenConfig, prompts: Array,
   n_keys, n_decisive = config.n_keys, config.n_decisive
   prefixes = np.asarray(list(itertools.product(range(n_keys), repeat=n_decisive - 1)),
                         np.int32).reshape(-1, n_decisive - 1)  # [M, K - 1], M = |C|^(K-1)
-  rows = np.concatenate([prefixes, np.zeros((len(prefixes), 1), np.int32)], axis=1)
+  # Each prefix's response, its last decisive token C[0] (it conditions nothing): [M, K].
+  keys = np.concatenate([prefixes, np.zeros((len(prefixes), 1), np.int32)], axis=1)
   n = prompts.shape[0]
   # [n, M, K, |C|]: pi(. | x, prefix) at each decisive position.
   probs = _decisive_conditionals(model, config, prompts,
-                                 jnp.broadcast_to(jnp.asarray(rows), (n, *rows.shape)))
+                                 jnp.broadcast_to(jnp.asarray(keys), (n, *keys.shape)))
   leaves = np.asarray(list(itertools.product(range(n_keys), repeat=n_decisive)), np.int32)
   tree = [key_token.rule_reward(key_token.KEY0 + jnp.asarray(leaves)[None],
                                 jnp.asarray(targets)[:, None], config)]
