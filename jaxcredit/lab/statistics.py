@@ -9,14 +9,18 @@
   slope_p(x, y, rng)                  permutation p of "the slope is 0"
   time_to_level(times, reached)       Kaplan-Meier median time to a level, runs censored
   paired_binary_p(first, second)      exact McNemar p of paired yes/no outcomes (stalls)
+  unpaired_p(first, second)           permutation p of "two unpaired samples are exchangeable"
+  welch_ci(first, second)             Welch's 95% t interval of a difference of two means
   seeds_for_power(p1, p2)             seeds per arm for Fisher's exact test to see p1 vs p2
   verdict(delta, p, p_tost, margin)   higher / lower / negligible / ceiling / inconclusive
 
-Every difference is paired by seed (the same initialisation, prompts and sampling keys), so
-the tests are one-sample tests of the per-seed differences.
+Every difference within a study is paired by seed (the same initialisation, prompts and
+sampling keys), so those tests are one-sample tests of the per-seed differences; runs that
+share no seeds (two trainers' runs of one cell) are compared by `unpaired_p` and `welch_ci`.
 """
 
 import itertools
+import math
 import warnings
 
 import numpy as np
@@ -333,6 +337,83 @@ def paired_binary_p(first, second) -> float:
     return 1.0
   tail = scipy.stats.binom.cdf(min(only_first, only_second), only_first + only_second, 0.5)
   return float(min(1.0, 2 * tail))
+
+
+def unpaired_p(first, second, rng: np.random.Generator | None = None,
+               draws: int = 65536) -> float:
+  """Two-sided p-value of H0 "the two samples are exchangeable", by a permutation test of
+  the difference of their means: the fraction of the splits of the pooled values into groups
+  of the two sizes whose difference is at least as far from 0 as the observed one. Exact (all
+  splits) up to 2^EXACT_FLIPS splits, else `draws` random splits.
+
+  Args:
+    first: ``[n1]`` values of one sample (n1 >= 1).
+    second: ``[n2]`` values of the other (n2 >= 1).
+    rng: the generator of the sampled splits (used only past the exact limit).
+    draws: sampled splits past the exact limit (the observed split counts as one more).
+
+  Returns:
+    the p-value, in (0, 1].
+
+  Raises:
+    ValueError: on an empty sample or a value that is not finite.
+
+  References:
+    Pitman, 1937, "Significance tests which may be applied to samples from any
+    populations", JRSS Suppl. 4.
+
+  Examples:
+    >>> from jaxcredit.lab import statistics
+    >>> statistics.unpaired_p([1.0, 2.0], [3.0, 4.0])  # 2 of the 6 splits as extreme
+    0.3333333333333333
+  """
+  first, second = _nonempty(first), _nonempty(second)
+  pooled, n = np.concatenate([first, second]), len(first)
+  observed = abs(first.mean() - second.mean()) * (1 - 1e-12)  # ties count as extreme
+  extreme = lambda inside: np.abs(inside @ pooled / n - ~inside @ pooled / len(second)) >= observed
+  if math.comb(len(pooled), n) <= 2**EXACT_FLIPS:
+    chosen = np.array(list(itertools.combinations(range(len(pooled)), n)))
+    inside = np.zeros((len(chosen), len(pooled)), bool)
+    np.put_along_axis(inside, chosen, True, axis=1)
+    return float(np.mean(extreme(inside)))
+  rng = rng or np.random.default_rng(0)
+  inside = rng.permuted(np.tile(np.arange(len(pooled)) < n, (draws, 1)), axis=1)
+  return float((1 + np.sum(extreme(inside))) / (draws + 1))
+
+
+def welch_ci(first, second) -> tuple[float, float, float]:
+  """The difference of two unpaired means and Welch's 95% t interval of it:
+  ``d +- t_{0.975, nu} sqrt(s1^2 / n1 + s2^2 / n2)``, nu from Welch-Satterthwaite.
+
+  Args:
+    first: ``[n1]`` values of one sample (n1 >= 2).
+    second: ``[n2]`` values of the other (n2 >= 2).
+
+  Returns:
+    ``(mean(first) - mean(second), low, high)``; the interval is the difference itself when
+    both samples are constant.
+
+  Raises:
+    ValueError: on a sample of fewer than 2 values or a value that is not finite.
+
+  References:
+    Welch, 1947, "The generalization of 'Student's' problem when several different
+    population variances are involved", Biometrika 34.
+
+  Examples:
+    >>> from jaxcredit.lab import statistics
+    >>> [round(v, 3) for v in statistics.welch_ci([1.0, 2.0, 3.0], [0.0, 1.0, 2.0])]
+    [1.0, -1.267, 3.267]
+  """
+  first, second = _nonempty(first), _nonempty(second)
+  if min(len(first), len(second)) < 2:
+    raise ValueError(f"Welch's interval needs at least 2 values per sample, got {len(first)} "
+                     f"and {len(second)}.")
+  difference = float(first.mean() - second.mean())
+  if np.ptp(first) == 0 and np.ptp(second) == 0:
+    return difference, difference, difference
+  interval = scipy.stats.ttest_ind(first, second, equal_var=False).confidence_interval(0.95)
+  return difference, float(interval.low), float(interval.high)
 
 
 def fisher_power(seeds: int, p1: float, p2: float, alpha: float = 0.05) -> float:

@@ -71,7 +71,7 @@ import ml_collections
 
 PRESETS = ("smoke", "small", "primary", "stalls", "entropy", "ktae_prime", "mc_ladder",
            "mc_granularity", "critic", "regimes", "budgets", "language", "scale", "mid_filler",
-           "mid_filler_Z3", "same_rate", "full")
+           "mid_filler_Z3", "same_rate", "trainers", "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -98,6 +98,8 @@ PRIME = tuple(name for name in ARMS if name.startswith("prime_"))
 SCALE_REGIMES = ("uniform_filler_d64", "peaked_filler_d64", "uniform_filler_B16",
                  "peaked_filler_B16")
 CORE = ("grpo", "oracle", "oracle_seq", "oracle_shuffled")
+# The experiment-config trainer's key_token policy (configs_v1.py), over the study's.
+TRAINER_POLICY = {"n_layers": 2, "d_model": 64, "d_ff": 256}
 # The presets that run some of the full preset's regimes, with the core arms (at every G
 # but for scale and mid_filler_Z3, at G = 8):
 SOME_REGIMES = {
@@ -264,6 +266,24 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.fixed_learning_rates = {name: rate for name, (_, rate) in SAME_RATE.items()}
     config.workers = 1
     config.runs_per_program = 30  # the three controls x 10 seeds
+  if preset == "trainers":
+    # One answer from both trainers: the cells of configs_v1.py's `trainers` preset (the
+    # experiment-config trainer, jaxcredit.train) in the batched lab with the same policy
+    # (two layers, d = 64) and the same rate for every arm (1e-3, untuned), from the random
+    # policy, 300 updates of 8 prompts at G = 8 and 32, J every 25 updates; and at the
+    # study's policy (one layer, d = 32): the depth-and-width factor.
+    config.regimes = {"trainer_policy": {"task": task, "model_overrides": TRAINER_POLICY},
+                      "study_policy": {"task": task}}
+    config.arms = {name: ARMS[name] for name in ("grpo", "oracle")}
+    config.group_sizes = (8, 32)
+    config.token_budget = {str(g): 300 * 8 * g * task["length"] for g in config.group_sizes}
+    config.eval_points = 12
+    config.learning_rates = [1e-3]
+    config.fixed_learning_rates = {name: 1e-3 for name in config.arms}
+    config.mechanism_batches = 0
+    config.mechanism_evals = None
+    config.workers = 1
+    config.runs_per_program = 20
   if preset == "smoke":
     config.regimes = {"uniform_filler": {"task": {"length": 6, "n_decisive": 2, "n_keys": 3,
                                                   "n_fillers": 2, "filler_blind": True}}}

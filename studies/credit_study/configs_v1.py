@@ -25,7 +25,7 @@ import ml_collections
 
 from jaxcredit.train import base_config
 
-PRESETS = ("smoke", "small", "full")
+PRESETS = ("smoke", "small", "trainers", "full")
 
 
 def estimators_of(vine_k: int) -> dict:
@@ -168,11 +168,28 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.tasks.key_token.estimators = [*config.tasks.key_token.estimators, "spo_chain"]
     config.seeds = list(range(10))
     config.score_at = [0.0, 0.25, 0.5, 1.0]
+  elif preset == "trainers":
+    # One answer from both trainers: GRPO and the exact credit at one rate (1e-3) on the
+    # default policy, 300 updates of 8 prompts at G = 8 and 32, exact J every 25 updates,
+    # 10 seeds; the credit study's `trainers` preset runs the same cells in the batched lab.
+    config.tasks = {f"key_token_G{g:02d}": {"train": _trainers_cell(key_token, g), "scored": False,
+                                        "estimators": ["grpo", "oracle"]} for g in (8, 32)}
+    config.seeds = list(range(10))
   for (
     name,
     spec,
   ) in config.tasks.items():  # four per-token exports per run (python -m jaxcredit.view)
     export = spec.train.export
     export.every, export.groups = max(1, spec.train.rl.steps // 4), 2
-    export.compare = ("oracle",) if name == "key_token" else ()
+    export.compare = ("oracle",) if spec.train.task.name == "key_token" else ()
+    if preset == "trainers":
+      export.every = 0
   return config
+
+
+def _trainers_cell(train: ml_collections.ConfigDict, group_size: int) -> ml_collections.ConfigDict:
+  """`train` at G = group_size, exact J every 25 updates up to 300 (the hook measures the
+  policy before an update: one more update measures the 300th)."""
+  cell = ml_collections.ConfigDict(train.to_dict())
+  cell.rl.group_size, cell.rl.steps, cell.rl.eval_every = group_size, 301, 25
+  return cell

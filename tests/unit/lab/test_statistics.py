@@ -235,3 +235,55 @@ def test_fishers_power_is_the_rejection_rate_of_scipys_fisher_exact_test():
   assert statistics.fisher_power(seeds, 0.2, 0.0) >= 0.8 > statistics.fisher_power(
       seeds - 5, 0.2, 0.0)
   assert statistics.seeds_for_power(0.2, 0.19, most=50) is None
+
+
+def _split_p(first, second):
+  """Two-sided permutation p by enumerating every split of the pooled values."""
+  pooled = np.concatenate([first, second])
+  observed = abs(first.mean() - second.mean())
+  extreme = []
+  for chosen in itertools.combinations(range(len(pooled)), len(first)):
+    inside = np.zeros(len(pooled), bool)
+    inside[list(chosen)] = True
+    extreme.append(abs(pooled[inside].mean() - pooled[~inside].mean()) >= observed * (1 - 1e-12))
+  return np.mean(extreme)
+
+
+@pytest.mark.parametrize("sizes", [(3, 3), (5, 4), (6, 6)])
+def test_unpaired_p_equals_enumerating_every_split(sizes):
+  rng = np.random.default_rng(sum(sizes))
+  for shift in (0.0, 0.5, 2.0):
+    first, second = rng.normal(shift, 1.0, sizes[0]), rng.normal(0.0, 2.0, sizes[1])
+    np.testing.assert_allclose(statistics.unpaired_p(first, second),
+                               _split_p(first, second), rtol=1e-9)
+  assert statistics.unpaired_p([0.5, 0.5], [0.5, 0.5, 0.5]) == 1.0
+
+
+def test_sampled_unpaired_p_agrees_with_the_exact_count():
+  rng = np.random.default_rng(3)
+  first, second = rng.normal(0.6, 1.0, 10), rng.normal(0.0, 1.0, 10)  # C(20, 10) > 2^16
+  sampled = statistics.unpaired_p(first, second, np.random.default_rng(1), draws=100000)
+  exact = _split_p(first, second)
+  assert abs(sampled - exact) < 4 * np.sqrt(exact * (1 - exact) / 100000) + 1e-4
+
+
+def _welch(first, second):
+  """Welch's interval written out: Welch-Satterthwaite degrees of freedom."""
+  v1, v2 = first.var(ddof=1) / len(first), second.var(ddof=1) / len(second)
+  nu = (v1 + v2) ** 2 / (v1**2 / (len(first) - 1) + v2**2 / (len(second) - 1))
+  d = first.mean() - second.mean()
+  half = scipy.stats.t.ppf(0.975, nu) * math.sqrt(v1 + v2)
+  return d, d - half, d + half
+
+
+def test_welch_ci_equals_the_welch_satterthwaite_formula():
+  rng = np.random.default_rng(0)
+  for n1, n2 in ((2, 2), (5, 9), (10, 10)):
+    first, second = rng.normal(0.3, 0.5, n1), rng.normal(0.0, 2.0, n2)
+    np.testing.assert_allclose(statistics.welch_ci(first, second), _welch(first, second),
+                               rtol=1e-9)
+  assert statistics.welch_ci([1.0, 1.0], [0.25, 0.25, 0.25]) == (0.75, 0.75, 0.75)
+  with pytest.raises(ValueError, match="at least 2 values"):
+    statistics.welch_ci([1.0], [0.0, 1.0])
+  with pytest.raises(ValueError, match="finite"):
+    statistics.unpaired_p([np.nan, 1.0], [0.0])
