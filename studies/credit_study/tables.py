@@ -220,6 +220,29 @@ def localisation(summaries: dict, curves: dict, rng) -> tuple[list[str], dict, l
   return lines, slopes, rows
 
 
+IMPLICIT_HEADER = ["| regime | G | seeds | at | tokens | raw | as the gradient sees it | "
+                   "gain [95% BCa] |", "|---|---|---|---|---|---|---|---|"]
+
+
+def implicit_credit_rows(regime: str, g: int, grpo: dict, rng) -> list[str]:
+  """GRPO's implicit process reward in one cell: at the first two gradient measurements,
+  the cosine of its credit with the exact credit, raw and as the gradient sees it (each
+  token's credit averaged over the group's responses that share its state and take it),
+  and the gain, paired by seed; no rows when the runs did not measure it."""
+  runs = [run for run in grpo.values() if "implicit_credit_cosine" in run]
+  if not runs:
+    return []
+  rows = []
+  for i, at in enumerate(("start", "second")):
+    raw = np.array([run["credit_cosine"][i] for run in runs])
+    seen = np.array([run["implicit_credit_cosine"][i] for run in runs])
+    tokens = np.mean([run["mechanism_gen_tokens"][i] for run in runs])
+    gain = statistics.reported_ci(seen - raw, rng, 10000, method=INTERVAL)
+    rows.append(f"| {regime} | {g} | {len(runs)} | {at} | {tokens / 1000:.0f}k | "
+                f"{raw.mean():.3f} | {seen.mean():.3f} | {report.fmt_interval(*gain)} |")
+  return rows
+
+
 def time_to_level(per_seed: dict) -> dict:
   """{"tokens", "updates"}: `statistics.time_to_level` of an arm's runs ({seed: summary}),
   in generated tokens and in updates, each run that never reaches the level censored at its

@@ -429,6 +429,20 @@ def write(workdirs, out) -> dict:
            *tables.STALL_HEADER,
            *(row for regime, by_g in evidence.items() for g, e in by_g.items()
              for row in tables.stall_rows(regime, g, e["summary"])), "",
+           "## GRPO's implicit process reward", "",
+           "Identical state-action pairs within a group share one gradient term, so the "
+           "gradient sees each token's credit averaged over the group's responses that share "
+           "its state and take it (arXiv 2509.21154). The cosine of GRPO's credit with the "
+           "exact credit over a batch's tokens, raw and as the gradient sees it, at the "
+           "first two gradient measurements (tokens generated before them), and the gain "
+           "paired by seed. Filler hidden from the policy makes states the decisive keys "
+           "alone, so responses share them by construction; with visible filler "
+           "(`visible_filler_T8`) a state is the whole prefix.", "",
+           *tables.IMPLICIT_HEADER,
+           *(row for regime, by_g in cells.items() for g, curves in by_g.items()
+             if "grpo" in curves
+             for row in tables.implicit_credit_rows(regime, g, curves["grpo"],
+                                                    stream(regime, g, "implicit"))), "",
            "## Every arm against GRPO", "", *differences_figure(out, evidence), "",
            "## Exploratory comparisons", "",
            "Every comparison that no claim holds, corrected together (one Holm family).", "",

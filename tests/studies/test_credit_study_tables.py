@@ -225,3 +225,18 @@ def test_final_j_is_the_mean_over_the_last_tenth_of_the_updates():
   assert summary["grpo"][1]["pass@k"]["4"] == pytest.approx(0.9)
   default, _ = report.summarise(curves)  # the last 3, as the runner's fixed-interval curves
   assert default["grpo"][1]["final"] == pytest.approx(0.5)
+
+
+def test_implicit_credit_rows_pair_the_gain_by_seed():
+  run = lambda raw, seen: {"credit_cosine": [raw, 0.1, 0.0],
+                           "implicit_credit_cosine": [seen, 0.3, 0.0],
+                           "mechanism_gen_tokens": [0, 2000, 9000]}
+  raw, seen = np.random.default_rng(1).uniform(0.1, 0.3, (2, 6))
+  grpo = {s: run(raw[s], seen[s]) for s in range(6)}
+  rows = tables.implicit_credit_rows("visible", 8, grpo, np.random.default_rng(0))
+  want = statistics.reported_ci(seen - raw, np.random.default_rng(0), 10000, method="BCa")
+  assert rows[0].startswith(f"| visible | 8 | 6 | start | 0k | {raw.mean():.3f} | "
+                            f"{seen.mean():.3f} | ")
+  assert rows[0].endswith(f" | {want[0]:.3f} [{want[1]:.3f}, {want[2]:.3f}] |")
+  assert rows[1].startswith("| visible | 8 | 6 | second | 2k | 0.100 | 0.300 | 0.200 ")
+  assert tables.implicit_credit_rows("blind", 8, {0: {"credit_cosine": [0.1]}}, None) == []
