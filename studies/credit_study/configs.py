@@ -8,6 +8,7 @@ tokens.
   python -m studies.credit_study --config studies/credit_study/configs.py:stalls --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:entropy --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:ktae_prime --workdir DIR
+  python -m studies.credit_study --config studies/credit_study/configs.py:ktae_shared --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:mc_ladder --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:mc_granularity \\
       --workdir DIR
@@ -20,6 +21,7 @@ tokens.
   python -m studies.credit_study --config studies/credit_study/configs.py:mid_filler_Z3 \\
       --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:same_rate --workdir DIR
+  python -m studies.credit_study --config studies/credit_study/configs.py:trainers --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:full --workdir DIR
   ... --config.run_regimes="('uniform_filler',)"   # some regimes now, the others later
 
@@ -71,7 +73,7 @@ import ml_collections
 
 PRESETS = ("smoke", "small", "primary", "stalls", "entropy", "ktae_prime", "mc_ladder",
            "mc_granularity", "critic", "regimes", "budgets", "language", "scale", "mid_filler",
-           "mid_filler_Z3", "same_rate", "trainers", "full")
+           "mid_filler_Z3", "same_rate", "trainers", "ktae_shared", "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -266,6 +268,16 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.fixed_learning_rates = {name: rate for name, (_, rate) in SAME_RATE.items()}
     config.workers = 1
     config.runs_per_program = 30  # the three controls x 10 seeds
+  if preset == "ktae_shared":
+    # KTAE with token types not tied to positions: filler drawn from the key alphabet
+    # (shared_alphabet: F := C), so a key symbol's statistics in a group mix its decisive
+    # and its filler occurrences; uniform filler at G = 8 beside GRPO and exact credit,
+    # tuned as usual. A fresh workdir.
+    config.regimes = {"uniform_filler_shared": {"task": {**task, "shared_alphabet": True}}}
+    config.arms = {name: ARMS[name] for name in ("grpo", "oracle", "ktae")}
+    config.group_sizes = (8,)
+    config.workers = 1  # the cell waits for its tuning: one process on both cores
+    config.runs_per_program = 30
   if preset == "trainers":
     # One answer from both trainers: the cells of configs_v1.py's `trainers` preset (the
     # experiment-config trainer, jaxcredit.train) in the batched lab with the same policy

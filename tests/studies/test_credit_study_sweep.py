@@ -234,6 +234,15 @@ def test_the_stalls_preset_runs_grpo_and_the_exact_credit_at_40_seeds_recording_
   assert cell.eval_updates[:3] == (0, 1, 2) and cell.eval_updates[-1] == cell.updates
 
 
+def test_the_ktae_shared_preset_draws_filler_from_the_key_alphabet():
+  study, small = (configs.get_config(p) for p in ("ktae_shared", "small"))
+  cell = sweep.cell_of(study, "uniform_filler_shared", 8)
+  assert set(study.arms) == {"grpo", "oracle", "ktae"} and study.group_sizes == (8,)
+  assert cell.task.shared_alphabet and list(cell.task.fillers) == list(cell.task.keys)
+  assert cell.task == dataclasses.replace(sweep.cell_of(small, "uniform_filler", 8).task,
+                                          shared_alphabet=True)
+
+
 @pytest.mark.parametrize("preset, added", [
     ("primary", set()),
     ("entropy", {"entropy80", "entropy80_low"}),
