@@ -6,6 +6,7 @@ compares with the exact credit's.
   noisy_tokens(advantages, mask, decisive)        effective noisy tokens per response
   implicit_credit(credit, tokens, seen, G)        the credit the gradient sees
   ranking(critic_scores, exact_values, key)       top-1 agreement with the exact values
+  success_gradient(model, config, prompts, targets)   J and the true gradient of J
   mechanism(sample, gradient, models, advantage, key, ...)   MECHANISM (+ RANKING) metrics
 """
 
@@ -221,6 +222,44 @@ def policy_gradient(objective, model, batch: Rollout, advantages, actions: Actio
   loss = lambda m: objective(forward.policy_outputs(m, batch, 1.0, actions), batch,
                              Estimate(advantages=advantages))[0]
   return jax.flatten_util.ravel_pytree(nnx.grad(loss)(model))[0]
+
+
+def success_gradient(model, config: key_token.KeyTokenConfig, prompts, targets):
+  """The expected success J and its true gradient on filler-blind key_token, in closed form.
+  Traceable.
+
+  ``J(theta) = mean_i V(x_i)``, V the root of the exact value tree
+  (`key_token.oracle.decisive_values`: the policy's key conditionals along each prompt's
+  key prefixes, from one teacher-forced pass), differentiated through that pass: the
+  gradient a policy-gradient estimate's expectation is compared with, free of sampling noise.
+
+  Args:
+    model: the policy.
+    config: the task's `KeyTokenConfig` (filler-blind and constrained).
+    prompts: ``[n, K + 2]`` prompt ids.
+    targets: ``[n, K]`` the key ids each must copy.
+
+  Returns:
+    ``(J, grad)``: a float32 scalar and the flattened ``[P]`` gradient of J (ascent; a
+    loss's gradient, as `policy_gradient` gives, points the other way).
+
+  Examples:
+    >>> from flax import nnx
+    >>> from jaxcredit import models
+    >>> from jaxcredit.lab import diagnostics
+    >>> from jaxcredit.tasks import key_token
+    >>> config = key_token.KeyTokenConfig(length=6, n_keys=3, n_decisive=2, filler_blind=True)
+    >>> model = models.Transformer(models.preset("tiny", vocab_size=key_token.VOCAB_SIZE),
+    ...                            rngs=nnx.Rngs(0))
+    >>> prompts, targets = key_token.traceable.prompts_of([[0, 2], [1, 1]], config)
+    >>> j, grad = diagnostics.success_gradient(model, config, prompts, targets)
+    >>> grad.shape == jax.flatten_util.ravel_pytree(nnx.state(model, nnx.Param))[0].shape
+    True
+  """
+  success = lambda m: jnp.mean(key_token.oracle.decisive_values(m, config, prompts,
+                                                                targets)[0][:, 0])
+  j, grads = nnx.value_and_grad(success)(model)
+  return j, jax.flatten_util.ravel_pytree(grads)[0]
 
 
 def mechanism(sample, gradient, models: dict, advantage, key, *, batches: int, decisive, seen,
