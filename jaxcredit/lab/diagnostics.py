@@ -7,6 +7,8 @@ compares with the exact credit's.
   implicit_credit(credit, tokens, seen, G)        the credit the gradient sees
   ranking(critic_scores, exact_values, key)       top-1 agreement with the exact values
   success_gradient(model, config, prompts, targets)   J and the true gradient of J
+  group_gradients(objective, model, batch, advantages, actions)   one gradient per group
+  gradient_noise(ascents, true_gradient)          noise scale and cosine to the true gradient
   mechanism(sample, gradient, models, advantage, key, ...)   MECHANISM (+ RANKING) metrics
 """
 
@@ -260,6 +262,78 @@ def success_gradient(model, config: key_token.KeyTokenConfig, prompts, targets):
                                                                 targets)[0][:, 0])
   j, grads = nnx.value_and_grad(success)(model)
   return j, jax.flatten_util.ravel_pytree(grads)[0]
+
+
+def group_gradients(objective, model, batch: Rollout, advantages, actions: Actions):
+  """The objective's gradient on each group of a batch alone, for given token advantages
+  (computed on the whole batch: a batch-level scale such as RMS stays the batch's).
+
+  Args:
+    objective: ``objective(outputs, rollout, estimate) -> (loss, metrics)``.
+    model: the policy.
+    batch: the `Rollout`, ``[B, L]`` in groups of ``batch.group_size`` contiguous rows.
+    advantages: ``[B, L]`` token advantages.
+    actions: the task's action restrictions.
+
+  Returns:
+    ``[B / G, P]``: each group's flattened gradient; their mean is the batch's gradient
+    when the objective averages over responses.
+  """
+  groups = batch.tokens.shape[0] // batch.group_size
+  split = lambda x: x.reshape(groups, batch.group_size, *x.shape[1:])
+  graphdef, state = nnx.split(model)
+  one = lambda state, group, credit: policy_gradient(objective, nnx.merge(graphdef, state),
+                                                     group, credit, actions)
+  return jax.vmap(one, in_axes=(None, 0, 0))(state, jax.tree.map(split, batch),
+                                              split(advantages))
+
+
+def gradient_noise(ascents, true_gradient) -> dict:
+  """How much of an arm's gradient is signal, and how well its expectation points along the
+  true gradient, from independent per-group estimates.
+
+  With g_i ``[N, P]`` the arm's ascent directions (negated loss gradients) of N groups and
+  their mean g:
+
+    trace      tr S = sum_p var_i(g_ip)  (ddof 1): the per-group noise
+    signal     |E g|^2, estimated without bias as |g|^2 - tr S / N (at least 0)
+    noise_scale  B_noise = tr S / |E g|^2: the groups per batch at which noise and signal
+               are equal (McCandlish et al.'s simple noise scale, in the arm's own units,
+               so it does not depend on the scale of its credit)
+    cosine_to_true  <g, grad J> / (|grad J| sqrt(signal)), clipped to [-1, 1]: the cosine of
+               the arm's expected gradient with the true one, corrected for the noise in g
+
+  An SGD step along a batch of B groups then improves J at best by
+  ``|grad J|^2 cos^2 / (2 (1 + B_noise / B))`` in the quadratic model, beside
+  ``|grad J|^2 / 2`` for the true gradient.
+
+  Args:
+    ascents: ``[N, P]`` per-group ascent directions, N >= 2.
+    true_gradient: ``[P]`` the gradient of J (`success_gradient`).
+
+  Returns:
+    ``{"trace", "signal", "noise_scale", "cosine_to_true"}`` float32 scalars. Without
+    signal the noise scale is trace / 1e-30 (finite) and the cosine 0.
+
+  References:
+    McCandlish et al., 2018, "An Empirical Model of Large-Batch Training", arXiv 1812.06162.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit.lab import diagnostics
+    >>> out = diagnostics.gradient_noise(jnp.array([[1.0, 0.0], [3.0, 0.0]]),
+    ...                                  jnp.array([1.0, 1.0]))
+    >>> [round(float(out[k]), 3) for k in ("trace", "signal", "noise_scale", "cosine_to_true")]
+    [2.0, 3.0, 0.667, 0.816]
+  """
+  n = ascents.shape[0]
+  mean = jnp.mean(ascents, axis=0)
+  trace = jnp.sum(jnp.var(ascents, axis=0, ddof=1))
+  signal = jnp.maximum(jnp.sum(mean**2) - trace / n, 0.0)
+  norm = jnp.linalg.norm(true_gradient) * jnp.sqrt(signal)
+  cosine = jnp.where(norm > 0, jnp.dot(mean, true_gradient) / jnp.where(norm > 0, norm, 1.0), 0.0)
+  return {"trace": trace, "signal": signal, "noise_scale": trace / jnp.maximum(signal, 1e-30),
+          "cosine_to_true": jnp.clip(cosine, -1.0, 1.0)}
 
 
 def mechanism(sample, gradient, models: dict, advantage, key, *, batches: int, decisive, seen,

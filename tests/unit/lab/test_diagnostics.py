@@ -1,7 +1,9 @@
 """The lab's diagnostics against enumeration."""
 
+import dataclasses
 import itertools
 
+import chex
 import jax
 import jax.flatten_util
 import jax.numpy as jnp
@@ -9,8 +11,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxcredit import models
-from jaxcredit.lab import diagnostics
+from jaxcredit import forward, losses, models, rollout
+from jaxcredit.lab import cells, diagnostics
 from jaxcredit.tasks import key_token
 
 
@@ -52,3 +54,88 @@ def test_success_gradient_equals_the_gradient_of_the_enumerated_success(rule):
   np.testing.assert_allclose(j, want_j, rtol=1e-5)
   assert np.linalg.norm(want) > 1e-3  # a gradient that can tell the two apart
   np.testing.assert_allclose(grad, want, rtol=1e-3, atol=1e-6 * np.abs(want).max())
+
+
+def _noise_reference(ascents, true_gradient):
+  """float64: the trace of the sample covariance, the unbiased squared norm of the mean."""
+  g = np.asarray(ascents, np.float64)
+  trace = np.trace(np.atleast_2d(np.cov(g, rowvar=False)))
+  mean = g.mean(axis=0)
+  signal = max(mean @ mean - trace / len(g), 0.0)
+  cosine = mean @ true_gradient / (np.linalg.norm(true_gradient) * np.sqrt(signal))
+  return {"trace": trace, "signal": signal, "noise_scale": trace / signal,
+          "cosine_to_true": np.clip(cosine, -1, 1)}
+
+
+class GradientNoiseTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_equals_a_float64_reference(self):
+    for groups, params in ((2, 3), (8, 50), (32, 7)):
+      _check_noise(self.variant(diagnostics.gradient_noise), groups, params)
+
+
+def _check_noise(gradient_noise, groups, params):
+  rng = np.random.default_rng(groups * params)
+  for _ in range(3):
+    direction = rng.normal(size=params)
+    ascents = direction + rng.normal(scale=rng.uniform(0.1, 3.0), size=(groups, params))
+    true_gradient = direction + rng.normal(scale=0.5, size=params)
+    got = gradient_noise(jnp.asarray(ascents, jnp.float32),
+                         jnp.asarray(true_gradient, jnp.float32))
+    want = _noise_reference(ascents, true_gradient)
+    assert want["signal"] > 1e-2  # away from float32's cancellation near no signal
+    for name, value in want.items():
+      np.testing.assert_allclose(got[name], value, rtol=2e-4, err_msg=name)
+
+
+def test_gradient_noise_reads_the_noise_scale_and_the_cosine_of_the_expected_gradient():
+  """Many groups drawn around a mean: the noise scale tends to tr Sigma / |mu|^2 and the
+  cosine to that of mu, whatever the arm's scale; no signal reads 0, finite."""
+  rng = np.random.default_rng(0)
+  mu, true_gradient = np.array([1.0, 1.0, 0.0, 0.0]), np.array([1.0, 0.0, 0.0, 0.0])
+  scales = np.array([2.0, 1.0, 1.0, 3.0])  # tr Sigma = 15, |mu|^2 = 2
+  ascents = mu + scales * rng.normal(size=(100_000, 4))
+  for c in (1.0, 1e-3):
+    out = diagnostics.gradient_noise(jnp.asarray(c * ascents, jnp.float32),
+                                     jnp.asarray(true_gradient, jnp.float32))
+    np.testing.assert_allclose(out["noise_scale"], 7.5, rtol=0.03)
+    np.testing.assert_allclose(out["cosine_to_true"], np.sqrt(0.5), rtol=0.03)
+  # Batched over arms (vmap), one of them pure noise around 0.
+  stacked = jnp.asarray(np.stack([ascents[:64], ascents[:64] - mu]), jnp.float32)
+  out = jax.vmap(diagnostics.gradient_noise, in_axes=(0, None))(stacked,
+                                                                jnp.asarray(true_gradient))
+  assert all(np.isfinite(v).all() for v in out.values())
+  identical = diagnostics.gradient_noise(jnp.zeros((4, 3)), jnp.ones(3))
+  assert float(identical["noise_scale"]) == 0.0 and float(identical["cosine_to_true"]) == 0.0
+
+
+def test_group_gradients_average_to_the_batch_gradient():
+  config = key_token.KeyTokenConfig(length=6, n_decisive=2, n_keys=3, n_fillers=2,
+                                    filler_blind=True)
+  model = models.Transformer(models.preset("tiny", vocab_size=key_token.VOCAB_SIZE),
+                             rngs=nnx.Rngs(0))
+  rng, group_size, groups = np.random.default_rng(0), 4, 3
+  allowed = key_token.allowed(config)
+  responses = np.stack([[rng.choice(np.flatnonzero(a)) for a in allowed]
+                        for _ in range(group_size * groups)])
+  symbols = np.repeat(rng.integers(0, config.n_keys, (groups, config.n_decisive)), group_size,
+                      axis=0)
+  prompts, _ = key_token.traceable.prompts_of(symbols, config)
+  tokens = jnp.concatenate([prompts, jnp.asarray(responses, jnp.int32)], axis=1)
+  mask = jnp.zeros(tokens.shape, bool).at[:, config.prompt_length:].set(True)
+  actions = key_token.row_actions(config)
+  batch = rollout.Rollout(tokens=tokens, mask=mask, rewards=jnp.zeros(len(tokens)),
+                          group_size=group_size)
+  batch = dataclasses.replace(batch, behaviour_logprobs=forward.policy_outputs(
+      model, batch, 1.0, actions).logprobs)  # on-policy: ratio 1
+  advantages = jnp.where(mask, jnp.asarray(rng.normal(size=tokens.shape), jnp.float32), 0.0)
+  advantages = advantages.at[:group_size].set(0.0)  # the first group gives no gradient
+  objective = losses.from_config(cells.DEFAULT_OBJECTIVE)
+  per_group = jax.jit(lambda m: diagnostics.group_gradients(objective, m, batch, advantages,
+                                                            actions))(model)
+  whole = diagnostics.policy_gradient(objective, model, batch, advantages, actions)
+  assert per_group.shape == (groups, whole.shape[0])
+  np.testing.assert_allclose(per_group.mean(axis=0), whole, rtol=1e-4,
+                             atol=1e-6 * np.abs(whole).max())
+  assert float(jnp.abs(per_group[0]).max()) == 0.0 and float(jnp.abs(per_group[1]).max()) > 0
