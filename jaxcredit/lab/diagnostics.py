@@ -9,8 +9,11 @@ compares with the exact credit's.
   success_gradient(model, config, prompts, targets)   J and the true gradient of J
   group_gradients(objective, model, batch, advantages, actions)   one gradient per group
   gradient_noise(ascents, true_gradient)          noise scale and cosine to the true gradient
+  zero_variance_probability(model, config, prompts, targets, G)   a group without signal
   mechanism(sample, gradient, models, advantage, key, ...)   MECHANISM (+ RANKING) metrics
 """
+
+import itertools
 
 import jax
 import jax.flatten_util
@@ -334,6 +337,47 @@ def gradient_noise(ascents, true_gradient) -> dict:
   cosine = jnp.where(norm > 0, jnp.dot(mean, true_gradient) / jnp.where(norm > 0, norm, 1.0), 0.0)
   return {"trace": trace, "signal": signal, "noise_scale": trace / jnp.maximum(signal, 1e-30),
           "cosine_to_true": jnp.clip(cosine, -1.0, 1.0)}
+
+
+def zero_variance_probability(model, config: key_token.KeyTokenConfig, prompts, targets,
+                              group_size: int):
+  """The chance that a group of G responses to each prompt all get the same reward (GRPO's
+  credit is then 0 on every token), exactly, on filler-blind key_token. Traceable.
+
+  ``sum_r P(R = r | x)^G``, the reward's distribution read from the policy's joint key
+  distribution (`key_token.oracle.key_distribution`) under the task's rule; under rule `all`
+  it is ``V(x)^G + (1 - V(x))^G``.
+
+  Args:
+    model: the policy.
+    config: the task's `KeyTokenConfig` (filler-blind and constrained).
+    prompts: ``[n, K + 2]`` prompt ids.
+    targets: ``[n, K]`` the key ids each must copy.
+    group_size: G.
+
+  Returns:
+    float32 ``[n]``.
+
+  Examples:
+    >>> from flax import nnx
+    >>> from jaxcredit import models
+    >>> from jaxcredit.lab import diagnostics
+    >>> from jaxcredit.tasks import key_token
+    >>> config = key_token.KeyTokenConfig(length=6, n_keys=3, n_decisive=2, filler_blind=True)
+    >>> model = models.Transformer(models.preset("tiny", vocab_size=key_token.VOCAB_SIZE),
+    ...                            rngs=nnx.Rngs(0))
+    >>> prompts, targets = key_token.traceable.prompts_of([[0, 2]], config)
+    >>> diagnostics.zero_variance_probability(model, config, prompts, targets, 8).shape
+    (1,)
+  """
+  joint = key_token.oracle.key_distribution(model, config, prompts)  # [n, M]
+  keys = np.asarray(list(itertools.product(range(config.n_keys), repeat=config.n_decisive)))
+  rewards = key_token.rule_reward(key_token.KEY0 + jnp.asarray(keys)[None],
+                                  jnp.asarray(targets)[:, None], config)  # [n, M]
+  # P(R = the reward of u) for each u; then sum_r P(R = r)^G = sum_u P(u) P(R = R(u))^(G - 1).
+  same = (rewards[:, :, None] == rewards[:, None, :]).astype(joint.dtype)
+  reward_probability = jnp.einsum("nuv,nv->nu", same, joint)
+  return jnp.sum(joint * reward_probability ** (group_size - 1), axis=-1)
 
 
 def mechanism(sample, gradient, models: dict, advantage, key, *, batches: int, decisive, seen,

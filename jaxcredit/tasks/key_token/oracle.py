@@ -96,6 +96,44 @@ def decisive_distributions(model, config: key_token.KeyTokenConfig, prompts: Arr
   return _decisive_conditionals(model, config, prompts, keys)[:, 0]
 
 
+def key_distribution(model, config: key_token.KeyTokenConfig, prompts: Array) -> Array:
+  """The policy's joint distribution over the decisive keys of filler-blind key_token, at
+  temperature 1. Traceable.
+
+  ``P[i, u] = prod_k pi(C[u_k] | x_i, C[u_1] .. C[u_(k-1)])``, u a lexicographic index over
+  ``C^K`` (key index = id - KEY0), from one teacher-forced pass over ``|C|^K`` rows per
+  prompt: what the reward of any rule reads.
+
+  Args:
+    model: the policy.
+    config: the task's `KeyTokenConfig`.
+    prompts: ``[n, K + 2]`` prompt ids.
+
+  Returns:
+    float32 ``[n, |C|^K]``, each row summing to 1.
+
+  Examples:
+    >>> from flax import nnx
+    >>> from jaxcredit import models
+    >>> from jaxcredit.tasks.key_token import definition, oracle, traceable
+    >>> config = definition.KeyTokenConfig(length=6, n_keys=3, n_decisive=2,
+    ...                                    filler_blind=True)
+    >>> model = models.Transformer(models.preset("tiny", vocab_size=definition.VOCAB_SIZE),
+    ...                            rngs=nnx.Rngs(0))
+    >>> prompts, _ = traceable.prompts_of([[0, 2]], config)
+    >>> oracle.key_distribution(model, config, prompts).shape
+    (1, 9)
+  """
+  _check_exact(config)
+  keys = np.asarray(list(itertools.product(range(config.n_keys), repeat=config.n_decisive)),
+                    np.int32)  # [M, K]
+  n = prompts.shape[0]
+  probs = _decisive_conditionals(model, config, prompts,
+                                 jnp.broadcast_to(jnp.asarray(keys), (n, *keys.shape)))
+  picked = jnp.take_along_axis(probs, jnp.asarray(keys)[None, :, :, None], axis=-1)[..., 0]
+  return jnp.prod(picked, axis=-1)
+
+
 def decisive_values(model, config: key_token.KeyTokenConfig, prompts: Array,
                     targets: Array) -> list[Array]:
   """The exact value tree of filler-blind key_token (E-DEC) at temperature 1. Traceable (jit,

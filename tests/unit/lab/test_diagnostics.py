@@ -16,35 +16,45 @@ from jaxcredit.lab import cells, diagnostics
 from jaxcredit.tasks import key_token
 
 
-def _enumerated_success(model, config, symbols):
-  """J by summing R(x, y) pi(y | x) over every allowed response y of every prompt, each
-  response teacher-forced in full (filler hidden from the inputs as the sampler hides it)."""
+def _enumerated(model, config, keys):
+  """Every allowed response y of the prompt of `keys`, its reward and pi(y | x), each response
+  teacher-forced in full (filler hidden from the inputs as the sampler hides it)."""
   allowed = key_token.allowed(config)
   responses = np.array(list(itertools.product(*[np.flatnonzero(a) for a in allowed])))
+  prompt = np.concatenate([[key_token.BOS], key_token.KEY0 + np.asarray(keys), [key_token.SEP]])
+  rows = np.concatenate([np.tile(prompt, (len(responses), 1)),
+                         key_token.observe(responses, config)], axis=1)
+  logits = model(jnp.asarray(rows), positions=jnp.broadcast_to(jnp.arange(rows.shape[1]),
+                                                               rows.shape),
+                 token_valid=jnp.ones(rows.shape, bool)).logits.astype(jnp.float32)
+  logits = logits[:, len(prompt) - 1:-1]  # the logits that pick each response token
+  logp = jax.nn.log_softmax(jnp.where(allowed[None], logits, -jnp.inf), axis=-1)
+  picked = jnp.take_along_axis(logp, jnp.asarray(responses)[..., None], axis=-1)[..., 0]
+  reward = key_token.rule_reward(responses[:, config.decisive_positions],
+                                 key_token.KEY0 + np.asarray(keys)[None], config)
+  return reward, jnp.exp(picked.sum(-1))
+
+
+def _enumerated_success(model, config, symbols):
+  """J by summing R(x, y) pi(y | x) over every allowed response y of every prompt."""
   total = 0.0
   for keys in symbols:
-    prompt = np.concatenate([[key_token.BOS], key_token.KEY0 + np.asarray(keys),
-                             [key_token.SEP]])
-    rows = np.concatenate([np.tile(prompt, (len(responses), 1)),
-                           key_token.observe(responses, config)], axis=1)
-    logits = model(jnp.asarray(rows), positions=jnp.broadcast_to(jnp.arange(rows.shape[1]),
-                                                                 rows.shape),
-                   token_valid=jnp.ones(rows.shape, bool)).logits.astype(jnp.float32)
-    logits = logits[:, len(prompt) - 1:-1]  # the logits that pick each response token
-    logp = jax.nn.log_softmax(jnp.where(allowed[None], logits, -jnp.inf), axis=-1)
-    picked = jnp.take_along_axis(logp, jnp.asarray(responses)[..., None], axis=-1)[..., 0]
-    reward = key_token.rule_reward(responses[:, config.decisive_positions],
-                                   key_token.KEY0 + np.asarray(keys)[None], config)
-    total = total + jnp.sum(jnp.asarray(reward, jnp.float32) * jnp.exp(picked.sum(-1)))
+    reward, probability = _enumerated(model, config, keys)
+    total = total + jnp.sum(jnp.asarray(reward, jnp.float32) * probability)
   return total / len(symbols)
+
+
+def _task_and_policy(rule: str, n_keys: int, seed: int):
+  """Filler-blind key_token, T = 5, K = 2, |F| = 2, and a random tiny policy."""
+  config = key_token.KeyTokenConfig(length=5, n_decisive=2, n_keys=n_keys, n_fillers=2,
+                                    rule=rule, filler_blind=True)
+  return config, models.Transformer(models.preset("tiny", vocab_size=key_token.VOCAB_SIZE),
+                                    rngs=nnx.Rngs(seed))
 
 
 @pytest.mark.parametrize("rule", ["all", "count"])
 def test_success_gradient_equals_the_gradient_of_the_enumerated_success(rule):
-  config = key_token.KeyTokenConfig(length=5, n_decisive=2, n_keys=2, n_fillers=2, rule=rule,
-                                    filler_blind=True)
-  model = models.Transformer(models.preset("tiny", vocab_size=key_token.VOCAB_SIZE),
-                             rngs=nnx.Rngs(3))
+  config, model = _task_and_policy(rule, n_keys=2, seed=3)
   symbols = np.array(list(itertools.product(range(config.n_keys), repeat=config.n_decisive)))
   prompts, targets = key_token.traceable.prompts_of(symbols, config)
   j, grad = jax.jit(lambda m: diagnostics.success_gradient(m, config, prompts, targets))(model)
@@ -139,3 +149,30 @@ def test_group_gradients_average_to_the_batch_gradient():
   np.testing.assert_allclose(per_group.mean(axis=0), whole, rtol=1e-4,
                              atol=1e-6 * np.abs(whole).max())
   assert float(jnp.abs(per_group[0]).max()) == 0.0 and float(jnp.abs(per_group[1]).max()) > 0
+
+
+@pytest.mark.parametrize("rule", ["all", "count"])
+def test_zero_variance_probability_equals_the_enumerated_reward_distribution(rule):
+  config, model = _task_and_policy(rule, n_keys=3, seed=1)
+  symbols = np.array([[0, 1], [2, 2], [1, 0]])
+  prompts, targets = key_token.traceable.prompts_of(symbols, config)
+  joint = key_token.oracle.key_distribution(model, config, prompts)
+  for group_size in (1, 2, 8):
+    got = diagnostics.zero_variance_probability(model, config, prompts, targets, group_size)
+    for i, keys in enumerate(symbols):
+      reward, probability = _enumerated(model, config, keys)
+      by_reward = [float(np.sum(np.asarray(probability, np.float64)[reward == r]))
+                   for r in np.unique(reward)]
+      np.testing.assert_allclose(got[i], np.sum(np.power(by_reward, group_size)), rtol=1e-5)
+  # The joint key distribution: pi summed over the responses holding each key tuple.
+  allowed = key_token.allowed(config)
+  responses = np.array(list(itertools.product(*[np.flatnonzero(a) for a in allowed])))
+  tuples = (responses[:, config.decisive_positions] - key_token.KEY0) @ [config.n_keys, 1]
+  _, probability = _enumerated(model, config, symbols[0])
+  np.testing.assert_allclose(joint[0], np.bincount(tuples, np.asarray(probability, np.float64),
+                                                   minlength=config.n_keys**2), rtol=1e-5)
+  if rule == "all":
+    v = key_token.oracle.exact_success(model, config, prompts, targets)
+    np.testing.assert_allclose(
+        diagnostics.zero_variance_probability(model, config, prompts, targets, 8),
+        v**8 + (1 - v) ** 8, rtol=1e-5)
