@@ -296,15 +296,15 @@ def gradient_noise(ascents, true_gradient) -> dict:
   true gradient, from independent per-group estimates.
 
   With g_i ``[N, P]`` the arm's ascent directions (negated loss gradients) of N groups and
-  their mean g:
+  their mean g::
 
-    trace      tr S = sum_p var_i(g_ip)  (ddof 1): the per-group noise
-    signal     |E g|^2, estimated without bias as |g|^2 - tr S / N (at least 0)
-    noise_scale  B_noise = tr S / |E g|^2: the groups per batch at which noise and signal
-               are equal (McCandlish et al.'s simple noise scale, in the arm's own units,
-               so it does not depend on the scale of its credit)
+    trace           tr S = sum_p var_i(g_ip) (ddof 1), the per-group noise
+    signal          |E g|^2 without bias: |g|^2 - tr S / N, at least 0
+    noise_scale     B_noise = tr S / |E g|^2, McCandlish et al.'s simple noise scale in the
+                    arm's own units (so not the scale of its credit): the groups per batch
+                    at which noise and signal are equal
     cosine_to_true  <g, grad J> / (|grad J| sqrt(signal)), clipped to [-1, 1]: the cosine of
-               the arm's expected gradient with the true one, corrected for the noise in g
+                    the arm's expected gradient with the true one, corrected for the noise
 
   An SGD step along a batch of B groups then improves J at best by
   ``|grad J|^2 cos^2 / (2 (1 + B_noise / B))`` in the quadratic model, beside

@@ -69,11 +69,12 @@ def collect(trainer_dir: pathlib.Path, lab_dir: pathlib.Path, out: pathlib.Path)
 
 
 def read(out: pathlib.Path) -> tuple[dict, dict]:
-  """({source: {G: {arm: {seed: curve}}}}, {source: seconds per run}) from OUT, the sources
-  being TRAINER and the lab policies that OUT/cells holds."""
+  """({source: {G: {arm: {seed: curve}}}}, {source: [(runs, seconds)]}) from OUT, the sources
+  being TRAINER (one entry per run) and the lab policies that OUT/cells holds (one entry per
+  cell: its runs share compiled programs)."""
   trainer = json.loads((out / "trainer_curves.json").read_text())["runs"]
   curves = {TRAINER: trainer}
-  seconds = {TRAINER: [r["seconds"] for g in trainer.values() for a in g.values()
+  seconds = {TRAINER: [(1, r["seconds"]) for g in trainer.values() for a in g.values()
                        for r in a.values()]}
   for regime in LAB_POLICIES:
     for path in sorted((out / "cells" / regime).glob("G*.json")):
@@ -81,7 +82,7 @@ def read(out: pathlib.Path) -> tuple[dict, dict]:
       arms = {arm: cell["arms"][arm]["curves"] for arm in ARMS if arm in cell["arms"]}
       curves.setdefault(regime, {})[path.stem.removeprefix("G")] = arms
       runs = sum(len(c) for c in arms.values())
-      seconds.setdefault(regime, []).extend([cell["seconds"] / max(runs, 1)] * runs)
+      seconds.setdefault(regime, []).append((runs, cell["seconds"]))
   return curves, seconds
 
 
@@ -170,8 +171,9 @@ def write_report(out: pathlib.Path) -> None:
   rng = np.random.default_rng(0)
   curves, seconds = read(out)
   stored = json.loads((out / "trainer_curves.json").read_text())
-  timing = [f"- {LAB_POLICIES.get(source, source)}: {len(s)} runs, {np.mean(s):.0f} s a run "
-            "on average" for source, s in seconds.items() if s]
+  timing = [f"- {LAB_POLICIES.get(source, source)}: {sum(n for n, _ in s)} runs in "
+            f"{sum(t for _, t in s):.0f} s, {sum(t for _, t in s) / sum(n for n, _ in s):.0f} s "
+            "a run" for source, s in seconds.items() if s]
   lines = [
       "# One answer from both trainers",
       "",
@@ -189,7 +191,9 @@ def write_report(out: pathlib.Path) -> None:
       "*agree* when the difference's interval holds 0 (uncorrected), else *differ*.",
       "",
       f"Trainer runs collected at {stored['commit']} on {stored['machine']}; the lab's cells "
-      "record their own commit.",
+      "record their own commit. G run so far: " + "; ".join(
+          f"{LAB_POLICIES.get(source, source)} {', '.join(sorted(by_g, key=int))}"
+          for source, by_g in curves.items()) + ".",
       "",
       "## Exact J after 100 and 300 updates",
       "",
@@ -200,6 +204,9 @@ def write_report(out: pathlib.Path) -> None:
       *contrast_rows(curves, rng),
       "",
       "## Wall time on this CPU",
+      "",
+      "jaxcredit.train trains one run at a time; the lab trains a cell's runs side by side in "
+      "one compiled program (vmapped), so its time a run falls with the runs a program holds.",
       "",
       *timing,
       "",

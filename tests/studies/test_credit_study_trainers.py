@@ -69,8 +69,9 @@ def test_the_report_compares_each_source_with_the_trainer(tmp_path):
   assert report.fmt_interval(*statistics.welch_ci(lab_deltas, train_deltas)) in contrast_row
   assert contrast_row.endswith("| differ |")  # +0.06 against +0.74
   assert "| 8 | grpo | 100 | jaxcredit.train | 4 | 0.125 (n/a) |" in text
-  assert "- jaxcredit.train: 8 runs, 20 s a run" in text
-  assert "- lab, 2 layers d = 64: 10 runs, 9 s a run" in text
+  assert "- jaxcredit.train: 8 runs in 160 s, 20 s a run" in text
+  assert "G run so far: jaxcredit.train 8; lab, 2 layers d = 64 8." in text
+  assert "- lab, 2 layers d = 64: 10 runs in 90 s, 9 s a run" in text
 
 
 def test_a_j_not_measured_at_an_update_is_refused():
