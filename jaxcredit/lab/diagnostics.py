@@ -13,8 +13,6 @@ compares with the exact credit's.
   mechanism(sample, gradient, models, advantage, key, ...)   MECHANISM (+ RANKING) metrics
 """
 
-import itertools
-
 import jax
 import jax.flatten_util
 import jax.numpy as jnp
@@ -25,7 +23,7 @@ from jaxcredit import estimators, forward
 from jaxcredit.lab import arms
 from jaxcredit.rollout import Estimate, Rollout
 from jaxcredit.sampling import Actions
-from jaxcredit.tasks import key_token
+from jaxcredit.tasks import key_token, procedural
 
 RANKING_KS = (1, 4, 16, 64)  # Monte-Carlo rankings of the alternatives beside the critic's
 RANKING = ("critic_top1", "random_top1", *(f"mc{k}_top1" for k in RANKING_KS))
@@ -371,7 +369,7 @@ def zero_variance_probability(model, config: key_token.KeyTokenConfig, prompts, 
     (1,)
   """
   joint = key_token.oracle.key_distribution(model, config, prompts)  # [n, M]
-  keys = np.asarray(list(itertools.product(range(config.n_keys), repeat=config.n_decisive)))
+  keys = procedural.key_tuples(config.n_keys, config.n_decisive)  # key_distribution's order
   rewards = key_token.rule_reward(key_token.KEY0 + jnp.asarray(keys)[None],
                                   jnp.asarray(targets)[:, None], config)  # [n, M]
   # P(R = the reward of u) for each u; then sum_r P(R = r)^G = sum_u P(u) P(R = R(u))^(G - 1).

@@ -107,6 +107,25 @@ def character_environment_task(name: str, config, options, tokenizer: CharTokeni
       **fields(name, config, options, data_dir=data_dir, seed=seed))
 
 
+def key_tuples(n_keys: int, count: int) -> np.ndarray:
+  """Every tuple of `count` key indices, in lexicographic order (the first index slowest).
+
+  Args:
+    n_keys: |C|.
+    count: indices per tuple.
+
+  Returns:
+    int32 ``[|C|^count, count]``.
+
+  Examples:
+    >>> from jaxcredit.tasks import procedural
+    >>> procedural.key_tuples(2, 2).tolist()
+    [[0, 0], [0, 1], [1, 0], [1, 1]]
+  """
+  return np.asarray(list(itertools.product(range(n_keys), repeat=count)),
+                    np.int32).reshape(n_keys**count, count)
+
+
 def evaluation_symbols(n_keys: int, count: int, limit: int) -> np.ndarray:
   """The key symbols of a batched task's evaluation prompts: all ``|C|^count`` combinations
   when that is at most `limit`, else `limit` drawn uniformly (a fixed stream, the same for
@@ -121,5 +140,5 @@ def evaluation_symbols(n_keys: int, count: int, limit: int) -> np.ndarray:
     int ``[n, count]`` indices into C.
   """
   if n_keys**count <= limit:
-    return np.asarray(list(itertools.product(range(n_keys), repeat=count)))
+    return key_tuples(n_keys, count)
   return np.random.default_rng(0).integers(0, n_keys, (limit, count))

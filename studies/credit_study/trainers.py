@@ -68,11 +68,12 @@ def collect(trainer_dir: pathlib.Path, lab_dir: pathlib.Path, out: pathlib.Path)
     shutil.copyfile(cell, target)
 
 
-def read(out: pathlib.Path) -> tuple[dict, dict]:
-  """({source: {G: {arm: {seed: curve}}}}, {source: [(runs, seconds)]}) from OUT, the sources
-  being TRAINER (one entry per run) and the lab policies that OUT/cells holds (one entry per
-  cell: its runs share compiled programs)."""
-  trainer = json.loads((out / "trainer_curves.json").read_text())["runs"]
+def read(out: pathlib.Path) -> tuple[dict, dict, dict]:
+  """({source: {G: {arm: {seed: curve}}}}, {source: [(runs, seconds)]}, the collection's
+  commit and machine) from OUT, the sources being TRAINER (one entry per run) and the lab
+  policies that OUT/cells holds (one entry per cell: its runs share compiled programs)."""
+  stored = json.loads((out / "trainer_curves.json").read_text())
+  trainer = stored["runs"]
   curves = {TRAINER: trainer}
   seconds = {TRAINER: [(1, r["seconds"]) for g in trainer.values() for a in g.values()
                        for r in a.values()]}
@@ -83,7 +84,7 @@ def read(out: pathlib.Path) -> tuple[dict, dict]:
       curves.setdefault(regime, {})[path.stem.removeprefix("G")] = arms
       runs = sum(len(c) for c in arms.values())
       seconds.setdefault(regime, []).append((runs, cell["seconds"]))
-  return curves, seconds
+  return curves, seconds, {key: stored[key] for key in ("commit", "machine")}
 
 
 def at_update(curve: dict, update: int) -> float:
@@ -169,11 +170,14 @@ def contrast_rows(curves: dict, rng) -> list[str]:
 def write_report(out: pathlib.Path) -> None:
   """OUT/report.md from OUT/trainer_curves.json and OUT/cells."""
   rng = np.random.default_rng(0)
-  curves, seconds = read(out)
-  stored = json.loads((out / "trainer_curves.json").read_text())
-  timing = [f"- {LAB_POLICIES.get(source, source)}: {sum(n for n, _ in s)} runs in "
-            f"{sum(t for _, t in s):.0f} s, {sum(t for _, t in s) / sum(n for n, _ in s):.0f} s "
-            "a run" for source, s in seconds.items() if s]
+  curves, seconds, collected = read(out)
+  timing = []
+  for source, pieces in seconds.items():
+    if not pieces:
+      continue
+    runs, total = (sum(column) for column in zip(*pieces))
+    timing.append(f"- {LAB_POLICIES.get(source, source)}: {runs} runs in {total:.0f} s, "
+                  f"{total / runs:.0f} s a run")
   lines = [
       "# One answer from both trainers",
       "",
@@ -190,8 +194,8 @@ def write_report(out: pathlib.Path) -> None:
       "oracle − GRPO is paired by seed within a source (BCa interval, sign flips). Reading: "
       "*agree* when the difference's interval holds 0 (uncorrected), else *differ*.",
       "",
-      f"Trainer runs collected at {stored['commit']} on {stored['machine']}; the lab's cells "
-      "record their own commit. G run so far: " + "; ".join(
+      f"Both sources' runs collected at {collected['commit']} on {collected['machine']}. "
+      "G run so far: " + "; ".join(
           f"{LAB_POLICIES.get(source, source)} {', '.join(sorted(by_g, key=int))}"
           for source, by_g in curves.items()) + ".",
       "",

@@ -40,7 +40,7 @@ from flax import nnx
 from jax import Array
 
 from jaxcredit.rollout import Credit
-from jaxcredit.tasks import exact
+from jaxcredit.tasks import exact, procedural
 from jaxcredit.tasks.key_token import definition as key_token
 
 def _decisive_conditionals(model, config: key_token.KeyTokenConfig, prompts: Array,
@@ -125,8 +125,7 @@ def key_distribution(model, config: key_token.KeyTokenConfig, prompts: Array) ->
     (1, 9)
   """
   _check_exact(config)
-  keys = np.asarray(list(itertools.product(range(config.n_keys), repeat=config.n_decisive)),
-                    np.int32)  # [M, K]
+  keys = procedural.key_tuples(config.n_keys, config.n_decisive)  # [M, K]
   n = prompts.shape[0]
   probs = _decisive_conditionals(model, config, prompts,
                                  jnp.broadcast_to(jnp.asarray(keys), (n, *keys.shape)))
@@ -155,15 +154,14 @@ def decisive_values(model, config: key_token.KeyTokenConfig, prompts: Array,
   """
   _check_exact(config)
   n_keys, n_decisive = config.n_keys, config.n_decisive
-  prefixes = np.asarray(list(itertools.product(range(n_keys), repeat=n_decisive - 1)),
-                        np.int32).reshape(-1, n_decisive - 1)  # [M, K - 1], M = |C|^(K-1)
+  prefixes = procedural.key_tuples(n_keys, n_decisive - 1)  # [M, K - 1], M = |C|^(K-1)
   # Each prefix's response, its last decisive token C[0] (it conditions nothing): [M, K].
   keys = np.concatenate([prefixes, np.zeros((len(prefixes), 1), np.int32)], axis=1)
   n = prompts.shape[0]
   # [n, M, K, |C|]: pi(. | x, prefix) at each decisive position.
   probs = _decisive_conditionals(model, config, prompts,
                                  jnp.broadcast_to(jnp.asarray(keys), (n, *keys.shape)))
-  leaves = np.asarray(list(itertools.product(range(n_keys), repeat=n_decisive)), np.int32)
+  leaves = procedural.key_tuples(n_keys, n_decisive)
   tree = [key_token.rule_reward(key_token.KEY0 + jnp.asarray(leaves)[None],
                                 jnp.asarray(targets)[:, None], config)]
   for k in reversed(range(n_decisive)):
