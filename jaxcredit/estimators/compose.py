@@ -330,6 +330,39 @@ def low_entropy_tokens(*, rho: float = 0.2) -> TokenFn:
   return select
 
 
+def groups_with_success(*, threshold: float = 0.0) -> TokenFn:
+  """Token selector: the valid tokens of the groups in which some response's reward exceeds
+  `threshold`.
+
+  Drops the groups where every response failed: under a 0/1 reward they give a group
+  baseline no signal, while a baseline from outside the group (a learned or exact value)
+  still credits their tokens. Masking them separates what an estimator learns from failed
+  groups from the rest of its credit.
+
+  Args:
+    threshold: a response succeeds when its reward is above it.
+
+  Returns:
+    ``select(rollout) -> [B, T]`` bool.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxcredit import demo
+    >>> from jaxcredit.estimators import compose
+    >>> rollout = demo.sample_rollout()  # 2 groups of 4
+    >>> rollout = rollout.replace(rewards=jnp.array([0.0, 0, 0, 0, 0, 1, 0, 0]))
+    >>> compose.groups_with_success()(rollout).any(axis=1).tolist()
+    [False, False, False, False, True, True, True, True]
+  """
+
+  def select(rollout: Rollout) -> Array:
+    succeeded = (rollout.rewards > threshold).reshape(-1, rollout.group_size)
+    kept = jnp.repeat(jnp.any(succeeded, axis=1), rollout.group_size)
+    return as_bool(rollout.mask) & kept[:, None]
+
+  return select
+
+
 def surprisal(rollout: Rollout) -> Array:
   """Token weights: the surprisal of ``rollout.behaviour_logprobs``, mean 1 over valid tokens.
 
@@ -356,7 +389,8 @@ def surprisal(rollout: Rollout) -> Array:
 
 
 SELECTORS: dict[str, Callable[..., TokenFn]] = {"high_entropy": high_entropy_tokens,
-                                                "low_entropy": low_entropy_tokens}
+                                                "low_entropy": low_entropy_tokens,
+                                                "groups_with_success": groups_with_success}
 WEIGHTS: dict[str, TokenFn] = {"surprisal": surprisal}
 
 
@@ -370,6 +404,7 @@ def from_config(config: str | Mapping[str, Any]) -> AdvantageFn:
     {"sum": [{"weight": 0.7, "name": "grpo"}, {"weight": 0.3, "name": "prime"}]}
     {"sum": ["grpo", "prime"]}                weights 1
     {"mask": "high_entropy", "rho": 0.2, "of": <config>}
+    {"mask": "groups_with_success", "of": <config>}   zero on groups where every response failed
     {"reweight": "surprisal", "of": <config>}
     {"scale": "rms", "of": <config>}          divided by the batch RMS over valid tokens
 

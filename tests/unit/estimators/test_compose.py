@@ -38,6 +38,35 @@ def test_weighted_sum_masked_and_reweighted_match_numpy():
   np.testing.assert_allclose(weighted(rollout).advantages, grpo * weights, atol=1e-5)
 
 
+@pytest.mark.parametrize("group_size", [1, 2, 4])
+def test_groups_with_success_drops_exactly_the_groups_where_every_response_failed(group_size):
+  rng = np.random.default_rng(group_size)
+  rollout = _rollout(seed=group_size, group_size=group_size)
+  rewards = (rng.random(8) < 0.3).astype(np.float32)
+  rewards[:group_size] = 0.0  # an all-failed group
+  rewards[-1] = 1.0  # and one that succeeded
+  rollout = rollout.replace(rewards=jnp.asarray(rewards))
+  baseline = lambda r: jc.Estimate(advantages=jnp.where(r.mask, r.rewards[:, None] - 0.5, 0.0))
+  kept = jax.jit(estimators.masked(baseline, estimators.groups_with_success()))(rollout)
+  mask = np.asarray(rollout.mask)
+  expected = np.zeros(mask.shape)
+  for start in range(0, 8, group_size):
+    rows = slice(start, start + group_size)
+    if (rewards[rows] > 0).any():
+      expected[rows] = np.where(mask[rows], rewards[rows, None].astype(np.float64) - 0.5, 0.0)
+  np.testing.assert_allclose(kept.advantages, expected, atol=1e-6)
+  # A group baseline gives an all-failed 0/1 group nothing: masking it changes nothing.
+  config = {"mask": "groups_with_success", "of": "grpo"}
+  np.testing.assert_allclose(estimators.from_config(config)(rollout).advantages,
+                             estimators.get("grpo")(rollout).advantages, atol=1e-6)
+  # The threshold: with rewards of 0.25 no group succeeds above 0.5.
+  quarter = rollout.replace(rewards=jnp.full(8, 0.25))
+  assert not estimators.groups_with_success(threshold=0.5)(quarter).any()
+  stacked = jax.tree.map(lambda *x: jnp.stack(x), rollout, quarter)
+  selected = jax.vmap(estimators.groups_with_success(threshold=0.2))(stacked)
+  np.testing.assert_array_equal(selected[1], mask)
+
+
 def test_weighted_sum_of_returns():
   rollout = _rollout(1)
   a, b = estimators.get("gae")(rollout), estimators.get("reinforce")(rollout)
