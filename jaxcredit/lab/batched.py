@@ -129,13 +129,35 @@ def with_models(models: dict, batch: Rollout, actions: Actions,
   return batch
 
 
-def _task(cell: Cell):
-  """The traceable form of the cell's task (`tasks.Task.traceable`)."""
+def traceable_task(cell: Cell):
+  """The traceable form of the cell's task.
+
+  Args:
+    cell: the batched `Cell`.
+
+  Returns:
+    its task's `tasks.Task.traceable` form, with the cell's evaluation prompts.
+  """
   return tasks.of_options(cell.task).traceable(cell.task, cell.eval_prompts)
 
 
-def _policy(cell: Cell, seed) -> Transformer:
-  return Transformer(cell.model, rngs=nnx.Rngs(jax.random.key(seed)))  # = nnx.Rngs(seed)
+def starting_policy(cell: Cell, seed) -> Transformer:
+  """The policy a run of `seed` starts from: initialised from `seed`, then warm-started
+  (`warm_start`, its demonstrations keyed by the run's warmup stream) when the cell has a
+  `Warmup`. Traceable.
+
+  Args:
+    cell: the batched `Cell`.
+    seed: the run's seed, an int or a traced int32 scalar.
+
+  Returns:
+    the `Transformer`.
+  """
+  model = Transformer(cell.model, rngs=nnx.Rngs(jax.random.key(seed)))  # = nnx.Rngs(seed)
+  if cell.warmup is not None:
+    warm_start(model, traceable_task(cell), cell,
+               jax.random.fold_in(jax.random.key(seed), WARMUP_STREAM))
+  return model
 
 
 def make_rollout(cell: Cell, needs=frozenset(arms.EXTRAS)):
@@ -150,7 +172,7 @@ def make_rollout(cell: Cell, needs=frozenset(arms.EXTRAS)):
     extras in `needs` (all of them with oracle_extras; Monte-Carlo values as `mc` sets them,
     its fields may be traced, k = 0 for none).
   """
-  task, group, config = _task(cell), cell.group_size, cell.task
+  task, group, config = traceable_task(cell), cell.group_size, cell.task
   actions, prompt_len = task.actions, config.prompt_length
   largest_k = max(arms.monte_carlo(estimators.from_config(arm)).k for arm in cell.arms)
   value_needs = {"oracle_advantages", "oracle_values", *estimators.registered.MC_VALUES}
@@ -286,13 +308,11 @@ def make_run(cell: Cell):
     ``{metric: [updates]}``.
   """
   branches = [estimators.from_config(arm) for arm in cell.arms]
-  task, beta = _task(cell), arms.prm_beta(cell)
+  task, beta = traceable_task(cell), arms.prm_beta(cell)
   actions, critic = task.actions, arms.has_critic(cell)
 
-  def modules(seed, learning_rate, prm_learning_rate, warm_key=None):
-    model = _policy(cell, seed)
-    if warm_key is not None:
-      warm_start(model, task, cell, warm_key)
+  def modules(seed, learning_rate, prm_learning_rate):
+    model = starting_policy(cell, seed)
     return arms.modules(model, cell, learning_rate,
                         arms.critic(cell, model, seed) if critic else None, prm_learning_rate)
 
@@ -328,8 +348,7 @@ def make_run(cell: Cell):
 
   def run(arm, learning_rate, seed):
     key, mc = jax.random.key(seed), jax.tree.map(lambda field: field[arm], arm_mc)
-    warm_key = None if cell.warmup is None else jax.random.fold_in(key, WARMUP_STREAM)
-    state = nnx.state(modules(seed, learning_rate, prm_rates[arm], warm_key))
+    state = nnx.state(modules(seed, learning_rate, prm_rates[arm]))
     advantage = lambda rollout: Estimate(advantages=jax.lax.switch(
         arm, [lambda r, f=f: f(r).advantages for f in branches], rollout))
     step = learner.make_step(graphdef, advantage=advantage, objective=objective,
@@ -483,7 +502,8 @@ class Runner:
         "charged_tokens": charged,
         "charged_flops": charged_flops,
         **({"final_keys": final_keys, "key_targets": np.broadcast_to(
-            np.asarray(_task(self.cell).eval_prompts[1]) - key_token.KEY0, final_keys.shape[:3])}
+            np.asarray(traceable_task(self.cell).eval_prompts[1]) - key_token.KEY0,
+            final_keys.shape[:3])}
            if "keys" in measured else {}),
         **({"mechanism_gen_tokens": gen_tokens[:, evals]} if evals else {}),
         **{name: kept(value) for name, value in metrics.items()

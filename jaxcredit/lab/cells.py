@@ -43,7 +43,8 @@ class Warmup:
   learning_rate: float = 1e-3
 
   def __post_init__(self):
-    if not 0 <= self.key_accuracy <= 1:
+    # A traced key_accuracy (a study vmapping over starting successes) is taken as is.
+    if isinstance(self.key_accuracy, (int, float)) and not 0 <= self.key_accuracy <= 1:
       raise ValueError(f"warmup.key_accuracy must be in [0, 1], got {self.key_accuracy}.")
 
 

@@ -267,26 +267,41 @@ def success_gradient(model, config: key_token.KeyTokenConfig, prompts, targets):
 
 def group_gradients(objective, model, batch: Rollout, advantages, actions: Actions):
   """The objective's gradient on each group of a batch alone, for given token advantages
-  (computed on the whole batch: a batch-level scale such as RMS stays the batch's).
+  (computed on the whole batch: a batch-level scale such as RMS stays the batch's), for one
+  set of advantages or several at once.
+
+  Each group's forward pass is taken once and pulled back for every set of advantages (the
+  chain rule through the policy's outputs), so R estimators' gradients cost one forward and
+  R backward passes per group.
 
   Args:
     objective: ``objective(outputs, rollout, estimate) -> (loss, metrics)``.
     model: the policy.
     batch: the `Rollout`, ``[B, L]`` in groups of ``batch.group_size`` contiguous rows.
-    advantages: ``[B, L]`` token advantages.
+    advantages: ``[B, L]`` token advantages, or ``[R, B, L]`` for R estimators.
     actions: the task's action restrictions.
 
   Returns:
-    ``[B / G, P]``: each group's flattened gradient; their mean is the batch's gradient
-    when the objective averages over responses.
+    ``[B / G, P]`` (``[R, B / G, P]``): each group's flattened gradient; their mean is the
+    batch's gradient when the objective averages over responses.
   """
   groups = batch.tokens.shape[0] // batch.group_size
   split = lambda x: x.reshape(groups, batch.group_size, *x.shape[1:])
-  graphdef, state = nnx.split(model)
-  one = lambda state, group, credit: policy_gradient(objective, nnx.merge(graphdef, state),
-                                                     group, credit, actions)
-  return jax.vmap(one, in_axes=(None, 0, 0))(state, jax.tree.map(split, batch),
-                                              split(advantages))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  stacked = advantages if advantages.ndim == 3 else advantages[None]
+
+  def one(group, credits):
+    outputs, pullback = jax.vjp(
+        lambda params: forward.policy_outputs(nnx.merge(graphdef, params, rest), group, 1.0,
+                                              actions), params)
+    def gradient(credit):
+      loss = lambda outputs: objective(outputs, group, Estimate(advantages=credit))[0]
+      return jax.flatten_util.ravel_pytree(pullback(jax.grad(loss)(outputs))[0])[0]
+    return jax.vmap(gradient)(credits)
+
+  per_group = jax.vmap(one, in_axes=(0, 1), out_axes=1)(
+      jax.tree.map(split, batch), jax.vmap(split)(stacked))
+  return per_group if advantages.ndim == 3 else per_group[0]
 
 
 def gradient_noise(ascents, true_gradient) -> dict:
@@ -303,18 +318,22 @@ def gradient_noise(ascents, true_gradient) -> dict:
                     at which noise and signal are equal
     cosine_to_true  <g, grad J> / (|grad J| sqrt(signal)), clipped to [-1, 1]: the cosine of
                     the arm's expected gradient with the true one, corrected for the noise
+    projection      <g, grad J> / |grad J|: the mean's component along the true gradient,
+                    unbiased for E g's, and measurable where the signal is too weak to be
 
   An SGD step along a batch of B groups then improves J at best by
   ``|grad J|^2 cos^2 / (2 (1 + B_noise / B))`` in the quadratic model, beside
-  ``|grad J|^2 / 2`` for the true gradient.
+  ``|grad J|^2 / 2`` for the true gradient; a step of fixed length along the batch's mean
+  by about ``|grad J| projection / sqrt(signal + trace / B)`` per unit of length.
 
   Args:
     ascents: ``[N, P]`` per-group ascent directions, N >= 2.
     true_gradient: ``[P]`` the gradient of J (`success_gradient`).
 
   Returns:
-    ``{"trace", "signal", "noise_scale", "cosine_to_true"}`` float32 scalars. Without
-    signal the noise scale is trace / 1e-30 (finite) and the cosine 0.
+    ``{"trace", "signal", "noise_scale", "cosine_to_true", "projection"}`` float32 scalars.
+    Without signal the noise scale is trace / 1e-30 (finite) and the cosine 0; without a
+    true gradient the projection is 0.
 
   References:
     McCandlish et al., 2018, "An Empirical Model of Large-Batch Training", arXiv 1812.06162.
@@ -333,8 +352,10 @@ def gradient_noise(ascents, true_gradient) -> dict:
   signal = jnp.maximum(jnp.sum(mean**2) - trace / n, 0.0)
   norm = jnp.linalg.norm(true_gradient) * jnp.sqrt(signal)
   cosine = jnp.where(norm > 0, jnp.dot(mean, true_gradient) / jnp.where(norm > 0, norm, 1.0), 0.0)
+  true_norm = jnp.linalg.norm(true_gradient)
+  projection = jnp.dot(mean, true_gradient) / jnp.where(true_norm > 0, true_norm, 1.0)
   return {"trace": trace, "signal": signal, "noise_scale": trace / jnp.maximum(signal, 1e-30),
-          "cosine_to_true": jnp.clip(cosine, -1.0, 1.0)}
+          "cosine_to_true": jnp.clip(cosine, -1.0, 1.0), "projection": projection}
 
 
 def zero_variance_probability(model, config: key_token.KeyTokenConfig, prompts, targets,

@@ -73,7 +73,7 @@ import ml_collections
 
 PRESETS = ("smoke", "small", "primary", "stalls", "entropy", "ktae_prime", "mc_ladder",
            "mc_granularity", "critic", "regimes", "budgets", "language", "scale", "mid_filler",
-           "mid_filler_Z3", "same_rate", "trainers", "ktae_shared", "full")
+           "mid_filler_Z3", "same_rate", "trainers", "ktae_shared", "forecast", "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -90,6 +90,11 @@ ARMS = {
     **{f"mc_{k}_stride_6": {"name": "vineppo", "k": k, "positions": "stride:6"} for k in (1, 4)},
     **{f"mc_{k}_cut": {"name": "vineppo", "k": k, "positions": "cutpoints:0.9"} for k in (1, 4)},
 }
+# The forecast's arms beside GRPO, oracle and oracle_seq: the exact credit without what it
+# learns from groups whose every response failed (a group baseline gets nothing there).
+FORECAST_ARMS = {"grpo": "grpo", "oracle_seq": "oracle_seq", "oracle": "oracle",
+                 **{f"{arm}_no_failed": {"mask": "groups_with_success", "of": arm}
+                    for arm in ("oracle", "oracle_seq")}}
 # Same-rate controls: a core arm at another arm's tuned rate (`fixed_learning_rates`).
 SAME_RATE = {"grpo_at_1e-3": ("grpo", 1e-3), "oracle_at_1e-3": ("oracle", 1e-3),
              "oracle_seq_at_3e-3": ("oracle_seq", 3e-3)}
@@ -296,6 +301,33 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.mechanism_evals = None
     config.workers = 1
     config.runs_per_program = 20
+  if preset == "forecast":
+    # The mechanism's pre-registered forecast (studies/credit_study/forecast.py): filler
+    # regimes x reward rules, each a regime whose SFT's key accuracy the forecast sets per
+    # starting success p0 (P(every key right)); one rate for every arm.
+    fillers = {"uniform_sft": [0.25] * 4, "mid_filler": [0.94] + [0.02] * 3,
+               "peaked_filler": [0.9975] + [0.0025 / 3] * 3}
+    config.regimes = {
+        f"{filler}_{rule}": {"task": {**task, "rule": rule},
+                             "warmup": {"steps": 300, "filler_probs": probs,
+                                        "key_accuracy": 0.0}}
+        for filler, probs in fillers.items() for rule in ("all", "count")}
+    config.arms = dict(FORECAST_ARMS)
+    config.forecast = {
+        "fillers": tuple(fillers), "rules": ("all", "count"),
+        "start_success": (1 / 16, 0.1, 0.2, 0.3, 0.5), "half_success": 0.5,
+        "calibration_accuracies": (0.0, 0.25, 0.5, 0.75, 1.0),
+        "batches": 8, "threshold": 0.9,
+        # Every arm at 1e-3 from the random policy, rule all, uniform filler, G = 8.
+        "calibration": "studies/credit_study/results/trainers/cells/study_policy/G8.json"}
+    config.seeds = list(range(4))
+    config.learning_rates = [1e-3]
+    config.fixed_learning_rates = {name: 1e-3 for name in config.arms}
+    config.mechanism_batches = 0
+    config.mechanism_evals = None
+    config.eval_spacing = "log"
+    config.eval_points = 30
+    config.workers = 1
   if preset == "smoke":
     config.regimes = {"uniform_filler": {"task": {"length": 6, "n_decisive": 2, "n_keys": 3,
                                                   "n_fillers": 2, "filler_blind": True}}}

@@ -260,6 +260,12 @@ def test_a_warm_start_sets_the_regime_confident_filler_and_a_starting_success():
   result = batched.Runner(_cell("grpo", warmup=warmup)).train([(0, 1e-3, 0), (0, 1e-3, 1)])
   assert np.all(result["filler_entropy"][:, 0] < 0.15), result["filler_entropy"][:, 0]
   assert np.all(np.abs(result["success"][:, 0] - (2 / 3) ** 2) < 0.08), result["success"][:, 0]
+  # starting_policy is that start: its exact J is the run's first evaluation.
+  cell = _cell("grpo", warmup=warmup)
+  config, task = cell.task, batched.traceable_task(cell)
+  start = key_token.oracle.decisive_values(batched.starting_policy(cell, 1), config,
+                                           *task.eval_prompts)[0][:, 0].mean()
+  np.testing.assert_allclose(start, result["success"][1, 0], atol=1e-5)
 
 
 def test_bad_cells_and_runs_are_refused_naming_the_problem():
@@ -322,7 +328,7 @@ def test_a_learnt_lambda_grpo_arm_steps_its_preference_as_the_trainers_provider_
   cell = dataclasses.replace(cell, arms=(*cell.arms, {"scale": "rms", "of": learnt}))
   assert arms.length_preference(cell) == {"lam": 0.5, "r": 1.0, "learning_rate": 0.1}
   modules = arms.modules(model, cell, 1e-3)
-  actions = batched._task(cell).actions
+  actions = batched.traceable_task(cell).actions
   batch = batched.make_rollout(cell)(model, jax.random.key(3))
   assert len(set(np.asarray(batch.mask).sum(1).tolist())) > 1
   host = length_preference.LengthPreferenceProvider(0.5, 1.0, 0.1)
@@ -366,7 +372,7 @@ def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does
   cell, prm_rate = _cell("grpo", "prime"), 3e-3  # the arm's rate reaches the PRM's Adam
   model = Transformer(MODEL, rngs=nnx.Rngs(0))
   modules = arms.modules(model, cell, 1e-3, prm_learning_rate=prm_rate)
-  actions = batched._task(cell).actions
+  actions = batched.traceable_task(cell).actions
   batch = batched.make_rollout(cell)(model, jax.random.key(4))
   scored = batched.with_models(modules, batch, actions)
   sampled = np.where(batch.mask, batch.behaviour_logprobs, 0.0)
@@ -537,7 +543,7 @@ def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact
   prompts, targets = key_token.traceable.prompts_of(symbols, TASK)
   tree = key_token.oracle.decisive_values(model, TASK, prompts, targets)
   exact = np.asarray(diagnostics.alternative_values(tree, batch.tokens, TASK, cell.group_size))
-  actions = batched._task(cell).actions
+  actions = batched.traceable_task(cell).actions
   scores = np.asarray(diagnostics.critic_alternatives(critic, batch, TASK, actions))
   row_targets = np.repeat(np.asarray(targets), cell.group_size, axis=0)
   for k, position in enumerate(TASK.decisive_positions):
@@ -548,7 +554,7 @@ def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact
       np.testing.assert_allclose(exact[:, k, c], np.asarray(host.values)[:, p + position + 1],
                                  atol=1e-6)
       learner_values = forward.critic_values(critic, batch.replace(tokens=jnp.asarray(changed)),
-                                           batched._task(cell).actions)
+                                           batched.traceable_task(cell).actions)
       np.testing.assert_allclose(scores[:, k, c], learner_values[:, p + position + 1], atol=1e-6)
   # top-1 agreement against a loop; a random order scores the share of exact maxima; many
   # continuations rank distinct values right.
@@ -577,7 +583,7 @@ def test_a_zipf_explain_batch_carries_the_monte_carlo_oracles_credit():
   cell = _cell("grpo", "oracle", task=task, model=model_config)
   model = Transformer(model_config, rngs=nnx.Rngs(0))
   batch = batched.make_rollout(cell)(model, jax.random.key(5), oracle_extras=True)
-  adapter = batched._task(cell)
+  adapter = batched.traceable_task(cell)
   tokens, mask = np.asarray(batch.tokens), np.asarray(batch.mask)
   targets = tokens[:, 1:3] - zipf_explain.KEY0
   key = jax.random.fold_in(jax.random.key(5), batched.ORACLE_STREAM)

@@ -74,7 +74,8 @@ def _noise_reference(ascents, true_gradient):
   signal = max(mean @ mean - trace / len(g), 0.0)
   cosine = mean @ true_gradient / (np.linalg.norm(true_gradient) * np.sqrt(signal))
   return {"trace": trace, "signal": signal, "noise_scale": trace / signal,
-          "cosine_to_true": np.clip(cosine, -1, 1)}
+          "cosine_to_true": np.clip(cosine, -1, 1),
+          "projection": mean @ true_gradient / np.linalg.norm(true_gradient)}
 
 
 class GradientNoiseTest(chex.TestCase):
@@ -111,6 +112,7 @@ def test_gradient_noise_reads_the_noise_scale_and_the_cosine_of_the_expected_gra
                                      jnp.asarray(true_gradient, jnp.float32))
     np.testing.assert_allclose(out["noise_scale"], 7.5, rtol=0.03)
     np.testing.assert_allclose(out["cosine_to_true"], np.sqrt(0.5), rtol=0.03)
+    np.testing.assert_allclose(out["projection"], c * 1.0, rtol=0.03)
   # Batched over arms (vmap), one of them pure noise around 0.
   stacked = jnp.asarray(np.stack([ascents[:64], ascents[:64] - mu]), jnp.float32)
   out = jax.vmap(diagnostics.gradient_noise, in_axes=(0, None))(stacked,
@@ -118,6 +120,8 @@ def test_gradient_noise_reads_the_noise_scale_and_the_cosine_of_the_expected_gra
   assert all(np.isfinite(v).all() for v in out.values())
   identical = diagnostics.gradient_noise(jnp.zeros((4, 3)), jnp.ones(3))
   assert float(identical["noise_scale"]) == 0.0 and float(identical["cosine_to_true"]) == 0.0
+  flat = diagnostics.gradient_noise(jnp.ones((4, 3)), jnp.zeros(3))
+  assert float(flat["projection"]) == 0.0 and float(flat["cosine_to_true"]) == 0.0
 
 
 def test_group_gradients_average_to_the_batch_gradient():
@@ -149,6 +153,18 @@ def test_group_gradients_average_to_the_batch_gradient():
   np.testing.assert_allclose(per_group.mean(axis=0), whole, rtol=1e-4,
                              atol=1e-6 * np.abs(whole).max())
   assert float(jnp.abs(per_group[0]).max()) == 0.0 and float(jnp.abs(per_group[1]).max()) > 0
+  # Several estimators at once: each one's per-group gradients, as alone.
+  other = jnp.where(mask, jnp.asarray(rng.normal(size=tokens.shape), jnp.float32), 0.0)
+  both = diagnostics.group_gradients(objective, model, batch, jnp.stack([advantages, other]),
+                                     actions)
+  alone = diagnostics.group_gradients(objective, model, batch, other, actions)
+  assert both.shape == (2, groups, whole.shape[0])
+  np.testing.assert_allclose(both[0], per_group, rtol=1e-4, atol=1e-6 * np.abs(whole).max())
+  np.testing.assert_allclose(both[1], alone, rtol=1e-4, atol=1e-6 * np.abs(alone).max())
+  np.testing.assert_allclose(
+      alone[2], diagnostics.policy_gradient(objective, model, jax.tree.map(
+          lambda x: x[2 * group_size:], batch), other[2 * group_size:], actions),
+      rtol=1e-4, atol=1e-6 * np.abs(alone).max())
 
 
 @pytest.mark.parametrize("rule", ["all", "count"])

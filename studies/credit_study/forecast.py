@@ -1,0 +1,404 @@
+"""The mechanism as a forecast, committed before the runs it predicts.
+
+  python -m studies.credit_study.forecast \\
+      --config studies/credit_study/configs.py:forecast --workdir DIR
+
+Nothing is trained. For each cell of the forecast grid (filler regime x reward rule x
+starting success p0 x G, the `forecast` preset's regimes) and each seed, on the policy the
+cell's runs start from (`batched.starting_policy`: the regime's SFT, its keys right as often
+as p0 needs) and on the same regime's policy at J = 1/2 (the same SFT with the keys right as
+often as J = 1/2 needs under the rule), each arm's gradient is measured over
+`forecast.batches` fresh batches, one ascent per group (`diagnostics.group_gradients`):
+
+  B_noise    tr S / |E g|^2 over the groups (`diagnostics.gradient_noise`)
+  cos        of E g with the true gradient of J, in closed form (`diagnostics.success_gradient`)
+  |grad J|   the true gradient's norm
+  P_zero     the chance that a group's rewards are all equal (`zero_variance_probability`)
+
+The forecast. Adam moves every parameter by about the same amount whatever the gradient's
+scale, so an update of B groups along an estimate whose expectation makes angle cos with
+grad J, and whose noise is B_noise / B of its signal, moves J by about
+
+  dJ/du = c s(J),   s = |grad J| cos / sqrt(1 + B_noise / B)
+
+(the first-order gain of a normalised step along the noisy mean). s is the mean over seeds,
+interpolated linearly in J between the two measured points and held beyond them; the updates
+to the threshold are the integral of dJ / (c s(J)) from the start's J to `forecast.threshold`
+(none when s <= 0 on the way), and the tokens those updates times the cell's tokens per update.
+An arm's speed-up over GRPO is the ratio of their updates, free of c. c is fitted once, on a
+committed cell (`forecast.calibration`: every arm at the same rate, J from exact evaluations):
+the geometric mean over its arms of predicted over measured updates to the threshold.
+
+DIR/points/<filler>_<rule>/G<g>.json holds the measurements (each written once, atomically,
+and refused when written under other settings); DIR/forecast.json and DIR/forecast.md the
+forecast, its held-out cells and the criterion the runs are scored by.
+"""
+
+import dataclasses
+import json
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxcredit import estimators, losses
+from jaxcredit.atomic import write_atomically
+from jaxcredit.lab import arms, batched, cells, diagnostics
+from jaxcredit.models import Transformer
+from jaxcredit.tasks import key_token
+from studies.credit_study import report, runner, sweep
+
+MEASURED = ("success", "gradient_norm", "zero_variance", "trace", "signal", "noise_scale",
+            "cosine_to_true", "projection")
+GRID_POINTS = 400  # of the integral over J
+
+
+def key_accuracy(success: float, rule: str, n_keys: int, n_decisive: int) -> float:
+  """The SFT's key accuracy (`cells.Warmup`) after which the policy's J is `success`: each key
+  is right with probability q = a + (1 - a) / |C|; rule `all` pays when all K are right (J =
+  q^K), rule `count` the fraction right (J = q). 0 below chance."""
+  q = success ** (1 / n_decisive) if rule == "all" else success
+  return max(0.0, (q - 1 / n_keys) / (1 - 1 / n_keys))
+
+
+def warm_policies(cell: cells.Cell, accuracies, seeds):
+  """The policies runs of `cell` start from, with its warmup's key accuracy set to each of
+  `accuracies` [n], for each of `seeds` [m] (`batched.starting_policy`): their stacked
+  ``nnx.State`` ``[n, m, ...]``; the cell's own start at every accuracy when it has no
+  warmup."""
+  def at(accuracy, seed):
+    start = cell if cell.warmup is None else dataclasses.replace(
+        cell, warmup=dataclasses.replace(cell.warmup, key_accuracy=accuracy))
+    return nnx.state(batched.starting_policy(start, seed))
+
+  return jax.jit(jax.vmap(jax.vmap(at, in_axes=(None, 0)), in_axes=(0, None)))(
+      jnp.asarray(accuracies, jnp.float32), jnp.asarray(seeds, jnp.int32))
+
+
+def measure_fn(cell: cells.Cell, batches: int):
+  """``measure(states [n, m], seeds [m]) -> {name in MEASURED: [n, m] or [n, m, arms]}``,
+  jitted: for each policy (`warm_policies`) its J, the true gradient's norm, P_zero, and per
+  arm of the cell `diagnostics.gradient_noise` over `batches` x prompts_per_step groups (the
+  same batches for every arm, drawn from the seed's mechanism stream)."""
+  task = batched.traceable_task(cell)
+  config, actions = cell.task, task.actions
+  prompts, targets = task.eval_prompts
+  branches = [estimators.from_config(arm) for arm in cell.arms]
+  objective = losses.from_config(cell.objective)
+  rollout = batched.make_rollout(cell, arms.needs(branches))
+  graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(cell.model, rngs=nnx.Rngs(0))))
+
+  def at(state, seed):
+    model = nnx.merge(graphdef, state)
+    success, true_gradient = diagnostics.success_gradient(model, config, prompts, targets)
+    zero_variance = jnp.mean(diagnostics.zero_variance_probability(
+        model, config, prompts, targets, cell.group_size))
+
+    def on_batch(state, key):
+      model = nnx.merge(graphdef, state)
+      batch = rollout(model, key)
+      credits = jnp.stack([branch(batch).advantages for branch in branches])
+      return state, -diagnostics.group_gradients(objective, model, batch, credits, actions)
+
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), batched.MECHANISM_STREAM),
+                            batches)
+    _, ascents = jax.lax.scan(on_batch, state, keys)  # [R, arms, groups, P]
+    ascents = jnp.moveaxis(ascents, 1, 0).reshape(len(branches), -1, ascents.shape[-1])
+    noise = jax.vmap(diagnostics.gradient_noise, in_axes=(0, None))(ascents, true_gradient)
+    return {"success": success, "gradient_norm": jnp.linalg.norm(true_gradient),
+            "zero_variance": zero_variance, **noise}
+
+  return jax.jit(jax.vmap(jax.vmap(at), in_axes=(0, None)))
+
+
+def efficiency(point: dict, prompts_per_step: int) -> np.ndarray:
+  """s = |grad J| cos / sqrt(1 + B_noise / B) per seed and arm ``[m, arms]`` of one measured
+  point (its lists ``[m]`` and ``[m, arms]``), computed as its equal
+  ``projection / sqrt(signal + trace / B)`` times |grad J|, which stays measurable where
+  the signal is too weak for the noise scale and the cosine to be."""
+  norm = np.asarray(point["gradient_norm"], np.float64)[:, None]
+  step = np.sqrt(np.asarray(point["signal"], np.float64)
+                 + np.asarray(point["trace"], np.float64) / prompts_per_step)
+  return norm * np.asarray(point["projection"], np.float64) / np.where(step > 0, step, np.inf)
+
+
+def updates_to(threshold: float, points: list[dict], prompts_per_step: int) -> np.ndarray:
+  """Per arm, the integral of dJ / s(J) from the first point's J to `threshold` (c = 1): s
+  the mean over seeds at each point, linear in J between the points (sorted by J) and held
+  beyond them; inf for an arm whose s is not positive on the way; 0 when J starts there."""
+  start = float(np.mean(points[0]["success"]))
+  at = sorted(((float(np.mean(p["success"])), efficiency(p, prompts_per_step).mean(0))
+               for p in points), key=lambda point: point[0])
+  if start >= threshold:
+    return np.zeros(len(at[0][1]))
+  grid = np.linspace(start, threshold, GRID_POINTS)
+  js = np.asarray([j for j, _ in at])
+  out = []
+  for arm in range(len(at[0][1])):
+    s = np.interp(grid, js, [e[arm] for _, e in at])
+    out.append(np.trapezoid(1 / s, grid) if np.all(s > 0) else np.inf)
+  return np.asarray(out)
+
+
+def crossing(updates, success, threshold: float) -> float | None:
+  """The update at which a curve first reaches `threshold`, linear between evaluations;
+  None if it never does."""
+  updates, success = np.asarray(updates, float), np.asarray(success, float)
+  above = np.flatnonzero(success >= threshold)
+  if not above.size:
+    return None
+  i = above[0]
+  if i == 0:
+    return float(updates[0])
+  u0, u1, j0, j1 = updates[i - 1], updates[i], success[i - 1], success[i]
+  return float(u0 + (threshold - j0) / (j1 - j0) * (u1 - u0))
+
+
+def restricted_mean(curves: dict, threshold: float) -> float:
+  """The mean over runs of the updates to `threshold`, a run that never reaches it counted
+  at its last update (every run censored at the same budget: the restricted mean time, with
+  no survivor bias)."""
+  times = [crossing(c["updates"], c["success"], threshold) for c in curves.values()]
+  budget = [c["updates"][-1] for c in curves.values()]
+  return float(np.mean([t if t is not None else b for t, b in zip(times, budget)]))
+
+
+def success_under(states, config: key_token.KeyTokenConfig, cell: cells.Cell) -> np.ndarray:
+  """Exact J under `config`'s rule of each stacked policy ``[n, m]``."""
+  task = batched.traceable_task(cell)
+  graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(cell.model, rngs=nnx.Rngs(0))))
+  j = lambda state: jnp.mean(key_token.oracle.decisive_values(
+      nnx.merge(graphdef, state), config, *task.eval_prompts)[0][:, 0])
+  return np.asarray(jax.jit(jax.vmap(jax.vmap(j)))(states), np.float64)
+
+
+def filler_cell(study, filler: str, rule: str, group_size: int) -> cells.Cell:
+  """The (filler, rule) regime's cell at G, with no gradient measurements of its own."""
+  cell = sweep.cell_of(study, f"{filler}_{rule}", group_size)
+  return dataclasses.replace(cell, mechanism_batches=0, mechanism_evals=None)
+
+
+def choose_accuracies(study, filler: str) -> dict:
+  """The SFT key accuracies of a filler regime: J under both rules after the SFT at each of
+  `forecast.calibration_accuracies` (the first two seeds), and by linear interpolation the
+  accuracy for each starting success p0 (J under rule all: every key right) and for J =
+  `forecast.half_success` under each rule; 1 where J stays below the target."""
+  cell = filler_cell(study, filler, "all", study.group_sizes[0])
+  grid = list(study.forecast.calibration_accuracies)
+  states = warm_policies(cell, grid, list(study.seeds)[:2])
+  measured = {rule: success_under(states, dataclasses.replace(cell.task, rule=rule), cell)
+              .mean(axis=1) for rule in study.forecast.rules}
+  def accuracy(rule, target):
+    j = np.maximum.accumulate(measured[rule])
+    return 1.0 if target > j[-1] else float(np.interp(target, j, grid))
+  chosen = {point_name(p0): accuracy("all", p0) for p0 in study.forecast.start_success}
+  for rule in study.forecast.rules:
+    chosen[f"half_{rule}"] = accuracy(rule, study.forecast.half_success)
+  return {"grid": grid, **{f"J_{rule}": j.tolist() for rule, j in measured.items()},
+          "chosen": chosen}
+
+
+def point_name(p0: float) -> str:
+  """p0's name in regime and cell names: 1/16 -> "p1_16", 0.3 -> "p0_3"."""
+  inverse = 1 / p0
+  if p0 < 0.5 and np.isclose(inverse, round(inverse)) and not np.isclose(p0, round(p0, 1)):
+    return f"p1_{round(inverse)}"
+  return f"p{p0:g}".replace(".", "_")
+
+
+def measure(study, workdir: pathlib.Path) -> dict:
+  """Every (filler, rule, G) group of points not yet written (module docstring): DIR/points/
+  <filler>_<rule>/G<g>.json {"signature", "points": {name: {measure: lists}}, "seconds"};
+  and the chosen accuracies, DIR/accuracies.json. Returns {(filler, rule, G): points}."""
+  accuracies_path = workdir / "accuracies.json"
+  chosen = json.loads(accuracies_path.read_text()) if accuracies_path.exists() else {}
+  out = {}
+  for filler in study.forecast.fillers:
+    if filler not in chosen:
+      print(f"[forecast] {filler}: choosing the SFT's key accuracies", flush=True)
+      chosen[filler] = choose_accuracies(study, filler)
+      write_atomically(accuracies_path, lambda tmp: tmp.write_text(json.dumps(chosen, indent=1)))
+    names = list(chosen[filler]["chosen"])
+    states = None
+    for rule in study.forecast.rules:
+      for g in study.group_sizes:
+        cell = filler_cell(study, filler, rule, g)
+        path = workdir / "points" / f"{filler}_{rule}" / f"G{g}.json"
+        expected = {**sweep.signature(cell, list(study.seeds)),
+                    "accuracies": chosen[filler]["chosen"], "batches": study.forecast.batches}
+        if path.exists():
+          stored = json.loads(path.read_text())
+          sweep.refuse_other_settings(path, stored.get("signature"), expected)
+        else:
+          print(f"[forecast] {filler} {rule} G={g}", flush=True)
+          begin = time.time()
+          if states is None:
+            states = warm_policies(cell, [chosen[filler]["chosen"][n] for n in names],
+                                   list(study.seeds))
+          measured = measure_fn(cell, study.forecast.batches)(states, jnp.asarray(study.seeds))
+          stored = {"signature": expected, "seconds": time.time() - begin, "points": {
+              name: {k: np.asarray(v[i]).tolist() for k, v in measured.items()}
+              for i, name in enumerate(names)}}
+          path.parent.mkdir(parents=True, exist_ok=True)
+          write_atomically(path, lambda tmp: tmp.write_text(json.dumps(stored)))
+        out[filler, rule, g] = stored
+  return out
+
+
+def calibrate(study, workdir: pathlib.Path, points: dict) -> dict:
+  """c, from the committed cell `forecast.calibration` (uniform filler from the random
+  policy, rule all, every arm at one rate): its start measured here (DIR/points/
+  calibration.json), its J = 1/2 point the uniform_sft regime's (the same cell but for the
+  SFT); c is the geometric mean over the committed cell's arms of predicted (c = 1)
+  over measured updates to the threshold (`restricted_mean`)."""
+  committed = json.loads(pathlib.Path(study.forecast.calibration).read_text())
+  group_size = committed["signature"]["cell"]["group_size"]
+  cell = dataclasses.replace(filler_cell(study, "uniform_sft", "all", group_size), warmup=None)
+  expected = sweep.signature(cell, [])["cell"]
+  for field in ("task", "model", "group_size", "prompts_per_step", "objective"):
+    if committed["signature"]["cell"][field] != expected[field]:
+      raise ValueError(f"The calibration cell's {field} is not the forecast's: "
+                       f"{committed['signature']['cell'][field]} != {expected[field]}.")
+  path = workdir / "points" / "calibration.json"
+  if path.exists():
+    start = json.loads(path.read_text())
+  else:
+    states = warm_policies(cell, [0.0], list(study.seeds))
+    measured = measure_fn(cell, study.forecast.batches)(states, jnp.asarray(study.seeds))
+    start = {k: np.asarray(v[0]).tolist() for k, v in measured.items()}
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(start)))
+  half = points["uniform_sft", "all", group_size]["points"]["half_all"]
+  predicted = updates_to(study.forecast.threshold, [start, half], cell.prompts_per_step)
+  names = list(study.arms)
+  rows = {arm: {"predicted": float(predicted[names.index(arm)]),
+                "measured": restricted_mean(committed["arms"][arm]["curves"],
+                                            study.forecast.threshold)}
+          for arm in committed["arms"]}
+  c = float(np.exp(np.mean([np.log(r["predicted"] / r["measured"]) for r in rows.values()])))
+  return {"c": c, "arms": rows, "cell": study.forecast.calibration}
+
+
+def _finite(x: float) -> float | None:
+  return float(x) if np.isfinite(x) else None
+
+
+def predict(study, points: dict, c: float) -> dict:
+  """{cell name: the forecast} for every (filler, rule, p0, G): J and P_zero at the start,
+  each arm's predicted updates and tokens to the threshold (None: not reached), its
+  speed-up over GRPO, and the training budget the cell's runs get (`budget_updates`)."""
+  names, threshold = list(study.arms), study.forecast.threshold
+  out = {}
+  for (filler, rule, g), stored in points.items():
+    for p0 in study.forecast.start_success:
+      start = stored["points"][point_name(p0)]
+      half = stored["points"][f"half_{rule}"]
+      measured = [start, half]
+      updates = updates_to(threshold, measured, study.prompts_per_step) / c
+      grpo = updates[names.index("grpo")]
+      tokens_per_update = study.prompts_per_step * g * study.regimes[f"{filler}_{rule}"].task.length
+      out[f"{filler}_{rule}_{point_name(p0)}_G{g}"] = {
+          "filler": filler, "rule": rule, "p0": p0, "group_size": g,
+          "start_success": float(np.mean(start["success"])),
+          "half_success": float(np.mean(half["success"])),
+          "zero_variance": float(np.mean(start["zero_variance"])),
+          "updates": {a: _finite(u) for a, u in zip(names, updates)},
+          "tokens": {a: _finite(u * tokens_per_update) for a, u in zip(names, updates)},
+          "speedup": {a: _finite(grpo / u) if u > 0 else None for a, u in zip(names, updates)},
+          "budget_updates": budget_updates(grpo)}
+  return out
+
+
+def budget_updates(grpo_updates: float, low: int = 100, high: int = 2000) -> int:
+  """The updates a forecast cell's runs get: three times GRPO's predicted updates to the
+  threshold, in [low, high], a multiple of 10."""
+  if not np.isfinite(grpo_updates):
+    return high
+  return int(np.clip(10 * np.ceil(3 * grpo_updates / 10), low, high))
+
+
+CRITERION = (
+    "The forecast passes if, over the forecast cells trained (at least 24 of them, in the "
+    "order below), the predicted exact-credit speed-up over GRPO (`speedup.oracle`, the "
+    "ratio of predicted updates to J = {threshold}) ranks the measured one with Spearman "
+    "rho >= 0.7. The measured speed-up is GRPO's restricted mean updates to the threshold "
+    "over the oracle's (mean over seeds of the first update reaching it, linear between "
+    "evaluations, a run that never does counted at its budget). A cell predicted without "
+    "GRPO reaching the threshold ranks above every other. Secondary, reported whatever "
+    "they show: the same for each other arm's speed-up; the rival, mechanism-free "
+    "predictor (the start's P_zero) ranked the same way; the predicted updates against the "
+    "measured ones (log ratio).")
+
+
+def run(study, workdir: str) -> dict:
+  """Measures what is missing, calibrates c and writes DIR/forecast.json and forecast.md;
+  returns the forecast."""
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "study_config.json").write_text(study.to_json_best_effort(indent=2))
+  points = measure(study, workdir)
+  calibration = calibrate(study, workdir, points)
+  cells_out = predict(study, points, calibration["c"])
+  order = sorted(cells_out, key=lambda n: (cells_out[n]["group_size"], n))
+  forecast = {"commit": sweep.commit(), "written": time.strftime("%Y-%m-%d"),
+              "machine": report.machine(), "threshold": study.forecast.threshold,
+              "arms": dict(study.arms.to_dict()), "calibration": calibration,
+              "criterion": CRITERION.format(threshold=study.forecast.threshold),
+              "training_order": order, "cells": cells_out,
+              "measure_seconds": sum(p["seconds"] for p in points.values())}
+  (workdir / "forecast.json").write_text(json.dumps(forecast, indent=1))
+  (workdir / "forecast.md").write_text(write_report(study, forecast, workdir))
+  print(f"[forecast] wrote {workdir / 'forecast.md'}", flush=True)
+  return forecast
+
+
+def _num(x, fmt="{:.0f}") -> str:
+  return "never" if x is None else fmt.format(x)
+
+
+def write_report(study, forecast: dict, workdir: pathlib.Path) -> str:
+  """forecast.md: the model, the calibration, the criterion, and per cell the measured start
+  and the predictions."""
+  accuracies = json.loads((workdir / "accuracies.json").read_text())
+  names = list(study.arms)
+  cal = forecast["calibration"]
+  lines = [
+      "# The mechanism's forecast, written before the runs it predicts", "",
+      f"Written {forecast['written']} on {forecast['machine']}; jaxcredit "
+      f"{forecast['commit']}; {forecast['measure_seconds'] / 60:.1f} min of measuring. "
+      "Nothing here is trained: the model (`studies/credit_study/forecast.py`) turns "
+      "gradient measurements on each cell's starting policy and on its regime's policy at "
+      f"J = 1/2 into updates to J = {forecast['threshold']}. Seeds {list(study.seeds)}, "
+      f"{study.forecast.batches} batches of {study.prompts_per_step} groups per "
+      "measurement; arms " + ", ".join(f"`{n}`" for n in names) + ".", "",
+      "## Criterion", "", forecast["criterion"], "",
+      "## Calibration", "",
+      f"c = {cal['c']:.4g}, from `{cal['cell']}`:", "",
+      "| arm | predicted updates (c = 1) | measured (restricted mean) |", "|---|---|---|",
+      *[f"| {a} | {r['predicted']:.4g} | {r['measured']:.1f} |" for a, r in cal["arms"].items()],
+      "", "## The SFT's key accuracies", "",
+      "| filler | accuracy grid | J (rule all) | J (rule count) | chosen |",
+      "|---|---|---|---|---|",
+      *[f"| {f} | {a['grid']} | {[round(j, 3) for j in a['J_all']]} | "
+        f"{[round(j, 3) for j in a['J_count']]} | "
+        f"{ {k: round(v, 3) for k, v in a['chosen'].items()} } |" for f, a in accuracies.items()],
+      "", "## Predictions", "",
+      "| cell | J start | J half | P_zero | budget | "
+      + " | ".join(f"updates {n}" for n in names) + " | "
+      + " | ".join(f"speed-up {n}" for n in names if n != "grpo") + " |",
+      "|" + "---|" * (5 + 2 * len(names) - 1)]
+  for name in forecast["training_order"]:
+    cell = forecast["cells"][name]
+    lines.append(
+        f"| {name} | {cell['start_success']:.3f} | {cell['half_success']:.3f} | "
+        f"{cell['zero_variance']:.3f} | {cell['budget_updates']} | "
+        + " | ".join(_num(cell["updates"][n]) for n in names) + " | "
+        + " | ".join(_num(cell["speedup"][n], "{:.2f}") for n in names if n != "grpo") + " |")
+  lines += ["", "The table's order is the training order."]
+  return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+  runner.cli(run, "Forecast config (studies/credit_study/configs.py:forecast).")

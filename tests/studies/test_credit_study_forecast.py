@@ -1,0 +1,117 @@
+"""The mechanism's forecast: its integral, its outcome measure, and a smoke run that measures,
+calibrates, predicts and resumes."""
+
+import json
+
+import numpy as np
+import pytest
+
+from studies.credit_study import configs, forecast, sweep
+
+
+def _point(success, gradient_norm, projection, signal, trace, seeds=2):
+  arms = len(projection)
+  return {"success": [success] * seeds, "gradient_norm": [gradient_norm] * seeds,
+          "projection": [list(projection)] * seeds, "signal": [[signal] * arms] * seeds,
+          "trace": [[trace] * arms] * seeds}
+
+
+def test_updates_to_integrates_dj_over_the_efficiency():
+  # s = |grad J| projection / sqrt(signal + trace / B) = 2 * 1 / sqrt(0 + 8 / 8) = 2, then 4.
+  flat = [_point(0.1, 2.0, [1.0, 0.5], 0.0, 8.0), _point(0.5, 2.0, [1.0, 0.5], 0.0, 8.0)]
+  np.testing.assert_allclose(forecast.updates_to(0.9, flat, 8), [0.8 / 2, 0.8 / 1], rtol=1e-6)
+  # Linear in J between the points, held beyond: s = 2 + 5 (J - 0.1) up to 0.5, then 4.
+  rising = [_point(0.1, 2.0, [1.0], 0.0, 8.0), _point(0.5, 4.0, [1.0], 0.0, 8.0)]
+  want = np.log(4 / 2) / 5 + 0.4 / 4
+  np.testing.assert_allclose(forecast.updates_to(0.9, rising, 8), [want], rtol=1e-4)
+  # The points' order does not matter; an arm pointing away never arrives; J at the level: 0.
+  np.testing.assert_allclose(forecast.updates_to(0.9, rising[::-1][::-1], 8), [want], rtol=1e-4)
+  away = [_point(0.1, 2.0, [1.0, -0.1], 0.0, 8.0), _point(0.5, 2.0, [1.0, 0.3], 0.0, 8.0)]
+  assert np.isinf(forecast.updates_to(0.9, away, 8)[1])
+  np.testing.assert_array_equal(forecast.updates_to(0.9, [_point(0.95, 1, [1], 0, 1)], 8), [0])
+  # Noise: signal 1, trace 8 over B = 8 groups: the step's length doubles its sqrt.
+  noisy = [_point(0.1, 2.0, [1.0], 1.0, 8.0), _point(0.5, 2.0, [1.0], 1.0, 8.0)]
+  np.testing.assert_allclose(forecast.updates_to(0.9, noisy, 8), [0.8 * np.sqrt(2) / 2],
+                             rtol=1e-6)
+
+
+def test_the_outcome_is_the_restricted_mean_of_first_crossings():
+  assert forecast.crossing([0, 10, 20], [0.1, 0.5, 1.0], 0.9) == pytest.approx(18.0)
+  assert forecast.crossing([0, 10], [0.95, 1.0], 0.9) == 0.0
+  assert forecast.crossing([0, 10], [0.1, 0.8], 0.9) is None
+  curves = {"0": {"updates": [0, 10, 20], "success": [0.1, 0.5, 1.0]},
+            "1": {"updates": [0, 10, 20], "success": [0.1, 0.2, 0.3]}}  # censored at 20
+  assert forecast.restricted_mean(curves, 0.9) == pytest.approx((18 + 20) / 2)
+
+
+def test_key_accuracy_and_budget():
+  # Rule all: q^2 = 0.25 -> q = 1/2 = a + (1 - a) / 4 -> a = 1/3; rule count: q = J.
+  assert forecast.key_accuracy(0.25, "all", 4, 2) == pytest.approx(1 / 3)
+  assert forecast.key_accuracy(0.5, "count", 4, 2) == pytest.approx(1 / 3)
+  assert forecast.key_accuracy(0.01, "all", 4, 2) == 0.0
+  assert [forecast.point_name(p) for p in (1 / 16, 1 / 9, 0.1, 0.2, 0.3, 0.5)] == [
+      "p1_16", "p1_9", "p0_1", "p0_2", "p0_3", "p0_5"]
+  assert [forecast.budget_updates(u) for u in (10, 101, 5000, np.inf)] == [100, 310, 2000, 2000]
+
+
+def _smoke_study(tmp_path):
+  study = configs.get_config("forecast")
+  task = {"length": 6, "n_decisive": 2, "n_keys": 3, "n_fillers": 2, "filler_blind": True}
+  study.regimes = {f"uniform_sft_{rule}": {
+      "task": {**task, "rule": rule},
+      "warmup": {"steps": 20, "filler_probs": [0.5, 0.5], "key_accuracy": 0.0}}
+      for rule in ("all", "count")}
+  study.model.overrides = {"n_layers": 1, "d_model": 16, "n_heads": 2, "n_kv_heads": 2,
+                           "d_ff": 32}
+  study.arms = {name: configs.FORECAST_ARMS[name]
+                for name in ("grpo", "oracle", "oracle_no_failed")}
+  study.group_sizes = (2,)
+  study.prompts_per_step = 2
+  study.token_budget = {"2": 240}
+  study.eval_points = 2
+  study.seeds = [0, 1]
+  study.forecast.fillers = ("uniform_sft",)
+  study.forecast.start_success = (1 / 9, 0.3)
+  study.forecast.calibration_accuracies = (0.0, 1.0)
+  study.forecast.batches = 2
+  # The committed cell c is fitted on: this cell from the random policy, two arms' curves.
+  cell = forecast.filler_cell(study, "uniform_sft", "all", 2)
+  signature = sweep.signature(cell.__class__(**{**cell.__dict__, "warmup": None}), [0, 1])
+  curve = lambda level: {"updates": [0, 50, 100], "success": [0.1, level, 0.95]}
+  committed = {"signature": signature, "arms": {
+      "grpo": {"curves": {"0": curve(0.3), "1": curve(0.4)}},
+      "oracle": {"curves": {"0": curve(0.9), "1": curve(0.92)}}}}
+  study.forecast.calibration = str(tmp_path / "committed.json")
+  (tmp_path / "committed.json").write_text(json.dumps(committed))
+  return study
+
+
+def test_smoke_forecast_measures_calibrates_predicts_and_resumes(tmp_path):
+  study = _smoke_study(tmp_path)
+  workdir = tmp_path / "forecast"
+  out = forecast.run(study, str(workdir))
+  assert sorted(out["cells"]) == ["uniform_sft_all_p0_3_G2", "uniform_sft_all_p1_9_G2",
+                                  "uniform_sft_count_p0_3_G2", "uniform_sft_count_p1_9_G2"]
+  for cell in out["cells"].values():
+    assert set(cell["updates"]) == {"grpo", "oracle", "oracle_no_failed"}
+    assert cell["speedup"]["grpo"] in (1.0, None)
+    assert 0 <= cell["zero_variance"] <= 1 and 0 < cell["start_success"] < 1
+  stored = json.loads((workdir / "points" / "uniform_sft_all" / "G2.json").read_text())
+  assert set(stored["points"]) == {"p1_9", "p0_3", "half_all", "half_count"}
+  point = stored["points"]["p0_3"]
+  assert np.asarray(point["projection"]).shape == (2, 3)  # seeds x arms
+  assert np.all(np.asarray(point["trace"]) >= 0) and np.all(np.isfinite(point["noise_scale"]))
+  # c: the geometric mean of predicted over measured updates of the committed arms.
+  rows = out["calibration"]["arms"]
+  np.testing.assert_allclose(out["calibration"]["c"], np.sqrt(np.prod(
+      [r["predicted"] / r["measured"] for r in rows.values()])), rtol=1e-6)
+  assert rows["oracle"]["measured"] == pytest.approx((50 + 0.8 / 0.82 * 50) / 2)
+  report = (workdir / "forecast.md").read_text()
+  assert "## Criterion" in report and "uniform_sft_count_p0_3_G2" in report
+  # A rerun measures nothing; other settings are refused, not mixed.
+  before = (workdir / "points" / "uniform_sft_all" / "G2.json").stat().st_mtime_ns
+  forecast.run(study, str(workdir))
+  assert (workdir / "points" / "uniform_sft_all" / "G2.json").stat().st_mtime_ns == before
+  study.forecast.batches = 3
+  with pytest.raises(ValueError, match="other settings"):
+    forecast.run(study, str(workdir))
