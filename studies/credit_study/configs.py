@@ -319,7 +319,10 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
         "calibration_accuracies": (0.0, 0.25, 0.5, 0.75, 1.0),
         "batches": 8, "threshold": 0.9,
         # Every arm at 1e-3 from the random policy, rule all, uniform filler, G = 8.
-        "calibration": "studies/credit_study/results/trainers/cells/study_policy/G8.json"}
+        "calibration": "studies/credit_study/results/trainers/cells/study_policy/G8.json",
+        # The cells the forecast is scored on, drawn once all are predicted, and their runs.
+        "held_out": 24, "training_seeds": (0, 1, 2, 3, 4), "budget_range": (100, 1000),
+        "stage": "forecast"}  # then "train", then "score" (forecast.py)
     config.seeds = list(range(4))
     config.learning_rates = [1e-3]
     config.fixed_learning_rates = {name: 1e-3 for name in config.arms}

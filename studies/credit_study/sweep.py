@@ -114,7 +114,7 @@ def tuning_cell(study, regime: str) -> cells.Cell:
   return cell_of(study, regime, study.tuning_group_size, study.get("tuning_token_budget"))
 
 
-def _curve(result: dict, row: int) -> dict:
+def run_curve(result: dict, row: int) -> dict:
   """One run's exact curve, in `exact_metrics.read_curve`'s layout."""
   return {"updates": result["updates"].tolist(), "success": result["success"][row].tolist(),
           "pass@k": {str(k): v[row].tolist() for k, v in result["pass@k"].items()},
@@ -254,7 +254,7 @@ def tune(study, regime: str, runners: dict, path: pathlib.Path) -> dict:
     trained = train_in_programs(study, _runner(cell, runners), runs)
     auc = {}
     for row, (a, rate, _) in enumerate(runs):
-      auc.setdefault(arms[a], {}).setdefault(rate, []).append(_auc(_curve(trained, row)))
+      auc.setdefault(arms[a], {}).setdefault(rate, []).append(_auc(run_curve(trained, row)))
     new.update({arm: {"learning_rate": max(by_rate, key=lambda r: np.mean(by_rate[r])),
                       "tuning_auc": {str(r): float(np.mean(v)) for r, v in by_rate.items()},
                       **arm_settings(study, arm)}
@@ -293,7 +293,7 @@ def run_cell(study, regime: str, group_size: int, tuned: dict, runners: dict,
                  "learning_rate": rates[arm], **arm_settings(study, arm)}
            for arm, _ in missing}
     for row, (a, _, seed) in enumerate(runs):
-      new[arms[a]]["curves"][str(seed)] = _curve(reported, row)
+      new[arms[a]]["curves"][str(seed)] = run_curve(reported, row)
     seeds = {int(s) for r in (*stored.values(), *new.values()) for s in r["curves"]}
     written = _write_piece(path, written, new, {**expected, "seeds": sorted(seeds)}, reported)
   asked = {str(seed) for seed in study.seeds}

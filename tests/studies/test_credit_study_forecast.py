@@ -51,7 +51,8 @@ def test_key_accuracy_and_budget():
   assert forecast.key_accuracy(0.01, "all", 4, 2) == 0.0
   assert [forecast.point_name(p) for p in (1 / 16, 1 / 9, 0.1, 0.2, 0.3, 0.5)] == [
       "p1_16", "p1_9", "p0_1", "p0_2", "p0_3", "p0_5"]
-  assert [forecast.budget_updates(u) for u in (10, 101, 5000, np.inf)] == [100, 310, 2000, 2000]
+  assert [forecast.budget_updates(u) for u in (10, 101, 5000, np.inf)] == [100, 310, 1000, 1000]
+  assert forecast.budget_updates(3.4, 4, 8) == 8 and forecast.budget_updates(0.0, 4, 8) == 4
 
 
 def _smoke_study(tmp_path):
@@ -74,6 +75,9 @@ def _smoke_study(tmp_path):
   study.forecast.start_success = (1 / 9, 0.3)
   study.forecast.calibration_accuracies = (0.0, 1.0)
   study.forecast.batches = 2
+  study.forecast.held_out = 1
+  study.forecast.training_seeds = (0, 1)
+  study.forecast.budget_range = (4, 4)
   # The committed cell c is fitted on: this cell from the random policy, two arms' curves.
   cell = forecast.filler_cell(study, "uniform_sft", "all", 2)
   signature = sweep.signature(cell.__class__(**{**cell.__dict__, "warmup": None}), [0, 1])
@@ -112,6 +116,57 @@ def test_smoke_forecast_measures_calibrates_predicts_and_resumes(tmp_path):
   before = (workdir / "points" / "uniform_sft_all" / "G2.json").stat().st_mtime_ns
   forecast.run(study, str(workdir))
   assert (workdir / "points" / "uniform_sft_all" / "G2.json").stat().st_mtime_ns == before
+  # The held-out cell trains from the measured starting policies: its first J is theirs.
+  study.forecast.stage = "train"
+  (name,) = out["held_out"]
+  assert set(forecast.run(study, str(workdir))) == {name}
+  runs = json.loads((workdir / "runs" / f"{name}.json").read_text())["curves"]
+  assert set(runs) == {"grpo", "oracle", "oracle_no_failed"} and set(runs["grpo"]) == {"0", "1"}
+  spec = out["cells"][name]
+  point = json.loads((workdir / "points" / f"{spec['filler']}_{spec['rule']}" / "G2.json")
+                     .read_text())["points"][forecast.point_name(spec["p0"])]
+  np.testing.assert_allclose([runs["oracle"][s]["success"][0] for s in ("0", "1")],
+                             point["success"], rtol=1e-5)
+  assert runs["grpo"]["0"]["updates"][-1] == 4
+  assert forecast.run(study, str(workdir)) == {}  # trained cells are not trained again
+  study.forecast.stage = "score"
+  assert forecast.run(study, str(workdir))["complete"]
+  study.forecast.stage = "forecast"
   study.forecast.batches = 3
   with pytest.raises(ValueError, match="other settings"):
     forecast.run(study, str(workdir))
+
+
+def _curves(first_crossings, budget=100):
+  """Curves at J 0 until `t` and 1 from it (never: None), over seeds."""
+  return {str(s): {"updates": [0, t or budget, budget],
+                   "success": [0.0, 1.0 if t else 0.0, 1.0 if t else 0.0]}
+          for s, t in enumerate(first_crossings)}
+
+
+def test_score_ranks_predicted_against_measured_speedups(tmp_path):
+  # Measured oracle speed-ups 2, 4, 1 (restricted means: grpo 40/80/20, oracle 20/20/20);
+  # predicted 1.5, 3, 1.2 ranks them exactly; the rival P_zero in reverse.
+  speedups, zero_variance = [1.5, 3.0, 1.2], [0.3, 0.2, 0.1]
+  cells_out = {f"c{i}": {"speedup": {"grpo": 1.0, "oracle": s}, "zero_variance": z,
+                         "updates": {"grpo": 60.0, "oracle": 30.0}}
+               for i, (s, z) in enumerate(zip(speedups, zero_variance))}
+  (tmp_path / "forecast.json").write_text(json.dumps({
+      "threshold": 0.9, "arms": {"grpo": "grpo", "oracle": "oracle"}, "cells": cells_out,
+      "held_out": ["c0", "c1", "c2", "c3"]}))
+  (tmp_path / "runs").mkdir()
+  for name, grpo in (("c0", 40), ("c1", 80), ("c2", 20)):
+    (tmp_path / "runs" / f"{name}.json").write_text(json.dumps(
+        {"curves": {"grpo": _curves([grpo, grpo]), "oracle": _curves([20, 20])}}))
+  result = forecast.score(None, tmp_path)
+  assert result["cells"] == ["c0", "c1", "c2"] and not result["complete"]
+  assert result["rho"]["oracle"] == pytest.approx(1.0)
+  assert result["rival_rho"] == pytest.approx(0.5)  # ranks 3, 2, 1 against 2, 3, 1
+  assert not result["passed"]  # c3 not trained yet
+  np.testing.assert_allclose(result["log_ratio"]["oracle"], np.log(30 / 18))  # 0.9 x 20
+  (tmp_path / "runs" / "c3.json").write_text((tmp_path / "runs" / "c2.json").read_text())
+  cells_out["c3"] = {**cells_out["c2"], "speedup": {"grpo": 1.0, "oracle": None}}
+  forecast_file = json.loads((tmp_path / "forecast.json").read_text())
+  (tmp_path / "forecast.json").write_text(json.dumps({**forecast_file, "cells": cells_out}))
+  result = forecast.score(None, tmp_path)  # c3 predicted never: ranked first, measured 1
+  assert result["complete"] and result["rho"]["oracle"] < 0.7 and not result["passed"]
