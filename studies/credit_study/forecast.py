@@ -278,8 +278,12 @@ def calibrate(study, workdir: pathlib.Path, points: dict) -> dict:
                 "measured": restricted_mean(committed["arms"][arm]["curves"],
                                             study.forecast.threshold)}
           for arm in committed["arms"]}
-  c = float(np.exp(np.mean([np.log(r["predicted"] / r["measured"]) for r in rows.values()])))
-  return {"c": c, "arms": rows, "cell": study.forecast.calibration}
+  fitted = [np.log(r["predicted"] / r["measured"]) for r in rows.values()
+            if np.isfinite(r["predicted"]) and r["predicted"] > 0 and r["measured"] > 0]
+  if not fitted:
+    raise ValueError(f"c cannot be fitted: no arm of {study.forecast.calibration} is predicted "
+                     f"to reach J = {study.forecast.threshold} in finite updates ({rows}).")
+  return {"c": float(np.exp(np.mean(fitted))), "arms": rows, "cell": study.forecast.calibration}
 
 
 def _finite(x: float) -> float | None:
@@ -307,9 +311,19 @@ def predict(study, points: dict, c: float) -> dict:
           "zero_variance": float(np.mean(start["zero_variance"])),
           "updates": {a: _finite(u) for a, u in zip(names, updates)},
           "tokens": {a: _finite(u * tokens_per_update) for a, u in zip(names, updates)},
-          "speedup": {a: _finite(grpo / u) if u > 0 else None for a, u in zip(names, updates)},
+          "speedup": {a: speedup(grpo, u) for a, u in zip(names, updates)},
           "budget_updates": budget_updates(grpo, *study.forecast.budget_range)}
   return out
+
+
+def speedup(grpo_updates: float, updates: float) -> float | None:
+  """GRPO's updates over an arm's: +inf when only the arm reaches the threshold (JSON
+  Infinity), 0 when only GRPO does, None when neither does, 1 when both start there."""
+  if np.isinf(grpo_updates) and np.isinf(updates):
+    return None
+  if updates == 0:
+    return 1.0 if grpo_updates == 0 else float("inf")
+  return float(grpo_updates / updates)
 
 
 def budget_updates(grpo_updates: float, low: int = 100, high: int = 1000) -> int:
@@ -327,11 +341,11 @@ CRITERION = (
     "J = {threshold}) ranks the measured one with Spearman rho >= 0.7. The measured "
     "speed-up is GRPO's restricted mean updates to the threshold over the oracle's (mean "
     "over seeds of the first update reaching it, linear between evaluations, a run that "
-    "never does counted at its budget). A cell predicted without GRPO reaching the "
-    "threshold ranks above every other. Secondary, reported whatever they show: the same "
-    "for each other arm's speed-up; the rival, mechanism-free predictor (the start's "
-    "P_zero) ranked the same way; the predicted updates against the measured ones (log "
-    "ratio).")
+    "never does counted at its budget). A cell predicted with only the arm reaching the "
+    "threshold ranks above every other; one with neither is left out. Secondary, reported "
+    "whatever they show: the same for each other arm's speed-up; the rival, "
+    "mechanism-free predictor (the start's P_zero) ranked the same way; the predicted "
+    "updates against the measured ones (log ratio).")
 
 
 def held_out(cells_out: dict, count: int, seed: int = 0) -> list[str]:
@@ -419,16 +433,20 @@ def train(study, workdir: pathlib.Path) -> dict:
   return trained
 
 
-def spearman(x, y) -> float:
-  """Spearman's rho of two sequences (average ranks for ties; inf ranks last)."""
-  return float(scipy.stats.spearmanr(x, y).statistic)
+def spearman(x, y) -> float | None:
+  """Spearman's rho of two sequences over the pairs without NaN (average ranks for ties, inf
+  ranks last); None with fewer than 3 pairs."""
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  kept = ~(np.isnan(x) | np.isnan(y))
+  return float(scipy.stats.spearmanr(x[kept], y[kept]).statistic) if kept.sum() >= 3 else None
 
 
 def score(study, workdir: pathlib.Path) -> dict:
   """The forecast against the trained held-out cells: per arm the Spearman rho of predicted
   and measured speed-ups over GRPO, the rival's (P_zero at the start) and the log ratio of
-  predicted to measured updates; DIR/score.md. A predicted speed-up without GRPO reaching
-  the threshold counts as +inf; a measured one with the arm's restricted mean 0, as +inf."""
+  predicted to measured updates; DIR/score.json. A predicted speed-up is +inf where only the
+  arm reaches the threshold, and a cell where neither does is left out of that arm's
+  ranking; a measured one with the arm's restricted mean 0 is +inf."""
   forecast = json.loads((workdir / "forecast.json").read_text())
   threshold, names = forecast["threshold"], list(forecast["arms"])
   trained = [n for n in forecast["held_out"] if (workdir / "runs" / f"{n}.json").exists()]
@@ -439,7 +457,7 @@ def score(study, workdir: pathlib.Path) -> dict:
     measured[name] = {"updates": means, "speedup": {
         arm: means["grpo"] / means[arm] if means[arm] > 0 else np.inf for arm in names}}
   predicted = lambda n, arm: (forecast["cells"][n]["speedup"][arm]
-                              if forecast["cells"][n]["speedup"][arm] is not None else np.inf)
+                              if forecast["cells"][n]["speedup"][arm] is not None else np.nan)
   result = {"cells": trained, "complete": len(trained) == len(forecast["held_out"]),
             "rho": {}, "rival_rho": None, "log_ratio": {}}
   if len(trained) >= 3:

@@ -60,7 +60,7 @@ def _smoke_study(tmp_path):
   task = {"length": 6, "n_decisive": 2, "n_keys": 3, "n_fillers": 2, "filler_blind": True}
   study.regimes = {f"uniform_sft_{rule}": {
       "task": {**task, "rule": rule},
-      "warmup": {"steps": 20, "filler_probs": [0.5, 0.5], "key_accuracy": 0.0}}
+      "warmup": {"steps": 150, "filler_probs": [0.5, 0.5], "key_accuracy": 0.0}}
       for rule in ("all", "count")}
   study.model.overrides = {"n_layers": 1, "d_model": 16, "n_heads": 2, "n_kv_heads": 2,
                            "d_ff": 32}
@@ -74,7 +74,7 @@ def _smoke_study(tmp_path):
   study.forecast.fillers = ("uniform_sft",)
   study.forecast.start_success = (1 / 9, 0.3)
   study.forecast.calibration_accuracies = (0.0, 1.0)
-  study.forecast.batches = 2
+  study.forecast.batches = 4
   study.forecast.held_out = 1
   study.forecast.training_seeds = (0, 1)
   study.forecast.budget_range = (4, 4)
@@ -165,8 +165,18 @@ def test_score_ranks_predicted_against_measured_speedups(tmp_path):
   assert not result["passed"]  # c3 not trained yet
   np.testing.assert_allclose(result["log_ratio"]["oracle"], np.log(30 / 18))  # 0.9 x 20
   (tmp_path / "runs" / "c3.json").write_text((tmp_path / "runs" / "c2.json").read_text())
-  cells_out["c3"] = {**cells_out["c2"], "speedup": {"grpo": 1.0, "oracle": None}}
+  cells_out["c3"] = {**cells_out["c2"], "speedup": {"grpo": None, "oracle": float("inf")}}
   forecast_file = json.loads((tmp_path / "forecast.json").read_text())
   (tmp_path / "forecast.json").write_text(json.dumps({**forecast_file, "cells": cells_out}))
-  result = forecast.score(None, tmp_path)  # c3 predicted never: ranked first, measured 1
+  result = forecast.score(None, tmp_path)  # c3: only the oracle arrives, ranked first
   assert result["complete"] and result["rho"]["oracle"] < 0.7 and not result["passed"]
+  cells_out["c3"]["speedup"]["oracle"] = None  # neither arrives: left out of the ranking
+  (tmp_path / "forecast.json").write_text(json.dumps({**forecast_file, "cells": cells_out}))
+  result = forecast.score(None, tmp_path)
+  assert result["rho"]["oracle"] == pytest.approx(1.0) and result["passed"]
+
+
+def test_speedup_names_who_arrives():
+  assert forecast.speedup(60.0, 30.0) == 2.0 and forecast.speedup(np.inf, 30.0) == np.inf
+  assert forecast.speedup(60.0, np.inf) == 0.0 and forecast.speedup(np.inf, np.inf) is None
+  assert forecast.speedup(0.0, 0.0) == 1.0
