@@ -21,13 +21,16 @@ grad J, and whose noise is B_noise / B of its signal, moves J by about
 
   dJ/du = c s(J),   s = |grad J| cos / sqrt(1 + B_noise / B)
 
-(the first-order gain of a normalised step along the noisy mean). s is the mean over seeds,
-interpolated linearly in J between the two measured points and held beyond them; the updates
-to the threshold are the integral of dJ / (c s(J)) from the start's J to `forecast.threshold`
-(none when s <= 0 on the way), and the tokens those updates times the cell's tokens per update.
-An arm's speed-up over GRPO is the ratio of their updates, free of c. c is fitted once, on a
-committed cell (`forecast.calibration`: every arm at the same rate, J from exact evaluations):
-the geometric mean over its arms of predicted over measured updates to the threshold.
+(the first-order gain of a normalised step along the noisy mean). Per seed (each run starts
+from its own policy), s is interpolated linearly in J between the seed's two measured points
+and held beyond them; its updates to the threshold are the integral of dJ / (c s(J)) from the
+start's J to `forecast.threshold` (never when s <= 0 on the way). A cell's runs get three
+times GRPO's median over seeds (`budget_updates`), and what they are predicted to measure is
+each arm's restricted mean over seeds (a seed's updates, at most the budget), the outcome's
+own measure; tokens are updates times the cell's tokens per update. An arm's speed-up over
+GRPO is the ratio of their restricted means. c is fitted once, on a committed cell
+(`forecast.calibration`: every arm at the same rate, J from exact evaluations): the geometric
+mean over its arms of predicted (median over seeds) over measured updates to the threshold.
 
 DIR/points/<filler>_<rule>/G<g>.json holds the measurements (each written once, atomically,
 and refused when written under other settings); DIR/forecast.json and DIR/forecast.md the
@@ -144,6 +147,24 @@ def updates_to(threshold: float, points: list[dict], prompts_per_step: int) -> n
   return np.asarray(out)
 
 
+def per_seed_updates(threshold: float, points: list[dict], prompts_per_step: int) -> np.ndarray:
+  """`updates_to` of each seed's own points ``[m, arms]``: one integral per starting
+  policy (each point's lists hold the seeds in one order)."""
+  seeds = len(points[0]["success"])
+  return np.stack([updates_to(threshold, [{k: v[i:i + 1] for k, v in p.items()} for p in points],
+                              prompts_per_step) for i in range(seeds)])
+
+
+def predicted_outcome(per_seed: np.ndarray, grpo: int, budget_range) -> dict:
+  """What a cell's runs are predicted to measure, from the predicted updates per seed and
+  arm ``[m, arms]``: the budget (`budget_updates` of GRPO's median over seeds) and per arm
+  the restricted mean (each seed's updates, at most the budget: the outcome's own measure)
+  and the share of seeds predicted to reach the threshold within the budget."""
+  budget = budget_updates(float(np.median(per_seed[:, grpo])), *budget_range)
+  return {"budget": budget, "updates": np.minimum(per_seed, budget).mean(axis=0),
+          "reached": np.mean(per_seed <= budget, axis=0)}
+
+
 def crossing(updates, success, threshold: float) -> float | None:
   """The update at which a curve first reaches `threshold`, linear between evaluations;
   None if it never does."""
@@ -253,7 +274,8 @@ def calibrate(study, workdir: pathlib.Path, points: dict) -> dict:
   """c, from the committed cell `forecast.calibration` (uniform filler from the random
   policy, rule all, every arm at one rate): its start measured here (DIR/points/
   calibration.json), its J = 1/2 point the uniform_sft regime's (the same cell but for the
-  SFT); c is the geometric mean over the committed cell's arms of predicted (c = 1)
+  SFT); c is the geometric mean over the committed cell's arms of predicted (c = 1, the
+  median over seeds)
   over measured updates to the threshold (`restricted_mean`)."""
   committed = json.loads(pathlib.Path(study.forecast.calibration).read_text())
   group_size = committed["signature"]["cell"]["group_size"]
@@ -272,7 +294,8 @@ def calibrate(study, workdir: pathlib.Path, points: dict) -> dict:
     start = {k: np.asarray(v[0]).tolist() for k, v in measured.items()}
     write_atomically(path, lambda tmp: tmp.write_text(json.dumps(start)))
   half = points["uniform_sft", "all", group_size]["points"]["half_all"]
-  predicted = updates_to(study.forecast.threshold, [start, half], cell.prompts_per_step)
+  predicted = np.median(per_seed_updates(study.forecast.threshold, [start, half],
+                                         cell.prompts_per_step), axis=0)
   names = list(study.arms)
   rows = {arm: {"predicted": float(predicted[names.index(arm)]),
                 "measured": restricted_mean(committed["arms"][arm]["curves"],
@@ -286,33 +309,33 @@ def calibrate(study, workdir: pathlib.Path, points: dict) -> dict:
   return {"c": float(np.exp(np.mean(fitted))), "arms": rows, "cell": study.forecast.calibration}
 
 
-def _finite(x: float) -> float | None:
-  return float(x) if np.isfinite(x) else None
-
-
 def predict(study, points: dict, c: float) -> dict:
-  """{cell name: the forecast} for every (filler, rule, p0, G): J and P_zero at the start,
-  each arm's predicted updates and tokens to the threshold (None: not reached), its
-  speed-up over GRPO, and the training budget the cell's runs get (`budget_updates`)."""
+  """{cell name: the forecast} for every (filler, rule, p0, G): J and P_zero at the start
+  (means over seeds), the training budget the cell's runs get, and per arm the predicted
+  restricted mean updates and tokens to the threshold, the share of seeds predicted to
+  reach it, and the speed-up over GRPO (`predicted_outcome`)."""
   names, threshold = list(study.arms), study.forecast.threshold
   out = {}
   for (filler, rule, g), stored in points.items():
     for p0 in study.forecast.start_success:
       start = stored["points"][point_name(p0)]
       half = stored["points"][f"half_{rule}"]
-      measured = [start, half]
-      updates = updates_to(threshold, measured, study.prompts_per_step) / c
-      grpo = updates[names.index("grpo")]
-      tokens_per_update = study.prompts_per_step * g * study.regimes[f"{filler}_{rule}"].task.length
+      outcome = predicted_outcome(
+          per_seed_updates(threshold, [start, half], study.prompts_per_step) / c,
+          names.index("grpo"), study.forecast.budget_range)
+      updates, grpo = outcome["updates"], outcome["updates"][names.index("grpo")]
+      tokens_per_update = (study.prompts_per_step * g
+                           * study.regimes[f"{filler}_{rule}"].task.length)
       out[f"{filler}_{rule}_{point_name(p0)}_G{g}"] = {
           "filler": filler, "rule": rule, "p0": p0, "group_size": g,
           "start_success": float(np.mean(start["success"])),
           "half_success": float(np.mean(half["success"])),
           "zero_variance": float(np.mean(start["zero_variance"])),
-          "updates": {a: _finite(u) for a, u in zip(names, updates)},
-          "tokens": {a: _finite(u * tokens_per_update) for a, u in zip(names, updates)},
+          "updates": {a: float(u) for a, u in zip(names, updates)},
+          "reached": {a: float(r) for a, r in zip(names, outcome["reached"])},
+          "tokens": {a: float(u * tokens_per_update) for a, u in zip(names, updates)},
           "speedup": {a: speedup(grpo, u) for a, u in zip(names, updates)},
-          "budget_updates": budget_updates(grpo, *study.forecast.budget_range)}
+          "budget_updates": outcome["budget"]}
   return out
 
 
@@ -510,7 +533,7 @@ def write_report(study, forecast: dict, workdir: pathlib.Path) -> str:
         f"{ {k: round(v, 3) for k, v in a['chosen'].items()} } |" for f, a in accuracies.items()],
       "", "## Predictions", "",
       "| cell | J start | J half | P_zero | budget | "
-      + " | ".join(f"updates {n}" for n in names) + " | "
+      + " | ".join(f"updates {n} (reached)" for n in names) + " | "
       + " | ".join(f"speed-up {n}" for n in names if n != "grpo") + " |",
       "|" + "---|" * (5 + 2 * len(names) - 1)]
   for name in forecast["cells_in_order"]:
@@ -518,7 +541,8 @@ def write_report(study, forecast: dict, workdir: pathlib.Path) -> str:
     lines.append(
         f"| {name} | {cell['start_success']:.3f} | {cell['half_success']:.3f} | "
         f"{cell['zero_variance']:.3f} | {cell['budget_updates']} | "
-        + " | ".join(_num(cell["updates"][n]) for n in names) + " | "
+        + " | ".join(f"{cell['updates'][n]:.0f} ({cell['reached'][n]:.2f})" for n in names)
+        + " | "
         + " | ".join(_num(cell["speedup"][n], "{:.2f}") for n in names if n != "grpo") + " |")
   lines += ["", f"Held out (trained in this order, seeds {forecast['training_seeds']}, "
             "every arm at the same rate; the criterion is scored on them): "
