@@ -60,12 +60,9 @@ MEASURED = ("success", "gradient_norm", "zero_variance", "trace", "signal", "noi
 GRID_POINTS = 400  # of the integral over J
 
 
-def key_accuracy(success: float, rule: str, n_keys: int, n_decisive: int) -> float:
-  """The SFT's key accuracy (`cells.Warmup`) after which the policy's J is `success`: each key
-  is right with probability q = a + (1 - a) / |C|; rule `all` pays when all K are right (J =
-  q^K), rule `count` the fraction right (J = q). 0 below chance."""
-  q = success ** (1 / n_decisive) if rule == "all" else success
-  return max(0.0, (q - 1 / n_keys) / (1 - 1 / n_keys))
+def policy_graphdef(cell: cells.Cell):
+  """The graph of the cell's policy, to merge with the stacked states of `warm_policies`."""
+  return nnx.graphdef(nnx.eval_shape(lambda: Transformer(cell.model, rngs=nnx.Rngs(0))))
 
 
 def warm_policies(cell: cells.Cell, accuracies, seeds):
@@ -93,7 +90,7 @@ def measure_fn(cell: cells.Cell, batches: int):
   branches = [estimators.from_config(arm) for arm in cell.arms]
   objective = losses.from_config(cell.objective)
   rollout = batched.make_rollout(cell, arms.needs(branches))
-  graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(cell.model, rngs=nnx.Rngs(0))))
+  graphdef = policy_graphdef(cell)
 
   def at(state, seed):
     model = nnx.merge(graphdef, state)
@@ -191,7 +188,7 @@ def restricted_mean(curves: dict, threshold: float) -> float:
 def success_under(states, config: key_token.KeyTokenConfig, cell: cells.Cell) -> np.ndarray:
   """Exact J under `config`'s rule of each stacked policy ``[n, m]``."""
   task = batched.traceable_task(cell)
-  graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(cell.model, rngs=nnx.Rngs(0))))
+  graphdef = policy_graphdef(cell)
   j = lambda state: jnp.mean(key_token.oracle.decisive_values(
       nnx.merge(graphdef, state), config, *task.eval_prompts)[0][:, 0])
   return np.asarray(jax.jit(jax.vmap(jax.vmap(j)))(states), np.float64)

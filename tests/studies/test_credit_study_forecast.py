@@ -63,11 +63,7 @@ def test_the_outcome_is_the_restricted_mean_of_first_crossings():
   assert forecast.restricted_mean(curves, 0.9) == pytest.approx((18 + 20) / 2)
 
 
-def test_key_accuracy_and_budget():
-  # Rule all: q^2 = 0.25 -> q = 1/2 = a + (1 - a) / 4 -> a = 1/3; rule count: q = J.
-  assert forecast.key_accuracy(0.25, "all", 4, 2) == pytest.approx(1 / 3)
-  assert forecast.key_accuracy(0.5, "count", 4, 2) == pytest.approx(1 / 3)
-  assert forecast.key_accuracy(0.01, "all", 4, 2) == 0.0
+def test_point_names_and_budget():
   assert [forecast.point_name(p) for p in (1 / 16, 1 / 9, 0.1, 0.2, 0.3, 0.5)] == [
       "p1_16", "p1_9", "p0_1", "p0_2", "p0_3", "p0_5"]
   assert [forecast.budget_updates(u) for u in (10, 101, 5000, np.inf)] == [100, 310, 1000, 1000]
