@@ -11,7 +11,7 @@ With p(x) = V^pi(x) the exact success probability of prompt x:
 
 measured on the task's test split every `every` updates (before update t: the policy after
 t updates), against the tokens generated before that update. Summaries of a curve:
-`tokens_to_reach` (first crossing of a level, interpolated in log tokens) and
+`tokens_to_reach` (first crossing of a level, interpolated in log tokens or linearly) and
 `auc_log_tokens` (mean J over log10 generated tokens on a common range).
 """
 
@@ -102,24 +102,36 @@ def read_curve(run_dir: pathlib.Path) -> dict:
   return curve
 
 
-def tokens_to_reach(tokens, success, level: float) -> float | None:
-  """The generated tokens at which a success curve first reaches a level, interpolated linearly
-  in log10 tokens between measurements (the first measurement, at 0 tokens, counts as is).
+def tokens_to_reach(tokens, success, level: float, *, log_scale: bool = True) -> float | None:
+  """The generated tokens (or updates) at which a success curve first reaches a level,
+  interpolated linearly in log10 tokens between measurements (the first measurement, at 0
+  tokens, counts as is), or linearly in tokens with ``log_scale=False``.
 
   Args:
-    tokens: the generated tokens at each measurement.
+    tokens: the generated tokens (or updates) at each measurement.
     success: J at each measurement.
     level: the level to reach.
+    log_scale: interpolate in log10 tokens; linearly otherwise.
 
   Returns:
     the tokens, or None if the curve never reaches `level`.
+
+  Examples:
+    >>> from jaxcredit.lab import exact_metrics
+    >>> round(exact_metrics.tokens_to_reach([0, 100, 1000], [0.1, 0.2, 0.6], 0.4), 1)  # 10**2.5
+    316.2
+    >>> round(exact_metrics.tokens_to_reach([0, 100, 1000], [0.1, 0.2, 0.6], 0.4,
+    ...                                     log_scale=False), 1)
+    550.0
   """
   tokens, success = np.asarray(tokens, float), np.asarray(success, float)
   for i, value in enumerate(success):
     if value >= level:
-      if i == 0 or tokens[i - 1] <= 0:
+      if i == 0 or (log_scale and tokens[i - 1] <= 0):
         return float(tokens[i])
       fraction = (level - success[i - 1]) / (value - success[i - 1])
+      if not log_scale:
+        return float(tokens[i - 1] + fraction * (tokens[i] - tokens[i - 1]))
       log_tokens = np.log10(tokens[i - 1]) + fraction * np.log10(tokens[i] / tokens[i - 1])
       return float(10 ** log_tokens)
   return None

@@ -50,7 +50,7 @@ from flax import nnx
 
 from jaxcredit import estimators, losses
 from jaxcredit.atomic import write_atomically
-from jaxcredit.lab import arms, batched, cells, diagnostics
+from jaxcredit.lab import arms, batched, cells, diagnostics, exact_metrics
 from jaxcredit.models import Transformer
 from jaxcredit.tasks import key_token
 from studies.credit_study import report, runner, sweep
@@ -162,25 +162,12 @@ def predicted_outcome(per_seed: np.ndarray, grpo: int, budget_range) -> dict:
           "reached": np.mean(per_seed <= budget, axis=0)}
 
 
-def crossing(updates, success, threshold: float) -> float | None:
-  """The update at which a curve first reaches `threshold`, linear between evaluations;
-  None if it never does."""
-  updates, success = np.asarray(updates, float), np.asarray(success, float)
-  above = np.flatnonzero(success >= threshold)
-  if not above.size:
-    return None
-  i = above[0]
-  if i == 0:
-    return float(updates[0])
-  u0, u1, j0, j1 = updates[i - 1], updates[i], success[i - 1], success[i]
-  return float(u0 + (threshold - j0) / (j1 - j0) * (u1 - u0))
-
-
 def restricted_mean(curves: dict, threshold: float) -> float:
   """The mean over runs of the updates to `threshold`, a run that never reaches it counted
   at its last update (every run censored at the same budget: the restricted mean time, with
   no survivor bias)."""
-  times = [crossing(c["updates"], c["success"], threshold) for c in curves.values()]
+  times = [exact_metrics.tokens_to_reach(c["updates"], c["success"], threshold, log_scale=False)
+           for c in curves.values()]
   budget = [c["updates"][-1] for c in curves.values()]
   return float(np.mean([t if t is not None else b for t, b in zip(times, budget)]))
 

@@ -1,11 +1,13 @@
 """The mechanism's forecast: its integral, its outcome measure, and a smoke run that measures,
 calibrates, predicts and resumes."""
 
+import functools
 import json
 
 import numpy as np
 import pytest
 
+from jaxcredit.lab import exact_metrics
 from studies.credit_study import configs, forecast, sweep
 
 
@@ -55,9 +57,10 @@ def test_each_seed_is_predicted_alone_and_censored_at_the_budget_like_the_outcom
 
 
 def test_the_outcome_is_the_restricted_mean_of_first_crossings():
-  assert forecast.crossing([0, 10, 20], [0.1, 0.5, 1.0], 0.9) == pytest.approx(18.0)
-  assert forecast.crossing([0, 10], [0.95, 1.0], 0.9) == 0.0
-  assert forecast.crossing([0, 10], [0.1, 0.8], 0.9) is None
+  crossing = functools.partial(exact_metrics.tokens_to_reach, log_scale=False)
+  assert crossing([0, 10, 20], [0.1, 0.5, 1.0], 0.9) == pytest.approx(18.0)
+  assert crossing([0, 10], [0.95, 1.0], 0.9) == 0.0
+  assert crossing([0, 10], [0.1, 0.8], 0.9) is None
   curves = {"0": {"updates": [0, 10, 20], "success": [0.1, 0.5, 1.0]},
             "1": {"updates": [0, 10, 20], "success": [0.1, 0.2, 0.3]}}  # censored at 20
   assert forecast.restricted_mean(curves, 0.9) == pytest.approx((18 + 20) / 2)
