@@ -482,7 +482,48 @@ def score(study, workdir: pathlib.Path) -> dict:
                       and result["rho"]["oracle"] >= 0.7)
   (workdir / "score.json").write_text(json.dumps({**result, "measured": measured}, indent=1,
                                                  default=float))
+  seconds = sum(json.loads((workdir / "runs" / f"{n}.json").read_text()).get("seconds", 0.0)
+                for n in trained)
+  (workdir / "score.md").write_text(write_score(forecast, result, measured, seconds))
   return result
+
+
+def write_score(forecast: dict, result: dict, measured: dict, seconds: float) -> str:
+  """score.md: the criterion's outcome, the secondary measures, and per held-out cell each
+  arm's predicted and measured speed-up over GRPO and its measured restricted mean."""
+  names = list(forecast["arms"])
+  others = [n for n in names if n != "grpo"]
+  rho = lambda x: "n/a" if x is None else f"{x:+.2f}"
+  verdict = ("passed" if result["passed"] else
+             "failed" if result["complete"] else "not scored: held-out cells still untrained")
+  lines = [
+      "# The mechanism's forecast, scored", "",
+      f"Against [forecast.md](forecast.md) (registered at jaxcredit {forecast['commit']}): "
+      f"{len(result['cells'])} of {len(forecast['held_out'])} held-out cells trained "
+      f"({seconds / 60:.0f} min of training on {report.machine()}; runs/ holds the curves).",
+      "", "## Criterion", "", forecast["criterion"], "",
+      f"**Spearman rho of the exact credit's predicted and measured speed-ups: "
+      f"{rho(result['rho'].get('oracle'))}; the forecast {verdict}.**", "",
+      "## Secondary", "",
+      "| arm | Spearman rho of speed-ups | mean log(predicted / measured updates) |",
+      "|---|---|---|",
+      *[f"| {n} | {rho(result['rho'].get(n)) if n != 'grpo' else '—'} | "
+        f"{rho(result['log_ratio'].get(n))} |" for n in names], "",
+      f"The rival, mechanism-free predictor (the start's P_zero) ranks the exact credit's "
+      f"measured speed-ups with rho {rho(result['rival_rho'])}.", "",
+      "## Cells", "",
+      "Speed-up: GRPO's restricted mean updates to the threshold over the arm's, predicted / "
+      "measured (inf: only the arm arrives; never: neither does).", "",
+      "| cell | budget | measured updates (GRPO) | "
+      + " | ".join(f"{n}: predicted / measured" for n in others) + " |",
+      "|" + "---|" * (3 + len(others))]
+  for name in result["cells"]:
+    cell, outcome = forecast["cells"][name], measured[name]
+    lines.append(
+        f"| {name} | {cell['budget_updates']} | {outcome['updates']['grpo']:.0f} | "
+        + " | ".join(f"{_num(cell['speedup'][n], '{:.2f}')} / {outcome['speedup'][n]:.2f}"
+                     for n in others) + " |")
+  return "\n".join(lines) + "\n"
 
 
 def _num(x, fmt="{:.0f}") -> str:
