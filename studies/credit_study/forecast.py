@@ -461,7 +461,9 @@ def score(study, workdir: pathlib.Path) -> dict:
   for name in trained:
     curves = json.loads((workdir / "runs" / f"{name}.json").read_text())["curves"]
     means = {arm: restricted_mean(curves[arm], threshold) for arm in names}
-    measured[name] = {"updates": means, "speedup": {
+    reached = {arm: float(np.mean([max(c["success"]) >= threshold
+                                   for c in curves[arm].values()])) for arm in names}
+    measured[name] = {"updates": means, "reached": reached, "speedup": {
         arm: means["grpo"] / means[arm] if means[arm] > 0 else np.inf for arm in names}}
   predicted = lambda n, arm: (forecast["cells"][n]["speedup"][arm]
                               if forecast["cells"][n]["speedup"][arm] is not None else np.nan)
@@ -498,7 +500,8 @@ def write_score(forecast: dict, result: dict, measured: dict, seconds: float) ->
              "failed" if result["complete"] else "not scored: held-out cells still untrained")
   lines = [
       "# The mechanism's forecast, scored", "",
-      f"Against [forecast.md](forecast.md) (registered at jaxcredit {forecast['commit']}): "
+      f"Against [forecast.md](forecast.md) (written at jaxcredit {forecast['commit']}, "
+      "committed before any held-out cell was trained): "
       f"{len(result['cells'])} of {len(forecast['held_out'])} held-out cells trained "
       f"({seconds / 60:.0f} min of training on {report.machine()}; runs/ holds the curves).",
       "", "## Criterion", "", forecast["criterion"], "",
@@ -511,16 +514,36 @@ def write_score(forecast: dict, result: dict, measured: dict, seconds: float) ->
         f"{rho(result['log_ratio'].get(n))} |" for n in names], "",
       f"The rival, mechanism-free predictor (the start's P_zero) ranks the exact credit's "
       f"measured speed-ups with rho {rho(result['rival_rho'])}.", "",
-      "## Cells", "",
+      "## By filler regime", "",
+      "Mean over the regime's trained cells of the exact credit's speed-up, and of the share "
+      "of runs that reach the threshold within the budget, predicted / measured.", "",
+      "| filler | cells | oracle speed-up | GRPO reached | oracle reached |",
+      "|---|---|---|---|---|"]
+  pair = lambda predicted, measured: (f"{np.mean(predicted):.2f} / {np.mean(measured):.2f}"
+                                      if predicted else "n/a")
+  for filler in dict.fromkeys(forecast["cells"][n]["filler"] for n in result["cells"]):
+    cells_in = [(forecast["cells"][n], measured[n]) for n in result["cells"]
+                if forecast["cells"][n]["filler"] == filler]
+    finite = [(c["speedup"]["oracle"], m["speedup"]["oracle"]) for c, m in cells_in
+              if c["speedup"]["oracle"] is not None
+              and np.isfinite([c["speedup"]["oracle"], m["speedup"]["oracle"]]).all()]
+    reached = lambda arm: pair([c["reached"][arm] for c, _ in cells_in],
+                               [m["reached"][arm] for _, m in cells_in])
+    lines.append(f"| {filler} | {len(cells_in)} | {pair(*zip(*finite)) if finite else 'n/a'} | "
+                 f"{reached('grpo')} | {reached('oracle')} |")
+  lines += [
+      "", "## Cells", "",
       "Speed-up: GRPO's restricted mean updates to the threshold over the arm's, predicted / "
-      "measured (inf: only the arm arrives; never: neither does).", "",
-      "| cell | budget | measured updates (GRPO) | "
+      "measured (inf: only the arm arrives; never: neither does). Reached: the share of runs "
+      "that reach the threshold within the budget, predicted / measured.", "",
+      "| cell | budget | measured updates (GRPO) | GRPO reached | "
       + " | ".join(f"{n}: predicted / measured" for n in others) + " |",
-      "|" + "---|" * (3 + len(others))]
+      "|" + "---|" * (4 + len(others))]
   for name in result["cells"]:
     cell, outcome = forecast["cells"][name], measured[name]
     lines.append(
         f"| {name} | {cell['budget_updates']} | {outcome['updates']['grpo']:.0f} | "
+        f"{cell['reached']['grpo']:.2f} / {outcome['reached']['grpo']:.2f} | "
         + " | ".join(f"{_num(cell['speedup'][n], '{:.2f}')} / {outcome['speedup'][n]:.2f}"
                      for n in others) + " |")
   return "\n".join(lines) + "\n"

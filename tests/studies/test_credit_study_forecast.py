@@ -169,7 +169,8 @@ def test_score_ranks_predicted_against_measured_speedups(tmp_path):
   # predicted 1.5, 3, 1.2 ranks them exactly; the rival P_zero in reverse.
   speedups, zero_variance = [1.5, 3.0, 1.2], [0.3, 0.2, 0.1]
   cells_out = {f"c{i}": {"speedup": {"grpo": 1.0, "oracle": s}, "zero_variance": z,
-                         "updates": {"grpo": 60.0, "oracle": 30.0}, "budget_updates": 100}
+                         "updates": {"grpo": 60.0, "oracle": 30.0}, "budget_updates": 100,
+                         "filler": "uniform", "reached": {"grpo": 0.5, "oracle": 1.0}}
                for i, (s, z) in enumerate(zip(speedups, zero_variance))}
   (tmp_path / "forecast.json").write_text(json.dumps({
       "threshold": 0.9, "arms": {"grpo": "grpo", "oracle": "oracle"}, "cells": cells_out,
@@ -184,7 +185,9 @@ def test_score_ranks_predicted_against_measured_speedups(tmp_path):
   assert result["rival_rho"] == pytest.approx(0.5)  # ranks 3, 2, 1 against 2, 3, 1
   assert not result["passed"]  # c3 not trained yet
   assert "3 of 4 held-out cells" in (tmp_path / "score.md").read_text()
-  assert "+1.00; the forecast not scored" in (tmp_path / "score.md").read_text()
+  report = (tmp_path / "score.md").read_text()
+  assert "+1.00; the forecast not scored" in report
+  assert "| uniform | 3 | 1.90 / 2.33 | 0.50 / 1.00 | 1.00 / 1.00 |" in report
   np.testing.assert_allclose(result["log_ratio"]["oracle"], np.log(30 / 18))  # 0.9 x 20
   (tmp_path / "runs" / "c3.json").write_text((tmp_path / "runs" / "c2.json").read_text())
   cells_out["c3"] = {**cells_out["c2"], "speedup": {"grpo": None, "oracle": float("inf")}}
@@ -193,7 +196,8 @@ def test_score_ranks_predicted_against_measured_speedups(tmp_path):
   result = forecast.score(None, tmp_path)  # c3: only the oracle arrives, ranked first
   assert result["complete"] and result["rho"]["oracle"] < 0.7 and not result["passed"]
   report = (tmp_path / "score.md").read_text()
-  assert "the forecast failed" in report and "| c3 | 100 | 18 | inf / 1.00 |" in report
+  assert "the forecast failed" in report
+  assert "| c3 | 100 | 18 | 0.50 / 1.00 | inf / 1.00 |" in report
   cells_out["c3"]["speedup"]["oracle"] = None  # neither arrives: left out of the ranking
   (tmp_path / "forecast.json").write_text(json.dumps({**forecast_file, "cells": cells_out}))
   result = forecast.score(None, tmp_path)
