@@ -196,15 +196,19 @@ def _differences(stored: dict, expected: dict, prefix: str = "") -> list[str]:
 
 
 def _write_piece(path: pathlib.Path, written: dict, new_arms: dict, expected: dict,
-                 trained: dict) -> dict:
+                 trained: dict, preset: str) -> dict:
   """The piece with `new_arms` (trained by `train_in_programs`) added, written atomically;
   returns it as read back (the same types as a resumed read). "spans" lists each write's
-  [start, end] (epoch seconds); "seconds" and "compile_seconds" add up over the writes."""
+  [start, end] (epoch seconds) and "writers" its preset and compile seconds (pieces written
+  before "writers" was recorded lack it, or lack its first entries); "seconds" and
+  "compile_seconds" add up over the writes."""
   span = [trained["started_at"], time.time()]
   piece = {"signature": expected, "arms": {**written.get("arms", {}), **new_arms},
            "seconds": written.get("seconds", 0.0) + span[1] - span[0],
            "compile_seconds": written.get("compile_seconds", 0.0) + trained["compile_seconds"],
-           "spans": [*written.get("spans", []), span]}
+           "spans": [*written.get("spans", []), span],
+           "writers": [*written.get("writers", []),
+                       {"preset": preset, "compile_seconds": trained["compile_seconds"]}]}
   path.parent.mkdir(parents=True, exist_ok=True)
   write_atomically(path, lambda tmp: tmp.write_text(json.dumps(piece)))
   return json.loads(path.read_text())
@@ -260,7 +264,7 @@ def tune(study, regime: str, runners: dict, path: pathlib.Path) -> dict:
                       **arm_settings(study, arm)}
                 for arm, by_rate in auc.items()})
   if new:
-    written = _write_piece(path, written, new, expected, trained)
+    written = _write_piece(path, written, new, expected, trained, study.preset)
   return written
 
 
@@ -295,7 +299,8 @@ def run_cell(study, regime: str, group_size: int, tuned: dict, runners: dict,
     for row, (a, _, seed) in enumerate(runs):
       new[arms[a]]["curves"][str(seed)] = run_curve(reported, row)
     seeds = {int(s) for r in (*stored.values(), *new.values()) for s in r["curves"]}
-    written = _write_piece(path, written, new, {**expected, "seeds": sorted(seeds)}, reported)
+    written = _write_piece(path, written, new, {**expected, "seeds": sorted(seeds)}, reported,
+                           study.preset)
   asked = {str(seed) for seed in study.seeds}
   return {**written, "arms": {
       arm: {**r, "curves": {s: c for s, c in r["curves"].items() if s in asked}}

@@ -57,20 +57,45 @@ def collect_trainer(workdir: pathlib.Path) -> dict:
 
 
 def collect(trainer_dir: pathlib.Path, lab_dir: pathlib.Path, out: pathlib.Path) -> None:
-  """Writes OUT/trainer_curves.json from the trainer's workdir and copies the lab's cells."""
+  """Adds the trainer's workdir runs to OUT/trainer_curves.json and copies the lab's cells.
+  The G's the workdir ran replace those OUT holds; the others stay, each with the commit
+  and machine that collected it (so G's can be run in separate workdirs)."""
   out.mkdir(parents=True, exist_ok=True)
-  (out / "trainer_curves.json").write_text(json.dumps(
-      {"runs": collect_trainer(trainer_dir), "machine": report.machine(),
-       "commit": sweep.commit()}, indent=1))
+  path = out / "trainer_curves.json"
+  stored = json.loads(path.read_text()) if path.exists() else {"runs": {}}
+  runs = collect_trainer(trainer_dir)
+  now = {"commit": sweep.commit(), "machine": report.machine()}
+  path.write_text(json.dumps(
+      {"runs": {**stored["runs"], **runs},
+       "collected": {**collections(stored), **{g: now for g in runs}}}, indent=1))
   for cell in sorted(lab_dir.glob("cells/*/G*.json")):
     target = out / "cells" / cell.parent.name / cell.name
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(cell, target)
 
 
+def collections(stored: dict) -> dict:
+  """{G: {"commit", "machine"}} of a trainer_curves.json (one collection for every G in
+  files written before G's were collected separately)."""
+  if "collected" in stored:
+    return stored["collected"]
+  return {g: {key: stored[key] for key in ("commit", "machine")} for g in stored["runs"]}
+
+
+def collected_text(stored: dict) -> str:
+  """When and where the runs were collected, per G when that differs."""
+  by_g = collections(stored)
+  if len({json.dumps(c, sort_keys=True) for c in by_g.values()}) == 1:
+    first = next(iter(by_g.values()))
+    return f"Both sources' runs collected at {first['commit']} on {first['machine']}."
+  return "Both sources' runs collected " + "; ".join(
+      f"for G = {g} at {c['commit']} on {c['machine']}"
+      for g, c in sorted(by_g.items(), key=lambda item: int(item[0]))) + "."
+
+
 def read(out: pathlib.Path) -> tuple[dict, dict, dict]:
-  """({source: {G: {arm: {seed: curve}}}}, {source: [(runs, seconds)]}, the collection's
-  commit and machine) from OUT, the sources being TRAINER (one entry per run) and the lab
+  """({source: {G: {arm: {seed: curve}}}}, {source: [(runs, seconds)]}, `collected_text`)
+  from OUT, the sources being TRAINER (one entry per run) and the lab
   policies that OUT/cells holds (one entry per cell: its runs share compiled programs)."""
   stored = json.loads((out / "trainer_curves.json").read_text())
   trainer = stored["runs"]
@@ -84,7 +109,7 @@ def read(out: pathlib.Path) -> tuple[dict, dict, dict]:
       curves.setdefault(regime, {})[path.stem.removeprefix("G")] = arms
       runs = sum(len(c) for c in arms.values())
       seconds.setdefault(regime, []).append((runs, cell["seconds"]))
-  return curves, seconds, {key: stored[key] for key in ("commit", "machine")}
+  return curves, seconds, collected_text(stored)
 
 
 def at_update(curve: dict, update: int) -> float:
@@ -194,7 +219,7 @@ def write_report(out: pathlib.Path) -> None:
       "oracle − GRPO is paired by seed within a source (BCa interval, sign flips). Reading: "
       "*agree* when the difference's interval holds 0 (uncorrected), else *differ*.",
       "",
-      f"Both sources' runs collected at {collected['commit']} on {collected['machine']}. "
+      f"{collected} "
       "G run so far: " + "; ".join(
           f"{LAB_POLICIES.get(source, source)} {', '.join(sorted(by_g, key=int))}"
           for source, by_g in curves.items()) + ".",

@@ -44,6 +44,7 @@ def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_
     assert sorted(auc) == sorted(str(r) for r in study.learning_rates)
     assert auc[str(tuned["arms"][arm]["learning_rate"])] == max(auc.values())
   assert len(tuned["spans"]) == 2
+  assert [writer["preset"] for writer in tuned["writers"]] == [study.preset] * 2  # per write
   for g in study.group_sizes:
     cell = json.loads((tmp_path / "cells" / "uniform_filler" / f"G{g}.json").read_text())
     for arm in study.arms:

@@ -77,3 +77,26 @@ def test_the_report_compares_each_source_with_the_trainer(tmp_path):
 def test_a_j_not_measured_at_an_update_is_refused():
   with pytest.raises(ValueError, match="No exact J measured after 200 updates"):
     trainers.at_update(_curve(1.0), 200)
+
+
+def test_collecting_another_g_keeps_the_g_already_collected(tmp_path, monkeypatch):
+  out, lab = tmp_path / "out", tmp_path / "lab"
+  (lab / "cells" / "trainer_policy").mkdir(parents=True)
+  (lab / "cells" / "trainer_policy" / "G32.json").write_text("{}")
+  out.mkdir()
+  eight = {"grpo": {"0": {**_curve(0.5), "seconds": 1.0}}}
+  (out / "trainer_curves.json").write_text(json.dumps(
+      {"runs": {"8": eight}, "machine": "m8", "commit": "c8"}))
+  thirty_two = {"grpo": {"0": {**_curve(0.9), "seconds": 2.0}}}
+  monkeypatch.setattr(trainers, "collect_trainer", lambda workdir: {"32": thirty_two})
+  monkeypatch.setattr(sweep, "commit", lambda: "c32")
+  monkeypatch.setattr(report, "machine", lambda: "m32")
+  trainers.collect(tmp_path / "trainer", lab, out)
+  stored = json.loads((out / "trainer_curves.json").read_text())
+  assert stored["runs"] == {"8": eight, "32": thirty_two}
+  assert (out / "cells" / "trainer_policy" / "G32.json").exists()
+  assert trainers.collected_text(stored) == (
+      "Both sources' runs collected for G = 8 at c8 on m8; for G = 32 at c32 on m32.")
+  # One collection reads as before.
+  assert trainers.collected_text({"runs": {"8": eight}, "machine": "m", "commit": "c"}) == (
+      "Both sources' runs collected at c on m.")
