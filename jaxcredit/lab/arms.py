@@ -163,6 +163,19 @@ def reads_critic(advantage) -> bool:
   return any(component.name in CRITICS for component in estimators.components(advantage))
 
 
+def charges(advantage) -> tuple[MonteCarlo, bool, bool]:
+  """What an arm is charged for beside sampling and its step (`lab.compute`).
+
+  Args:
+    advantage: an advantage function (`estimators.from_config`).
+
+  Returns:
+    ``(monte_carlo(advantage), reads_critic(advantage), reads_prm)``, reads_prm whether it
+    reads PRIME's implicit PRM ("prm_logprobs").
+  """
+  return monte_carlo(advantage), reads_critic(advantage), "prm_logprobs" in needs([advantage])
+
+
 def has_critic(cell: "Cell") -> bool:
   """Whether an arm of the cell reads a learned critic (`reads_critic`): then every run of the
   cell trains one (its own arm may ignore it).

@@ -325,10 +325,9 @@ def make_run(cell: Cell):
   eval_prompts, eval_targets = task.eval_prompts
   ks = jnp.asarray(cell.pass_at, jnp.float32)
   rollout = make_rollout(cell, arms.needs(branches))
-  arm_mc = arms.MonteCarlo(*(jnp.asarray(field) for field in zip(
-      *(arms.monte_carlo(branch) for branch in branches))))
-  arm_critics = jnp.asarray([arms.reads_critic(branch) for branch in branches])
-  arm_primes = jnp.asarray(["prm_logprobs" in arms.needs([branch]) for branch in branches])
+  mc_settings, arm_critics, arm_primes = zip(*(arms.charges(branch) for branch in branches))
+  arm_mc = arms.MonteCarlo(*(jnp.asarray(field) for field in zip(*mc_settings)))
+  arm_critics, arm_primes = jnp.asarray(arm_critics), jnp.asarray(arm_primes)
   prm_rates = jnp.asarray(arms.prm_learning_rates(cell), jnp.float32)
   decisive, filler, seen = _columns(task, cell)
   keyed = isinstance(task, key_token.traceable.Traceable) and cell.task.filler_blind

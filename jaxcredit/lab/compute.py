@@ -19,9 +19,19 @@ A run of a cell with a critic or a PRM trains it whatever its arm (`arms`); only
 that read it are charged for it.
 """
 
+import math
+from typing import TYPE_CHECKING
+
 import jax.numpy as jnp
 
+from jaxcredit import estimators
+from jaxcredit.credit import monte_carlo
+from jaxcredit.lab import arms
 from jaxcredit.models import TransformerConfig, flops
+from jaxcredit.tasks import key_token
+
+if TYPE_CHECKING:
+  from jaxcredit.lab.cells import Cell
 
 SAMPLING, LEARNER, CRITIC, PRIME = 1, 3, 4, 4  # forwards of each part
 
@@ -107,3 +117,40 @@ def update_flops(config: TransformerConfig, prompt_length: int, shares, prompts:
   return ((SAMPLING + LEARNER) * policy + jnp.where(critic, CRITIC * trunk, 0.0)
           + jnp.where(prime, PRIME * policy, 0.0)
           + continuation_flops(config, prompt_length, continued, k))
+
+
+def fixed_update_flops(cell: "Cell", arm) -> float | None:
+  """The FLOPs one update charges `arm` in `cell` (`update_flops`) where they do not depend
+  on what is sampled: key_token without a tree (every response has T actions) and an arm
+  without Monte-Carlo values or with them at a fixed stride. A run's "charged_flops" after
+  u updates is then u times this, so runs that did not record them can be charged.
+
+  Args:
+    cell: the batched `Cell`.
+    arm: the arm's advantage config (`estimators.from_config`).
+
+  Returns:
+    the FLOPs, or None where they depend on the samples (EOS, trees, cutpoints).
+
+  Examples:
+    >>> from jaxcredit.lab import cells, compute
+    >>> from jaxcredit.models import preset
+    >>> from jaxcredit.tasks import key_token
+    >>> cell = cells.Cell(task=key_token.KeyTokenConfig(length=6), arms=("grpo",),
+    ...                   model=preset("tiny", vocab_size=key_token.VOCAB_SIZE), group_size=4,
+    ...                   prompts_per_step=2, updates=10, eval_every=5)
+    >>> grpo = compute.fixed_update_flops(cell, "grpo")
+    >>> critic = compute.fixed_update_flops(cell, {"name": "gae", "lam": 0.95})
+    >>> bool(critic > grpo)
+    True
+  """
+  if not isinstance(cell.task, key_token.KeyTokenConfig) or cell.tree is not None:
+    return None
+  mc, critic, prime = arms.charges(estimators.from_config(arm))
+  if mc.threshold != math.inf:
+    return None
+  rows = cell.group_size * cell.prompts_per_step
+  actions = jnp.ones((rows, cell.task.length), bool)
+  continued = monte_carlo.evaluated_positions(actions, None, mc.stride, math.inf)
+  return float(update_flops(cell.model, cell.task.prompt_length, actions.astype(jnp.float32),
+                            rows, continued=continued, k=mc.k, critic=critic, prime=prime))

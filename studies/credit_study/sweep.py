@@ -38,7 +38,7 @@ import numpy as np
 
 from jaxcredit import tasks
 from jaxcredit.atomic import write_atomically
-from jaxcredit.lab import batched, cells, diagnostics, exact_metrics
+from jaxcredit.lab import batched, cells, compute, diagnostics, exact_metrics
 from jaxcredit.models import preset
 from studies.credit_study import report, tables
 
@@ -415,6 +415,20 @@ def commit() -> str:
       "+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+def charge_flops(cell: cells.Cell, names: list, curves: dict) -> dict:
+  """`curves` ({arm: {seed: curve}}) with "charged_flops" added to the runs that did not
+  record them (cells run before runs did) where the charge does not depend on the samples
+  (`compute.fixed_update_flops`: the updates so far times the arm's FLOPs per update);
+  `names` are the study's arms, in the order of the cell's."""
+  charged = {}
+  for arm, runs in curves.items():
+    per_update = compute.fixed_update_flops(cell, cell.arms[names.index(arm)])
+    charged[arm] = {seed: curve if "charged_flops" in curve or per_update is None else
+                    {**curve, "charged_flops": [per_update * u for u in curve["updates"]]}
+                    for seed, curve in runs.items()}
+  return charged
+
+
 def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> dict:
   rng = np.random.default_rng(0)
   timed = [*tuned.values(), *(cell for by_g in results.values() for cell in by_g.values())]
@@ -461,7 +475,8 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
                   for arm, t in tuned[regime]["arms"].items() if arm in study.arms), ""]
     for g, cell in by_g.items():
       by_arm = {arm: cell["arms"][arm] for arm in study.arms}
-      curves = {arm: {int(s): c for s, c in r["curves"].items()} for arm, r in by_arm.items()}
+      curves = charge_flops(cell_of(study, regime, g), list(study.arms), {
+          arm: {int(s): c for s, c in r["curves"].items()} for arm, r in by_arm.items()})
       summary, bounds = report.summarise(curves, final_share=tables.FINAL_SHARE)
       summaries.setdefault(regime, {})[g] = summary
       all_curves.setdefault(regime, {})[g] = curves

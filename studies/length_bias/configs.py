@@ -2,17 +2,19 @@
 
   python -m studies.length_bias --config studies/length_bias/configs.py:smoke --workdir DIR  # CI
   python -m studies.length_bias --config studies/length_bias/configs.py:small --workdir DIR
+  python -m studies.length_bias --config studies/length_bias/configs.py:seeds20 --workdir DIR
 
 Arms: GRPO as published (std-normalised advantages, each response's loss divided by its
 length), GRPO without the length division, Dr. GRPO (neither), and lambda-GRPO with a fixed
 length preference either way (lam = 1, -1) and with one learnt from lam = 0. target_sum responses
 stop at a sampled EOS, so their length is the policy's choice; two regimes, one where the
-task rewards length and one where it does not.
+task rewards length and one where it does not. The seeds20 preset reruns the published
+contrast (GRPO, GRPO without the length division, Dr. GRPO) at 20 seeds.
 """
 
 import ml_collections
 
-PRESETS = ("smoke", "small")
+PRESETS = ("smoke", "small", "seeds20")
 
 
 def get_config(preset: str = "small") -> ml_collections.ConfigDict:
@@ -49,6 +51,10 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
   config.updates, config.eval_every = 1000, 100
   config.learning_rate = 3e-3
   config.seeds = [0, 1, 2, 3, 4]
+  if preset == "seeds20":  # the published contrast at 20 seeds: 5 leave its sign unresolved
+    config.seeds = list(range(20))
+    config.arms = {name: config.arms[name].to_dict()
+                   for name in ("grpo", "grpo_token_sum", "dr_grpo")}
   if preset == "smoke":
     config.regimes = {"smoke": {"n_digits": 3, "n_values": 3, "target_low": 1,
                                 "target_high": 5}}

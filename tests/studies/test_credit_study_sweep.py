@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxcredit.lab import batched
+from jaxcredit.models import flops
 from studies.credit_study import __main__ as credit_study_main
 from studies.credit_study import configs, configs_v1, sweep
 from studies.turn_study import configs as turn_study_configs
@@ -421,3 +422,26 @@ def test_log_spaced_evaluations_resolve_the_start_and_keep_the_measurements_in_r
   assert cell.measured_evals == (0, 3, cell.n_evals - 1)  # start, early, end
   linear = sweep.cell_of(configs.get_config("small"), "uniform_filler", 8)
   assert linear.eval_at is None and linear.updates == cell.updates
+
+
+def test_runs_without_recorded_flops_are_charged_what_their_arm_costs_per_update():
+  study = configs.get_config("smoke")
+  study.arms = {**study.arms, "ppo_gae": configs.ARMS["ppo_gae"],
+                "cut": {"name": "vineppo", "k": 4, "positions": "cutpoints:0.9"}}
+  cell = sweep.cell_of(study, "uniform_filler", 2)
+  curve = {"updates": [0, 5, 10], "success": [0.1, 0.2, 0.3]}
+  recorded = {**curve, "charged_flops": [0.0, 1.0, 2.0]}
+  curves = {"grpo": {0: curve, 1: recorded}, "ppo_gae": {0: curve}, "cut": {0: curve}}
+  charged = sweep.charge_flops(cell, list(study.arms), curves)
+  # Sampling and the step: 4 passes over 2 x 3 prompts' responses; the critic's values and
+  # step: 4 more, without logits.
+  rows, length = cell.prompts_per_step * cell.group_size, cell.task.length
+  policy = 4 * rows * flops.sampling_flops(cell.model, cell.task.prompt_length, length)
+  trunk = 4 * rows * flops.sequence_flops(cell.model, cell.task.prompt_length + length,
+                                          logits=False)
+  np.testing.assert_allclose(charged["grpo"][0]["charged_flops"], [0, 5 * policy, 10 * policy],
+                             rtol=1e-5)
+  np.testing.assert_allclose(charged["ppo_gae"][0]["charged_flops"],
+                             np.multiply([0, 5, 10], policy + trunk), rtol=1e-5)
+  assert charged["grpo"][1] == recorded  # what a run recorded stays
+  assert "charged_flops" not in charged["cut"][0]  # cutpoints: the charge depends on samples

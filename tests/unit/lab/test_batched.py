@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from jaxcredit import estimators
-from jaxcredit.lab import arms, batched, cells, diagnostics
+from jaxcredit.lab import arms, batched, cells, compute, diagnostics
 from jaxcredit.models import Transformer, flops, preset
 from jaxcredit.credit import monte_carlo
 from jaxcredit.tasks import key_token, procedural
@@ -101,6 +101,13 @@ def _sampling_and_step_flops(cell) -> float:
   gradient step (3 such passes), from models.flops."""
   rows = cell.prompts_per_step * cell.group_size
   return 4.0 * rows * flops.sampling_flops(cell.model, TASK.prompt_length, TASK.length)
+
+
+def _fixed_flops(cell, result, runs) -> np.ndarray:
+  """[runs, evaluations] charged FLOPs from `compute.fixed_update_flops` (the charge of cells
+  run before runs recorded it): the updates so far times each run's arm's per-update FLOPs."""
+  per_update = [compute.fixed_update_flops(cell, cell.arms[arm]) for arm, _, _ in runs]
+  return np.outer(per_update, result["updates"])
 
 
 def _cell(*arms, **changes):
@@ -396,7 +403,8 @@ def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does
   chex.assert_trees_all_close(nnx.state(stepped["prm"], nnx.Param),
                               nnx.state(host.prm, nnx.Param), atol=1e-6)
   # Both arms that read statistics or a second model train, in one program.
-  out = batched.Runner(_cell("grpo", "ktae", "prime")).train([(1, 1e-2, 0), (2, 1e-2, 0)])
+  charged_cell, runs = _cell("grpo", "ktae", "prime"), [(1, 1e-2, 0), (2, 1e-2, 0)]
+  out = batched.Runner(charged_cell).train(runs)
   assert np.all(np.isfinite(out["success"])) and np.all(np.any(out["grad_norm"] > 0, axis=1))
   assert not np.allclose(out["grad_norm"][0], out["grad_norm"][1])
   # PRIME is charged its PRM's step and the reference's pass (4 policy passes) beside
@@ -404,6 +412,8 @@ def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does
   per_update = _sampling_and_step_flops(_cell())
   np.testing.assert_allclose(out["charged_flops"], [[0, 3 * per_update, 6 * per_update],
                                                     [0, 6 * per_update, 12 * per_update]],
+                             rtol=1e-5)
+  np.testing.assert_allclose(out["charged_flops"], _fixed_flops(charged_cell, out, runs),
                              rtol=1e-5)
   with pytest.raises(ValueError, match="must share beta"):
     arms.prm_beta(_cell("prime", {"name": "prime", "beta": 0.1}))
@@ -480,7 +490,8 @@ def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_
   # In a run: the arm's credit telescopes to R - V_hat(x); only it is charged, per update
   # k T (T + 1) / 2 tokens per response beside its T at every action, k (T + (T - 3)) at
   # every third.
-  result = batched.Runner(cell).train([(0, 1e-2, 3), (1, 1e-2, 3), (2, 1e-2, 3)])
+  runs = [(0, 1e-2, 3), (1, 1e-2, 3), (2, 1e-2, 3)]
+  result = batched.Runner(cell).train(runs)
   rows = cell.prompts_per_step * cell.group_size
   np.testing.assert_array_equal(result["charged_tokens"][0], result["gen_tokens"][0])
   np.testing.assert_array_equal(result["charged_tokens"][1],
@@ -500,6 +511,12 @@ def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_
                              rtol=1e-5)
   np.testing.assert_allclose(result["charged_flops"][2], updates * (per_update + strided),
                              rtol=1e-5)
+  # At every action and at a stride the charge does not depend on the samples; at cutpoints
+  # it does.
+  np.testing.assert_allclose(result["charged_flops"], _fixed_flops(cell, result, runs),
+                             rtol=1e-5)
+  cutpoints = {"name": "vineppo", "k": k, "positions": "cutpoints:0.9"}
+  assert compute.fixed_update_flops(_cell("grpo", cutpoints), cutpoints) is None
   credit = estimators.from_config(mc_arm)(batch).advantages
   first = np.asarray(drawn)[:, prompt_len]
   np.testing.assert_allclose(np.sum(credit, axis=1), np.asarray(batch.rewards) - first,
@@ -520,7 +537,10 @@ def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact
   ppo_gae = {"name": "gae", "lam": 0.95}
   cell = _cell("grpo", ppo_gae, mechanism_batches=1)
   assert arms.has_critic(cell) and not arms.has_critic(_cell("grpo", "oracle"))
-  result = batched.Runner(cell).train([(0, 1e-2, 3), (1, 1e-2, 3), (1, 3e-3, 4)])
+  runs = [(0, 1e-2, 3), (1, 1e-2, 3), (1, 3e-3, 4)]
+  result = batched.Runner(cell).train(runs)
+  np.testing.assert_allclose(result["charged_flops"], _fixed_flops(cell, result, runs),
+                             rtol=1e-5)
   # Only the arm that reads the critic is charged for it: its values and its step, 4 passes
   # without logits.
   rows = cell.prompts_per_step * cell.group_size
@@ -634,6 +654,7 @@ def test_a_tree_cell_samples_trees_counts_shared_segments_once_and_scores_tree_c
   tree_pass = flops.sequence_flops(MODEL, TASK.prompt_length, logits=False) + sum(
       width * (token(2 * s) + token(2 * s + 1)) for s, width in enumerate((1, 2, 4)))
   np.testing.assert_allclose(result["charged_flops"][:, -1], 2 * 4 * 3 * tree_pass, rtol=1e-5)
+  assert compute.fixed_update_flops(cell, cell.arms[0]) is None  # a tree's shares are sampled
   assert np.all(np.isfinite(result["success"]))
   # The same seed samples the same first batch in both arms: a paired start.
   np.testing.assert_array_equal(result["success"][0, 0], result["success"][1, 0])
