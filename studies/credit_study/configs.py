@@ -73,7 +73,8 @@ import ml_collections
 
 PRESETS = ("smoke", "small", "primary", "stalls", "entropy", "ktae_prime", "mc_ladder",
            "mc_granularity", "critic", "regimes", "budgets", "language", "scale", "mid_filler",
-           "mid_filler_Z3", "same_rate", "trainers", "ktae_shared", "forecast", "full")
+           "mid_filler_Z3", "same_rate", "trainers", "ktae_shared", "forecast", "entropy_sums",
+           "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -218,6 +219,16 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     # run in a copy of its workdir, it reads the core arms back and trains the two new ones.
     config.arms = {name: ARMS[name] for name in (*CORE, "entropy80", "entropy80_low")}
     config.group_sizes = (8,)
+  if preset == "entropy_sums":
+    # The 80/20 check where it is not true by construction: on key_token the confident
+    # filler leaves the keys as the high-entropy tokens; on target_sum every digit can
+    # decide the sum and the policy's uncertainty lies wherever it learns to hesitate.
+    # GRPO, entropy80 and its bottom-80% control, tuned, G = 8, 10 seeds (no exact credit:
+    # target_sum's E-TREE would teacher-force 1,024 paths per prompt at every update).
+    config.regimes = {"target_sum": _full_regimes(config.regimes.to_dict(), task)["target_sum"]}
+    config.arms = {name: ARMS[name] for name in ("grpo", "entropy80", "entropy80_low")}
+    config.group_sizes = (8,)
+    config.workers = 1
   if preset == "ktae_prime":
     # KTAE (arXiv 2505.16826) and PRIME (arXiv 2502.01456, its PRM at four rates) beside
     # the core arms at G = 8 in both filler regimes; read back as above.

@@ -245,6 +245,15 @@ def test_the_ktae_shared_preset_draws_filler_from_the_key_alphabet():
                                           shared_alphabet=True)
 
 
+def test_the_entropy_sums_preset_runs_the_80_20_arms_on_the_full_presets_target_sum():
+  study, full = (configs.get_config(p) for p in ("entropy_sums", "full"))
+  assert set(study.arms) == {"grpo", "entropy80", "entropy80_low"}
+  assert study.arms["entropy80"] == full.arms["entropy80"] and study.group_sizes == (8,)
+  cell, full_cell = (sweep.cell_of(s, "target_sum", 8) for s in (study, full))
+  assert (cell.task, cell.model, cell.eval_updates) == (full_cell.task, full_cell.model,
+                                                        full_cell.eval_updates)
+
+
 @pytest.mark.parametrize("preset, added", [
     ("primary", set()),
     ("entropy", {"entropy80", "entropy80_low"}),
