@@ -74,7 +74,7 @@ import ml_collections
 PRESETS = ("smoke", "small", "primary", "stalls", "entropy", "ktae_prime", "mc_ladder",
            "mc_granularity", "critic", "regimes", "budgets", "language", "scale", "mid_filler",
            "mid_filler_Z3", "same_rate", "trainers", "ktae_shared", "forecast", "entropy_sums",
-           "full")
+           "rate_grid", "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -100,6 +100,11 @@ FORECAST_ARMS = {"grpo": "grpo", "oracle_seq": "oracle_seq", "oracle": "oracle",
 SAME_RATE = {"grpo_at_1e-3": ("grpo", 1e-3), "oracle_at_1e-3": ("oracle", 1e-3),
              "oracle_seq_at_3e-3": ("oracle_seq", 3e-3)}
 ARMS.update({name: ARMS[arm] for name, (arm, _) in SAME_RATE.items()})
+# The rate grid: each core arm at every rate of the tuning grid, GRPO at its tuned 1e-3 (both
+# filler regimes') the reference every arm is compared with.
+RATE_GRID = {f"{arm}_at_{rate}": (arm, float(rate)) for arm in ("grpo", "oracle", "oracle_seq")
+             for rate in ("3e-4", "1e-3", "3e-3", "1e-2") if (arm, rate) != ("grpo", "1e-3")}
+ARMS.update({name: ARMS[arm] for name, (arm, _) in RATE_GRID.items()})
 MC_LADDER = tuple(name for name in ARMS if name.startswith("oracle_mc_"))
 MC_GRANULARITY = ("mc_1_stride_6", "mc_4_stride_6", "mc_1_cut", "mc_4_cut")
 PRIME = tuple(name for name in ARMS if name.startswith("prime_"))
@@ -228,6 +233,16 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.regimes = {"target_sum": _full_regimes(config.regimes.to_dict(), task)["target_sum"]}
     config.arms = {name: ARMS[name] for name in ("grpo", "entropy80", "entropy80_low")}
     config.group_sizes = (8,)
+    config.workers = 1
+  if preset == "rate_grid":
+    # Fair learning rates: every core arm at every rate of the grid on the reported seeds of
+    # the primary cells (G = 8, both filler regimes), so no contrast rests on a rate chosen
+    # by 2 tuning seeds at half the budget. A fresh workdir; nothing is tuned.
+    config.arms = {"grpo": ARMS["grpo"], **{name: ARMS[name] for name in RATE_GRID}}
+    config.fixed_learning_rates = {"grpo": 1e-3, **{name: rate for name, (_, rate)
+                                                     in RATE_GRID.items()}}
+    config.group_sizes = (8,)
+    config.mechanism_batches = 0
     config.workers = 1
   if preset == "ktae_prime":
     # KTAE (arXiv 2505.16826) and PRIME (arXiv 2502.01456, its PRM at four rates) beside

@@ -254,6 +254,19 @@ def test_the_entropy_sums_preset_runs_the_80_20_arms_on_the_full_presets_target_
                                                         full_cell.eval_updates)
 
 
+def test_the_rate_grid_preset_runs_every_core_arm_at_every_rate_on_the_primary_cells():
+  study, small = (configs.get_config(p) for p in ("rate_grid", "small"))
+  rates = {name: study.fixed_learning_rates[name] for name in study.arms}
+  grid = {(configs.ARMS[name], rate) for name, rate in rates.items()}
+  assert grid == {(configs.ARMS[arm], rate) for arm in ("grpo", "oracle", "oracle_seq")
+                  for rate in small.learning_rates}
+  assert len(rates) == 12 and rates["grpo"] == 1e-3 and study.group_sizes == (8,)
+  for regime in small.regimes:
+    cell, primary = (sweep.cell_of(s, regime, 8) for s in (study, small))
+    assert (cell.task, cell.model, cell.warmup, cell.eval_updates) == (
+        primary.task, primary.model, primary.warmup, primary.eval_updates)
+
+
 @pytest.mark.parametrize("preset, added", [
     ("primary", set()),
     ("entropy", {"entropy80", "entropy80_low"}),
