@@ -22,6 +22,9 @@ tokens.
       --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:same_rate --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:trainers --workdir DIR
+  python -m studies.credit_study --config studies/credit_study/configs.py:entropy_sums \
+      --workdir DIR
+  python -m studies.credit_study --config studies/credit_study/configs.py:rate_grid --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:full --workdir DIR
   ... --config.run_regimes="('uniform_filler',)"   # some regimes now, the others later
 
