@@ -420,9 +420,9 @@ def charge_flops(cell: cells.Cell, names: list, curves: dict) -> dict:
   record them (cells run before runs did) where the charge does not depend on the samples
   (`compute.fixed_update_flops`: the updates so far times the arm's FLOPs per update);
   `names` are the study's arms, in the order of the cell's."""
-  charged = {}
+  charged, specs = {}, dict(zip(names, cell.arms))
   for arm, runs in curves.items():
-    per_update = compute.fixed_update_flops(cell, cell.arms[names.index(arm)])
+    per_update = compute.fixed_update_flops(cell, specs[arm])
     charged[arm] = {seed: curve if "charged_flops" in curve or per_update is None else
                     {**curve, "charged_flops": [per_update * u for u in curve["updates"]]}
                     for seed, curve in runs.items()}

@@ -85,7 +85,7 @@ def collections(stored: dict) -> dict:
 def collected_text(stored: dict) -> str:
   """When and where the runs were collected, per G when that differs."""
   by_g = collections(stored)
-  if len({json.dumps(c, sort_keys=True) for c in by_g.values()}) == 1:
+  if len({(c["commit"], c["machine"]) for c in by_g.values()}) == 1:
     first = next(iter(by_g.values()))
     return f"Both sources' runs collected at {first['commit']} on {first['machine']}."
   return "Both sources' runs collected " + "; ".join(
