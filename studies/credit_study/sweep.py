@@ -236,14 +236,27 @@ def train_in_programs(study, runner: batched.Runner, runs: list) -> dict:
           **{k: sum(part[k] for part in parts) for k in timed}, "started_at": started_at}
 
 
+TUNING_CRITERIA = {"auc": lambda auc, final: auc, "auc+final": lambda auc, final: auc + final}
+"""How a tuning ranks the rates, from the tuning seeds' mean AUC and mean final J: by AUC
+alone (speed), or by their sum (speed, and where a run ends: a rate at which exact credit
+rises fast and then falls is not chosen for its speed alone)."""
+
+
 def tune(study, regime: str, runners: dict, path: pathlib.Path) -> dict:
   """Tunes every arm at every rate of the grid on the tuning seeds in the `tuning_cell`; the
-  rate of the best mean AUC is chosen (module docstring). An arm the study's
-  `fixed_learning_rates` names takes that rate untuned (its tuning_auc empty). Arms
-  already in `path` are read back. Returns {"arms": {arm: {"learning_rate", "tuning_auc"
-  {rate: mean AUC}}}, "seconds", "compile_seconds", "spans", "signature"}."""
+  rate of the best `tuning_criterion` (TUNING_CRITERIA, by default the mean AUC) is chosen
+  (module docstring). An arm the study's `fixed_learning_rates` names takes that rate
+  untuned (its tuning_auc empty). Arms already in `path` are read back. Returns {"arms":
+  {arm: {"learning_rate", "tuning_auc" {rate: mean AUC}, "tuning_final" {rate: mean final
+  J}}}, "seconds", "compile_seconds", "spans", "signature"}."""
   cell = tuning_cell(study, regime)
+  criterion = study.get("tuning_criterion") or "auc"
+  if criterion not in TUNING_CRITERIA:
+    raise ValueError(f"unknown tuning_criterion {criterion!r}; known: "
+                     f"{', '.join(TUNING_CRITERIA)}.")
   expected = signature(cell, study.tuning_seeds, list(study.learning_rates))
+  if criterion != "auc":  # pieces tuned by AUC keep their signature
+    expected["tuning_criterion"] = criterion
   written, missing = _piece_arms(study, path, expected)
   fixed = dict(study.get("fixed_learning_rates") or {})
   new = {arm: {"learning_rate": float(fixed[arm]), "tuning_auc": {}, **arm_settings(study, arm)}
@@ -256,16 +269,50 @@ def tune(study, regime: str, runners: dict, path: pathlib.Path) -> dict:
     runs = [(arms.index(arm), r, s) for arm in tuned for r in study.learning_rates
             for s in study.tuning_seeds]
     trained = train_in_programs(study, _runner(cell, runners), runs)
-    auc = {}
+    auc, final = {}, {}
     for row, (a, rate, _) in enumerate(runs):
-      auc.setdefault(arms[a], {}).setdefault(rate, []).append(_auc(run_curve(trained, row)))
-    new.update({arm: {"learning_rate": max(by_rate, key=lambda r: np.mean(by_rate[r])),
-                      "tuning_auc": {str(r): float(np.mean(v)) for r, v in by_rate.items()},
-                      **arm_settings(study, arm)}
-                for arm, by_rate in auc.items()})
+      curve = run_curve(trained, row)
+      auc.setdefault(arms[a], {}).setdefault(rate, []).append(_auc(curve))
+      final.setdefault(arms[a], {}).setdefault(rate, []).append(curve["success"][-1])
+    rank = TUNING_CRITERIA[criterion]
+    for arm, by_rate in auc.items():
+      mean_auc = {r: float(np.mean(v)) for r, v in by_rate.items()}
+      mean_final = {r: float(np.mean(v)) for r, v in final[arm].items()}
+      new[arm] = {"learning_rate": max(mean_auc, key=lambda r: rank(mean_auc[r], mean_final[r])),
+                  "tuning_auc": {str(r): a for r, a in mean_auc.items()},
+                  "tuning_final": {str(r): f for r, f in mean_final.items()},
+                  **arm_settings(study, arm)}
   if new:
     written = _write_piece(path, written, new, expected, trained, study.preset)
   return written
+
+
+def tuning_line(study, tuned: dict) -> str:
+  """The report's line on a regime's learning rates: each arm's rate, and the tuning seeds'
+  mean AUC (and, where the tuning recorded it, mean final J) at each rate of the grid, with
+  the rate each alone would choose where the criterion chose another."""
+  arms = {arm: t for arm, t in tuned["arms"].items() if arm in study.arms}
+  if not any("tuning_final" in t for t in arms.values()):
+    return "Learning rates chosen (mean AUC of the tuning seeds at each rate): " + "; ".join(
+        f"{arm} {t['learning_rate']:g} ("
+        + (", ".join(f"{float(r):g}: {a:.3f}" for r, a in t["tuning_auc"].items())
+           or "fixed, not tuned") + ")" for arm, t in arms.items())
+  criterion = tuned.get("signature", {}).get("tuning_criterion", "auc")
+
+  def described(t):
+    if not t["tuning_auc"]:
+      return "fixed, not tuned"
+    pairs = ", ".join(f"{float(r):g}: {a:.3f} / {t['tuning_final'][r]:.3f}"
+                      for r, a in t["tuning_auc"].items())
+    alone = {name: float(max(values, key=values.get)) for name, values in
+             (("AUC", t["tuning_auc"]), ("final J", t["tuning_final"]))}
+    others = [f"{name} alone {rate:g}" for name, rate in alone.items()
+              if rate != t["learning_rate"]]
+    return pairs + ("; " + ", ".join(others) if others else "")
+
+  return (f"Learning rates chosen by {criterion} (the tuning seeds' mean AUC / final J at each "
+          "rate): " + "; ".join(f"{arm} {t['learning_rate']:g} ({described(t)})"
+                                for arm, t in arms.items()))
 
 
 def run_cell(study, regime: str, group_size: int, tuned: dict, runners: dict,
@@ -468,11 +515,7 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
                  if spec.get("prompts_per_step") else ""), ""]
     entropy = tables.filler_entropy(by_g)
     lines += ([entropy, ""] if entropy else []) + [
-              "Learning rates chosen (mean AUC of the tuning seeds at each rate): " + "; ".join(
-                  f"{arm} {t['learning_rate']:g} ("
-                  + (", ".join(f"{float(r):g}: {a:.3f}" for r, a in t["tuning_auc"].items())
-                     or "fixed, not tuned") + ")"
-                  for arm, t in tuned[regime]["arms"].items() if arm in study.arms), ""]
+              tuning_line(study, tuned[regime]), ""]
     for g, cell in by_g.items():
       by_arm = {arm: cell["arms"][arm] for arm in study.arms}
       curves = charge_flops(cell_of(study, regime, g), list(study.arms), {

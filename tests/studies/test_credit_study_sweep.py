@@ -420,6 +420,46 @@ def test_arms_with_a_fixed_learning_rate_take_it_untuned(tmp_path, monkeypatch):
   assert not set(same.fixed_learning_rates) & set(configs.get_config("full").arms)
 
 
+def test_a_tuning_by_auc_and_final_j_records_both_and_chooses_by_their_sum(tmp_path):
+  study = configs.get_config("smoke")
+  study.arms = {arm: study.arms[arm] for arm in ("grpo", "oracle")}
+  study.tuning_criterion = "auc+final"
+  tuned = sweep.tune(study, "uniform_filler", {}, tmp_path / "tuning.json")
+  assert tuned["signature"]["tuning_criterion"] == "auc+final"
+  for t in tuned["arms"].values():
+    auc, final = t["tuning_auc"], t["tuning_final"]
+    assert sorted(auc) == sorted(final) == sorted(str(r) for r in study.learning_rates)
+    assert all(0.0 <= f <= 1.0 for f in final.values())
+    score = {r: auc[r] + final[r] for r in auc}
+    assert score[str(t["learning_rate"])] == max(score.values())
+  # A piece tuned by AUC alone is not resumed under another criterion.
+  study.tuning_criterion = "auc"
+  with pytest.raises(ValueError, match="tuning_criterion"):
+    sweep.tune(study, "uniform_filler", {}, tmp_path / "tuning.json")
+  study.tuning_criterion = "final"
+  with pytest.raises(ValueError, match="unknown tuning_criterion 'final'; known: auc, auc"):
+    sweep.tune(study, "uniform_filler", {}, tmp_path / "other.json")
+  # The report names the criterion and the rate AUC or final J alone would choose.
+  piece = {"signature": {"tuning_criterion": "auc+final"}, "arms": {
+      "grpo": {"learning_rate": 0.001, "tuning_auc": {"0.001": 0.5, "0.01": 0.6},
+               "tuning_final": {"0.001": 0.9, "0.01": 0.7}},
+      "oracle": {"learning_rate": 0.003, "tuning_auc": {}}}}
+  study.arms = {"grpo": "grpo", "oracle": "oracle"}
+  assert sweep.tuning_line(study, piece) == (
+      "Learning rates chosen by auc+final (the tuning seeds' mean AUC / final J at each rate): "
+      "grpo 0.001 (0.001: 0.500 / 0.900, 0.01: 0.600 / 0.700; AUC alone 0.01); "
+      "oracle 0.003 (fixed, not tuned)")
+
+
+def test_the_tuning_full_preset_tunes_the_core_arms_on_5_seeds_at_the_full_budget():
+  study = configs.get_config("tuning_full")
+  assert list(study.arms) == ["grpo", "oracle", "oracle_seq"] and study.group_sizes == (8,)
+  assert len(study.tuning_seeds) == 5 and not set(study.tuning_seeds) & set(study.seeds)
+  assert study.tuning_criterion == "auc+final"
+  for regime in study.regimes:
+    assert sweep.tuning_cell(study, regime) == sweep.cell_of(study, regime, 8)
+
+
 def test_a_setting_a_stored_signature_lacks_reads_as_none(tmp_path):
   """A Cell field added after a piece was written, at a None default, changes no run; any
   other difference is refused, naming the setting."""
