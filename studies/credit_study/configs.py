@@ -27,6 +27,8 @@ tokens.
   python -m studies.credit_study --config studies/credit_study/configs.py:rate_grid --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:tuning_full \
       --workdir DIR
+  python -m studies.credit_study --config studies/credit_study/configs.py:tuning_g32 \
+      --workdir DIR
   python -m studies.credit_study --config studies/credit_study/configs.py:full --workdir DIR
   ... --config.run_regimes="('uniform_filler',)"   # some regimes now, the others later
 
@@ -79,7 +81,7 @@ import ml_collections
 PRESETS = ("smoke", "small", "primary", "stalls", "entropy", "ktae_prime", "mc_ladder",
            "mc_granularity", "critic", "regimes", "budgets", "language", "scale", "mid_filler",
            "mid_filler_Z3", "same_rate", "trainers", "ktae_shared", "forecast", "entropy_sums",
-           "rate_grid", "tuning_full", "full")
+           "rate_grid", "tuning_full", "tuning_g32", "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -250,7 +252,7 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.group_sizes = (8,)
     config.mechanism_batches = 0
     config.workers = 1
-  if preset == "tuning_full":
+  if preset in ("tuning_full", "tuning_g32"):
     # Tuning as the protocol asks: the core arms' rates chosen on 5 excluded seeds at the
     # cell's full budget by AUC + final J (a rate at which a run rises fast and then falls
     # is not chosen for its speed), then the primary cells (G = 8, both filler regimes) at
@@ -258,11 +260,17 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     # seeds. A fresh workdir.
     config.arms = {name: ARMS[name] for name in ("grpo", "oracle", "oracle_seq")}
     config.tuning_seeds = [100, 101, 102, 103, 104]
-    config.tuning_token_budget = None  # G = 8's budget
+    config.tuning_token_budget = None  # the tuning G's budget
     config.tuning_criterion = "auc+final"
     config.group_sizes = (8,)
     config.mechanism_batches = 0
     config.workers = 1  # the cell waits for its tuning: one process on both cores
+  if preset == "tuning_g32":
+    # Is the rate chosen at G = 8 near-optimal at G = 32? The same tuning as tuning_full's,
+    # at G = 32 and its budget, then the G = 32 cells at the rates chosen there (the
+    # primary G = 32 cells in results/cells ran at G = 8's).
+    config.tuning_group_size = 32
+    config.group_sizes = (32,)
   if preset == "ktae_prime":
     # KTAE (arXiv 2505.16826) and PRIME (arXiv 2502.01456, its PRM at four rates) beside
     # the core arms at G = 8 in both filler regimes; read back as above.

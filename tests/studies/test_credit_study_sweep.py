@@ -451,13 +451,17 @@ def test_a_tuning_by_auc_and_final_j_records_both_and_chooses_by_their_sum(tmp_p
       "oracle 0.003 (fixed, not tuned)")
 
 
-def test_the_tuning_full_preset_tunes_the_core_arms_on_5_seeds_at_the_full_budget():
-  study = configs.get_config("tuning_full")
-  assert list(study.arms) == ["grpo", "oracle", "oracle_seq"] and study.group_sizes == (8,)
+@pytest.mark.parametrize("preset, g", [("tuning_full", 8), ("tuning_g32", 32)])
+def test_the_tuning_presets_tune_the_core_arms_on_5_seeds_at_the_full_budget(preset, g):
+  study = configs.get_config(preset)
+  assert list(study.arms) == ["grpo", "oracle", "oracle_seq"] and study.group_sizes == (g,)
   assert len(study.tuning_seeds) == 5 and not set(study.tuning_seeds) & set(study.seeds)
   assert study.tuning_criterion == "auc+final"
   for regime in study.regimes:
-    assert sweep.tuning_cell(study, regime) == sweep.cell_of(study, regime, 8)
+    cell, primary = (sweep.cell_of(s, regime, g) for s in (study, configs.get_config("small")))
+    assert sweep.tuning_cell(study, regime) == cell
+    assert (cell.task, cell.model, cell.warmup, cell.eval_updates, cell.updates) == (
+        primary.task, primary.model, primary.warmup, primary.eval_updates, primary.updates)
 
 
 def test_a_setting_a_stored_signature_lacks_reads_as_none(tmp_path):
