@@ -1,5 +1,7 @@
 """The training CLI end to end on a few steps (a smoke run, not a learning check)."""
 
+import contextlib
+import io
 import json
 import math
 import pathlib
@@ -150,10 +152,12 @@ def test_every_experiment_builds_its_advantage_and_objective():
     assert np.isfinite(loss) and "loss" in metrics, name
 
 
-# Every shipped training config, trained for two RL steps through the CLI with tiny data and batches
-# (the study configs run at their smoke presets in their test_lab_* modules, and gsm8k_grpo,
-# which needs a checkpoint's tokenizer and JSONL files, at its smoke preset in
-# test_gsm8k_train).
+# Every shipped training config, trained for two RL steps with tiny data and batches (the
+# study configs run at their smoke presets in their test_lab_* modules, and gsm8k_grpo, which
+# needs a checkpoint's tokenizer and JSONL files, at its smoke preset in test_gsm8k_train).
+# `loop.run` is what the CLI calls with the parsed config: the configs train in this process
+# (their shared programs traced once), and those named in CLI through `python -m
+# jaxcredit.train` itself, overrides given as flags.
 STUDIES = (
   "credit_study",
   "credit_study_v1",
@@ -165,21 +169,49 @@ STUDIES = (
 SHIPPED = sorted(
   p.stem for p in (ROOT / "experiments").glob("*.py") if p.stem not in (*STUDIES, "gsm8k_grpo")
 )
-SMALL = [  # no SFT (test_multiprocess trains from SFT) but for countdown's noisy demonstrations
-  "--config.task.train_size=64",
-  "--config.task.test_size=8",
-  "--config.sft.max_steps=0",
-  "--config.rl.steps=2",
-  "--config.rl.prompts_per_step=4",
-  "--config.rl.group_size=4",
-  "--config.rl.eval_every=2",
-]
+CLI = ("quickstart", "key_turns_32k")  # the latter on 8 host devices: a process of its own
+SMALL = {  # no SFT (test_multiprocess trains from SFT) but for countdown's noisy demonstrations
+  "task.train_size": 64,
+  "task.test_size": 8,
+  "sft.max_steps": 0,
+  "rl.steps": 2,
+  "rl.prompts_per_step": 4,
+  "rl.group_size": 4,
+  "rl.eval_every": 2,
+}
 
 
-def test_partial_rollouts_train_from_the_cli_and_carry_responses_across_steps(tmp_path, cli_env):
-  result = _run(tmp_path, *SMALL, "--config.rl.steps=3", "--config.rollout.partial_decode_steps=3",
-                config="countdown_continuous", env=cli_env)
+def _overridden(name: str, overrides: dict):
+  """get_config() of experiments/<name>.py with {dotted field: value} set."""
+  config = load_experiment(name)
+  for path, value in overrides.items():
+    *parents, field = path.split(".")
+    node = config
+    for parent in parents:
+      node = node[parent]
+    node[field] = value
+  return config
+
+
+def _train(workdir, name: str, overrides: dict, env=None) -> str:
+  """Trains experiments/<name>.py with `overrides` in this process, or through the CLI for
+  the configs in CLI; returns what the run printed."""
+  if name not in CLI:
+    from jaxcredit.train import loop
+
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+      loop.run(_overridden(name, overrides), str(workdir))
+    return stdout.getvalue()
+  flags = [f"--config.{path}={value}" for path, value in overrides.items()]
+  result = _run(workdir, *flags, config=name, env=env)
   assert result.returncode == 0, result.stderr[-3000:]
+  return result.stdout
+
+
+def test_partial_rollouts_train_and_carry_responses_across_steps(tmp_path):
+  _train(tmp_path, "countdown_continuous",
+         {**SMALL, "rl.steps": 3, "rollout.partial_decode_steps": 3})
   train = _train_lines(tmp_path)
   assert len(train) == 3 and all(math.isfinite(line["train/loss"]) for line in train)
   # Sampled 3 decode steps per step, responses of up to 64 tokens run on across steps: their
@@ -192,31 +224,37 @@ def test_the_shipped_configs_are_the_documented_ones():
   assert sorted([*SHIPPED, "gsm8k_grpo"]) == sorted(EXPERIMENTS)
   documented = documentation()
   assert all(f"`{name}`" in documented for name in SHIPPED)
+  assert set(CLI) <= set(SHIPPED)
+
+
+def _shipped_overrides(name: str) -> dict:
+  """SMALL, and what a config needs besides to train in two tiny steps."""
+  overrides = dict(SMALL)
+  if name == "quickstart":
+    overrides["export.hf"] = True
+  if name == "countdown_grpo":
+    overrides.update({"sft.max_steps": 2, "sft.batch_size": 8})
+  if name == "ppo_gae":  # without SFT every response is wrong; a truncated one scoring -1
+    overrides["task.truncated_reward"] = -1.0  # mixes the rewards
+  if name.endswith(("treepo", "tree_grpo")):  # a tree's leaves are the group: 1 chain
+    overrides["rollout.tree.roots"] = 1  # forking twice into 2 is SMALL's 4
+  if name == "key_turns_long":  # 256 turns an episode: 2 groups of 2 episodes, and 2
+    # held-out ones; the learner step's memory reported at the start.
+    overrides.update({"rl.prompts_per_step": 2, "rl.group_size": 2, "task.test_size": 2,
+                      "rl.report_memory": True})
+  if name == "key_turns_32k":  # 4 turns of 64 tokens, still split 8 ways along `sequence`,
+    # and 8 episodes: one sampled on each device
+    overrides.update({"rl.group_size": 2, "task.options.n_turns": 4,
+                      "task.options.observation_length": 62, "task.options.decisive": (0, 3)})
+  return overrides
 
 
 @pytest.mark.parametrize("name", SHIPPED)
-def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
-  export = ["--config.export.hf=True"] if name == "quickstart" else []
-  sft = (
-    ["--config.sft.max_steps=2", "--config.sft.batch_size=8"] if name == "countdown_grpo" else []
-  )
-  # Without SFT every quickstart response is wrong; a truncated one scoring -1 mixes the rewards.
-  mixed = ["--config.task.truncated_reward=-1.0"] if name == "ppo_gae" else []
-  # A tree's leaves are the group: 1 chain forking twice into 2 is SMALL's 4.
-  tree = ["--config.rollout.tree.roots=1"] if name.endswith(("treepo", "tree_grpo")) else []
-  # 256 turns an episode: 2 groups of 2 episodes, and 2 held-out ones; the learner step's
-  # memory reported at the start.
-  long = (["--config.rl.prompts_per_step=2", "--config.rl.group_size=2",
-           "--config.task.test_size=2", "--config.rl.report_memory=True"]
-          if name == "key_turns_long" else [])
+def test_every_shipped_config_trains(tmp_path, name, cli_env):
   env = cli_env
-  if name == "key_turns_32k":  # 4 turns of 64 tokens, still split 8 ways along `sequence`,
-    # and 8 episodes: one sampled on each device
-    long = ["--config.rl.group_size=2", "--config.task.options.n_turns=4",
-            "--config.task.options.observation_length=62", "--config.task.options.decisive=(0, 3)"]
+  if name == "key_turns_32k":
     env = {**cli_env, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8")}
-  result = _run(tmp_path, *SMALL, *export, *sft, *mixed, *tree, *long, config=name, env=env)
-  assert result.returncode == 0, result.stderr[-3000:]
+  stdout = _train(tmp_path, name, _shipped_overrides(name), env=env)
   train = _train_lines(tmp_path)
   assert len(train) == 2 and all(math.isfinite(line["train/loss"]) for line in train)
   assert "eval/accuracy" in train[-1]
@@ -227,13 +265,13 @@ def test_every_shipped_config_trains_from_the_cli(tmp_path, name, cli_env):
     assert train[0]["train/gen_tokens"] == 4 * 256
     assert abs(train[0]["train/policy/ratio_mean"] - 1.0) < 1e-4
     memory = re.search(r"Learner step memory per device \(1 devices\): arguments ([0-9.e-]+) GiB, "
-                       r"outputs ([0-9.e-]+) GiB, temporaries ([0-9.e-]+) GiB", result.stdout)
-    assert memory and float(memory[1]) > 0 and float(memory[3]) > 0, result.stdout[-2000:]
-    assert result.stdout.count("Learner step memory") == 1
+                       r"outputs ([0-9.e-]+) GiB, temporaries ([0-9.e-]+) GiB", stdout)
+    assert memory and float(memory[1]) > 0 and float(memory[3]) > 0, stdout[-2000:]
+    assert stdout.count("Learner step memory") == 1
   if name == "key_turns_32k":  # whole episodes: 2 action tokens a turn, rows over 8 devices
     assert train[0]["train/gen_tokens"] == 8 * 4 * 2
     assert abs(train[0]["train/policy/ratio_mean"] - 1.0) < 1e-4
-    assert "Learner step memory per device (8 devices)" in result.stdout, result.stdout[-2000:]
+    assert "Learner step memory per device (8 devices)" in stdout, stdout[-2000:]
   if name == "quickstart":
     assert all("step" in line for line in _metrics(tmp_path))
     for key in (
