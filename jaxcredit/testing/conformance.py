@@ -180,7 +180,9 @@ def _close(a, b, atol) -> bool:
 
 
 def _check_estimate_on(name, fn, jitted, gradients, rollout, invariances, atol):
-  estimate = _as_estimate(fn(rollout))
+  """The estimator's properties on one rollout; `fn` None checks the jitted estimator alone
+  (jit == no-jit is checked on the degenerate rollouts)."""
+  estimate = _as_estimate((jitted if fn is None else fn)(rollout))
   mask = np.asarray(rollout.mask, bool)
   outputs = {"advantages": estimate.advantages, "returns": estimate.returns}
   for key, value in outputs.items():
@@ -197,8 +199,8 @@ def _check_estimate_on(name, fn, jitted, gradients, rollout, invariances, atol):
     if np.any(array[~mask] != 0):
       _fail("masked_zero", name, rollout,
             f"{key} non-zero at masked {_offending(array, (~mask) & (array != 0))}")
-  jit_estimate = _as_estimate(jitted(rollout))
-  if not _close(jit_estimate.advantages, estimate.advantages, atol):
+  jit_estimate = estimate if fn is None else _as_estimate(jitted(rollout))
+  if fn is not None and not _close(jit_estimate.advantages, estimate.advantages, atol):
     _fail("jit", name, rollout, "jit and no-jit advantages differ")
   poisoned = _as_estimate(jitted(poison_masked(rollout)))
   if not _close(poisoned.advantages, jit_estimate.advantages, atol):
@@ -227,7 +229,8 @@ def check_estimator(
   """Checks an estimator ``fn(rollout) -> Estimate | [B, T] advantages``.
 
   Properties: shape and float dtype; finite outputs; exactly 0 at masked positions; jit ==
-  no-jit; NaN at masked input positions changes nothing; finite gradients w.r.t. every float
+  no-jit (on the degenerate rollouts: their one shape compiles each eager operation once);
+  NaN at masked input positions changes nothing; finite gradients w.r.t. every float
   input; `vmap` over a stack of two rollouts equals two calls; each (name, transform) in
   `invariances` leaves the advantages unchanged. Runs on hypothesis-drawn rollouts and on
   `degenerate_rollouts()`.
@@ -255,7 +258,7 @@ def check_estimator(
       raise ConformanceError(f"{error}\n(degenerate case: {case})") from None
 
   def check_random(rollout):
-    _check_estimate_on(name, fn, jitted, gradients, rollout, invariances, atol)
+    _check_estimate_on(name, None, jitted, gradients, rollout, invariances, atol)
     if vmap:
       other = rollout.replace(rewards=rollout.rewards[::-1], values=-rollout.values)
       stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), rollout, other)
@@ -324,14 +327,14 @@ def _check_loss_on(name, fn, jitted, gradients, rollout, estimate_fn, atol, on_p
                               old_logprobs=rollout.old_logprobs + log_ratio_shift
                               if rollout.old_logprobs is not None else None,
                               ref_logprobs=rollout.ref_logprobs + log_ratio_shift)
-  loss, metrics = fn(outputs, rollout, estimate)
+  loss, metrics = (jitted if fn is None else fn)(outputs, rollout, estimate)
   if jnp.shape(loss) != () or not np.isfinite(np.asarray(loss, np.float64)):
     _fail("scalar_finite_loss", name, rollout, f"loss = {loss!r}")
   for key, value in metrics.items():
     if jnp.shape(value) != () or not np.isfinite(np.asarray(value, np.float64)):
       _fail("finite_metrics", name, rollout, f"metric {key} = {value!r}")
-  jit_loss, _ = jitted(outputs, rollout, estimate)
-  if not _close(jit_loss, loss, atol):
+  jit_loss = loss if fn is None else jitted(outputs, rollout, estimate)[0]
+  if fn is not None and not _close(jit_loss, loss, atol):
     _fail("jit", name, rollout, f"jit {jit_loss} != no-jit {loss}")
   poison = lambda x: None if x is None else jnp.where(rollout.mask, x, jnp.nan)
   dirty_loss, _ = jitted(jax.tree.map(poison, outputs), poison_masked(rollout), estimate)
@@ -361,7 +364,8 @@ def check_loss(
 ) -> None:
   """Checks a loss ``fn(outputs, rollout, estimate) -> (scalar, metrics)``.
 
-  Properties: scalar finite loss; finite scalar metrics; jit == no-jit; NaN at masked
+  Properties: scalar finite loss; finite scalar metrics; jit == no-jit (on the degenerate
+  rollouts); NaN at masked
   positions of outputs and rollout changes nothing; gradients w.r.t. every outputs field
   finite and exactly 0 at masked positions. On random rollouts, on `degenerate_rollouts()`,
   on-policy (logp == old logp), and with log-ratios of +-100 to the behaviour and reference
@@ -382,7 +386,7 @@ def check_loss(
   from jaxcredit import estimators  # the kit sits above both layers
 
   name = name or getattr(fn, "__name__", repr(fn))
-  estimate_fn = estimate_fn or (lambda r: estimators.get("gae")(r))
+  estimate_fn = jax.jit(estimate_fn or estimators.get("gae"))  # an input here, not under test
   jitted = jax.jit(fn)
   gradients = jax.jit(jax.grad(lambda o, r, e: fn(o, r, e)[0]))
   for case, rollout in degenerate_rollouts(group_sizes):
@@ -399,6 +403,6 @@ def check_loss(
         raise ConformanceError(f"{error}\n(degenerate case: {case}, {described})") from None
 
   _on_random_rollouts(
-      lambda rollout: _check_loss_on(name, fn, jitted, gradients, rollout, estimate_fn, atol),
+      lambda rollout: _check_loss_on(name, None, jitted, gradients, rollout, estimate_fn, atol),
       max_examples, group_sizes,
   )
