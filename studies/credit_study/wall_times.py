@@ -12,14 +12,16 @@ reads, under the results folder,
   forecast/points/*/G<g>.json, runs/*.json  the forecast's measurements and its trained cells
 
 A piece that several presets extended (the G = 8 cells of `cells/`) lists each write's
-minutes; a write records the preset that made it (`sweep`'s "writers"), and writes made
-before that was recorded say so rather than guess.
+minutes; a write records the preset that made it (`sweep`'s "writers"). Writes made before
+that was recorded are split by the repository's history instead: each commit that changed
+the piece, with the spans and the runs it added and its subject, which names the preset.
 """
 
 import argparse
 import datetime
 import json
 import pathlib
+import subprocess
 
 from studies.credit_study import tables
 
@@ -40,6 +42,72 @@ def writes(piece: dict) -> list[str]:
   named = ["unrecorded"] * (len(piece["spans"]) - len(writers)) + [w["preset"] for w in writers]
   return [f"{preset} {datetime.datetime.fromtimestamp(start, datetime.UTC):%m-%d %H:%M} "
           f"{(end - start) / 60:.1f} min" for preset, (start, end) in zip(named, piece["spans"])]
+
+
+def _seed_ranges(seeds) -> str:
+  """"0–9, 12" for {0, ..., 9, 12}."""
+  ordered, ranges = sorted(seeds), []
+  for seed in ordered:
+    if ranges and seed == ranges[-1][1] + 1:
+      ranges[-1][1] = seed
+    else:
+      ranges.append([seed, seed])
+  return ", ".join(f"{a}–{b}" if b > a else f"{a}" for a, b in ranges)
+
+
+def _versions(path: pathlib.Path) -> list[tuple[str, str, dict]]:
+  """(commit, subject, the piece) for each commit that changed `path`, oldest first,
+  following renames; [] where `path` is not in a git repository."""
+  try:
+    log = subprocess.run(
+        ["git", "-c", "diff.renameLimit=1000000", "log", "--follow", "--format=%x00%H%x09%s",
+         "--name-only", "--", path.name],  # newest first: --reverse does not --follow
+        cwd=path.parent, capture_output=True, text=True, check=True).stdout
+    top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=path.parent,
+                         capture_output=True, text=True, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return []
+  versions = []
+  for entry in reversed(list(filter(None, log.split("\0")))):
+    header, *names = [line for line in entry.splitlines() if line]
+    commit, _, subject = header.partition("\t")
+    shown = subprocess.run(["git", "show", f"{commit}:{names[-1]}"], cwd=top,
+                           capture_output=True, text=True, check=False)
+    if shown.returncode == 0:
+      versions.append((commit, subject, json.loads(shown.stdout)))
+  return versions
+
+
+SUBJECT = 160  # characters of a commit's subject quoted
+
+
+def committed_writes(path: pathlib.Path) -> list[str]:
+  """A piece's writes by commit: for each commit that added runs or spans to it, the date
+  and minutes of those spans, the runs it added (arm: seeds) and the commit's subject."""
+  lines, before = [], {}
+  for commit, subject, piece in _versions(path):
+    spans = piece.get("spans", [])[len(before.get("spans", [])):]
+    added, earlier = [], before.get("arms", {})
+    for arm, result in piece.get("arms", {}).items():
+      seeds = set(map(int, result.get("curves", {}))) - set(
+          map(int, earlier.get(arm, {}).get("curves", {})))
+      if seeds:
+        added.append(f"{arm} ({_seed_ranges(seeds)})")
+      elif arm not in earlier:
+        added.append(arm)  # a tuning's arm
+    removed = [arm for arm in earlier if arm not in piece.get("arms", {})]
+    if spans or added or removed:
+      when = "time not recorded"
+      if spans:
+        start = datetime.datetime.fromtimestamp(spans[0][0], datetime.UTC)
+        minutes = sum(end - begin for begin, end in spans) / 60
+        when = f"{start:%m-%d %H:%M}, {minutes:.1f} min in {len(spans)} write" + "s" * (
+            len(spans) > 1)
+      lines.append(f"  - {commit[:7]} ({when}): added {', '.join(added) or 'no runs'}"
+                   + (f"; removed {', '.join(removed)}" if removed else "")
+                   + f". Commit: \"{subject[:SUBJECT] + '…' * (len(subject) > SUBJECT)}\"")
+    before = piece
+  return lines
 
 
 def sweep_rows(root: pathlib.Path) -> tuple[list[str], dict]:
@@ -64,7 +132,11 @@ def sweep_rows(root: pathlib.Path) -> tuple[list[str], dict]:
     total["spans"] += piece["spans"]
     if len(piece["spans"]) > 1:
       multi.append(f"- {folder}/cells/{path.parent.name}/{path.name}: " + "; ".join(writes(piece)))
-  return lines + ["", "Pieces written more than once (each write, UTC, its minutes):", "",
+      if len(piece["spans"]) > len(piece.get("writers") or []):
+        multi += committed_writes(path)
+  return lines + ["", "Pieces written more than once (each write, UTC, its minutes; where a "
+                  "write did not record its preset, each commit that wrote the piece: the "
+                  "runs it added, arm (seeds), and its subject, which names the preset):", "",
                   *multi], folders
 
 

@@ -1,6 +1,7 @@
 """The wall-times table of the credit study's results: every piece, run and write counted."""
 
 import json
+import subprocess
 
 from studies.credit_study import wall_times
 
@@ -55,3 +56,42 @@ def test_every_piece_trainer_run_and_forecast_cell_is_timed(tmp_path):
   assert lines.index("| 8 | grpo | 1 | 50 | 50 (50–50) |") < lines.index(
       "| 32 | grpo | 2 | 240 | 120 (100–140) |")
   assert "| held-out cells trained | 1 | 4 | 80 | 20.0 |" in lines
+
+
+def test_writes_that_did_not_record_their_preset_are_split_by_the_commits_that_made_them(
+    tmp_path):
+  git = lambda *args: subprocess.run(["git", "-C", str(tmp_path), *args], check=True,
+                                     capture_output=True)
+  git("init", "-q")
+  git("config", "user.email", "a@b.c")
+  git("config", "user.name", "a")
+  old = tmp_path / "old" / "G8.json"
+  old.parent.mkdir()
+  curves = lambda seeds: {"curves": {str(s): {} for s in seeds}, "learning_rate": 1e-3}
+  versions = [  # (arms, spans, the commit's subject)
+      ({"grpo": curves(range(10))}, [[0, 600]], "small preset"),
+      ({"grpo": curves(range(20)), "prime": curves(range(10))}, [[0, 600], [86_400, 87_000],
+                                                                 [90_000, 90_300]],
+       "primary preset and ktae_prime"),
+      ({"grpo": curves(range(20)), "prime_1e-3": curves(range(10))},
+       [[0, 600], [86_400, 87_000], [90_000, 90_300]], "the prime arm renamed " + "x" * 200)]
+  for i, (arms, spans, subject) in enumerate(versions):
+    if i == 2:  # moved, as results moved into studies/
+      git("mv", "old", "new")
+      old = tmp_path / "new" / "G8.json"
+    old.write_text(json.dumps(_piece(arms, spans)))
+    git("add", "-A")
+    git("commit", "-q", "-m", subject)
+  lines = wall_times.committed_writes(old)
+  assert lines[:2] == [
+      '  - ' + lines[0][4:11] + ' (01-01 00:00, 10.0 min in 1 write): added grpo (0–9). '
+      'Commit: "small preset"',
+      '  - ' + lines[1][4:11] + ' (01-02 00:00, 15.0 min in 2 writes): added grpo (10–19), '
+      'prime (0–9). Commit: "primary preset and ktae_prime"']
+  assert lines[2].endswith('(time not recorded): added prime_1e-3 (0–9); removed prime. '
+                           'Commit: "the prime arm renamed ' + "x" * 138 + '…"')
+  assert len(lines) == 3
+  # Outside a repository there is no history to read.
+  outside = tmp_path.parent / f"{tmp_path.name}_outside.json"
+  outside.write_text(old.read_text())
+  assert wall_times.committed_writes(outside) == []
