@@ -146,24 +146,27 @@ def test_group_gradients_average_to_the_batch_gradient():
   advantages = jnp.where(mask, jnp.asarray(rng.normal(size=tokens.shape), jnp.float32), 0.0)
   advantages = advantages.at[:group_size].set(0.0)  # the first group gives no gradient
   objective = losses.from_config(cells.DEFAULT_OBJECTIVE)
-  per_group = jax.jit(lambda m: diagnostics.group_gradients(objective, m, batch, advantages,
-                                                            actions))(model)
-  whole = diagnostics.policy_gradient(objective, model, batch, advantages, actions)
+  # Jitted (each eagerly would compile every operation of the model's gradient).
+  group_gradients = jax.jit(lambda m, b, a: diagnostics.group_gradients(objective, m, b, a,
+                                                                        actions))
+  policy_gradient = jax.jit(lambda m, b, a: diagnostics.policy_gradient(objective, m, b, a,
+                                                                        actions))
+  per_group = group_gradients(model, batch, advantages)
+  whole = policy_gradient(model, batch, advantages)
   assert per_group.shape == (groups, whole.shape[0])
   np.testing.assert_allclose(per_group.mean(axis=0), whole, rtol=1e-4,
                              atol=1e-6 * np.abs(whole).max())
   assert float(jnp.abs(per_group[0]).max()) == 0.0 and float(jnp.abs(per_group[1]).max()) > 0
   # Several estimators at once: each one's per-group gradients, as alone.
   other = jnp.where(mask, jnp.asarray(rng.normal(size=tokens.shape), jnp.float32), 0.0)
-  both = diagnostics.group_gradients(objective, model, batch, jnp.stack([advantages, other]),
-                                     actions)
-  alone = diagnostics.group_gradients(objective, model, batch, other, actions)
+  both = group_gradients(model, batch, jnp.stack([advantages, other]))
+  alone = group_gradients(model, batch, other)
   assert both.shape == (2, groups, whole.shape[0])
   np.testing.assert_allclose(both[0], per_group, rtol=1e-4, atol=1e-6 * np.abs(whole).max())
   np.testing.assert_allclose(both[1], alone, rtol=1e-4, atol=1e-6 * np.abs(alone).max())
   np.testing.assert_allclose(
-      alone[2], diagnostics.policy_gradient(objective, model, jax.tree.map(
-          lambda x: x[2 * group_size:], batch), other[2 * group_size:], actions),
+      alone[2], policy_gradient(model, jax.tree.map(lambda x: x[2 * group_size:], batch),
+                                other[2 * group_size:]),
       rtol=1e-4, atol=1e-6 * np.abs(alone).max())
 
 
