@@ -486,7 +486,9 @@ def write_report(study, workdir: pathlib.Path, results: dict, tuned: dict) -> di
       f"# Credit sweep: {study.preset} preset", "",
       f"Regimes × G ∈ {list(study.group_sizes)} × {len(study.arms)} arms; "
       f"{study.prompts_per_step} prompts per update; reported seeds {list(study.seeds)}, "
-      f"learning rate per arm and regime from {list(study.learning_rates)} by mean AUC at "
+      f"learning rate per arm and regime from {list(study.learning_rates)} by "
+      + ("mean AUC" if (study.get("tuning_criterion") or "auc") == "auc"
+         else "mean AUC + mean final J") + " at "
       f"G = {study.tuning_group_size} on seeds {list(study.tuning_seeds)} (excluded from "
       "every number below). Advantages are "
       "RMS-scaled; one PPO-clip step per batch (a plain policy gradient). J(π): exact "
