@@ -35,13 +35,18 @@ def piece_runs(piece: dict) -> int:
   return tuned * len(piece["signature"]["learning_rates"]) * len(piece["signature"]["seeds"])
 
 
+def _utc(seconds: float) -> str:
+  """A span's start as "MM-DD HH:MM" (UTC)."""
+  return f"{datetime.datetime.fromtimestamp(seconds, datetime.UTC):%m-%d %H:%M}"
+
+
 def writes(piece: dict) -> list[str]:
   """Each write of a piece: "<preset> <date> <minutes> min" (preset "unrecorded" for writes
   made before the sweep recorded it)."""
   writers = piece.get("writers") or []
   named = ["unrecorded"] * (len(piece["spans"]) - len(writers)) + [w["preset"] for w in writers]
-  return [f"{preset} {datetime.datetime.fromtimestamp(start, datetime.UTC):%m-%d %H:%M} "
-          f"{(end - start) / 60:.1f} min" for preset, (start, end) in zip(named, piece["spans"])]
+  return [f"{preset} {_utc(start)} {(end - start) / 60:.1f} min"
+          for preset, (start, end) in zip(named, piece["spans"])]
 
 
 def _seed_ranges(seeds) -> str:
@@ -99,9 +104,8 @@ def committed_writes(path: pathlib.Path) -> list[str]:
     if spans or added or removed:
       when = "time not recorded"
       if spans:
-        start = datetime.datetime.fromtimestamp(spans[0][0], datetime.UTC)
         minutes = sum(end - begin for begin, end in spans) / 60
-        when = f"{start:%m-%d %H:%M}, {minutes:.1f} min in {len(spans)} write" + "s" * (
+        when = f"{_utc(spans[0][0])}, {minutes:.1f} min in {len(spans)} write" + "s" * (
             len(spans) > 1)
       lines.append(f"  - {commit[:7]} ({when}): added {', '.join(added) or 'no runs'}"
                    + (f"; removed {', '.join(removed)}" if removed else "")

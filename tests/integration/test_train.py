@@ -181,18 +181,6 @@ SMALL = {  # no SFT (test_multiprocess trains from SFT) but for countdown's nois
 }
 
 
-def _overridden(name: str, overrides: dict):
-  """get_config() of experiments/<name>.py with {dotted field: value} set."""
-  config = load_experiment(name)
-  for path, value in overrides.items():
-    *parents, field = path.split(".")
-    node = config
-    for parent in parents:
-      node = node[parent]
-    node[field] = value
-  return config
-
-
 def _train(workdir, name: str, overrides: dict, env=None) -> str:
   """Trains experiments/<name>.py with `overrides` in this process, or through the CLI for
   the configs in CLI; returns what the run printed."""
@@ -201,7 +189,9 @@ def _train(workdir, name: str, overrides: dict, env=None) -> str:
 
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-      loop.run(_overridden(name, overrides), str(workdir))
+      config = load_experiment(name)
+      config.update_from_flattened_dict(overrides)  # {dotted field: value}
+      loop.run(config, str(workdir))
     return stdout.getvalue()
   flags = [f"--config.{path}={value}" for path, value in overrides.items()]
   result = _run(workdir, *flags, config=name, env=env)
