@@ -16,14 +16,10 @@ from jaxcredit.losses.covariance import clip_cov_loss, kl_cov_loss, token_covari
 from jaxcredit.losses.kl import KL_KINDS, kl_penalty, kl_reward_shaping
 from jaxcredit.losses.off_policy import (
     behaviour_log_weight,
-    decoupled_ppo_loss,
-    dppo_loss,
-    loglinear_proximal_logprobs,
     m2_keep_mask,
     m2po_loss,
     masked_is_loss,
     opsm_loss,
-    sat_loss,
     tis_loss,
     topr_loss,
 )
@@ -43,6 +39,12 @@ from jaxcredit.losses.registered import (
     names,
     register,
     sequence_advantages,
+)
+from jaxcredit.losses.trust_region import (
+    decoupled_ppo_loss,
+    dppo_loss,
+    loglinear_proximal_logprobs,
+    sat_loss,
 )
 from jaxcredit.losses.value import entropy_bonus, value_loss
 

@@ -15,6 +15,7 @@ arithmetic, and log-ratios are bounded as in `logprobs.importance_ratio`.
 from collections.abc import Callable
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jax import Array
 
@@ -97,3 +98,30 @@ def clipped_surrogate(ratio: Array, advantages: Array, clip_low: float, clip_hig
 
 def fraction(condition: Array, valid: Array) -> Array:
   return masked_mean(condition.astype(jnp.float32), valid)
+
+
+def weighted_ppo(weight_fn, logp, old_logp, advantages, mask, clip_low, clip_high, aggregation,
+                 dual_clip=None):
+  """aggregate(sg(weight) * ppo_clip token loss); weight_fn(TokenRatios) -> (weight, metrics)."""
+  check_clip(clip_low, clip_high)
+  if dual_clip is not None:
+    _checks.check_in_range(dual_clip, "dual_clip", low=1.0, low_open=True)
+
+  def formula(t: TokenRatios):
+    loss_tok, is_clipped = clipped_surrogate(t.ratio, t.advantages, clip_low, clip_high)
+    if dual_clip is not None:
+      loss_tok = jnp.where(t.advantages < 0, jnp.minimum(loss_tok, -t.advantages * dual_clip),
+                           loss_tok)
+    weight, metrics = weight_fn(t)
+    return jax.lax.stop_gradient(weight) * loss_tok, {
+        **metrics, "clipfrac": fraction(is_clipped, t.valid),
+        "is_weight_mean": masked_mean(weight, t.valid)}
+
+  return token_ratio_loss(formula, logp, old_logp, advantages, mask, aggregation)
+
+
+def row_level(level: str, loss: str) -> str:
+  """A loss's "token" | "sequence" weight level as a `behaviour_log_weight` level
+  ("sequence" is the length-normalised geometric mean)."""
+  _checks.check_choice(level, ("token", "sequence"), f"{loss} level")
+  return "geometric" if level == "sequence" else "token"

@@ -14,7 +14,7 @@ from jax import Array
 
 from jaxcredit import _checks
 from jaxcredit._masking import as_bool, masked_mean, masked_sum, sanitise
-from jaxcredit.losses import covariance, off_policy, policy, preference, value
+from jaxcredit.losses import covariance, off_policy, policy, preference, trust_region, value
 from jaxcredit.losses.aggregation import aggregate
 from jaxcredit.losses.kl import kl_penalty
 from jaxcredit.registry import Registry
@@ -105,7 +105,7 @@ for _name, _fn in {
     "sapo": policy.sapo_loss,
     "clip_cov": covariance.clip_cov_loss,
     "kl_cov": covariance.kl_cov_loss,
-    "dppo": off_policy.dppo_loss,
+    "dppo": trust_region.dppo_loss,
 }.items():
   _register_token_loss(_name, _fn)
 
@@ -133,7 +133,7 @@ def _decoupled_ppo(outputs, rollout, estimate, *, proximal: str = "recompute", *
     old_logprobs = None
   else:
     old_logprobs = _old_logprobs(rollout, "decoupled_ppo")
-  return off_policy.decoupled_ppo_loss(
+  return trust_region.decoupled_ppo_loss(
       outputs.logprobs, old_logprobs, rollout.behaviour_logprobs, estimate.advantages,
       rollout.mask, staleness=rollout.staleness, proximal=proximal, **hparams)
 
@@ -141,7 +141,7 @@ def _decoupled_ppo(outputs, rollout, estimate, *, proximal: str = "recompute", *
 @register("sat")
 def _sat(outputs, rollout, estimate, **hparams):
   rollout.require("staleness", by="sat")
-  return off_policy.sat_loss(outputs.logprobs, rollout.proximal_logprobs(by="sat"),
+  return trust_region.sat_loss(outputs.logprobs, rollout.proximal_logprobs(by="sat"),
                              estimate.advantages, rollout.mask, rollout.staleness, **hparams)
 
 

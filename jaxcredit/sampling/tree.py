@@ -36,6 +36,7 @@ from jax import Array
 
 from jaxcredit.estimators.tree_credit import node_leaves
 from jaxcredit.models.transformer import Transformer
+from jaxcredit.sampling import contexts as contexts_lib
 from jaxcredit.sampling import sampler
 from jaxcredit.sampling.actions import Actions
 
@@ -245,7 +246,7 @@ def render(tokens, path, segments, *, group_size: int, group: int = 0, decode=No
   return "\n".join(lines)
 
 
-def fork(contexts: sampler.Contexts, parents: Array) -> sampler.Contexts:
+def fork(contexts: contexts_lib.Contexts, parents: Array) -> contexts_lib.Contexts:
   """Copy-on-fork of rows held in a KV cache.
 
   Args:
@@ -255,7 +256,7 @@ def fork(contexts: sampler.Contexts, parents: Array) -> sampler.Contexts:
   Returns:
     `Contexts` of R' rows: copies of the parents' cache rows, logits and lengths.
   """
-  return sampler.Contexts(cache=contexts.cache.rows(parents), logits=contexts.logits[parents],
+  return contexts_lib.Contexts(cache=contexts.cache.rows(parents), logits=contexts.logits[parents],
                           length=contexts.length[parents], slot=contexts.slot)
 
 
@@ -330,7 +331,8 @@ def sample_tree(model: Transformer, prompts: Array, prompt_valid: Array, key: Ar
       model, prompts, prompt_valid, max_new_tokens, temperature, None, None, stop_tokens,
       pad_id, padding, actions, True)
   count, prompt_len = prompts.shape
-  contexts = sampler._start(graphdef, state, prompts, prompt_valid, prompt_len + max_new_tokens)
+  contexts = contexts_lib._start(graphdef, state, prompts, prompt_valid,
+                                 prompt_len + max_new_tokens)
   prefilled = jnp.sum(prompt_valid)
   parents = jnp.repeat(jnp.arange(count), tree.roots)
   contexts = fork(contexts, parents)
@@ -345,7 +347,7 @@ def sample_tree(model: Transformer, prompts: Array, prompt_valid: Array, key: Ar
     step = settings._replace(max_new_tokens=width, stop_tokens=settings.stop_tokens + delimiter,
                              pause_entropy=tree.entropy_threshold if forks else None)
     table = slice(start, start + width)
-    continuation, contexts = sampler._continue_rows(
+    continuation, contexts = contexts_lib._continue_rows(
         graphdef, state, contexts, done, keys, allowed[table], hidden[table], step)
     done = done | jnp.any(continuation.mask & jnp.isin(continuation.tokens, stops), axis=1)
     pieces.append({"tokens": continuation.tokens, "mask": continuation.mask,

@@ -10,8 +10,9 @@ from jaxcredit import estimators
 from jaxcredit.forward import policy_outputs
 from jaxcredit.models import preset
 from jaxcredit.rollout import Rollout
-from jaxcredit.sampling import (Actions, TreeSpec, continue_contexts, sample_tree, sampler,
+from jaxcredit.sampling import (Actions, TreeSpec, continue_contexts, sample_tree,
                                 start_contexts)
+from jaxcredit.sampling import contexts as contexts_lib
 from jaxcredit.sampling import tree as tree_lib
 from tests.unit.sampling.conftest import left_padded_prompts, peaked_model
 
@@ -132,8 +133,8 @@ def test_entropy_forks_end_a_segment_before_its_first_uncertain_token(model):
 
 def test_the_prompt_is_prefilled_once_and_shared_segments_are_sampled_once(model, monkeypatch):
   prefilled = []
-  start = sampler._start
-  monkeypatch.setattr(sampler, "_start", lambda g, s, tokens, valid, slots: (
+  start = contexts_lib._start
+  monkeypatch.setattr(contexts_lib, "_start", lambda g, s, tokens, valid, slots: (
       prefilled.append(int(np.sum(valid))), start(g, s, tokens, valid, slots))[1])
   prompts, valid = _prompts(batch=3)
   spec = TreeSpec(roots=1, branching=4, depth=2, segment_tokens=2)
