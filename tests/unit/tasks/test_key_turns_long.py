@@ -119,7 +119,7 @@ def test_sampled_long_episodes_match_the_exact_values_and_the_learners_view():
   config = key_turns.KeyTurnsConfig(n_turns=64, decisive=key_turns.decisive_turns(64, 2, "spread"),
                                     turn_length=2, observation_length=3, hidden_actions=True)
   model = _key_leaning_model()
-  rollout = _episodes(model, config, 384, seed=1)
+  rollout = _episodes(model, config, 192, seed=1)
   values, _ = key_turns.oracle.turn_credit(model, config, rollout.tokens, rollout.token_valid)
   j = key_turns.oracle.success(model, config, PROMPT)
   assert 0.02 < j < 0.98, j
