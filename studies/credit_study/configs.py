@@ -81,7 +81,7 @@ import ml_collections
 PRESETS = ("smoke", "small", "primary", "stalls", "entropy", "ktae_prime", "mc_ladder",
            "mc_granularity", "critic", "regimes", "budgets", "language", "scale", "mid_filler",
            "mid_filler_Z3", "same_rate", "trainers", "ktae_shared", "forecast", "entropy_sums",
-           "rate_grid", "tuning_full", "tuning_g32", "full")
+           "rate_grid", "tuning_full", "tuning_g32", "warm_start", "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -148,6 +148,7 @@ SOME_REGIMES = {
     # included, to tell a slower start from a lower plateau.
     "mid_filler_Z3": ("mid_filler_Z3",),
     "same_rate": ("mid_filler_Z3",),  # the same-rate controls (below)
+    "warm_start": ("start_at_0_3",),  # the start at J = 0.3 read at log-spaced updates
 }
 
 
@@ -335,6 +336,18 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.arms = {name: ARMS[name] for name in ("grpo", "oracle", "ktae")}
     config.group_sizes = (8,)
     config.workers = 1  # the cell waits for its tuning: one process on both cores
+    config.runs_per_program = 30
+  if preset == "warm_start":
+    # The start at J = 0.3 resolved: the regimes preset measured J at 20 evenly spaced
+    # updates, and every arm was at 0.84-0.95 by the first. GRPO and the exact credit at the
+    # rates the regimes preset's tuning chose there (3e-3 and 1e-2), the exact credit also at
+    # GRPO's rate (a same-rate control), J at 30 log-spaced updates. A fresh workdir;
+    # nothing is tuned.
+    config.arms = {name: ARMS[name] for name in ("grpo", "oracle", "oracle_at_3e-3")}
+    config.fixed_learning_rates = {"grpo": 3e-3, "oracle": 1e-2, "oracle_at_3e-3": 3e-3}
+    config.eval_points = 30
+    config.eval_spacing = "log"
+    config.mechanism_batches = 0
     config.runs_per_program = 30
   if preset == "trainers":
     # One answer from both trainers: the cells of configs_v1.py's `trainers` preset (the

@@ -3,6 +3,7 @@
 import contextlib
 import dataclasses
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -234,6 +235,22 @@ def test_the_stalls_preset_runs_grpo_and_the_exact_credit_at_40_seeds_recording_
   assert study.seeds == list(range(40)) and not cell.mechanism_batches
   assert cell.task == sweep.cell_of(small, "peaked_filler", 8).task and cell.task.filler_blind
   assert cell.eval_updates[:3] == (0, 1, 2) and cell.eval_updates[-1] == cell.updates
+
+
+def test_the_warm_start_preset_reads_the_start_at_0_3_at_log_spaced_updates_at_the_tuned_rates():
+  study, regimes = (configs.get_config(p) for p in ("warm_start", "regimes"))
+  assert list(study.regimes) == ["start_at_0_3"] and study.group_sizes == (4, 8, 16, 32)
+  tuned = json.loads((pathlib.Path(configs.__file__).parent / "results" / "regimes" / "cells"
+                      / "start_at_0_3" / "tuning.json").read_text())["arms"]
+  assert study.fixed_learning_rates.to_dict() == {"grpo": tuned["grpo"]["learning_rate"],
+                                                  "oracle": tuned["oracle"]["learning_rate"],
+                                                  "oracle_at_3e-3": tuned["grpo"]["learning_rate"]}
+  assert study.arms["oracle_at_3e-3"] == study.arms["oracle"] == regimes.arms["oracle"]
+  for g in study.group_sizes:
+    cell, linear = (sweep.cell_of(s, "start_at_0_3", g) for s in (study, regimes))
+    assert (cell.task, cell.model, cell.warmup) == (linear.task, linear.model, linear.warmup)
+    assert cell.eval_updates[:3] == (0, 1, 2) and cell.eval_updates[-1] == cell.updates
+    assert linear.eval_updates[1] >= 20 and not cell.mechanism_batches
 
 
 def test_the_ktae_shared_preset_draws_filler_from_the_key_alphabet():
