@@ -81,7 +81,7 @@ import ml_collections
 PRESETS = ("smoke", "small", "primary", "stalls", "entropy", "ktae_prime", "mc_ladder",
            "mc_granularity", "critic", "regimes", "budgets", "language", "scale", "mid_filler",
            "mid_filler_Z3", "same_rate", "trainers", "ktae_shared", "forecast", "entropy_sums",
-           "rate_grid", "tuning_full", "tuning_g32", "warm_start", "full")
+           "rate_grid", "tuning_full", "tuning_g32", "warm_start", "stalls_mid", "full")
 
 ARMS = {
     "grpo": "grpo",
@@ -149,6 +149,7 @@ SOME_REGIMES = {
     "mid_filler_Z3": ("mid_filler_Z3",),
     "same_rate": ("mid_filler_Z3",),  # the same-rate controls (below)
     "warm_start": ("start_at_0_3",),  # the start at J = 0.3 read at log-spaced updates
+    "stalls_mid": ("mid_filler",),  # stalls at 40 seeds on middling filler
 }
 
 
@@ -349,6 +350,20 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     config.eval_spacing = "log"
     config.mechanism_batches = 0
     config.runs_per_program = 30
+  if preset == "stalls_mid":
+    # Stalls as an outcome on middling filler, where GRPO stalled in 6 of 10 seeds at G = 8
+    # at its AUC-tuned rate (3e-3): GRPO and the exact credit at 40 paired seeds, both at
+    # 1e-3, the rate at which each ended highest in the same-rate control (same_rate), so
+    # that a stall is not the rate's; each run's keys recorded after its last update, J at
+    # log-spaced updates. A fresh workdir; nothing is tuned.
+    config.arms = {name: ARMS[name] for name in ("grpo", "oracle")}
+    config.fixed_learning_rates = {"grpo": 1e-3, "oracle": 1e-3}
+    config.group_sizes = (8,)
+    config.seeds = list(range(40))
+    config.eval_points = 30
+    config.eval_spacing = "log"
+    config.mechanism_batches = 0
+    config.workers = 1
   if preset == "trainers":
     # One answer from both trainers: the cells of configs_v1.py's `trainers` preset (the
     # experiment-config trainer, jaxcredit.train) in the batched lab with the same policy

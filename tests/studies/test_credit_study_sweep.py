@@ -253,6 +253,22 @@ def test_the_warm_start_preset_reads_the_start_at_0_3_at_log_spaced_updates_at_t
     assert linear.eval_updates[1] >= 20 and not cell.mechanism_batches
 
 
+def test_the_stalls_mid_preset_runs_both_arms_at_their_same_rate_best_on_middling_filler():
+  study, mid = (configs.get_config(p) for p in ("stalls_mid", "mid_filler"))
+  assert list(study.arms) == ["grpo", "oracle"] and study.seeds == list(range(40))
+  assert study.fixed_learning_rates.to_dict() == {"grpo": 1e-3, "oracle": 1e-3}
+  same_rate = json.loads((pathlib.Path(configs.__file__).parent / "results" / "same_rate"
+                          / "cells" / "mid_filler_Z3" / "G8.json").read_text())["arms"]
+  final = lambda arm: np.mean([c["success"][-1] for c in same_rate[arm]["curves"].values()])
+  assert final("grpo_at_1e-3") > final("grpo") and final("oracle_at_1e-3") > final("oracle")
+  assert same_rate["grpo_at_1e-3"]["learning_rate"] == 1e-3 == same_rate["oracle_at_1e-3"][
+      "learning_rate"]
+  cell, tuned_cell = (sweep.cell_of(s, "mid_filler", 8) for s in (study, mid))
+  assert (cell.task, cell.model, cell.warmup, cell.updates) == (
+      tuned_cell.task, tuned_cell.model, tuned_cell.warmup, tuned_cell.updates)
+  assert cell.eval_updates[:3] == (0, 1, 2) and not cell.mechanism_batches
+
+
 def test_the_ktae_shared_preset_draws_filler_from_the_key_alphabet():
   study, small = (configs.get_config(p) for p in ("ktae_shared", "small"))
   cell = sweep.cell_of(study, "uniform_filler_shared", 8)
