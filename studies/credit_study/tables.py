@@ -10,7 +10,7 @@ import pathlib
 import numpy as np
 import scipy.stats
 
-from jaxcredit.lab import diagnostics, statistics
+from jaxcredit.lab import diagnostics, outcomes, statistics
 from studies.credit_study import report
 
 VERDICT_ALPHA = 0.05
@@ -244,12 +244,12 @@ def implicit_credit_rows(regime: str, g: int, grpo: dict, rng) -> list[str]:
 
 
 def time_to_level(per_seed: dict) -> dict:
-  """{"tokens", "updates"}: `statistics.time_to_level` of an arm's runs ({seed: summary}),
+  """{"tokens", "updates"}: `outcomes.time_to_level` of an arm's runs ({seed: summary}),
   in generated tokens and in updates, each run that never reaches the level censored at its
   budget."""
   runs = list(per_seed.values())
   reached = [m["tau"] is not None for m in runs]
-  return {unit: statistics.time_to_level(
+  return {unit: outcomes.time_to_level(
       [m[tau] if m[tau] is not None else m[final] for m in runs], reached)
       for unit, tau, final in (("tokens", "tau", "gen_tokens"),
                                ("updates", "tau_updates", "updates"))}
@@ -274,8 +274,8 @@ def stall_rows(regime: str, g: int, summary: dict) -> list[str]:
       seeds = sorted(set(summary[arm]) & set(base))
       stalled = lambda runs: np.asarray([runs[s]["final"] < STALL for s in seeds])
       rates = [float(np.mean(stalled(runs))) for runs in (summary[arm], base)]
-      row += [f"{statistics.paired_binary_p(stalled(summary[arm]), stalled(base)):.4f}",
-              "—" if rates[0] == rates[1] else str(statistics.seeds_for_power(*rates) or "> 200")]
+      row += [f"{outcomes.paired_binary_p(stalled(summary[arm]), stalled(base)):.4f}",
+              "—" if rates[0] == rates[1] else str(outcomes.seeds_for_power(*rates) or "> 200")]
     rows.append("| " + " | ".join(row) + " |")
   return rows
 

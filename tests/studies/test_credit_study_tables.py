@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from jaxcredit.lab import diagnostics, statistics
+from jaxcredit.lab import diagnostics, outcomes, statistics
 from studies.credit_study import tables
 
 
@@ -172,11 +172,11 @@ def test_stall_rows_count_stalls_and_solves_and_pair_them_by_seed():
   grpo, oracle = tables.stall_rows("r", 8, summary)
   assert grpo == "| r | 8 | grpo | 3/6 | 2/6 | — | — |"
   # Discordant seeds: GRPO alone stalls on 0, 1, 2; the oracle alone on 4: 2 P(Bin(4) <= 1).
-  p = statistics.paired_binary_p([False, False, False, False, True, False],
+  p = outcomes.paired_binary_p([False, False, False, False, True, False],
                                  [True, True, True, False, False, False])
   assert p == pytest.approx(2 * 5 / 16)
   assert oracle == (f"| r | 8 | oracle | 1/6 | 5/6 | {p:.4f} | "
-                    f"{statistics.seeds_for_power(1 / 6, 3 / 6)} |")
+                    f"{outcomes.seeds_for_power(1 / 6, 3 / 6)} |")
 
 
 def test_the_key_table_says_whether_stalled_runs_hold_wrong_or_undecided_keys():
