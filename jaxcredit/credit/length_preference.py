@@ -19,7 +19,7 @@ from flax import nnx
 from jax import Array
 
 from jaxcredit._masking import as_bool
-from jaxcredit.estimators import group
+from jaxcredit.estimators import length_aware
 from jaxcredit.rollout import Rollout
 
 
@@ -28,7 +28,7 @@ class LengthPreference(nnx.Module):
 
   Args:
     lam: lam's starting value.
-    r: how far the standardised lengths move h from 1 (`group.lambda_grpo_weights`).
+    r: how far the standardised lengths move h from 1 (`length_aware.lambda_grpo_weights`).
 
   Attributes:
     lam: the float32 scalar `nnx.Param`.
@@ -76,7 +76,7 @@ def surrogate(lam: Array, rewards: Array, lengths: Array, *, group_size: int, r:
   Returns:
     the float32 scalar loss; 0 when every response is empty.
   """
-  advantages = group.lambda_grpo_advantages(rewards, lengths, group_size=group_size, lam=lam,
+  advantages = length_aware.lambda_grpo_advantages(rewards, lengths, group_size=group_size, lam=lam,
                                             r=r)
   lengths = lengths.astype(jnp.float32)
   return -jnp.sum(advantages * lengths) / jnp.maximum(jnp.sum(lengths), 1.0)
@@ -90,9 +90,9 @@ def weights(preference: LengthPreference, rollout: Rollout) -> Array:
     rollout: the scored `Rollout` (lengths counted on its mask).
 
   Returns:
-    float32 ``[B]`` weights f_i (`group.lambda_grpo_weights`).
+    float32 ``[B]`` weights f_i (`length_aware.lambda_grpo_weights`).
   """
-  return group.lambda_grpo_weights(jnp.sum(as_bool(rollout.mask), axis=1),
+  return length_aware.lambda_grpo_weights(jnp.sum(as_bool(rollout.mask), axis=1),
                                    group_size=rollout.group_size, lam=preference.lam[...],
                                    r=preference.r)
 
@@ -107,7 +107,7 @@ def update(preference: LengthPreference, optimizer: nnx.Optimizer, rollout: Roll
     rollout: the scored `Rollout` (lengths counted on its mask).
 
   Returns:
-    float32 ``[B]`` weights f_i (`group.lambda_grpo_weights` at the lam before the step).
+    float32 ``[B]`` weights f_i (`length_aware.lambda_grpo_weights` at the lam before the step).
   """
   before = weights(preference, rollout)
   lengths = jnp.sum(as_bool(rollout.mask), axis=1)

@@ -24,14 +24,16 @@ from jaxcredit.estimators.group import (
     gpg_advantages,
     grpo_advantages,
     grpo_batch_std_advantages,
-    lambda_grpo_advantages,
-    lambda_grpo_weights,
     maxrl_advantages,
-    opo_advantages,
     outcome_to_tokens,
     pass_at_k_advantages,
     remax_advantages,
     rloo_advantages,
+)
+from jaxcredit.estimators.length_aware import (
+    lambda_grpo_advantages,
+    lambda_grpo_weights,
+    opo_advantages,
 )
 from jaxcredit.estimators.registered import (
     REGISTRY,

@@ -6,8 +6,8 @@ from collections.abc import Callable
 import jax.numpy as jnp
 
 from jaxcredit._masking import as_bool, sanitise
-from jaxcredit.estimators import (group, returns, token_credit, tree_credit, turn_credit,
-                                  value_credit)
+from jaxcredit.estimators import (group, length_aware, returns, token_credit, tree_credit,
+                                  turn_credit, value_credit)
 from jaxcredit.registry import Registry
 from jaxcredit.rollout import Estimate, Rollout
 
@@ -122,7 +122,7 @@ def _remax(rollout: Rollout):
 @register("opo")
 def _opo(rollout: Rollout):
   lengths = jnp.sum(as_bool(rollout.mask), axis=1)
-  seq = group.opo_advantages(rollout.rewards, lengths, group_size=rollout.group_size)
+  seq = length_aware.opo_advantages(rollout.rewards, lengths, group_size=rollout.group_size)
   return group.broadcast_to_tokens(seq, rollout.mask)
 
 
@@ -159,11 +159,12 @@ def _gdpo(rollout: Rollout, *, weights: tuple[float, ...] | None = None, eps: fl
 @register("lambda_grpo")
 def _lambda_grpo(rollout: Rollout, *, lam: float = 1.0, r: float = 1.0, h_min: float = 1e-3,
                  eps: float = 1e-6):
-  """lambda-GRPO with a fixed preference exponent `lam` (group.lambda_grpo_advantages, the
+  """lambda-GRPO with a fixed preference exponent `lam` (length_aware.lambda_grpo_advantages, the
   lengths counted on rollout.mask); lam = 0 is GRPO under token-mean aggregation."""
   lengths = jnp.sum(as_bool(rollout.mask), axis=1)
-  seq = group.lambda_grpo_advantages(rollout.rewards, lengths, group_size=rollout.group_size,
-                                     lam=lam, r=r, h_min=h_min, eps=eps)
+  seq = length_aware.lambda_grpo_advantages(rollout.rewards, lengths,
+                                            group_size=rollout.group_size, lam=lam, r=r,
+                                            h_min=h_min, eps=eps)
   return group.broadcast_to_tokens(seq, rollout.mask)
 
 

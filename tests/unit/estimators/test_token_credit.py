@@ -31,17 +31,6 @@ class SequenceBaselinesTest(parameterized.TestCase):
     np.testing.assert_allclose(got, reference.grpo_batch_std(rewards, group_size), atol=1e-5)
 
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.parameters(*GROUPINGS)
-  def test_opo(self, batch, group_size):
-    rng = np.random.default_rng(1)
-    rewards = rng.normal(size=batch).astype(np.float32)
-    lengths = rng.integers(0, 5, batch)
-    got = self.variant(lambda r, l: estimators.opo_advantages(r, l, group_size=group_size))(
-      rewards, lengths
-    )
-    np.testing.assert_allclose(got, reference.opo(rewards, lengths, group_size), atol=1e-5)
-
-  @chex.variants(with_jit=True, without_jit=True)
   @parameterized.product(grouping=[(16, 8), (12, 4), (8, 8)], k=[1, 2, 4])
   def test_pass_at_k(self, grouping, k):
     batch, group_size = grouping
