@@ -20,13 +20,12 @@ import tqdm
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from jaxcredit import _checks, estimators, losses, tasks
+from jaxcredit import estimators, losses, tasks
 from jaxcredit.atomic import write_atomically
 from jaxcredit.credit import extras
 from jaxcredit.models import Transformer, huggingface, preset, sharding
 from jaxcredit.rollout import Rollout
-from jaxcredit.rollout_sources import MultiTurn, PartialRollouts, SingleTurn, TurnTree
-from jaxcredit.sampling import TreeSpec
+from jaxcredit.rollout_sources import MultiTurn, PartialRollouts, SingleTurn
 from jaxcredit.tasks import loader
 from jaxcredit.train import (
   checkpoints,
@@ -36,6 +35,7 @@ from jaxcredit.train import (
   metrics,
   overlap,
   refusals,
+  rollout_config,
   staleness,
 )
 
@@ -254,7 +254,8 @@ def build(config, workdir: pathlib.Path) -> Trainer | None:
 
   model = policy(config.model, task, seed=config.seed)
   task = tasks.within_tokenizer(task, model.config.vocab_size)
-  source = _rollout_source(config, task, *_sampling_placement(mesh, place, local))
+  placement = rollout_config.sampling_placement(mesh, place, local)
+  source = rollout_config.rollout_source(config, task, *placement)
   modules, learner_settings = _learner_modules(config, task, mesh, model)
   graphdef, _ = nnx.split(modules)
   learner_step = learner.make_step(graphdef, advantage=advantage, objective=objective,
@@ -290,7 +291,7 @@ def build(config, workdir: pathlib.Path) -> Trainer | None:
       config=config, workdir=workdir, checkpointer=checkpointer, resumed=resumed,
       counters=counters, mesh=mesh, place=place, local=local, task=task,
       data_counts=data_counts, prompt_lengths=prompt_lengths, eval_batch=eval_batch,
-      source=source, partial=partial_rollouts(config, source), modules=modules,
+      source=source, partial=rollout_config.partial_rollouts(config, source), modules=modules,
       learner_step=learner_step,
       provide_extras=provide_extras, reference_logprobs=reference_logprobs, stale=stale,
       sampler=sampler, rl_data=rl_data, writer=writer, exporter=exporter)
@@ -301,7 +302,7 @@ def _check_learner_inputs(config, task: tasks.TrainTask, advantage, objective, *
   """Refuses (`refusals.check_learner_inputs`) an advantage, objective or exported comparison
   that needs what this run never provides, before any work."""
   rl, multi_turn = config.rl, task.environment is not None
-  tree = tree_spec(config, task)
+  tree = rollout_config.tree_spec(config, task)
   shape = dict(rows=rl.prompts_per_step * rl.group_size,
                columns=task.max_prompt_length + task.max_response_length,
                group_size=rl.group_size,
@@ -316,146 +317,6 @@ def _check_learner_inputs(config, task: tasks.TrainTask, advantage, objective, *
       refusals.check_learner_inputs(fn, None, extras=needs(fn), **shape)
     except ValueError as error:
       raise ValueError(f"export.compare entry {compare!r}: {error}") from None
-
-
-def engine_slots(config, task: tasks.TrainTask) -> int | None:
-  """The continuous engine's slot count (`config.rollout.engine`, `config.rollout.slots`), or
-  None for the static sampler.
-
-  Args:
-    config: the experiment config.
-    task: the run's task.
-
-  Returns:
-    the responses `SingleTurn` decodes at once, or the episodes `MultiTurn` plays at once;
-    None.
-
-  Raises:
-    ValueError: naming the setting, for an unknown engine, slots outside [1, the step's
-      rows], or the continuous engine with a tree or with a multi-turn task on several
-      processes.
-  """
-  rollout, rows = config.rollout, config.rl.prompts_per_step * config.rl.group_size
-  _checks.check_choice(rollout.engine, ("static", "continuous"), "rollout.engine")
-  if rollout.engine == "static":
-    return None
-  if config.rollout.tree.fork != "none":
-    raise ValueError("rollout.engine = 'continuous' samples independent responses or episodes: "
-                     "set rollout.tree.fork = 'none', or rollout.engine = 'static'.")
-  if task.environment is not None and jax.process_count() > 1:
-    raise ValueError("rollout.engine = 'continuous' plays a multi-turn task's episodes on one "
-                     "process: set rollout.engine = 'static' to play them over several.")
-  slots = max(1, rows // 4) if rollout.slots is None else rollout.slots
-  if not 1 <= slots <= rows:
-    raise ValueError(f"rollout.slots = {slots} must lie in [1, rl.prompts_per_step x "
-                     f"rl.group_size = {rows}].")
-  return slots
-
-
-def partial_rollouts(config, source: SingleTurn | MultiTurn) -> PartialRollouts | None:
-  """The partial rollouts of `config.rollout.partial_decode_steps` over `source`, or None.
-
-  Args:
-    config: the experiment config.
-    source: the run's rollout source.
-
-  Returns:
-    a `PartialRollouts`, or None when the setting is unset.
-
-  Raises:
-    ValueError: naming the setting, without the continuous engine, with a multi-turn task,
-      with stale or overlapped sampling (rl.max_staleness, mesh.sampler_shape), or a limit
-      below 1.
-  """
-  limit = config.rollout.partial_decode_steps
-  if limit is None:
-    return None
-  if config.rollout.engine != "continuous":
-    raise ValueError("rollout.partial_decode_steps needs the continuous engine: set "
-                     "rollout.engine = 'continuous'.")
-  if isinstance(source, MultiTurn):
-    raise ValueError("rollout.partial_decode_steps carries single-turn responses across steps; "
-                     "a multi-turn task's episodes are played whole within a step: unset it.")
-  if config.rl.max_staleness or config.mesh.sampler_shape:
-    raise ValueError("rollout.partial_decode_steps records each token's own staleness: it "
-                     "does not combine with rl.max_staleness or mesh.sampler_shape.")
-  return PartialRollouts(source, limit)
-
-
-def tree_spec(config, task: tasks.TrainTask) -> TreeSpec | TurnTree | None:
-  """The tree of `config.rollout.tree`: a `TreeSpec` of a single-turn task's responses, a
-  `TurnTree` of a multi-turn task's episodes (``fork="turns"``), or None for independent
-  ones.
-
-  Args:
-    config: the experiment config.
-    task: the run's task.
-
-  Returns:
-    the tree each prompt's group is sampled as, or None.
-
-  Raises:
-    ValueError: naming the setting, for a tree that does not fit the response budget or the
-      episode's turns, whose leaves are not rl.group_size, or whose fork rule does not suit
-      the task.
-  """
-  settings = config.rollout.tree
-  if settings.fork == "none":
-    return None
-  if (settings.fork == "turns") != (task.environment is not None):
-    raise ValueError(
-        f"rollout.tree.fork = {settings.fork!r} does not suit task {task.name!r}: a multi-turn "
-        "task's episodes fork between turns (fork='turns'), a single-turn task's responses "
-        "at columns (fork='fixed', 'delimiter' or 'entropy').")
-  if settings.fork == "turns":
-    spec = TurnTree(roots=settings.roots, branching=settings.branching, depth=settings.depth,
-                    segment_turns=settings.segment_turns).check(task.max_turns)
-  else:
-    spec = TreeSpec(roots=settings.roots, branching=settings.branching, depth=settings.depth,
-                    segment_tokens=settings.segment_tokens, fork=settings.fork,
-                    delimiter=settings.delimiter,
-                    entropy_threshold=settings.entropy_threshold).check(task.max_response_length,
-                                                                        task.actions)
-  if spec.leaves != config.rl.group_size:
-    raise ValueError(
-        f"rollout.tree has {spec.leaves} leaves per prompt (roots {spec.roots} x branching "
-        f"{spec.branching}^depth {spec.depth}) and they are the prompt's group, but "
-        f"rl.group_size is {config.rl.group_size}: set rl.group_size = {spec.leaves} or "
-        "change the tree.")
-  return spec
-
-
-def _tree_pass(config, task: tasks.TrainTask) -> dict:
-  """The learner's tree settings: a ``fork="fixed"`` tree's prefixes computed once (its columns
-  are the sampler's); a delimiter tree's closed-up rows one by one."""
-  tree = tree_spec(config, task)
-  if not isinstance(tree, TreeSpec) or tree.fork != "fixed":
-    return {}
-  return {"tree": tree, "prompt_length": task.max_prompt_length}
-
-
-def _sampling_placement(mesh, place, local):
-  """(place, local) for the sampled rows: on one process, rows over the batch axes and
-  `sequence` wherever they divide (`sharding.sampling_sharding`), else the learner's."""
-  if jax.process_count() > 1:
-    return place, local
-  rows = sharding.sampling_sharding(mesh)
-  shards = math.prod(mesh.shape[a] for a in rows.spec[0] or ())
-  return (lambda x: jax.device_put(x, rows) if np.shape(x)[0] % shards == 0 else place(x),
-          np.asarray)
-
-
-def _rollout_source(config, task: tasks.TrainTask, place, local) -> SingleTurn | MultiTurn:
-  """One sampled response per row (or a tree of them per prompt) scored by the task, or
-  multi-turn episodes in the task's environment."""
-  if task.environment is None:
-    return SingleTurn(task.score_rows, task.max_response_length, group_size=config.rl.group_size,
-                      temperature=config.rl.temperature, stop_tokens=task.stop_tokens,
-                      pad_id=task.pad_id, actions=task.actions, place=place, local=local,
-                      tree=tree_spec(config, task), slots=engine_slots(config, task))
-  return tasks.multi_turn_source(task, group_size=config.rl.group_size,
-                                 temperature=config.rl.temperature, place=place, local=local,
-                                 tree=tree_spec(config, task), slots=engine_slots(config, task))
 
 
 def _process_0_first(make: Callable):
@@ -514,7 +375,8 @@ def _learner_modules(config, task: tasks.TrainTask, mesh,
                               minibatches=rl.minibatches, kl_reward_coef=rl.kl_reward_coef,
                               kl_reward_kind=rl.kl_reward_kind, critic=critic_settings,
                               recompute_old_logprobs=rl.recompute_old_logprobs,
-                              logits_per_chunk=rl.logits_per_chunk, **_tree_pass(config, task))
+                              logits_per_chunk=rl.logits_per_chunk,
+                              **rollout_config.tree_pass(config, task))
   return sharding.place_state(modules, mesh), settings
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from jaxcredit.rollout_sources import MultiTurn, SingleTurn, TurnTree
 from jaxcredit.sampling import Actions, TreeSpec
-from jaxcredit.train import loop, setup
+from jaxcredit.train import loop, rollout_config
 from tests.conftest import load_experiment
 from tests.unit.train.test_staleness import _train_records
 
@@ -19,15 +19,15 @@ MULTI_TURN = types.SimpleNamespace(name="key_turns", environment=object(), max_t
 
 def test_the_shipped_tree_config_gives_its_tree_and_none_without_one():
   config = load_experiment("key_token_treepo")
-  assert setup.tree_spec(config, SINGLE_TURN) == TreeSpec(roots=2, branching=2, depth=2,
+  assert rollout_config.tree_spec(config, SINGLE_TURN) == TreeSpec(roots=2, branching=2, depth=2,
                                                           segment_tokens=8)
-  assert setup.tree_spec(load_experiment("key_token_grpo"), SINGLE_TURN) is None
-  assert setup.tree_spec(load_experiment("key_turns_tree_grpo"), MULTI_TURN) == TurnTree(
+  assert rollout_config.tree_spec(load_experiment("key_token_grpo"), SINGLE_TURN) is None
+  assert rollout_config.tree_spec(load_experiment("key_turns_tree_grpo"), MULTI_TURN) == TurnTree(
       roots=2, branching=2, depth=2, segment_turns=1)
   config = load_experiment("key_turns_tree_grpo")
   config.rollout.tree.depth = 4
   with pytest.raises(ValueError, match="not within the episode's 4 turns"):
-    setup.tree_spec(config, MULTI_TURN)
+    rollout_config.tree_spec(config, MULTI_TURN)
 
 
 def test_tree_settings_that_cannot_work_are_refused_naming_them():
@@ -35,21 +35,21 @@ def test_tree_settings_that_cannot_work_are_refused_naming_them():
   config.rl.group_size = 4
   with pytest.raises(ValueError, match=r"rollout.tree has 8 leaves per prompt .* set "
                                        r"rl.group_size = 8"):
-    setup.tree_spec(config, SINGLE_TURN)
+    rollout_config.tree_spec(config, SINGLE_TURN)
   config = load_experiment("key_token_treepo")
   config.rollout.tree.segment_tokens = 12
   with pytest.raises(ValueError, match="beyond the response budget of 24 tokens"):
-    setup.tree_spec(config, SINGLE_TURN)
+    rollout_config.tree_spec(config, SINGLE_TURN)
   config = load_experiment("key_token_treepo")
   multi_turn = types.SimpleNamespace(name="key_turns", environment=object(),
                                      max_response_length=24, actions=Actions())
   with pytest.raises(ValueError, match="does not suit task 'key_turns'.*fork='turns'"):
-    setup.tree_spec(config, multi_turn)
+    rollout_config.tree_spec(config, multi_turn)
   config.rollout.tree.fork = "delimiter"
   with pytest.raises(ValueError, match="delimiter is the token that ends a segment"):
-    setup.tree_spec(config, SINGLE_TURN)
+    rollout_config.tree_spec(config, SINGLE_TURN)
   config.rollout.tree.fork, config.rollout.tree.entropy_threshold = "entropy", 1.0
-  assert setup.tree_spec(config, SINGLE_TURN).entropy_threshold == 1.0
+  assert rollout_config.tree_spec(config, SINGLE_TURN).entropy_threshold == 1.0
 
 
 def test_a_tree_estimator_without_a_tree_rollout_is_refused_before_any_work():
@@ -66,11 +66,11 @@ def test_a_tree_estimator_without_a_tree_rollout_is_refused_before_any_work():
 def test_the_engine_gives_the_continuous_slots_and_none_for_the_static_sampler():
   config = load_experiment("quickstart")
   rows = config.rl.prompts_per_step * config.rl.group_size
-  assert setup.engine_slots(config, SINGLE_TURN) is None
+  assert rollout_config.engine_slots(config, SINGLE_TURN) is None
   config.rollout.engine = "continuous"
-  assert setup.engine_slots(config, SINGLE_TURN) == rows // 4
+  assert rollout_config.engine_slots(config, SINGLE_TURN) == rows // 4
   config.rollout.slots = 3
-  assert setup.engine_slots(config, SINGLE_TURN) == 3
+  assert rollout_config.engine_slots(config, SINGLE_TURN) == 3
 
 
 @pytest.mark.parametrize("setting,value,message", [
@@ -83,24 +83,24 @@ def test_bad_engine_settings_are_refused_naming_them(setting, value, message):
   config.rollout.engine = "continuous"
   config.rollout[setting] = value
   with pytest.raises(ValueError, match=message):
-    setup.engine_slots(config, SINGLE_TURN)
+    rollout_config.engine_slots(config, SINGLE_TURN)
 
 
 def test_the_continuous_engine_refuses_trees_and_plays_episodes_in_slots():
   config = load_experiment("key_token_treepo")
   config.rollout.engine = "continuous"
   with pytest.raises(ValueError, match="set rollout.tree.fork = 'none', or rollout.engine"):
-    setup.engine_slots(config, SINGLE_TURN)
+    rollout_config.engine_slots(config, SINGLE_TURN)
   config = load_experiment("key_turns_grpo")
   config.rollout.engine, config.rollout.slots = "continuous", 5
-  assert setup.engine_slots(config, MULTI_TURN) == 5
+  assert rollout_config.engine_slots(config, MULTI_TURN) == 5
   task = types.SimpleNamespace(**vars(MULTI_TURN), max_turn_tokens=1, max_response_length=8,
                                turn_end_tokens=(), pad_id=0, actions=Actions())
-  source = setup._rollout_source(config, task, np.asarray, np.asarray)
+  source = rollout_config.rollout_source(config, task, np.asarray, np.asarray)
   assert isinstance(source, MultiTurn) and source.slots == 5
   config.rollout.partial_decode_steps = 4
   with pytest.raises(ValueError, match="episodes are played whole within a step"):
-    setup.partial_rollouts(config, source)
+    rollout_config.partial_rollouts(config, source)
 
 
 def test_a_multi_turn_task_trains_with_episode_slots_as_with_every_row_at_once(tmp_path,
@@ -132,22 +132,22 @@ def test_a_multi_turn_task_trains_with_episode_slots_as_with_every_row_at_once(t
 def test_episode_slots_on_several_processes_are_refused(monkeypatch):
   config = load_experiment("key_turns_grpo")
   config.rollout.engine = "continuous"
-  monkeypatch.setattr(setup.jax, "process_count", lambda: 2)
+  monkeypatch.setattr(rollout_config.jax, "process_count", lambda: 2)
   with pytest.raises(ValueError, match="episodes on one process: set rollout.engine = 'static'"):
-    setup.engine_slots(config, MULTI_TURN)
-  assert setup.engine_slots(load_experiment("countdown_continuous"), SINGLE_TURN) >= 1
+    rollout_config.engine_slots(config, MULTI_TURN)
+  assert rollout_config.engine_slots(load_experiment("countdown_continuous"), SINGLE_TURN) >= 1
 
 
 def test_partial_rollouts_need_the_continuous_engine_and_fresh_sampling():
   source = SingleTurn(lambda tokens, mask, examples: mask.sum(1), 8, slots=2)
   config = load_experiment("countdown_continuous")
-  assert setup.partial_rollouts(config, source) is None
+  assert rollout_config.partial_rollouts(config, source) is None
   config.rollout.partial_decode_steps = 4
-  assert setup.partial_rollouts(config, source).decode_limit == 4
+  assert rollout_config.partial_rollouts(config, source).decode_limit == 4
   config.rl.max_staleness = 1
   with pytest.raises(ValueError, match="does not combine with rl.max_staleness"):
-    setup.partial_rollouts(config, source)
+    rollout_config.partial_rollouts(config, source)
   config = load_experiment("quickstart")
   config.rollout.partial_decode_steps = 4
   with pytest.raises(ValueError, match="rollout.partial_decode_steps needs the continuous engine"):
-    setup.partial_rollouts(config, source)
+    rollout_config.partial_rollouts(config, source)
