@@ -37,13 +37,13 @@ def command(workdir, *overrides, config="experiments/quickstart.py", tiny=True) 
   ]
 
 
-def train(workdir, *overrides, env=None, **kwargs) -> subprocess.CompletedProcess:
+def train(workdir, *overrides, env=None, timeout=300, **kwargs) -> subprocess.CompletedProcess:
   return subprocess.run(
     command(workdir, *overrides, **kwargs),
     capture_output=True,
     text=True,
     cwd=ROOT,
-    timeout=300,
+    timeout=timeout,
     check=False,
     env=env,
   )

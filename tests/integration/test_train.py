@@ -6,13 +6,12 @@ import json
 import math
 import pathlib
 import re
-import subprocess
-import sys
 
 import pytest
 
 from jaxcredit.models import load_hf_checkpoint, stop_tokens
 from jaxcredit.tasks import CharTokenizer, arithmetic
+from tests import cli
 from tests.cli import KEY_TOKEN
 from tests.conftest import documentation, load_experiment, xla_flags
 
@@ -299,19 +298,9 @@ def test_every_shipped_config_trains(tmp_path, name, cli_env):
 
 
 def _run(workdir, *overrides, config="quickstart", env=None):
-  command = [
-    sys.executable,
-    "-m",
-    "jaxcredit.train",
-    "--config",
-    str(ROOT / f"experiments/{config}.py"),
-    "--workdir",
-    str(workdir),
-    *overrides,
-  ]
-  return subprocess.run(
-    command, capture_output=True, text=True, cwd=ROOT, timeout=600, check=False, env=env
-  )
+  """experiments/<config>.py through the CLI with `overrides` (flags)."""
+  return cli.train(workdir, *overrides, config=f"experiments/{config}.py", tiny=False, env=env,
+                   timeout=600)
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
