@@ -73,7 +73,7 @@ from flax import nnx
 from jaxcredit import estimators, forward, losses, tasks
 from jaxcredit.credit import extras as extras_lib
 from jaxcredit.credit import implicit_prm, length_preference, monte_carlo
-from jaxcredit.lab import arms, compute, diagnostics
+from jaxcredit.lab import arms, compute, diagnostics, gradients
 from jaxcredit.lab.cells import Cell
 from jaxcredit.models import Transformer
 from jaxcredit.rollout import Estimate, Rollout
@@ -354,7 +354,7 @@ def make_run(cell: Cell):
                              settings=settings)
     sample = lambda models, key: with_models(
         models, rollout(models["model"], key, oracle_extras=True, mc=mc), actions)
-    gradient = lambda model, batch, credit: diagnostics.policy_gradient(
+    gradient = lambda model, batch, credit: gradients.policy_gradient(
         objective, model, batch, credit, actions)
     rank = diagnostics.critic_ranking(task, cell.group_size, MC_STREAM) if ranked else None
 
@@ -377,14 +377,14 @@ def make_run(cell: Cell):
       measured = evaluate(state, jax.random.fold_in(jax.random.fold_in(key, EVAL_STREAM), start))
       if cell.mechanism_batches:
         measure_key = jax.random.fold_in(jax.random.fold_in(key, MECHANISM_STREAM), start)
-        gradients = lambda: diagnostics.mechanism(
+        mechanism = lambda: diagnostics.mechanism(
             sample, gradient, nnx.merge(graphdef, state), advantage, measure_key,
             batches=cell.mechanism_batches, decisive=decisive, seen=seen,
             group_size=cell.group_size, rank=rank)
         # `start` is the same for every run: under vmap this stays a branch, so the
         # evaluations without measurements cost nothing.
         measured.update(jax.lax.cond(
-            jnp.isin(index, jnp.asarray(cell.measured_evals)), gradients, lambda: skipped))
+            jnp.isin(index, jnp.asarray(cell.measured_evals)), mechanism, lambda: skipped))
       return measured
 
     def until_the_end(step):

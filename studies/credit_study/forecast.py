@@ -8,10 +8,10 @@ starting success p0 x G, the `forecast` preset's regimes) and each seed, on the 
 cell's runs start from (`batched.starting_policy`: the regime's SFT, its keys right as often
 as p0 needs) and on the same regime's policy at J = 1/2 (the same SFT with the keys right as
 often as J = 1/2 needs under the rule), each arm's gradient is measured over
-`forecast.batches` fresh batches, one ascent per group (`diagnostics.group_gradients`):
+`forecast.batches` fresh batches, one ascent per group (`gradients.group_gradients`):
 
-  B_noise    tr S / |E g|^2 over the groups (`diagnostics.gradient_noise`)
-  cos        of E g with the true gradient of J, in closed form (`diagnostics.success_gradient`)
+  B_noise    tr S / |E g|^2 over the groups (`gradients.gradient_noise`)
+  cos        of E g with the true gradient of J, in closed form (`gradients.success_gradient`)
   |grad J|   the true gradient's norm
   P_zero     the chance that a group's rewards are all equal (`zero_variance_probability`)
 
@@ -50,7 +50,7 @@ from flax import nnx
 
 from jaxcredit import estimators, losses
 from jaxcredit.atomic import write_atomically
-from jaxcredit.lab import arms, batched, cells, diagnostics, exact_metrics
+from jaxcredit.lab import arms, batched, cells, exact_metrics, gradients
 from jaxcredit.models import Transformer
 from jaxcredit.tasks import key_token
 from studies.credit_study import report, runner, sweep
@@ -82,7 +82,7 @@ def warm_policies(cell: cells.Cell, accuracies, seeds):
 def measure_fn(cell: cells.Cell, batches: int):
   """``measure(states [n, m], seeds [m]) -> {name in MEASURED: [n, m] or [n, m, arms]}``,
   jitted: for each policy (`warm_policies`) its J, the true gradient's norm, P_zero, and per
-  arm of the cell `diagnostics.gradient_noise` over `batches` x prompts_per_step groups (the
+  arm of the cell `gradients.gradient_noise` over `batches` x prompts_per_step groups (the
   same batches for every arm, drawn from the seed's mechanism stream)."""
   task = batched.traceable_task(cell)
   config, actions = cell.task, task.actions
@@ -94,21 +94,21 @@ def measure_fn(cell: cells.Cell, batches: int):
 
   def at(state, seed):
     model = nnx.merge(graphdef, state)
-    success, true_gradient = diagnostics.success_gradient(model, config, prompts, targets)
-    zero_variance = jnp.mean(diagnostics.zero_variance_probability(
+    success, true_gradient = gradients.success_gradient(model, config, prompts, targets)
+    zero_variance = jnp.mean(gradients.zero_variance_probability(
         model, config, prompts, targets, cell.group_size))
 
     def on_batch(state, key):
       model = nnx.merge(graphdef, state)
       batch = rollout(model, key)
       credits = jnp.stack([branch(batch).advantages for branch in branches])
-      return state, -diagnostics.group_gradients(objective, model, batch, credits, actions)
+      return state, -gradients.group_gradients(objective, model, batch, credits, actions)
 
     keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), batched.MECHANISM_STREAM),
                             batches)
     _, ascents = jax.lax.scan(on_batch, state, keys)  # [R, arms, groups, P]
     ascents = jnp.moveaxis(ascents, 1, 0).reshape(len(branches), -1, ascents.shape[-1])
-    noise = jax.vmap(diagnostics.gradient_noise, in_axes=(0, None))(ascents, true_gradient)
+    noise = jax.vmap(gradients.gradient_noise, in_axes=(0, None))(ascents, true_gradient)
     return {"success": success, "gradient_norm": jnp.linalg.norm(true_gradient),
             "zero_variance": zero_variance, **noise}
 

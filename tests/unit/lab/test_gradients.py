@@ -1,4 +1,4 @@
-"""The lab's diagnostics against enumeration."""
+"""The lab's gradients against enumeration and float64 references."""
 
 import dataclasses
 import itertools
@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from jaxcredit import forward, losses, models, rollout
-from jaxcredit.lab import cells, diagnostics
+from jaxcredit.lab import cells, gradients
 from jaxcredit.tasks import key_token
 
 
@@ -57,7 +57,7 @@ def test_success_gradient_equals_the_gradient_of_the_enumerated_success(rule):
   config, model = _task_and_policy(rule, n_keys=2, seed=3)
   symbols = np.array(list(itertools.product(range(config.n_keys), repeat=config.n_decisive)))
   prompts, targets = key_token.traceable.prompts_of(symbols, config)
-  j, grad = jax.jit(lambda m: diagnostics.success_gradient(m, config, prompts, targets))(model)
+  j, grad = jax.jit(lambda m: gradients.success_gradient(m, config, prompts, targets))(model)
   want_j, want_grads = nnx.value_and_grad(
       lambda m: _enumerated_success(m, config, symbols))(model)
   want = jax.flatten_util.ravel_pytree(want_grads)[0]
@@ -83,7 +83,7 @@ class GradientNoiseTest(chex.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   def test_equals_a_float64_reference(self):
     for groups, params in ((2, 3), (8, 50), (32, 7)):
-      _check_noise(self.variant(diagnostics.gradient_noise), groups, params)
+      _check_noise(self.variant(gradients.gradient_noise), groups, params)
 
 
 def _check_noise(gradient_noise, groups, params):
@@ -108,19 +108,19 @@ def test_gradient_noise_reads_the_noise_scale_and_the_cosine_of_the_expected_gra
   scales = np.array([2.0, 1.0, 1.0, 3.0])  # tr Sigma = 15, |mu|^2 = 2
   ascents = mu + scales * rng.normal(size=(100_000, 4))
   for c in (1.0, 1e-3):
-    out = diagnostics.gradient_noise(jnp.asarray(c * ascents, jnp.float32),
+    out = gradients.gradient_noise(jnp.asarray(c * ascents, jnp.float32),
                                      jnp.asarray(true_gradient, jnp.float32))
     np.testing.assert_allclose(out["noise_scale"], 7.5, rtol=0.03)
     np.testing.assert_allclose(out["cosine_to_true"], np.sqrt(0.5), rtol=0.03)
     np.testing.assert_allclose(out["projection"], c * 1.0, rtol=0.03)
   # Batched over arms (vmap), one of them pure noise around 0.
   stacked = jnp.asarray(np.stack([ascents[:64], ascents[:64] - mu]), jnp.float32)
-  out = jax.vmap(diagnostics.gradient_noise, in_axes=(0, None))(stacked,
+  out = jax.vmap(gradients.gradient_noise, in_axes=(0, None))(stacked,
                                                                 jnp.asarray(true_gradient))
   assert all(np.isfinite(v).all() for v in out.values())
-  identical = diagnostics.gradient_noise(jnp.zeros((4, 3)), jnp.ones(3))
+  identical = gradients.gradient_noise(jnp.zeros((4, 3)), jnp.ones(3))
   assert float(identical["noise_scale"]) == 0.0 and float(identical["cosine_to_true"]) == 0.0
-  flat = diagnostics.gradient_noise(jnp.ones((4, 3)), jnp.zeros(3))
+  flat = gradients.gradient_noise(jnp.ones((4, 3)), jnp.zeros(3))
   assert float(flat["projection"]) == 0.0 and float(flat["cosine_to_true"]) == 0.0
 
 
@@ -147,9 +147,9 @@ def test_group_gradients_average_to_the_batch_gradient():
   advantages = advantages.at[:group_size].set(0.0)  # the first group gives no gradient
   objective = losses.from_config(cells.DEFAULT_OBJECTIVE)
   # Jitted (each eagerly would compile every operation of the model's gradient).
-  group_gradients = jax.jit(lambda m, b, a: diagnostics.group_gradients(objective, m, b, a,
+  group_gradients = jax.jit(lambda m, b, a: gradients.group_gradients(objective, m, b, a,
                                                                         actions))
-  policy_gradient = jax.jit(lambda m, b, a: diagnostics.policy_gradient(objective, m, b, a,
+  policy_gradient = jax.jit(lambda m, b, a: gradients.policy_gradient(objective, m, b, a,
                                                                         actions))
   per_group = group_gradients(model, batch, advantages)
   whole = policy_gradient(model, batch, advantages)
@@ -177,7 +177,7 @@ def test_zero_variance_probability_equals_the_enumerated_reward_distribution(rul
   prompts, targets = key_token.traceable.prompts_of(symbols, config)
   joint = key_token.oracle.key_distribution(model, config, prompts)
   for group_size in (1, 2, 8):
-    got = diagnostics.zero_variance_probability(model, config, prompts, targets, group_size)
+    got = gradients.zero_variance_probability(model, config, prompts, targets, group_size)
     for i, keys in enumerate(symbols):
       reward, probability = _enumerated(model, config, keys)
       by_reward = [float(np.sum(np.asarray(probability, np.float64)[reward == r]))
@@ -193,5 +193,5 @@ def test_zero_variance_probability_equals_the_enumerated_reward_distribution(rul
   if rule == "all":
     v = key_token.oracle.exact_success(model, config, prompts, targets)
     np.testing.assert_allclose(
-        diagnostics.zero_variance_probability(model, config, prompts, targets, 8),
+        gradients.zero_variance_probability(model, config, prompts, targets, 8),
         v**8 + (1 - v) ** 8, rtol=1e-5)
