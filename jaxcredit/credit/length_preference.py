@@ -76,8 +76,8 @@ def surrogate(lam: Array, rewards: Array, lengths: Array, *, group_size: int, r:
   Returns:
     the float32 scalar loss; 0 when every response is empty.
   """
-  advantages = length_aware.lambda_grpo_advantages(rewards, lengths, group_size=group_size, lam=lam,
-                                            r=r)
+  advantages = length_aware.lambda_grpo_advantages(rewards, lengths, group_size=group_size,
+                                                   lam=lam, r=r)
   lengths = lengths.astype(jnp.float32)
   return -jnp.sum(advantages * lengths) / jnp.maximum(jnp.sum(lengths), 1.0)
 
@@ -93,8 +93,8 @@ def weights(preference: LengthPreference, rollout: Rollout) -> Array:
     float32 ``[B]`` weights f_i (`length_aware.lambda_grpo_weights`).
   """
   return length_aware.lambda_grpo_weights(jnp.sum(as_bool(rollout.mask), axis=1),
-                                   group_size=rollout.group_size, lam=preference.lam[...],
-                                   r=preference.r)
+                                          group_size=rollout.group_size,
+                                          lam=preference.lam[...], r=preference.r)
 
 
 def update(preference: LengthPreference, optimizer: nnx.Optimizer, rollout: Rollout) -> Array:

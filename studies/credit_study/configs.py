@@ -345,7 +345,8 @@ def get_config(preset: str = "small") -> ml_collections.ConfigDict:
     # GRPO's rate (a same-rate control), J at 30 log-spaced updates. A fresh workdir;
     # nothing is tuned.
     config.arms = {name: ARMS[name] for name in ("grpo", "oracle", "oracle_at_3e-3")}
-    config.fixed_learning_rates = {"grpo": 3e-3, "oracle": 1e-2, "oracle_at_3e-3": 3e-3}
+    config.fixed_learning_rates = {"grpo": 3e-3, "oracle": 1e-2,
+                                   "oracle_at_3e-3": RATE_GRID["oracle_at_3e-3"][1]}
     config.eval_points = 30
     config.eval_spacing = "log"
     config.mechanism_batches = 0
