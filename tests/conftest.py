@@ -75,8 +75,10 @@ def pytest_configure(config):
   run = getattr(config, "workerinput", {}).get("testrunuid") or uuid.uuid4().hex
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                         str(pathlib.Path(tempfile.gettempdir()) / f"jaxcredit-jax-cache-{run}"))
-  # Programs that compile in under 0.1 s cost more to write than to compile again.
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+  # Every program, however small: a test run compiles tens of thousands, many of them again in
+  # the other worker or a subprocess, and reading one back costs less than compiling it
+  # (the suite runs ~5% faster than with only those over 0.1 s kept).
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
   # The tests' programs are small and compiled once: LLVM's optimisation passes cost more
   # time than they save (the suite runs ~25% faster without them), and XLA:CPU's older
