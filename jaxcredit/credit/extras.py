@@ -268,7 +268,7 @@ def chain(*hooks: Hook | None) -> Chain | None:
   return Chain(hooks) if hooks else None
 
 
-@register(*estimators.registered.MC_VALUES)
+@register(*estimators.registered_token.MC_VALUES)
 def _monte_carlo_values(settings: Mapping, *, temperature: float) -> Hook:
   """V(s_t) from `k` continuations per position at `positions` (monte_carlo.mc_credit)."""
   k, positions = int(settings["k"]), str(settings["positions"])

@@ -42,6 +42,7 @@ from jaxcredit.estimators.registered import (
     register,
     token_level_rewards,
 )
+from jaxcredit.estimators import registered_token  # noqa: F401  (registers its estimators)
 from jaxcredit.estimators.recurrence import METHODS as RECURRENCE_METHODS
 from jaxcredit.estimators.returns import (
     discounted_returns,

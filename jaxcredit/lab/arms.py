@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 # provider's extras (`extras.TRACEABLE`,
 # the same functions the training loop runs).
 EXTRAS = ("oracle_advantages", "oracle_values", "prm_logprobs", "length_weights",
-          *estimators.registered.MC_VALUES, *extras.TRACEABLE.names())
+          *estimators.registered_token.MC_VALUES, *extras.TRACEABLE.names())
 CRITICS = ("gae",)  # estimators that read a learned critic's values V(s_t) (rollout.values)
 CRITIC_LEARNING_RATE = 1e-3  # the critic's Adam (the policy's rate is tuned per arm)
 PRM_LEARNING_RATE = 1e-3  # PRIME's implicit PRM's Adam

@@ -175,7 +175,7 @@ def make_rollout(cell: Cell, needs=frozenset(arms.EXTRAS)):
   task, group, config = traceable_task(cell), cell.group_size, cell.task
   actions, prompt_len = task.actions, config.prompt_length
   largest_k = max(arms.monte_carlo(estimators.from_config(arm)).k for arm in cell.arms)
-  value_needs = {"oracle_advantages", "oracle_values", *estimators.registered.MC_VALUES}
+  value_needs = {"oracle_advantages", "oracle_values", *estimators.registered_token.MC_VALUES}
 
   def rollout(model, key, oracle_extras=False, mc=arms.MonteCarlo()):
     prompts, targets = task.draw(jax.random.fold_in(key, PROMPT_STREAM), cell.prompts_per_step)

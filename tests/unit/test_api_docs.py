@@ -115,7 +115,7 @@ def test_the_docstring_examples_run():
         runner.run(test)
   assert runner.failures == 0, f"{runner.failures} failed of {runner.tries} doctest examples"
   for entry in ("jaxcredit.estimators.group.grpo_advantages", "jaxcredit.estimators.returns.gae",
-                "jaxcredit.logprobs.token_logprobs", "jaxcredit.losses.policy.ppo_clip_loss",
+                "jaxcredit.logprobs.dense.token_logprobs", "jaxcredit.losses.policy.ppo_clip_loss",
                 "jaxcredit.sampling.sampler.generate", "jaxcredit.registry.Registry.get",
                 "jaxcredit.estimators.registered.register", "jaxcredit.train.learner.make_step"):
     assert entry in examples, sorted(examples)
