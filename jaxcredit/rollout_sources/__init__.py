@@ -12,7 +12,8 @@ of the model with a `rollout_sources.environment.Environment`'s observations.
 `PartialRollouts` carries a continuous `SingleTurn`'s unfinished responses across steps.
 """
 
-from jaxcredit.rollout_sources.multi_turn import MultiTurn, TurnTree
+from jaxcredit.rollout_sources.episodes import TurnTree
+from jaxcredit.rollout_sources.multi_turn import MultiTurn
 from jaxcredit.rollout_sources.partial import PartialRollouts
 from jaxcredit.rollout_sources.single_turn import RolloutSource, Scorer, SingleTurn
 

@@ -50,14 +50,14 @@ answering them).
 
 The KV cache lives across turns (`sampling.Contexts`): a turn prefills only
 what is new in each row - the observation since its last action - into a
-block of slots shared by the batch (`_bucket` columns: the most any row adds,
+block of slots shared by the batch (`block_width` columns: the most any row adds,
 rounded up to a power of two, past 64 to an eighth of one; left-padded), then decodes the
 turn. The rows'
 blocks leave pad slots behind (the shorter rows' observations and turns). The
 cache holds P + E + max_turn_tokens slots and `cache_headroom` (a quarter) of
 P + E more (rounded up to whole attention blocks, `TransformerConfig.cache_slots`);
 when the next block and turn would not fit, it is rebuilt from the
-rows' whole contexts, packed (`_packed_width` columns). So a turn's cost does
+rows' whole contexts, packed (`packed_width` columns). So a turn's cost does
 not grow with the turns before it beyond attention's own: rows that add the
 same number of columns each turn leave no pads and never rebuild, and
 otherwise a rebuild comes only after pads have filled the headroom.
@@ -76,7 +76,7 @@ import dataclasses
 import functools
 import zlib
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -90,87 +90,8 @@ from jaxcredit.sampling.continuous import response_keys
 from jaxcredit.sampling.draw import step_key
 from jaxcredit.sampling import tree as sampling_tree
 from jaxcredit.rollout_sources.environment import Environment, as_observation, as_reward
-
-
-@dataclasses.dataclass
-class _Episodes:
-  """The episode columns of this process's rows, filled on the host turn by turn."""
-
-  tokens: np.ndarray  # [b, E] int32
-  action: np.ndarray  # [b, E] bool
-  logprobs: np.ndarray  # [b, E] float32
-  entropy: np.ndarray  # [b, E] float32
-  turn_ids: np.ndarray  # [b, E] int32
-  turn_rewards: np.ndarray  # [b, E] float32
-  anchors: np.ndarray  # [b, E] int32
-  length: np.ndarray  # [b] int: columns used
-  done: np.ndarray  # [b] bool
-  truncated: np.ndarray  # [b] bool
-  dropped: np.ndarray  # [b] int: tokens that did not fit
-
-  @classmethod
-  def empty(cls, rows: int, columns: int, pad_id: int) -> "_Episodes":
-    shape = (rows, columns)
-    return cls(np.full(shape, pad_id, np.int32), np.zeros(shape, bool),
-               np.zeros(shape, np.float32), np.zeros(shape, np.float32),
-               np.full(shape, -1, np.int32), np.zeros(shape, np.float32),
-               np.zeros(shape, np.int32), np.zeros(rows, np.int64), np.zeros(rows, bool),
-               np.zeros(rows, bool), np.zeros(rows, np.int64))
-
-  def take(self, rows: np.ndarray) -> "_Episodes":
-    """The episodes of `rows` (copies), in that order."""
-    return _Episodes(**{f.name: getattr(self, f.name)[rows].copy()
-                        for f in dataclasses.fields(self)})
-
-  def append(self, row: int, tokens: np.ndarray, turn: int, **values: np.ndarray) -> bool:
-    """Writes `tokens` (and per-token `values`: action, logprobs, entropy, anchors) after
-    the row's episode; what does not fit is cut (and counted) and the episode ends
-    truncated. Returns whether everything fitted."""
-    start = self.length[row]
-    fits = min(len(tokens), self.tokens.shape[1] - start)
-    columns = slice(start, start + fits)
-    self.tokens[row, columns] = tokens[:fits]
-    self.turn_ids[row, columns] = turn
-    for name, value in values.items():
-      getattr(self, name)[row, columns] = value[:fits]
-    self.length[row] += fits
-    if fits < len(tokens):
-      self.done[row] = self.truncated[row] = True
-      self.dropped[row] += len(tokens) - fits
-    return fits == len(tokens)
-
-
-class TurnTree(NamedTuple):
-  """The tree of episodes sampled from each prompt (module docstring).
-
-  Attributes:
-    roots: episodes started from the prompt.
-    branching: copies of each running episode at a fork.
-    depth: forks along each path.
-    segment_turns: turns between forks.
-  """
-
-  roots: int = 1
-  branching: int = 2
-  depth: int = 1
-  segment_turns: int = 1
-
-  @property
-  def leaves(self) -> int:
-    """roots * branching^depth episodes per prompt."""
-    return self.roots * self.branching**self.depth
-
-  def check(self, max_turns: int) -> "TurnTree":
-    """Raises ValueError naming the setting when the forks do not fall within `max_turns`
-    turns or a count is not positive; returns self."""
-    if min(self.roots, self.branching, self.segment_turns) < 1 or self.depth < 0:
-      raise ValueError(f"rollout.tree needs roots, branching, segment_turns >= 1 and "
-                       f"depth >= 0, got {self._asdict()}.")
-    if self.depth * self.segment_turns >= max_turns:
-      raise ValueError(f"rollout.tree forks after {self.depth} x {self.segment_turns} turns, "
-                       f"not within the episode's {max_turns} turns: lower depth or "
-                       "segment_turns.")
-    return self
+from jaxcredit.rollout_sources.episodes import (Episodes, TurnCache, TurnTree, block_width,
+                                                packed_width)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,7 +170,7 @@ class MultiTurn:
               np.repeat(np.arange(0, len(prompts), self.group_size), self.tree.roots))
     rows = len(starts)
     prompts, prompt_valid, seeds = prompts[starts], prompt_valid[starts], seeds[starts]
-    episodes = _Episodes.empty(rows, self.max_episode_tokens, self.pad_id)
+    episodes = Episodes.empty(rows, self.max_episode_tokens, self.pad_id)
     states, observations = [], []
     for row in range(rows):
       state, observation = self.env.reset(np.random.default_rng(int(seeds[row])),
@@ -267,7 +188,7 @@ class MultiTurn:
     return self._play_tree(model, prompts, prompt_valid, episodes, states, observations, seeds,
                            key)
 
-  def _play_tree(self, model, prompts, prompt_valid, episodes: _Episodes, states: list,
+  def _play_tree(self, model, prompts, prompt_valid, episodes: Episodes, states: list,
                  observations: list, seeds, key: Array) -> Rollout:
     """Plays each segment of `segment_turns` turns, then copies every row `branching` times
     (cache rows, environment state, record), `depth` times (module docstring)."""
@@ -289,7 +210,7 @@ class MultiTurn:
         observations = [observations[row] for row in parents]
         prompts, prompt_valid, seeds = prompts[parents], prompt_valid[parents], seeds[parents]
         totals = [total[parents] for total in totals]
-        cache = _Cache(None if cache.contexts is None else sampling_tree.fork(
+        cache = TurnCache(None if cache.contexts is None else sampling_tree.fork(
             cache.contexts, jnp.asarray(parents)), cache.columns[parents], cache.fresh[parents])
     rollout = self._rollout(prompts, prompt_valid, episodes, *totals, seeds)
     columns = np.arange(self.max_episode_tokens)[None]
@@ -302,16 +223,16 @@ class MultiTurn:
                                        prompts))),
                                    "tree_segments": self.place(segments.astype(np.int32))})
 
-  def _play(self, model, prompts, prompt_valid, episodes: _Episodes, states: list,
+  def _play(self, model, prompts, prompt_valid, episodes: Episodes, states: list,
             observations: list, first_turn: np.ndarray, key: Array, *,
-            cache: "_Cache | None" = None, turns_to_play: int | None = None):
+            cache: "TurnCache | None" = None, turns_to_play: int | None = None):
     """Plays every row's episode on from turn first_turn[row] (its context: the prompt and
     the episode columns so far; states and observations: the environment's) until done,
     out of turns or out of columns, or for `turns_to_play` turns. Returns (rewards received,
     turns taken, turns cut, the rows' KV cache: `cache` grown, or a new one)."""
     rows = len(prompts)
     totals = (np.zeros(rows, np.float32), np.zeros(rows, np.int32), np.zeros(rows, np.int32))
-    cache = cache or _Cache(None, np.zeros(rows, np.int64), np.zeros(rows, bool))
+    cache = cache or TurnCache(None, np.zeros(rows, np.int64), np.zeros(rows, bool))
     for step in range(turns_to_play or self.max_turns):
       if episodes.done.all():
         break
@@ -322,7 +243,7 @@ class MultiTurn:
                                              sample, row, states, observations, totals)
     return *totals, cache
 
-  def _play_slots(self, model, prompts, prompt_valid, episodes: _Episodes, states: list,
+  def _play_slots(self, model, prompts, prompt_valid, episodes: Episodes, states: list,
                   observations: list, key: Array):
     """Plays every row's episode from its reset, `slots` rows of the cache at a time: a
     row whose episode ends takes the next one (module docstring). Returns (rewards
@@ -334,7 +255,7 @@ class MultiTurn:
     keys = response_keys(key, rows)
     totals = (np.zeros(rows, np.float32), np.zeros(rows, np.int32), np.zeros(rows, np.int32))
     held = np.full(min(self.slots, rows), -1)  # the episode in each slot; -1: none
-    cache = _Cache(None, np.zeros(len(held), np.int64), np.zeros(len(held), bool))
+    cache = TurnCache(None, np.zeros(len(held), np.int64), np.zeros(len(held), bool))
     waiting = 0
     while True:
       for slot in np.flatnonzero((held < 0) | episodes.done[np.maximum(held, 0)]):
@@ -355,7 +276,7 @@ class MultiTurn:
         cache.columns[slot] = self._take_turn(model, episodes, row, int(totals[1][row]), sample,
                                               slot, states, observations, totals)
 
-  def _take_turn(self, model, episodes: _Episodes, row: int, turn: int, sample: dict,
+  def _take_turn(self, model, episodes: Episodes, row: int, turn: int, sample: dict,
                  index: int, states: list, observations: list, totals) -> int:
     """Records turn `turn` of episode `row` (sampled as `sample` row `index`): its actions,
     then the environment's step on them, adding to `totals` (rewards, turns, cut) and ending
@@ -414,7 +335,7 @@ class MultiTurn:
               f"{_name(self.env)} replayed turn {turn} of row {row} to another observation "
               f"than it gave while sampling ({observation.tolist()} vs {recorded.tolist()}): "
               "per-turn baselines need step() to be a function of the state and the actions.")
-    episodes = _Episodes.empty(len(branches), self.max_episode_tokens, self.pad_id)
+    episodes = Episodes.empty(len(branches), self.max_episode_tokens, self.pad_id)
     for i, (row, start, *_) in enumerate(branches):
       history = tokens[row, prompt_width:start]
       episodes.tokens[i, :len(history)], episodes.length[i] = history, len(history)
@@ -435,7 +356,7 @@ class MultiTurn:
     key = repr(anchor(state)) if anchor else f"{turn}:{observation.tolist()}"
     return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
-  def _rebuild(self, cache: "_Cache", width: int, slots: int, longest: int) -> bool:
+  def _rebuild(self, cache: "TurnCache", width: int, slots: int, longest: int) -> bool:
     """Whether the turn rebuilds the cache from the whole contexts: there is none yet, the
     next `width` columns of observations and the turn would not fit in its `slots`, or, with
     episode slots, the written slots are more than twice the `longest` context a row will
@@ -446,7 +367,7 @@ class MultiTurn:
     return (written + self.max_turn_tokens > slots
             or (self.slots is not None and written > 2 * longest))
 
-  def _sample_turn(self, model, prompts, prompt_valid, episodes: _Episodes, cache: "_Cache",
+  def _sample_turn(self, model, prompts, prompt_valid, episodes: Episodes, cache: "TurnCache",
                    key) -> dict:
     """One turn for every row not done, after its context (prompt and episode so far):
     the episode columns not in the cache yet are prefilled first, or the cache is
@@ -462,12 +383,13 @@ class MultiTurn:
     new = np.where(episodes.done, 0, np.where(fresh, prompt_valid.sum(axis=1) + episodes.length,
                                               episodes.length - cache.columns))
     most_new = self._global_max(new)  # every process builds the same shapes
-    width = _bucket(most_new, most if fresh.any() else self.max_episode_tokens) if most_new else 0
+    width = (block_width(most_new, most if fresh.any() else self.max_episode_tokens)
+             if most_new else 0)
     longest = self._global_max(np.where(episodes.done, 0, prompt_valid.sum(axis=1)
                                         + episodes.length))
     if self._rebuild(cache, width, slots, longest):
       contexts = [whole(row) for row in range(rows)]
-      width = _packed_width(self._global_max([len(ids) for ids in contexts]), most)
+      width = packed_width(self._global_max([len(ids) for ids in contexts]), most)
       cache.contexts = start_contexts(model, *self._left_padded(contexts, width), slots=slots)
     elif width:
       if fresh.any():
@@ -525,7 +447,7 @@ class MultiTurn:
         tokens[row, -len(ids):], valid[row, -len(ids):] = ids, True
     return self.place(tokens), self.place(valid)
 
-  def _rollout(self, prompts, prompt_valid, episodes: _Episodes, rewards, turns, cut,
+  def _rollout(self, prompts, prompt_valid, episodes: Episodes, rewards, turns, cut,
                seeds) -> Rollout:
     columns = np.arange(self.max_episode_tokens)[None]
     token_valid = np.concatenate([prompt_valid, columns < episodes.length[:, None]], axis=1)
@@ -549,32 +471,6 @@ class MultiTurn:
                 "env_seeds": place(np.asarray(seeds, np.uint32))},
         group_size=self.group_size,
     )
-
-
-@dataclasses.dataclass
-class _Cache:
-  """The rows' KV cache between turns (None before the first) and, per row, the
-  episode columns it holds, and whether it holds another episode's context (a slot that
-  took a new episode: its whole context is prefilled into the next block)."""
-
-  contexts: Any
-  columns: np.ndarray  # [b] int
-  fresh: np.ndarray  # [b] bool
-
-
-def _bucket(columns: int, most: int) -> int:
-  """A block width for `columns` > 0 new columns, so that a few shapes compile: the next power
-  of two up to 64, past that `_packed_width` (a tool's page of 2,112 tokens takes 2,560
-  columns, not 4,096), at most `most`."""
-  power = 1 << (int(columns) - 1).bit_length()
-  return min(power, most) if power <= 64 else _packed_width(columns, most)
-
-
-def _packed_width(columns: int, most: int) -> int:
-  """The width of a rebuilt cache's contexts, `columns` > 0 at the longest: rounded up to an
-  eighth of its power of two (at most 1/8 pad; eight shapes per doubling), at most `most`."""
-  step = max(1, (1 << (int(columns) - 1).bit_length()) // 8)
-  return min(-(-int(columns) // step) * step, most)
 
 
 def _name(env) -> str:
