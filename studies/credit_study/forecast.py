@@ -50,7 +50,7 @@ from flax import nnx
 
 from jaxcredit import estimators, losses
 from jaxcredit.atomic import write_atomically
-from jaxcredit.lab import arms, batched, cells, exact_metrics, gradients
+from jaxcredit.lab import arms, batched, cells, exact_metrics, gradients, update_batch
 from jaxcredit.models import Transformer
 from jaxcredit.tasks import key_token
 from studies.credit_study import report, runner, sweep
@@ -84,12 +84,12 @@ def measure_fn(cell: cells.Cell, batches: int):
   jitted: for each policy (`warm_policies`) its J, the true gradient's norm, P_zero, and per
   arm of the cell `gradients.gradient_noise` over `batches` x prompts_per_step groups (the
   same batches for every arm, drawn from the seed's mechanism stream)."""
-  task = batched.traceable_task(cell)
+  task = update_batch.traceable_task(cell)
   config, actions = cell.task, task.actions
   prompts, targets = task.eval_prompts
   branches = [estimators.from_config(arm) for arm in cell.arms]
   objective = losses.from_config(cell.objective)
-  rollout = batched.make_rollout(cell, arms.needs(branches))
+  rollout = update_batch.make_rollout(cell, arms.needs(branches))
   graphdef = policy_graphdef(cell)
 
   def at(state, seed):
@@ -104,7 +104,7 @@ def measure_fn(cell: cells.Cell, batches: int):
       credits = jnp.stack([branch(batch).advantages for branch in branches])
       return state, -gradients.group_gradients(objective, model, batch, credits, actions)
 
-    keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), batched.MECHANISM_STREAM),
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), update_batch.MECHANISM_STREAM),
                             batches)
     _, ascents = jax.lax.scan(on_batch, state, keys)  # [R, arms, groups, P]
     ascents = jnp.moveaxis(ascents, 1, 0).reshape(len(branches), -1, ascents.shape[-1])
@@ -174,7 +174,7 @@ def restricted_mean(curves: dict, threshold: float) -> float:
 
 def success_under(states, config: key_token.KeyTokenConfig, cell: cells.Cell) -> np.ndarray:
   """Exact J under `config`'s rule of each stacked policy ``[n, m]``."""
-  task = batched.traceable_task(cell)
+  task = update_batch.traceable_task(cell)
   graphdef = policy_graphdef(cell)
   j = lambda state: jnp.mean(key_token.oracle.decisive_values(
       nnx.merge(graphdef, state), config, *task.eval_prompts)[0][:, 0])

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from jaxcredit import estimators
-from jaxcredit.lab import arms, batched, cells, compute, diagnostics
+from jaxcredit.lab import arms, batched, cells, compute, diagnostics, update_batch
 from jaxcredit.models import Transformer, flops, preset
 from jaxcredit.credit import monte_carlo
 from jaxcredit.tasks import key_token, procedural
@@ -269,7 +269,7 @@ def test_a_warm_start_sets_the_regime_confident_filler_and_a_starting_success():
   assert np.all(np.abs(result["success"][:, 0] - (2 / 3) ** 2) < 0.08), result["success"][:, 0]
   # starting_policy is that start: its exact J is the run's first evaluation.
   cell = _cell("grpo", warmup=warmup)
-  config, task = cell.task, batched.traceable_task(cell)
+  config, task = cell.task, update_batch.traceable_task(cell)
   start = key_token.oracle.decisive_values(batched.starting_policy(cell, 1), config,
                                            *task.eval_prompts)[0][:, 0].mean()
   np.testing.assert_allclose(start, result["success"][1, 0], atol=1e-5)
@@ -306,7 +306,7 @@ def test_a_target_sum_batch_carries_its_rule_reward_and_e_tree_credit():
   model = Transformer(dataclasses.replace(MODEL, vocab_size=target_sum.VOCAB_SIZE),
                       rngs=nnx.Rngs(0))
   cell = _cell("oracle", task=task, model=model.config, prompts_per_step=4)
-  batch = batched.make_rollout(cell)(model, jax.random.key(2))
+  batch = update_batch.make_rollout(cell)(model, jax.random.key(2))
   tokens, mask = np.asarray(batch.tokens), np.asarray(batch.mask)
   targets = (tokens[:, 2] - target_sum.DIGIT0) * 10 + tokens[:, 3] - target_sum.DIGIT0
   response = np.where(mask[:, 5:], tokens[:, 5:], target_sum.PAD)
@@ -335,16 +335,16 @@ def test_a_learnt_lambda_grpo_arm_steps_its_preference_as_the_trainers_provider_
   cell = dataclasses.replace(cell, arms=(*cell.arms, {"scale": "rms", "of": learnt}))
   assert arms.length_preference(cell) == {"lam": 0.5, "r": 1.0, "learning_rate": 0.1}
   modules = arms.modules(model, cell, 1e-3)
-  actions = batched.traceable_task(cell).actions
-  batch = batched.make_rollout(cell)(model, jax.random.key(3))
+  actions = update_batch.traceable_task(cell).actions
+  batch = update_batch.make_rollout(cell)(model, jax.random.key(3))
   assert len(set(np.asarray(batch.mask).sum(1).tolist())) > 1
   host = length_preference.LengthPreferenceProvider(0.5, 1.0, 0.1)
   extras, metrics = host(None, batch)
-  scored = batched.with_models(modules, batch, actions)  # no step: lam stays 0.5
+  scored = update_batch.with_models(modules, batch, actions)  # no step: lam stays 0.5
   np.testing.assert_allclose(scored.extras["length_weights"], extras["length_weights"],
                              rtol=1e-6)
   assert float(modules["length_preference"].lam[...]) == metrics["lambda_grpo/lam"] == 0.5
-  stepped = batched.with_models(modules, batch, actions, learn=True)
+  stepped = update_batch.with_models(modules, batch, actions, learn=True)
   np.testing.assert_allclose(stepped.extras["length_weights"], extras["length_weights"],
                              rtol=1e-6)
   np.testing.assert_allclose(modules["length_preference"].lam[...],
@@ -361,7 +361,8 @@ def test_a_ktae_arm_reads_its_groups_token_statistics():
 
   cell = _cell("grpo", "ktae")
   model = Transformer(MODEL, rngs=nnx.Rngs(0))
-  batch = batched.make_rollout(cell, needs=frozenset({"ktae_scores"}))(model, jax.random.key(4))
+  batch = update_batch.make_rollout(cell, needs=frozenset({"ktae_scores"}))(model,
+                                                                           jax.random.key(4))
   tokens, mask, rewards = (np.asarray(x) for x in (batch.tokens, batch.mask, batch.rewards))
   assert 0 < rewards.mean() < 1
   np.testing.assert_allclose(batch.extras["ktae_scores"],
@@ -379,9 +380,9 @@ def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does
   cell, prm_rate = _cell("grpo", "prime"), 3e-3  # the arm's rate reaches the PRM's Adam
   model = Transformer(MODEL, rngs=nnx.Rngs(0))
   modules = arms.modules(model, cell, 1e-3, prm_learning_rate=prm_rate)
-  actions = batched.traceable_task(cell).actions
-  batch = batched.make_rollout(cell)(model, jax.random.key(4))
-  scored = batched.with_models(modules, batch, actions)
+  actions = update_batch.traceable_task(cell).actions
+  batch = update_batch.make_rollout(cell)(model, jax.random.key(4))
+  scored = update_batch.with_models(modules, batch, actions)
   sampled = np.where(batch.mask, batch.behaviour_logprobs, 0.0)
   np.testing.assert_allclose(scored.ref_logprobs, sampled, atol=1e-5)
   np.testing.assert_allclose(scored.extras["prm_logprobs"], sampled, atol=1e-5)
@@ -393,11 +394,11 @@ def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does
   assert float(loss) == pytest.approx(metrics["prm_loss"], rel=1e-5)
   chex.assert_trees_all_close(nnx.state(modules["prm"], nnx.Param),
                               nnx.state(host.prm, nnx.Param), atol=1e-6)
-  assert not np.allclose(batched.with_models(modules, batch, actions).extras["prm_logprobs"],
+  assert not np.allclose(update_batch.with_models(modules, batch, actions).extras["prm_logprobs"],
                          sampled, atol=1e-5)  # the PRM moved, the reference did not
   # As a run scores and steps (with_models with prm_beta): the same log-probs and step.
   stepped = arms.modules(model, cell, 1e-3, prm_learning_rate=prm_rate)
-  trained = batched.with_models(stepped, batch, actions, prm_beta=arms.prm_beta(cell))
+  trained = update_batch.with_models(stepped, batch, actions, prm_beta=arms.prm_beta(cell))
   np.testing.assert_allclose(trained.extras["prm_logprobs"], extras["prm_logprobs"], atol=1e-6)
   np.testing.assert_allclose(trained.ref_logprobs, scored.ref_logprobs, atol=1e-6)
   chex.assert_trees_all_close(nnx.state(stepped["prm"], nnx.Param),
@@ -452,7 +453,7 @@ def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_
   mc_arm = {"name": "vineppo", "k": k, "positions": "all"}
   strided_arm = {"name": "vineppo", "k": k, "positions": "stride:3"}
   cell = _cell("grpo", mc_arm, strided_arm, prompts_per_step=16)
-  sample = batched.make_rollout(cell)
+  sample = update_batch.make_rollout(cell)
   batch = sample(model, jax.random.key(4), mc=arms.MonteCarlo(k))
   mask, values = np.asarray(batch.mask), np.asarray(batch.extras["oracle_values"])
   drawn = np.asarray(batch.extras["mc_values"])
@@ -557,13 +558,13 @@ def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact
   model = Transformer(MODEL, rngs=nnx.Rngs(0))
   nnx.update(model, jax.tree.map(lambda x: 3 * x, nnx.state(model, nnx.Param)))
   critic = arms.critic(cell, model, 0)
-  batch = batched.make_rollout(cell)(model, jax.random.key(1))
+  batch = update_batch.make_rollout(cell)(model, jax.random.key(1))
   tokens, p = np.asarray(batch.tokens), TASK.prompt_length
   symbols = tokens[::cell.group_size, 1:3] - key_token.KEY0
   prompts, targets = key_token.traceable.prompts_of(symbols, TASK)
   tree = key_token.oracle.decisive_values(model, TASK, prompts, targets)
   exact = np.asarray(diagnostics.alternative_values(tree, batch.tokens, TASK, cell.group_size))
-  actions = batched.traceable_task(cell).actions
+  actions = update_batch.traceable_task(cell).actions
   scores = np.asarray(diagnostics.critic_alternatives(critic, batch, TASK, actions))
   row_targets = np.repeat(np.asarray(targets), cell.group_size, axis=0)
   for k, position in enumerate(TASK.decisive_positions):
@@ -574,7 +575,7 @@ def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact
       np.testing.assert_allclose(exact[:, k, c], np.asarray(host.values)[:, p + position + 1],
                                  atol=1e-6)
       learner_values = forward.critic_values(critic, batch.replace(tokens=jnp.asarray(changed)),
-                                           batched.traceable_task(cell).actions)
+                                           update_batch.traceable_task(cell).actions)
       np.testing.assert_allclose(scores[:, k, c], learner_values[:, p + position + 1], atol=1e-6)
   # top-1 agreement against a loop; a random order scores the share of exact maxima; many
   # continuations rank distinct values right.
@@ -602,11 +603,11 @@ def test_a_zipf_explain_batch_carries_the_monte_carlo_oracles_credit():
   model_config = dataclasses.replace(MODEL, vocab_size=zipf_explain.VOCAB_SIZE)
   cell = _cell("grpo", "oracle", task=task, model=model_config)
   model = Transformer(model_config, rngs=nnx.Rngs(0))
-  batch = batched.make_rollout(cell)(model, jax.random.key(5), oracle_extras=True)
-  adapter = batched.traceable_task(cell)
+  batch = update_batch.make_rollout(cell)(model, jax.random.key(5), oracle_extras=True)
+  adapter = update_batch.traceable_task(cell)
   tokens, mask = np.asarray(batch.tokens), np.asarray(batch.mask)
   targets = tokens[:, 1:3] - zipf_explain.KEY0
-  key = jax.random.fold_in(jax.random.key(5), batched.ORACLE_STREAM)
+  key = jax.random.fold_in(jax.random.key(5), update_batch.ORACLE_STREAM)
   cuts = zipf_explain.oracle.cuts_of(batch.tokens[:, task.prompt_length:], task, adapter.CUT_STRIDE)
   values, _ = zipf_explain.oracle.rb_values(model, tokens, targets, cuts, key, task,
                                             n_paths=adapter.CREDIT_PATHS)
@@ -638,7 +639,7 @@ def test_a_tree_cell_samples_trees_counts_shared_segments_once_and_scores_tree_c
   cell = cells.Cell(task=TASK, model=MODEL, arms=("grpo", "treerl"), group_size=4,
                     prompts_per_step=3, updates=2, eval_every=1, tree=tree)
   assert cell.tokens_per_update == 3 * (2 + 2 * 2 + 4 * 2)  # 42 against 72 without a tree
-  batch = jax.jit(lambda key: batched.make_rollout(cell)(
+  batch = jax.jit(lambda key: update_batch.make_rollout(cell)(
       Transformer(MODEL, rngs=nnx.Rngs(0)), key, oracle_extras=True))(jax.random.key(0))
   path, segments = (np.asarray(batch.extras[k]) for k in ("tree_path", "tree_segments"))
   tokens = np.asarray(batch.tokens)
