@@ -56,7 +56,8 @@ from bench import peers
 from bench.common import machine, table
 from jaxcredit.models import Transformer, preset
 from jaxcredit.sampling import generate, generate_continuous
-from jaxcredit.sampling.continuous import carry_over, generate_partial, response_keys
+from jaxcredit.sampling.continuous import generate_partial, response_keys
+from jaxcredit.sampling.partial_responses import carry_over
 
 PROMPT = 64
 Z99 = 2.3263478740408408  # the standard normal's 0.99 quantile

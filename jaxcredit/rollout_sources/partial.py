@@ -25,7 +25,7 @@ from jax import Array
 
 from jaxcredit.rollout import Rollout
 from jaxcredit.rollout_sources.single_turn import SingleTurn
-from jaxcredit.sampling import continuous
+from jaxcredit.sampling import continuous, partial_responses
 
 _FIELDS = ("tokens", "mask", "logprobs", "entropy", "token_valid", "positions", "truncated")
 
@@ -44,7 +44,7 @@ class PartialRollouts:
   source: SingleTurn
   decode_limit: int
   _calls: int = 0
-  _carried: continuous.Partial | None = None
+  _carried: partial_responses.Partial | None = None
   _owners: list = dataclasses.field(default_factory=list)  # (group, member) of carried rows
   _groups: list = dataclasses.field(default_factory=list)  # oldest first
 
@@ -103,7 +103,8 @@ class PartialRollouts:
                                    | {"version": version[row]})
       left = np.flatnonzero(unfinished)
       # Padded to a power of two rows (the copies own nothing: their samples are dropped).
-      self._carried = (continuous.carry_over(sample._replace(unfinished=unfinished), pad=True)
+      unfinished_sample = sample._replace(unfinished=unfinished)
+      self._carried = (partial_responses.carry_over(unfinished_sample, pad=True)
                        if left.size else None)
       self._owners = [owners[row] for row in left]
       if left.size:

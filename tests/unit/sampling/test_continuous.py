@@ -9,8 +9,8 @@ import pytest
 
 from jaxcredit.models import preset
 from jaxcredit.sampling import Actions, generate
-from jaxcredit.sampling.continuous import (carry_over, generate_continuous, generate_partial,
-                                            response_keys)
+from jaxcredit.sampling.continuous import generate_continuous, generate_partial, response_keys
+from jaxcredit.sampling.partial_responses import carry_over
 from tests.unit.sampling.conftest import left_padded_prompts, peaked_model
 
 CONFIG = preset("tiny", vocab_size=16)
