@@ -76,8 +76,9 @@ def pytest_configure(config):
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                         str(pathlib.Path(tempfile.gettempdir()) / f"jaxcredit-jax-cache-{run}"))
   # Every program, however small: a test run compiles tens of thousands, many of them again in
-  # the other worker or a subprocess, and reading one back costs less than compiling it
-  # (the suite runs ~5% faster than with only those over 0.1 s kept).
+  # the other worker or a subprocess, and reading one back costs less than compiling it (the
+  # CLI and estimator test files run ~5% faster than with only those over 0.1 s kept; the
+  # whole suite from a clean clone, 17 min 21 s against 17 min 28 s, hardly moves).
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
   # The tests' programs are small and compiled once: LLVM's optimisation passes cost more
