@@ -1,6 +1,7 @@
 """Registry adapters: every estimator as `fn(rollout, **hparams) -> Estimate`; here the registry
-and the estimators of sequence-level credit (group baselines and trees), and in
-`registered_token` those of token- and turn-level credit."""
+and the estimators that credit a response's outcome (group and leave-one-out baselines,
+REINFORCE and its variants, trees), and in `registered_token` those of token- and turn-level
+credit."""
 
 import functools
 from collections.abc import Callable

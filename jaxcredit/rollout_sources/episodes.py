@@ -18,26 +18,28 @@ class Episodes:
     action: ``[b, E]`` whether the policy sampled the token.
     logprobs: ``[b, E]`` float32 the sampler's log-probs of action tokens.
     entropy: ``[b, E]`` float32 the sampler's entropies at action tokens.
-    turn_ids: ``[b, E]`` int32 the turn of each token (-1 before the first action).
-    turn_rewards: ``[b, E]`` float32 each turn's reward, on its last token.
-    anchors: ``[b, E]`` int32 the environment's anchor of each token.
+    turn_ids: ``[b, E]`` int32 the turn of each action token and of the observation after
+      it (-1 before the first action).
+    turn_rewards: ``[b, E]`` float32 each turn's reward, on its last action token.
+    anchors: ``[b, E]`` int32 an id of the state each turn started from, on its action
+      tokens (`multi_turn`'s turn anchors).
     length: ``[b]`` columns used.
     done: ``[b]`` whether the episode ended.
-    truncated: ``[b]`` whether it ended because the columns ran out.
+    truncated: ``[b]`` whether it was cut short: its columns or its turns ran out.
     dropped: ``[b]`` tokens that did not fit.
   """
 
-  tokens: np.ndarray  # [b, E] int32
-  action: np.ndarray  # [b, E] bool
-  logprobs: np.ndarray  # [b, E] float32
-  entropy: np.ndarray  # [b, E] float32
-  turn_ids: np.ndarray  # [b, E] int32
-  turn_rewards: np.ndarray  # [b, E] float32
-  anchors: np.ndarray  # [b, E] int32
-  length: np.ndarray  # [b] int: columns used
-  done: np.ndarray  # [b] bool
-  truncated: np.ndarray  # [b] bool
-  dropped: np.ndarray  # [b] int: tokens that did not fit
+  tokens: np.ndarray
+  action: np.ndarray
+  logprobs: np.ndarray
+  entropy: np.ndarray
+  turn_ids: np.ndarray
+  turn_rewards: np.ndarray
+  anchors: np.ndarray
+  length: np.ndarray
+  done: np.ndarray
+  truncated: np.ndarray
+  dropped: np.ndarray
 
   @classmethod
   def empty(cls, rows: int, columns: int, pad_id: int) -> "Episodes":
