@@ -25,6 +25,7 @@ import importlib.metadata
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -122,8 +123,10 @@ def register_traceable(*keys: str) -> Callable[[Traceable], Traceable]:
   provider of those keys that runs it, so the training loop and the batched lab compute them
   with one function.
 
-  The host provider passes the step's key (`Context.key`) and the policy's vocabulary size;
-  `jaxcredit.lab.batched` calls the function inside its compiled program.
+  The host provider runs the function compiled (`jax.jit`, the vocabulary size static: one
+  program per batch shape, not one dispatch per operation), passing the step's key
+  (`Context.key`) and the policy's vocabulary size; `jaxcredit.lab.batched` calls the function
+  inside its compiled program.
 
   Args:
     *keys: the rollout.extras keys the function returns.
@@ -148,8 +151,10 @@ def register_traceable(*keys: str) -> Callable[[Traceable], Traceable]:
   """
 
   def decorator(fn: Traceable) -> Traceable:
+    compiled = jax.jit(fn, static_argnums=2)
+
     def provide(context: Context, rollout: Rollout) -> tuple[dict, dict]:
-      return fn(rollout, context.key, context.model.config.vocab_size), {}
+      return compiled(rollout, context.key, context.model.config.vocab_size), {}
 
     for key in keys:
       TRACEABLE.register(key)(fn)

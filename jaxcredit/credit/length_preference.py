@@ -117,9 +117,12 @@ def update(preference: LengthPreference, optimizer: nnx.Optimizer, rollout: Roll
   return before
 
 
+_update_step = nnx.jit(update)
+
+
 class LengthPreferenceProvider:
   """rollout.extras["length_weights"] ``[B]``: each response's weight under the current lam,
-  then lam's Adam step (`update`); the trainer's provider.
+  then lam's Adam step (`update`, compiled); the trainer's provider.
 
   Args:
     lam: lam's starting value.
@@ -141,5 +144,6 @@ class LengthPreferenceProvider:
     del context
     preference = self._modules["length_preference"]
     lam = float(preference.lam[...])
-    length_weights = update(preference, self._modules["length_preference_optimizer"], rollout)
+    length_weights = _update_step(preference, self._modules["length_preference_optimizer"],
+                                  rollout)
     return {"length_weights": length_weights}, {"lambda_grpo/lam": lam}
