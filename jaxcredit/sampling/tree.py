@@ -27,6 +27,7 @@ so a leaf draws exactly what an unshared row would draw with those keys (a row's
 depend on its key and context only).
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -289,7 +290,7 @@ def sample_tree(model: Transformer, prompts: Array, prompt_valid: Array, key: Ar
                 stop_tokens: tuple[int, ...] = (), pad_id: int = 0, padding: str = "left",
                 actions: Actions | None = None) -> TreeSample:
   """Samples a tree of `tree.leaves` responses per prompt, sharing prefixes (module
-  docstring).
+  docstring), in one compiled program: the prefill, each level's decode loop and the forks.
 
   Args:
     model: the policy.
@@ -330,6 +331,16 @@ def sample_tree(model: Transformer, prompts: Array, prompt_valid: Array, key: Ar
   graphdef, state, prompts, prompt_valid, allowed, hidden, settings = sampler._prepare(
       model, prompts, prompt_valid, max_new_tokens, temperature, None, None, stop_tokens,
       pad_id, padding, actions, True)
+  return _sample_tree(graphdef, state, prompts, prompt_valid, key, allowed, hidden, settings,
+                      tree)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 7, 8))
+def _sample_tree(graphdef, state, prompts, prompt_valid, key, allowed, hidden,
+                 settings: sampler._Sampling, tree: TreeSpec) -> TreeSample:
+  """`sample_tree` on a split model, with `sampler._prepare`'s response tables: one program
+  (the prefill, each level's decode loop and forks)."""
+  max_new_tokens = settings.max_new_tokens
   count, prompt_len = prompts.shape
   contexts = contexts_lib._start(graphdef, state, prompts, prompt_valid,
                                  prompt_len + max_new_tokens)

@@ -132,14 +132,16 @@ def test_entropy_forks_end_a_segment_before_its_first_uncertain_token(model):
 
 
 def test_the_prompt_is_prefilled_once_and_shared_segments_are_sampled_once(model, monkeypatch):
-  prefilled = []
+  prefilled = []  # the prefills' rows, recorded as the sampler's program is traced
   start = contexts_lib._start
   monkeypatch.setattr(contexts_lib, "_start", lambda g, s, tokens, valid, slots: (
-      prefilled.append(int(np.sum(valid))), start(g, s, tokens, valid, slots))[1])
+      prefilled.append(tokens.shape), start(g, s, tokens, valid, slots))[1])
+  tree_lib._sample_tree.clear_cache()
   prompts, valid = _prompts(batch=3)
   spec = TreeSpec(roots=1, branching=4, depth=2, segment_tokens=2)
   tree = sample_tree(model, prompts, valid, jax.random.key(0), tree=spec, max_new_tokens=6)
-  assert prefilled == [int(np.sum(valid))] == [int(tree.prefill_tokens)]  # once per prompt
+  assert prefilled == [prompts.shape]  # every prompt once, before any fork
+  assert int(tree.prefill_tokens) == int(np.sum(valid))
   # No stop tokens: 2 + 4 x 2 + 16 x 2 tokens per prompt, against 16 x 6 unshared.
   assert int(tree.generated_tokens) == 3 * (2 + 8 + 32)
   assert int(tree_lib.generated_tokens(tree.path, tree.segments, tree.output.mask)) == int(
