@@ -8,13 +8,9 @@ from jaxcredit.estimators.compose import (
     component,
     components,
     from_config,
-    groups_with_success,
-    high_entropy_tokens,
-    low_entropy_tokens,
     masked,
     rms_scaled,
     reweighted,
-    surprisal,
     weighted_sum,
 )
 from jaxcredit.estimators.diagnostics import signal_diagnostics
@@ -58,6 +54,12 @@ from jaxcredit.estimators.token_credit import (
     prm_token_rewards,
     surprisal_weights,
     whiten,
+)
+from jaxcredit.estimators.token_selectors import (
+    groups_with_success,
+    high_entropy_tokens,
+    low_entropy_tokens,
+    surprisal,
 )
 from jaxcredit.estimators.tree_credit import (
     node_leaves,

@@ -23,16 +23,9 @@ from jaxcredit.losses.off_policy import (
     tis_loss,
     topr_loss,
 )
-from jaxcredit.losses.policy import (
-    cispo_loss,
-    gmpo_loss,
-    gspo_loss,
-    gspo_token_loss,
-    pg_loss,
-    ppo_clip_loss,
-    sapo_loss,
-)
+from jaxcredit.losses.policy import cispo_loss, pg_loss, ppo_clip_loss, sapo_loss
 from jaxcredit.losses.preference import dpo_loss, ipo_loss, simpo_loss
+from jaxcredit.losses.sequence_ratio import gmpo_loss, gspo_loss, gspo_token_loss
 from jaxcredit.losses.registered import (
     REGISTRY,
     get,

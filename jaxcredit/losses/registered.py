@@ -14,7 +14,8 @@ from jax import Array
 
 from jaxcredit import _checks
 from jaxcredit._masking import as_bool, masked_mean, masked_sum, sanitise
-from jaxcredit.losses import covariance, off_policy, policy, preference, trust_region, value
+from jaxcredit.losses import (covariance, off_policy, policy, preference, sequence_ratio,
+                              trust_region, value)
 from jaxcredit.losses.aggregation import aggregate
 from jaxcredit.losses.kl import kl_penalty
 from jaxcredit.registry import Registry
@@ -99,9 +100,9 @@ def _register_token_loss(name: str, fn: Callable, logprobs=_proximal) -> None:
 
 for _name, _fn in {
     "ppo_clip": policy.ppo_clip_loss,
-    "gspo_token": policy.gspo_token_loss,
+    "gspo_token": sequence_ratio.gspo_token_loss,
     "cispo": policy.cispo_loss,
-    "gmpo": policy.gmpo_loss,
+    "gmpo": sequence_ratio.gmpo_loss,
     "sapo": policy.sapo_loss,
     "clip_cov": covariance.clip_cov_loss,
     "kl_cov": covariance.kl_cov_loss,
@@ -161,7 +162,7 @@ def _pg(outputs, rollout, estimate, **hparams):
 @register("gspo")
 def _gspo(outputs, rollout, estimate, **hparams):
   seq_advantages = sequence_advantages(estimate.advantages, rollout.mask)
-  return policy.gspo_loss(
+  return sequence_ratio.gspo_loss(
       outputs.logprobs, rollout.proximal_logprobs(by="gspo"), seq_advantages, rollout.mask,
       **hparams
   )
