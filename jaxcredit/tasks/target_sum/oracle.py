@@ -28,6 +28,7 @@ The oracle the training loop reads (`tasks.Task.oracle`): `no_exact_oracle`, `ex
 
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -164,6 +165,7 @@ def response_outcome(responses, targets, config: target_sum.TargetSumConfig) -> 
 
 
 _jitted_tree = nnx.jit(value_tree, static_argnames="config")
+_jitted_credit = jax.jit(credit_from_tree, static_argnames="config")
 
 
 def exact_success(model, config: target_sum.TargetSumConfig, prompts, targets) -> np.ndarray:
@@ -216,7 +218,7 @@ def tree_credit(model, config: target_sum.TargetSumConfig, tokens: np.ndarray, m
       tokens, mask, prompt_len, per_prompt=passes_per_prompt(config),
       path_length=prompt_len + config.n_digits - 1, max_passes=max_passes,
       advice="fewer digits (n_digits) or values (n_values), or use mc_credit",
-      credit_of=lambda prompts, first, inverse: credit_from_tree(
+      credit_of=lambda prompts, first, inverse: _jitted_credit(
           _jitted_tree(model, config, prompts, targets[first]), inverse, response, targets,
           config))
 

@@ -8,6 +8,7 @@ along its keys.
 
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -205,8 +206,8 @@ def decisive_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray,
   response = tokens[:, prompt_len:]
   values, advantages = (
       np.concatenate([np.zeros((len(tokens), prompt_len)), np.asarray(x, np.float64)], 1)
-      for x in credit_from_values(tree, jnp.asarray(response[:, config.decisive_positions]),
-                                  config))
+      for x in _jitted_credit(tree, jnp.asarray(response[:, config.decisive_positions]),
+                              config=config))
   values, advantages = np.where(mask, values, 0.0), np.where(mask, advantages, 0.0)
   passes = len(prompts) * config.n_keys**(config.n_decisive - 1)
   return Credit(
@@ -259,3 +260,4 @@ def _check_exact(config: key_token.KeyTokenConfig) -> None:
 
 
 _jitted_values = nnx.jit(decisive_values, static_argnames="config")
+_jitted_credit = jax.jit(credit_from_values, static_argnames="config")

@@ -25,6 +25,7 @@ their jit); `tree_credit` is the host entry point on sampled rows.
 
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -177,6 +178,7 @@ def credit_from_tree(tree: list[Array], prompt_index, responses, targets,
 
 
 _jitted_tree = nnx.jit(value_tree, static_argnames="config")
+_jitted_credit = jax.jit(credit_from_tree, static_argnames="config")
 
 
 def tree_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray, mask: np.ndarray,
@@ -213,6 +215,6 @@ def tree_credit(model, config: key_token.KeyTokenConfig, tokens: np.ndarray, mas
       tokens, mask, prompt_len, per_prompt=passes_per_prompt(config),
       path_length=prompt_len + int(config.decisive_positions[-1]) + 1, max_passes=max_passes,
       advice="place the decisive positions earlier, or use mc_credit",
-      credit_of=lambda prompts, first, inverse: credit_from_tree(
+      credit_of=lambda prompts, first, inverse: _jitted_credit(
           _jitted_tree(model, config, prompts, targets[first]), inverse, response, targets,
           config))
