@@ -74,6 +74,9 @@ def mc_value_stats(returns: Array, valid: Array, *,
   return mean, var, jnp.where(count > 0, stderr, 0.5)
 
 
+_mc_value_stats = jax.jit(mc_value_stats, static_argnames="binary")
+
+
 def position_rule(spec: str) -> tuple[int, float]:
   """The rule of a positions spec: V(s_t) is evaluated at the actions whose rank r in their row
   has ``r % stride == 0`` and whose ``pi(y_t) < threshold``, and at every row's first action.
@@ -263,8 +266,8 @@ def returns_stats(returns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ``(mean, stderr)``, float64 ``[M]`` each (see `mc_value_stats`).
   """
   binary = bool(np.isin(returns, (0.0, 1.0)).all())
-  mean, _, stderr = mc_value_stats(jnp.asarray(returns), jnp.ones(returns.shape, bool),
-                                   binary=binary)
+  mean, _, stderr = _mc_value_stats(jnp.asarray(returns), jnp.ones(returns.shape, bool),
+                                    binary=binary)
   return np.asarray(mean, np.float64), np.asarray(stderr, np.float64)
 
 
