@@ -1,8 +1,12 @@
-"""The training CLI as a subprocess, on a tiny key_token run (shared by the CLI tests)."""
+"""The training CLI as a subprocess, on a tiny key_token run (shared by the CLI tests), or in
+the test's process for the runs it refuses."""
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
+from unittest import mock
 
 from tests.conftest import ROOT
 
@@ -47,6 +51,41 @@ def train(workdir, *overrides, env=None, timeout=300, **kwargs) -> subprocess.Co
     check=False,
     env=env,
   )
+
+
+def in_process(argv: list[str]) -> subprocess.CompletedProcess:
+  """`python -m jaxcredit.train *argv` in this process: the CLI's own absl entry point (`app.run`
+  with its flag parser and `main`), stdout and stderr captured, the exit status and message
+  taken from the SystemExit that ends it as the interpreter would write them. It spares a
+  refused run the ~4 s of an interpreter start and imports; anything but SystemExit leaves
+  it, so a traceback fails the calling test."""
+  from absl import app, flags, logging
+
+  from jaxcredit.train import __main__ as cli
+
+  argv = ["jaxcredit.train", *argv]
+  for name in [name for name in flags.FLAGS if name.startswith("config.")]:
+    delattr(flags.FLAGS, name)  # an earlier run's config overrides: this parse defines its own
+  flags.FLAGS.unparse_flags()
+  stdout, stderr, status, verbosity = io.StringIO(), io.StringIO(), 0, logging.get_verbosity()
+  # ml_collections reads the config file's overrides from sys.argv.
+  with mock.patch.object(sys, "argv", argv), contextlib.chdir(ROOT), \
+       contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+    try:
+      app.run(cli.main, argv=argv, flags_parser=cli._parse_flags)
+    except SystemExit as exit_:
+      if isinstance(exit_.code, str):
+        print(exit_.code, file=sys.stderr)
+      status = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    finally:
+      logging.set_verbosity(verbosity)
+  return subprocess.CompletedProcess(argv, status, stdout.getvalue(), stderr.getvalue())
+
+
+def refused(workdir, *overrides, **kwargs) -> subprocess.CompletedProcess:
+  """`train(workdir, *overrides, **kwargs)` in this process (`in_process`): for the runs the
+  CLI refuses."""
+  return in_process(command(workdir, *overrides, **kwargs)[3:])
 
 
 def metrics(workdir) -> list[dict]:

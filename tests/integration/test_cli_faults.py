@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from tests.cli import command as _command, metrics as _metrics, train as _train
+from tests.cli import command as _command, metrics as _metrics, refused, train as _train
 from tests.conftest import ROOT, xla_flags
 
 
@@ -47,7 +47,7 @@ def _copy(finished, tmp_path):
     ("--config.mesh.shape=(2,2,2)", "mesh.shape gives the sizes of (data, fsdp, sequence, model)"),
 ])
 def test_bad_overrides_are_refused_in_one_line_before_any_work(tmp_path, override, message):
-  result = _train(tmp_path, override)
+  result = refused(tmp_path, override)
   assert result.returncode != 0
   assert message in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
   assert not (tmp_path / "metrics.jsonl").exists()
@@ -57,7 +57,7 @@ def test_an_unwritable_checkpoint_directory_fails_before_any_work(tmp_path):
   # /proc refuses new files even to root, where chmod would not.
   (tmp_path / "checkpoints").symlink_to("/proc/self")
   started = time.perf_counter()
-  result = _train(tmp_path, "--config.rl.steps=4")
+  result = refused(tmp_path, "--config.rl.steps=4")
   assert result.returncode != 0
   assert "checkpoints is not writable" in result.stderr and "nothing was run" in result.stderr
   assert "Traceback" not in result.stderr and not (tmp_path / "metrics.jsonl").exists()
@@ -100,7 +100,7 @@ def test_intact_checkpoints_of_other_settings_are_refused_and_never_moved(finish
   workdir = tmp_path / "branch"
   shutil.copytree(finished / "checkpoints", workdir / "checkpoints")
   before = sorted(p.name for p in (workdir / "checkpoints").iterdir())
-  result = _train(workdir, "--config.rl.steps=6", "--config.critic.preset=tiny")
+  result = refused(workdir, "--config.rl.steps=6", "--config.critic.preset=tiny")
   assert result.returncode != 0
   assert "Checkpoint 4 in" in result.stderr and "is intact but holds other state" in result.stderr
   assert "not in the checkpoint: critic" in result.stderr and "Nothing was moved" in result.stderr
@@ -121,7 +121,7 @@ def test_resuming_with_other_settings_is_refused_naming_them(
 ):
   workdir = _copy(finished, tmp_path)
   saved_config = (workdir / "config.json").read_text()
-  result = _train(workdir, "--config.rl.steps=6", override)
+  result = refused(workdir, "--config.rl.steps=6", override)
   assert result.returncode != 0
   assert differing in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
   assert (workdir / "config.json").read_text() == saved_config
@@ -445,7 +445,7 @@ def test_a_checkpoint_resumes_on_another_mesh(
 
 
 def test_a_prompt_budget_that_drops_too_much_data_refuses_to_start(tmp_path):
-  result = _train(
+  result = refused(
     tmp_path,
     "--config.task.name=arithmetic",
     "--config.task.options={'max_digits': 5}",

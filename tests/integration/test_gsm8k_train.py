@@ -20,6 +20,7 @@ transformers = pytest.importorskip("transformers")
 from jaxcredit import tasks  # noqa: E402
 from jaxcredit.tasks import HFTokenizer  # noqa: E402
 from jaxcredit.train import loop, setup  # noqa: E402
+from tests import cli  # noqa: E402
 from tests.conftest import ROOT, doc_block, load_experiment  # noqa: E402
 from tests.hf_tokenizers import save_qwen_style  # noqa: E402
 
@@ -152,8 +153,10 @@ def _readme_smoke_command() -> list[str]:
   return shlex.split(line)
 
 
-def _run_readme_smoke_command(files, workdir, *overrides) -> subprocess.CompletedProcess:
-  """The documented smoke command with this test's paths (and `overrides` appended)."""
+def _run_readme_smoke_command(files, workdir, *overrides,
+                              here: bool = False) -> subprocess.CompletedProcess:
+  """The documented smoke command with this test's paths (and `overrides` appended), in a
+  process of its own, or with `here` in this one (`tests.cli.in_process`)."""
   tokenizer_dir, data = files
   command = _readme_smoke_command()
   assert (
@@ -165,14 +168,17 @@ def _run_readme_smoke_command(files, workdir, *overrides) -> subprocess.Complete
     "--config.task.tokenizer": tokenizer_dir,
     "--config.task.jsonl_dir": data,
   }
-  argv = [sys.executable, *command[1:], *overrides]
+  argv = [*command[3:], *overrides]
   for i, arg in enumerate(argv):
     for flag, path in paths.items():
       if arg == flag:
         argv[i + 1] = str(path)
       elif arg.startswith(flag + "="):
         argv[i] = f"{flag}={path}"
-  return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
+  if here:
+    return cli.in_process(argv)
+  return subprocess.run([sys.executable, *command[1:3], *argv], capture_output=True, text=True,
+                        cwd=ROOT, timeout=600, check=False)
 
 
 @pytest.mark.parametrize(
@@ -197,7 +203,7 @@ def test_the_smoke_command_refuses_unusable_settings_naming_them(
   files, tmp_path, overrides, message
 ):
   overrides = [o.format(tokenizer=files[0]) for o in overrides]
-  result = _run_readme_smoke_command(files, tmp_path / "run", *overrides)
+  result = _run_readme_smoke_command(files, tmp_path / "run", *overrides, here=True)
   assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
   assert "Traceback" not in result.stderr and not (tmp_path / "run" / "metrics.jsonl").exists()
 

@@ -1,14 +1,14 @@
 """Settings no run can use are refused from the CLI in one line, naming the setting, before
-any work: no metrics.jsonl is written (the first greedy eval would write one)."""
+any work: no metrics.jsonl is written (the first greedy eval would write one). The CLI runs
+in the test's process where the run is refused on one device (`tests.cli.refused`), in a
+process of its own on 8 host devices."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.cli import train
-from tests.conftest import ROOT, xla_flags
+from tests.cli import in_process, refused, train
+from tests.conftest import xla_flags
 
 ARITHMETIC = ["--config.task.train_size=64", "--config.task.test_size=8", "--config.rl.steps=2"]
 
@@ -37,7 +37,7 @@ ARITHMETIC = ["--config.task.train_size=64", "--config.task.test_size=8", "--con
      "max_digits"),
 ])
 def test_unusable_settings_are_refused_in_one_line_before_any_work(tmp_path, overrides, message):
-  result = train(tmp_path, *ARITHMETIC, *overrides, tiny=False)
+  result = refused(tmp_path, *ARITHMETIC, *overrides, tiny=False)
   assert result.returncode != 0
   assert message in result.stderr, result.stderr[-2000:]
   assert "Traceback" not in result.stderr and "sft step" not in result.stdout
@@ -56,9 +56,7 @@ def test_settings_every_part_can_serve_still_train(tmp_path):
 
 
 def test_help_lists_every_config_field_with_its_default_and_meaning():
-  result = subprocess.run([sys.executable, "-m", "jaxcredit.train", "--config",
-                           "experiments/gsm8k_grpo.py:smoke", "--help"], capture_output=True,
-                          text=True, cwd=ROOT, timeout=120, check=False)
+  result = in_process(["--config", "experiments/gsm8k_grpo.py:smoke", "--help"])
   assert result.returncode == 0, result.stderr[-2000:]
   assert (
     "--config.rl.max_staleness=0\n      k > 0: update t's rollouts are sampled" in result.stdout
