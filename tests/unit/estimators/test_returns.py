@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from absl.testing import parameterized
 
@@ -113,10 +113,9 @@ class GaeTest(parameterized.TestCase):
     want = reference.gae(rewards, values, mask, gamma, lam)
     scale = max(1.0, float(np.max(np.abs(want[0]))))
     chex.assert_trees_all_close(got, want, atol=2e-5 * scale, rtol=1e-5)
-    grad = jax.grad(lambda v: jnp.sum(estimators.gae(rewards, v, mask, gamma=gamma, lam=lam,
-                                                     method="blocked")[0] ** 2))(values)
-    want_grad = jax.grad(lambda v: jnp.sum(estimators.gae(rewards, v, mask, gamma=gamma, lam=lam,
-                                                          method="scan")[0] ** 2))(values)
+    grad, want_grad = jax.jit(lambda v: [jax.grad(lambda v: jnp.sum(estimators.gae(
+        rewards, v, mask, gamma=gamma, lam=lam, method=method)[0] ** 2))(v)
+        for method in ("blocked", "scan")])(values)
     np.testing.assert_allclose(grad, want_grad, atol=1e-4 * scale ** 2, rtol=1e-4)
 
   def test_bad_shapes_raise(self):
@@ -195,9 +194,18 @@ class ClassicalEstimatorsTest(parameterized.TestCase):
     )
 
 
-@settings(max_examples=10)  # eager gradients of a scan: seconds per example
+@jax.jit
+def _poison_grads(rewards, values, mask):
+  """Gradients of GAE's and the discounted returns' outputs, and GAE's outputs."""
+  def total(r, v):
+    adv, ret = estimators.gae(r, v, mask, gamma=0.9, lam=0.7)
+    return jnp.sum(adv**2 + ret + estimators.discounted_returns(r, mask, gamma=0.8)), (adv, ret)
+
+  return jax.grad(total, argnums=(0, 1), has_aux=True)(rewards, values)
+
+
 @given(
-  shape=st.sampled_from(SHAPES),  # few shapes: eager grads compile once per shape
+  shape=st.sampled_from(SHAPES),  # few shapes: the gradients compile once per shape
   seed=st.integers(0, 2**16),
   value=st.sampled_from([np.nan, np.inf, -np.inf]),
 )
@@ -207,12 +215,7 @@ def test_masked_values_change_nothing(shape, seed, value):
   mask = random_mask(rng, shape)
   rewards, values = rng.normal(size=(2, *shape)).astype(np.float32)
 
-  def total(r, v):
-    adv, ret = estimators.gae(r, v, mask, gamma=0.9, lam=0.7)
-    return jnp.sum(adv**2 + ret + estimators.discounted_returns(r, mask, gamma=0.8)), (adv, ret)
-
-  grad_fn = jax.grad(total, argnums=(0, 1), has_aux=True)
-  clean = grad_fn(rewards, values)
-  dirty = grad_fn(poison(rewards, mask, value), poison(values, mask, value))
+  clean = _poison_grads(rewards, values, mask)
+  dirty = _poison_grads(poison(rewards, mask, value), poison(values, mask, value), mask)
   chex.assert_trees_all_close(clean, dirty)
   assert all(np.all(np.asarray(x)[~mask] == 0.0) for x in jax.tree.leaves(dirty))

@@ -45,7 +45,7 @@ class TreeCreditTest(parameterized.TestCase):
   def test_vmap_over_batches_of_trees_equals_each_alone(self, name):
     inputs = [_tree_inputs(8, 4, 3, seed=s) for s in range(3)]
     stacked = [np.stack(parts) for parts in zip(*inputs)]
-    got = jax.vmap(lambda *a: ON_SEGMENTS[name](*a, 4))(*stacked)
+    got = jax.jit(jax.vmap(lambda *a: ON_SEGMENTS[name](*a, 4)))(*stacked)
     for i, parts in enumerate(inputs):
       np.testing.assert_allclose(got[i], ON_SEGMENTS[name](*parts, 4), atol=1e-6)
 
@@ -126,7 +126,8 @@ def test_gradients_through_the_rewards_are_finite_on_degenerate_trees():
   mask = np.ones((4, 6), bool)
   for name, fn in ON_SEGMENTS.items():
     for rewards in (jnp.full(4, 0.3), jnp.array([1.0, 0.0, 1.0, 1.0])):
-      grad = jax.grad(lambda r: jnp.sum(fn(r, HAND_PATH, HAND_SEGMENTS, mask, 4) ** 2))(rewards)
+      grad = jax.jit(jax.grad(
+          lambda r: jnp.sum(fn(r, HAND_PATH, HAND_SEGMENTS, mask, 4) ** 2)))(rewards)
       assert np.all(np.isfinite(grad)), name
 
 

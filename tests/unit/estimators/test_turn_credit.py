@@ -73,8 +73,8 @@ class TurnCreditTest(parameterized.TestCase):
     rewards = np.zeros(4, np.float32)
     adv = estimators.mt_grpo_advantages(turn_rewards, rewards, turn_ids, mask, group_size=4)
     np.testing.assert_array_equal(adv, 0.0)
-    grad = jax.grad(lambda r: jnp.sum(estimators.gigpo_advantages(
-        r, rewards, turn_ids, turn_ids, mask, group_size=4) ** 2))(jnp.asarray(turn_rewards))
+    grad = jax.jit(jax.grad(lambda r: jnp.sum(estimators.gigpo_advantages(
+        r, rewards, turn_ids, turn_ids, mask, group_size=4) ** 2)))(jnp.asarray(turn_rewards))
     assert np.all(np.isfinite(grad))
 
   def test_huge_turn_rewards_do_not_overflow(self):
@@ -90,7 +90,8 @@ class TurnCreditTest(parameterized.TestCase):
   def test_vmap_over_batches(self):
     episodes = [_episodes(4, 12, seed) for seed in range(3)]
     stack = lambda i: np.stack([e[i] for e in episodes])
-    got = jax.vmap(lambda r, o, i, m: estimators.mt_grpo_advantages(r, o, i, m, group_size=2))(
+    got = jax.jit(jax.vmap(
+        lambda r, o, i, m: estimators.mt_grpo_advantages(r, o, i, m, group_size=2)))(
         stack(0), stack(2), stack(4), stack(5))
     want = np.stack([reference.mt_grpo(e[0], e[2], e[4], e[5], 2, 1.0) for e in episodes])
     np.testing.assert_allclose(got, want, atol=1e-5)

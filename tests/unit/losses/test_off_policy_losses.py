@@ -142,7 +142,7 @@ class OffPolicyReferenceTest(parameterized.TestCase):
     for name, index in PARAMS:
       fn, _, _ = CASES[name]
       hp = _hparams(name, index, "token-mean")
-      got = jax.vmap(lambda *a: fn(*a, **hp)[0])(*stacked)
+      got = jax.jit(jax.vmap(lambda *a: fn(*a, **hp)[0]))(*stacked)
       want = [fn(*b, **hp)[0] for b in batches]
       np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)
 
