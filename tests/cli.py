@@ -1,5 +1,5 @@
 """The training CLI as a subprocess, on a tiny key_token run (shared by the CLI tests), or in
-the test's process for the runs it refuses."""
+the test's process for the runs that test nothing of the process itself."""
 
 import contextlib
 import io
@@ -57,8 +57,9 @@ def in_process(argv: list[str]) -> subprocess.CompletedProcess:
   """`python -m jaxcredit.train *argv` in this process: the CLI's own absl entry point (`app.run`
   with its flag parser and `main`), stdout and stderr captured, the exit status and message
   taken from the SystemExit that ends it as the interpreter would write them. It spares a
-  refused run the ~4 s of an interpreter start and imports; anything but SystemExit leaves
-  it, so a traceback fails the calling test."""
+  run the ~4 s of an interpreter start and imports, and a training run the programs this
+  process already compiled; anything but SystemExit leaves it, so a traceback fails the
+  calling test."""
   from absl import app, flags, logging
 
   from jaxcredit.train import __main__ as cli
@@ -82,9 +83,9 @@ def in_process(argv: list[str]) -> subprocess.CompletedProcess:
   return subprocess.CompletedProcess(argv, status, stdout.getvalue(), stderr.getvalue())
 
 
-def refused(workdir, *overrides, **kwargs) -> subprocess.CompletedProcess:
-  """`train(workdir, *overrides, **kwargs)` in this process (`in_process`): for the runs the
-  CLI refuses."""
+def train_here(workdir, *overrides, **kwargs) -> subprocess.CompletedProcess:
+  """`train(workdir, *overrides, **kwargs)` in this process (`in_process`): for the runs whose
+  test reads nothing of the process (its signals, devices, locks or environment)."""
   return in_process(command(workdir, *overrides, **kwargs)[3:])
 
 

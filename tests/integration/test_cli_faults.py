@@ -18,15 +18,15 @@ import time
 
 import pytest
 
-from tests.cli import command as _command, metrics as _metrics, refused, train as _train
+from tests.cli import command as _command, metrics as _metrics, train as _train, train_here
 from tests.conftest import ROOT, xla_flags
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, cli_env):
+def finished(tmp_path_factory):
   """A workdir with checkpoints 1-4 of a finished 4-step run."""
   workdir = tmp_path_factory.mktemp("finished")
-  result = _train(workdir, "--config.rl.steps=4", env=cli_env)
+  result = train_here(workdir, "--config.rl.steps=4")
   assert result.returncode == 0, result.stderr[-3000:]
   return workdir
 
@@ -47,7 +47,7 @@ def _copy(finished, tmp_path):
     ("--config.mesh.shape=(2,2,2)", "mesh.shape gives the sizes of (data, fsdp, sequence, model)"),
 ])
 def test_bad_overrides_are_refused_in_one_line_before_any_work(tmp_path, override, message):
-  result = refused(tmp_path, override)
+  result = train_here(tmp_path, override)
   assert result.returncode != 0
   assert message in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
   assert not (tmp_path / "metrics.jsonl").exists()
@@ -57,7 +57,7 @@ def test_an_unwritable_checkpoint_directory_fails_before_any_work(tmp_path):
   # /proc refuses new files even to root, where chmod would not.
   (tmp_path / "checkpoints").symlink_to("/proc/self")
   started = time.perf_counter()
-  result = refused(tmp_path, "--config.rl.steps=4")
+  result = train_here(tmp_path, "--config.rl.steps=4")
   assert result.returncode != 0
   assert "checkpoints is not writable" in result.stderr and "nothing was run" in result.stderr
   assert "Traceback" not in result.stderr and not (tmp_path / "metrics.jsonl").exists()
@@ -75,6 +75,7 @@ def test_a_cut_off_metrics_line_and_corrupt_checkpoints_resume_from_the_newest_g
   metadata.write_bytes(metadata.read_bytes()[: metadata.stat().st_size // 2])
   for data in (checkpoints / "3" / "default").rglob("d/*"):
     data.write_bytes(data.read_bytes()[:16])
+  # A process of its own: orbax's reads of the corrupt checkpoints leave failed asyncio tasks.
   result = _train(workdir, "--config.rl.steps=5", env=cli_env)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "Dropped the incomplete last line" in result.stdout
@@ -100,7 +101,7 @@ def test_intact_checkpoints_of_other_settings_are_refused_and_never_moved(finish
   workdir = tmp_path / "branch"
   shutil.copytree(finished / "checkpoints", workdir / "checkpoints")
   before = sorted(p.name for p in (workdir / "checkpoints").iterdir())
-  result = refused(workdir, "--config.rl.steps=6", "--config.critic.preset=tiny")
+  result = train_here(workdir, "--config.rl.steps=6", "--config.critic.preset=tiny")
   assert result.returncode != 0
   assert "Checkpoint 4 in" in result.stderr and "is intact but holds other state" in result.stderr
   assert "not in the checkpoint: critic" in result.stderr and "Nothing was moved" in result.stderr
@@ -121,7 +122,7 @@ def test_resuming_with_other_settings_is_refused_naming_them(
 ):
   workdir = _copy(finished, tmp_path)
   saved_config = (workdir / "config.json").read_text()
-  result = refused(workdir, "--config.rl.steps=6", override)
+  result = train_here(workdir, "--config.rl.steps=6", override)
   assert result.returncode != 0
   assert differing in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
   assert (workdir / "config.json").read_text() == saved_config
@@ -241,7 +242,7 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
 def test_rerunning_a_finished_run_with_fewer_steps_changes_nothing(finished, tmp_path):
   workdir = _copy(finished, tmp_path)
   saved = {name: (workdir / name).read_text() for name in ("config.json", "metrics.jsonl")}
-  result = _train(workdir, "--config.rl.steps=2")
+  result = train_here(workdir, "--config.rl.steps=2")
   assert result.returncode == 0, result.stderr[-2000:]
   assert "already at RL step 4 >= rl.steps = 2: nothing to do" in result.stdout
   assert {name: (workdir / name).read_text() for name in saved} == saved
@@ -445,7 +446,7 @@ def test_a_checkpoint_resumes_on_another_mesh(
 
 
 def test_a_prompt_budget_that_drops_too_much_data_refuses_to_start(tmp_path):
-  result = refused(
+  result = train_here(
     tmp_path,
     "--config.task.name=arithmetic",
     "--config.task.options={'max_digits': 5}",

@@ -1,13 +1,13 @@
 """Settings no run can use are refused from the CLI in one line, naming the setting, before
 any work: no metrics.jsonl is written (the first greedy eval would write one). The CLI runs
-in the test's process where the run is refused on one device (`tests.cli.refused`), in a
+in the test's process where the run is refused on one device (`tests.cli.train_here`), in a
 process of its own on 8 host devices."""
 
 import os
 
 import pytest
 
-from tests.cli import in_process, refused, train
+from tests.cli import in_process, train, train_here
 from tests.conftest import xla_flags
 
 ARITHMETIC = ["--config.task.train_size=64", "--config.task.test_size=8", "--config.rl.steps=2"]
@@ -37,7 +37,7 @@ ARITHMETIC = ["--config.task.train_size=64", "--config.task.test_size=8", "--con
      "max_digits"),
 ])
 def test_unusable_settings_are_refused_in_one_line_before_any_work(tmp_path, overrides, message):
-  result = refused(tmp_path, *ARITHMETIC, *overrides, tiny=False)
+  result = train_here(tmp_path, *ARITHMETIC, *overrides, tiny=False)
   assert result.returncode != 0
   assert message in result.stderr, result.stderr[-2000:]
   assert "Traceback" not in result.stderr and "sft step" not in result.stdout
@@ -47,7 +47,7 @@ def test_unusable_settings_are_refused_in_one_line_before_any_work(tmp_path, ove
 def test_settings_every_part_can_serve_still_train(tmp_path):
   """The check refuses only what is missing: gae with a critic, tis with recomputed old
   log-probs and the oracle on key_token start and finish."""
-  result = train(tmp_path, "--config.advantage={'name': 'gae'}", "--config.critic.preset=tiny",
+  result = train_here(tmp_path, "--config.advantage={'name': 'gae'}", "--config.critic.preset=tiny",
                  "--config.objective={'policy': {'name': 'tis'}}",
                  "--config.rl.recompute_old_logprobs=True", "--config.rl.steps=1",
                  "--config.export.compare=('oracle', 'rloo')", "--config.export.every=1")

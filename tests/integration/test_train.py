@@ -305,13 +305,14 @@ def _run(workdir, *overrides, config="quickstart", env=None):
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   # Adam at lr 1e38 overflows the parameters after one update; the next loss is not finite.
-  result = _run(
+  result = cli.train_here(
     tmp_path,
     *KEY_TOKEN,
     "--config.rl.steps=4",
     "--config.rl.eval_every=4",
     "--config.checkpoint.every=1",
     "--config.rl.learning_rate=1e38",
+    tiny=False,
   )
   assert result.returncode != 0
   assert "Non-finite loss" in result.stderr and "last good checkpoint is step 1" in result.stderr
