@@ -1,7 +1,7 @@
 """Settings no run can use are refused from the CLI in one line, naming the setting, before
 any work: no metrics.jsonl is written (the first greedy eval would write one). The CLI runs
-in the test's process where the run is refused on one device (`tests.cli.train_here`), in a
-process of its own on 8 host devices."""
+in the test's process on one device (`tests.cli.train_here`), in a process of its own on 8
+host devices."""
 
 import os
 
