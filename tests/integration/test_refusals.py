@@ -47,10 +47,11 @@ def test_unusable_settings_are_refused_in_one_line_before_any_work(tmp_path, ove
 def test_settings_every_part_can_serve_still_train(tmp_path):
   """The check refuses only what is missing: gae with a critic, tis with recomputed old
   log-probs and the oracle on key_token start and finish."""
-  result = train_here(tmp_path, "--config.advantage={'name': 'gae'}", "--config.critic.preset=tiny",
-                 "--config.objective={'policy': {'name': 'tis'}}",
-                 "--config.rl.recompute_old_logprobs=True", "--config.rl.steps=1",
-                 "--config.export.compare=('oracle', 'rloo')", "--config.export.every=1")
+  result = train_here(tmp_path, "--config.advantage={'name': 'gae'}",
+                      "--config.critic.preset=tiny",
+                      "--config.objective={'policy': {'name': 'tis'}}",
+                      "--config.rl.recompute_old_logprobs=True", "--config.rl.steps=1",
+                      "--config.export.compare=('oracle', 'rloo')", "--config.export.every=1")
   assert result.returncode == 0, result.stderr[-3000:]
   assert "Warning: the per-token export failed" not in result.stderr
 
