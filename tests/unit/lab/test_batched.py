@@ -116,6 +116,16 @@ def _cell(*arms, **changes):
   return cells.Cell(**{**settings, **changes})
 
 
+def _sampled(cell, model, key, *, needs=frozenset(arms.EXTRAS), oracle_extras=False,
+             mc=arms.MonteCarlo()):
+  """`update_batch.make_rollout(cell, needs)(model, key, oracle_extras, mc)` in one program
+  (the rollout is traceable: eagerly, each of its operations would compile on its own), the
+  Monte-Carlo settings traced, as a cell's program traces them."""
+  rollout = update_batch.make_rollout(cell, needs)
+  mc = arms.MonteCarlo(*(jnp.asarray(field) for field in mc))
+  return nnx.jit(lambda model, key, mc: rollout(model, key, oracle_extras, mc))(model, key, mc)
+
+
 def test_vmapped_runs_equal_their_runs_alone_and_start_at_the_policys_exact_success():
   """Runs of two arms, two learning rates and two seeds in one program: each equals the
   same run among other company (reordered, padded with copies), starts at its policy's
@@ -306,7 +316,7 @@ def test_a_target_sum_batch_carries_its_rule_reward_and_e_tree_credit():
   model = Transformer(dataclasses.replace(MODEL, vocab_size=target_sum.VOCAB_SIZE),
                       rngs=nnx.Rngs(0))
   cell = _cell("oracle", task=task, model=model.config, prompts_per_step=4)
-  batch = update_batch.make_rollout(cell)(model, jax.random.key(2))
+  batch = _sampled(cell, model, jax.random.key(2))
   tokens, mask = np.asarray(batch.tokens), np.asarray(batch.mask)
   targets = (tokens[:, 2] - target_sum.DIGIT0) * 10 + tokens[:, 3] - target_sum.DIGIT0
   response = np.where(mask[:, 5:], tokens[:, 5:], target_sum.PAD)
@@ -336,7 +346,7 @@ def test_a_learnt_lambda_grpo_arm_steps_its_preference_as_the_trainers_provider_
   assert arms.length_preference(cell) == {"lam": 0.5, "r": 1.0, "learning_rate": 0.1}
   modules = arms.modules(model, cell, 1e-3)
   actions = update_batch.traceable_task(cell).actions
-  batch = update_batch.make_rollout(cell)(model, jax.random.key(3))
+  batch = _sampled(cell, model, jax.random.key(3))
   assert len(set(np.asarray(batch.mask).sum(1).tolist())) > 1
   host = length_preference.LengthPreferenceProvider(0.5, 1.0, 0.1)
   extras, metrics = host(None, batch)
@@ -361,8 +371,7 @@ def test_a_ktae_arm_reads_its_groups_token_statistics():
 
   cell = _cell("grpo", "ktae")
   model = Transformer(MODEL, rngs=nnx.Rngs(0))
-  batch = update_batch.make_rollout(cell, needs=frozenset({"ktae_scores"}))(model,
-                                                                           jax.random.key(4))
+  batch = _sampled(cell, model, jax.random.key(4), needs=frozenset({"ktae_scores"}))
   tokens, mask, rewards = (np.asarray(x) for x in (batch.tokens, batch.mask, batch.rewards))
   assert 0 < rewards.mean() < 1
   np.testing.assert_allclose(batch.extras["ktae_scores"],
@@ -381,7 +390,7 @@ def test_a_prime_arm_scores_and_trains_its_prm_as_the_trainers_implicit_prm_does
   model = Transformer(MODEL, rngs=nnx.Rngs(0))
   modules = arms.modules(model, cell, 1e-3, prm_learning_rate=prm_rate)
   actions = update_batch.traceable_task(cell).actions
-  batch = update_batch.make_rollout(cell)(model, jax.random.key(4))
+  batch = _sampled(cell, model, jax.random.key(4))
   scored = update_batch.with_models(modules, batch, actions)
   sampled = np.where(batch.mask, batch.behaviour_logprobs, 0.0)
   np.testing.assert_allclose(scored.ref_logprobs, sampled, atol=1e-5)
@@ -453,8 +462,7 @@ def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_
   mc_arm = {"name": "vineppo", "k": k, "positions": "all"}
   strided_arm = {"name": "vineppo", "k": k, "positions": "stride:3"}
   cell = _cell("grpo", mc_arm, strided_arm, prompts_per_step=16)
-  sample = update_batch.make_rollout(cell)
-  batch = sample(model, jax.random.key(4), mc=arms.MonteCarlo(k))
+  batch = _sampled(cell, model, jax.random.key(4), mc=arms.MonteCarlo(k))
   mask, values = np.asarray(batch.mask), np.asarray(batch.extras["oracle_values"])
   drawn = np.asarray(batch.extras["mc_values"])
   np.testing.assert_array_equal(batch.extras["mc_evaluated"], mask)
@@ -478,7 +486,7 @@ def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_
   for arm, logprobs in ((strided_arm, None), ({"name": "spo", "k": k}, batch.behaviour_logprobs)):
     rule = arms.monte_carlo(estimators.from_config(arm))
     spec = arm.get("positions", "cutpoints:0.9")
-    at = sample(model, jax.random.key(4), mc=rule)
+    at = _sampled(cell, model, jax.random.key(4), mc=rule)
     evaluated = np.asarray(monte_carlo.select_positions(mask, logprobs, spec))
     assert 0 < evaluated.sum() < mask.sum()
     np.testing.assert_array_equal(at.extras["mc_evaluated"], evaluated)
@@ -558,7 +566,7 @@ def test_a_critic_arm_trains_its_critic_and_ranks_alternatives_against_the_exact
   model = Transformer(MODEL, rngs=nnx.Rngs(0))
   nnx.update(model, jax.tree.map(lambda x: 3 * x, nnx.state(model, nnx.Param)))
   critic = arms.critic(cell, model, 0)
-  batch = update_batch.make_rollout(cell)(model, jax.random.key(1))
+  batch = _sampled(cell, model, jax.random.key(1))
   tokens, p = np.asarray(batch.tokens), TASK.prompt_length
   symbols = tokens[::cell.group_size, 1:3] - key_token.KEY0
   prompts, targets = key_token.traceable.prompts_of(symbols, TASK)
@@ -603,7 +611,7 @@ def test_a_zipf_explain_batch_carries_the_monte_carlo_oracles_credit():
   model_config = dataclasses.replace(MODEL, vocab_size=zipf_explain.VOCAB_SIZE)
   cell = _cell("grpo", "oracle", task=task, model=model_config)
   model = Transformer(model_config, rngs=nnx.Rngs(0))
-  batch = update_batch.make_rollout(cell)(model, jax.random.key(5), oracle_extras=True)
+  batch = _sampled(cell, model, jax.random.key(5), oracle_extras=True)
   adapter = update_batch.traceable_task(cell)
   tokens, mask = np.asarray(batch.tokens), np.asarray(batch.mask)
   targets = tokens[:, 1:3] - zipf_explain.KEY0
