@@ -49,7 +49,7 @@ class Recorder:
     del kwargs
     if event in STAGES:
       self.seconds[STAGES[event]] += duration
-      self.programs += event.endswith("backend_compile_duration")
+      self.programs += STAGES[event] == "compile"
 
   def _on_event(self, event: str, **kwargs) -> None:
     del kwargs

@@ -116,14 +116,20 @@ def _cell(*arms, **changes):
   return cells.Cell(**{**settings, **changes})
 
 
-def _sampled(cell, model, key, *, needs=frozenset(arms.EXTRAS), oracle_extras=False,
-             mc=arms.MonteCarlo()):
-  """`update_batch.make_rollout(cell, needs)(model, key, oracle_extras, mc)` in one program
-  (the rollout is traceable: eagerly, each of its operations would compile on its own), the
-  Monte-Carlo settings traced, as a cell's program traces them."""
-  rollout = update_batch.make_rollout(cell, needs)
-  mc = arms.MonteCarlo(*(jnp.asarray(field) for field in mc))
-  return nnx.jit(lambda model, key, mc: rollout(model, key, oracle_extras, mc))(model, key, mc)
+def _sampler(cell, *, needs=frozenset(arms.EXTRAS), oracle_extras=False):
+  """``sample(model, key, mc=arms.MonteCarlo())``: `update_batch.make_rollout(cell, needs)`
+  compiled once (the rollout is traceable: eagerly, each of its operations would compile on
+  its own), the Monte-Carlo settings traced, as a cell's program traces them, so that other
+  settings reuse the program."""
+  rollout = nnx.jit(lambda model, key, mc: update_batch.make_rollout(cell, needs)(
+      model, key, oracle_extras, mc))
+  return lambda model, key, mc=arms.MonteCarlo(): rollout(
+      model, key, arms.MonteCarlo(*(jnp.asarray(field) for field in mc)))
+
+
+def _sampled(cell, model, key, **options):
+  """A batch of `_sampler(cell, **options)`."""
+  return _sampler(cell, **options)(model, key)
 
 
 def test_vmapped_runs_equal_their_runs_alone_and_start_at_the_policys_exact_success():
@@ -462,7 +468,8 @@ def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_
   mc_arm = {"name": "vineppo", "k": k, "positions": "all"}
   strided_arm = {"name": "vineppo", "k": k, "positions": "stride:3"}
   cell = _cell("grpo", mc_arm, strided_arm, prompts_per_step=16)
-  batch = _sampled(cell, model, jax.random.key(4), mc=arms.MonteCarlo(k))
+  sample = _sampler(cell)
+  batch = sample(model, jax.random.key(4), mc=arms.MonteCarlo(k))
   mask, values = np.asarray(batch.mask), np.asarray(batch.extras["oracle_values"])
   drawn = np.asarray(batch.extras["mc_values"])
   np.testing.assert_array_equal(batch.extras["mc_evaluated"], mask)
@@ -486,7 +493,7 @@ def test_monte_carlo_arms_draw_what_real_continuations_give_and_are_charged_for_
   for arm, logprobs in ((strided_arm, None), ({"name": "spo", "k": k}, batch.behaviour_logprobs)):
     rule = arms.monte_carlo(estimators.from_config(arm))
     spec = arm.get("positions", "cutpoints:0.9")
-    at = _sampled(cell, model, jax.random.key(4), mc=rule)
+    at = sample(model, jax.random.key(4), mc=rule)
     evaluated = np.asarray(monte_carlo.select_positions(mask, logprobs, spec))
     assert 0 < evaluated.sum() < mask.sum()
     np.testing.assert_array_equal(at.extras["mc_evaluated"], evaluated)
