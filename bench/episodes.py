@@ -64,13 +64,13 @@ def episode_turns(episodes: int, *, p50: int, p99: int, most: int, seed: int = 0
 def _counted(source: MultiTurn):
   """source's __call__ and a list its turns sampled (rows decoded together) are appended to."""
   turns = []
-  original = source._sample_turn
+  original = source.turn_sampler.sample
 
   def counting(model, prompts, *args, **kwargs):
     turns.append(len(prompts))
     return original(model, prompts, *args, **kwargs)
 
-  object.__setattr__(source, "_sample_turn", counting)
+  object.__setattr__(source.turn_sampler, "sample", counting)
   return source, turns
 
 

@@ -4,6 +4,7 @@ source that prefills every row's whole context at every turn. Both sample exactl
 cached ones sample from the same key.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -12,6 +13,7 @@ from flax import nnx
 
 from jaxcredit import sampling
 from jaxcredit.rollout_sources import MultiTurn
+from jaxcredit.rollout_sources.turn_sampler import TurnSampler
 from jaxcredit.sampling import sampler
 
 
@@ -54,10 +56,20 @@ def _recompute(graphdef, state, prompts, prompt_valid, key, allowed, hidden, set
                            jnp.int32(settings.max_new_tokens))
 
 
-class RebuildingMultiTurn(MultiTurn):
-  """`MultiTurn` that rebuilds its KV cache from every row's whole context at every turn
+class RebuildingTurnSampler(TurnSampler):
+  """`TurnSampler` that rebuilds its KV cache from every row's whole context at every turn
   instead of prefilling only what is new."""
 
-  def _rebuild(self, cache, width: int, slots: int, longest: int) -> bool:
+  def rebuilds(self, cache, width: int, slots: int, longest: int) -> bool:
     del cache, width, slots, longest
     return True
+
+
+class RebuildingMultiTurn(MultiTurn):
+  """`MultiTurn` whose turns are sampled by a `RebuildingTurnSampler`."""
+
+  @functools.cached_property
+  def turn_sampler(self) -> RebuildingTurnSampler:
+    kept = super().turn_sampler
+    return RebuildingTurnSampler(**{field.name: getattr(kept, field.name)
+                                    for field in dataclasses.fields(kept)})

@@ -26,23 +26,23 @@ from bench.no_cache import RebuildingMultiTurn
 from bench.sampler import ToolEnv
 from jaxcredit import sampling
 from jaxcredit.models import Transformer, preset
-from jaxcredit.rollout_sources import MultiTurn, multi_turn
+from jaxcredit.rollout_sources import MultiTurn, turn_sampler
 
 
 def _counting_rebuilds(play):
   """play() and the number of times it built a cache (`start_contexts`)."""
   calls = []
-  original = multi_turn.start_contexts
+  original = turn_sampler.start_contexts
 
   def counted(*args, **kwargs):
     calls.append(1)
     return original(*args, **kwargs)
 
-  multi_turn.start_contexts = counted
+  turn_sampler.start_contexts = counted
   try:
     out = play()
   finally:
-    multi_turn.start_contexts = original
+    turn_sampler.start_contexts = original
   return out, len(calls)
 
 

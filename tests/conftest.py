@@ -38,6 +38,14 @@ def random_mask(rng: np.random.Generator, shape, *, holes: bool = True) -> np.nd
   return mask
 
 
+def random_rewards(batch: int, seed: int = 0, binary: bool = False) -> np.ndarray:
+  """[batch] float32 rewards: 0/1 draws if `binary`, else standard normal."""
+  rng = np.random.default_rng(seed)
+  if binary:
+    return rng.integers(0, 2, batch).astype(np.float32)
+  return rng.normal(size=batch).astype(np.float32)
+
+
 @functools.cache
 def documentation() -> str:
   """The README and every page of the docs site, as one text."""

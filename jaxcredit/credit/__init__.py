@@ -6,7 +6,9 @@ statistics (KTAE), and the extras registry that provides each estimator what it 
   hook = extras.hook(advantage, temperature=1.0, task=task)   # extras a rollout needs
 """
 
-from jaxcredit.credit import extras, implicit_prm, monte_carlo, token_statistics
+from jaxcredit.credit import (extras, implicit_prm, monte_carlo, providers, rao_blackwell,
+                              token_statistics)
 from jaxcredit.rollout import Credit
 
-__all__ = ["Credit", "extras", "implicit_prm", "monte_carlo", "token_statistics"]
+__all__ = ["Credit", "extras", "implicit_prm", "monte_carlo", "providers", "rao_blackwell",
+           "token_statistics"]

@@ -20,12 +20,11 @@ from jaxcredit.estimators.group import (
     gpg_advantages,
     grpo_advantages,
     grpo_batch_std_advantages,
-    maxrl_advantages,
     outcome_to_tokens,
-    pass_at_k_advantages,
     remax_advantages,
     rloo_advantages,
 )
+from jaxcredit.estimators.group_objectives import maxrl_advantages, pass_at_k_advantages
 from jaxcredit.estimators.length_aware import (
     lambda_grpo_advantages,
     lambda_grpo_weights,
@@ -62,14 +61,13 @@ from jaxcredit.estimators.token_selectors import (
     surprisal,
 )
 from jaxcredit.estimators.tree_credit import (
-    node_leaves,
-    node_stats,
     spo_tree_advantages,
     tempo_advantages,
     tree_grpo_advantages,
     treepo_advantages,
     treerl_advantages,
 )
+from jaxcredit.estimators.tree_nodes import node_leaves, node_stats
 from jaxcredit.estimators.turn_credit import (
     gigpo_advantages,
     mt_grpo_advantages,

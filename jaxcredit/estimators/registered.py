@@ -9,7 +9,8 @@ from collections.abc import Callable
 import jax.numpy as jnp
 
 from jaxcredit._masking import as_bool
-from jaxcredit.estimators import (group, length_aware, returns, token_credit, tree_credit)
+from jaxcredit.estimators import (group, group_objectives, length_aware, returns, token_credit,
+                                  tree_credit)
 from jaxcredit.registry import Registry
 from jaxcredit.rollout import Estimate, Rollout
 
@@ -132,7 +133,7 @@ def _opo(rollout: Rollout):
 def _pass_at_k(rollout: Rollout, *, k: int | None = None):
   """k defaults to max(1, group_size // 2); an explicit k > group_size raises."""
   k = max(1, rollout.group_size // 2) if k is None else k
-  seq = group.pass_at_k_advantages(rollout.rewards, group_size=rollout.group_size, k=k)
+  seq = group_objectives.pass_at_k_advantages(rollout.rewards, group_size=rollout.group_size, k=k)
   return group.broadcast_to_tokens(seq, rollout.mask)
 
 
@@ -146,7 +147,7 @@ def _gpg(rollout: Rollout, *, scale_by_std: bool = False):
 
 @register("maxrl")
 def _maxrl(rollout: Rollout):
-  seq = group.maxrl_advantages(rollout.rewards, group_size=rollout.group_size)
+  seq = group_objectives.maxrl_advantages(rollout.rewards, group_size=rollout.group_size)
   return group.broadcast_to_tokens(seq, rollout.mask)
 
 

@@ -4,8 +4,8 @@ from jaxcredit.models.huggingface import (config_from_hf, hf_config, load_hf_che
                                          read_config, save_hf_checkpoint, stop_tokens)
 from jaxcredit.models import sharding
 from jaxcredit.models.config import PRESETS, RopeScaling, TransformerConfig, preset
-from jaxcredit.models.transformer import (KVCache, ModelOutput, RMSNorm, Transformer, rope,
-                                          rope_frequencies)
+from jaxcredit.models.layers import RMSNorm, rope, rope_frequencies
+from jaxcredit.models.transformer import KVCache, ModelOutput, Transformer
 
 __all__ = [
     "KVCache",

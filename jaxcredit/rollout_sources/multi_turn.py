@@ -48,19 +48,8 @@ rollout then carries the tree as `sampling.sample_tree`'s do (extras["tree_path"
 ["tree_segments"], a segment being the turns between two forks, with the observations
 answering them).
 
-The KV cache lives across turns (`sampling.Contexts`): a turn prefills only
-what is new in each row - the observation since its last action - into a
-block of slots shared by the batch (`block_width` columns: the most any row adds,
-rounded up to a power of two, past 64 to an eighth of one; left-padded), then decodes the
-turn. The rows'
-blocks leave pad slots behind (the shorter rows' observations and turns). The
-cache holds P + E + max_turn_tokens slots and `cache_headroom` (a quarter) of
-P + E more (rounded up to whole attention blocks, `TransformerConfig.cache_slots`);
-when the next block and turn would not fit, it is rebuilt from the
-rows' whole contexts, packed (`packed_width` columns). So a turn's cost does
-not grow with the turns before it beyond attention's own: rows that add the
-same number of columns each turn leave no pads and never rebuild, and
-otherwise a rebuild comes only after pads have filled the headroom.
+The KV cache lives across turns (`turn_sampler.TurnSampler`): a turn prefills only what is
+new in each row, and the cache is rebuilt, packed, only when the next turn would not fit.
 
 With `slots` (continuous batching of episodes), S rows of the cache play the batch's episodes
 S at a time: when an episode ends, its row is emptied (`sampling.clear_contexts`) and takes
@@ -84,14 +73,13 @@ import numpy as np
 from jax import Array
 
 from jaxcredit.rollout import Rollout
-from jaxcredit.sampling import (Actions, TreeSpec, clear_contexts, continue_contexts,
-                                extend_contexts, prompt_positions, start_contexts)
+from jaxcredit.sampling import Actions, TreeSpec, prompt_positions
 from jaxcredit.sampling.continuous import response_keys
 from jaxcredit.sampling.draw import step_key
 from jaxcredit.sampling import tree as sampling_tree
 from jaxcredit.rollout_sources.environment import Environment, as_observation, as_reward
-from jaxcredit.rollout_sources.episodes import (Episodes, TurnCache, TurnTree, block_width,
-                                                packed_width)
+from jaxcredit.rollout_sources.episodes import Episodes, TurnCache, TurnTree
+from jaxcredit.rollout_sources.turn_sampler import TurnSampler
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +147,7 @@ class MultiTurn:
   def __call__(self, model, batch: Mapping[str, Any], key: Array) -> Rollout:
     prompts, prompt_valid = np.asarray(batch["prompts"]), np.asarray(batch["prompt_valid"], bool)
     examples, vocab = batch["examples"], model.config.vocab_size
-    hidden = self._hidden
+    hidden = self.turn_sampler.hidden
     if hidden is not None and len(hidden) != prompts.shape[1] + self.max_episode_tokens:
       raise ValueError(f"MultiTurn: actions.hidden has {len(hidden)} columns, the rows "
                        f"{prompts.shape[1]} prompt + {self.max_episode_tokens} episode columns.")
@@ -225,7 +213,7 @@ class MultiTurn:
 
   def _play(self, model, prompts, prompt_valid, episodes: Episodes, states: list,
             observations: list, first_turn: np.ndarray, key: Array, *,
-            cache: "TurnCache | None" = None, turns_to_play: int | None = None):
+            cache: TurnCache | None = None, turns_to_play: int | None = None):
     """Plays every row's episode on from turn first_turn[row] (its context: the prompt and
     the episode columns so far; states and observations: the environment's) until done,
     out of turns or out of columns, or for `turns_to_play` turns. Returns (rewards received,
@@ -236,7 +224,7 @@ class MultiTurn:
     for step in range(turns_to_play or self.max_turns):
       if episodes.done.all():
         break
-      sample = self._sample_turn(model, prompts, prompt_valid, episodes, cache,
+      sample = self.turn_sampler.sample(model, prompts, prompt_valid, episodes, cache,
                                  jax.random.fold_in(key, step))
       for row in np.flatnonzero(~episodes.done):
         cache.columns[row] = self._take_turn(model, episodes, row, int(first_turn[row]) + step,
@@ -269,7 +257,7 @@ class MultiTurn:
       playing = np.maximum(held, 0)
       view = episodes.take(playing)
       view.done |= held < 0
-      sample = self._sample_turn(model, prompts[playing], prompt_valid[playing], view, cache,
+      sample = self.turn_sampler.sample(model, prompts[playing], prompt_valid[playing], view, cache,
                                  step_key(keys[playing], jnp.asarray(totals[1][playing])))
       for slot in np.flatnonzero(held >= 0):
         row = held[slot]
@@ -356,96 +344,15 @@ class MultiTurn:
     key = repr(anchor(state)) if anchor else f"{turn}:{observation.tolist()}"
     return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
-  def _rebuild(self, cache: "TurnCache", width: int, slots: int, longest: int) -> bool:
-    """Whether the turn rebuilds the cache from the whole contexts: there is none yet, the
-    next `width` columns of observations and the turn would not fit in its `slots`, or, with
-    episode slots, the written slots are more than twice the `longest` context a row will
-    hold (the columns of ended episodes are dead: attention would keep reading them)."""
-    if cache.contexts is None:
-      return True
-    written = int(cache.contexts.slot) + width
-    return (written + self.max_turn_tokens > slots
-            or (self.slots is not None and written > 2 * longest))
-
-  def _sample_turn(self, model, prompts, prompt_valid, episodes: Episodes, cache: "TurnCache",
-                   key) -> dict:
-    """One turn for every row not done, after its context (prompt and episode so far):
-    the episode columns not in the cache yet are prefilled first, or the cache is
-    rebuilt from the whole contexts (module docstring). Updates `cache`."""
-    rows, prompt_width = len(prompts), prompts.shape[1]
-    most = prompt_width + self.max_episode_tokens
-    slots = model.config.cache_slots(most + self.max_turn_tokens,
-                                     headroom=int(most * self.cache_headroom))
-    fresh = cache.fresh & ~episodes.done
-    fed_prompts = self._fed(prompts, 0)
-    whole = lambda row: np.concatenate([fed_prompts[row, prompt_valid[row]], self._fed(
-        episodes.tokens[row, :episodes.length[row]], prompt_width)])
-    new = np.where(episodes.done, 0, np.where(fresh, prompt_valid.sum(axis=1) + episodes.length,
-                                              episodes.length - cache.columns))
-    most_new = self._global_max(new)  # every process builds the same shapes
-    width = (block_width(most_new, most if fresh.any() else self.max_episode_tokens)
-             if most_new else 0)
-    longest = self._global_max(np.where(episodes.done, 0, prompt_valid.sum(axis=1)
-                                        + episodes.length))
-    if self._rebuild(cache, width, slots, longest):
-      contexts = [whole(row) for row in range(rows)]
-      width = packed_width(self._global_max([len(ids) for ids in contexts]), most)
-      cache.contexts = start_contexts(model, *self._left_padded(contexts, width), slots=slots)
-    elif width:
-      if fresh.any():
-        cache.contexts = clear_contexts(cache.contexts, self.place(fresh))
-      chunks = [whole(row) if fresh[row] else self._fed(
-          episodes.tokens[row, cache.columns[row]:cache.columns[row] + new[row]],
-          prompt_width + cache.columns[row]) for row in range(rows)]
-      cache.contexts = extend_contexts(model, cache.contexts, *self._left_padded(chunks, width))
-    cache.columns[:], cache.fresh[:] = episodes.length, False
-    out, cache.contexts = continue_contexts(
-        model, cache.contexts, key, max_new_tokens=self.max_turn_tokens,
-        done=self.place(episodes.done), temperature=self.temperature,
-        stop_tokens=self.turn_end_tokens, pad_id=self.pad_id, allowed=self.actions.allowed,
-        hidden=self._hidden_steps(prompt_width + episodes.length),
-        hidden_token=self.actions.hidden_token)
-    return {"tokens": self.local(out.tokens), "mask": self.local(out.mask).astype(bool),
-            "logprobs": self.local(out.logprobs), "entropy": self.local(out.entropy),
-            "truncated": self.local(out.truncated)}
-
   @functools.cached_property
-  def _hidden(self) -> np.ndarray | None:
-    """`actions.hidden` on the host (read every turn), or None."""
-    return None if self.actions.hidden is None else np.asarray(self.actions.hidden, bool)
-
-  def _fed(self, tokens: np.ndarray, first_column: int) -> np.ndarray:
-    """What the model is fed for `tokens` placed from row column `first_column` on (the last
-    axis): `actions.hidden_token` at hidden columns."""
-    if self._hidden is None:
-      return tokens
-    hidden = self._hidden[first_column:first_column + tokens.shape[-1]]
-    return np.where(hidden, self.actions.hidden_token, tokens).astype(tokens.dtype)
-
-  def _hidden_steps(self, next_columns: np.ndarray):
-    """[b, max_turn_tokens] whether each decode step's token is hidden (its row column:
-    `next_columns` [b] onwards), placed; None without hidden columns."""
-    hidden = self._hidden
-    if hidden is None:
-      return None
-    columns = next_columns[:, None] + np.arange(self.max_turn_tokens)
-    steps = np.where(columns < len(hidden), hidden[np.minimum(columns, len(hidden) - 1)], False)
-    return self.place(steps)
-
-  def _global_max(self, values) -> int:
-    """The largest of `values` [b] over every process's rows."""
-    if jax.process_count() == 1:
-      return int(np.max(values))
-    return int(jnp.max(self.place(np.asarray(values, np.int32))))
-
-  def _left_padded(self, rows: list[np.ndarray], width: int) -> tuple[Array, Array]:
-    """(tokens, valid) [B, width] with each row's ids at the end, placed."""
-    tokens = np.full((len(rows), width), self.pad_id, np.int32)
-    valid = np.zeros((len(rows), width), bool)
-    for row, ids in enumerate(rows):
-      if len(ids):
-        tokens[row, -len(ids):], valid[row, -len(ids):] = ids, True
-    return self.place(tokens), self.place(valid)
+  def turn_sampler(self) -> TurnSampler:
+    """The `TurnSampler` of this source's settings: it samples every turn."""
+    return TurnSampler(max_turn_tokens=self.max_turn_tokens,
+                       max_episode_tokens=self.max_episode_tokens,
+                       turn_end_tokens=self.turn_end_tokens, temperature=self.temperature,
+                       pad_id=self.pad_id, place=self.place, local=self.local,
+                       actions=self.actions, cache_headroom=self.cache_headroom,
+                       slots=self.slots)
 
   def _rollout(self, prompts, prompt_valid, episodes: Episodes, rewards, turns, cut,
                seeds) -> Rollout:

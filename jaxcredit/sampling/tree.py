@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from jaxcredit.estimators.tree_credit import node_leaves
+from jaxcredit.estimators.tree_nodes import node_leaves
 from jaxcredit.models.transformer import Transformer
 from jaxcredit.sampling import contexts as contexts_lib
 from jaxcredit.sampling import sampler

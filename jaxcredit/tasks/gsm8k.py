@@ -20,7 +20,7 @@ import tensorflow_datasets as tfds
 
 from jaxcredit import _checks
 from jaxcredit.models import huggingface
-from jaxcredit.tasks import loader, rewards, task
+from jaxcredit.tasks import loader, rewards, scorers, task
 from jaxcredit.tasks.tokenizers import HFTokenizer
 
 SPLIT_FILES = {"train": "train.jsonl", "test": "test.jsonl"}
@@ -260,7 +260,7 @@ def train_task(config, *, data_dir: str, seed: int,
       name="gsm8k", vocab_size=tokens.vocab_size, pad_id=tokens.pad_id,
       stop_tokens=tuple(sorted(stops)), max_prompt_length=config.max_prompt_length,
       max_response_length=config.max_response_length, sources=builder.as_data_source(),
-      encode=encode, score=task.text_scorer(tokens, score_text, failures),
+      encode=encode, score=scorers.text_scorer(tokens, score_text, failures),
       reward_failures=failures, pretrained_vocab=True, token_texts=tokens.token_texts,
       truncated_reward=float(config.get("truncated_reward", 0.0)))
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from jaxcredit.tasks import builders, loader, rewards, task
+from jaxcredit.tasks import builders, loader, rewards, scorers, task
 from jaxcredit.tasks.tokenizers import CharTokenizer
 
 
@@ -46,7 +46,7 @@ def character_task(name: str, config, options, alphabet: str,
                    ) -> task.TrainTask:
   """A generated text task on a character tokenizer: prompts and responses within
   config.max_prompt_length and config.max_response_length, a response ending at EOS, scored
-  by ``reward(response text, example)`` (`task.text_scorer`).
+  by ``reward(response text, example)`` (`scorers.text_scorer`).
 
   Args:
     name: the task's name.
@@ -57,7 +57,7 @@ def character_task(name: str, config, options, alphabet: str,
     data_dir: where the dataset is built.
     seed: the data seed.
     components: ``components(response, example) -> [K]``, the reward's components
-      (`task.text_components`), or None.
+      (`scorers.text_components`), or None.
 
   Returns:
     the `TrainTask`.
@@ -68,9 +68,9 @@ def character_task(name: str, config, options, alphabet: str,
       vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, stop_tokens=(tokenizer.eos_id,),
       max_prompt_length=config.max_prompt_length,
       max_response_length=config.max_response_length, encode=loader.text_encoder(tokenizer),
-      score=task.text_scorer(tokenizer, reward, failures), token_texts=tokenizer.token_texts,
+      score=scorers.text_scorer(tokenizer, reward, failures), token_texts=tokenizer.token_texts,
       reward_failures=failures,
-      score_components=None if components is None else task.text_components(tokenizer,
+      score_components=None if components is None else scorers.text_components(tokenizer,
                                                                              components),
       **fields(name, config, options, data_dir=data_dir, seed=seed))
 
@@ -79,7 +79,7 @@ def character_environment_task(name: str, config, options, tokenizer: CharTokeni
                                environment, *, turn_end: str, data_dir: str, seed: int,
                                demonstration_actions: Callable | None = None) -> task.TrainTask:
   """A generated multi-turn task on a character tokenizer, its rewards from `environment`
-  turn by turn (`task.environment_rewards`), its turns ended by `turn_end`.
+  turn by turn (`scorers.environment_rewards`), its turns ended by `turn_end`.
 
   Args:
     name: the task's name.
@@ -100,7 +100,7 @@ def character_environment_task(name: str, config, options, tokenizer: CharTokeni
   return task.TrainTask(
       vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, stop_tokens=(),
       max_prompt_length=config.max_prompt_length, max_response_length=options.episode_length,
-      encode=loader.text_encoder(tokenizer, eos=False), score=task.environment_rewards(name),
+      encode=loader.text_encoder(tokenizer, eos=False), score=scorers.environment_rewards(name),
       token_texts=tokenizer.token_texts, environment=environment, max_turns=options.max_turns,
       max_turn_tokens=options.max_turn_tokens, turn_end_tokens=tuple(tokenizer.encode(turn_end)),
       demonstration_actions=demonstration_actions,

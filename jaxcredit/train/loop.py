@@ -43,6 +43,7 @@ from jaxcredit.train import (
   checkpoints,
   data,
   learner,
+  multihost,
   refusals,
   setup,
   staleness,
@@ -72,7 +73,7 @@ def run(config, workdir: str, *, rollout_hook: extras.Hook | None = None) -> dic
   workdir = pathlib.Path(workdir)
   checkpoints.check_writable(workdir)
   if config.mesh.distributed:  # one process per host; every host runs this same program
-    setup.connect(config.mesh)
+    multihost.connect(config.mesh)
     # Open the CPU collectives while every process is at the same point: gloo
     # allows 30 s for a first rendezvous, less than process 0's data preparation
     # can take, and reuses the connection afterwards.

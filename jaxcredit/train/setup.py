@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 import tqdm
 from flax import nnx
 from jax.experimental import multihost_utils
@@ -33,6 +32,7 @@ from jaxcredit.train import (
   export,
   learner,
   metrics,
+  multihost,
   overlap,
   refusals,
   rollout_config,
@@ -42,29 +42,6 @@ from jaxcredit.train import (
 # TransformerConfig fields that change a model's parameter shapes (a checkpoint's weights).
 SHAPE_FIELDS = frozenset({"vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
                           "head_dim", "qkv_bias", "qk_norm", "tie_embeddings"})
-PREPARATION_TIMEOUT_S = 3600  # how long other processes wait for process 0's data
-
-
-def connect(mesh) -> None:
-  """Joins the processes of a multi-host run (`jax.distributed.initialize`).
-
-  Args:
-    mesh: ``config.mesh`` (coordinator_address, num_processes, process_id).
-
-  Raises:
-    ValueError: naming those settings when the cluster cannot be detected or joined.
-  """
-  settings = {field: mesh[field] for field in ("coordinator_address", "num_processes",
-                                                "process_id")}
-  try:
-    jax.distributed.initialize(**settings)
-  except (ValueError, RuntimeError) as error:
-    given = ", ".join(f"mesh.{k} = {v!r}" for k, v in settings.items())
-    raise ValueError(
-        f"mesh.distributed = True could not join the processes ({error}); with {given}. "
-        "Outside a cluster jax detects (TPU pods, SLURM, ...), set "
-        "--config.mesh.coordinator_address=HOST:PORT (process 0's), "
-        "--config.mesh.num_processes and --config.mesh.process_id on every process.") from None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -231,7 +208,7 @@ def build(config, workdir: pathlib.Path) -> Trainer | None:
 
   # Data: a procedural TFDS dataset, read by step so that batches are reproducible.
   # Process 0 prepares it; the others read it once it is there.
-  task = _process_0_first(lambda: tasks.make(
+  task = multihost.process_0_first(lambda: tasks.make(
       config.task, data_dir=config.task.data_dir or str(workdir / "data"),
       seed=config.seed, tokenizer=tokenizer_directory(config)))
   if jax.process_index() == 0:  # after every process has checked the previous one
@@ -317,37 +294,6 @@ def _check_learner_inputs(config, task: tasks.TrainTask, advantage, objective, *
       refusals.check_learner_inputs(fn, None, extras=needs(fn), **shape)
     except ValueError as error:
       raise ValueError(f"export.compare entry {compare!r}: {error}") from None
-
-
-def _process_0_first(make: Callable):
-  """make() on process 0, then, after every process has reached this point, on
-  the others (which then find what process 0 wrote). When process 0's make() raises
-  ValueError, every process stops with its message (no process waits for the others)."""
-  if jax.process_count() == 1:
-    return make()
-  first, refusal = jax.process_index() == 0, None
-  try:
-    result = make() if first else None
-  except ValueError as error:
-    refusal = error
-  # The coordination service's barrier, not a device collective: its timeout is ours.
-  ocp.multihost.get_barrier_sync_fn()(key="jaxcredit: process 0 done",
-                                      timeout_ms=PREPARATION_TIMEOUT_S * 1000)
-  message = _from_process_0(str(refusal) if refusal else "")
-  if refusal:
-    raise refusal
-  if message:
-    raise ValueError(message)
-  return result if first else make()
-
-
-def _from_process_0(text: str, size: int = 4096) -> str:
-  """Process 0's `text` (at most `size` UTF-8 bytes) on every process."""
-  data = np.zeros(size, np.uint8)
-  encoded = text.encode()[:size]
-  data[:len(encoded)] = np.frombuffer(encoded, np.uint8)
-  data = multihost_utils.broadcast_one_to_all(data)
-  return bytes(np.asarray(data)).rstrip(b"\0").decode(errors="replace")
 
 
 def _learner_modules(config, task: tasks.TrainTask, mesh,

@@ -37,7 +37,7 @@ from flax import nnx
 from ml_collections import config_flags
 
 from jaxcredit import estimators, forward, tasks
-from jaxcredit.credit import extras, monte_carlo
+from jaxcredit.credit import extras, monte_carlo, rao_blackwell
 from jaxcredit.lab import exact_metrics, scores
 from jaxcredit.models import Transformer
 from jaxcredit.rollout import Credit
@@ -251,7 +251,7 @@ class ScoringHook:
     rewards = np.asarray(rollout.rewards)[rows]
     telescoping = np.abs(np.asarray(check.advantages).sum(1) - (rewards - np.asarray(
         estimators.first_value(check.values, mask)))).max()
-    rb = monte_carlo.rb_credit(model, task, tokens, mask, token_valid, examples,
+    rb = rao_blackwell.rb_credit(model, task, tokens, mask, token_valid, examples,
                                jax.random.fold_in(key, RB_CHECK_STREAM), k=k, positions="all",
                                logprobs=np.asarray(rollout.behaviour_logprobs)[rows])
     result.update(rb_check(oracle_advantages[rows], rb, mask))

@@ -40,7 +40,7 @@ from jaxcredit import _checks
 from jaxcredit.rollout import Rollout
 from jaxcredit.rollout_sources import MultiTurn
 from jaxcredit.sampling import Actions
-from jaxcredit.tasks import builders, loader, procedural, task
+from jaxcredit.tasks import builders, loader, procedural, scorers, task
 from jaxcredit.tasks.key_token import BOS, FILL, KEY0, PAD, SEP, VOCAB_SIZE, token_names
 
 __all__ = ["KeyTurnsConfig", "KeyTurnsEnv", "MAX_TURNS", "VOCAB_SIZE", "decisive_turns",
@@ -285,7 +285,7 @@ def train_task(config, *, data_dir: str, seed: int,
       actions=options.actions(prompt_length=2),
       vocab_size=VOCAB_SIZE, pad_id=PAD, stop_tokens=(), max_prompt_length=2,
       max_response_length=options.episode_length, encode=loader.ids_encoder,
-      score=task.environment_rewards("key_turns"), token_texts=token_names,
+      score=scorers.environment_rewards("key_turns"), token_texts=token_names,
       environment=KeyTurnsEnv(options), max_turns=options.n_turns,
       max_turn_tokens=options.turn_length,
       demonstration_actions=lambda ids: demonstration_actions(ids, options),

@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 from jaxcredit import estimators
 from jaxcredit.rollout import Rollout
 from tests import reference
-from tests.conftest import random_mask
+from tests.conftest import random_mask, random_rewards
 
 GROUPINGS = [(1, 1), (4, 1), (4, 2), (12, 4), (16, 8)]  # (B, G)
 
@@ -25,20 +25,13 @@ def jc_rollout(mask, rewards, *, group_size):
                  group_size=group_size)
 
 
-def _rewards(batch, seed=0, binary=False):
-  rng = np.random.default_rng(seed)
-  if binary:
-    return rng.integers(0, 2, batch).astype(np.float32)
-  return rng.normal(size=batch).astype(np.float32)
-
-
 class GroupBaselinesTest(parameterized.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.product(grouping=GROUPINGS, scale_by_std=[True, False], binary=[True, False])
   def test_grpo_matches_reference(self, grouping, scale_by_std, binary):
     batch, group_size = grouping
-    rewards = _rewards(batch, binary=binary)
+    rewards = random_rewards(batch, binary=binary)
     fn = self.variant(lambda r: estimators.grpo_advantages(
         r, group_size=group_size, scale_by_std=scale_by_std))
     np.testing.assert_allclose(
@@ -48,31 +41,9 @@ class GroupBaselinesTest(parameterized.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.parameters(*GROUPINGS)
   def test_rloo_matches_reference(self, batch, group_size):
-    rewards = _rewards(batch, seed=1)
+    rewards = random_rewards(batch, seed=1)
     got = self.variant(lambda r: estimators.rloo_advantages(r, group_size=group_size))(rewards)
     np.testing.assert_allclose(got, reference.rloo(rewards, group_size), atol=1e-5)
-
-  @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.product(grouping=GROUPINGS, binary=[True, False])
-  def test_maxrl_matches_reference(self, grouping, binary):
-    batch, group_size = grouping
-    rewards = np.abs(_rewards(batch, seed=5, binary=binary))  # rewards in [0, inf)
-    got = self.variant(lambda r: estimators.maxrl_advantages(r, group_size=group_size))(rewards)
-    np.testing.assert_allclose(got, reference.maxrl(rewards, group_size), rtol=1e-5, atol=1e-5)
-
-  def test_maxrl_weighs_hard_prompts_more_and_gives_zero_without_success(self):
-    rewards = jnp.array([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0,
-                         1.0, 1.0, 1.0, 1.0])
-    adv = estimators.maxrl_advantages(rewards, group_size=4)
-    # p = 1/4: the success weighs (1 - p) / p = 3; p = 3/4: 1/3. GRPO weighs both alike.
-    np.testing.assert_allclose(adv[:8], [3, -1, -1, -1, 1 / 3, 1 / 3, 1 / 3, -1], rtol=1e-6)
-    np.testing.assert_array_equal(adv[8:], 0.0)  # no success, and all successes
-    np.testing.assert_array_equal(
-        estimators.maxrl_advantages(jnp.array([-1.0, -2.0]), group_size=2), 0.0)
-    np.testing.assert_array_equal(estimators.maxrl_advantages(rewards, group_size=1), 0.0)
-    grad = jax.grad(lambda r: jnp.sum(estimators.maxrl_advantages(r, group_size=4) ** 2))(
-        rewards)
-    self.assertTrue(np.all(np.isfinite(grad)))
 
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.product(grouping=GROUPINGS, weighted=[True, False])
@@ -119,7 +90,7 @@ class GroupBaselinesTest(parameterized.TestCase):
     self.assertTrue(np.all(np.isfinite(grad)))
 
   def test_vmap_over_batches(self):
-    rewards = _rewards(24, seed=2).reshape(3, 8)
+    rewards = random_rewards(24, seed=2).reshape(3, 8)
     got = jax.vmap(lambda r: estimators.grpo_advantages(r, group_size=4))(rewards)
     want = np.stack([reference.grpo(r, 4) for r in rewards])
     np.testing.assert_allclose(got, want, atol=1e-5)

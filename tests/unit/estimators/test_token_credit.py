@@ -31,30 +31,6 @@ class SequenceBaselinesTest(parameterized.TestCase):
     np.testing.assert_allclose(got, reference.grpo_batch_std(rewards, group_size), atol=1e-5)
 
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.product(grouping=[(16, 8), (12, 4), (8, 8)], k=[1, 2, 4])
-  def test_pass_at_k(self, grouping, k):
-    batch, group_size = grouping
-    rewards = _binary(batch, 2)
-    rewards[:group_size] = 1.0  # one all-correct group
-    got = self.variant(lambda r: estimators.pass_at_k_advantages(r, group_size=group_size, k=k))(
-      rewards
-    )
-    np.testing.assert_allclose(got, reference.pass_at_k(rewards, group_size, k), atol=1e-5)
-
-  def test_pass_at_1_is_grpo_with_population_std(self):
-    rewards = _binary(16, 3)
-    grouped = rewards.reshape(-1, 8)
-    std = grouped.std(axis=1, keepdims=True)
-    want = np.where(
-      std > 0, (grouped - grouped.mean(1, keepdims=True)) / np.where(std > 0, std, 1), 0
-    )
-    np.testing.assert_allclose(
-      estimators.pass_at_k_advantages(rewards, group_size=8, k=1), want.reshape(-1), atol=1e-5
-    )
-    with pytest.raises(ValueError, match=r"k must be an int in \[1, group_size=8\]"):
-      estimators.pass_at_k_advantages(rewards, group_size=8, k=9)
-
-  @chex.variants(with_jit=True, without_jit=True)
   @parameterized.product(grouping=GROUPINGS, scale_by_std=[False, True])
   def test_gpg(self, grouping, scale_by_std):
     batch, group_size = grouping

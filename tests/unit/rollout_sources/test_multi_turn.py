@@ -104,13 +104,13 @@ def test_the_cache_kept_across_turns_samples_what_full_prefills_sample(model, mo
   """The cache kept across turns (prefill each turn's new observation; rebuild when the slots
   run out, here with no headroom) against a full prefill every turn: the same key, the same
   episodes."""
-  from jaxcredit.rollout_sources import multi_turn
+  from jaxcredit.rollout_sources import turn_sampler
 
   starts = []
-  counted = lambda *args, **kwargs: starts.append(1) or multi_turn.start_contexts.__wrapped__(
+  counted = lambda *args, **kwargs: starts.append(1) or turn_sampler.start_contexts.__wrapped__(
       *args, **kwargs)
-  counted.__wrapped__ = multi_turn.start_contexts
-  monkeypatch.setattr(multi_turn, "start_contexts", counted)
+  counted.__wrapped__ = turn_sampler.start_contexts
+  monkeypatch.setattr(turn_sampler, "start_contexts", counted)
   rollouts = {}
   for reuse, source_type in ((True, MultiTurn), (False, RebuildingMultiTurn)):
     starts.clear()

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from jaxcredit import tasks
-from jaxcredit.credit import monte_carlo
+from jaxcredit.credit import monte_carlo, rao_blackwell
 from jaxcredit.models import Transformer, preset
 from jaxcredit.sampling import generate
 from jaxcredit.tasks import exact, key_token
@@ -286,7 +286,7 @@ def test_rao_blackwellised_credit_agrees_with_the_exact_oracle(setting):
   """Test T3: rb credit (1 - pi)(Q_y - Q_-) is unbiased, and exactly 0 where pi(y) = 1."""
   task, model, examples, sample = setting
   exact, _ = _exact_and_mc(setting, k=1, seed=0)
-  rb = monte_carlo.rb_credit(
+  rb = rao_blackwell.rb_credit(
     model,
     task,
     sample.tokens,
@@ -310,13 +310,13 @@ def test_rao_blackwellised_credit_agrees_with_the_exact_oracle(setting):
   assert np.abs(np.asarray(rb.advantages)[mask]).max() > 0.01  # not trivially zero
   assert rb.cost["rollouts"] == 2 * 64 * mask.sum()
   with pytest.raises(ValueError, match="needs the behaviour logprobs"):
-    monte_carlo.rb_credit(
+    rao_blackwell.rb_credit(
       model, task, sample.tokens, sample.mask, sample.token_valid, examples, jax.random.key(5), k=2
     )
 
 
 def test_rb_advantages_formula():
-  adv, se = monte_carlo.rb_advantages(
+  adv, se = rao_blackwell.rb_advantages(
     jnp.array([0.9, 0.2]),
     jnp.array([0.4, 0.2]),
     jnp.array([0.75, 1.0]),
