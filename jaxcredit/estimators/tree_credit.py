@@ -42,7 +42,7 @@ def spo_tree_advantages(rewards: Array, path: Array, segments: Array, mask: Arra
 
   Args:
     rewards: ``[B]`` outcome rewards, groups of `group_size` rows (one prompt's leaves).
-    path: ``[B, S]`` int node ids of each row's segments (module docstring).
+    path: ``[B, S]`` int node ids of each row's segments (`tree_nodes`).
     segments: ``[B, T]`` int segment index of each token, -1 outside the response.
     mask: ``[B, T]`` policy actions.
     group_size: G.
@@ -83,7 +83,7 @@ def treerl_advantages(rewards: Array, path: Array, segments: Array, mask: Array,
 
   Args:
     rewards: ``[B]`` outcome rewards, groups of `group_size` rows (one prompt's leaves).
-    path: ``[B, S]`` int node ids of each row's segments (module docstring).
+    path: ``[B, S]`` int node ids of each row's segments (`tree_nodes`).
     segments: ``[B, T]`` int segment index of each token, -1 outside the response.
     mask: ``[B, T]`` policy actions.
     group_size: G.
@@ -133,7 +133,7 @@ def tempo_advantages(rewards: Array, path: Array, segments: Array, mask: Array, 
 
   Args:
     rewards: ``[B]`` outcome rewards, groups of `group_size` rows (one prompt's leaves).
-    path: ``[B, S]`` int node ids of each row's segments (module docstring).
+    path: ``[B, S]`` int node ids of each row's segments (`tree_nodes`).
     segments: ``[B, T]`` int segment index of each token, -1 outside the response.
     mask: ``[B, T]`` policy actions.
     group_size: G.
@@ -184,7 +184,7 @@ def treepo_advantages(rewards: Array, path: Array, mask: Array, *, group_size: i
 
   Args:
     rewards: ``[B]`` outcome rewards, groups of `group_size` rows (one prompt's leaves).
-    path: ``[B, S]`` int node ids of each row's segments (module docstring).
+    path: ``[B, S]`` int node ids of each row's segments (`tree_nodes`).
     mask: ``[B, T]`` policy actions.
     group_size: G.
     eps: added to the whitening's variance.
@@ -238,7 +238,7 @@ def tree_grpo_advantages(rewards: Array, path: Array, mask: Array, *, group_size
 
   Args:
     rewards: ``[B]`` outcome rewards, groups of `group_size` rows (one prompt's leaves).
-    path: ``[B, S]`` int node ids of each row's segments (module docstring).
+    path: ``[B, S]`` int node ids of each row's segments (`tree_nodes`).
     mask: ``[B, T]`` policy actions.
     group_size: G.
     eps: added to each std (ddof = 1).

@@ -101,7 +101,7 @@ class MultiTurn:
       action, and hidden columns ``[P + max_episode_tokens]`` (a token there is recorded as
       sampled or observed but fed to the model as ``actions.hidden_token``).
     cache_headroom: the KV cache's slots beyond P + E + max_turn_tokens, as a fraction of
-      P + E, that pad slots may fill before the cache is rebuilt (module docstring).
+      P + E, that pad slots may fill before the cache is rebuilt (`turn_sampler`).
     slots: episodes played at once, each taking the next episode when its own ends (module
       docstring); None plays every row at once.
   """
