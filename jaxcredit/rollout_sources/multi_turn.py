@@ -225,7 +225,7 @@ class MultiTurn:
       if episodes.done.all():
         break
       sample = self.turn_sampler.sample(model, prompts, prompt_valid, episodes, cache,
-                                 jax.random.fold_in(key, step))
+                                        jax.random.fold_in(key, step))
       for row in np.flatnonzero(~episodes.done):
         cache.columns[row] = self._take_turn(model, episodes, row, int(first_turn[row]) + step,
                                              sample, row, states, observations, totals)
@@ -257,8 +257,9 @@ class MultiTurn:
       playing = np.maximum(held, 0)
       view = episodes.take(playing)
       view.done |= held < 0
-      sample = self.turn_sampler.sample(model, prompts[playing], prompt_valid[playing], view, cache,
-                                 step_key(keys[playing], jnp.asarray(totals[1][playing])))
+      sample = self.turn_sampler.sample(model, prompts[playing], prompt_valid[playing], view,
+                                        cache, step_key(keys[playing],
+                                                        jnp.asarray(totals[1][playing])))
       for slot in np.flatnonzero(held >= 0):
         row = held[slot]
         cache.columns[slot] = self._take_turn(model, episodes, row, int(totals[1][row]), sample,

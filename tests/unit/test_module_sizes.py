@@ -1,6 +1,5 @@
 """No module of the package grows past about 400 lines: a longer one is cut where its parts
-separate (as `credit.providers` from `credit.extras`, `rollout_sources.turn_sampler` from
-`rollout_sources.multi_turn`)."""
+separate."""
 
 import pathlib
 
