@@ -257,9 +257,9 @@ class MultiTurn:
       playing = np.maximum(held, 0)
       view = episodes.take(playing)
       view.done |= held < 0
+      turn_keys = step_key(keys[playing], jnp.asarray(totals[1][playing]))
       sample = self.turn_sampler.sample(model, prompts[playing], prompt_valid[playing], view,
-                                        cache, step_key(keys[playing],
-                                                        jnp.asarray(totals[1][playing])))
+                                        cache, turn_keys)
       for slot in np.flatnonzero(held >= 0):
         row = held[slot]
         cache.columns[slot] = self._take_turn(model, episodes, row, int(totals[1][row]), sample,
