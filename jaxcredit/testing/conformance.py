@@ -151,11 +151,12 @@ def _float_leaves(rollout: Rollout):
   return leaves, treedef, is_float
 
 
-def _float_gradients(fn: Callable) -> Callable[[Rollout], list[jax.Array]]:
-  """A jitted map rollout -> gradients of sum(w * advantages) w.r.t. its float
-  leaves, w = 1 + cos(flat index) / 2: a vector-Jacobian product with every
-  advantage weighted, finite whenever the Jacobian is (a sum of squares would
-  overflow on the huge-reward case though nothing is wrong)."""
+def _estimate_and_gradients(fn: Callable) -> Callable[[Rollout], tuple[Estimate, list]]:
+  """One jitted program per input signature: rollout -> (fn's estimate, gradients of
+  sum(w * advantages) w.r.t. the rollout's float leaves, taken in float32), w = 1 + cos(flat
+  index) / 2: a vector-Jacobian product with every advantage weighted, finite whenever the
+  Jacobian is (a sum of squares would overflow on the huge-reward case though nothing is
+  wrong). One program rather than two: the kit compiles each estimator once per shape."""
 
   def gradients(rollout: Rollout):
     leaves, treedef, is_float = _float_leaves(rollout)
@@ -171,7 +172,7 @@ def _float_gradients(fn: Callable) -> Callable[[Rollout], list[jax.Array]]:
 
     return jax.grad(of_floats)([x.astype(jnp.float32) for x, f in zip(leaves, is_float) if f])
 
-  return jax.jit(gradients)
+  return jax.jit(lambda rollout: (_as_estimate(fn(rollout)), gradients(rollout)))
 
 
 def _close(a, b, atol) -> bool:
@@ -179,10 +180,12 @@ def _close(a, b, atol) -> bool:
   return a.shape == b.shape and np.allclose(a, b, atol=atol, rtol=1e-4, equal_nan=False)
 
 
-def _check_estimate_on(name, fn, jitted, gradients, rollout, invariances, atol):
-  """The estimator's properties on one rollout; `fn` None checks the jitted estimator alone
-  (jit == no-jit is checked on the degenerate rollouts)."""
-  estimate = _as_estimate((jitted if fn is None else fn)(rollout))
+def _check_estimate_on(name, fn, evaluate, rollout, invariances, atol):
+  """The estimator's properties on one rollout (`evaluate` from `_estimate_and_gradients`);
+  `fn` None checks the jitted estimator alone (jit == no-jit is checked on the degenerate
+  rollouts)."""
+  jit_estimate, gradients = evaluate(rollout)
+  estimate = jit_estimate if fn is None else _as_estimate(fn(rollout))
   mask = np.asarray(rollout.mask, bool)
   outputs = {"advantages": estimate.advantages, "returns": estimate.returns}
   for key, value in outputs.items():
@@ -199,19 +202,18 @@ def _check_estimate_on(name, fn, jitted, gradients, rollout, invariances, atol):
     if np.any(array[~mask] != 0):
       _fail("masked_zero", name, rollout,
             f"{key} non-zero at masked {_offending(array, (~mask) & (array != 0))}")
-  jit_estimate = estimate if fn is None else _as_estimate(jitted(rollout))
   if fn is not None and not _close(jit_estimate.advantages, estimate.advantages, atol):
     _fail("jit", name, rollout, "jit and no-jit advantages differ")
-  poisoned = _as_estimate(jitted(poison_masked(rollout)))
+  poisoned, _ = evaluate(poison_masked(rollout))
   if not _close(poisoned.advantages, jit_estimate.advantages, atol):
     _fail("masked_inputs_ignored", name, rollout,
           "NaN at masked input positions changed the advantages")
-  for g in map(np.asarray, gradients(rollout)):
+  for g in map(np.asarray, gradients):
     if not np.all(np.isfinite(g)):
       _fail("finite_gradients", name, rollout,
             f"gradient not finite at {_offending(g, ~np.isfinite(g))}")
   for inv_name, transform in invariances:
-    changed = _as_estimate(jitted(transform(rollout)))
+    changed, _ = evaluate(transform(rollout))
     if not _close(changed.advantages, jit_estimate.advantages, max(atol, 1e-3)):
       _fail(f"invariance:{inv_name}", name, rollout, "advantages changed under the transformation")
 
@@ -249,22 +251,22 @@ def check_estimator(
   """
   name = name or getattr(fn, "__name__", repr(fn))
   invariances = tuple(invariances)
-  jitted, gradients, batched_fn = jax.jit(fn), _float_gradients(fn), jax.jit(jax.vmap(fn))
+  evaluate, batched_fn = _estimate_and_gradients(fn), jax.jit(jax.vmap(fn))
   for case, rollout in degenerate_rollouts(group_sizes):
     try:
-      _check_estimate_on(name, fn, jitted, gradients, rollout, invariances,
+      _check_estimate_on(name, fn, evaluate, rollout, invariances,
                          max(atol, 1e-2) if "bf16" in case else atol)
     except ConformanceError as error:
       raise ConformanceError(f"{error}\n(degenerate case: {case})") from None
 
   def check_random(rollout):
-    _check_estimate_on(name, None, jitted, gradients, rollout, invariances, atol)
+    _check_estimate_on(name, None, evaluate, rollout, invariances, atol)
     if vmap:
       other = rollout.replace(rewards=rollout.rewards[::-1], values=-rollout.values)
       stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), rollout, other)
       batched = _as_estimate(batched_fn(stacked)).advantages
       for i, single in enumerate((rollout, other)):
-        if not _close(batched[i], _as_estimate(jitted(single)).advantages, atol):
+        if not _close(batched[i], evaluate(single)[0].advantages, atol):
           _fail("vmap", name, single, f"vmap result {i} differs from a single call")
 
   _on_random_rollouts(check_random, max_examples, group_sizes)
@@ -316,8 +318,11 @@ def _loss_inputs(rollout: Rollout, estimate_fn) -> tuple[PolicyOutputs, Estimate
   return outputs, estimate_fn(rollout)
 
 
-def _check_loss_on(name, fn, jitted, gradients, rollout, estimate_fn, atol, on_policy=False,
+def _check_loss_on(name, fn, evaluate, rollout, estimate_fn, atol, on_policy=False,
                    log_ratio_shift=0.0):
+  """The loss's properties on one rollout: `evaluate(outputs, rollout, estimate) ->
+  ((loss, metrics), d loss / d outputs)`, one jitted program per input signature; `fn` None
+  checks the jitted loss alone."""
   outputs, estimate = _loss_inputs(rollout, estimate_fn)
   if on_policy:
     outputs = outputs._replace(logprobs=rollout.proximal_logprobs(by=name))
@@ -327,21 +332,25 @@ def _check_loss_on(name, fn, jitted, gradients, rollout, estimate_fn, atol, on_p
                               old_logprobs=rollout.old_logprobs + log_ratio_shift
                               if rollout.old_logprobs is not None else None,
                               ref_logprobs=rollout.ref_logprobs + log_ratio_shift)
-  loss, metrics = (jitted if fn is None else fn)(outputs, rollout, estimate)
+  # Without jit first where given: a loss that is not a scalar fails here, before grad does.
+  (loss, metrics), grads = (fn(outputs, rollout, estimate), None) if fn is not None else \
+      evaluate(outputs, rollout, estimate)
   if jnp.shape(loss) != () or not np.isfinite(np.asarray(loss, np.float64)):
     _fail("scalar_finite_loss", name, rollout, f"loss = {loss!r}")
   for key, value in metrics.items():
     if jnp.shape(value) != () or not np.isfinite(np.asarray(value, np.float64)):
       _fail("finite_metrics", name, rollout, f"metric {key} = {value!r}")
-  jit_loss = loss if fn is None else jitted(outputs, rollout, estimate)[0]
+  if fn is None:
+    jit_loss = loss
+  else:
+    (jit_loss, _), grads = evaluate(outputs, rollout, estimate)
   if fn is not None and not _close(jit_loss, loss, atol):
     _fail("jit", name, rollout, f"jit {jit_loss} != no-jit {loss}")
   poison = lambda x: None if x is None else jnp.where(rollout.mask, x, jnp.nan)
-  dirty_loss, _ = jitted(jax.tree.map(poison, outputs), poison_masked(rollout), estimate)
+  (dirty_loss, _), _ = evaluate(jax.tree.map(poison, outputs), poison_masked(rollout), estimate)
   if not _close(dirty_loss, jit_loss, atol):
     _fail("masked_inputs_ignored", name, rollout,
           f"NaN at masked positions gave {dirty_loss} != {jit_loss}")
-  grads = gradients(outputs, rollout, estimate)
   mask = np.asarray(rollout.mask, bool)
   for field, g in zip(outputs._fields, grads):
     g = np.asarray(g, np.float64)
@@ -387,8 +396,7 @@ def check_loss(
 
   name = name or getattr(fn, "__name__", repr(fn))
   estimate_fn = jax.jit(estimate_fn or estimators.get("gae"))  # an input here, not under test
-  jitted = jax.jit(fn)
-  gradients = jax.jit(jax.grad(lambda o, r, e: fn(o, r, e)[0]))
+  evaluate = jax.jit(jax.value_and_grad(fn, has_aux=True))
   for case, rollout in degenerate_rollouts(group_sizes):
     if "bf16" in case or "huge rewards" in case:
       continue  # losses receive float32 policy outputs, and a value loss is legitimately (1e19)^2
@@ -397,12 +405,12 @@ def check_loss(
       variants = [dict(log_ratio_shift=s) for s in (LARGE_LOG_RATIO, -LARGE_LOG_RATIO)]
     for variant in variants:
       try:
-        _check_loss_on(name, fn, jitted, gradients, rollout, estimate_fn, atol, **variant)
+        _check_loss_on(name, fn, evaluate, rollout, estimate_fn, atol, **variant)
       except ConformanceError as error:
         described = ", ".join(f"{k}={v}" for k, v in variant.items())
         raise ConformanceError(f"{error}\n(degenerate case: {case}, {described})") from None
 
   _on_random_rollouts(
-      lambda rollout: _check_loss_on(name, None, jitted, gradients, rollout, estimate_fn, atol),
+      lambda rollout: _check_loss_on(name, None, evaluate, rollout, estimate_fn, atol),
       max_examples, group_sizes,
   )
