@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pandas as pd
 
+from tests import cli
 from tests.conftest import doc_block, xla_flags
 from tests.integration.test_train import ROOT, _train_lines
 
@@ -99,15 +100,8 @@ def _tokens(workdir) -> pd.DataFrame:
 
 
 def test_two_processes_checkpoint_resume_and_match_one_process(tmp_path, cli_env):
-  single = subprocess.run(
-    _command(tmp_path / "single", "--config.rl.steps=4"),
-    capture_output=True,
-    text=True,
-    cwd=ROOT,
-    env=cli_env,
-    timeout=600,
-    check=False,
-  )
+  # The one-process run in this process: it reads nothing of the process itself.
+  single = cli.in_process(_command(tmp_path / "single", "--config.rl.steps=4")[3:])
   assert single.returncode == 0, single.stderr[-3000:]
   for steps in (2, 4):  # the second run resumes from the first one's checkpoint at step 2
     results = _two_processes(tmp_path / "multi", cli_env, f"--config.rl.steps={steps}")
