@@ -152,11 +152,10 @@ def _float_leaves(rollout: Rollout):
 
 
 def _estimate_and_gradients(fn: Callable) -> Callable[[Rollout], tuple[Estimate, list]]:
-  """One jitted program per input signature: rollout -> (fn's estimate, gradients of
-  sum(w * advantages) w.r.t. the rollout's float leaves, taken in float32), w = 1 + cos(flat
-  index) / 2: a vector-Jacobian product with every advantage weighted, finite whenever the
-  Jacobian is (a sum of squares would overflow on the huge-reward case though nothing is
-  wrong). One program rather than two: the kit compiles each estimator once per shape."""
+  """One jitted program (one compile per shape): rollout -> (fn's estimate, float32 gradients
+  of sum(w * advantages) w.r.t. its float leaves), w = 1 + cos(flat index) / 2: a VJP with
+  every advantage weighted, finite whenever the Jacobian is (a sum of squares overflows on
+  the huge-reward case)."""
 
   def gradients(rollout: Rollout):
     leaves, treedef, is_float = _float_leaves(rollout)
@@ -181,9 +180,8 @@ def _close(a, b, atol) -> bool:
 
 
 def _check_estimate_on(name, fn, evaluate, rollout, invariances, atol):
-  """The estimator's properties on one rollout (`evaluate` from `_estimate_and_gradients`);
-  `fn` None checks the jitted estimator alone (jit == no-jit is checked on the degenerate
-  rollouts)."""
+  """The estimator's properties on one rollout; `fn` None checks `evaluate`'s jitted estimate
+  alone (jit == no-jit is checked on the degenerate rollouts)."""
   jit_estimate, gradients = evaluate(rollout)
   estimate = jit_estimate if fn is None else _as_estimate(fn(rollout))
   mask = np.asarray(rollout.mask, bool)
@@ -320,9 +318,7 @@ def _loss_inputs(rollout: Rollout, estimate_fn) -> tuple[PolicyOutputs, Estimate
 
 def _check_loss_on(name, fn, evaluate, rollout, estimate_fn, atol, on_policy=False,
                    log_ratio_shift=0.0):
-  """The loss's properties on one rollout: `evaluate(outputs, rollout, estimate) ->
-  ((loss, metrics), d loss / d outputs)`, one jitted program per input signature; `fn` None
-  checks the jitted loss alone."""
+  """The loss's properties on one rollout; `fn` None checks `evaluate`'s jitted loss alone."""
   outputs, estimate = _loss_inputs(rollout, estimate_fn)
   if on_policy:
     outputs = outputs._replace(logprobs=rollout.proximal_logprobs(by=name))
@@ -333,19 +329,18 @@ def _check_loss_on(name, fn, evaluate, rollout, estimate_fn, atol, on_policy=Fal
                               if rollout.old_logprobs is not None else None,
                               ref_logprobs=rollout.ref_logprobs + log_ratio_shift)
   # Without jit first where given: a loss that is not a scalar fails here, before grad does.
-  (loss, metrics), grads = (fn(outputs, rollout, estimate), None) if fn is not None else \
-      evaluate(outputs, rollout, estimate)
+  (loss, metrics), grads = (fn(outputs, rollout, estimate), None) if fn else evaluate(
+      outputs, rollout, estimate)
   if jnp.shape(loss) != () or not np.isfinite(np.asarray(loss, np.float64)):
     _fail("scalar_finite_loss", name, rollout, f"loss = {loss!r}")
   for key, value in metrics.items():
     if jnp.shape(value) != () or not np.isfinite(np.asarray(value, np.float64)):
       _fail("finite_metrics", name, rollout, f"metric {key} = {value!r}")
-  if fn is None:
-    jit_loss = loss
-  else:
+  jit_loss = loss
+  if fn is not None:
     (jit_loss, _), grads = evaluate(outputs, rollout, estimate)
-  if fn is not None and not _close(jit_loss, loss, atol):
-    _fail("jit", name, rollout, f"jit {jit_loss} != no-jit {loss}")
+    if not _close(jit_loss, loss, atol):
+      _fail("jit", name, rollout, f"jit {jit_loss} != no-jit {loss}")
   poison = lambda x: None if x is None else jnp.where(rollout.mask, x, jnp.nan)
   (dirty_loss, _), _ = evaluate(jax.tree.map(poison, outputs), poison_masked(rollout), estimate)
   if not _close(dirty_loss, jit_loss, atol):
@@ -410,7 +405,5 @@ def check_loss(
         described = ", ".join(f"{k}={v}" for k, v in variant.items())
         raise ConformanceError(f"{error}\n(degenerate case: {case}, {described})") from None
 
-  _on_random_rollouts(
-      lambda rollout: _check_loss_on(name, None, evaluate, rollout, estimate_fn, atol),
-      max_examples, group_sizes,
-  )
+  _on_random_rollouts(lambda r: _check_loss_on(name, None, evaluate, r, estimate_fn, atol),
+                      max_examples, group_sizes)

@@ -369,7 +369,7 @@ def test_episode_slots_play_each_episode_as_every_row_at_once_does(model, hidden
   mask = np.asarray(rollout.mask)
   forced = forward.policy_outputs(model, rollout, 1.0, actions=actions)
   np.testing.assert_allclose(np.asarray(rollout.behaviour_logprobs)[mask],
-                             np.asarray(forced.logprobs)[mask], atol=1e-4)
+                             np.asarray(forced.logprobs)[mask], rtol=1e-4, atol=1e-4)
 
 
 def test_bad_episode_slots_are_refused_naming_them():
