@@ -179,9 +179,9 @@ def _close(a, b, atol) -> bool:
   return a.shape == b.shape and np.allclose(a, b, atol=atol, rtol=1e-4, equal_nan=False)
 
 
-def _check_estimate_on(name, fn, evaluate, rollout, invariances, atol):
-  """The estimator's properties on one rollout; `fn` None checks `evaluate`'s jitted estimate
-  alone (jit == no-jit is checked on the degenerate rollouts)."""
+def _check_estimate_on(name, fn, evaluate, rollout, invariances, atol) -> Estimate:
+  """The estimator's properties on one rollout, and its jitted estimate; `fn` None checks
+  `evaluate`'s alone (jit == no-jit is checked on the degenerate rollouts)."""
   jit_estimate, gradients = evaluate(rollout)
   estimate = jit_estimate if fn is None else _as_estimate(fn(rollout))
   mask = np.asarray(rollout.mask, bool)
@@ -214,6 +214,7 @@ def _check_estimate_on(name, fn, evaluate, rollout, invariances, atol):
     changed, _ = evaluate(transform(rollout))
     if not _close(changed.advantages, jit_estimate.advantages, max(atol, 1e-3)):
       _fail(f"invariance:{inv_name}", name, rollout, "advantages changed under the transformation")
+  return jit_estimate
 
 
 def check_estimator(
@@ -258,13 +259,13 @@ def check_estimator(
       raise ConformanceError(f"{error}\n(degenerate case: {case})") from None
 
   def check_random(rollout):
-    _check_estimate_on(name, None, evaluate, rollout, invariances, atol)
+    alone = _check_estimate_on(name, None, evaluate, rollout, invariances, atol)
     if vmap:
       other = rollout.replace(rewards=rollout.rewards[::-1], values=-rollout.values)
       stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), rollout, other)
       batched = _as_estimate(batched_fn(stacked)).advantages
-      for i, single in enumerate((rollout, other)):
-        if not _close(batched[i], evaluate(single)[0].advantages, atol):
+      for i, (single, estimate) in enumerate(((rollout, alone), (other, evaluate(other)[0]))):
+        if not _close(batched[i], estimate.advantages, atol):
           _fail("vmap", name, single, f"vmap result {i} differs from a single call")
 
   _on_random_rollouts(check_random, max_examples, group_sizes)
@@ -329,8 +330,8 @@ def _check_loss_on(name, fn, evaluate, rollout, estimate_fn, atol, on_policy=Fal
                               if rollout.old_logprobs is not None else None,
                               ref_logprobs=rollout.ref_logprobs + log_ratio_shift)
   # Without jit first where given: a loss that is not a scalar fails here, before grad does.
-  (loss, metrics), grads = (fn(outputs, rollout, estimate), None) if fn else evaluate(
-      outputs, rollout, estimate)
+  (loss, metrics), grads = ((fn(outputs, rollout, estimate), None) if fn is not None
+                            else evaluate(outputs, rollout, estimate))
   if jnp.shape(loss) != () or not np.isfinite(np.asarray(loss, np.float64)):
     _fail("scalar_finite_loss", name, rollout, f"loss = {loss!r}")
   for key, value in metrics.items():
