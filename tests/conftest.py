@@ -107,6 +107,9 @@ def pytest_configure(config):
                                      "--xla_cpu_parallel_codegen_split_count=1")
 
 
+_RUN_CPUS: set[int] = set()  # the CPUs the run may use, before _pin_worker narrows a worker's
+
+
 def _pin_worker() -> None:
   """Runs each xdist worker, and the subprocesses it starts, on CPUs of its own (worker i of n
   on every n-th CPU from the i-th), where there are at least as many CPUs as workers. XLA:CPU
@@ -119,8 +122,22 @@ def _pin_worker() -> None:
   if not worker or not workers or not hasattr(os, "sched_setaffinity"):
     return
   cpus = sorted(os.sched_getaffinity(0))
+  _RUN_CPUS.update(cpus)
   if len(cpus) >= int(workers):
     os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) :: int(workers)])
+
+
+@pytest.fixture
+def every_cpu():
+  """The test's process on every CPU the run may use (for a test of work spread over the
+  cores), back on its worker's own CPUs after."""
+  if not hasattr(os, "sched_getaffinity"):
+    yield
+    return
+  own = os.sched_getaffinity(0)
+  os.sched_setaffinity(0, _RUN_CPUS or own)
+  yield
+  os.sched_setaffinity(0, own)
 
 
 def xla_flags(*flags: str) -> str:

@@ -24,6 +24,7 @@ def patched_train(monkeypatch):
     yield
 
 
+@pytest.mark.usefixtures("every_cpu")  # the sweep's workers take a core each
 def test_smoke_sweep_tunes_each_arm_trains_paired_seeds_reports_and_resumes(tmp_path,
                                                                             monkeypatch):
   study = configs.get_config("smoke")
