@@ -84,10 +84,11 @@ def pytest_configure(config):
   # generations, test_batched spends 4.0 s collecting instead of 11.1 s (6,006 collections
   # down to 310), at the same peak memory (2.9 GiB).
   gc.set_threshold(10_000, 10, 10)
-  _pin_worker()
+  worker = getattr(config, "workerinput", {})
+  _pin_worker(worker)
   if hasattr(config.option, "loadscopereorder"):  # xdist: keep the files' order (below)
     config.option.loadscopereorder = False
-  run = getattr(config, "workerinput", {}).get("testrunuid") or uuid.uuid4().hex
+  run = worker.get("testrunuid") or uuid.uuid4().hex
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                         str(pathlib.Path(tempfile.gettempdir()) / f"jaxcredit-jax-cache-{run}"))
   # Every program, however small: a test run compiles tens of thousands, many of them again in
@@ -110,21 +111,21 @@ def pytest_configure(config):
 _RUN_CPUS: set[int] = set()  # the CPUs the run may use, before _pin_worker narrows a worker's
 
 
-def _pin_worker() -> None:
-  """Runs each xdist worker, and the subprocesses it starts, on CPUs of its own (worker i of n
-  on every n-th CPU from the i-th), where there are at least as many CPUs as workers. XLA:CPU
-  sizes its thread pools by the CPUs a process may use: two workers sharing two cores each run
-  pools of two, whose threads contend (test_batched beside test_cli_faults, each on one core:
-  128 s and 78 s against 137 s and 87 s sharing both; test_logprobs beside test_returns: 40 s
-  and 42 s against 45 s and 47 s)."""
-  worker, workers = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get(
-      "PYTEST_XDIST_WORKER_COUNT")
-  if not worker or not workers or not hasattr(os, "sched_setaffinity"):
+def _pin_worker(worker: dict) -> None:
+  """Runs each xdist worker (`worker`: its workerinput, empty outside xdist), and the
+  subprocesses it starts, on CPUs of its own (worker i of n on every n-th CPU from the i-th),
+  where there are at least as many CPUs as workers. XLA:CPU sizes its thread pools by the CPUs
+  a process may use: two workers sharing two cores each run pools of two, whose threads
+  contend (test_batched beside test_cli_faults, each on one core: 128 s and 78 s against 137 s
+  and 87 s sharing both; test_logprobs beside test_returns: 40 s and 42 s against 45 s and
+  47 s)."""
+  if not worker or not hasattr(os, "sched_setaffinity"):
     return
   cpus = sorted(os.sched_getaffinity(0))
   _RUN_CPUS.update(cpus)
-  if len(cpus) >= int(workers):
-    os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) :: int(workers)])
+  workers = worker["workercount"]
+  if len(cpus) >= workers:
+    os.sched_setaffinity(0, cpus[int(worker["workerid"].removeprefix("gw")) :: workers])
 
 
 @pytest.fixture
