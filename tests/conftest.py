@@ -6,8 +6,8 @@ import importlib.util
 import os
 import pathlib
 import re
+import sys
 import tempfile
-import threading
 import uuid
 
 import hypothesis
@@ -108,33 +108,22 @@ def pytest_configure(config):
   os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 "
                                      "--xla_cpu_use_fusion_emitters=false "
                                      "--xla_cpu_parallel_codegen_split_count=1")
-  if worker or not getattr(config.option, "numprocesses", None):  # a process that runs tests
-    _share_mlir_contexts()
-
-
-LOWERINGS_PER_CONTEXT = 128
+  _share_mlir_contexts()
 
 
 def _share_mlir_contexts() -> None:
-  """Lowers up to LOWERINGS_PER_CONTEXT programs in one MLIR context (one per thread) where
-  JAX makes a fresh one for every program: a test process lowers thousands of small programs,
-  and building a context (loading JAX's dialects into it) is about a quarter of each one's
-  lowering (test_conformance, test_api_docs, test_attention and test_batched on one core each,
-  side by side: 505 s against 650 s; test_returns and test_key_turns, one after the other: 80
-  and 117 s against 93 and 136 s). The modules are the same; a context is renewed after
-  LOWERINGS_PER_CONTEXT programs, so what it interns (types, attributes, constants) is freed
-  with the modules that use it."""
-  from jax._src.interpreters import mlir
+  """The processes this one starts, and this one, lower many programs per MLIR context
+  (tests/startup/sitecustomize.py, which this directory first on PYTHONPATH has every Python
+  process import at its start)."""
+  startup = str(ROOT / "tests" / "startup")
+  paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+  if startup not in paths:
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [startup, *paths]))
+  started = getattr(sys.modules.get("sitecustomize"), "__file__", None)
+  if started is None or pathlib.Path(started).parent != pathlib.Path(startup):
+    from tests.startup import sitecustomize  # this process started before PYTHONPATH held it
 
-  fresh, local = mlir.make_ir_context, threading.local()
-
-  def make_ir_context():
-    if getattr(local, "lowerings", LOWERINGS_PER_CONTEXT) >= LOWERINGS_PER_CONTEXT:
-      local.context, local.lowerings = fresh(), 0
-    local.lowerings += 1
-    return local.context
-
-  mlir.make_ir_context = make_ir_context
+    sitecustomize.install()
 
 
 def _preload_jemalloc() -> None:
@@ -189,6 +178,11 @@ def every_cpu():
 def xla_flags(*flags: str) -> str:
   """XLA_FLAGS for a subprocess: this run's flags and `flags`."""
   return " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()
+
+
+def python_path(*paths) -> str:
+  """PYTHONPATH for a subprocess: `paths` before this run's."""
+  return os.pathsep.join(filter(None, [*map(str, paths), os.environ.get("PYTHONPATH")]))
 
 
 @pytest.fixture(scope="session")

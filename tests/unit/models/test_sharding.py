@@ -11,7 +11,7 @@ from flax import nnx
 
 from jaxcredit.models import Transformer, preset, sharding
 
-from tests.conftest import ROOT, xla_flags
+from tests.conftest import ROOT, python_path, xla_flags
 
 SCRIPT = """
 import json
@@ -43,7 +43,7 @@ def test_eight_device_forward_equals_one_device():
   env = {
     **os.environ,
     "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8"),
-    "PYTHONPATH": str(ROOT),
+    "PYTHONPATH": python_path(ROOT),
   }
   result = subprocess.run(
     [sys.executable, "-c", SCRIPT],
@@ -153,7 +153,7 @@ def _sequence_run(length, mesh_shape, dtype="float32", temperature=1.0, optimize
   env = {
     **os.environ,
     "XLA_FLAGS": devices if optimized else xla_flags(devices),
-    "PYTHONPATH": str(ROOT),
+    "PYTHONPATH": python_path(ROOT),
   }
   result = subprocess.run(
     [sys.executable, "-c", SEQUENCE_SCRIPT, json.dumps([length, mesh_shape, dtype, temperature])],

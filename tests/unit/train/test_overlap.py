@@ -11,7 +11,7 @@ import pytest
 
 from jaxcredit.models import sharding
 from jaxcredit.train import refusals
-from tests.conftest import ROOT, load_experiment, xla_flags
+from tests.conftest import ROOT, load_experiment, python_path, xla_flags
 
 SCRIPT = """
 import json, pathlib, sys
@@ -66,7 +66,7 @@ print(json.dumps({"records": {name: _train_records(workdir / name)
 @pytest.fixture(scope="module")
 def report(tmp_path_factory, cli_env):
   env = {**cli_env, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8"),
-         "PYTHONPATH": str(ROOT)}
+         "PYTHONPATH": python_path(ROOT)}
   result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path_factory.mktemp("overlap"))],
                           env=env, capture_output=True, text=True, timeout=900, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
