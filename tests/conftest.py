@@ -116,9 +116,8 @@ def _share_mlir_contexts() -> None:
   (tests/startup/sitecustomize.py, which this directory first on PYTHONPATH has every Python
   process import at its start)."""
   startup = str(ROOT / "tests" / "startup")
-  paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-  if startup not in paths:
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [startup, *paths]))
+  if startup not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = python_path(startup)
   started = getattr(sys.modules.get("sitecustomize"), "__file__", None)
   if started is None or pathlib.Path(started).parent != pathlib.Path(startup):
     from tests.startup import sitecustomize  # this process started before PYTHONPATH held it
