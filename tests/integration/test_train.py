@@ -194,11 +194,11 @@ def _train(workdir, name: str, overrides: dict, env=None) -> str:
       loop.run(config, str(workdir))
     return stdout.getvalue()
   flags = [f"--config.{path}={value}" for path, value in overrides.items()]
+  config = f"experiments/{name}.py"
   if env is None:
-    result = cli.in_process(cli.command(workdir, *flags, config=f"experiments/{name}.py",
-                                        tiny=False)[3:])
+    result = cli.train_here(workdir, *flags, config=config, tiny=False)
   else:
-    result = _run(workdir, *flags, config=name, env=env)
+    result = cli.train(workdir, *flags, config=config, tiny=False, env=env, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   return result.stdout
 
@@ -300,12 +300,6 @@ def test_every_shipped_config_trains(tmp_path, name, cli_env):
     assert 0 < abs(train[0]["train/policy/ratio_mean"] - 1.0) < 0.2
     assert train[0]["train/critic/mse"] > 0 and train[0]["train/critic/grad_norm"] > 0
     assert "train/critic/value_mean" in train[1]
-
-
-def _run(workdir, *overrides, config="quickstart", env=None):
-  """experiments/<config>.py through the CLI with `overrides` (flags)."""
-  return cli.train(workdir, *overrides, config=f"experiments/{config}.py", tiny=False, env=env,
-                   timeout=600)
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):

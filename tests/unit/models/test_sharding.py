@@ -149,12 +149,12 @@ print(json.dumps({
 def _sequence_run(length, mesh_shape, dtype="float32", temperature=1.0, optimized=False):
   """The SEQUENCE_SCRIPT's report; `optimized`: XLA's backend optimisation at level 1 instead
   of the test run's 0 (for a program whose run, not its compilation, takes the time)."""
-  devices = ["--xla_force_host_platform_device_count=8"]
+  flags = ["--xla_force_host_platform_device_count=8"]
   if optimized:
-    devices.append("--xla_backend_optimization_level=1")  # the later flag of two is read
+    flags.append("--xla_backend_optimization_level=1")  # the later flag of two is read
   env = {
     **os.environ,
-    "XLA_FLAGS": xla_flags(*devices),
+    "XLA_FLAGS": xla_flags(*flags),
     "PYTHONPATH": python_path(ROOT),
   }
   result = subprocess.run(
