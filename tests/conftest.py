@@ -222,6 +222,25 @@ def pytest_runtest_teardown(item, nextitem):
     gc.collect()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  """The tests `tests/backend_level_1.txt` lists (their programs run long) compile at XLA's
+  backend level 1, setup and teardown included, in this process and those they start."""
+  del nextitem
+  if item.nodeid not in _faster_at_level_1():
+    return (yield)
+  from tests import backend_level
+
+  with backend_level.compiling_at(1):
+    return (yield)
+
+
+@functools.cache
+def _faster_at_level_1() -> frozenset[str]:
+  from tests import backend_level
+  return backend_level.read()
+
+
 def pytest_collection_modifyitems(config, items):
   """Marks the tests `tests/slow_tests.txt` lists (0.5 s or more on 2 cores) `slow`, and
   orders the files longest first (`tests/file_seconds.txt`), a file's tests kept in their

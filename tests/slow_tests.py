@@ -24,7 +24,7 @@ KEEP_SECONDS = 5.0
 _DURATION = re.compile(r"^([0-9.]+)s (?:call|setup|teardown)\s+(\S.*?)\s*$")
 
 
-def _test_seconds(logs: list[str]) -> tuple[collections.Counter, set[str]]:
+def durations(logs: list[str]) -> tuple[collections.Counter, set[str]]:
   """Each test's seconds (its phases summed, the most of any log) and the tests with a phase
   of `SECONDS` or more."""
   longest, slow = collections.Counter(), set()
@@ -44,7 +44,7 @@ def slow_ids(logs: list[str], keep: float = KEEP_SECONDS) -> list[str]:
   less the quickest test of each file whose tests would all be slow, where that test takes
   under `keep` seconds (a file whose every test needs a costly fixture stays out of the fast
   tier)."""
-  longest, slow = _test_seconds(logs)
+  longest, slow = durations(logs)
   by_file = collections.defaultdict(list)
   for test in longest:
     by_file[test.split("::")[0]].append(test)
@@ -60,7 +60,7 @@ def file_seconds(logs: list[str]) -> dict[str, float]:
   seconds = collections.Counter()
   for log in logs:
     per_file = collections.Counter()
-    for test, total in _test_seconds([log])[0].items():
+    for test, total in durations([log])[0].items():
       per_file[test.split("::")[0]] += total
     for path, total in per_file.items():
       seconds[path] = max(seconds[path], round(total, 1))
