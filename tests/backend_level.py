@@ -5,9 +5,10 @@ programs run once or a few times, and LLVM's optimisations cost more than they s
 tests run their programs long (hundreds of sampled turns, thousands of Monte-Carlo paths, SFT
 before the check) and are faster with them. `backend_level_1.txt` lists those: the tests at
 least `GAIN` of their seconds and `MIN_SECONDS` faster in a whole run at level 1 than in one at
-0. conftest.py compiles their programs, in the test's process (`compiling_at`) and in the
-processes it starts (`XLA_FLAGS`), at level 1. Semantics are unchanged: the level changes LLVM's
-code generation only. Regenerate the list from two `--durations=0` reports of the whole suite:
+0. conftest.py marks them `backend_level(1)` and compiles a marked test's programs, in its
+process (`compiling_at`) and in the processes it starts (`XLA_FLAGS`), at level 1. Semantics
+are unchanged: the level changes LLVM's code generation only. Regenerate the list from two
+`--durations=0` reports of the whole suite:
 
   python -m pytest -q -n 2 --dist loadfile tests --durations=0 > level0.log
   XLA_FLAGS="--xla_backend_optimization_level=1 --xla_cpu_use_fusion_emitters=false \
@@ -20,6 +21,7 @@ import contextlib
 import os
 import pathlib
 import sys
+from unittest import mock
 
 from tests import slow_tests
 
@@ -35,10 +37,6 @@ def faster_at_level_1(level_0: str, level_1: str) -> list[str]:
   before, after = slow_tests.durations([level_0])[0], slow_tests.durations([level_1])[0]
   return sorted(test for test, seconds in before.items() if test in after and
                 seconds - after[test] >= max(MIN_SECONDS, GAIN * seconds))
-
-
-def read() -> frozenset[str]:
-  return frozenset(LIST.read_text().splitlines()) if LIST.exists() else frozenset()
 
 
 _LEVEL: list[int] = []  # the level `compiling_at` holds, innermost last
@@ -66,17 +64,13 @@ def compiling_at(level: int):
 
   if not getattr(compiler.get_compile_options, "at_level", False):
     compiler.get_compile_options = _with_level(compiler.get_compile_options)
-  flags = os.environ.get("XLA_FLAGS")
-  os.environ["XLA_FLAGS"] = f"{flags or ''} {FLAG}={level}".strip()
+  flags = f"{os.environ.get('XLA_FLAGS', '')} {FLAG}={level}".strip()
   _LEVEL.append(level)
   try:
-    yield
+    with mock.patch.dict(os.environ, {"XLA_FLAGS": flags}):
+      yield
   finally:
     _LEVEL.pop()
-    if flags is None:
-      del os.environ["XLA_FLAGS"]
-    else:
-      os.environ["XLA_FLAGS"] = flags
 
 
 if __name__ == "__main__":  # the level-0 report, then the level-1 one

@@ -224,34 +224,32 @@ def pytest_runtest_teardown(item, nextitem):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-  """The tests `tests/backend_level_1.txt` lists (their programs run long) compile at XLA's
-  backend level 1, setup and teardown included, in this process and those they start."""
+  """A test marked `backend_level(n)` (pytest_collection_modifyitems marks those
+  `tests/backend_level_1.txt` lists: their programs run long) compiles at XLA's backend level
+  n, setup and teardown included, in this process and those it starts."""
   del nextitem
-  if item.nodeid not in _faster_at_level_1():
+  marker = item.get_closest_marker("backend_level")
+  if marker is None:
     return (yield)
   from tests import backend_level
 
-  with backend_level.compiling_at(1):
+  with backend_level.compiling_at(*marker.args):
     return (yield)
-
-
-@functools.cache
-def _faster_at_level_1() -> frozenset[str]:
-  from tests import backend_level
-  return backend_level.read()
 
 
 def pytest_collection_modifyitems(config, items):
-  """Marks the tests `tests/slow_tests.txt` lists (0.5 s or more on 2 cores) `slow`, and
-  orders the files longest first (`tests/file_seconds.txt`), a file's tests kept in their
-  order: `--dist loadfile` then hands out the long files first, not by their number of tests
-  (xdist's default, turned off in pytest_configure), which left a 2-minute file to run alone
-  at the end."""
+  """Marks the tests `tests/slow_tests.txt` lists (0.5 s or more on 2 cores) `slow` and those
+  `tests/backend_level_1.txt` lists `backend_level(1)`, and orders the files longest first
+  (`tests/file_seconds.txt`), a file's tests kept in their order: `--dist loadfile` then hands
+  out the long files first, not by their number of tests (xdist's default, turned off in
+  pytest_configure), which left a 2-minute file to run alone at the end."""
   del config
-  from tests import slow_tests
-  slow = slow_tests.read()
+  from tests import backend_level, slow_tests
+  slow, level_1 = slow_tests.read(), slow_tests.read(backend_level.LIST)
   for item in items:
     if item.nodeid in slow:
       item.add_marker(pytest.mark.slow)
+    if item.nodeid in level_1:
+      item.add_marker(pytest.mark.backend_level(1))
   seconds = slow_tests.read_file_seconds()
   items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))

@@ -67,8 +67,9 @@ def file_seconds(logs: list[str]) -> dict[str, float]:
   return dict(sorted(seconds.items()))
 
 
-def read() -> frozenset[str]:
-  return frozenset(LIST.read_text().splitlines()) if LIST.exists() else frozenset()
+def read(path: pathlib.Path = LIST) -> frozenset[str]:
+  """The test ids a list file (`slow_tests.txt` by default) holds, one a line (none if absent)."""
+  return frozenset(path.read_text().splitlines()) if path.exists() else frozenset()
 
 
 def read_file_seconds() -> dict[str, float]:
