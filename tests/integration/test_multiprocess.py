@@ -1,7 +1,7 @@
-"""A real multi-process run: two processes on localhost joined by
-jax.distributed.initialize (CPU collectives over gloo) train the quickstart
-task, stop at a checkpoint, resume, and match a single-process run, per-token
-export included; the scaling guide's multi-host command runs as written."""
+"""A real multi-process run: the scaling guide's multi-host command as written, on two
+processes on localhost joined by jax.distributed.initialize (CPU collectives over gloo), trains
+the quickstart task, stops at a checkpoint, resumes, and matches a single-process run, per-token
+export included; a refusal on process 0 stops every process."""
 
 import re
 import shlex
@@ -16,13 +16,13 @@ from tests import cli
 from tests.conftest import doc_block, xla_flags
 from tests.integration.test_train import ROOT, _train_lines
 
-STEPS = [
-  "--config.task.train_size=200",
-  "--config.task.test_size=16",
-  "--config.sft.max_steps=4",
-  "--config.sft.batch_size=16",
-  "--config.sft.eval_every=4",
-  "--config.rl.prompts_per_step=4",
+SIZES = [  # batches of 64 rows: 4 on each of the multi-host command's 16 devices
+  "--config.task.train_size=512",
+  "--config.task.test_size=64",
+  "--config.sft.max_steps=2",
+  "--config.sft.batch_size=64",
+  "--config.sft.eval_every=2",
+  "--config.rl.prompts_per_step=16",
   "--config.rl.group_size=4",
   "--config.rl.eval_every=2",
   "--config.checkpoint.every=1",
@@ -40,7 +40,7 @@ def _command(workdir, *overrides):
     str(ROOT / "experiments/quickstart.py"),
     "--workdir",
     str(workdir),
-    *STEPS,
+    *SIZES,
     *overrides,
   ]
 
@@ -53,7 +53,7 @@ def _free_port() -> int:
 
 def _two_processes(workdir, env, *overrides, command=None):
   """Both processes' (returncode, stdout, stderr) running `command` (default: the quickstart
-  with STEPS) with `overrides`, joined on localhost. Output goes to files: a full pipe would
+  with SIZES) with `overrides`, joined on localhost. Output goes to files: a full pipe would
   block one process while the other waits for it in a collective."""
   port = _free_port()
   command = command or _command(workdir)
@@ -99,33 +99,6 @@ def _tokens(workdir) -> pd.DataFrame:
   return pd.read_parquet(workdir / "tokens").sort_values(["step", "group", "sample", "position"])
 
 
-def test_two_processes_checkpoint_resume_and_match_one_process(tmp_path, cli_env):
-  # The one-process run in this process: it reads nothing of the process itself.
-  single = cli.in_process(_command(tmp_path / "single", "--config.rl.steps=4")[3:])
-  assert single.returncode == 0, single.stderr[-3000:]
-  for steps in (2, 4):  # the second run resumes from the first one's checkpoint at step 2
-    results = _two_processes(tmp_path / "multi", cli_env, f"--config.rl.steps={steps}")
-    for code, _, stderr in results:
-      assert code == 0, _diagnosis(stderr)
-  assert all("Resuming RL at step 2" in stdout for _, stdout, _ in results)
-  assert "[Gloo] Rank 1 is connected to 1 peer ranks" in results[1][1]
-  want, got = _train_lines(tmp_path / "single"), _train_lines(tmp_path / "multi")
-  assert [line["step"] for line in got] == [line["step"] for line in want]  # process 0 writes once
-  assert any(abs(line["train/grad_norm"]) > 1e-3 for line in want)
-  for a, b in zip(want, got):
-    for key in ("train/reward_mean", "train/loss", "train/grad_norm", "train/kl", "train/entropy"):
-      assert abs(a[key] - b[key]) < 1e-4, (key, a["step"], a[key], b[key])
-  assert (tmp_path / "multi" / "checkpoints" / "4").exists()
-  # The per-token export: process 0 writes the rows both processes computed, as one process does.
-  want, got = _tokens(tmp_path / "single"), _tokens(tmp_path / "multi")
-  assert sorted(set(got["rl_step"])) == [2, 4] and len(got) == len(want)
-  for column in want.columns:  # null off actions in both
-    if want[column].dtype.kind == "f":
-      np.testing.assert_allclose(got[column], want[column], atol=1e-4, err_msg=column)
-    else:
-      np.testing.assert_array_equal(got[column], want[column], err_msg=column)
-
-
 def _documented_multi_host_command(workdir) -> list[str]:
   """The scaling guide's multi-host command, with `workdir` for its workdir."""
   block = doc_block("--config.mesh.distributed=True", "bash")
@@ -137,32 +110,41 @@ def _documented_multi_host_command(workdir) -> list[str]:
   return [sys.executable, "-m", *words]
 
 
-def test_documented_multi_host_command_runs_on_two_processes(tmp_path, cli_env):
+def test_the_documented_multi_host_command_resumes_and_matches_one_process(tmp_path, cli_env):
   """The command as the scaling guide writes it (its mesh over two processes' CPU devices), at
-  a small run's sizes, the per-token export on: process 0 writes the export and the metrics."""
+  a small run's sizes: it stops at the checkpoint of step 2, resumes to step 4 and matches a
+  one-device run in this process (which reads nothing of the process itself), per-token export
+  included: process 0 writes the export and the metrics."""
   command = _documented_multi_host_command(tmp_path / "pod")
   assert "--config.export.every=0" not in command
   shape = next(w for w in command if w.startswith("--config.mesh.shape="))
   devices = int(np.prod([int(n) for n in re.findall(r"\d+", shape)]))
-  sizes = [
-    "--config.task.train_size=512",
-    "--config.task.test_size=64",
-    "--config.sft.max_steps=2",
-    "--config.sft.batch_size=64",
-    "--config.sft.eval_every=2",
-    "--config.rl.steps=2",
-    "--config.rl.prompts_per_step=16",
-    "--config.rl.group_size=4",
-    "--config.export.every=1",
-  ]
   devices_per_process = f"--xla_force_host_platform_device_count={devices // 2}"
   env = {**cli_env, "XLA_FLAGS": xla_flags(devices_per_process)}
-  results = _two_processes(tmp_path / "pod", env, *sizes, command=command)
-  for code, _, stderr in results:
-    assert code == 0, _diagnosis(stderr)
-  tokens = _tokens(tmp_path / "pod")
-  assert sorted(set(tokens["rl_step"])) == [1, 2]
-  assert len(_train_lines(tmp_path / "pod")) == 2
+  single = cli.in_process(_command(tmp_path / "single", "--config.rl.steps=4")[3:])
+  assert single.returncode == 0, single.stderr[-3000:]
+  for steps in (2, 4):  # the second run resumes from the first one's checkpoint at step 2
+    results = _two_processes(tmp_path / "pod", env, *SIZES, f"--config.rl.steps={steps}",
+                             command=command)
+    for code, _, stderr in results:
+      assert code == 0, _diagnosis(stderr)
+  assert all("Resuming RL at step 2" in stdout for _, stdout, _ in results)
+  assert "[Gloo] Rank 1 is connected to 1 peer ranks" in results[1][1]
+  want, got = _train_lines(tmp_path / "single"), _train_lines(tmp_path / "pod")
+  assert [line["step"] for line in got] == [line["step"] for line in want]  # process 0 writes once
+  assert len(got) == 4 and any(abs(line["train/grad_norm"]) > 1e-3 for line in want)
+  for a, b in zip(want, got):
+    for key in ("train/reward_mean", "train/loss", "train/grad_norm", "train/kl", "train/entropy"):
+      assert abs(a[key] - b[key]) < 1e-4, (key, a["step"], a[key], b[key])
+  assert (tmp_path / "pod" / "checkpoints" / "4").exists()
+  # The per-token export: process 0 writes the rows both processes computed, as one process does.
+  want, got = _tokens(tmp_path / "single"), _tokens(tmp_path / "pod")
+  assert sorted(set(got["rl_step"])) == [2, 4] and len(got) == len(want)
+  for column in want.columns:  # null off actions in both
+    if want[column].dtype.kind == "f":
+      np.testing.assert_allclose(got[column], want[column], atol=1e-4, err_msg=column)
+    else:
+      np.testing.assert_array_equal(got[column], want[column], err_msg=column)
 
 
 def test_a_refusal_on_process_0_stops_every_process_with_its_line(tmp_path, cli_env):
