@@ -80,11 +80,6 @@ def pytest_configure(config):
   the CLI subprocesses the tests start (they inherit the environment): runs that build the
   same programs (same model and batch shapes) compile them once. Set before any test module
   imports jax."""
-  # Tracing and lowering allocate millions of short-lived objects, and each of CPython's
-  # default collections (every 700 allocations) scans them: with fewer, larger young
-  # generations, test_batched spends 4.0 s collecting instead of 11.1 s (6,006 collections
-  # down to 310), at the same peak memory (2.9 GiB).
-  gc.set_threshold(10_000, 10, 10)
   _preload_jemalloc()
   worker = getattr(config, "workerinput", {})
   _pin_worker(worker)
@@ -108,13 +103,13 @@ def pytest_configure(config):
   os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 "
                                      "--xla_cpu_use_fusion_emitters=false "
                                      "--xla_cpu_parallel_codegen_split_count=1")
-  _share_mlir_contexts()
+  _startup()
 
 
-def _share_mlir_contexts() -> None:
-  """The processes this one starts, and this one, lower many programs per MLIR context
-  (tests/startup/sitecustomize.py, which this directory first on PYTHONPATH has every Python
-  process import at its start)."""
+def _startup() -> None:
+  """The processes this one starts, and this one, collect garbage less often and lower many
+  programs per MLIR context (tests/startup/sitecustomize.py, which this directory first on
+  PYTHONPATH has every Python process import at its start)."""
   startup = str(ROOT / "tests" / "startup")
   if startup not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = python_path(startup)
