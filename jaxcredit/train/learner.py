@@ -23,6 +23,7 @@
 """
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import jax
@@ -282,7 +283,8 @@ def minibatch_orders(rows: int, group_size: int, epochs: int, minibatches: int, 
   return np.stack(orders).reshape(epochs * minibatches, -1)
 
 
-def make_step(graphdef, *, advantage: Callable[[Rollout], Estimate], objective, settings: Settings):
+def make_step(graphdef, *, advantage: Callable[[Rollout], Estimate], objective, settings: Settings,
+              state_sharding=None):
   """The jitted learner step (module docstring).
 
   Args:
@@ -291,6 +293,10 @@ def make_step(graphdef, *, advantage: Callable[[Rollout], Estimate], objective, 
     objective: ``objective(outputs, rollout, estimate, step) -> (loss, metrics)``
       (`losses.from_config`).
     settings: the learner's static `Settings`.
+    state_sharding: the state's shardings (``jax.tree.map(lambda x: x.sharding, state)``),
+      which the updated state keeps; None leaves its placement to XLA's propagation, which may
+      shard a parameter placed replicated, so that the next step's inputs differ and every
+      program reading the parameters compiles again.
 
   Returns:
     ``learner_step(state, rollout, orders, rl_step) -> (state, metrics)``: orders from
@@ -334,7 +340,7 @@ def make_step(graphdef, *, advantage: Callable[[Rollout], Estimate], objective, 
       metrics.update({f"critic/{k}": v for k, v in critic.items()})
     return nnx.state(models), metrics
 
-  @jax.jit
+  @functools.partial(jax.jit, out_shardings=(state_sharding, None))
   def learner_step(state, rollout: Rollout, orders, rl_step):
     rollout = prepare(nnx.merge(graphdef, state), rollout, settings)
     estimate = advantage(rollout)

@@ -234,9 +234,10 @@ def build(config, workdir: pathlib.Path) -> Trainer | None:
   placement = rollout_config.sampling_placement(mesh, place, local)
   source = rollout_config.rollout_source(config, task, *placement)
   modules, learner_settings = _learner_modules(config, task, mesh, model)
-  graphdef, _ = nnx.split(modules)
+  graphdef, state = nnx.split(modules)
   learner_step = learner.make_step(graphdef, advantage=advantage, objective=objective,
-                                   settings=learner_settings)
+                                   settings=learner_settings,
+                                   state_sharding=jax.tree.map(lambda x: x.sharding, state))
   reference_logprobs = nnx.jit(functools.partial(learner.reference_logprobs,
                                                  settings=learner_settings))
   stale = staleness.StaleParameters(modules["model"], config.rl.max_staleness,

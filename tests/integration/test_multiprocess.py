@@ -120,7 +120,7 @@ def test_the_documented_multi_host_command_resumes_and_matches_one_process(tmp_p
   shape = next(w for w in command if w.startswith("--config.mesh.shape="))
   devices = int(np.prod([int(n) for n in re.findall(r"\d+", shape)]))
   devices_per_process = f"--xla_force_host_platform_device_count={devices // 2}"
-  env = {**cli_env, "XLA_FLAGS": xla_flags(devices_per_process)}
+  env = {**cli_env, "XLA_FLAGS": xla_flags(devices_per_process), "JAX_LOG_COMPILES": "1"}
   single = cli.in_process(_command(tmp_path / "single", "--config.rl.steps=4")[3:])
   assert single.returncode == 0, single.stderr[-3000:]
   for steps in (2, 4):  # the second run resumes from the first one's checkpoint at step 2
@@ -128,6 +128,12 @@ def test_the_documented_multi_host_command_resumes_and_matches_one_process(tmp_p
                              command=command)
     for code, _, stderr in results:
       assert code == 0, _diagnosis(stderr)
+      # Updates keep the parameters' placement (fsdp shards some, replicates the norms): each
+      # program compiles once, not again for the next step's inputs. The sampler's two are
+      # greedy evaluation and sampling; SFT runs before the checkpoint only.
+      compiles = {name: stderr.count(f"Compiling jit({name}) ")
+                  for name in ("update", "learner_step", "_generate_cached")}
+      assert compiles == {"update": int(steps == 2), "learner_step": 1, "_generate_cached": 2}
   assert all("Resuming RL at step 2" in stdout for _, stdout, _ in results)
   assert "[Gloo] Rank 1 is connected to 1 peer ranks" in results[1][1]
   want, got = _train_lines(tmp_path / "single"), _train_lines(tmp_path / "pod")
