@@ -7,7 +7,6 @@ task's `Actions` exactly as the sampler did, so on-policy ratios start at 1.
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax import Array
@@ -194,37 +193,25 @@ def sft_loss(model, tokens, loss_mask, token_valid=None, actions: Actions = Acti
   return losses.aggregate(-logp, loss_mask, "token-mean")
 
 
-def sft_step(actions: Actions = Actions(), logits_per_chunk: int = LOGITS_PER_CHUNK, *,
-             state_sharding=None):
+def sft_step(actions: Actions = Actions(), logits_per_chunk: int = LOGITS_PER_CHUNK):
   """A jitted cross-entropy step (`sft_loss`) on the completion tokens of ``[B, L]`` rows.
 
   Args:
     actions: the task's action restrictions.
     logits_per_chunk: float32 logits the head holds at a time.
-    state_sharding: the shardings of ``nnx.state((model, optimizer))``, which the updated
-      model and optimizer keep (as `jaxcredit.train.learner.make_step`'s); None leaves their
-      placement to XLA's propagation.
 
   Returns:
     ``step(model, optimizer, tokens, loss_mask, token_valid) -> loss``, which updates the
-    model and its `nnx.Optimizer` in place.
+    model and its `nnx.Optimizer` in place, keeping their shardings (`sharding.jit_in_place`).
   """
 
-  @functools.partial(jax.jit, static_argnums=0, out_shardings=(state_sharding, None))
-  def update(graphdef, state, tokens, loss_mask, token_valid):
-    model, optimizer = nnx.merge(graphdef, state)
+  def sft_update(model, optimizer, tokens, loss_mask, token_valid):
     loss, grads = nnx.value_and_grad(sft_loss)(model, tokens, loss_mask, token_valid, actions,
                                                logits_per_chunk)
     optimizer.update(model, grads)
-    return nnx.state((model, optimizer)), loss
-
-  def step(model, optimizer, tokens, loss_mask, token_valid):
-    graphdef, state = nnx.split((model, optimizer))
-    state, loss = update(graphdef, state, tokens, loss_mask, token_valid)
-    nnx.update((model, optimizer), state)
     return loss
 
-  return step
+  return sharding.jit_in_place(sft_update)
 
 
 def critic_values(critic, rollout: Rollout, actions: Actions = Actions()) -> Array:

@@ -12,6 +12,7 @@ import optax
 from flax import nnx
 
 from jaxcredit import forward
+from jaxcredit.models import sharding
 
 
 class ImplicitPRM:
@@ -97,4 +98,4 @@ def update(prm, optimizer, rollout, actions, beta: float, temperature: float):
   return value, logprobs
 
 
-_prm_step = nnx.jit(update, static_argnums=(4, 5))
+_prm_step = sharding.jit_in_place(update, static_argnums=(4, 5))

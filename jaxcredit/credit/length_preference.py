@@ -20,6 +20,7 @@ from jax import Array
 
 from jaxcredit._masking import as_bool
 from jaxcredit.estimators import length_aware
+from jaxcredit.models import sharding
 from jaxcredit.rollout import Rollout
 
 
@@ -117,7 +118,7 @@ def update(preference: LengthPreference, optimizer: nnx.Optimizer, rollout: Roll
   return before
 
 
-_update_step = nnx.jit(update)
+_update_step = sharding.jit_in_place(update)
 
 
 class LengthPreferenceProvider:

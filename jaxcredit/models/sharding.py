@@ -7,8 +7,9 @@ The `sequence` axis shards teacher-forced rows along their length
 (`jaxcredit.models.context_parallel`); parameters are replicated over it.
 """
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import jax
 from flax import nnx
@@ -224,6 +225,66 @@ def place_state(modules, mesh: Mesh):
   state = nnx.state(modules)
   nnx.update(modules, jax.tree.map(lambda x: jax.device_put(x, sharding_on(x, mesh)), state))
   return modules
+
+
+def jit_in_place(update: Callable, *, static_argnums: tuple[int, ...] = ()) -> Callable:
+  """Compiles ``update(module, optimizer, *args) -> out``, which changes a module and its
+  `nnx.Optimizer` in place (as under `nnx.jit`), so that their arrays come back in the
+  shardings they came in.
+
+  Left to XLA's propagation, an updated parameter placed replicated can come back sharded
+  (and a replicated one as ``P()`` for ``P(None, None)``): the next call's inputs differ, and it
+  and every program reading the parameters compile again. Arrays not yet on the mesh of the
+  others (a fresh optimizer's count) are first placed there, replicated.
+
+  Args:
+    update: traceable; its first two arguments are the module and its optimizer.
+    static_argnums: `update`'s static arguments (2 or more).
+
+  Returns:
+    ``step(module, optimizer, *args) -> out``, compiled once per placement of its inputs.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax
+    >>> from flax import nnx
+    >>> from jaxcredit.models import sharding
+    >>> def update(model, optimizer, x):
+    ...   loss, grads = nnx.value_and_grad(lambda m: jnp.sum(m(x) ** 2))(model)
+    ...   optimizer.update(model, grads)
+    ...   return loss
+    >>> model = nnx.Linear(2, 1, rngs=nnx.Rngs(0))
+    >>> optimizer = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+    >>> step = sharding.jit_in_place(update)
+    >>> bool(step(model, optimizer, jnp.ones((1, 2))) > step(model, optimizer, jnp.ones((1, 2))))
+    True
+  """
+  compiled = {}
+
+  def pure(graphdef, state, *args):
+    module, optimizer = nnx.merge(graphdef, state)
+    out = update(module, optimizer, *args)
+    return nnx.state((module, optimizer)), out
+
+  pure.__name__ = pure.__qualname__ = update.__name__  # the compiled program's name
+
+  def step(module, optimizer, *args):
+    modules = (module, optimizer)
+    mesh = next((x.sharding.mesh for x in jax.tree.leaves(nnx.state(modules))
+                 if isinstance(x.sharding, NamedSharding)), None)
+    if mesh is not None:
+      place_state(modules, mesh)
+    graphdef, state = nnx.split(modules)
+    shardings = None if mesh is None else jax.tree.map(lambda x: x.sharding, state)
+    key = None if mesh is None else jax.tree.flatten(shardings)
+    key = key and (key[1], tuple(key[0]))
+    if key not in compiled:
+      compiled[key] = jax.jit(pure, static_argnums=(0, *static_argnums),
+                              out_shardings=(shardings, None))
+    state, out = compiled[key](graphdef, state, *args)
+    nnx.update(modules, state)
+    return out
+
+  return functools.wraps(update)(step)
 
 
 def batch_shards(batch: int, rules: Mapping = DEFAULT_RULES) -> int:

@@ -36,7 +36,7 @@ from jax.experimental import multihost_utils
 
 from jaxcredit import forward
 from jaxcredit.credit import extras
-from jaxcredit.models import huggingface, sharding
+from jaxcredit.models import huggingface
 from jaxcredit.rollout import Rollout
 from jaxcredit.sampling import tree
 from jaxcredit.train import (
@@ -194,11 +194,8 @@ def _warm_start(trainer: setup.Trainer, stops: list) -> tuple[float, bool]:
   trainer.writer.write(0, {"eval/accuracy": accuracy, **trainer.data_counts})
   if config.sft.max_steps:
     sft_data = trainer.train_loader(config.sft.batch_size)
-    sft_optimizer = sharding.place_state(
-        nnx.Optimizer(model, optax.adam(config.sft.learning_rate), wrt=nnx.Param), trainer.mesh)
-    sft_update = forward.sft_step(
-        trainer.task.actions, trainer.config.rl.logits_per_chunk,
-        state_sharding=jax.tree.map(lambda x: x.sharding, nnx.state((model, sft_optimizer))))
+    sft_update = forward.sft_step(trainer.task.actions, trainer.config.rl.logits_per_chunk)
+    sft_optimizer = nnx.Optimizer(model, optax.adam(config.sft.learning_rate), wrt=nnx.Param)
     for sft_step in tqdm.trange(config.sft.max_steps, desc="sft", mininterval=2.0):
       batch = sft_data.sft_batch(
           sft_step, length=trainer.task.max_prompt_length + trainer.task.max_response_length)

@@ -132,8 +132,8 @@ def test_the_documented_multi_host_command_resumes_and_matches_one_process(tmp_p
       # program compiles once, not again for the next step's inputs. The sampler's two are
       # greedy evaluation and sampling; SFT runs before the checkpoint only.
       compiles = {name: stderr.count(f"Compiling jit({name}) ")
-                  for name in ("update", "learner_step", "_generate_cached")}
-      assert compiles == {"update": int(steps == 2), "learner_step": 1, "_generate_cached": 2}
+                  for name in ("sft_update", "learner_step", "_generate_cached")}
+      assert compiles == {"sft_update": int(steps == 2), "learner_step": 1, "_generate_cached": 2}
   assert all("Resuming RL at step 2" in stdout for _, stdout, _ in results)
   assert "[Gloo] Rank 1 is connected to 1 peer ranks" in results[1][1]
   want, got = _train_lines(tmp_path / "single"), _train_lines(tmp_path / "pod")

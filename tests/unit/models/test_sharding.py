@@ -1,4 +1,5 @@
-"""Sharded forward on 8 forced CPU devices equals the single-device forward."""
+"""Sharded forward on 8 forced CPU devices equals the single-device forward; in-place updates
+keep the parameters' placement."""
 
 import json
 import os
@@ -15,7 +16,8 @@ from tests.conftest import ROOT, python_path, xla_flags
 
 SCRIPT = """
 import json
-import jax, jax.numpy as jnp, numpy as np
+import logging
+import jax, jax.numpy as jnp, numpy as np, optax
 from flax import nnx
 from jaxcredit.models import Transformer, preset, sharding
 
@@ -29,7 +31,33 @@ single = forward(model, tokens)
 mesh = sharding.make_mesh((2, 2, 1, 2))
 sharding.shard_model(model, mesh)
 multi = forward(model, jax.device_put(tokens, sharding.batch_sharding(mesh)))
+
+
+def update(model, optimizer, tokens):  # an in-place step, as SFT's and the PRM's
+  loss, grads = nnx.value_and_grad(lambda m: jnp.mean(m(tokens).logits ** 2))(model)
+  optimizer.update(model, grads)
+  return loss
+
+
+compiles = []
+handler = logging.Handler()
+handler.emit = lambda record: compiles.append(record.getMessage().split(" with ")[0])
+logging.getLogger("jax._src.interpreters.pxla").addHandler(handler)
+logging.getLogger("jax._src.interpreters.pxla").setLevel(logging.DEBUG)
+placement = lambda m: [x.sharding for x in jax.tree.leaves(nnx.state(m))]
+placed = placement(model)
+batch = jax.device_put(tokens, sharding.batch_sharding(mesh))
+drifted = nnx.clone(model)  # the same step under nnx.jit, XLA choosing the updated shardings
+nnx.jit(update)(drifted, nnx.Optimizer(drifted, optax.adam(1e-3), wrt=nnx.Param), batch)
+step = sharding.jit_in_place(update)
+optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)  # its count on one device
+compiles.clear()
+for _ in range(3):
+  step(model, optimizer, batch)
 print(json.dumps({
+    "kept": placement(model) == placed,
+    "drifted": placement(drifted) != placed,
+    "update_compiles": compiles.count("Compiling jit(update)"),
     "devices": len(jax.devices()),
     "gate_spec": str(model.layers.mlp.gate_proj.kernel[...].sharding.spec),
     "embed_spec": str(model.embed_tokens.embedding[...].sharding.spec),
@@ -39,7 +67,7 @@ print(json.dumps({
 """
 
 
-def test_eight_device_forward_equals_one_device():
+def test_eight_device_forward_equals_one_device_and_updates_keep_the_placement():
   env = {
     **os.environ,
     "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8"),
@@ -60,6 +88,9 @@ def test_eight_device_forward_equals_one_device():
   assert report["embed_spec"] == "P('model', 'fsdp')"
   # Tolerance: float32 reductions split across devices change summation order.
   assert report["logits_diff"] < 1e-4 and report["values_diff"] < 1e-4, report
+  # An in-place step under nnx.jit hands parameters back in shardings XLA chose; under
+  # jit_in_place they keep their placement, so three steps compile one program.
+  assert report["drifted"] and report["kept"] and report["update_compiles"] == 1, report
 
 
 def test_sampled_rows_take_the_sequence_devices_too():
