@@ -269,14 +269,14 @@ def jit_in_place(update: Callable, *, static_argnums: tuple[int, ...] = ()) -> C
 
   def step(module, optimizer, *args):
     modules = (module, optimizer)
-    mesh = next((x.sharding.mesh for x in jax.tree.leaves(nnx.state(modules))
-                 if isinstance(x.sharding, NamedSharding)), None)
-    if mesh is not None:
-      place_state(modules, mesh)
     graphdef, state = nnx.split(modules)
-    shardings = None if mesh is None else jax.tree.map(lambda x: x.sharding, state)
-    key = None if mesh is None else jax.tree.flatten(shardings)
-    key = key and (key[1], tuple(key[0]))
+    mesh = next((x.sharding.mesh for x in jax.tree.leaves(state)
+                 if isinstance(x.sharding, NamedSharding)), None)
+    shardings = key = None
+    if mesh is not None:
+      state = jax.tree.map(lambda x: jax.device_put(x, sharding_on(x, mesh)), state)
+      shardings = jax.tree.map(lambda x: x.sharding, state)
+      key = (jax.tree.structure(state), tuple(jax.tree.leaves(shardings)))
     if key not in compiled:
       compiled[key] = jax.jit(pure, static_argnums=(0, *static_argnums),
                               out_shardings=(shardings, None))
