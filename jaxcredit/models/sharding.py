@@ -222,9 +222,17 @@ def place_state(modules, mesh: Mesh):
   Returns:
     `modules`.
   """
-  state = nnx.state(modules)
-  nnx.update(modules, jax.tree.map(lambda x: jax.device_put(x, sharding_on(x, mesh)), state))
+  nnx.update(modules, _on_mesh(nnx.state(modules), mesh))
   return modules
+
+
+def _on_mesh(state, mesh: Mesh):
+  """`state` with every array not on `mesh` put there, replicated; the others as they are."""
+  def put(x):
+    target = sharding_on(x, mesh)
+    return x if target == x.sharding else jax.device_put(x, target)
+
+  return jax.tree.map(put, state)
 
 
 def jit_in_place(update: Callable, *, static_argnums: tuple[int, ...] = ()) -> Callable:
@@ -274,7 +282,7 @@ def jit_in_place(update: Callable, *, static_argnums: tuple[int, ...] = ()) -> C
                  if isinstance(x.sharding, NamedSharding)), None)
     shardings = key = None
     if mesh is not None:
-      state = jax.tree.map(lambda x: jax.device_put(x, sharding_on(x, mesh)), state)
+      state = _on_mesh(state, mesh)
       shardings = jax.tree.map(lambda x: x.sharding, state)
       key = (jax.tree.structure(state), tuple(jax.tree.leaves(shardings)))
     if key not in compiled:
